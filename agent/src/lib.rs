@@ -1,0 +1,1 @@
+//! Preloaded into a target: opens the store and runs attached programs

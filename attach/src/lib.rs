@@ -1,0 +1,1 @@
+//! Attaches programs to CPU functions with inline hooks (uprobes, uretprobes)

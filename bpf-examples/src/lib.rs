@@ -1,0 +1,1 @@
+//! Example eBPF programs and their loaders

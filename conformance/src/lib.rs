@@ -1,0 +1,1 @@
+//! Runs the bpf_conformance suite on every engine

@@ -1,0 +1,11 @@
+//! The eBPF instruction set and the kernel's ABI numbers.
+//!
+//! Every stage of the pipeline (verifier, interpreter, lifter, runtime, shim)
+//! decodes instructions and names map types, program types and helpers through
+//! this crate, so that a number means the same thing everywhere.
+
+mod insn;
+pub mod opcode;
+pub mod uapi;
+
+pub use insn::{decode, encode, DecodeError, Insn, INSN_SIZE};

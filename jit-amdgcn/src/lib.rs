@@ -1,0 +1,1 @@
+//! Compiles lifted eBPF to AMDGCN code objects

@@ -1,0 +1,1 @@
+//! Compiles lifted eBPF to x86-64 machine code in process

@@ -1,0 +1,1 @@
+//! Lifts eBPF bytecode to LLVM IR once, for every code generator

@@ -1,0 +1,1 @@
+//! The shared-memory store (maps, programs, links) and the helpers programs call
