@@ -1,1 +1,25 @@
-//! The shared-memory store (maps, programs, links) and the helpers programs call
+//! The shared-memory store and everything that lives in it.
+//!
+//! A store is a directory of POSIX shared-memory files (`/dev/shm/bpftime-<name>/`),
+//! one file per object: maps, programs, links and perf events. Any number of
+//! processes open it by name; it grows by adding files, so there is no fixed
+//! segment to run out of. Every file starts with a versioned `#[repr(C)]` header
+//! and is published with an atomic rename, so a process that dies mid-creation
+//! leaves at most an ignored temporary file.
+//!
+//! Programs reach maps through [`helpers`], which work on process-local [`Map`]
+//! handles over the shared files.
+
+mod error;
+pub mod helpers;
+mod layout;
+mod maps;
+mod mapping;
+mod objects;
+mod store;
+
+pub use error::{Error, Result};
+pub use layout::{ObjectKind, PAGE_SIZE, STORE_VERSION};
+pub use maps::{possible_cpus, ringbuf_commit, Map, MapSpec};
+pub use objects::{LinkKind, LinkRecord, PerfEventKind, PerfEventRecord, ProgramRecord};
+pub use store::{owner_alive, ObjectInfo, Store, DEFAULT_STORE_NAME, STORE_ENV};

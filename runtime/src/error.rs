@@ -1,0 +1,58 @@
+use std::path::PathBuf;
+use thiserror::Error;
+
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// Errors of the store and its maps. Map operations carry the errno the kernel
+/// would return for the same call, so the shim can hand it back unchanged.
+#[derive(Debug, Error)]
+pub enum Error {
+    #[error("{op} {path}: {source}")]
+    Io {
+        op: &'static str,
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("{path} is not a bpftime store object (bad magic {magic:#x})")]
+    BadMagic { path: PathBuf, magic: u32 },
+    #[error("{path} was written by store layout version {found}, this build reads version {expected}; remove the store with `bpftime list --clean` or use another `--store` name")]
+    Version {
+        path: PathBuf,
+        found: u32,
+        expected: u32,
+    },
+    #[error("store `{name}` does not exist (looked in {dir}); start a loader with `bpftime load` first, or pass the same --store name")]
+    NoStore { name: String, dir: PathBuf },
+    #[error("{kind} {id} is not in the store")]
+    NoObject { kind: &'static str, id: u32 },
+    #[error("{what}")]
+    Invalid { what: String, errno: i32 },
+}
+
+impl Error {
+    pub(crate) fn io(op: &'static str, path: impl Into<PathBuf>, source: std::io::Error) -> Self {
+        Error::Io {
+            op,
+            path: path.into(),
+            source,
+        }
+    }
+
+    pub(crate) fn invalid(errno: i32, what: impl Into<String>) -> Self {
+        Error::Invalid {
+            what: what.into(),
+            errno,
+        }
+    }
+
+    /// The errno the kernel would return for this failure.
+    pub fn errno(&self) -> i32 {
+        match self {
+            Error::Io { source, .. } => source.raw_os_error().unwrap_or(libc::EIO),
+            Error::BadMagic { .. } | Error::Version { .. } => libc::EINVAL,
+            Error::NoStore { .. } | Error::NoObject { .. } => libc::ENOENT,
+            Error::Invalid { errno, .. } => *errno,
+        }
+    }
+}

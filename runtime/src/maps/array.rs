@@ -1,0 +1,154 @@
+use super::{current_cpu, err, round8, Map};
+use crate::Result;
+use bpftime_isa::uapi::update_flags;
+use std::sync::atomic::{AtomicU32, Ordering};
+
+fn index(map: &Map, key: &[u8]) -> Result<u32> {
+    map.check_key(key)?;
+    Ok(u32::from_ne_bytes([key[0], key[1], key[2], key[3]]))
+}
+
+fn check_flags(flags: u64) -> Result<()> {
+    if flags & !update_flags::LOCK > update_flags::EXIST {
+        return Err(err(libc::EINVAL, "unknown update flags"));
+    }
+    if flags & !update_flags::LOCK == update_flags::NOEXIST {
+        return Err(err(libc::EEXIST, "array elements always exist"));
+    }
+    Ok(())
+}
+
+fn slot(map: &Map, idx: u32) -> *mut u8 {
+    let stride = round8(map.value_size());
+    let copies = if map.kind.percpu() {
+        map.header().ncpus as usize
+    } else {
+        1
+    };
+    // SAFETY: callers check idx < max_entries; the data area holds max_entries * copies slots.
+    unsafe { map.data().add(idx as usize * stride * copies) }
+}
+
+pub(super) fn lookup(map: &Map, key: &[u8], value: &mut [u8]) -> Result<()> {
+    let idx = index(map, key)?;
+    if idx >= map.max_entries() {
+        return Err(err(libc::ENOENT, "index out of range"));
+    }
+    copy_out(map, slot(map, idx), value)
+}
+
+/// Copies a (possibly per-CPU) value out to a `bpf()` buffer.
+pub(super) fn copy_out(map: &Map, src: *const u8, value: &mut [u8]) -> Result<()> {
+    if value.len() != map.syscall_value_size() {
+        return Err(err(libc::EINVAL, "value size mismatch"));
+    }
+    // SAFETY: `src` points at a value of the map, which holds syscall_value_size bytes
+    // (per-CPU slots are laid out exactly as bpf() expects them).
+    unsafe { std::ptr::copy_nonoverlapping(src, value.as_mut_ptr(), value.len()) };
+    Ok(())
+}
+
+pub(super) fn update(map: &Map, key: &[u8], value: &[u8], flags: u64) -> Result<()> {
+    check_flags(flags)?;
+    let idx = index(map, key)?;
+    if idx >= map.max_entries() {
+        return Err(err(libc::E2BIG, "index out of range"));
+    }
+    if value.len() != map.syscall_value_size() {
+        return Err(err(libc::EINVAL, "value size mismatch"));
+    }
+    let dst = slot(map, idx);
+    if map.kind.percpu() {
+        // SAFETY: per-CPU slots are contiguous and value holds all of them.
+        unsafe { std::ptr::copy_nonoverlapping(value.as_ptr(), dst, value.len()) };
+    } else {
+        // SAFETY: one slot of value_size bytes.
+        unsafe { std::ptr::copy_nonoverlapping(value.as_ptr(), dst, map.value_size() as usize) };
+    }
+    Ok(())
+}
+
+/// # Safety
+/// `key` points to 4 readable bytes.
+pub(super) unsafe fn prog_lookup(map: &Map, key: *const u8, percpu: bool) -> *mut u8 {
+    // SAFETY: caller obligation.
+    let idx = unsafe { std::ptr::read_unaligned(key.cast::<u32>()) };
+    if idx >= map.max_entries() {
+        return std::ptr::null_mut();
+    }
+    let p = slot(map, idx);
+    if percpu {
+        // SAFETY: the slot holds ncpus copies.
+        unsafe { p.add(current_cpu(map.header().ncpus) * round8(map.value_size())) }
+    } else {
+        p
+    }
+}
+
+pub(super) fn prog_update(map: &Map, key: &[u8], value: *const u8, flags: u64, percpu: bool) -> Result<()> {
+    check_flags(flags)?;
+    let idx = index(map, key)?;
+    if idx >= map.max_entries() {
+        return Err(err(libc::E2BIG, "index out of range"));
+    }
+    let mut dst = slot(map, idx);
+    if percpu {
+        // SAFETY: the slot holds ncpus copies.
+        dst = unsafe { dst.add(current_cpu(map.header().ncpus) * round8(map.value_size())) };
+    }
+    // SAFETY: the program's value holds value_size bytes (verified); dst is one value slot.
+    unsafe { std::ptr::copy_nonoverlapping(value, dst, map.value_size() as usize) };
+    Ok(())
+}
+
+pub(super) fn next_key(map: &Map, key: Option<&[u8]>, out: &mut [u8]) -> Result<()> {
+    let max = map.max_entries();
+    let next = match key {
+        None => 0,
+        Some(k) => {
+            let i = u32::from_ne_bytes([k[0], k[1], k[2], k[3]]);
+            if i >= max {
+                0
+            } else if i == max - 1 {
+                return Err(err(libc::ENOENT, "last element"));
+            } else {
+                i + 1
+            }
+        }
+    };
+    out.copy_from_slice(&next.to_ne_bytes());
+    Ok(())
+}
+
+fn id_slot(map: &Map, idx: u32) -> &AtomicU32 {
+    // SAFETY: callers check idx < max_entries; id arrays hold max_entries u32 slots.
+    unsafe { &*(map.data().cast::<AtomicU32>().add(idx as usize)) }
+}
+
+pub(super) fn set_id(map: &Map, key: &[u8], id: u32, flags: u64) -> Result<()> {
+    check_flags(flags)?;
+    let idx = index(map, key)?;
+    if idx >= map.max_entries() {
+        return Err(err(libc::E2BIG, "index out of range"));
+    }
+    id_slot(map, idx).store(id, Ordering::Release);
+    Ok(())
+}
+
+pub(super) fn clear_id(map: &Map, key: &[u8]) -> Result<()> {
+    let idx = index(map, key)?;
+    if idx >= map.max_entries() || id_slot(map, idx).swap(0, Ordering::AcqRel) == 0 {
+        return Err(err(libc::ENOENT, "no entry"));
+    }
+    Ok(())
+}
+
+pub(super) fn id_at(map: &Map, idx: u32) -> Option<u32> {
+    if idx >= map.max_entries() {
+        return None;
+    }
+    match id_slot(map, idx).load(Ordering::Acquire) {
+        0 => None,
+        id => Some(id),
+    }
+}

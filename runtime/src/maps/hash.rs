@@ -1,0 +1,426 @@
+//! Hash maps (plain, per-CPU, LRU): chained buckets over a preallocated element
+//! pool, both inside the map file and addressed by index, never by pointer.
+//!
+//! Writers take the map lock; lookups walk chains without it. An updated value
+//! goes into a fresh element that is linked in before the old one is unlinked,
+//! and retired elements are reused in FIFO order, so a lookup racing an update
+//! sees either the old or the new value, never a torn one.
+
+use super::lock::lock;
+use super::{current_cpu, err, round8, Map};
+use crate::layout::MapHeader;
+use crate::Result;
+use bpftime_isa::uapi::update_flags;
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+
+#[repr(C)]
+struct Elem {
+    /// Next element in the bucket chain (index + 1, 0 = end).
+    next: AtomicU32,
+    /// Next element in the free list (index + 1, 0 = end).
+    free_next: AtomicU32,
+    hash: u32,
+    used: AtomicU32,
+    /// LRU clock at the last lookup.
+    tick: AtomicU64,
+}
+
+pub(super) const ELEM_HEADER: usize = std::mem::size_of::<Elem>();
+
+pub(super) fn elems_offset(nbuckets: u32) -> usize {
+    (nbuckets as usize * 4 + 63) & !63
+}
+
+fn hash_key(key: &[u8]) -> u32 {
+    let mut h: u64 = 0x9e37_79b9_7f4a_7c15 ^ key.len() as u64;
+    let mut chunks = key.chunks_exact(8);
+    for c in &mut chunks {
+        let v = u64::from_le_bytes([c[0], c[1], c[2], c[3], c[4], c[5], c[6], c[7]]);
+        h = (h ^ v).wrapping_mul(0xff51_afd7_ed55_8ccd);
+        h ^= h >> 32;
+    }
+    for &b in chunks.remainder() {
+        h = (h ^ b as u64).wrapping_mul(0x0100_0000_01b3);
+    }
+    h ^= h >> 33;
+    h = h.wrapping_mul(0xc4ce_b9fe_1a85_ec53);
+    h ^= h >> 29;
+    h as u32
+}
+
+#[derive(Clone, Copy)]
+struct View<'a> {
+    map: &'a Map,
+    h: &'a MapHeader,
+    key_size: usize,
+}
+
+impl<'a> View<'a> {
+    fn new(map: &'a Map) -> Self {
+        let h = map.header();
+        View {
+            map,
+            h,
+            key_size: h.key_size as usize,
+        }
+    }
+
+    fn bucket(&self, hash: u32) -> &AtomicU32 {
+        let i = (hash & (self.h.nbuckets - 1)) as usize;
+        // SAFETY: the bucket array of nbuckets u32 starts the data area.
+        unsafe { &*(self.map.data().cast::<AtomicU32>().add(i)) }
+    }
+
+    fn elem_ptr(&self, idx: u32) -> *mut u8 {
+        debug_assert!(idx >= 1 && idx <= self.h.nelems);
+        // SAFETY: idx is in 1..=nelems, inside the element pool.
+        unsafe {
+            self.map
+                .data()
+                .add(elems_offset(self.h.nbuckets) + (idx as usize - 1) * self.h.elem_size as usize)
+        }
+    }
+
+    fn elem(&self, idx: u32) -> &Elem {
+        // SAFETY: elem_ptr points at an element header, 8-byte aligned (elem_size is a multiple of 8).
+        unsafe { &*(self.elem_ptr(idx) as *const Elem) }
+    }
+
+    fn key_ptr(&self, idx: u32) -> *mut u8 {
+        // SAFETY: the key follows the element header.
+        unsafe { self.elem_ptr(idx).add(ELEM_HEADER) }
+    }
+
+    fn value_ptr(&self, idx: u32) -> *mut u8 {
+        // SAFETY: the value follows the 8-byte rounded key.
+        unsafe { self.key_ptr(idx).add(round8(self.h.key_size)) }
+    }
+
+    fn key_eq(&self, idx: u32, key: &[u8]) -> bool {
+        // SAFETY: the element's key holds key_size bytes.
+        let k = unsafe { std::slice::from_raw_parts(self.key_ptr(idx), self.key_size) };
+        k == key
+    }
+
+    /// Finds the element holding `key`, without the lock.
+    fn find(&self, key: &[u8], hash: u32) -> u32 {
+        let mut idx = self.bucket(hash).load(Ordering::Acquire);
+        let mut steps = 0u32;
+        while idx != 0 && steps <= self.h.nelems {
+            let e = self.elem(idx);
+            if e.hash == hash && self.key_eq(idx, key) && e.used.load(Ordering::Acquire) != 0 {
+                return idx;
+            }
+            idx = e.next.load(Ordering::Acquire);
+            steps += 1;
+        }
+        0
+    }
+
+    fn pop_free(&self) -> u32 {
+        let idx = self.h.free_head.load(Ordering::Relaxed);
+        if idx == 0 {
+            return 0;
+        }
+        let next = self.elem(idx).free_next.load(Ordering::Relaxed);
+        self.h.free_head.store(next, Ordering::Relaxed);
+        if next == 0 {
+            self.h.free_tail.store(0, Ordering::Relaxed);
+        }
+        idx
+    }
+
+    fn push_free(&self, idx: u32) {
+        let e = self.elem(idx);
+        e.used.store(0, Ordering::Release);
+        e.free_next.store(0, Ordering::Relaxed);
+        let tail = self.h.free_tail.load(Ordering::Relaxed);
+        if tail == 0 {
+            self.h.free_head.store(idx, Ordering::Relaxed);
+        } else {
+            self.elem(tail).free_next.store(idx, Ordering::Relaxed);
+        }
+        self.h.free_tail.store(idx, Ordering::Relaxed);
+    }
+
+    /// Removes `idx` from its chain (lock held).
+    fn unlink(&self, idx: u32) {
+        let b = self.bucket(self.elem(idx).hash);
+        let next = self.elem(idx).next.load(Ordering::Relaxed);
+        let mut cur = b.load(Ordering::Relaxed);
+        if cur == idx {
+            b.store(next, Ordering::Release);
+            return;
+        }
+        while cur != 0 {
+            let e = self.elem(cur);
+            let n = e.next.load(Ordering::Relaxed);
+            if n == idx {
+                e.next.store(next, Ordering::Release);
+                return;
+            }
+            cur = n;
+        }
+    }
+
+    fn lock(&self) -> super::lock::Guard<'a> {
+        let v = *self;
+        lock(&self.h.lock, move || v.repair())
+    }
+
+    /// Rebuilds the free list and the count from the chains, after a writer died
+    /// holding the lock.
+    fn repair(&self) {
+        let n = self.h.nelems as usize;
+        let mut linked = vec![false; n + 1];
+        let mut count = 0;
+        for b in 0..self.h.nbuckets {
+            // SAFETY: b < nbuckets.
+            let bucket = unsafe { &*(self.map.data().cast::<AtomicU32>().add(b as usize)) };
+            let mut prev: Option<&AtomicU32> = None;
+            let mut idx = bucket.load(Ordering::Relaxed);
+            while idx != 0 && (idx as usize) <= n && !linked[idx as usize] {
+                linked[idx as usize] = true;
+                count += 1;
+                prev = Some(&self.elem(idx).next);
+                idx = self.elem(idx).next.load(Ordering::Relaxed);
+            }
+            if idx != 0 {
+                // A cycle or a bad index: cut the chain there.
+                match prev {
+                    Some(p) => p.store(0, Ordering::Relaxed),
+                    None => bucket.store(0, Ordering::Relaxed),
+                }
+            }
+        }
+        self.h.free_head.store(0, Ordering::Relaxed);
+        self.h.free_tail.store(0, Ordering::Relaxed);
+        for idx in 1..=n as u32 {
+            if linked[idx as usize] {
+                self.elem(idx).used.store(1, Ordering::Relaxed);
+            } else {
+                self.push_free(idx);
+            }
+        }
+        self.h.count.store(count, Ordering::Relaxed);
+    }
+
+    fn is_lru(&self) -> bool {
+        matches!(self.map.kind, super::Kind::Hash { lru: true, .. })
+    }
+
+    /// Evicts the least recently used of a sample of elements (lock held).
+    fn evict(&self) -> bool {
+        let n = self.h.nelems;
+        let start = (self.h.lru_clock.load(Ordering::Relaxed) as u32) % n;
+        let mut best: Option<(u64, u32)> = None;
+        let mut seen = 0;
+        for i in 0..n {
+            let idx = (start + i) % n + 1;
+            let e = self.elem(idx);
+            if e.used.load(Ordering::Relaxed) == 0 {
+                continue;
+            }
+            let t = e.tick.load(Ordering::Relaxed);
+            if best.is_none_or(|(bt, _)| t < bt) {
+                best = Some((t, idx));
+            }
+            seen += 1;
+            if seen >= 128 {
+                break;
+            }
+        }
+        let Some((_, idx)) = best else { return false };
+        self.unlink(idx);
+        self.push_free(idx);
+        self.h.count.fetch_sub(1, Ordering::Relaxed);
+        true
+    }
+
+    fn copies(&self) -> usize {
+        if self.map.kind.percpu() {
+            self.h.ncpus as usize
+        } else {
+            1
+        }
+    }
+}
+
+pub(super) fn init_free_list(h: &MapHeader, data: &mut [u8]) {
+    let base = elems_offset(h.nbuckets);
+    for i in 0..h.nelems as usize {
+        let off = base + i * h.elem_size as usize + 4;
+        let next = if i + 1 == h.nelems as usize { 0 } else { i as u32 + 2 };
+        data[off..off + 4].copy_from_slice(&next.to_ne_bytes());
+    }
+    h.free_head.store(if h.nelems > 0 { 1 } else { 0 }, Ordering::Relaxed);
+    h.free_tail.store(h.nelems, Ordering::Relaxed);
+}
+
+/// # Safety
+/// `key` points to key_size readable bytes.
+pub(super) unsafe fn find_value(map: &Map, key: *const u8) -> *mut u8 {
+    let v = View::new(map);
+    // SAFETY: caller obligation.
+    let key = unsafe { std::slice::from_raw_parts(key, v.key_size) };
+    let idx = v.find(key, hash_key(key));
+    if idx == 0 {
+        return std::ptr::null_mut();
+    }
+    if v.is_lru() {
+        let t = v.h.lru_clock.fetch_add(1, Ordering::Relaxed);
+        v.elem(idx).tick.store(t, Ordering::Relaxed);
+    }
+    v.value_ptr(idx)
+}
+
+pub(super) fn lookup(map: &Map, key: &[u8], value: &mut [u8]) -> Result<()> {
+    map.check_key(key)?;
+    let v = View::new(map);
+    let idx = v.find(key, hash_key(key));
+    if idx == 0 {
+        return Err(err(libc::ENOENT, "no such key"));
+    }
+    super::array::copy_out(map, v.value_ptr(idx), value)
+}
+
+/// Inserts or replaces. From a program (`from_syscall` false) `value` is one
+/// value, which goes to the current CPU's slot of per-CPU maps.
+pub(super) fn update(map: &Map, key: &[u8], value: *const u8, flags: u64, from_syscall: bool) -> Result<()> {
+    map.check_key(key)?;
+    if flags & !update_flags::LOCK > update_flags::EXIST {
+        return Err(err(libc::EINVAL, "unknown update flags"));
+    }
+    let v = View::new(map);
+    let hash = hash_key(key);
+    let vstride = round8(v.h.value_size);
+    let vsize = v.h.value_size as usize;
+    let percpu = map.kind.percpu();
+    let _g = v.lock();
+    let old = v.find(key, hash);
+    let mode = flags & !update_flags::LOCK;
+    if old != 0 && mode == update_flags::NOEXIST {
+        return Err(err(libc::EEXIST, "key exists"));
+    }
+    if old == 0 && mode == update_flags::EXIST {
+        return Err(err(libc::ENOENT, "no such key"));
+    }
+    let write_values = |dst: *mut u8, fresh: bool| {
+        if percpu && from_syscall {
+            for c in 0..v.copies() {
+                // SAFETY: `value` holds ncpus 8-byte-rounded slots from bpf(); dst holds ncpus slots.
+                unsafe { std::ptr::copy_nonoverlapping(value.add(c * vstride), dst.add(c * vstride), vsize) };
+            }
+        } else if percpu {
+            if fresh {
+                // SAFETY: dst holds ncpus slots.
+                unsafe { std::ptr::write_bytes(dst, 0, vstride * v.copies()) };
+            }
+            let cpu = current_cpu(v.h.ncpus);
+            // SAFETY: the program's value holds value_size bytes; the slot is in range.
+            unsafe { std::ptr::copy_nonoverlapping(value, dst.add(cpu * vstride), vsize) };
+        } else {
+            // SAFETY: one value of value_size bytes each side.
+            unsafe { std::ptr::copy_nonoverlapping(value, dst, vsize) };
+        }
+    };
+    if old != 0 && percpu {
+        // The kernel updates per-CPU values in place.
+        write_values(v.value_ptr(old), false);
+        return Ok(());
+    }
+    if old == 0 && v.h.count.load(Ordering::Relaxed) >= v.h.max_entries && !(v.is_lru() && v.evict()) {
+        return Err(err(libc::E2BIG, "map is full"));
+    }
+    let mut idx = v.pop_free();
+    if idx == 0 && v.is_lru() && v.evict() {
+        idx = v.pop_free();
+    }
+    if idx == 0 {
+        return Err(err(libc::E2BIG, "map is full"));
+    }
+    // SAFETY: a free element is ours alone under the lock; the key area holds key_size bytes.
+    unsafe { std::ptr::copy_nonoverlapping(key.as_ptr(), v.key_ptr(idx), key.len()) };
+    write_values(v.value_ptr(idx), true);
+    // SAFETY: elem_ptr points at the element header, which we own until it is linked.
+    let e = unsafe { &mut *(v.elem_ptr(idx) as *mut Elem) };
+    e.hash = hash;
+    e.tick
+        .store(v.h.lru_clock.fetch_add(1, Ordering::Relaxed), Ordering::Relaxed);
+    e.used.store(1, Ordering::Relaxed);
+    let b = v.bucket(hash);
+    e.next.store(b.load(Ordering::Relaxed), Ordering::Relaxed);
+    b.store(idx, Ordering::Release);
+    if old != 0 {
+        v.unlink(old);
+        v.push_free(old);
+    } else {
+        v.h.count.fetch_add(1, Ordering::Relaxed);
+    }
+    Ok(())
+}
+
+/// # Safety-free wrapper: `key` points to key_size readable bytes (checked by callers).
+pub(super) fn delete(map: &Map, key: *const u8) -> Result<()> {
+    let v = View::new(map);
+    // SAFETY: callers pass key_size readable bytes (a bpf() buffer or a verified program pointer).
+    let key = unsafe { std::slice::from_raw_parts(key, v.key_size) };
+    let hash = hash_key(key);
+    let _g = v.lock();
+    let idx = v.find(key, hash);
+    if idx == 0 {
+        return Err(err(libc::ENOENT, "no such key"));
+    }
+    v.unlink(idx);
+    v.push_free(idx);
+    v.h.count.fetch_sub(1, Ordering::Relaxed);
+    Ok(())
+}
+
+pub(super) fn lookup_and_delete(map: &Map, key: &[u8], value: &mut [u8]) -> Result<()> {
+    map.check_key(key)?;
+    if value.len() != map.syscall_value_size() {
+        return Err(err(libc::EINVAL, "value size mismatch"));
+    }
+    let v = View::new(map);
+    let hash = hash_key(key);
+    let _g = v.lock();
+    let idx = v.find(key, hash);
+    if idx == 0 {
+        return Err(err(libc::ENOENT, "no such key"));
+    }
+    // SAFETY: the element's value area holds syscall_value_size bytes.
+    unsafe { std::ptr::copy_nonoverlapping(v.value_ptr(idx), value.as_mut_ptr(), value.len()) };
+    v.unlink(idx);
+    v.push_free(idx);
+    v.h.count.fetch_sub(1, Ordering::Relaxed);
+    Ok(())
+}
+
+pub(super) fn next_key(map: &Map, key: Option<&[u8]>, out: &mut [u8]) -> Result<()> {
+    let v = View::new(map);
+    let first_from = |start: u32| -> Option<u32> {
+        (start..v.h.nbuckets).find_map(|b| {
+            // SAFETY: b < nbuckets.
+            let idx = unsafe { &*(map.data().cast::<AtomicU32>().add(b as usize)) }.load(Ordering::Acquire);
+            (idx != 0).then_some(idx)
+        })
+    };
+    let found = key.map(|k| (k, hash_key(k))).and_then(|(k, h)| {
+        let idx = v.find(k, h);
+        (idx != 0).then_some((idx, h))
+    });
+    let next = match found {
+        None => first_from(0),
+        Some((idx, h)) => match v.elem(idx).next.load(Ordering::Acquire) {
+            0 => first_from((h & (v.h.nbuckets - 1)) + 1),
+            n => Some(n),
+        },
+    };
+    let Some(idx) = next else {
+        return Err(err(libc::ENOENT, "no more keys"));
+    };
+    // SAFETY: the element's key holds key_size bytes; out was checked to be key_size long.
+    unsafe { std::ptr::copy_nonoverlapping(v.key_ptr(idx), out.as_mut_ptr(), out.len()) };
+    Ok(())
+}

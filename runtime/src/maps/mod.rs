@@ -1,0 +1,746 @@
+//! Maps with the kernel's semantics, in store files that every process maps.
+//!
+//! Each map type keeps its data after the header page; the syscall side
+//! (`lookup`, `update`, ...) copies values the way `bpf()` does, and the
+//! program side (`prog_*`) works on raw pointers the way helpers do.
+
+mod array;
+mod hash;
+mod lock;
+mod queue;
+mod ringbuf;
+
+use crate::layout::{MapHeader, ObjectKind, PAGE_SIZE};
+use crate::mapping::Mapping;
+use crate::store::{new_object_header, Store};
+use crate::{Error, Result};
+use bpftime_isa::uapi::{map_flags, map_type};
+use std::fs::File;
+use std::path::PathBuf;
+use std::sync::OnceLock;
+
+pub(crate) fn round8(v: u32) -> usize {
+    (v as usize + 7) & !7
+}
+
+fn page_round(v: usize) -> usize {
+    (v + PAGE_SIZE - 1) & !(PAGE_SIZE - 1)
+}
+
+pub(crate) fn err(errno: i32, what: impl Into<String>) -> Error {
+    Error::invalid(errno, what)
+}
+
+/// Number of possible CPUs, as libbpf counts them for per-CPU values.
+pub fn possible_cpus() -> u32 {
+    static N: OnceLock<u32> = OnceLock::new();
+    *N.get_or_init(|| {
+        std::fs::read_to_string("/sys/devices/system/cpu/possible")
+            .ok()
+            .and_then(|s| parse_cpu_list(s.trim()))
+            .unwrap_or_else(|| {
+                std::thread::available_parallelism()
+                    .map(|n| n.get() as u32)
+                    .unwrap_or(1)
+            })
+    })
+}
+
+fn parse_cpu_list(s: &str) -> Option<u32> {
+    let mut max = None;
+    for part in s.split(',') {
+        let last = part.rsplit('-').next()?.parse::<u32>().ok()?;
+        max = Some(max.map_or(last, |m: u32| m.max(last)));
+    }
+    max.map(|m| m + 1)
+}
+
+pub(crate) fn current_cpu(ncpus: u32) -> usize {
+    // SAFETY: sched_getcpu has no preconditions.
+    let c = unsafe { libc::sched_getcpu() };
+    if c < 0 {
+        0
+    } else {
+        (c as u32 % ncpus.max(1)) as usize
+    }
+}
+
+/// What `BPF_MAP_CREATE` asks for.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct MapSpec {
+    pub map_type: u32,
+    pub key_size: u32,
+    pub value_size: u32,
+    pub max_entries: u32,
+    pub map_flags: u32,
+    pub name: String,
+    pub btf_id: u32,
+    pub btf_key_type_id: u32,
+    pub btf_value_type_id: u32,
+    pub map_extra: u64,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Kind {
+    Array { percpu: bool },
+    /// Arrays whose values are object ids (prog_array, perf_event_array).
+    IdArray,
+    Hash { percpu: bool, lru: bool },
+    Queue,
+    Stack,
+    Ringbuf,
+}
+
+impl Kind {
+    fn of(map_type: u32) -> Option<Kind> {
+        Some(match map_type {
+            map_type::ARRAY => Kind::Array { percpu: false },
+            map_type::PERCPU_ARRAY => Kind::Array { percpu: true },
+            map_type::PROG_ARRAY | map_type::PERF_EVENT_ARRAY => Kind::IdArray,
+            map_type::HASH => Kind::Hash {
+                percpu: false,
+                lru: false,
+            },
+            map_type::PERCPU_HASH => Kind::Hash {
+                percpu: true,
+                lru: false,
+            },
+            map_type::LRU_HASH => Kind::Hash {
+                percpu: false,
+                lru: true,
+            },
+            map_type::LRU_PERCPU_HASH => Kind::Hash {
+                percpu: true,
+                lru: true,
+            },
+            map_type::QUEUE => Kind::Queue,
+            map_type::STACK => Kind::Stack,
+            map_type::RINGBUF => Kind::Ringbuf,
+            _ => return None,
+        })
+    }
+
+    fn percpu(self) -> bool {
+        matches!(
+            self,
+            Kind::Array { percpu: true } | Kind::Hash { percpu: true, .. }
+        )
+    }
+}
+
+/// A process-local handle on a map in the store.
+pub struct Map {
+    id: u32,
+    kind: Kind,
+    mapping: Mapping,
+    path: PathBuf,
+    /// The wake-up FIFO of a ring buffer, open for as long as the map is.
+    fifo: Option<File>,
+    fifo_path: PathBuf,
+}
+
+impl std::fmt::Debug for Map {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Map")
+            .field("id", &self.id)
+            .field("kind", &self.kind)
+            .field("path", &self.path)
+            .finish()
+    }
+}
+
+impl Map {
+    /// Validates a `BPF_MAP_CREATE` request as the kernel does and creates the map.
+    pub fn create(store: &Store, spec: &MapSpec) -> Result<Map> {
+        let kind = Kind::of(spec.map_type).ok_or_else(|| {
+            err(
+                libc::EINVAL,
+                format!(
+                    "map type {} is not supported by bpftime (supported: array, hash, percpu_array, percpu_hash, lru_hash, lru_percpu_hash, ringbuf, perf_event_array, prog_array, queue, stack)",
+                    spec.map_type
+                ),
+            )
+        })?;
+        let layout = Layout::compute(kind, spec)?;
+        let id = store.alloc_id();
+        let ncpus = possible_cpus();
+        let path = store.publish_with(ObjectKind::Map, id, layout.file_len, |bytes| {
+            let mut name = [0u8; 16];
+            let n = spec.name.len().min(15);
+            name[..n].copy_from_slice(&spec.name.as_bytes()[..n]);
+            let header = MapHeader {
+                object: new_object_header(ObjectKind::Map, id),
+                map_type: spec.map_type,
+                key_size: spec.key_size,
+                value_size: spec.value_size,
+                max_entries: spec.max_entries,
+                map_flags: spec.map_flags,
+                ncpus,
+                name,
+                btf_id: spec.btf_id,
+                btf_key_type_id: spec.btf_key_type_id,
+                btf_value_type_id: spec.btf_value_type_id,
+                frozen: Default::default(),
+                map_extra: spec.map_extra,
+                file_len: layout.file_len as u64,
+                lock: Default::default(),
+                count: Default::default(),
+                free_head: Default::default(),
+                free_tail: Default::default(),
+                nbuckets: layout.nbuckets,
+                nelems: layout.nelems,
+                elem_size: layout.elem_size,
+                head: Default::default(),
+                tail: Default::default(),
+                _pad: 0,
+                lru_clock: Default::default(),
+                dropped: Default::default(),
+                wakeup_pending: Default::default(),
+                _pad2: 0,
+            };
+            // SAFETY: the file is at least one page long, page aligned, and private to us until published.
+            unsafe { std::ptr::write(bytes.as_mut_ptr().cast::<MapHeader>(), header) };
+            if let Kind::Hash { .. } = kind {
+                // SAFETY: the header was just written at the start of `bytes`.
+                let h = unsafe { &*(bytes.as_ptr() as *const MapHeader) };
+                hash::init_free_list(h, &mut bytes[PAGE_SIZE..]);
+            }
+            Ok(())
+        })?;
+        if kind == Kind::Ringbuf {
+            let fifo = store.fifo_path(id);
+            let c = std::ffi::CString::new(fifo.as_os_str().as_encoded_bytes())
+                .map_err(|_| err(libc::EINVAL, "store path holds a NUL byte"))?;
+            // SAFETY: `c` is a valid NUL-terminated path.
+            if unsafe { libc::mkfifo(c.as_ptr(), 0o600) } != 0 {
+                let e = std::io::Error::last_os_error();
+                if e.kind() != std::io::ErrorKind::AlreadyExists {
+                    let _ = store.remove(ObjectKind::Map, id);
+                    return Err(Error::io("mkfifo", fifo, e));
+                }
+            }
+        }
+        tracing::debug!(id, ?kind, path = %path.display(), "created map");
+        Map::open(store, id)
+    }
+
+    /// Opens a map of the store in this process.
+    pub fn open(store: &Store, id: u32) -> Result<Map> {
+        let (file, path) = store.open_object(ObjectKind::Map, id)?;
+        let len = file
+            .metadata()
+            .map_err(|e| Error::io("stat", &path, e))?
+            .len() as usize;
+        if len < PAGE_SIZE {
+            return Err(Error::BadMagic { path, magic: 0 });
+        }
+        let probe = Mapping::map_file(&file, PAGE_SIZE, &path)?;
+        let mut bytes = vec![0u8; std::mem::size_of::<crate::layout::ObjectHeader>()];
+        // SAFETY: the probe mapping is one page, larger than the header.
+        unsafe { std::ptr::copy_nonoverlapping(probe.base(), bytes.as_mut_ptr(), bytes.len()) };
+        crate::store::check_header(&path, &bytes, ObjectKind::Map)?;
+        // SAFETY: header validated above; it lies in the first page.
+        let h = unsafe { &*(probe.base() as *const MapHeader) };
+        let kind = Kind::of(h.map_type).ok_or_else(|| {
+            err(libc::EINVAL, format!("{}: unknown map type {}", path.display(), h.map_type))
+        })?;
+        let file_len = h.file_len as usize;
+        let value_size = h.max_entries as usize;
+        drop(probe);
+        let mapping = if kind == Kind::Ringbuf {
+            Mapping::map_file_ring(&file, ringbuf::DATA_OFFSET, value_size, &path)?
+        } else {
+            Mapping::map_file(&file, file_len.min(len), &path)?
+        };
+        let fifo_path = store.fifo_path(id);
+        let fifo = if kind == Kind::Ringbuf {
+            let f = std::fs::OpenOptions::new()
+                .read(true)
+                .write(true)
+                .custom_flags(libc::O_NONBLOCK | libc::O_CLOEXEC)
+                .open(&fifo_path)
+                .map_err(|e| Error::io("open", &fifo_path, e))?;
+            ringbuf::register_waker(mapping.base() as usize, f.as_raw_fd());
+            Some(f)
+        } else {
+            None
+        };
+        Ok(Map {
+            id,
+            kind,
+            mapping,
+            fifo,
+            fifo_path,
+            path,
+        })
+    }
+
+    pub(crate) fn header(&self) -> &MapHeader {
+        // SAFETY: the mapping starts with a validated MapHeader; shared fields are atomics.
+        unsafe { &*(self.mapping.base() as *const MapHeader) }
+    }
+
+    fn data(&self) -> *mut u8 {
+        // SAFETY: every map file is longer than its header page.
+        unsafe { self.mapping.base().add(PAGE_SIZE) }
+    }
+
+    pub fn id(&self) -> u32 {
+        self.id
+    }
+    pub fn map_type(&self) -> u32 {
+        self.header().map_type
+    }
+    pub fn key_size(&self) -> u32 {
+        self.header().key_size
+    }
+    pub fn value_size(&self) -> u32 {
+        self.header().value_size
+    }
+    pub fn max_entries(&self) -> u32 {
+        self.header().max_entries
+    }
+    pub fn map_flags(&self) -> u32 {
+        self.header().map_flags
+    }
+    pub fn name(&self) -> String {
+        let n = &self.header().name;
+        let end = n.iter().position(|&b| b == 0).unwrap_or(n.len());
+        String::from_utf8_lossy(&n[..end]).into_owned()
+    }
+    pub fn btf_ids(&self) -> (u32, u32, u32) {
+        let h = self.header();
+        (h.btf_id, h.btf_key_type_id, h.btf_value_type_id)
+    }
+    pub fn map_extra(&self) -> u64 {
+        self.header().map_extra
+    }
+    pub fn path(&self) -> &std::path::Path {
+        &self.path
+    }
+    /// Records dropped by a full ring buffer.
+    pub fn dropped(&self) -> u64 {
+        self.header()
+            .dropped
+            .load(std::sync::atomic::Ordering::Relaxed)
+    }
+    pub fn is_frozen(&self) -> bool {
+        self.header()
+            .frozen
+            .load(std::sync::atomic::Ordering::Acquire)
+            != 0
+    }
+
+    /// Size of a value as `bpf()` copies it: per-CPU maps hold one 8-byte
+    /// aligned slot per possible CPU.
+    pub fn syscall_value_size(&self) -> usize {
+        if self.kind.percpu() {
+            round8(self.value_size()) * self.header().ncpus as usize
+        } else {
+            self.value_size() as usize
+        }
+    }
+
+    /// True for prog_array and perf_event_array, whose values are object ids.
+    pub fn holds_ids(&self) -> bool {
+        self.kind == Kind::IdArray
+    }
+
+    fn check_key(&self, key: &[u8]) -> Result<()> {
+        if key.len() != self.key_size() as usize {
+            return Err(err(libc::EINVAL, "key size mismatch"));
+        }
+        Ok(())
+    }
+
+    fn check_syscall_write(&self) -> Result<()> {
+        if self.map_flags() & map_flags::RDONLY != 0 || self.is_frozen() {
+            return Err(err(libc::EPERM, "map is read-only from user space"));
+        }
+        Ok(())
+    }
+
+    fn check_syscall_read(&self) -> Result<()> {
+        if self.map_flags() & map_flags::WRONLY != 0 {
+            return Err(err(libc::EPERM, "map is write-only from user space"));
+        }
+        Ok(())
+    }
+
+    /// `BPF_MAP_LOOKUP_ELEM`.
+    pub fn lookup(&self, key: &[u8], value: &mut [u8]) -> Result<()> {
+        self.check_syscall_read()?;
+        match self.kind {
+            Kind::Array { .. } => array::lookup(self, key, value),
+            Kind::IdArray => Err(err(
+                libc::EOPNOTSUPP,
+                "prog_array and perf_event_array values are read through their ids",
+            )),
+            Kind::Hash { .. } => hash::lookup(self, key, value),
+            Kind::Queue | Kind::Stack => queue::peek(self, value),
+            Kind::Ringbuf => Err(err(ENOTSUPP, "ring buffers have no elements")),
+        }
+    }
+
+    /// `BPF_MAP_UPDATE_ELEM`.
+    pub fn update(&self, key: &[u8], value: &[u8], flags: u64) -> Result<()> {
+        self.check_syscall_write()?;
+        match self.kind {
+            Kind::Array { .. } => array::update(self, key, value, flags),
+            Kind::IdArray => Err(err(
+                libc::EINVAL,
+                "prog_array and perf_event_array take file descriptors (use set_id)",
+            )),
+            Kind::Hash { .. } => hash::update(self, key, value.as_ptr(), flags, true),
+            Kind::Queue | Kind::Stack => queue::push(self, value.as_ptr(), flags),
+            Kind::Ringbuf => Err(err(ENOTSUPP, "ring buffers have no elements")),
+        }
+    }
+
+    /// `BPF_MAP_DELETE_ELEM`.
+    pub fn delete(&self, key: &[u8]) -> Result<()> {
+        self.check_syscall_write()?;
+        match self.kind {
+            Kind::Array { .. } => Err(err(libc::EINVAL, "array elements cannot be deleted")),
+            Kind::IdArray => array::clear_id(self, key),
+            Kind::Hash { .. } => hash::delete(self, key.as_ptr()),
+            Kind::Queue | Kind::Stack => Err(err(libc::EINVAL, "use pop on queues and stacks")),
+            Kind::Ringbuf => Err(err(ENOTSUPP, "ring buffers have no elements")),
+        }
+    }
+
+    /// `BPF_MAP_GET_NEXT_KEY`; `key` None (or a missing key) gives the first key.
+    pub fn next_key(&self, key: Option<&[u8]>, out: &mut [u8]) -> Result<()> {
+        if let Some(k) = key {
+            self.check_key(k)?;
+        }
+        if out.len() != self.key_size() as usize {
+            return Err(err(libc::EINVAL, "key size mismatch"));
+        }
+        match self.kind {
+            Kind::Array { .. } | Kind::IdArray => array::next_key(self, key, out),
+            Kind::Hash { .. } => hash::next_key(self, key, out),
+            Kind::Queue | Kind::Stack => Err(err(libc::EINVAL, "queues and stacks have no keys")),
+            Kind::Ringbuf => Err(err(ENOTSUPP, "ring buffers have no keys")),
+        }
+    }
+
+    /// `BPF_MAP_LOOKUP_AND_DELETE_ELEM` (a pop for queues and stacks).
+    pub fn lookup_and_delete(&self, key: &[u8], value: &mut [u8]) -> Result<()> {
+        self.check_syscall_read()?;
+        self.check_syscall_write()?;
+        match self.kind {
+            Kind::Hash { .. } => hash::lookup_and_delete(self, key, value),
+            Kind::Queue | Kind::Stack => queue::pop(self, value.as_mut_ptr()),
+            _ => Err(err(
+                ENOTSUPP,
+                "lookup-and-delete works on hash maps, queues and stacks",
+            )),
+        }
+    }
+
+    /// `BPF_MAP_FREEZE`: user space may no longer write.
+    pub fn freeze(&self) -> Result<()> {
+        if self
+            .header()
+            .frozen
+            .swap(1, std::sync::atomic::Ordering::AcqRel)
+            != 0
+        {
+            return Err(err(libc::EBUSY, "map is already frozen"));
+        }
+        Ok(())
+    }
+
+    /// Stores an object id (a program, or a BPF output perf event) at `index`
+    /// of a prog_array or perf_event_array.
+    pub fn set_id(&self, key: &[u8], id: u32, flags: u64) -> Result<()> {
+        if self.kind != Kind::IdArray {
+            return Err(err(libc::EINVAL, "not a prog_array or perf_event_array"));
+        }
+        self.check_syscall_write()?;
+        array::set_id(self, key, id, flags)
+    }
+
+    /// The object id stored at `index` of a prog_array or perf_event_array.
+    pub fn id_at(&self, index: u32) -> Option<u32> {
+        if self.kind != Kind::IdArray {
+            return None;
+        }
+        array::id_at(self, index)
+    }
+
+    /// The value area of an array map, as `mmap` of a `BPF_F_MMAPABLE` array exposes it:
+    /// (file offset, length).
+    pub fn mmapable_region(&self) -> Option<(usize, usize)> {
+        match self.kind {
+            Kind::Array { percpu: false } if self.map_flags() & map_flags::MMAPABLE != 0 => Some((
+                PAGE_SIZE,
+                page_round(round8(self.value_size()) * self.max_entries() as usize),
+            )),
+            _ => None,
+        }
+    }
+
+    /// Offsets of a ring buffer's consumer page, and of its producer page that
+    /// is followed by the data (for `mmap` by a consumer).
+    pub fn ringbuf_regions(&self) -> Option<(usize, usize, usize)> {
+        (self.kind == Kind::Ringbuf).then_some((
+            ringbuf::CONSUMER_OFFSET,
+            ringbuf::PRODUCER_OFFSET,
+            self.max_entries() as usize,
+        ))
+    }
+
+    /// Clears the pending wake-up flag of a ring buffer; a consumer calls this
+    /// before draining the FIFO, so no record published after it goes unnoticed.
+    pub fn ringbuf_clear_wakeup(&self) {
+        self.header()
+            .wakeup_pending
+            .store(0, std::sync::atomic::Ordering::SeqCst);
+    }
+
+    /// Path of the FIFO a ring buffer's producers write a byte into to wake consumers.
+    pub fn wakeup_fifo(&self) -> Option<&std::path::Path> {
+        (self.kind == Kind::Ringbuf).then_some(self.fifo_path.as_path())
+    }
+
+    // ----- program side -----
+
+    /// `bpf_map_lookup_elem` from a program: a pointer into the map, or null.
+    ///
+    /// # Safety
+    /// `key` must point to `key_size` readable bytes.
+    pub unsafe fn prog_lookup(&self, key: *const u8) -> *mut u8 {
+        match self.kind {
+            // SAFETY: forwarded caller obligation.
+            Kind::Array { percpu } => unsafe { array::prog_lookup(self, key, percpu) },
+            Kind::Hash { percpu, .. } => {
+                // SAFETY: forwarded caller obligation.
+                let v = unsafe { hash::find_value(self, key) };
+                if v.is_null() || !percpu {
+                    v
+                } else {
+                    let cpu = current_cpu(self.header().ncpus);
+                    // SAFETY: per-CPU values hold ncpus slots.
+                    unsafe { v.add(cpu * round8(self.value_size())) }
+                }
+            }
+            _ => std::ptr::null_mut(),
+        }
+    }
+
+    /// `bpf_map_update_elem` from a program.
+    ///
+    /// # Safety
+    /// `key` and `value` must point to `key_size` and `value_size` readable bytes.
+    pub unsafe fn prog_update(&self, key: *const u8, value: *const u8, flags: u64) -> i64 {
+        let r = match self.kind {
+            Kind::Array { percpu } => {
+                // SAFETY: forwarded caller obligation.
+                let k = unsafe { std::slice::from_raw_parts(key, self.key_size() as usize) };
+                array::prog_update(self, k, value, flags, percpu)
+            }
+            // SAFETY: forwarded caller obligation.
+            Kind::Hash { .. } => hash::update(self, unsafe { std::slice::from_raw_parts(key, self.key_size() as usize) }, value, flags, false),
+            Kind::Queue | Kind::Stack => queue::push(self, value, flags),
+            _ => Err(err(libc::EINVAL, "not updatable from a program")),
+        };
+        errno_result(r)
+    }
+
+    /// `bpf_map_delete_elem` from a program.
+    ///
+    /// # Safety
+    /// `key` must point to `key_size` readable bytes.
+    pub unsafe fn prog_delete(&self, key: *const u8) -> i64 {
+        errno_result(match self.kind {
+            Kind::Hash { .. } => hash::delete(self, key),
+            Kind::Array { .. } => Err(err(libc::EINVAL, "array")),
+            _ => Err(err(libc::EINVAL, "not deletable")),
+        })
+    }
+
+    /// `bpf_map_push_elem`.
+    ///
+    /// # Safety
+    /// `value` must point to `value_size` readable bytes.
+    pub unsafe fn prog_push(&self, value: *const u8, flags: u64) -> i64 {
+        errno_result(match self.kind {
+            Kind::Queue | Kind::Stack => queue::push(self, value, flags),
+            _ => Err(err(libc::EINVAL, "not a queue or stack")),
+        })
+    }
+
+    /// `bpf_map_pop_elem` (`delete` true) and `bpf_map_peek_elem`.
+    ///
+    /// # Safety
+    /// `value` must point to `value_size` writable bytes.
+    pub unsafe fn prog_pop(&self, value: *mut u8, delete: bool) -> i64 {
+        errno_result(match self.kind {
+            Kind::Queue | Kind::Stack if delete => queue::pop(self, value),
+            Kind::Queue | Kind::Stack => {
+                // SAFETY: forwarded caller obligation.
+                let v = unsafe { std::slice::from_raw_parts_mut(value, self.value_size() as usize) };
+                queue::peek(self, v)
+            }
+            _ => Err(err(libc::EINVAL, "not a queue or stack")),
+        })
+    }
+
+    /// `bpf_ringbuf_reserve`: a record of `size` bytes, or null when the ring is full.
+    pub fn ringbuf_reserve(&self, size: u64, flags: u64) -> *mut u8 {
+        if self.kind != Kind::Ringbuf {
+            return std::ptr::null_mut();
+        }
+        ringbuf::reserve(self, size, flags)
+    }
+
+    /// `bpf_ringbuf_output`.
+    ///
+    /// # Safety
+    /// `data` must point to `size` readable bytes.
+    pub unsafe fn ringbuf_output(&self, data: *const u8, size: u64, flags: u64) -> i64 {
+        if self.kind != Kind::Ringbuf {
+            return -(libc::EINVAL as i64);
+        }
+        let rec = ringbuf::reserve(self, size, flags & !(bpftime_isa::uapi::ringbuf::NO_WAKEUP | bpftime_isa::uapi::ringbuf::FORCE_WAKEUP));
+        if rec.is_null() {
+            return -(libc::EAGAIN as i64);
+        }
+        // SAFETY: the record has room for `size` bytes; `data` is readable per the caller.
+        unsafe { std::ptr::copy_nonoverlapping(data, rec, size as usize) };
+        // SAFETY: `rec` came from reserve on this ring.
+        unsafe { ringbuf::commit(rec, flags, false) };
+        0
+    }
+
+    /// `bpf_ringbuf_query`.
+    pub fn ringbuf_query(&self, flags: u64) -> u64 {
+        if self.kind != Kind::Ringbuf {
+            return 0;
+        }
+        ringbuf::query(self, flags)
+    }
+
+    /// Reads the submitted records of a ring buffer in order, as a consumer.
+    pub fn ringbuf_drain(&self, f: impl FnMut(&[u8])) -> usize {
+        if self.kind != Kind::Ringbuf {
+            return 0;
+        }
+        ringbuf::drain(self, f)
+    }
+}
+
+impl Drop for Map {
+    fn drop(&mut self) {
+        if self.fifo.is_some() {
+            ringbuf::unregister_waker(self.mapping.base() as usize);
+        }
+    }
+}
+
+/// `bpf_ringbuf_submit` / `bpf_ringbuf_discard`.
+///
+/// # Safety
+/// `rec` must be a record reserved from a ring buffer this process has open,
+/// not yet submitted or discarded.
+pub unsafe fn ringbuf_commit(rec: *mut u8, flags: u64, discard: bool) {
+    // SAFETY: forwarded caller obligation.
+    unsafe { ringbuf::commit(rec, flags, discard) }
+}
+
+use std::os::fd::AsRawFd;
+use std::os::unix::fs::OpenOptionsExt;
+
+/// The kernel-internal ENOTSUPP, which `bpf()` hands to user space as is.
+pub(crate) const ENOTSUPP: i32 = 524;
+
+fn errno_result(r: Result<()>) -> i64 {
+    match r {
+        Ok(()) => 0,
+        Err(e) => -(e.errno() as i64),
+    }
+}
+
+/// Sizes of a map's data, fixed at creation.
+struct Layout {
+    file_len: usize,
+    nbuckets: u32,
+    nelems: u32,
+    elem_size: u32,
+}
+
+impl Layout {
+    fn compute(kind: Kind, s: &MapSpec) -> Result<Layout> {
+        let inval = |what: &str| err(libc::EINVAL, what.to_string());
+        if s.max_entries == 0 {
+            return Err(inval("max_entries must be positive"));
+        }
+        let ncpus = possible_cpus() as usize;
+        let (data, nbuckets, nelems, elem_size) = match kind {
+            Kind::Array { percpu } => {
+                if s.key_size != 4 || s.value_size == 0 {
+                    return Err(inval("arrays need a 4-byte key and a non-empty value"));
+                }
+                if percpu && s.map_flags & map_flags::MMAPABLE != 0 {
+                    return Err(inval("per-CPU arrays cannot be mmapable"));
+                }
+                let copies = if percpu { ncpus } else { 1 };
+                let len = round8(s.value_size)
+                    .checked_mul(copies)
+                    .and_then(|v| v.checked_mul(s.max_entries as usize))
+                    .ok_or_else(|| err(libc::E2BIG, "array too large"))?;
+                (len, 0, 0, 0)
+            }
+            Kind::IdArray => {
+                if s.key_size != 4 || s.value_size != 4 {
+                    return Err(inval("prog_array and perf_event_array need 4-byte keys and values"));
+                }
+                (4 * s.max_entries as usize, 0, 0, 0)
+            }
+            Kind::Hash { percpu, lru } => {
+                if s.key_size == 0 || s.value_size == 0 {
+                    return Err(inval("hash maps need non-empty keys and values"));
+                }
+                let copies = if percpu { ncpus } else { 1 };
+                let elem = hash::ELEM_HEADER + round8(s.key_size) + round8(s.value_size) * copies;
+                // Spare elements let an update of an existing key publish the new
+                // value before retiring the old one, as the kernel's preallocated maps do.
+                let nelems = if lru { s.max_entries } else { s.max_entries.saturating_add(ncpus as u32) };
+                let nbuckets = s.max_entries.checked_next_power_of_two().ok_or_else(|| err(libc::E2BIG, "hash too large"))?;
+                let len = hash::elems_offset(nbuckets)
+                    .checked_add(elem.checked_mul(nelems as usize).ok_or_else(|| err(libc::E2BIG, "hash too large"))?)
+                    .ok_or_else(|| err(libc::E2BIG, "hash too large"))?;
+                (len, nbuckets, nelems, elem as u32)
+            }
+            Kind::Queue | Kind::Stack => {
+                if s.key_size != 0 || s.value_size == 0 {
+                    return Err(inval("queues and stacks take no key and a non-empty value"));
+                }
+                ((s.max_entries as usize + 1) * round8(s.value_size), 0, 0, 0)
+            }
+            Kind::Ringbuf => {
+                if s.key_size != 0 || s.value_size != 0 {
+                    return Err(inval("ring buffers take no key and no value"));
+                }
+                if !s.max_entries.is_power_of_two() || (s.max_entries as usize) % PAGE_SIZE != 0 {
+                    return Err(inval("ring buffer size must be a power of 2 and a multiple of the page size"));
+                }
+                (ringbuf::DATA_OFFSET - PAGE_SIZE + s.max_entries as usize, 0, 0, 0)
+            }
+        };
+        if data > (1usize << 36) {
+            return Err(err(libc::E2BIG, "map too large"));
+        }
+        Ok(Layout {
+            file_len: PAGE_SIZE + page_round(data.max(1)),
+            nbuckets,
+            nelems,
+            elem_size,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests;

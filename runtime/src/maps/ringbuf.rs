@@ -1,0 +1,165 @@
+//! Ring buffers in the kernel's layout, so libbpf's own consumer reads them:
+//! a consumer page, a producer page, then the data, which every process maps
+//! twice in a row so that a record wrapping past the end is contiguous.
+//! Each record starts with an 8-byte header: the length with the busy and
+//! discard bits, and the page offset of the header from the start of the
+//! mapping, from which `submit` finds its ring.
+
+use super::lock::lock;
+use super::Map;
+use crate::layout::{MapHeader, PAGE_SIZE};
+use bpftime_isa::uapi::ringbuf as rb;
+use std::collections::HashMap;
+use std::os::fd::RawFd;
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::Mutex;
+
+pub(super) const CONSUMER_OFFSET: usize = PAGE_SIZE;
+pub(super) const PRODUCER_OFFSET: usize = 2 * PAGE_SIZE;
+pub(super) const DATA_OFFSET: usize = 3 * PAGE_SIZE;
+
+/// Wake-up FIFOs of the ring buffers this process has open, by mapping base.
+static WAKERS: Mutex<Option<HashMap<usize, RawFd>>> = Mutex::new(None);
+
+pub(super) fn register_waker(base: usize, fd: RawFd) {
+    if let Ok(mut w) = WAKERS.lock() {
+        w.get_or_insert_with(HashMap::new).insert(base, fd);
+    }
+}
+
+pub(super) fn unregister_waker(base: usize) {
+    if let Ok(mut w) = WAKERS.lock() {
+        if let Some(m) = w.as_mut() {
+            m.remove(&base);
+        }
+    }
+}
+
+fn positions(base: *mut u8) -> (&'static AtomicU64, &'static AtomicU64) {
+    // SAFETY: ring mappings always include the consumer and producer pages, 8-byte aligned;
+    // the references do not outlive the mapping in practice because callers hold the Map.
+    unsafe {
+        (
+            &*(base.add(CONSUMER_OFFSET) as *const AtomicU64),
+            &*(base.add(PRODUCER_OFFSET) as *const AtomicU64),
+        )
+    }
+}
+
+pub(super) fn reserve(map: &Map, size: u64, flags: u64) -> *mut u8 {
+    let h = map.header();
+    let ring = h.max_entries as u64;
+    if flags != 0 || size > (u32::MAX / 4) as u64 {
+        return std::ptr::null_mut();
+    }
+    let len = (size + rb::HDR_SZ as u64 + 7) & !7;
+    if len > ring {
+        return std::ptr::null_mut();
+    }
+    let base = map.mapping.base();
+    let (cons, prod) = positions(base);
+    let _g = lock(&h.lock, || {});
+    let c = cons.load(Ordering::Acquire);
+    let p = prod.load(Ordering::Relaxed);
+    if p + len - c > ring {
+        h.dropped.fetch_add(1, Ordering::Relaxed);
+        return std::ptr::null_mut();
+    }
+    // SAFETY: (p & mask) < ring, and the data is followed by its second mapping,
+    // so the record of `len` bytes fits in mapped memory.
+    let hdr = unsafe { base.add(DATA_OFFSET + (p & (ring - 1)) as usize) };
+    let page_of_hdr = (hdr as usize & !(PAGE_SIZE - 1)) - base as usize;
+    // SAFETY: the header is 8-byte aligned (positions advance in multiples of 8).
+    unsafe {
+        (*(hdr as *const AtomicU32)).store(size as u32 | rb::BUSY_BIT, Ordering::Relaxed);
+        (*(hdr.add(4) as *const AtomicU32)).store((page_of_hdr / PAGE_SIZE) as u32, Ordering::Relaxed);
+    }
+    prod.store(p + len, Ordering::Release);
+    // SAFETY: the sample follows its 8-byte header inside the record.
+    unsafe { hdr.add(rb::HDR_SZ as usize) }
+}
+
+/// Submits (or discards) a record returned by `reserve`.
+///
+/// # Safety
+/// `rec` must come from `reserve` and not have been committed yet.
+pub(crate) unsafe fn commit(rec: *mut u8, flags: u64, discard: bool) {
+    // SAFETY: caller obligation: the header precedes the sample.
+    let hdr = unsafe { rec.sub(rb::HDR_SZ as usize) };
+    // SAFETY: as above; the header words are aligned atomics.
+    let (len_word, pg_off) = unsafe {
+        (
+            &*(hdr as *const AtomicU32),
+            (*(hdr.add(4) as *const AtomicU32)).load(Ordering::Relaxed),
+        )
+    };
+    let len = len_word.load(Ordering::Relaxed) & !rb::BUSY_BIT;
+    let new = if discard { len | rb::DISCARD_BIT } else { len };
+    len_word.store(new, Ordering::Release);
+    let base = (hdr as usize & !(PAGE_SIZE - 1)) - pg_off as usize * PAGE_SIZE;
+    // SAFETY: `base` is the start of the ring's mapping, which begins with its MapHeader.
+    let h = unsafe { &*(base as *const MapHeader) };
+    if flags & rb::NO_WAKEUP != 0 {
+        return;
+    }
+    if flags & rb::FORCE_WAKEUP != 0 || h.wakeup_pending.swap(1, Ordering::SeqCst) == 0 {
+        wake(base);
+    }
+}
+
+fn wake(base: usize) {
+    let fd = WAKERS
+        .lock()
+        .ok()
+        .and_then(|w| w.as_ref().and_then(|m| m.get(&base).copied()));
+    if let Some(fd) = fd {
+        // SAFETY: writes one byte from a local buffer to a FIFO fd this process keeps open;
+        // a full FIFO (EAGAIN) already holds a wake-up.
+        unsafe { libc::write(fd, [1u8].as_ptr().cast(), 1) };
+    }
+}
+
+pub(super) fn query(map: &Map, flags: u64) -> u64 {
+    let (cons, prod) = positions(map.mapping.base());
+    let c = cons.load(Ordering::Acquire);
+    let p = prod.load(Ordering::Acquire);
+    match flags {
+        rb::AVAIL_DATA => p - c,
+        rb::RING_SIZE => map.max_entries() as u64,
+        rb::CONS_POS => c,
+        rb::PROD_POS => p,
+        _ => 0,
+    }
+}
+
+/// Reads every submitted record, in order, as a consumer would; stops at the
+/// first record still being written. Returns the number of records read.
+pub(super) fn drain(map: &Map, mut f: impl FnMut(&[u8])) -> usize {
+    let base = map.mapping.base();
+    let ring = map.max_entries() as u64;
+    let (cons, prod) = positions(base);
+    let mut c = cons.load(Ordering::Acquire);
+    let mut n = 0;
+    loop {
+        let p = prod.load(Ordering::Acquire);
+        if c >= p {
+            break;
+        }
+        // SAFETY: c & mask is inside the data area.
+        let hdr = unsafe { base.add(DATA_OFFSET + (c & (ring - 1)) as usize) };
+        // SAFETY: the header word is an aligned atomic.
+        let len = unsafe { &*(hdr as *const AtomicU32) }.load(Ordering::Acquire);
+        if len & rb::BUSY_BIT != 0 {
+            break;
+        }
+        let size = (len & !(rb::BUSY_BIT | rb::DISCARD_BIT)) as usize;
+        if len & rb::DISCARD_BIT == 0 {
+            // SAFETY: the record is contiguous thanks to the double mapping.
+            f(unsafe { std::slice::from_raw_parts(hdr.add(rb::HDR_SZ as usize), size) });
+            n += 1;
+        }
+        c += (size as u64 + rb::HDR_SZ as u64 + 7) & !7;
+        cons.store(c, Ordering::Release);
+    }
+    n
+}

@@ -1,0 +1,240 @@
+use super::*;
+use bpftime_isa::uapi::{map_type as mt, update_flags as uf};
+
+struct TempStore(Option<Store>);
+
+impl TempStore {
+    fn new(tag: &str) -> Self {
+        let name = format!("unit-{tag}-{}", std::process::id());
+        let _ = std::fs::remove_dir_all(Store::dir_for(&name));
+        TempStore(Some(Store::create_or_open(&name).unwrap()))
+    }
+}
+
+impl std::ops::Deref for TempStore {
+    type Target = Store;
+    fn deref(&self) -> &Store {
+        self.0.as_ref().unwrap()
+    }
+}
+
+impl Drop for TempStore {
+    fn drop(&mut self) {
+        if let Some(s) = self.0.take() {
+            let _ = s.destroy();
+        }
+    }
+}
+
+fn spec(map_type: u32, key: u32, value: u32, max: u32) -> MapSpec {
+    MapSpec {
+        map_type,
+        key_size: key,
+        value_size: value,
+        max_entries: max,
+        ..Default::default()
+    }
+}
+
+fn errno<T: std::fmt::Debug>(r: Result<T>) -> i32 {
+    r.unwrap_err().errno()
+}
+
+#[test]
+fn hash_follows_kernel_flags_and_capacity() {
+    let s = TempStore::new("hash");
+    let m = Map::create(&s, &spec(mt::HASH, 4, 8, 2)).unwrap();
+    let k = |v: u32| v.to_ne_bytes();
+    m.update(&k(1), &10u64.to_ne_bytes(), uf::ANY).unwrap();
+    assert_eq!(errno(m.update(&k(1), &11u64.to_ne_bytes(), uf::NOEXIST)), libc::EEXIST);
+    assert_eq!(errno(m.update(&k(2), &11u64.to_ne_bytes(), uf::EXIST)), libc::ENOENT);
+    m.update(&k(2), &20u64.to_ne_bytes(), uf::NOEXIST).unwrap();
+    assert_eq!(errno(m.update(&k(3), &30u64.to_ne_bytes(), uf::ANY)), libc::E2BIG);
+    // Replacing an existing key works at capacity.
+    m.update(&k(2), &21u64.to_ne_bytes(), uf::EXIST).unwrap();
+    let mut v = [0u8; 8];
+    m.lookup(&k(2), &mut v).unwrap();
+    assert_eq!(u64::from_ne_bytes(v), 21);
+    assert_eq!(errno(m.update(&k(1), &1u64.to_ne_bytes(), 8)), libc::EINVAL);
+    // Iteration visits every key once, then ENOENT.
+    let mut seen = vec![];
+    let mut key: Option<[u8; 4]> = None;
+    loop {
+        let mut out = [0u8; 4];
+        match m.next_key(key.as_ref().map(|k| &k[..]), &mut out) {
+            Ok(()) => {
+                seen.push(u32::from_ne_bytes(out));
+                key = Some(out);
+            }
+            Err(e) => {
+                assert_eq!(e.errno(), libc::ENOENT);
+                break;
+            }
+        }
+    }
+    seen.sort();
+    assert_eq!(seen, vec![1, 2]);
+    m.delete(&k(1)).unwrap();
+    assert_eq!(errno(m.delete(&k(1))), libc::ENOENT);
+    assert_eq!(errno(m.lookup(&k(1), &mut v)), libc::ENOENT);
+    let mut out = [0u8; 8];
+    m.lookup_and_delete(&k(2), &mut out).unwrap();
+    assert_eq!(u64::from_ne_bytes(out), 21);
+    assert_eq!(errno(m.next_key(None, &mut [0u8; 4])), libc::ENOENT);
+}
+
+#[test]
+fn many_threads_and_two_handles_count_exactly() {
+    let s = TempStore::new("threads");
+    let m = Map::create(&s, &spec(mt::HASH, 8, 8, 64)).unwrap();
+    let other = Map::open(&s, m.id()).unwrap();
+    std::thread::scope(|sc| {
+        for t in 0..4u64 {
+            let m = if t % 2 == 0 { &m } else { &other };
+            sc.spawn(move || {
+                for i in 0..2000u64 {
+                    let key = (i % 16).to_ne_bytes();
+                    // SAFETY: key and value are 8-byte locals.
+                    unsafe {
+                        let p = m.prog_lookup(key.as_ptr());
+                        if p.is_null() {
+                            let one = 1u64.to_ne_bytes();
+                            if m.prog_update(key.as_ptr(), one.as_ptr(), uf::NOEXIST) == 0 {
+                                continue;
+                            }
+                            let p = m.prog_lookup(key.as_ptr());
+                            (*(p as *const std::sync::atomic::AtomicU64)).fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                        } else {
+                            (*(p as *const std::sync::atomic::AtomicU64)).fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                        }
+                    }
+                    let _ = t;
+                }
+            });
+        }
+    });
+    let mut total = 0;
+    for k in 0..16u64 {
+        let mut v = [0u8; 8];
+        m.lookup(&k.to_ne_bytes(), &mut v).unwrap();
+        total += u64::from_ne_bytes(v);
+    }
+    assert_eq!(total, 8000);
+}
+
+#[test]
+fn array_and_percpu_array() {
+    let s = TempStore::new("array");
+    let m = Map::create(&s, &spec(mt::ARRAY, 4, 4, 3)).unwrap();
+    let mut v = [0u8; 4];
+    m.lookup(&1u32.to_ne_bytes(), &mut v).unwrap();
+    assert_eq!(v, [0; 4]);
+    assert_eq!(errno(m.update(&3u32.to_ne_bytes(), &v, uf::ANY)), libc::E2BIG);
+    assert_eq!(errno(m.update(&0u32.to_ne_bytes(), &v, uf::NOEXIST)), libc::EEXIST);
+    assert_eq!(errno(m.delete(&0u32.to_ne_bytes())), libc::EINVAL);
+    let mut out = [0u8; 4];
+    m.next_key(Some(&1u32.to_ne_bytes()), &mut out).unwrap();
+    assert_eq!(u32::from_ne_bytes(out), 2);
+    assert_eq!(errno(m.next_key(Some(&2u32.to_ne_bytes()), &mut out)), libc::ENOENT);
+    m.next_key(Some(&7u32.to_ne_bytes()), &mut out).unwrap();
+    assert_eq!(u32::from_ne_bytes(out), 0);
+
+    let p = Map::create(&s, &spec(mt::PERCPU_ARRAY, 4, 4, 2)).unwrap();
+    let n = possible_cpus() as usize;
+    assert_eq!(p.syscall_value_size(), 8 * n);
+    let mut vals = vec![0u8; 8 * n];
+    for c in 0..n {
+        vals[c * 8] = c as u8 + 1;
+    }
+    p.update(&1u32.to_ne_bytes(), &vals, uf::ANY).unwrap();
+    let mut back = vec![0u8; 8 * n];
+    p.lookup(&1u32.to_ne_bytes(), &mut back).unwrap();
+    assert_eq!(back, vals);
+    // A program sees its own CPU's slot.
+    // SAFETY: a 4-byte key.
+    let ptr = unsafe { p.prog_lookup(1u32.to_ne_bytes().as_ptr()) };
+    let cpu = current_cpu(n as u32);
+    // SAFETY: ptr points at a 4-byte value.
+    assert_eq!(unsafe { *ptr }, cpu as u8 + 1);
+}
+
+#[test]
+fn lru_evicts_instead_of_failing() {
+    let s = TempStore::new("lru");
+    let m = Map::create(&s, &spec(mt::LRU_HASH, 4, 4, 4)).unwrap();
+    for i in 0..100u32 {
+        m.update(&i.to_ne_bytes(), &i.to_ne_bytes(), uf::ANY).unwrap();
+    }
+    let mut n = 0;
+    let mut key: Option<[u8; 4]> = None;
+    let mut out = [0u8; 4];
+    while m.next_key(key.as_ref().map(|k| &k[..]), &mut out).is_ok() {
+        n += 1;
+        key = Some(out);
+    }
+    assert_eq!(n, 4);
+    let mut v = [0u8; 4];
+    m.lookup(&99u32.to_ne_bytes(), &mut v).unwrap();
+}
+
+#[test]
+fn queue_and_stack_orders() {
+    let s = TempStore::new("queue");
+    let q = Map::create(&s, &spec(mt::QUEUE, 0, 4, 2)).unwrap();
+    let st = Map::create(&s, &spec(mt::STACK, 0, 4, 2)).unwrap();
+    for m in [&q, &st] {
+        m.update(&[], &1u32.to_ne_bytes(), uf::ANY).unwrap();
+        m.update(&[], &2u32.to_ne_bytes(), uf::ANY).unwrap();
+        assert_eq!(errno(m.update(&[], &3u32.to_ne_bytes(), uf::ANY)), libc::E2BIG);
+        m.update(&[], &3u32.to_ne_bytes(), uf::EXIST).unwrap();
+    }
+    let mut v = [0u8; 4];
+    let mut popped = |m: &Map| {
+        m.lookup_and_delete(&[], &mut v).unwrap();
+        u32::from_ne_bytes(v)
+    };
+    assert_eq!((popped(&q), popped(&q)), (2, 3));
+    assert_eq!((popped(&st), popped(&st)), (3, 2));
+    assert_eq!(errno(q.lookup_and_delete(&[], &mut v)), libc::ENOENT);
+}
+
+#[test]
+fn ringbuf_records_wrap_and_drops_are_counted() {
+    let s = TempStore::new("ring");
+    assert_eq!(errno(Map::create(&s, &spec(mt::RINGBUF, 0, 0, 5000))), libc::EINVAL);
+    let m = Map::create(&s, &spec(mt::RINGBUF, 0, 0, 4096)).unwrap();
+    let mut produced = 0u32;
+    let mut consumed = vec![];
+    for round in 0..50u32 {
+        // 100-byte records: 13 fit (108 bytes each with the header) before the ring fills.
+        loop {
+            let rec = m.ringbuf_reserve(100, 0);
+            if rec.is_null() {
+                break;
+            }
+            // SAFETY: the record holds 100 bytes.
+            unsafe {
+                std::ptr::write_bytes(rec, (produced % 251) as u8, 100);
+                ringbuf_commit(rec, 0, produced % 7 == 3);
+            }
+            produced += 1;
+        }
+        m.ringbuf_drain(|r| consumed.push((r.len(), r[0], r[99])));
+        let _ = round;
+    }
+    assert!(m.dropped() >= 50);
+    let expected: Vec<_> = (0..produced)
+        .filter(|p| p % 7 != 3)
+        .map(|p| (100, (p % 251) as u8, (p % 251) as u8))
+        .collect();
+    assert_eq!(consumed, expected);
+}
+
+#[test]
+fn rejects_bad_specs_like_the_kernel() {
+    let s = TempStore::new("specs");
+    assert_eq!(errno(Map::create(&s, &spec(9999, 4, 4, 1))), libc::EINVAL);
+    assert_eq!(errno(Map::create(&s, &spec(mt::ARRAY, 8, 4, 1))), libc::EINVAL);
+    assert_eq!(errno(Map::create(&s, &spec(mt::HASH, 4, 4, 0))), libc::EINVAL);
+    assert_eq!(errno(Map::create(&s, &spec(mt::QUEUE, 4, 4, 1))), libc::EINVAL);
+}

@@ -1,0 +1,283 @@
+//! Programs, perf events and links: small records, written once and read by
+//! agents. Each file is an [`ObjectHeader`] followed by little-endian fields.
+
+use crate::layout::{ObjectHeader, ObjectKind};
+use crate::store::{new_object_header, Store};
+use crate::{Error, Result};
+use bpftime_isa::Insn;
+use std::path::PathBuf;
+
+struct Writer(Vec<u8>);
+
+impl Writer {
+    fn new(kind: ObjectKind, id: u32) -> Self {
+        let h = new_object_header(kind, id);
+        let mut v = vec![0u8; std::mem::size_of::<ObjectHeader>()];
+        // SAFETY: `v` is exactly one ObjectHeader long; write_unaligned copes with its alignment.
+        unsafe { std::ptr::write_unaligned(v.as_mut_ptr().cast::<ObjectHeader>(), h) };
+        Writer(v)
+    }
+    fn u32(&mut self, v: u32) -> &mut Self {
+        self.0.extend_from_slice(&v.to_le_bytes());
+        self
+    }
+    fn u64(&mut self, v: u64) -> &mut Self {
+        self.0.extend_from_slice(&v.to_le_bytes());
+        self
+    }
+    fn bytes(&mut self, b: &[u8]) -> &mut Self {
+        self.u32(b.len() as u32);
+        self.0.extend_from_slice(b);
+        self
+    }
+}
+
+struct Reader<'a> {
+    bytes: &'a [u8],
+    pos: usize,
+    path: PathBuf,
+}
+
+impl<'a> Reader<'a> {
+    fn new(bytes: &'a [u8], path: PathBuf) -> Self {
+        Reader {
+            bytes,
+            pos: std::mem::size_of::<ObjectHeader>(),
+            path,
+        }
+    }
+    fn take(&mut self, n: usize) -> Result<&'a [u8]> {
+        let end = self.pos.checked_add(n).filter(|&e| e <= self.bytes.len());
+        let Some(end) = end else {
+            return Err(Error::invalid(
+                libc::EINVAL,
+                format!("{} is truncated", self.path.display()),
+            ));
+        };
+        let s = &self.bytes[self.pos..end];
+        self.pos = end;
+        Ok(s)
+    }
+    fn u32(&mut self) -> Result<u32> {
+        Ok(u32::from_le_bytes(self.take(4)?.try_into().unwrap_or_default()))
+    }
+    fn u64(&mut self) -> Result<u64> {
+        Ok(u64::from_le_bytes(self.take(8)?.try_into().unwrap_or_default()))
+    }
+    fn bytes(&mut self) -> Result<&'a [u8]> {
+        let n = self.u32()? as usize;
+        self.take(n)
+    }
+    fn owner(&self) -> u32 {
+        // SAFETY: check_header verified the header is present; plain old data.
+        let h: ObjectHeader = unsafe { std::ptr::read_unaligned(self.bytes.as_ptr().cast()) };
+        h.owner_pid
+    }
+}
+
+/// A loaded program as the store keeps it. In `insns`, every `lddw` that refers
+/// to a map (`src` = `PSEUDO_MAP_FD` or `PSEUDO_MAP_VALUE`) carries the map's
+/// store id in `imm` instead of a file descriptor.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ProgramRecord {
+    pub id: u32,
+    pub prog_type: u32,
+    pub expected_attach_type: u32,
+    pub name: String,
+    pub insns: Vec<Insn>,
+    pub map_ids: Vec<u32>,
+    pub gpl: bool,
+    pub owner_pid: u32,
+}
+
+impl ProgramRecord {
+    pub fn publish(&self, store: &Store) -> Result<PathBuf> {
+        let mut w = Writer::new(ObjectKind::Program, self.id);
+        w.u32(self.prog_type)
+            .u32(self.expected_attach_type)
+            .u32(self.gpl as u32)
+            .bytes(self.name.as_bytes())
+            .bytes(&bpftime_isa::encode(&self.insns));
+        w.u32(self.map_ids.len() as u32);
+        for m in &self.map_ids {
+            w.u32(*m);
+        }
+        store.publish_bytes(ObjectKind::Program, self.id, &w.0)
+    }
+
+    pub fn read(store: &Store, id: u32) -> Result<Self> {
+        let bytes = store.read_object(ObjectKind::Program, id)?;
+        let path = store.path(ObjectKind::Program, id);
+        let mut r = Reader::new(&bytes, path.clone());
+        let prog_type = r.u32()?;
+        let expected_attach_type = r.u32()?;
+        let gpl = r.u32()? != 0;
+        let name = String::from_utf8_lossy(r.bytes()?).into_owned();
+        let insns = bpftime_isa::decode(r.bytes()?)
+            .map_err(|e| Error::invalid(libc::EINVAL, format!("{}: {e}", path.display())))?;
+        let n = r.u32()?;
+        let map_ids = (0..n).map(|_| r.u32()).collect::<Result<_>>()?;
+        Ok(ProgramRecord {
+            id,
+            prog_type,
+            expected_attach_type,
+            name,
+            insns,
+            map_ids,
+            gpl,
+            owner_pid: r.owner(),
+        })
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PerfEventKind {
+    Uprobe,
+    Uretprobe,
+    /// A `PERF_COUNT_SW_BPF_OUTPUT` event: the ring a perf event array writes into.
+    BpfOutput,
+}
+
+impl PerfEventKind {
+    fn to_u32(self) -> u32 {
+        match self {
+            PerfEventKind::Uprobe => 1,
+            PerfEventKind::Uretprobe => 2,
+            PerfEventKind::BpfOutput => 3,
+        }
+    }
+    fn from_u32(v: u32) -> Option<Self> {
+        match v {
+            1 => Some(PerfEventKind::Uprobe),
+            2 => Some(PerfEventKind::Uretprobe),
+            3 => Some(PerfEventKind::BpfOutput),
+            _ => None,
+        }
+    }
+}
+
+/// What `perf_event_open` created: a uprobe point, or a BPF output ring.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PerfEventRecord {
+    pub id: u32,
+    pub kind: PerfEventKind,
+    /// Binary of a uprobe.
+    pub path: String,
+    /// File offset of a uprobe in `path`.
+    pub offset: u64,
+    /// Process filter, -1 for every process.
+    pub pid: i32,
+    /// CPU of a BPF output ring.
+    pub cpu: i32,
+    pub owner_pid: u32,
+}
+
+impl PerfEventRecord {
+    pub fn publish(&self, store: &Store) -> Result<PathBuf> {
+        let mut w = Writer::new(ObjectKind::PerfEvent, self.id);
+        w.u32(self.kind.to_u32())
+            .u64(self.offset)
+            .u32(self.pid as u32)
+            .u32(self.cpu as u32)
+            .bytes(self.path.as_bytes());
+        let p = store.publish_bytes(ObjectKind::PerfEvent, self.id, &w.0)?;
+        store.bump_generation();
+        Ok(p)
+    }
+
+    pub fn read(store: &Store, id: u32) -> Result<Self> {
+        let bytes = store.read_object(ObjectKind::PerfEvent, id)?;
+        let path = store.path(ObjectKind::PerfEvent, id);
+        let mut r = Reader::new(&bytes, path.clone());
+        let kind = PerfEventKind::from_u32(r.u32()?).ok_or_else(|| {
+            Error::invalid(libc::EINVAL, format!("{}: unknown event kind", path.display()))
+        })?;
+        let offset = r.u64()?;
+        let pid = r.u32()? as i32;
+        let cpu = r.u32()? as i32;
+        let p = String::from_utf8_lossy(r.bytes()?).into_owned();
+        Ok(PerfEventRecord {
+            id,
+            kind,
+            path: p,
+            offset,
+            pid,
+            cpu,
+            owner_pid: r.owner(),
+        })
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LinkKind {
+    Uprobe,
+    Uretprobe,
+}
+
+/// A program attached to a point. Agents run the program at the point while the
+/// link exists.
+#[derive(Debug, Clone, PartialEq)]
+pub struct LinkRecord {
+    pub id: u32,
+    pub prog_id: u32,
+    /// The perf event the link was made through (0 for none).
+    pub perf_event_id: u32,
+    pub kind: LinkKind,
+    pub path: String,
+    pub offset: u64,
+    pub pid: i32,
+    pub cookie: u64,
+    pub owner_pid: u32,
+}
+
+impl LinkRecord {
+    pub fn publish(&self, store: &Store) -> Result<PathBuf> {
+        let mut w = Writer::new(ObjectKind::Link, self.id);
+        w.u32(self.prog_id)
+            .u32(self.perf_event_id)
+            .u32(match self.kind {
+                LinkKind::Uprobe => 1,
+                LinkKind::Uretprobe => 2,
+            })
+            .u64(self.offset)
+            .u32(self.pid as u32)
+            .u64(self.cookie)
+            .bytes(self.path.as_bytes());
+        let p = store.publish_bytes(ObjectKind::Link, self.id, &w.0)?;
+        store.bump_generation();
+        Ok(p)
+    }
+
+    pub fn read(store: &Store, id: u32) -> Result<Self> {
+        let bytes = store.read_object(ObjectKind::Link, id)?;
+        let path = store.path(ObjectKind::Link, id);
+        let mut r = Reader::new(&bytes, path.clone());
+        let prog_id = r.u32()?;
+        let perf_event_id = r.u32()?;
+        let kind = match r.u32()? {
+            1 => LinkKind::Uprobe,
+            2 => LinkKind::Uretprobe,
+            k => {
+                return Err(Error::invalid(
+                    libc::EINVAL,
+                    format!("{}: unknown link kind {k}", path.display()),
+                ))
+            }
+        };
+        let offset = r.u64()?;
+        let pid = r.u32()? as i32;
+        let cookie = r.u64()?;
+        let p = String::from_utf8_lossy(r.bytes()?).into_owned();
+        Ok(LinkRecord {
+            id,
+            prog_id,
+            perf_event_id,
+            kind,
+            path: p,
+            offset,
+            pid,
+            cookie,
+            owner_pid: r.owner(),
+        })
+    }
+}

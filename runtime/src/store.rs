@@ -1,0 +1,424 @@
+use crate::layout::{ObjectHeader, ObjectKind, StoreHeader, OBJECT_MAGIC, STORE_VERSION};
+use crate::mapping::Mapping;
+use crate::{Error, Result};
+use std::fs::{self, File, OpenOptions};
+use std::io::Write;
+use std::os::unix::fs::OpenOptionsExt;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::Ordering;
+
+/// The store a process uses when nothing names another one.
+pub const DEFAULT_STORE_NAME: &str = "default";
+/// Environment variable naming the store; the CLI's `--store` sets it for children.
+pub const STORE_ENV: &str = "BPFTIME_STORE";
+/// Where stores live; overridable so tests can use a private directory.
+const STORE_ROOT_ENV: &str = "BPFTIME_SHM_ROOT";
+
+/// A handle on one store directory.
+pub struct Store {
+    name: String,
+    dir: PathBuf,
+    header: Mapping,
+}
+
+/// What `bpftime list` shows about an object file.
+#[derive(Debug, Clone)]
+pub struct ObjectInfo {
+    pub kind: ObjectKind,
+    pub id: u32,
+    pub owner_pid: u32,
+    pub owner_alive: bool,
+    pub pinned: bool,
+    pub path: PathBuf,
+}
+
+fn store_root() -> PathBuf {
+    std::env::var_os(STORE_ROOT_ENV)
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from("/dev/shm"))
+}
+
+/// True while the process `pid` that started at `start` (clock ticks since boot,
+/// 0 = unknown) is running: a pid reused by another process does not count.
+pub fn owner_alive(pid: u32, start: u64) -> bool {
+    if pid == 0 {
+        return false;
+    }
+    match process_start_time(pid) {
+        Some(t) => start == 0 || t == start,
+        None => false,
+    }
+}
+
+pub(crate) fn process_start_time(pid: u32) -> Option<u64> {
+    let stat = fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // The command name may hold spaces and parentheses; fields resume after the last ')'.
+    let rest = &stat[stat.rfind(')')? + 1..];
+    // Field 22 of stat is starttime; `rest` begins at field 3.
+    let state = rest.split_whitespace().next()?;
+    if state == "Z" || state == "X" {
+        return None;
+    }
+    rest.split_whitespace().nth(19)?.parse().ok()
+}
+
+pub(crate) fn self_start_time() -> u64 {
+    process_start_time(std::process::id()).unwrap_or(0)
+}
+
+impl Store {
+    /// The directory that holds the store `name`.
+    pub fn dir_for(name: &str) -> PathBuf {
+        store_root().join(format!("bpftime-{name}"))
+    }
+
+    /// The store named by `BPFTIME_STORE`, or the default one.
+    pub fn name_from_env() -> String {
+        std::env::var(STORE_ENV)
+            .ok()
+            .filter(|s| !s.is_empty())
+            .unwrap_or_else(|| DEFAULT_STORE_NAME.to_string())
+    }
+
+    fn check_name(name: &str) -> Result<()> {
+        if name.is_empty()
+            || name.len() > 64
+            || !name
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_' || c == '.')
+        {
+            return Err(Error::invalid(
+                libc::EINVAL,
+                format!("store name `{name}` must be 1-64 letters, digits, '-', '_' or '.'"),
+            ));
+        }
+        Ok(())
+    }
+
+    /// Opens the store, creating it if needed.
+    pub fn create_or_open(name: &str) -> Result<Store> {
+        Self::check_name(name)?;
+        let dir = Self::dir_for(name);
+        fs::create_dir_all(&dir).map_err(|e| Error::io("create directory", &dir, e))?;
+        let path = dir.join("store");
+        if !path.exists() {
+            let tmp = dir.join(format!(".tmp-store-{}", std::process::id()));
+            let mut bytes = vec![0u8; std::mem::size_of::<StoreHeader>()];
+            bytes[0..4].copy_from_slice(&OBJECT_MAGIC.to_ne_bytes());
+            bytes[4..8].copy_from_slice(&STORE_VERSION.to_ne_bytes());
+            bytes[8..12].copy_from_slice(&1u32.to_ne_bytes());
+            write_new(&tmp, &bytes)?;
+            // link() refuses to replace, so two processes racing to create agree on one header.
+            let linked = fs::hard_link(&tmp, &path);
+            let _ = fs::remove_file(&tmp);
+            match linked {
+                Ok(()) => {}
+                Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
+                Err(e) => return Err(Error::io("create", &path, e)),
+            }
+        }
+        Self::open_dir(name, dir)
+    }
+
+    /// Opens an existing store.
+    pub fn open(name: &str) -> Result<Store> {
+        Self::check_name(name)?;
+        let dir = Self::dir_for(name);
+        if !dir.join("store").exists() {
+            return Err(Error::NoStore {
+                name: name.to_string(),
+                dir,
+            });
+        }
+        Self::open_dir(name, dir)
+    }
+
+    fn open_dir(name: &str, dir: PathBuf) -> Result<Store> {
+        let path = dir.join("store");
+        let file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(&path)
+            .map_err(|e| Error::io("open", &path, e))?;
+        let len = std::mem::size_of::<StoreHeader>();
+        let header = Mapping::map_file(&file, len, &path)?;
+        let store = Store {
+            name: name.to_string(),
+            dir,
+            header,
+        };
+        let h = store.header();
+        if h.magic != OBJECT_MAGIC {
+            return Err(Error::BadMagic {
+                path,
+                magic: h.magic,
+            });
+        }
+        if h.version != STORE_VERSION {
+            return Err(Error::Version {
+                path,
+                found: h.version,
+                expected: STORE_VERSION,
+            });
+        }
+        Ok(store)
+    }
+
+    fn header(&self) -> &StoreHeader {
+        // SAFETY: the mapping is at least size_of::<StoreHeader>() long and page aligned;
+        // the fields other processes change are atomics.
+        unsafe { &*(self.header.base() as *const StoreHeader) }
+    }
+
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// A new object id, unique in this store.
+    pub fn alloc_id(&self) -> u32 {
+        self.header().next_id.fetch_add(1, Ordering::Relaxed)
+    }
+
+    /// Changes whenever links are added or removed.
+    pub fn generation(&self) -> u64 {
+        self.header().generation.load(Ordering::Acquire)
+    }
+
+    pub fn bump_generation(&self) {
+        self.header().generation.fetch_add(1, Ordering::AcqRel);
+    }
+
+    pub fn path(&self, kind: ObjectKind, id: u32) -> PathBuf {
+        self.dir.join(format!("{}-{id}", kind.prefix()))
+    }
+
+    /// Path of a map's notification FIFO (ring buffers and perf buffers).
+    pub fn fifo_path(&self, map_id: u32) -> PathBuf {
+        self.dir.join(format!("fifo-{map_id}"))
+    }
+
+    /// Path of the text file `bpf_trace_printk` appends to.
+    pub fn trace_path(&self) -> PathBuf {
+        self.dir.join("trace_pipe")
+    }
+
+    /// Publishes a new object: `len` bytes initialised by `init`, then renamed into
+    /// place so that readers never see a half-written object.
+    pub(crate) fn publish_with(
+        &self,
+        kind: ObjectKind,
+        id: u32,
+        len: usize,
+        init: impl FnOnce(&mut [u8]) -> Result<()>,
+    ) -> Result<PathBuf> {
+        let tmp = self
+            .dir
+            .join(format!(".tmp-{}-{id}-{}", kind.prefix(), std::process::id()));
+        let result = (|| {
+            let file = OpenOptions::new()
+                .read(true)
+                .write(true)
+                .create_new(true)
+                .mode(0o600)
+                .open(&tmp)
+                .map_err(|e| Error::io("create", &tmp, e))?;
+            file.set_len(len as u64)
+                .map_err(|e| Error::io("resize", &tmp, e))?;
+            let m = Mapping::map_file(&file, len, &tmp)?;
+            // SAFETY: the mapping is `len` bytes, private to this process until the rename.
+            let bytes = unsafe { std::slice::from_raw_parts_mut(m.base(), m.len()) };
+            init(bytes)?;
+            let path = self.path(kind, id);
+            fs::rename(&tmp, &path).map_err(|e| Error::io("rename", &path, e))?;
+            Ok(path)
+        })();
+        if result.is_err() {
+            let _ = fs::remove_file(&tmp);
+        }
+        result
+    }
+
+    /// Publishes a record object whose bytes are already serialised.
+    pub(crate) fn publish_bytes(&self, kind: ObjectKind, id: u32, bytes: &[u8]) -> Result<PathBuf> {
+        self.publish_with(kind, id, bytes.len(), |b| {
+            b.copy_from_slice(bytes);
+            Ok(())
+        })
+    }
+
+    pub(crate) fn read_object(&self, kind: ObjectKind, id: u32) -> Result<Vec<u8>> {
+        let path = self.path(kind, id);
+        let bytes = fs::read(&path).map_err(|e| {
+            if e.kind() == std::io::ErrorKind::NotFound {
+                Error::NoObject {
+                    kind: kind.prefix(),
+                    id,
+                }
+            } else {
+                Error::io("read", &path, e)
+            }
+        })?;
+        check_header(&path, &bytes, kind)?;
+        Ok(bytes)
+    }
+
+    pub(crate) fn open_object(&self, kind: ObjectKind, id: u32) -> Result<(File, PathBuf)> {
+        let path = self.path(kind, id);
+        let file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(&path)
+            .map_err(|e| {
+                if e.kind() == std::io::ErrorKind::NotFound {
+                    Error::NoObject {
+                        kind: kind.prefix(),
+                        id,
+                    }
+                } else {
+                    Error::io("open", &path, e)
+                }
+            })?;
+        Ok((file, path))
+    }
+
+    /// Ids of the objects of one kind, in creation order.
+    pub fn ids(&self, kind: ObjectKind) -> Vec<u32> {
+        let prefix = format!("{}-", kind.prefix());
+        let mut ids: Vec<u32> = fs::read_dir(&self.dir)
+            .into_iter()
+            .flatten()
+            .flatten()
+            .filter_map(|e| {
+                e.file_name()
+                    .to_str()
+                    .and_then(|n| n.strip_prefix(&prefix))
+                    .and_then(|n| n.parse().ok())
+            })
+            .collect();
+        ids.sort_unstable();
+        ids
+    }
+
+    pub fn info(&self, kind: ObjectKind, id: u32) -> Option<ObjectInfo> {
+        let path = self.path(kind, id);
+        let mut buf = [0u8; std::mem::size_of::<ObjectHeader>()];
+        let file = File::open(&path).ok()?;
+        std::os::unix::fs::FileExt::read_exact_at(&file, &mut buf, 0).ok()?;
+        // SAFETY: ObjectHeader is plain old data; read_unaligned copes with the buffer's alignment.
+        let h: ObjectHeader = unsafe { std::ptr::read_unaligned(buf.as_ptr().cast()) };
+        if h.magic != OBJECT_MAGIC {
+            return None;
+        }
+        Some(ObjectInfo {
+            kind,
+            id,
+            owner_pid: h.owner_pid,
+            owner_alive: owner_alive(h.owner_pid, h.owner_start),
+            pinned: h.pinned.load(Ordering::Relaxed) != 0,
+            path,
+        })
+    }
+
+    /// Removes an object. Processes that have it mapped keep their mapping.
+    pub fn remove(&self, kind: ObjectKind, id: u32) -> Result<()> {
+        let path = self.path(kind, id);
+        match fs::remove_file(&path) {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => return Err(Error::io("remove", &path, e)),
+        }
+        if kind == ObjectKind::Map {
+            let _ = fs::remove_file(self.fifo_path(id));
+        }
+        if kind == ObjectKind::Link || kind == ObjectKind::PerfEvent {
+            self.bump_generation();
+        }
+        Ok(())
+    }
+
+    /// Removes every object whose owner has exited (and is not pinned), and
+    /// temporary files left by processes that died while creating an object.
+    /// Returns what was removed.
+    pub fn collect_garbage(&self) -> Vec<ObjectInfo> {
+        let mut removed = Vec::new();
+        for kind in ObjectKind::ALL {
+            for id in self.ids(kind) {
+                if let Some(info) = self.info(kind, id) {
+                    if !info.pinned && !info.owner_alive && self.remove(kind, id).is_ok() {
+                        removed.push(info);
+                    }
+                }
+            }
+        }
+        for entry in fs::read_dir(&self.dir).into_iter().flatten().flatten() {
+            let name = entry.file_name();
+            let Some(name) = name.to_str() else { continue };
+            if let Some(rest) = name.strip_prefix(".tmp-") {
+                let pid = rest.rsplit('-').next().and_then(|p| p.parse().ok());
+                if pid.is_some_and(|p| !owner_alive(p, 0)) {
+                    let _ = fs::remove_file(entry.path());
+                }
+            }
+        }
+        removed
+    }
+
+    /// Deletes the whole store directory.
+    pub fn destroy(self) -> Result<()> {
+        let dir = self.dir.clone();
+        drop(self);
+        fs::remove_dir_all(&dir).map_err(|e| Error::io("remove", &dir, e))
+    }
+}
+
+fn write_new(path: &Path, bytes: &[u8]) -> Result<()> {
+    let mut f = OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o600)
+        .open(path)
+        .map_err(|e| Error::io("create", path, e))?;
+    f.write_all(bytes).map_err(|e| Error::io("write", path, e))
+}
+
+pub(crate) fn new_object_header(kind: ObjectKind, id: u32) -> ObjectHeader {
+    ObjectHeader {
+        magic: OBJECT_MAGIC,
+        version: STORE_VERSION,
+        kind: kind as u32,
+        id,
+        owner_pid: std::process::id(),
+        pinned: Default::default(),
+        owner_start: self_start_time(),
+    }
+}
+
+pub(crate) fn check_header(path: &Path, bytes: &[u8], kind: ObjectKind) -> Result<()> {
+    if bytes.len() < std::mem::size_of::<ObjectHeader>() {
+        return Err(Error::BadMagic {
+            path: path.to_path_buf(),
+            magic: 0,
+        });
+    }
+    // SAFETY: length checked above; ObjectHeader is plain old data.
+    let h: ObjectHeader = unsafe { std::ptr::read_unaligned(bytes.as_ptr().cast()) };
+    if h.magic != OBJECT_MAGIC || h.kind != kind as u32 {
+        return Err(Error::BadMagic {
+            path: path.to_path_buf(),
+            magic: h.magic,
+        });
+    }
+    if h.version != STORE_VERSION {
+        return Err(Error::Version {
+            path: path.to_path_buf(),
+            found: h.version,
+            expected: STORE_VERSION,
+        });
+    }
+    Ok(())
+}
