@@ -1,1 +1,80 @@
-//! Example eBPF programs and their loaders
+//! Example eBPF programs and their loaders, built for the real kernel and
+//! for bpftime alike.
+//!
+//! `build.rs` compiles everything in this crate's directory with `make`
+//! (see the README); this library says where the results are:
+//!
+//! ```no_run
+//! let loader = bpftime_bpf_examples::artifact("malloc_count");
+//! let object = bpftime_bpf_examples::MALLOC_COUNT_BPF_O;
+//! # let _ = (loader, object);
+//! ```
+
+use std::path::{Path, PathBuf};
+
+pub mod loader;
+
+/// Directory holding every artifact (`$OUT_DIR/bpf-examples`).
+pub const BUILD_DIR: &str = env!("BPF_EXAMPLES_BUILD_DIR");
+
+/// `malloc_count` loader (C, shared libbpf).
+pub const MALLOC_COUNT: &str = env!("BPF_EXAMPLES_MALLOC_COUNT");
+/// BPF object loaded by `malloc_count` and `malloc_count_rs`.
+pub const MALLOC_COUNT_BPF_O: &str = env!("BPF_EXAMPLES_MALLOC_COUNT_BPF_O");
+/// `funclatency` loader (C, shared libbpf).
+pub const FUNCLATENCY: &str = env!("BPF_EXAMPLES_FUNCLATENCY");
+/// BPF object loaded by `funclatency`.
+pub const FUNCLATENCY_BPF_O: &str = env!("BPF_EXAMPLES_FUNCLATENCY_BPF_O");
+/// `ringbuf_events` loader (C, shared libbpf).
+pub const RINGBUF_EVENTS: &str = env!("BPF_EXAMPLES_RINGBUF_EVENTS");
+/// BPF object loaded by `ringbuf_events`.
+pub const RINGBUF_EVENTS_BPF_O: &str = env!("BPF_EXAMPLES_RINGBUF_EVENTS_BPF_O");
+/// Test target `calls N`, position-independent executable.
+pub const CALLS: &str = env!("BPF_EXAMPLES_CALLS");
+/// Test target `calls N`, built with `-no-pie`.
+pub const CALLS_NOPIE: &str = env!("BPF_EXAMPLES_CALLS_NOPIE");
+
+/// Size that `calls` passes to each of its N `malloc` calls.
+pub const CALLS_MALLOC_SIZE: u64 = 7919;
+
+/// Names of all artifacts, as accepted by [`artifact`].
+pub const ARTIFACTS: &[&str] = &[
+    "malloc_count",
+    "malloc_count.bpf.o",
+    "funclatency",
+    "funclatency.bpf.o",
+    "ringbuf_events",
+    "ringbuf_events.bpf.o",
+    "calls",
+    "calls-nopie",
+];
+
+/// Path of a built artifact, by its file name (one of [`ARTIFACTS`]).
+///
+/// # Panics
+///
+/// If `name` is not one of [`ARTIFACTS`].
+pub fn artifact(name: &str) -> PathBuf {
+    assert!(
+        ARTIFACTS.contains(&name),
+        "unknown bpf-examples artifact {name:?}; known: {ARTIFACTS:?}"
+    );
+    Path::new(BUILD_DIR).join(name)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_artifact_exists() {
+        for name in ARTIFACTS {
+            assert!(artifact(name).is_file(), "{name} missing");
+        }
+        assert_eq!(artifact("calls"), Path::new(CALLS));
+        assert_eq!(
+            artifact("malloc_count.bpf.o"),
+            Path::new(MALLOC_COUNT_BPF_O)
+        );
+    }
+}

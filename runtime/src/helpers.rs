@@ -1,1 +1,447 @@
-//! placeholder
+//! The helpers programs call, as plain `extern "C"` functions of five 64-bit
+//! arguments, so the interpreter and the JITs call them the same way.
+//!
+//! A map argument is the address of a process-local [`Map`]: the loader
+//! replaces every map reference in a program by that address before running it.
+
+use crate::maps::{current_cpu, possible_cpus, ringbuf_commit, Map};
+use bpftime_isa::uapi::helper as id;
+use std::cell::Cell;
+use std::io::Write;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::OnceLock;
+
+/// The calling convention every helper has.
+pub type HelperFn = unsafe extern "C" fn(u64, u64, u64, u64, u64) -> u64;
+
+/// What the current program invocation was attached with.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct ProbeContext {
+    /// Address of the probed function (`bpf_get_func_ip`).
+    pub func_ip: u64,
+    /// The link's cookie (`bpf_get_attach_cookie`).
+    pub cookie: u64,
+}
+
+thread_local! {
+    static PROBE: Cell<ProbeContext> = const { Cell::new(ProbeContext { func_ip: 0, cookie: 0 }) };
+    static IDS: Cell<(u64, u64)> = const { Cell::new((u64::MAX, 0)) };
+    static RNG: Cell<u64> = const { Cell::new(0) };
+}
+
+/// Sets the context helpers report for programs run next on this thread.
+pub fn set_probe_context(ctx: ProbeContext) {
+    PROBE.with(|p| p.set(ctx));
+}
+
+static TRACE_OUTPUT: OnceLock<PathBuf> = OnceLock::new();
+
+/// Where `bpf_trace_printk` appends its lines (the store's `trace_pipe` file).
+pub fn set_trace_output(path: PathBuf) {
+    let _ = TRACE_OUTPUT.set(path);
+}
+
+/// Bumped in a forked child, so cached process ids are refreshed.
+static FORKS: AtomicU64 = AtomicU64::new(0);
+
+extern "C" fn after_fork_in_child() {
+    FORKS.fetch_add(1, Ordering::Relaxed);
+}
+
+/// Registers what helpers need to stay right across `fork`; call once per process.
+pub fn init_process() {
+    static ONCE: OnceLock<()> = OnceLock::new();
+    ONCE.get_or_init(|| {
+        // SAFETY: registers a handler that only bumps an atomic.
+        unsafe { libc::pthread_atfork(None, None, Some(after_fork_in_child)) };
+    });
+}
+
+fn pid_tgid() -> u64 {
+    let gen = FORKS.load(Ordering::Relaxed);
+    IDS.with(|c| {
+        let (g, v) = c.get();
+        if g == gen {
+            return v;
+        }
+        // SAFETY: getpid and gettid have no preconditions.
+        let v = unsafe { ((libc::getpid() as u64) << 32) | libc::gettid() as u64 };
+        c.set((gen, v));
+        v
+    })
+}
+
+fn clock(id: libc::clockid_t) -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: ts is a valid out pointer.
+    unsafe { libc::clock_gettime(id, &mut ts) };
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+}
+
+fn neg(errno: i32) -> u64 {
+    (-(errno as i64)) as u64
+}
+
+/// Copies `size` bytes from `src` in this process without faulting: a bad
+/// address gives `EFAULT`, as the kernel's probe_read does.
+fn read_memory(dst: *mut u8, size: usize, src: u64) -> bool {
+    if size == 0 {
+        return true;
+    }
+    let local = libc::iovec {
+        iov_base: dst.cast(),
+        iov_len: size,
+    };
+    let remote = libc::iovec {
+        iov_base: src as *mut libc::c_void,
+        iov_len: size,
+    };
+    // SAFETY: reads through the kernel, which checks `src`; `dst` holds `size`
+    // writable bytes (checked by the verifier).
+    let n = unsafe { libc::process_vm_readv(libc::getpid(), &local, 1, &remote, 1, 0) };
+    n == size as isize
+}
+
+unsafe extern "C" fn map_lookup_elem(map: u64, key: u64, _: u64, _: u64, _: u64) -> u64 {
+    // SAFETY: the loader put a live Map's address in r1; the verifier checked the key.
+    unsafe { (*(map as *const Map)).prog_lookup(key as *const u8) as u64 }
+}
+
+unsafe extern "C" fn map_update_elem(map: u64, key: u64, value: u64, flags: u64, _: u64) -> u64 {
+    // SAFETY: as for lookup; the verifier checked key and value sizes.
+    unsafe { (*(map as *const Map)).prog_update(key as *const u8, value as *const u8, flags) as u64 }
+}
+
+unsafe extern "C" fn map_delete_elem(map: u64, key: u64, _: u64, _: u64, _: u64) -> u64 {
+    // SAFETY: as for lookup.
+    unsafe { (*(map as *const Map)).prog_delete(key as *const u8) as u64 }
+}
+
+unsafe extern "C" fn map_push_elem(map: u64, value: u64, flags: u64, _: u64, _: u64) -> u64 {
+    // SAFETY: as for lookup.
+    unsafe { (*(map as *const Map)).prog_push(value as *const u8, flags) as u64 }
+}
+
+unsafe extern "C" fn map_pop_elem(map: u64, value: u64, _: u64, _: u64, _: u64) -> u64 {
+    // SAFETY: as for lookup.
+    unsafe { (*(map as *const Map)).prog_pop(value as *mut u8, true) as u64 }
+}
+
+unsafe extern "C" fn map_peek_elem(map: u64, value: u64, _: u64, _: u64, _: u64) -> u64 {
+    // SAFETY: as for lookup.
+    unsafe { (*(map as *const Map)).prog_pop(value as *mut u8, false) as u64 }
+}
+
+unsafe extern "C" fn probe_read(dst: u64, size: u64, src: u64, _: u64, _: u64) -> u64 {
+    if read_memory(dst as *mut u8, size as usize, src) {
+        0
+    } else {
+        // SAFETY: the verifier checked dst holds `size` writable bytes.
+        unsafe { std::ptr::write_bytes(dst as *mut u8, 0, size as usize) };
+        neg(libc::EFAULT)
+    }
+}
+
+unsafe extern "C" fn probe_read_str(dst: u64, size: u64, src: u64, _: u64, _: u64) -> u64 {
+    let (dst, size) = (dst as *mut u8, size as usize);
+    if size == 0 {
+        return neg(libc::EINVAL);
+    }
+    // Read page by page: a string may end just before an unmapped page.
+    let mut done = 0usize;
+    while done < size - 1 {
+        let addr = src + done as u64;
+        let in_page = 4096 - (addr as usize & 4095);
+        let chunk = in_page.min(size - 1 - done);
+        // SAFETY: dst + done .. + chunk lies within the verified buffer.
+        if !read_memory(unsafe { dst.add(done) }, chunk, addr) {
+            if done == 0 {
+                // SAFETY: size >= 1.
+                unsafe { *dst = 0 };
+                return neg(libc::EFAULT);
+            }
+            break;
+        }
+        // SAFETY: the chunk was just written.
+        let part = unsafe { std::slice::from_raw_parts(dst.add(done), chunk) };
+        if let Some(nul) = part.iter().position(|&b| b == 0) {
+            return (done + nul + 1) as u64;
+        }
+        done += chunk;
+    }
+    // SAFETY: done <= size - 1.
+    unsafe { *dst.add(done) = 0 };
+    (done + 1) as u64
+}
+
+unsafe extern "C" fn ktime_get_ns(_: u64, _: u64, _: u64, _: u64, _: u64) -> u64 {
+    clock(libc::CLOCK_MONOTONIC)
+}
+
+unsafe extern "C" fn ktime_get_boot_ns(_: u64, _: u64, _: u64, _: u64, _: u64) -> u64 {
+    clock(libc::CLOCK_BOOTTIME)
+}
+
+unsafe extern "C" fn ktime_get_coarse_ns(_: u64, _: u64, _: u64, _: u64, _: u64) -> u64 {
+    clock(libc::CLOCK_MONOTONIC_COARSE)
+}
+
+unsafe extern "C" fn get_prandom_u32(_: u64, _: u64, _: u64, _: u64, _: u64) -> u64 {
+    RNG.with(|r| {
+        let mut x = r.get();
+        if x == 0 {
+            x = clock(libc::CLOCK_MONOTONIC) ^ pid_tgid().rotate_left(17) | 1;
+        }
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        r.set(x);
+        (x >> 32) as u32 as u64
+    })
+}
+
+unsafe extern "C" fn get_smp_processor_id(_: u64, _: u64, _: u64, _: u64, _: u64) -> u64 {
+    current_cpu(possible_cpus()) as u64
+}
+
+unsafe extern "C" fn get_current_pid_tgid(_: u64, _: u64, _: u64, _: u64, _: u64) -> u64 {
+    pid_tgid()
+}
+
+unsafe extern "C" fn get_current_uid_gid(_: u64, _: u64, _: u64, _: u64, _: u64) -> u64 {
+    // SAFETY: getuid/getgid have no preconditions.
+    unsafe { ((libc::getgid() as u64) << 32) | libc::getuid() as u64 }
+}
+
+unsafe extern "C" fn get_current_comm(buf: u64, size: u64, _: u64, _: u64, _: u64) -> u64 {
+    let mut name = [0u8; 17];
+    // SAFETY: PR_GET_NAME writes at most 16 bytes.
+    unsafe { libc::prctl(libc::PR_GET_NAME, name.as_mut_ptr()) };
+    let size = size as usize;
+    if size == 0 {
+        return neg(libc::EINVAL);
+    }
+    let n = name.iter().position(|&b| b == 0).unwrap_or(16).min(size - 1);
+    // SAFETY: the verifier checked buf holds `size` writable bytes.
+    unsafe {
+        std::ptr::copy_nonoverlapping(name.as_ptr(), buf as *mut u8, n);
+        std::ptr::write_bytes((buf as *mut u8).add(n), 0, size - n);
+    }
+    0
+}
+
+unsafe extern "C" fn ringbuf_output(map: u64, data: u64, size: u64, flags: u64, _: u64) -> u64 {
+    // SAFETY: r1 is a live Map (loader); data holds size bytes (verifier).
+    unsafe { (*(map as *const Map)).ringbuf_output(data as *const u8, size, flags) as u64 }
+}
+
+unsafe extern "C" fn ringbuf_reserve(map: u64, size: u64, flags: u64, _: u64, _: u64) -> u64 {
+    // SAFETY: r1 is a live Map.
+    unsafe { (*(map as *const Map)).ringbuf_reserve(size, flags) as u64 }
+}
+
+unsafe extern "C" fn ringbuf_submit(rec: u64, flags: u64, _: u64, _: u64, _: u64) -> u64 {
+    // SAFETY: the verifier tracks reservations: rec is an uncommitted record.
+    unsafe { ringbuf_commit(rec as *mut u8, flags, false) };
+    0
+}
+
+unsafe extern "C" fn ringbuf_discard(rec: u64, flags: u64, _: u64, _: u64, _: u64) -> u64 {
+    // SAFETY: as for submit.
+    unsafe { ringbuf_commit(rec as *mut u8, flags, true) };
+    0
+}
+
+unsafe extern "C" fn ringbuf_query(map: u64, flags: u64, _: u64, _: u64, _: u64) -> u64 {
+    // SAFETY: r1 is a live Map.
+    unsafe { (*(map as *const Map)).ringbuf_query(flags) }
+}
+
+unsafe extern "C" fn get_func_ip(_: u64, _: u64, _: u64, _: u64, _: u64) -> u64 {
+    PROBE.with(|p| p.get().func_ip)
+}
+
+unsafe extern "C" fn get_attach_cookie(_: u64, _: u64, _: u64, _: u64, _: u64) -> u64 {
+    PROBE.with(|p| p.get().cookie)
+}
+
+unsafe extern "C" fn strncmp(s1: u64, s1_size: u64, s2: u64, _: u64, _: u64) -> u64 {
+    let (a, b) = (s1 as *const u8, s2 as *const u8);
+    for i in 0..s1_size as usize {
+        // SAFETY: s1 holds s1_size bytes (verifier); s2 is a NUL-terminated constant string.
+        let (x, y) = unsafe { (*a.add(i), *b.add(i)) };
+        if x != y || x == 0 {
+            return (x as i32 - y as i32) as i64 as u64;
+        }
+    }
+    0
+}
+
+unsafe extern "C" fn trace_printk(fmt: u64, fmt_size: u64, a1: u64, a2: u64, a3: u64) -> u64 {
+    // SAFETY: the verifier checked fmt holds fmt_size readable bytes.
+    let f = unsafe { std::slice::from_raw_parts(fmt as *const u8, fmt_size as usize) };
+    let f = &f[..f.iter().position(|&b| b == 0).unwrap_or(f.len())];
+    let text = format_printk(f, &[a1, a2, a3]);
+    let Some(path) = TRACE_OUTPUT.get() else {
+        return neg(libc::ENOENT);
+    };
+    let mut comm = [0u8; 17];
+    // SAFETY: PR_GET_NAME writes at most 16 bytes.
+    unsafe { libc::prctl(libc::PR_GET_NAME, comm.as_mut_ptr()) };
+    let comm_len = comm.iter().position(|&b| b == 0).unwrap_or(16);
+    let ts = clock(libc::CLOCK_MONOTONIC);
+    let line = format!(
+        "{:>16}-{:<7} [{:03}] {}.{:06}: bpf_trace_printk: {}\n",
+        String::from_utf8_lossy(&comm[..comm_len]),
+        pid_tgid() & 0xffff_ffff,
+        current_cpu(possible_cpus()),
+        ts / 1_000_000_000,
+        (ts % 1_000_000_000) / 1000,
+        text.trim_end_matches('\n')
+    );
+    match std::fs::OpenOptions::new().append(true).create(true).open(path) {
+        Ok(mut file) => {
+            let _ = file.write_all(line.as_bytes());
+            text.len() as u64
+        }
+        Err(_) => neg(libc::EIO),
+    }
+}
+
+/// Formats the subset of printf conversions `bpf_trace_printk` accepts.
+pub fn format_printk(fmt: &[u8], args: &[u64]) -> String {
+    let mut out = String::new();
+    let mut args = args.iter();
+    let mut i = 0;
+    while i < fmt.len() {
+        let c = fmt[i];
+        if c != b'%' {
+            out.push(c as char);
+            i += 1;
+            continue;
+        }
+        i += 1;
+        if fmt.get(i) == Some(&b'%') {
+            out.push('%');
+            i += 1;
+            continue;
+        }
+        let mut longs = 0;
+        while fmt.get(i) == Some(&b'l') {
+            longs += 1;
+            i += 1;
+        }
+        let conv = fmt.get(i).copied().unwrap_or(b'd');
+        i += 1;
+        let v = args.next().copied().unwrap_or(0);
+        let v32 = longs == 0;
+        match conv {
+            b'd' | b'i' if v32 => out.push_str(&(v as i32).to_string()),
+            b'd' | b'i' => out.push_str(&(v as i64).to_string()),
+            b'u' if v32 => out.push_str(&(v as u32).to_string()),
+            b'u' => out.push_str(&v.to_string()),
+            b'x' if v32 => out.push_str(&format!("{:x}", v as u32)),
+            b'x' => out.push_str(&format!("{v:x}")),
+            b'p' => out.push_str(&format!("0x{v:x}")),
+            b'c' => out.push(v as u8 as char),
+            b's' => {
+                let mut buf = [0u8; 128];
+                // SAFETY: buf is 128 writable bytes.
+                let n = unsafe { probe_read_str(buf.as_mut_ptr() as u64, 128, v, 0, 0) };
+                if (n as i64) > 0 {
+                    out.push_str(&String::from_utf8_lossy(&buf[..n as usize - 1]));
+                }
+            }
+            other => {
+                out.push('%');
+                out.push(other as char);
+            }
+        }
+    }
+    out
+}
+
+/// The helper with kernel id `id`, if this runtime provides it.
+pub fn helper_by_id(helper: u32) -> Option<HelperFn> {
+    let f: HelperFn = match helper {
+        id::MAP_LOOKUP_ELEM => map_lookup_elem,
+        id::MAP_UPDATE_ELEM => map_update_elem,
+        id::MAP_DELETE_ELEM => map_delete_elem,
+        id::PROBE_READ | id::PROBE_READ_USER | id::PROBE_READ_KERNEL => probe_read,
+        id::PROBE_READ_STR | id::PROBE_READ_USER_STR | id::PROBE_READ_KERNEL_STR => probe_read_str,
+        id::KTIME_GET_NS => ktime_get_ns,
+        id::KTIME_GET_BOOT_NS => ktime_get_boot_ns,
+        id::KTIME_GET_COARSE_NS => ktime_get_coarse_ns,
+        id::TRACE_PRINTK => trace_printk,
+        id::GET_PRANDOM_U32 => get_prandom_u32,
+        id::GET_SMP_PROCESSOR_ID => get_smp_processor_id,
+        id::GET_CURRENT_PID_TGID => get_current_pid_tgid,
+        id::GET_CURRENT_UID_GID => get_current_uid_gid,
+        id::GET_CURRENT_COMM => get_current_comm,
+        id::MAP_PUSH_ELEM => map_push_elem,
+        id::MAP_POP_ELEM => map_pop_elem,
+        id::MAP_PEEK_ELEM => map_peek_elem,
+        id::RINGBUF_OUTPUT => ringbuf_output,
+        id::RINGBUF_RESERVE => ringbuf_reserve,
+        id::RINGBUF_SUBMIT => ringbuf_submit,
+        id::RINGBUF_DISCARD => ringbuf_discard,
+        id::RINGBUF_QUERY => ringbuf_query,
+        id::GET_FUNC_IP => get_func_ip,
+        id::GET_ATTACH_COOKIE => get_attach_cookie,
+        id::STRNCMP => strncmp,
+        _ => return None,
+    };
+    Some(f)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn probe_read_faults_cleanly() {
+        let mut buf = [0xffu8; 8];
+        // SAFETY: buf is 8 writable bytes; address 8 is never mapped.
+        let r = unsafe { probe_read(buf.as_mut_ptr() as u64, 8, 8, 0, 0) };
+        assert_eq!(r as i64, -(libc::EFAULT as i64));
+        assert_eq!(buf, [0; 8]);
+        let src = 0x1122_3344_5566_7788u64;
+        // SAFETY: both sides are 8-byte locals.
+        let r = unsafe { probe_read(buf.as_mut_ptr() as u64, 8, &src as *const u64 as u64, 0, 0) };
+        assert_eq!(r, 0);
+        assert_eq!(u64::from_ne_bytes(buf), src);
+    }
+
+    #[test]
+    fn probe_read_str_counts_the_nul_and_truncates() {
+        let s = b"hello\0world";
+        let mut buf = [0xffu8; 16];
+        // SAFETY: buf is 16 writable bytes; s is readable.
+        let r = unsafe { probe_read_str(buf.as_mut_ptr() as u64, 16, s.as_ptr() as u64, 0, 0) };
+        assert_eq!(r, 6);
+        assert_eq!(&buf[..6], b"hello\0");
+        // SAFETY: as above, truncated to 4 bytes.
+        let r = unsafe { probe_read_str(buf.as_mut_ptr() as u64, 4, s.as_ptr() as u64, 0, 0) };
+        assert_eq!(r, 4);
+        assert_eq!(&buf[..4], b"hel\0");
+    }
+
+    #[test]
+    fn pid_tgid_matches_the_process() {
+        // SAFETY: no arguments are used.
+        let v = unsafe { get_current_pid_tgid(0, 0, 0, 0, 0) };
+        assert_eq!(v >> 32, std::process::id() as u64);
+        // SAFETY: gettid has no preconditions.
+        assert_eq!(v & 0xffff_ffff, unsafe { libc::gettid() } as u64);
+    }
+
+    #[test]
+    fn printk_formats_like_the_kernel() {
+        let s = format_printk(b"a=%d b=%u c=%lx d=%llu %%\n", &[(-5i64) as u64, 7, 255, 9]);
+        assert_eq!(s, "a=-5 b=7 c=ff d=9 %\n");
+    }
+}

@@ -1,0 +1,122 @@
+//! Builds the C examples with `make` and tells the crate where they are.
+//!
+//! Runs `make -C <crate dir> OUT=$OUT_DIR/bpf-examples` and exports
+//! `BPF_EXAMPLES_BUILD_DIR` (the directory) plus one
+//! `BPF_EXAMPLES_<ARTIFACT>` variable per artifact (for example
+//! `BPF_EXAMPLES_MALLOC_COUNT_BPF_O`) to the crate's code via `env!`.
+
+use std::env;
+use std::path::{Path, PathBuf};
+use std::process::{exit, Command};
+
+/// Everything the Makefile builds; keep in sync with `src/lib.rs`.
+const ARTIFACTS: &[&str] = &[
+    "malloc_count",
+    "malloc_count.bpf.o",
+    "funclatency",
+    "funclatency.bpf.o",
+    "ringbuf_events",
+    "ringbuf_events.bpf.o",
+    "calls",
+    "calls-nopie",
+];
+
+/// Inputs whose change must rebuild the examples.
+const SOURCES: &[&str] = &[
+    "Makefile",
+    "common",
+    "malloc_count",
+    "funclatency",
+    "ringbuf_events",
+    "targets",
+];
+
+fn fail(message: &str) -> ! {
+    eprintln!("error: {message}");
+    exit(1);
+}
+
+/// Check the tools up front, so a missing package is named plainly
+/// instead of surfacing as a compiler error deep in make's output.
+fn check_tools(clang: &str) {
+    let clang_ok = Command::new(clang)
+        .arg("--version")
+        .output()
+        .map(|o| o.status.success())
+        .unwrap_or(false);
+    if !clang_ok {
+        fail(&format!(
+            "`{clang}` is needed to compile the eBPF programs; \
+             install it with `apt-get install clang-19` (or set CLANG)"
+        ));
+    }
+    let has_libbpf = [
+        "/usr/include/bpf/libbpf.h",
+        "/usr/local/include/bpf/libbpf.h",
+    ]
+    .iter()
+    .any(|p| Path::new(p).exists());
+    if !has_libbpf {
+        fail(
+            "libbpf headers not found (bpf/libbpf.h); install them with \
+             `apt-get install libbpf-dev libelf-dev zlib1g-dev`",
+        );
+    }
+    if Command::new("make").arg("--version").output().is_err() {
+        fail("`make` not found; install it with `apt-get install make`");
+    }
+}
+
+fn env_name(artifact: &str) -> String {
+    let upper: String = artifact
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() {
+                c.to_ascii_uppercase()
+            } else {
+                '_'
+            }
+        })
+        .collect();
+    format!("BPF_EXAMPLES_{upper}")
+}
+
+fn main() {
+    let manifest_dir = PathBuf::from(env::var_os("CARGO_MANIFEST_DIR").unwrap());
+    let out_dir = PathBuf::from(env::var_os("OUT_DIR").unwrap()).join("bpf-examples");
+    let clang = env::var("CLANG").unwrap_or_else(|_| "clang-19".to_string());
+
+    println!("cargo:rerun-if-env-changed=CLANG");
+    for source in SOURCES {
+        println!("cargo:rerun-if-changed={source}");
+    }
+
+    check_tools(&clang);
+
+    let status = Command::new("make")
+        .arg("-C")
+        .arg(&manifest_dir)
+        .arg(format!("OUT={}", out_dir.display()))
+        .arg(format!("CLANG={clang}"))
+        .status()
+        .unwrap_or_else(|e| fail(&format!("cannot run make: {e}")));
+    if !status.success() {
+        fail(&format!(
+            "`make -C {} OUT={}` failed ({status}); see the output above",
+            manifest_dir.display(),
+            out_dir.display()
+        ));
+    }
+
+    println!(
+        "cargo:rustc-env=BPF_EXAMPLES_BUILD_DIR={}",
+        out_dir.display()
+    );
+    for artifact in ARTIFACTS {
+        let path = out_dir.join(artifact);
+        if !path.exists() {
+            fail(&format!("make did not produce {}", path.display()));
+        }
+        println!("cargo:rustc-env={}={}", env_name(artifact), path.display());
+    }
+}
