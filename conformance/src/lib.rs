@@ -1,1 +1,13 @@
-//! Runs the bpf_conformance suite on every engine
+//! Runs the bpf_conformance suite on every engine.
+//!
+//! [`parse_test`] reads one `.data` file, [`check`] assembles it and runs it on an
+//! [`Engine`]; the interpreter is one engine, and a JIT or a GPU engine plugs in through
+//! the same trait so that one corpus judges them all.
+
+#![warn(unreachable_pub)]
+
+mod data;
+mod engine;
+
+pub use data::{parse_test, Expectation, ParseError, TestCase};
+pub use engine::{check, engine, Engine, EngineKind, InterpreterEngine, Mismatch, UnknownEngine};

@@ -18,7 +18,13 @@ pub struct Insn {
 
 impl Insn {
     pub const fn new(code: u8, dst: u8, src: u8, off: i16, imm: i32) -> Self {
-        Insn { code, dst, src, off, imm }
+        Insn {
+            code,
+            dst,
+            src,
+            off,
+            imm,
+        }
     }
 
     /// The instruction class (`BPF_LD`, `BPF_ALU64`, `BPF_JMP`, ...).
@@ -70,7 +76,7 @@ pub fn decode(bytes: &[u8]) -> Result<Vec<Insn>, DecodeError> {
     if bytes.is_empty() {
         return Err(DecodeError::Empty);
     }
-    if bytes.len() % INSN_SIZE != 0 {
+    if !bytes.len().is_multiple_of(INSN_SIZE) {
         return Err(DecodeError::Truncated { len: bytes.len() });
     }
     Ok(bytes

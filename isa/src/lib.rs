@@ -4,8 +4,12 @@
 //! decodes instructions and names map types, program types and helpers through
 //! this crate, so that a number means the same thing everywhere.
 
+pub mod asm;
 mod insn;
 pub mod opcode;
 pub mod uapi;
 
 pub use insn::{decode, encode, DecodeError, Insn, INSN_SIZE};
+
+/// A helper as the interpreter and the JITs call it: five arguments in, r0 out.
+pub type HelperFn = unsafe extern "C" fn(u64, u64, u64, u64, u64) -> u64;

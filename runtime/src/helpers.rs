@@ -12,8 +12,7 @@ use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::OnceLock;
 
-/// The calling convention every helper has.
-pub type HelperFn = unsafe extern "C" fn(u64, u64, u64, u64, u64) -> u64;
+pub use bpftime_isa::HelperFn;
 
 /// What the current program invocation was attached with.
 #[derive(Clone, Copy, Debug, Default)]

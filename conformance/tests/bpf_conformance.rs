@@ -1,0 +1,93 @@
+//! Runs every bpf_conformance `.data` file on every engine and fails on any failure that is
+//! not excluded below with a reason.
+
+use std::path::PathBuf;
+
+use bpftime_conformance::{check, parse_test, Engine, InterpreterEngine};
+
+/// Tests an engine is known to fail, with why. The interpreter has none: keep it that way.
+const INTERPRETER_EXCLUSIONS: &[(&str, &str)] = &[];
+
+fn conformance_dir() -> PathBuf {
+    match std::env::var_os("BPF_CONFORMANCE_DIR") {
+        Some(dir) => PathBuf::from(dir),
+        // The workspace root is one level above this crate; the suite sits beside the root.
+        None => PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+            .join("../../shared/conformance/bpf_conformance"),
+    }
+}
+
+fn run_suite(engine: &dyn Engine, exclusions: &[(&str, &str)]) {
+    let dir = conformance_dir();
+    let entries = std::fs::read_dir(&dir).unwrap_or_else(|e| {
+        panic!(
+            "cannot read the bpf_conformance tests at {} ({e}); set BPF_CONFORMANCE_DIR to the \
+             directory holding the .data files",
+            dir.display()
+        )
+    });
+    let mut files: Vec<PathBuf> = entries
+        .map(|e| e.expect("reading the conformance directory").path())
+        .filter(|p| p.extension().is_some_and(|x| x == "data"))
+        .collect();
+    files.sort();
+    assert!(
+        !files.is_empty(),
+        "no .data files in {}; set BPF_CONFORMANCE_DIR to the directory holding them",
+        dir.display()
+    );
+
+    let (mut passed, mut failed, mut excluded) = (0, Vec::new(), Vec::new());
+    for path in &files {
+        let name = path.file_stem().unwrap().to_string_lossy().into_owned();
+        let text = std::fs::read_to_string(path).expect("reading a .data file");
+        let outcome = parse_test(&name, &text)
+            .map_err(|e| e.to_string())
+            .and_then(|case| check(engine, &case).map_err(|e| e.to_string()));
+        let reason = exclusions.iter().find(|(n, _)| *n == name).map(|(_, r)| *r);
+        match (outcome, reason) {
+            (Ok(()), None) => passed += 1,
+            (Ok(()), Some(_)) => {
+                // An excluded test that passes means the exclusion is stale.
+                println!("FAIL {name}: passes but is excluded; remove the exclusion");
+                failed.push(name);
+            }
+            (Err(e), Some(r)) => {
+                println!("excluded {name}: {e} (because: {r})");
+                excluded.push(name);
+            }
+            (Err(e), None) => {
+                println!("FAIL {name}: {e}");
+                failed.push(name);
+            }
+        }
+    }
+    for (n, _) in exclusions {
+        assert!(
+            files.iter().any(|p| p.file_stem().is_some_and(|s| s == *n)),
+            "exclusion `{n}` names no test"
+        );
+    }
+    println!(
+        "{}: {passed} passed, {} failed, {} excluded{}",
+        engine.name(),
+        failed.len(),
+        excluded.len(),
+        if excluded.is_empty() {
+            String::new()
+        } else {
+            format!(" ({})", excluded.join(", "))
+        }
+    );
+    assert!(
+        failed.is_empty(),
+        "{} failed: {}",
+        engine.name(),
+        failed.join(", ")
+    );
+}
+
+#[test]
+fn interpreter_passes_bpf_conformance() {
+    run_suite(&InterpreterEngine, INTERPRETER_EXCLUSIONS);
+}
