@@ -21,5 +21,7 @@ mod store;
 pub use error::{Error, Result};
 pub use layout::{ObjectKind, PAGE_SIZE, STORE_VERSION};
 pub use maps::{possible_cpus, ringbuf_commit, Map, MapSpec};
-pub use objects::{LinkKind, LinkRecord, PerfEventKind, PerfEventRecord, ProgramRecord};
+pub use objects::{
+    publish_btf, read_btf, LinkKind, LinkRecord, PerfEventKind, PerfEventRecord, ProgramRecord,
+};
 pub use store::{owner_alive, ObjectInfo, Store, DEFAULT_STORE_NAME, STORE_ENV};

@@ -281,3 +281,17 @@ impl LinkRecord {
         })
     }
 }
+
+/// Stores a BTF blob loaded with `BPF_BTF_LOAD`.
+pub fn publish_btf(store: &Store, id: u32, blob: &[u8]) -> Result<PathBuf> {
+    let mut w = Writer::new(ObjectKind::Btf, id);
+    w.bytes(blob);
+    store.publish_bytes(ObjectKind::Btf, id, &w.0)
+}
+
+/// Reads a BTF blob back.
+pub fn read_btf(store: &Store, id: u32) -> Result<Vec<u8>> {
+    let bytes = store.read_object(ObjectKind::Btf, id)?;
+    let mut r = Reader::new(&bytes, store.path(ObjectKind::Btf, id));
+    Ok(r.bytes()?.to_vec())
+}

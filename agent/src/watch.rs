@@ -1,0 +1,202 @@
+//! Following the store: attach what is linked to this process, detach what is
+//! gone or whose owner exited.
+
+use crate::program::{Programs, Runtime};
+use bpftime_attach::{attach_uprobe, attach_uretprobe, detach, runtime_address, Handler, HookId, PtRegs};
+use bpftime_runtime::helpers::{self, ProbeContext};
+use bpftime_runtime::{LinkKind, LinkRecord, ObjectKind, Store};
+use std::cell::Cell;
+use std::collections::HashMap;
+use std::path::Path;
+use std::sync::{Arc, Mutex};
+
+struct Agent {
+    runtime: Runtime,
+    /// Links handled so far: the hooks installed for each (none when the link
+    /// points elsewhere than this process).
+    links: Mutex<HashMap<u32, Option<HookId>>>,
+}
+
+thread_local! {
+    /// Set while a program runs, so helpers that call hooked functions (malloc,
+    /// say) do not run programs recursively, as kernel uprobes do not.
+    static IN_PROBE: Cell<bool> = const { Cell::new(false) };
+}
+
+fn init_logging() {
+    let filter = tracing_subscriber::EnvFilter::try_from_env("BPFTIME_LOG")
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_target(false)
+        .try_init();
+}
+
+pub(crate) fn start() {
+    init_logging();
+    helpers::init_process();
+    let name = Store::name_from_env();
+    let store = match Store::create_or_open(&name) {
+        Ok(s) => s,
+        Err(e) => {
+            eprintln!("bpftime agent: cannot open the store, the target runs uninstrumented: {e}");
+            return;
+        }
+    };
+    helpers::set_trace_output(store.trace_path());
+    tracing::info!(
+        pid = std::process::id(),
+        store = %name,
+        "bpftime agent: programs run on the interpreter (the JIT is not wired in yet)"
+    );
+    let agent = Arc::new(Agent {
+        runtime: Runtime {
+            store,
+            programs: Programs::default(),
+        },
+        links: Mutex::new(HashMap::new()),
+    });
+    // Attach what exists now, before main runs, so no early call is missed.
+    agent.sync();
+    let a = agent.clone();
+    let spawned = std::thread::Builder::new()
+        .name("bpftime-agent".into())
+        .spawn(move || a.watch());
+    if let Err(e) = spawned {
+        tracing::warn!("cannot start the store watcher; later tools will not attach: {e}");
+    }
+}
+
+impl Agent {
+    fn store(&self) -> &Store {
+        &self.runtime.store
+    }
+
+    fn sync(self: &Arc<Self>) {
+        let present = self.store().ids(ObjectKind::Link);
+        let mut links = self.links.lock().unwrap_or_else(|p| p.into_inner());
+        // Detach links that are gone or whose tool exited.
+        let gone: Vec<u32> = links
+            .keys()
+            .copied()
+            .filter(|id| {
+                !present.contains(id)
+                    || self
+                        .store()
+                        .info(ObjectKind::Link, *id)
+                        .is_some_and(|i| !i.owner_alive && !i.pinned)
+            })
+            .collect();
+        for id in gone {
+            if let Some(Some(hook)) = links.remove(&id) {
+                match detach(hook) {
+                    Ok(()) => tracing::info!(link = id, "detached"),
+                    Err(e) => tracing::warn!(link = id, "detach failed: {e}"),
+                }
+            }
+        }
+        for id in present {
+            if links.contains_key(&id) {
+                continue;
+            }
+            let alive = self
+                .store()
+                .info(ObjectKind::Link, id)
+                .is_some_and(|i| i.owner_alive || i.pinned);
+            if !alive {
+                continue;
+            }
+            let hook = match LinkRecord::read(self.store(), id) {
+                Ok(rec) => self.attach(&rec),
+                Err(e) => {
+                    tracing::warn!(link = id, "unreadable link: {e}");
+                    None
+                }
+            };
+            links.insert(id, hook);
+        }
+    }
+
+    fn attach(self: &Arc<Self>, rec: &LinkRecord) -> Option<HookId> {
+        let me = std::process::id() as i32;
+        if rec.pid != -1 && rec.pid != me {
+            return None;
+        }
+        // A link for a binary this process does not map is someone else's.
+        let addr = runtime_address(Path::new(&rec.path), rec.offset).ok()?;
+        let prog = match self.runtime.programs.load(self.store(), rec.prog_id) {
+            Ok(p) => p,
+            Err(e) => {
+                tracing::error!(link = rec.id, "cannot load the program: {e}");
+                return None;
+            }
+        };
+        let agent = self.clone();
+        let ctx = ProbeContext {
+            func_ip: addr as u64,
+            cookie: rec.cookie,
+        };
+        let handler: Handler = Arc::new(move |regs: &mut PtRegs| {
+            if IN_PROBE.with(|g| g.replace(true)) {
+                return;
+            }
+            helpers::set_probe_context(ctx);
+            agent.runtime.run(&prog, regs as *mut PtRegs as u64);
+            IN_PROBE.with(|g| g.set(false));
+        });
+        // SAFETY: `addr` is the file offset the tool asked for, mapped at its runtime
+        // address in this process; the tool vouched it is a function entry, as with
+        // the kernel's uprobes.
+        let r = unsafe {
+            match rec.kind {
+                LinkKind::Uprobe => attach_uprobe(addr, handler),
+                LinkKind::Uretprobe => attach_uretprobe(addr, handler),
+            }
+        };
+        match r {
+            Ok(h) => {
+                tracing::info!(link = rec.id, path = %rec.path, offset = rec.offset, addr, "attached");
+                Some(h)
+            }
+            Err(e) => {
+                tracing::error!(link = rec.id, path = %rec.path, "cannot attach: {e}");
+                None
+            }
+        }
+    }
+
+    /// Waits for changes in the store directory (inotify), and re-checks tool
+    /// liveness twice a second.
+    fn watch(self: Arc<Self>) {
+        let dir = self.store().dir().to_path_buf();
+        // SAFETY: plain syscall wrappers; `c` is a NUL-terminated path.
+        let fd = unsafe { libc::inotify_init1(libc::IN_CLOEXEC) };
+        let c = std::ffi::CString::new(dir.as_os_str().as_encoded_bytes()).unwrap_or_default();
+        // SAFETY: as above.
+        let wd = unsafe {
+            libc::inotify_add_watch(fd, c.as_ptr(), libc::IN_CREATE | libc::IN_MOVED_TO | libc::IN_DELETE)
+        };
+        if fd < 0 || wd < 0 {
+            tracing::warn!("inotify unavailable; polling the store");
+        }
+        let mut buf = [0u8; 4096];
+        loop {
+            if fd >= 0 && wd >= 0 {
+                let mut pfd = libc::pollfd {
+                    fd,
+                    events: libc::POLLIN,
+                    revents: 0,
+                };
+                // SAFETY: one valid pollfd.
+                if unsafe { libc::poll(&mut pfd, 1, 500) } > 0 {
+                    // SAFETY: reads into a local buffer.
+                    unsafe { libc::read(fd, buf.as_mut_ptr().cast(), buf.len()) };
+                }
+            } else {
+                std::thread::sleep(std::time::Duration::from_millis(100));
+            }
+            self.sync();
+        }
+    }
+}

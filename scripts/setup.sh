@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# Installs what building and testing bpftime needs on Debian 12: LLVM 19 and
+# clang-19 (the JIT and the BPF compiler), libbpf 1.1 and bpftool (real loaders),
+# bpftrace, and libelf/zlib for the static libbpf that libbpf-rs builds.
+set -euo pipefail
+
+packages=(
+    build-essential pkg-config make
+    clang-19 llvm-19-dev libpolly-19-dev libzstd-dev zlib1g-dev libelf-dev
+    libbpf-dev bpftool bpftrace
+)
+
+as_root() {
+    if [ "$(id -u)" -eq 0 ]; then "$@"; else sudo "$@"; fi
+}
+
+missing=()
+for p in "${packages[@]}"; do
+    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if [ "${#missing[@]}" -gt 0 ]; then
+    echo "setup: installing ${missing[*]}"
+    as_root apt-get update -qq
+    as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}"
+fi
+
+if ! command -v cargo >/dev/null 2>&1; then
+    echo "setup: cargo is not installed; install Rust (https://rustup.rs) and run this again" >&2
+    exit 2
+fi

@@ -1,0 +1,655 @@
+use crate::attr::{self, write_back_u32, Attr};
+use crate::perf::UprobePmu;
+use bpftime_isa::uapi::cmd;
+use bpftime_runtime::{
+    LinkKind, LinkRecord, Map, MapSpec, ObjectKind, PerfEventKind, PerfEventRecord, ProgramRecord,
+    Store,
+};
+use std::collections::HashMap;
+use std::ffi::CString;
+use std::os::fd::RawFd;
+use std::sync::Arc;
+
+/// What a file descriptor handed to the loader stands for.
+#[derive(Debug, Clone)]
+pub enum Object {
+    Map(Arc<Map>),
+    Program(Arc<ProgramRecord>),
+    Link(u32),
+    PerfEvent {
+        record: PerfEventRecord,
+        /// The link made by `PERF_EVENT_IOC_SET_BPF`, removed when the event closes.
+        link: Option<u32>,
+    },
+    Btf { id: u32, size: u32 },
+}
+
+#[derive(Debug, Clone)]
+pub struct ObjectRef {
+    pub kind: ObjectKind,
+    pub id: u32,
+    pub object: Object,
+    dev: u64,
+    ino: u64,
+}
+
+/// A result in the kernel's terms: a value, or an errno.
+pub type SysResult<T = i64> = Result<T, i32>;
+
+/// The userspace kernel of one loader process.
+pub struct Shim {
+    store: Store,
+    fds: HashMap<RawFd, ObjectRef>,
+    pub(crate) pmu: UprobePmu,
+    /// Ring buffers registered on each epoll instance: (FIFO fd, map).
+    pub(crate) epolls: HashMap<RawFd, Vec<(RawFd, RawFd, Arc<Map>)>>,
+}
+
+fn stat_fd(fd: RawFd) -> Option<(u64, u64)> {
+    // SAFETY: zeroed stat is a valid out buffer.
+    let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    // SAFETY: st is a valid out pointer; fstat checks fd.
+    if unsafe { libc::fstat(fd, &mut st) } != 0 {
+        return None;
+    }
+    Some((st.st_dev, st.st_ino))
+}
+
+pub(crate) fn refuse(errno: i32, what: std::fmt::Arguments) -> i32 {
+    tracing::warn!("refused: {what} (errno {errno})");
+    errno
+}
+
+impl Shim {
+    pub fn new(store: Store) -> Shim {
+        let removed = store.collect_garbage();
+        if !removed.is_empty() {
+            tracing::info!(count = removed.len(), "removed objects left by exited processes");
+        }
+        Shim {
+            store,
+            fds: HashMap::new(),
+            pmu: UprobePmu::detect(),
+            epolls: HashMap::new(),
+        }
+    }
+
+    pub fn store(&self) -> &Store {
+        &self.store
+    }
+
+    /// The object behind `fd`, if `fd` is one of ours and still refers to it.
+    pub fn object(&mut self, fd: RawFd) -> Option<&ObjectRef> {
+        let ok = match self.fds.get(&fd) {
+            None => return None,
+            Some(o) => stat_fd(fd) == Some((o.dev, o.ino)),
+        };
+        if !ok {
+            self.fds.remove(&fd);
+            return None;
+        }
+        self.fds.get(&fd)
+    }
+
+    pub fn is_ours(&mut self, fd: RawFd) -> bool {
+        self.object(fd).is_some()
+    }
+
+    fn open_fd(&mut self, kind: ObjectKind, id: u32, object: Object) -> SysResult<RawFd> {
+        let path = self.store.path(kind, id);
+        let c = CString::new(path.as_os_str().as_encoded_bytes()).map_err(|_| libc::EINVAL)?;
+        // SAFETY: c is a valid path; the fd is handed to the loader as the object's fd.
+        let fd = unsafe { libc::open(c.as_ptr(), libc::O_RDWR | libc::O_CLOEXEC) };
+        if fd < 0 {
+            return Err(std::io::Error::last_os_error()
+                .raw_os_error()
+                .unwrap_or(libc::EIO));
+        }
+        let (dev, ino) = stat_fd(fd).ok_or(libc::EBADF)?;
+        crate::preload::mark_fd(fd, true);
+        self.fds.insert(
+            fd,
+            ObjectRef {
+                kind,
+                id,
+                object,
+                dev,
+                ino,
+            },
+        );
+        Ok(fd)
+    }
+
+    fn map(&mut self, fd: u32) -> SysResult<Arc<Map>> {
+        match self.object(fd as RawFd).map(|o| &o.object) {
+            Some(Object::Map(m)) => Ok(m.clone()),
+            Some(_) => Err(libc::EINVAL),
+            None => Err(libc::EBADF),
+        }
+    }
+
+    fn program(&mut self, fd: u32) -> SysResult<Arc<ProgramRecord>> {
+        match self.object(fd as RawFd).map(|o| &o.object) {
+            Some(Object::Program(p)) => Ok(p.clone()),
+            Some(_) => Err(libc::EINVAL),
+            None => Err(libc::EBADF),
+        }
+    }
+
+    /// Serves one `bpf(cmd, attr, size)` call.
+    ///
+    /// # Safety
+    /// `attr` must point to `size` readable and writable bytes, and every
+    /// pointer inside the attribute must be valid as the kernel's ABI defines.
+    pub unsafe fn bpf(&mut self, command: u32, attr: *mut u8, size: usize) -> SysResult {
+        // SAFETY: caller obligation.
+        let a = unsafe { Attr::read(attr, size) };
+        match command {
+            cmd::MAP_CREATE => self.map_create(&a),
+            // SAFETY: forwarded caller obligation for the pointers inside `a`.
+            cmd::MAP_LOOKUP_ELEM
+            | cmd::MAP_UPDATE_ELEM
+            | cmd::MAP_DELETE_ELEM
+            | cmd::MAP_GET_NEXT_KEY
+            | cmd::MAP_LOOKUP_AND_DELETE_ELEM => unsafe { self.map_elem(command, &a) },
+            cmd::MAP_FREEZE => {
+                let m = self.map(a.u32(attr::elem::MAP_FD))?;
+                m.freeze().map(|_| 0).map_err(|e| e.errno())
+            }
+            cmd::MAP_LOOKUP_BATCH
+            | cmd::MAP_LOOKUP_AND_DELETE_BATCH
+            | cmd::MAP_UPDATE_BATCH
+            // SAFETY: forwarded caller obligation.
+            | cmd::MAP_DELETE_BATCH => unsafe { self.map_batch(command, &a, attr, size) },
+            // SAFETY: forwarded caller obligation.
+            cmd::PROG_LOAD => unsafe { self.prog_load(&a, attr, size) },
+            cmd::BTF_LOAD => self.btf_load(&a),
+            // SAFETY: forwarded caller obligation.
+            cmd::OBJ_GET_INFO_BY_FD => unsafe { self.get_info(&a, attr, size) },
+            cmd::LINK_CREATE => self.link_create(&a),
+            cmd::LINK_DETACH => {
+                let fd = a.u32(0) as RawFd;
+                match self.object(fd).cloned() {
+                    Some(ObjectRef { object: Object::Link(id), .. }) => {
+                        let _ = self.store.remove(ObjectKind::Link, id);
+                        Ok(0)
+                    }
+                    Some(_) => Err(libc::EINVAL),
+                    None => Err(libc::EBADF),
+                }
+            }
+            cmd::PROG_BIND_MAP => {
+                self.program(a.u32(0))?;
+                self.map(a.u32(4))?;
+                Ok(0)
+            }
+            cmd::MAP_GET_NEXT_ID | cmd::PROG_GET_NEXT_ID | cmd::LINK_GET_NEXT_ID | cmd::BTF_GET_NEXT_ID => {
+                let kind = match command {
+                    cmd::MAP_GET_NEXT_ID => ObjectKind::Map,
+                    cmd::PROG_GET_NEXT_ID => ObjectKind::Program,
+                    cmd::LINK_GET_NEXT_ID => ObjectKind::Link,
+                    _ => ObjectKind::Btf,
+                };
+                let start = a.u32(attr::get_id::START_ID);
+                let next = self.store.ids(kind).into_iter().find(|&i| i > start).ok_or(libc::ENOENT)?;
+                // SAFETY: caller obligation: attr holds `size` writable bytes.
+                unsafe { write_back_u32(attr, size, attr::get_id::NEXT_ID, next) };
+                Ok(0)
+            }
+            cmd::MAP_GET_FD_BY_ID => {
+                let id = a.u32(0);
+                let m = Map::open(&self.store, id).map_err(|e| e.errno())?;
+                self.open_fd(ObjectKind::Map, id, Object::Map(Arc::new(m))).map(|fd| fd as i64)
+            }
+            cmd::PROG_GET_FD_BY_ID => {
+                let id = a.u32(0);
+                let p = ProgramRecord::read(&self.store, id).map_err(|e| e.errno())?;
+                self.open_fd(ObjectKind::Program, id, Object::Program(Arc::new(p))).map(|fd| fd as i64)
+            }
+            cmd::LINK_GET_FD_BY_ID => {
+                let id = a.u32(0);
+                LinkRecord::read(&self.store, id).map_err(|e| e.errno())?;
+                self.open_fd(ObjectKind::Link, id, Object::Link(id)).map(|fd| fd as i64)
+            }
+            cmd::OBJ_PIN | cmd::OBJ_GET => Err(refuse(
+                libc::EOPNOTSUPP,
+                format_args!("pinning to bpffs is not served by bpftime yet (bpf command {command})"),
+            )),
+            cmd::PROG_ATTACH | cmd::PROG_DETACH => Err(refuse(
+                libc::EINVAL,
+                format_args!("BPF_PROG_ATTACH attaches cgroup and socket programs, which bpftime does not run"),
+            )),
+            _ => Err(refuse(
+                libc::EINVAL,
+                format_args!("bpf command {command} is not served by bpftime"),
+            )),
+        }
+    }
+
+    fn map_create(&mut self, a: &Attr) -> SysResult {
+        use attr::map_create as f;
+        let spec = MapSpec {
+            map_type: a.u32(f::MAP_TYPE),
+            key_size: a.u32(f::KEY_SIZE),
+            value_size: a.u32(f::VALUE_SIZE),
+            max_entries: a.u32(f::MAX_ENTRIES),
+            map_flags: a.u32(f::MAP_FLAGS),
+            name: a.str(f::NAME, 16),
+            btf_id: match self.object(a.u32(f::BTF_FD) as RawFd) {
+                Some(ObjectRef { object: Object::Btf { id, .. }, .. }) if a.u32(f::BTF_FD) != 0 => *id,
+                _ => 0,
+            },
+            btf_key_type_id: a.u32(f::BTF_KEY_TYPE_ID),
+            btf_value_type_id: a.u32(f::BTF_VALUE_TYPE_ID),
+            map_extra: a.u64(f::MAP_EXTRA),
+        };
+        let map = Map::create(&self.store, &spec).map_err(|e| {
+            refuse(e.errno(), format_args!("BPF_MAP_CREATE `{}`: {e}", spec.name))
+        })?;
+        let id = map.id();
+        self.open_fd(ObjectKind::Map, id, Object::Map(Arc::new(map)))
+            .map(|fd| fd as i64)
+    }
+
+    /// # Safety
+    /// Pointers in `a` must be valid for the map's key and value sizes.
+    unsafe fn map_elem(&mut self, command: u32, a: &Attr) -> SysResult {
+        use attr::elem as f;
+        let m = self.map(a.u32(f::MAP_FD))?;
+        let ks = m.key_size() as usize;
+        let vs = m.syscall_value_size();
+        let key_ptr = a.u64(f::KEY) as *const u8;
+        let val_ptr = a.u64(f::VALUE) as *mut u8;
+        let flags = a.u64(f::FLAGS);
+        let key: Option<&[u8]> = if key_ptr.is_null() {
+            None
+        } else {
+            // SAFETY: caller obligation: the key holds key_size bytes.
+            Some(unsafe { std::slice::from_raw_parts(key_ptr, ks) })
+        };
+        let need_key = || key.ok_or(libc::EFAULT);
+        let value = || -> SysResult<&mut [u8]> {
+            if val_ptr.is_null() {
+                return Err(libc::EFAULT);
+            }
+            // SAFETY: caller obligation: the value holds syscall_value_size bytes.
+            Ok(unsafe { std::slice::from_raw_parts_mut(val_ptr, vs) })
+        };
+        let e = |r: bpftime_runtime::Result<()>| r.map(|_| 0).map_err(|e| e.errno());
+        match command {
+            cmd::MAP_LOOKUP_ELEM if m.holds_ids() => {
+                let k = need_key()?;
+                let id = m.id_at(u32::from_ne_bytes(k[..4].try_into().map_err(|_| libc::EINVAL)?)).ok_or(libc::ENOENT)?;
+                value()?.copy_from_slice(&id.to_ne_bytes());
+                Ok(0)
+            }
+            cmd::MAP_LOOKUP_ELEM => e(m.lookup(key.unwrap_or(&[]), value()?)),
+            cmd::MAP_UPDATE_ELEM if m.holds_ids() => {
+                let k = need_key()?;
+                let fd = u32::from_ne_bytes(value()?[..4].try_into().map_err(|_| libc::EINVAL)?);
+                let target = self.object(fd as RawFd).cloned().ok_or(libc::EBADF)?;
+                let ok = matches!(
+                    (m.map_type(), &target.object),
+                    (bpftime_isa::uapi::map_type::PROG_ARRAY, Object::Program(_))
+                        | (bpftime_isa::uapi::map_type::PERF_EVENT_ARRAY, Object::PerfEvent { .. })
+                );
+                if !ok {
+                    return Err(libc::EINVAL);
+                }
+                e(m.set_id(k, target.id, flags))
+            }
+            cmd::MAP_UPDATE_ELEM => {
+                let v = value()?;
+                e(m.update(key.unwrap_or(&[]), v, flags))
+            }
+            cmd::MAP_DELETE_ELEM => e(m.delete(need_key()?)),
+            cmd::MAP_GET_NEXT_KEY => {
+                let out_ptr = a.u64(f::VALUE) as *mut u8;
+                if out_ptr.is_null() {
+                    return Err(libc::EFAULT);
+                }
+                // SAFETY: caller obligation: next_key holds key_size bytes.
+                let out = unsafe { std::slice::from_raw_parts_mut(out_ptr, ks) };
+                e(m.next_key(key, out))
+            }
+            _ => e(m.lookup_and_delete(key.unwrap_or(&[]), value()?)),
+        }
+    }
+
+    /// Batch commands. The batch cursor is a u32 count of keys already visited.
+    ///
+    /// # Safety
+    /// Pointers in `a` must be valid for `count` keys and values.
+    unsafe fn map_batch(&mut self, command: u32, a: &Attr, attr: *mut u8, size: usize) -> SysResult {
+        use attr::batch as f;
+        let m = self.map(a.u32(f::MAP_FD))?;
+        let ks = m.key_size() as usize;
+        let vs = m.syscall_value_size();
+        let count = a.u32(f::COUNT) as usize;
+        let keys = a.u64(f::KEYS) as *mut u8;
+        let values = a.u64(f::VALUES) as *mut u8;
+        let elem_flags = a.u64(f::ELEM_FLAGS);
+        let mut done = 0usize;
+        // SAFETY: caller obligation.
+        let set_count = |n: usize| unsafe { write_back_u32(attr, size, f::COUNT, n as u32) };
+        match command {
+            cmd::MAP_UPDATE_BATCH | cmd::MAP_DELETE_BATCH => {
+                let mut result = Ok(0);
+                while done < count {
+                    // SAFETY: keys holds count keys (caller obligation).
+                    let k = unsafe { std::slice::from_raw_parts(keys.add(done * ks), ks) };
+                    let r = if command == cmd::MAP_UPDATE_BATCH {
+                        // SAFETY: values holds count values.
+                        let v = unsafe { std::slice::from_raw_parts(values.add(done * vs), vs) };
+                        m.update(k, v, elem_flags)
+                    } else {
+                        m.delete(k)
+                    };
+                    if let Err(err) = r {
+                        result = Err(err.errno());
+                        break;
+                    }
+                    done += 1;
+                }
+                set_count(done);
+                result
+            }
+            _ => {
+                if count == 0 {
+                    return Err(libc::EINVAL);
+                }
+                let in_batch = a.u64(f::IN_BATCH) as *const u8;
+                let out_batch = a.u64(f::OUT_BATCH) as *mut u8;
+                if out_batch.is_null() {
+                    return Err(libc::EFAULT);
+                }
+                let skip = if in_batch.is_null() {
+                    0
+                } else {
+                    // SAFETY: the cursor we handed out is a u32.
+                    unsafe { std::ptr::read_unaligned(in_batch.cast::<u32>()) as usize }
+                };
+                let delete = command == cmd::MAP_LOOKUP_AND_DELETE_BATCH;
+                // Walk to the cursor, then copy up to `count` elements.
+                let mut cur: Option<Vec<u8>> = None;
+                let mut visited = 0usize;
+                let mut batch: Vec<Vec<u8>> = Vec::new();
+                loop {
+                    let mut next = vec![0u8; ks];
+                    if m.next_key(cur.as_deref(), &mut next).is_err() {
+                        break;
+                    }
+                    if visited >= skip {
+                        batch.push(next.clone());
+                        if batch.len() == count {
+                            cur = Some(next);
+                            break;
+                        }
+                    }
+                    visited += 1;
+                    cur = Some(next);
+                }
+                let exhausted = {
+                    let mut probe = vec![0u8; ks];
+                    batch.len() < count || m.next_key(cur.as_deref(), &mut probe).is_err()
+                };
+                for k in &batch {
+                    // SAFETY: keys/values hold `count` elements; done < count.
+                    let (kd, vd) = unsafe {
+                        (
+                            std::slice::from_raw_parts_mut(keys.add(done * ks), ks),
+                            std::slice::from_raw_parts_mut(values.add(done * vs), vs),
+                        )
+                    };
+                    let r = if delete { m.lookup_and_delete(k, vd) } else { m.lookup(k, vd) };
+                    if r.is_ok() {
+                        kd.copy_from_slice(k);
+                        done += 1;
+                    }
+                }
+                let next_cursor = if delete { skip } else { skip + batch.len() } as u32;
+                // SAFETY: out_batch holds a u32 cursor.
+                unsafe { std::ptr::write_unaligned(out_batch.cast::<u32>(), next_cursor) };
+                set_count(done);
+                if exhausted {
+                    Err(libc::ENOENT)
+                } else {
+                    Ok(0)
+                }
+            }
+        }
+    }
+
+    /// # Safety
+    /// Pointers in `a` must be valid as `BPF_PROG_LOAD` defines them.
+    unsafe fn prog_load(&mut self, a: &Attr, attr: *mut u8, size: usize) -> SysResult {
+        use attr::prog_load as f;
+        let insn_cnt = a.u32(f::INSN_CNT) as usize;
+        let insns_ptr = a.u64(f::INSNS) as *const u8;
+        let log_level = a.u32(f::LOG_LEVEL);
+        let log_size = a.u32(f::LOG_SIZE) as usize;
+        let log_buf = a.u64(f::LOG_BUF) as *mut u8;
+        if log_level != 0 && (log_buf.is_null() || log_size < 128) {
+            return Err(libc::EINVAL);
+        }
+        if insn_cnt == 0 || insn_cnt > bpftime_isa::uapi::MAX_INSNS || insns_ptr.is_null() {
+            return Err(if insn_cnt == 0 { libc::EINVAL } else { libc::E2BIG });
+        }
+        // SAFETY: caller obligation: insns holds insn_cnt instructions.
+        let raw = unsafe { std::slice::from_raw_parts(insns_ptr, insn_cnt * 8) };
+        let insns = bpftime_isa::decode(raw).map_err(|_| libc::EINVAL)?;
+        let license_ptr = a.u64(f::LICENSE) as *const libc::c_char;
+        let gpl = !license_ptr.is_null() && {
+            // SAFETY: the license is a NUL-terminated string (caller obligation).
+            let l = unsafe { std::ffi::CStr::from_ptr(license_ptr) }.to_string_lossy();
+            ["GPL", "GPL v2", "GPL and additional rights", "Dual BSD/GPL", "Dual MIT/GPL", "Dual MPL/GPL"].contains(&l.as_ref())
+        };
+        let fd_array = a.u64(f::FD_ARRAY) as *const i32;
+        let prog_type = a.u32(f::PROG_TYPE);
+        let name = a.str(f::NAME, 16);
+        // Map references: file descriptors become store ids.
+        let mut maps: HashMap<u32, Arc<Map>> = HashMap::new();
+        let resolved = crate::program::resolve_maps(&insns, |fd, by_index| {
+            let fd = if by_index {
+                if fd_array.is_null() {
+                    return Err(libc::EINVAL);
+                }
+                // SAFETY: fd_array holds the indices the program uses (caller obligation).
+                unsafe { *fd_array.add(fd as usize) }
+            } else {
+                fd
+            };
+            let m = self.map(fd as u32)?;
+            let id = m.id();
+            maps.insert(id, m);
+            Ok(id)
+        });
+        let (insns, map_ids) = match resolved {
+            Ok(r) => r,
+            Err((errno, log)) => {
+                // SAFETY: caller obligation for log_buf.
+                unsafe { write_log(log_buf, log_size, &log, attr, size) };
+                return Err(errno);
+            }
+        };
+        let lookup = |id: u32| maps.get(&id).map(|m| crate::program::desc(m));
+        let log = match crate::program::check_program(&insns, prog_type, &lookup) {
+            Ok(log) => log,
+            Err(log) => {
+                tracing::warn!(program = %name, "program rejected:\n{log}");
+                // SAFETY: caller obligation for log_buf.
+                unsafe { write_log(log_buf, log_size, &log, attr, size) };
+                return Err(libc::EACCES);
+            }
+        };
+        if log_level != 0 {
+            // SAFETY: caller obligation for log_buf.
+            unsafe { write_log(log_buf, log_size, &log, attr, size) };
+        }
+        let id = self.store.alloc_id();
+        let rec = ProgramRecord {
+            id,
+            prog_type,
+            expected_attach_type: a.u32(f::EXPECTED_ATTACH_TYPE),
+            name,
+            insns,
+            map_ids,
+            gpl,
+            owner_pid: std::process::id(),
+        };
+        rec.publish(&self.store).map_err(|e| e.errno())?;
+        self.open_fd(ObjectKind::Program, id, Object::Program(Arc::new(rec)))
+            .map(|fd| fd as i64)
+    }
+
+    fn btf_load(&mut self, a: &Attr) -> SysResult {
+        use attr::btf_load as f;
+        let ptr = a.u64(f::BTF) as *const u8;
+        let len = a.u32(f::SIZE) as usize;
+        if ptr.is_null() || len < 24 {
+            return Err(libc::EINVAL);
+        }
+        // SAFETY: the loader's BTF blob holds `len` bytes (ABI contract).
+        let blob = unsafe { std::slice::from_raw_parts(ptr, len) };
+        if u16::from_ne_bytes([blob[0], blob[1]]) != 0xeb9f {
+            return Err(refuse(libc::EINVAL, format_args!("BTF blob has a bad magic")));
+        }
+        let id = self.store.alloc_id();
+        bpftime_runtime::publish_btf(&self.store, id, blob).map_err(|e| e.errno())?;
+        self.open_fd(ObjectKind::Btf, id, Object::Btf { id, size: len as u32 })
+            .map(|fd| fd as i64)
+    }
+
+    fn link_create(&mut self, a: &Attr) -> SysResult {
+        use attr::link_create as f;
+        let attach_type = a.u32(f::ATTACH_TYPE);
+        if attach_type != bpftime_isa::uapi::attach_type::PERF_EVENT {
+            return Err(refuse(
+                libc::EINVAL,
+                format_args!("BPF_LINK_CREATE with attach type {attach_type}: bpftime links programs to uprobe perf events only"),
+            ));
+        }
+        let prog = self.program(a.u32(f::PROG_FD))?;
+        let target = a.u32(f::TARGET_FD) as RawFd;
+        let ev = match self.object(target).map(|o| o.object.clone()) {
+            Some(Object::PerfEvent { record, .. }) => record,
+            Some(_) => return Err(libc::EINVAL),
+            None => return Err(libc::EBADF),
+        };
+        let id = self.make_link(&prog, &ev, a.u64(f::PERF_EVENT_COOKIE))?;
+        self.open_fd(ObjectKind::Link, id, Object::Link(id)).map(|fd| fd as i64)
+    }
+
+    pub(crate) fn make_link(&mut self, prog: &ProgramRecord, ev: &PerfEventRecord, cookie: u64) -> SysResult<u32> {
+        let kind = match ev.kind {
+            PerfEventKind::Uprobe => LinkKind::Uprobe,
+            PerfEventKind::Uretprobe => LinkKind::Uretprobe,
+            PerfEventKind::BpfOutput => return Err(libc::EINVAL),
+        };
+        if prog.prog_type != bpftime_isa::uapi::prog_type::KPROBE {
+            return Err(refuse(
+                libc::EINVAL,
+                format_args!("program `{}` has type {}; uprobes take kprobe programs", prog.name, prog.prog_type),
+            ));
+        }
+        let id = self.store.alloc_id();
+        let rec = LinkRecord {
+            id,
+            prog_id: prog.id,
+            perf_event_id: ev.id,
+            kind,
+            path: ev.path.clone(),
+            offset: ev.offset,
+            pid: ev.pid,
+            cookie,
+            owner_pid: std::process::id(),
+        };
+        rec.publish(&self.store).map_err(|e| e.errno())?;
+        tracing::info!(link = id, prog = %prog.name, path = %ev.path, offset = ev.offset, "attached");
+        Ok(id)
+    }
+
+    pub(crate) fn register_perf_event(&mut self, record: PerfEventRecord) -> SysResult<RawFd> {
+        record.publish(&self.store).map_err(|e| e.errno())?;
+        let id = record.id;
+        self.open_fd(ObjectKind::PerfEvent, id, Object::PerfEvent { record, link: None })
+    }
+
+    pub(crate) fn set_perf_link(&mut self, fd: RawFd, prog_fd: RawFd) -> SysResult<i32> {
+        let prog = self.program(prog_fd as u32)?;
+        let ev = match self.object(fd).map(|o| o.object.clone()) {
+            Some(Object::PerfEvent { record, link: None }) => record,
+            Some(Object::PerfEvent { link: Some(_), .. }) => return Err(libc::EEXIST),
+            _ => return Err(libc::EBADF),
+        };
+        let link = self.make_link(&prog, &ev, 0)?;
+        if let Some(ObjectRef { object: Object::PerfEvent { link: l, .. }, .. }) = self.fds.get_mut(&fd) {
+            *l = Some(link);
+        }
+        Ok(0)
+    }
+
+    /// Forgets `fd` before the caller closes it; closing a link (or a perf
+    /// event attached through ioctl) detaches it, as in the kernel.
+    pub fn close(&mut self, fd: RawFd) -> bool {
+        let Some(o) = self.object(fd).cloned() else {
+            return false;
+        };
+        self.fds.remove(&fd);
+        crate::preload::mark_fd(fd, false);
+        match o.object {
+            Object::Link(id) => {
+                let _ = self.store.remove(ObjectKind::Link, id);
+            }
+            Object::PerfEvent { record, link } => {
+                if let Some(l) = link {
+                    let _ = self.store.remove(ObjectKind::Link, l);
+                }
+                let _ = self.store.remove(ObjectKind::PerfEvent, record.id);
+            }
+            _ => {}
+        }
+        if let Some(list) = self.epolls.remove(&fd) {
+            for (fifo, _, _) in list {
+                // SAFETY: the FIFO fd was opened by us for this epoll instance.
+                unsafe { libc::close(fifo) };
+            }
+        }
+        true
+    }
+}
+
+/// Copies the verifier log to the loader's buffer, NUL-terminated and truncated
+/// as the kernel does, and reports the full size in `log_true_size`.
+///
+/// # Safety
+/// `buf` must hold `size` writable bytes (or be null); `attr` as for `bpf()`.
+unsafe fn write_log(buf: *mut u8, size: usize, log: &str, attr: *mut u8, attr_size: usize) {
+    if !buf.is_null() && size > 0 {
+        let n = log.len().min(size - 1);
+        // SAFETY: caller obligation; n + 1 <= size.
+        unsafe {
+            std::ptr::copy_nonoverlapping(log.as_ptr(), buf, n);
+            *buf.add(n) = 0;
+        }
+    }
+    // SAFETY: caller obligation.
+    unsafe { write_back_u32(attr, attr_size, attr::prog_load::LOG_TRUE_SIZE, log.len() as u32 + 1) };
+}
+
+impl Shim {
+    /// Records that `new` is a duplicate of our fd `old`.
+    pub fn dup(&mut self, old: RawFd, new: RawFd) {
+        if let Some(o) = self.object(old).cloned() {
+            if stat_fd(new) == Some((o.dev, o.ino)) {
+                crate::preload::mark_fd(new, true);
+                let o = match o.object {
+                    // A duplicated perf event shares the link of the original.
+                    Object::PerfEvent { record, .. } => ObjectRef { object: Object::PerfEvent { record, link: None }, ..o },
+                    _ => o,
+                };
+                self.fds.insert(new, o);
+            }
+        }
+    }
+}
