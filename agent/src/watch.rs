@@ -57,14 +57,25 @@ pub(crate) fn start() {
         },
         links: Mutex::new(HashMap::new()),
     });
-    // Attach what exists now, before main runs, so no early call is missed.
-    agent.sync();
+    // The agent's own work (allocations, file reads) is not the target's: no
+    // probe fires on the agent's thread. It is started before anything is
+    // attached, so even its start-up is unobserved; the first sync happens on
+    // it while this thread waits, so no call of the target's is missed.
+    let (ready_tx, ready_rx) = std::sync::mpsc::channel::<()>();
     let a = agent.clone();
     let spawned = std::thread::Builder::new()
         .name("bpftime-agent".into())
-        .spawn(move || a.watch());
-    if let Err(e) = spawned {
-        tracing::warn!("cannot start the store watcher; later tools will not attach: {e}");
+        .spawn(move || {
+            IN_PROBE.with(|g| g.set(true));
+            a.sync();
+            let _ = ready_tx.send(());
+            a.watch();
+        });
+    match spawned {
+        Ok(_) => {
+            let _ = ready_rx.recv();
+        }
+        Err(e) => tracing::warn!("cannot start the agent thread; nothing is attached: {e}"),
     }
 }
 

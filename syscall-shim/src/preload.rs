@@ -140,7 +140,12 @@ pub unsafe extern "C" fn syscall(num: c_long, a1: c_long, a2: c_long, a3: c_long
     }
     let real = real!("syscall", SyscallFn);
     // SAFETY: forwards the caller's arguments unchanged.
-    unsafe { real(num, a1, a2, a3, a4, a5, a6) }
+    let r = unsafe { real(num, a1, a2, a3, a4, a5, a6) };
+    // libbpf (1.4 and later) moves map fds into place with a raw dup3.
+    if (num == libc::SYS_dup3 || num == libc::SYS_dup2) && r >= 0 {
+        track_dup(a1 as c_int, r as c_int);
+    }
+    r
 }
 
 /// # Safety

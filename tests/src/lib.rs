@@ -1,1 +1,229 @@
-//! End-to-end tests with real loaders, real targets and the kernel as oracle
+//! Harness for end-to-end tests: runs real loaders under `bpftime load`, real
+//! targets under `bpftime start` (or on the kernel, as the oracle), and reads
+//! what they print.
+
+use std::io::{BufRead, BufReader, Read};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+/// Directory of the build that holds `bpftime` and its libraries
+/// (`target/<profile>`), found from this test executable.
+pub fn build_dir() -> PathBuf {
+    let exe = std::env::current_exe().expect("test executable path");
+    // target/<profile>/deps/<test>
+    exe.parent().and_then(Path::parent).expect("target/<profile>").to_path_buf()
+}
+
+/// The `bpftime` executable; panics with the command that builds it when missing.
+pub fn bpftime() -> PathBuf {
+    let dir = build_dir();
+    for f in ["bpftime", "libbpftime_syscall_shim.so", "libbpftime_agent.so"] {
+        assert!(
+            dir.join(f).is_file(),
+            "{} is missing: build the workspace first (`cargo build --workspace --release` for `cargo test --release`)",
+            dir.join(f).display()
+        );
+    }
+    dir.join("bpftime")
+}
+
+/// A workspace binary of another crate (the libbpf-rs loaders), beside bpftime.
+pub fn workspace_bin(name: &str) -> PathBuf {
+    let p = build_dir().join(name);
+    assert!(p.is_file(), "{} is missing: build the workspace first", p.display());
+    p
+}
+
+pub use bpftime_bpf_examples as examples;
+
+/// A private store, removed at the end of the test.
+pub struct Session {
+    pub store: String,
+    pub tmp: PathBuf,
+}
+
+impl Session {
+    pub fn new(tag: &str) -> Session {
+        let store = format!("test-{tag}-{}", std::process::id());
+        let _ = std::fs::remove_dir_all(bpftime_runtime::Store::dir_for(&store));
+        let tmp = std::env::temp_dir().join(format!("bpftime-{store}"));
+        let _ = std::fs::remove_dir_all(&tmp);
+        std::fs::create_dir_all(&tmp).expect("temp dir");
+        Session { store, tmp }
+    }
+
+    /// A private copy of the `calls` target: uprobes are per file, so tests
+    /// running at once must not share one.
+    pub fn target_copy(&self, src: &str) -> PathBuf {
+        let dst = self.tmp.join(Path::new(src).file_name().expect("file name"));
+        std::fs::copy(src, &dst).expect("copy target");
+        dst
+    }
+
+    pub fn bpftime(&self) -> Command {
+        let mut c = Command::new(bpftime());
+        c.arg("--store").arg(&self.store);
+        c.env_remove("BPFTIME_STORE");
+        c
+    }
+
+    /// Starts `bpftime load <tool...>` and waits for the tool to print `ready`.
+    pub fn load(&self, tool: &[&str]) -> Tool {
+        let mut c = self.bpftime();
+        c.arg("load").args(tool);
+        Tool::spawn(c)
+    }
+
+    /// Runs `bpftime start <app...>` to completion.
+    pub fn start(&self, app: &[&str]) -> std::process::Output {
+        let mut c = self.bpftime();
+        c.arg("start").args(app);
+        run_with_timeout(c, Duration::from_secs(60))
+    }
+}
+
+impl Drop for Session {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(bpftime_runtime::Store::dir_for(&self.store));
+        let _ = std::fs::remove_dir_all(&self.tmp);
+    }
+}
+
+/// A loader running in the background.
+pub struct Tool {
+    child: Child,
+    lines: mpsc::Receiver<String>,
+    pub seen: Vec<String>,
+    stderr: Option<std::thread::JoinHandle<String>>,
+}
+
+impl Tool {
+    pub fn spawn(mut c: Command) -> Tool {
+        c.stdout(Stdio::piped()).stderr(Stdio::piped()).stdin(Stdio::null());
+        let mut child = c.spawn().expect("spawn loader");
+        let out = child.stdout.take().expect("stdout");
+        let mut err = child.stderr.take().expect("stderr");
+        let (tx, lines) = mpsc::channel();
+        std::thread::spawn(move || {
+            for l in BufReader::new(out).lines().map_while(Result::ok) {
+                if tx.send(l).is_err() {
+                    break;
+                }
+            }
+        });
+        let stderr = Some(std::thread::spawn(move || {
+            let mut s = String::new();
+            let _ = err.read_to_string(&mut s);
+            s
+        }));
+        let mut t = Tool {
+            child,
+            lines,
+            seen: Vec::new(),
+            stderr,
+        };
+        t.wait_for_line("ready", Duration::from_secs(30));
+        t
+    }
+
+    /// Waits until the tool prints `line`; panics with everything it said otherwise.
+    pub fn wait_for_line(&mut self, line: &str, timeout: Duration) {
+        let end = Instant::now() + timeout;
+        loop {
+            let left = end.saturating_duration_since(Instant::now());
+            match self.lines.recv_timeout(left) {
+                Ok(l) => {
+                    let hit = l == line;
+                    self.seen.push(l);
+                    if hit {
+                        return;
+                    }
+                }
+                Err(_) => {
+                    let _ = self.child.kill();
+                    let _ = self.child.wait();
+                    let err = self.stderr.take().and_then(|h| h.join().ok()).unwrap_or_default();
+                    panic!("loader never printed `{line}`; stdout: {:?}\nstderr: {err}", self.seen);
+                }
+            }
+        }
+    }
+
+    /// Interrupts the tool as Ctrl-C would and returns (exit code, stdout lines, stderr).
+    pub fn stop(mut self) -> (i32, Vec<String>, String) {
+        // SAFETY: sends SIGINT to our own child.
+        unsafe { libc::kill(self.child.id() as i32, libc::SIGINT) };
+        let end = Instant::now() + Duration::from_secs(20);
+        let status = loop {
+            if let Some(s) = self.child.try_wait().expect("wait") {
+                break s;
+            }
+            if Instant::now() > end {
+                let _ = self.child.kill();
+                panic!("loader did not exit after SIGINT");
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        };
+        while let Ok(l) = self.lines.recv_timeout(Duration::from_secs(2)) {
+            self.seen.push(l);
+        }
+        let err = self.stderr.take().and_then(|h| h.join().ok()).unwrap_or_default();
+        (status.code().unwrap_or(-1), std::mem::take(&mut self.seen), err)
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    pub fn kill(mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Drop for Tool {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+pub fn run_with_timeout(mut c: Command, timeout: Duration) -> std::process::Output {
+    c.stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped());
+    let mut child = c.spawn().expect("spawn");
+    let end = Instant::now() + timeout;
+    loop {
+        if child.try_wait().expect("wait").is_some() {
+            return child.wait_with_output().expect("output");
+        }
+        if Instant::now() > end {
+            let _ = child.kill();
+            let out = child.wait_with_output().expect("output");
+            panic!("timed out: {:?}\nstderr: {}", c, String::from_utf8_lossy(&out.stderr));
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+/// The value of `key=` in the first line that starts with `prefix`.
+pub fn field(lines: &[String], prefix: &str, key: &str) -> Option<u64> {
+    lines.iter().filter(|l| l.starts_with(prefix)).find_map(|l| {
+        l.split_whitespace()
+            .find_map(|w| w.strip_prefix(&format!("{key}=")))
+            .and_then(|v| v.parse().ok())
+    })
+}
+
+/// Why the kernel cannot serve as the oracle here, if it cannot.
+pub fn kernel_unavailable() -> Option<String> {
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        return Some("not running as root".into());
+    }
+    if !Path::new("/sys/bus/event_source/devices/uprobe/type").exists() {
+        return Some("the kernel has no uprobe PMU".into());
+    }
+    None
+}

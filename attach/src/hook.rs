@@ -1,0 +1,403 @@
+//! The hook registry and the Rust side of the stubs: which handlers run at which address.
+
+use std::cell::{Cell, RefCell};
+use std::collections::{hash_map, HashMap};
+use std::fmt;
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::ptr;
+use std::sync::atomic::{AtomicBool, AtomicPtr, Ordering};
+use std::sync::{Arc, LazyLock, Mutex, MutexGuard};
+
+use crate::error::AttachError;
+use crate::patch::{self, Trampoline};
+use crate::regs::PtRegs;
+use crate::stubs;
+
+/// What runs at a hook. It gets the registers as the kernel would show them to a program.
+pub type Handler = Arc<dyn Fn(&mut PtRegs) + Send + Sync>;
+
+/// Names one attached handler, for [`detach`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct HookId(u64);
+
+impl fmt::Display for HookId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "hook #{}", self.0)
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    Entry,
+    Return,
+}
+
+struct Attached {
+    id: HookId,
+    kind: Kind,
+    handler: Handler,
+    failed: AtomicBool,
+}
+
+/// A site's handlers in attach order, plus what kinds are among them.
+#[derive(Default, Clone)]
+struct List {
+    entries: Vec<Arc<Attached>>,
+    any_return: bool,
+}
+
+impl List {
+    fn new(entries: Vec<Arc<Attached>>) -> List {
+        let any_return = entries.iter().any(|a| a.kind == Kind::Return);
+        List {
+            entries,
+            any_return,
+        }
+    }
+}
+
+/// One hooked address. Never freed: trampolines hold its address, and a uretprobe frame may
+/// name it long after its last handler is gone.
+pub(crate) struct Site {
+    addr: usize,
+    /// The handlers in attach order; null when there are none. A published list is never
+    /// freed or changed (a thread may be walking it), only replaced.
+    list: AtomicPtr<List>,
+}
+
+struct SiteState {
+    site: &'static Site,
+    trampoline: Trampoline,
+    patched: bool,
+}
+
+#[derive(Default)]
+struct Registry {
+    sites: HashMap<usize, SiteState>,
+    hooks: HashMap<HookId, usize>,
+    next_id: u64,
+}
+
+static REGISTRY: LazyLock<Mutex<Registry>> = LazyLock::new(Default::default);
+
+fn registry() -> MutexGuard<'static, Registry> {
+    // A panic while holding the lock cannot leave the registry half-updated in a way that
+    // matters more than refusing all later calls would.
+    REGISTRY.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Replaces a site's list. The old one is leaked on purpose: a thread may still be walking
+/// it, and knowing when none is would need a quiescence scheme on the hot path. Each attach
+/// or detach leaks one list, a few dozen bytes.
+fn publish(site: &Site, list: List) {
+    let new = if list.entries.is_empty() {
+        ptr::null_mut()
+    } else {
+        Box::into_raw(Box::new(list))
+    };
+    site.list.store(new, Ordering::Release);
+}
+
+impl Registry {
+    fn site(&mut self, addr: usize) -> Result<&mut SiteState, AttachError> {
+        match self.sites.entry(addr) {
+            hash_map::Entry::Occupied(e) => Ok(e.into_mut()),
+            hash_map::Entry::Vacant(v) => {
+                let site: &'static Site = Box::leak(Box::new(Site {
+                    addr,
+                    list: AtomicPtr::new(ptr::null_mut()),
+                }));
+                let trampoline = patch::build_trampoline(
+                    addr,
+                    site as *const Site as usize,
+                    stubs::entry_stub(),
+                )?;
+                patch::register_trap(addr, trampoline.entry)?;
+                Ok(v.insert(SiteState {
+                    site,
+                    trampoline,
+                    patched: false,
+                }))
+            }
+        }
+    }
+}
+
+fn current(site: &Site) -> List {
+    let p = site.list.load(Ordering::Acquire);
+    // SAFETY: published lists are never freed (see `Site::list`).
+    unsafe { p.as_ref() }.cloned().unwrap_or_default()
+}
+
+fn attach(addr: usize, kind: Kind, handler: Handler) -> Result<HookId, AttachError> {
+    let mut reg = registry();
+    let id = HookId(reg.next_id);
+    let state = reg.site(addr)?;
+    let site = state.site;
+    let mut entries = current(site).entries;
+    entries.push(Arc::new(Attached {
+        id,
+        kind,
+        handler,
+        failed: AtomicBool::new(false),
+    }));
+    if !state.patched {
+        patch::write_jump(addr, state.trampoline.entry)?;
+        state.patched = true;
+    }
+    publish(site, List::new(entries));
+    reg.next_id += 1;
+    reg.hooks.insert(id, addr);
+    tracing::debug!(%id, ?kind, addr = format_args!("{addr:#x}"), "attached");
+    Ok(id)
+}
+
+/// Runs `handler` every time the instruction at `addr` is about to execute, with the registers
+/// at that point. Handlers at one address run in the order they were attached, whatever
+/// their kind.
+///
+/// # Safety
+/// `addr` must be the first byte of an instruction in code that stays mapped, and no code
+/// may jump into the first 5 bytes from `addr` except at `addr` itself (a loop head in them,
+/// for one; the direct cases are checked, jumps from further away cannot be). Nothing else
+/// may patch those bytes while the hook is attached.
+pub unsafe fn attach_uprobe(addr: usize, handler: Handler) -> Result<HookId, AttachError> {
+    attach(addr, Kind::Entry, handler)
+}
+
+/// Runs `handler` every time the function starting at `addr` returns, with the registers
+/// just after the return (`ax`, `dx`: the return value; `ip`: the return address). It works
+/// by replacing the return address on the stack with a trampoline and keeping the real one
+/// on a per-thread shadow stack, so recursion and nesting are handled; a call that is left
+/// by `longjmp` or unwinding instead of a return is not reported, and a frame abandoned that
+/// way is dropped at the next return below it.
+///
+/// # Safety
+/// As [`attach_uprobe`], and `addr` must be the entry of a function that finds its return
+/// address at `[rsp]`, and returns by `ret` to it. Code that inspects its own return address
+/// (some unwinders, stack-protector schemes, `__builtin_return_address`) sees the trampoline's.
+pub unsafe fn attach_uretprobe(addr: usize, handler: Handler) -> Result<HookId, AttachError> {
+    if shadow_stack_enabled() {
+        return Err(AttachError::Unhookable {
+            addr,
+            reason: "this process runs with CET shadow stacks, which would fault on the \
+                     replaced return address; use a uprobe"
+                .into(),
+        });
+    }
+    attach(addr, Kind::Return, handler)
+}
+
+/// Whether the hardware shadow stack (CET) is on for this thread; it checks every `ret`
+/// against its own copy of the return address, which a uretprobe replaces.
+fn shadow_stack_enabled() -> bool {
+    const ARCH_SHSTK_STATUS: libc::c_long = 0x5005;
+    const ARCH_SHSTK_SHSTK: u64 = 1;
+    let mut features: u64 = 0;
+    // SAFETY: ARCH_SHSTK_STATUS writes one u64 to the pointer; kernels without it fail with
+    // EINVAL and write nothing.
+    let rc = unsafe {
+        libc::syscall(
+            libc::SYS_arch_prctl,
+            ARCH_SHSTK_STATUS,
+            &mut features as *mut u64,
+        )
+    };
+    rc == 0 && features & ARCH_SHSTK_SHSTK != 0
+}
+
+/// Removes one handler. The last handler out puts the original code back; the trampoline
+/// stays mapped for threads that may still be inside it.
+pub fn detach(id: HookId) -> Result<(), AttachError> {
+    let mut reg = registry();
+    let addr = reg
+        .hooks
+        .remove(&id)
+        .ok_or(AttachError::UnknownHook { id })?;
+    let state = reg.sites.get_mut(&addr).expect("every hook has a site");
+    let site = state.site;
+    let mut entries = current(site).entries;
+    entries.retain(|a| a.id != id);
+    if entries.is_empty() && state.patched {
+        if let Err(e) = patch::restore(addr, &state.trampoline.original) {
+            reg.hooks.insert(id, addr);
+            return Err(e);
+        }
+        state.patched = false;
+    }
+    publish(site, List::new(entries));
+    tracing::debug!(%id, addr = format_args!("{addr:#x}"), "detached");
+    Ok(())
+}
+
+thread_local! {
+    /// Set while this thread runs handlers: a handler that calls a hooked function (malloc,
+    /// say) must not run handlers again, as the kernel does not nest BPF programs.
+    static IN_HANDLERS: Cell<bool> = const { Cell::new(false) };
+    static SHADOW: RefCell<Vec<Frame>> = const { RefCell::new(Vec::new()) };
+}
+
+/// A call whose return address a uretprobe replaced.
+struct Frame {
+    ret: u64,
+    /// The stack pointer at the function's entry (where the return address lives).
+    sp: u64,
+    site: &'static Site,
+}
+
+struct Reentry;
+
+impl Reentry {
+    fn enter() -> Option<Reentry> {
+        (!IN_HANDLERS.replace(true)).then_some(Reentry)
+    }
+}
+
+impl Drop for Reentry {
+    fn drop(&mut self) {
+        IN_HANDLERS.set(false);
+    }
+}
+
+fn run(entry: &Attached, regs: &mut PtRegs) {
+    if entry.failed.load(Ordering::Relaxed) {
+        return;
+    }
+    if catch_unwind(AssertUnwindSafe(|| (entry.handler)(regs))).is_err()
+        && !entry.failed.swap(true, Ordering::Relaxed)
+    {
+        tracing::error!(id = %entry.id, "handler panicked; it will not run again");
+    }
+}
+
+/// Called by the entry stub with the hooked code's registers.
+pub(crate) extern "C" fn on_entry(site: *const Site, regs: *mut PtRegs) {
+    // SAFETY: the trampoline passes its own leaked, never-freed Site.
+    let site: &'static Site = unsafe { &*site };
+    // SAFETY: the stub passes a PtRegs on its stack, live and unaliased for this call.
+    let regs = unsafe { &mut *regs };
+    regs.ip = site.addr as u64;
+    let list = site.list.load(Ordering::Acquire);
+    // SAFETY: published lists are never freed (see `Site::list`).
+    let Some(list) = (unsafe { list.as_ref() }) else {
+        return;
+    };
+    let Some(_guard) = Reentry::enter() else {
+        return;
+    };
+    let sp = regs.sp;
+    for entry in list.entries.iter().filter(|e| e.kind == Kind::Entry) {
+        run(entry, regs);
+    }
+    if list.any_return {
+        hijack_return(site, sp);
+    }
+}
+
+fn hijack_return(site: &'static Site, sp: u64) {
+    let slot = sp as *mut u64;
+    // SAFETY: at a function entry (the caller's contract) `[sp]` is the return address the
+    // call pushed, on this thread's stack.
+    let ret = unsafe { slot.read() };
+    let pushed = SHADOW.try_with(|s| {
+        let Ok(mut s) = s.try_borrow_mut() else {
+            return false;
+        };
+        if s.capacity() == 0 {
+            s.reserve(64);
+        }
+        s.push(Frame { ret, sp, site });
+        true
+    });
+    if pushed == Ok(true) {
+        // SAFETY: as above; `on_return` gives the real address back when the call returns.
+        unsafe { slot.write(stubs::return_stub() as u64) };
+    }
+}
+
+/// Called by the return stub after a hijacked return; answers where to really return to.
+pub(crate) extern "C" fn on_return(regs: *mut PtRegs) -> u64 {
+    // SAFETY: the stub passes a PtRegs on its stack, live and unaliased for this call.
+    let regs = unsafe { &mut *regs };
+    let sp = regs.sp;
+    let frame = SHADOW
+        .try_with(|s| {
+            s.try_borrow_mut()
+                .ok()
+                .and_then(|mut s| take_frame(&mut s, sp))
+        })
+        .ok()
+        .flatten();
+    let Some(frame) = frame else {
+        // We replaced a return address and lost the real one: there is nowhere correct to go.
+        tracing::error!(
+            sp = format_args!("{sp:#x}"),
+            "uretprobe: no shadow-stack frame for this return; aborting"
+        );
+        std::process::abort();
+    };
+    regs.ip = frame.ret;
+    let list = frame.site.list.load(Ordering::Acquire);
+    // SAFETY: published lists are never freed (see `Site::list`).
+    if let (Some(list), Some(_guard)) = (unsafe { list.as_ref() }, Reentry::enter()) {
+        for entry in list.entries.iter().filter(|e| e.kind == Kind::Return) {
+            run(entry, regs);
+        }
+    }
+    frame.ret
+}
+
+/// The frame of the call that just returned with stack pointer `sp`: its entry sp was
+/// `sp - 8`. Frames above it on the same stack were left by longjmp and are dropped; frames
+/// of other stacks (coroutines) are kept.
+fn take_frame(shadow: &mut Vec<Frame>, sp: u64) -> Option<Frame> {
+    if shadow.last().is_some_and(|f| f.sp + 8 == sp) {
+        return shadow.pop();
+    }
+    let i = shadow.iter().rposition(|f| f.sp + 8 == sp)?;
+    let frame = shadow.remove(i);
+    let mut j = i;
+    while j < shadow.len() {
+        if shadow[j].sp < sp && sp - shadow[j].sp < (64 << 20) {
+            shadow.remove(j);
+        } else {
+            j += 1;
+        }
+    }
+    Some(frame)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    static DUMMY: Site = Site {
+        addr: 0,
+        list: AtomicPtr::new(ptr::null_mut()),
+    };
+
+    fn frame(sp: u64, ret: u64) -> Frame {
+        Frame {
+            ret,
+            sp,
+            site: &DUMMY,
+        }
+    }
+
+    #[test]
+    fn returns_match_their_own_frame_and_drop_longjmped_ones() {
+        let mut s = vec![
+            frame(0x7000, 1),
+            frame(0x6000, 2),
+            frame(0x5000, 3),
+            frame(0x1000_0000_0000, 9),
+        ];
+        // The 0x5000 call was left by longjmp; the 0x6000 one returns.
+        let f = take_frame(&mut s, 0x6008).unwrap();
+        assert_eq!(f.ret, 2);
+        let left: Vec<_> = s.iter().map(|f| f.ret).collect();
+        assert_eq!(left, vec![1, 9]);
+        assert!(take_frame(&mut s, 0x1234).is_none());
+        assert_eq!(take_frame(&mut s, 0x7008).unwrap().ret, 1);
+    }
+}

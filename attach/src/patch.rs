@@ -1,0 +1,508 @@
+//! Machine-code work: reading and writing code without ever making it writable, relocating
+//! a prologue into a trampoline, and swapping in the jump without a torn instruction.
+//!
+//! Code is written through `/proc/self/mem`, which the kernel lets a process use to write its
+//! own read-only pages (copy-on-write, as a debugger's breakpoints are), so code pages stay
+//! R-X throughout and no other thread ever finds its page unexecutable. The 5-byte jump goes
+//! in the way the kernel's `text_poke_bp` does it: an `int3` first (one byte, so atomic), then
+//! the jump's operand, then its opcode; a thread that reaches the site in between traps, and
+//! our SIGTRAP handler sends it to the trampoline, which is equivalent to taking the jump.
+
+use std::fs::File;
+use std::io;
+use std::os::unix::fs::FileExt;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Once, OnceLock};
+
+use iced_x86::{
+    BlockEncoder, BlockEncoderOptions, Decoder, DecoderOptions, FlowControl, Instruction,
+    InstructionBlock, Mnemonic, OpKind,
+};
+
+use crate::error::AttachError;
+use crate::maps;
+
+/// Length of `jmp rel32`, the patch written over a hooked address.
+pub(crate) const JMP_LEN: usize = 5;
+const PAGE: usize = 4096;
+/// Trampolines stay this far inside ±2 GiB so every rel32 from or to them reaches.
+const REACH: i64 = (1 << 31) - (16 << 20);
+
+fn mem_file() -> io::Result<&'static File> {
+    static FILE: OnceLock<Result<File, i32>> = OnceLock::new();
+    let f = FILE.get_or_init(|| {
+        std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open("/proc/self/mem")
+            .map_err(|e| e.raw_os_error().unwrap_or(libc::EIO))
+    });
+    f.as_ref().map_err(|e| io::Error::from_raw_os_error(*e))
+}
+
+/// Up to `len` bytes of code at `addr`, fewer if the mapping ends first; never faults.
+pub(crate) fn read_code(addr: usize, len: usize) -> io::Result<Vec<u8>> {
+    let mut buf = vec![0u8; len];
+    let mut got = 0;
+    while got < len {
+        match mem_file()?.read_at(&mut buf[got..], (addr + got) as u64) {
+            Ok(0) => break,
+            Ok(n) => got += n,
+            Err(e) if got > 0 && e.raw_os_error() == Some(libc::EIO) => break,
+            Err(e) => return Err(e),
+        }
+    }
+    buf.truncate(got);
+    Ok(buf)
+}
+
+fn write_code(addr: usize, bytes: &[u8]) -> Result<(), AttachError> {
+    mem_file()
+        .and_then(|f| f.write_all_at(bytes, addr as u64))
+        .map_err(|source| AttachError::Memory {
+            action: "write code through /proc/self/mem",
+            addr,
+            source,
+        })?;
+    sync_cores();
+    Ok(())
+}
+
+/// Makes every thread of this process serialize its instruction stream, so none runs a stale
+/// copy of bytes we just changed. Best effort: without the system call, x86's coherent
+/// instruction fetch still sees the store, only later.
+fn sync_cores() {
+    const REGISTER_SYNC_CORE: libc::c_long = 1 << 6;
+    const SYNC_CORE: libc::c_long = 1 << 5;
+    static REGISTERED: OnceLock<bool> = OnceLock::new();
+    // SAFETY: membarrier takes no pointers; an unsupported command only returns an error.
+    let ok = *REGISTERED.get_or_init(
+        || unsafe { libc::syscall(libc::SYS_membarrier, REGISTER_SYNC_CORE, 0, 0) } == 0,
+    );
+    if ok {
+        // SAFETY: as above.
+        unsafe { libc::syscall(libc::SYS_membarrier, SYNC_CORE, 0, 0) };
+    }
+}
+
+/// Replaces the first bytes at `addr` with `jmp target`. The bytes after the 5th are left as
+/// they were, so a thread already past the first instruction keeps running original code.
+pub(crate) fn write_jump(addr: usize, target: usize) -> Result<(), AttachError> {
+    let rel = rel32(addr + JMP_LEN, target).ok_or(AttachError::Unhookable {
+        addr,
+        reason: "trampoline out of rel32 reach".into(),
+    })?;
+    write_code(addr, &[0xcc])?;
+    write_code(addr + 1, &rel.to_le_bytes())?;
+    write_code(addr, &[0xe9])
+}
+
+/// Puts back the original bytes the jump replaced, under the same `int3` protocol.
+pub(crate) fn restore(addr: usize, original: &[u8; JMP_LEN]) -> Result<(), AttachError> {
+    write_code(addr, &[0xcc])?;
+    write_code(addr + 1, &original[1..])?;
+    write_code(addr, &original[..1])
+}
+
+fn rel32(from_next: usize, to: usize) -> Option<i32> {
+    i32::try_from(to as i64 - from_next as i64).ok()
+}
+
+/// A site's trampoline, in its own page that is never unmapped: a thread may be inside it at
+/// any time, even after the hook is gone.
+pub(crate) struct Trampoline {
+    pub entry: usize,
+    pub original: [u8; JMP_LEN],
+}
+
+// Layout, from `entry`:
+//   lea rsp, [rsp-128]           skip the red zone: probes at offsets may sit in leaf code
+//   push qword [rip+site_slot]
+//   call qword [rip+stub_slot]   the shared entry stub; `ret` there comes back here
+//   lea rsp, [rsp+136]           drop &Site and the red zone; lea keeps the flags
+//   <relocated prologue>
+//   jmp <hooked address + stolen length>
+//   site_slot: dq &Site
+//   stub_slot: dq entry stub
+const HEAD_LEN: usize = 25;
+
+pub(crate) fn build_trampoline(
+    addr: usize,
+    site: usize,
+    stub: usize,
+) -> Result<Trampoline, AttachError> {
+    let code = read_code(addr, 32).map_err(|source| AttachError::Memory {
+        action: "read code",
+        addr,
+        source,
+    })?;
+    let stolen =
+        steal(addr as u64, &code).map_err(|reason| AttachError::Unhookable { addr, reason })?;
+    let stolen_len: usize = stolen.iter().map(|i| i.len()).sum();
+    let page = alloc_near(addr)?;
+    let relocated = BlockEncoder::encode(
+        64,
+        InstructionBlock::new(&stolen, (page + HEAD_LEN) as u64),
+        BlockEncoderOptions::NONE,
+    )
+    .map_err(|e| AttachError::Unhookable {
+        addr,
+        reason: format!("cannot relocate the prologue: {e}"),
+    })?
+    .code_buffer;
+
+    let mut buf = Vec::with_capacity(128);
+    buf.extend_from_slice(&[0x48, 0x8d, 0x64, 0x24, 0x80]);
+    buf.extend_from_slice(&[0xff, 0x35, 0, 0, 0, 0]);
+    buf.extend_from_slice(&[0xff, 0x15, 0, 0, 0, 0]);
+    buf.extend_from_slice(&[0x48, 0x8d, 0xa4, 0x24, 0x88, 0, 0, 0]);
+    debug_assert_eq!(buf.len(), HEAD_LEN);
+    buf.extend_from_slice(&relocated);
+    let back = addr + stolen_len;
+    let jmp_at = page + buf.len();
+    match rel32(jmp_at + JMP_LEN, back) {
+        Some(rel) => {
+            buf.push(0xe9);
+            buf.extend_from_slice(&rel.to_le_bytes());
+        }
+        None => {
+            buf.extend_from_slice(&[0xff, 0x25, 0, 0, 0, 0]);
+            buf.extend_from_slice(&(back as u64).to_le_bytes());
+        }
+    }
+    while buf.len() % 8 != 0 {
+        buf.push(0xcc);
+    }
+    let site_slot = buf.len();
+    buf.extend_from_slice(&(site as u64).to_le_bytes());
+    let stub_slot = buf.len();
+    buf.extend_from_slice(&(stub as u64).to_le_bytes());
+    // rip-relative displacements: from the end of each 6-byte instruction to its slot.
+    buf[7..11].copy_from_slice(&((site_slot - 11) as i32).to_le_bytes());
+    buf[13..17].copy_from_slice(&((stub_slot - 17) as i32).to_le_bytes());
+    if buf.len() > PAGE {
+        return Err(AttachError::Unhookable {
+            addr,
+            reason: "relocated prologue does not fit a page".into(),
+        });
+    }
+
+    // SAFETY: `page` is a fresh private RW mapping of PAGE bytes that nothing else knows yet.
+    unsafe { std::ptr::copy_nonoverlapping(buf.as_ptr(), page as *mut u8, buf.len()) };
+    // SAFETY: flips our own mapping from RW to RX; it is never writable again.
+    if unsafe {
+        libc::mprotect(
+            page as *mut libc::c_void,
+            PAGE,
+            libc::PROT_READ | libc::PROT_EXEC,
+        )
+    } != 0
+    {
+        return Err(AttachError::Memory {
+            action: "make the trampoline executable",
+            addr: page,
+            source: io::Error::last_os_error(),
+        });
+    }
+    let mut original = [0u8; JMP_LEN];
+    original.copy_from_slice(&code[..JMP_LEN]);
+    tracing::debug!(
+        addr = format_args!("{addr:#x}"),
+        trampoline = format_args!("{page:#x}"),
+        stolen_len,
+        "built trampoline"
+    );
+    Ok(Trampoline {
+        entry: page,
+        original,
+    })
+}
+
+/// Decodes whole instructions at `addr` until they cover the jump. After an instruction that
+/// never falls through, only padding (nop, int3) may follow: anything else may be the next
+/// function, which the jump must not overwrite.
+fn steal(addr: u64, code: &[u8]) -> Result<Vec<Instruction>, String> {
+    let mut decoder = Decoder::with_ip(64, code, addr, DecoderOptions::NONE);
+    let mut out = Vec::new();
+    let mut len = 0;
+    let mut ended = false;
+    while len < JMP_LEN {
+        if !decoder.can_decode() {
+            return Err("code ends before 5 bytes".into());
+        }
+        let ins = decoder.decode();
+        if ins.is_invalid() {
+            return Err(format!("cannot decode the instruction at {:#x}", ins.ip()));
+        }
+        if ended && !matches!(ins.mnemonic(), Mnemonic::Nop | Mnemonic::Int3) {
+            return Err(
+                "the function is shorter than the 5-byte jump and is not followed by padding"
+                    .into(),
+            );
+        }
+        if matches!(
+            ins.flow_control(),
+            FlowControl::Return
+                | FlowControl::UnconditionalBranch
+                | FlowControl::IndirectBranch
+                | FlowControl::Interrupt
+                | FlowControl::Exception
+        ) {
+            ended = true;
+        }
+        out.push(ins);
+        len += ins.len();
+    }
+    let end = addr + len as u64;
+    for ins in &out {
+        if ins.op_count() > 0 && ins.op0_kind() == OpKind::NearBranch64 {
+            let t = ins.near_branch64();
+            if t > addr && t < end {
+                return Err(format!(
+                    "the instruction at {:#x} branches into the bytes the jump replaces",
+                    ins.ip()
+                ));
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// A fresh RW page within rel32 reach of `addr`, placed in the nearest hole of the address
+/// space; never just after the heap (brk grows there) or just below the stack.
+fn alloc_near(addr: usize) -> Result<usize, AttachError> {
+    let maps = maps::read_self().map_err(|source| AttachError::Memory {
+        action: "read /proc/self/maps",
+        addr,
+        source,
+    })?;
+    const MARGIN: usize = 1 << 20;
+    let mut candidates = Vec::new();
+    for pair in maps.windows(2) {
+        let (below, above) = (&pair[0], &pair[1]);
+        if above.start < below.end + 2 * MARGIN + PAGE {
+            continue;
+        }
+        if below.path != "[heap]" {
+            candidates.push(below.end + MARGIN);
+        }
+        if !above.path.starts_with("[stack") {
+            candidates.push(above.start - MARGIN - PAGE);
+        }
+    }
+    let distance = |c: usize| (c as i64 - addr as i64).abs();
+    candidates.retain(|&c| c >= 1 << 24 && distance(c) < REACH);
+    candidates.sort_by_key(|&c| distance(c));
+    for c in candidates {
+        // SAFETY: MAP_FIXED_NOREPLACE never replaces an existing mapping; it fails instead.
+        let p = unsafe {
+            libc::mmap(
+                c as *mut libc::c_void,
+                PAGE,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_FIXED_NOREPLACE,
+                -1,
+                0,
+            )
+        };
+        if p == libc::MAP_FAILED {
+            continue;
+        }
+        if p as usize == c {
+            return Ok(c);
+        }
+        // An old kernel took the address as a hint only and put the page elsewhere.
+        // SAFETY: `p` is the page mmap just gave us, unused.
+        unsafe { libc::munmap(p, PAGE) };
+    }
+    Err(AttachError::NoTrampolineSpace { addr })
+}
+
+// Sites for the SIGTRAP handler, append-only so it can read them without locks.
+const MAX_TRAPS: usize = 4096;
+static TRAP_COUNT: AtomicUsize = AtomicUsize::new(0);
+static TRAP_ADDR: [AtomicUsize; MAX_TRAPS] = [const { AtomicUsize::new(0) }; MAX_TRAPS];
+static TRAP_TO: [AtomicUsize; MAX_TRAPS] = [const { AtomicUsize::new(0) }; MAX_TRAPS];
+static PREVIOUS: OnceLock<libc::sigaction> = OnceLock::new();
+
+/// Tells the SIGTRAP handler that a trap at `addr` means "go to `to`". Called once per site,
+/// under the hook registry's lock, before any `int3` is written there.
+pub(crate) fn register_trap(addr: usize, to: usize) -> Result<(), AttachError> {
+    install_trap_handler()?;
+    let i = TRAP_COUNT.load(Ordering::Relaxed);
+    if i == MAX_TRAPS {
+        return Err(AttachError::Unhookable {
+            addr,
+            reason: format!("more than {MAX_TRAPS} hooked addresses"),
+        });
+    }
+    TRAP_TO[i].store(to, Ordering::Relaxed);
+    TRAP_ADDR[i].store(addr, Ordering::Relaxed);
+    TRAP_COUNT.store(i + 1, Ordering::Release);
+    Ok(())
+}
+
+fn install_trap_handler() -> Result<(), AttachError> {
+    static ONCE: Once = Once::new();
+    let mut result = Ok(());
+    ONCE.call_once(|| {
+        // SAFETY: a zeroed sigaction is a valid "no handler, empty mask" value.
+        let mut action: libc::sigaction = unsafe { std::mem::zeroed() };
+        action.sa_sigaction = on_sigtrap as *const () as usize;
+        action.sa_flags = libc::SA_SIGINFO | libc::SA_ONSTACK | libc::SA_RESTART;
+        // SAFETY: as above, filled in by the kernel.
+        let mut previous: libc::sigaction = unsafe { std::mem::zeroed() };
+        // SAFETY: both pointers are to live sigaction values; the handler is async-signal-safe.
+        if unsafe { libc::sigaction(libc::SIGTRAP, &action, &mut previous) } != 0 {
+            result = Err(AttachError::Memory {
+                action: "install the SIGTRAP handler",
+                addr: 0,
+                source: io::Error::last_os_error(),
+            });
+            return;
+        }
+        let _ = PREVIOUS.set(previous);
+    });
+    result
+}
+
+extern "C" fn on_sigtrap(sig: libc::c_int, info: *mut libc::siginfo_t, ctx: *mut libc::c_void) {
+    let uc = ctx.cast::<libc::ucontext_t>();
+    // SAFETY: the kernel hands an SA_SIGINFO handler a valid ucontext_t.
+    let rip = unsafe { &mut (*uc).uc_mcontext.gregs[libc::REG_RIP as usize] };
+    let at = (*rip as usize).wrapping_sub(1);
+    let n = TRAP_COUNT.load(Ordering::Acquire);
+    for i in 0..n {
+        if TRAP_ADDR[i].load(Ordering::Relaxed) == at {
+            *rip = TRAP_TO[i].load(Ordering::Relaxed) as i64;
+            return;
+        }
+    }
+    // Not ours: behave as if we had never been installed.
+    let Some(prev) = PREVIOUS.get() else { return };
+    match prev.sa_sigaction {
+        libc::SIG_IGN => {}
+        libc::SIG_DFL => {
+            // SAFETY: restoring the default and re-raising is async-signal-safe; the signal is
+            // delivered with the default action (core dump) once this handler returns.
+            unsafe {
+                libc::signal(sig, libc::SIG_DFL);
+                libc::raise(sig);
+            }
+        }
+        f if prev.sa_flags & libc::SA_SIGINFO != 0 => {
+            // SAFETY: the previous owner installed `f` as an SA_SIGINFO handler.
+            let f: extern "C" fn(libc::c_int, *mut libc::siginfo_t, *mut libc::c_void) =
+                unsafe { std::mem::transmute(f) };
+            f(sig, info, ctx);
+        }
+        f => {
+            // SAFETY: the previous owner installed `f` as a plain handler.
+            let f: extern "C" fn(libc::c_int) = unsafe { std::mem::transmute(f) };
+            f(sig);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn decode_all(code: &[u8], ip: u64) -> Vec<Instruction> {
+        Decoder::with_ip(64, code, ip, DecoderOptions::NONE)
+            .into_iter()
+            .collect()
+    }
+
+    #[test]
+    fn steals_whole_instructions_covering_the_jump() {
+        // push rbp; mov rbp, rsp; sub rsp, 0x10
+        let code = [0x55, 0x48, 0x89, 0xe5, 0x48, 0x83, 0xec, 0x10];
+        let got = steal(0x1000, &code).unwrap();
+        assert_eq!(
+            got.iter().map(|i| i.len()).collect::<Vec<_>>(),
+            vec![1, 3, 4]
+        );
+    }
+
+    #[test]
+    fn short_functions_need_padding_after_them() {
+        // lea eax, [rdi+rsi]; ret; then int3 padding, then nop padding
+        assert!(steal(0x1000, &[0x8d, 0x04, 0x37, 0xc3, 0xcc, 0xcc]).is_ok());
+        assert!(steal(0x1000, &[0x8d, 0x04, 0x37, 0xc3, 0x66, 0x90]).is_ok());
+        // ret; push rbp: the next function starts right after.
+        let err = steal(0x1000, &[0xc3, 0x55, 0x48, 0x89, 0xe5]).unwrap_err();
+        assert!(err.contains("shorter"), "{err}");
+    }
+
+    #[test]
+    fn refuses_branches_into_the_patched_bytes() {
+        // xor eax, eax; inc eax (at 0x1002); jne 0x1002
+        let err = steal(0x1000, &[0x31, 0xc0, 0xff, 0xc0, 0x75, 0xfc]).unwrap_err();
+        assert!(err.contains("branches into"), "{err}");
+    }
+
+    #[test]
+    fn rip_relative_operands_keep_their_target_when_moved() {
+        // mov rax, [rip+0x100] at 0x40_0000 reads 0x40_0107.
+        let code = [0x48, 0x8b, 0x05, 0x00, 0x01, 0x00, 0x00];
+        let stolen = steal(0x40_0000, &code).unwrap();
+        let new_ip = 0x7000_0000u64;
+        let out = BlockEncoder::encode(
+            64,
+            InstructionBlock::new(&stolen, new_ip),
+            BlockEncoderOptions::NONE,
+        )
+        .unwrap();
+        let moved = decode_all(&out.code_buffer, new_ip);
+        assert_eq!(moved.len(), 1);
+        assert!(moved[0].is_ip_rel_memory_operand());
+        assert_eq!(moved[0].ip_rel_memory_address(), 0x40_0107);
+    }
+
+    #[test]
+    fn trampolines_are_near_executable_and_never_writable() {
+        let here = steal_target as *const () as usize;
+        let t = build_trampoline(here, 0x1234_5678, 0x9abc_def0).unwrap();
+        assert!((t.entry as i64 - here as i64).abs() < REACH);
+        let maps = maps::read_self().unwrap();
+        let m = maps
+            .iter()
+            .find(|m| m.start <= t.entry && t.entry < m.end)
+            .unwrap();
+        assert!(m.exec);
+        let text = std::fs::read_to_string("/proc/self/maps").unwrap();
+        let line = text
+            .lines()
+            .find(|l| l.starts_with(&format!("{:x}-", m.start)))
+            .unwrap();
+        assert!(
+            line.starts_with(&format!("{:x}-{:x} r-xp", m.start, m.end)),
+            "{line}"
+        );
+        // The head pushes the site and calls the stub through its slots.
+        let head = read_code(t.entry, HEAD_LEN).unwrap();
+        let ins = decode_all(&head, t.entry as u64);
+        let mnemonics: Vec<_> = ins.iter().map(|i| i.mnemonic()).collect();
+        assert_eq!(
+            mnemonics,
+            vec![Mnemonic::Lea, Mnemonic::Push, Mnemonic::Call, Mnemonic::Lea]
+        );
+        let slot = |i: &Instruction| {
+            u64::from_le_bytes(
+                read_code(i.ip_rel_memory_address() as usize, 8)
+                    .unwrap()
+                    .try_into()
+                    .unwrap(),
+            )
+        };
+        assert_eq!(slot(&ins[1]), 0x1234_5678);
+        assert_eq!(slot(&ins[2]), 0x9abc_def0);
+        assert_eq!(t.original[..], read_code(here, JMP_LEN).unwrap()[..]);
+    }
+
+    #[inline(never)]
+    extern "C" fn steal_target(x: u64) -> u64 {
+        std::hint::black_box(x).wrapping_mul(31).rotate_left(7)
+    }
+}

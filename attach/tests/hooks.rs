@@ -1,0 +1,562 @@
+//! Hooks on functions of this test binary: what handlers see, and that hooked code still works.
+
+use std::hint::black_box;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+
+use bpftime_attach::{attach_uprobe, attach_uretprobe, detach, AttachError, Handler, PtRegs};
+
+fn handler(f: impl Fn(&mut PtRegs) + Send + Sync + 'static) -> Handler {
+    Arc::new(f)
+}
+
+fn addr(f: *const ()) -> usize {
+    f as usize
+}
+
+/// The first bytes of a function, read through the pointer (code is readable).
+fn head(f: usize) -> [u8; 5] {
+    // SAFETY: `f` is a function of this binary, at least 5 bytes long, and mapped readable.
+    unsafe { std::ptr::read_volatile(f as *const [u8; 5]) }
+}
+
+#[inline(never)]
+extern "C" fn three_args(a: u64, b: u64, c: u64) -> u64 {
+    black_box(a).wrapping_mul(b) ^ c.rotate_left(5)
+}
+
+#[test]
+fn uprobe_sees_arguments_ip_and_entry_stack() {
+    let f = addr(three_args as *const ());
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    let s = seen.clone();
+    let h = handler(move |r| {
+        // SAFETY: at a function entry [sp] is the return address, on the live stack.
+        let ret = unsafe { *(r.sp as *const u64) };
+        s.lock()
+            .unwrap()
+            .push((r.di, r.si, r.dx, r.ip, r.sp, ret, r.cs, r.ss, r.orig_ax));
+    });
+    // SAFETY: `three_args` is a whole function of this binary.
+    let id = unsafe { attach_uprobe(f, h) }.unwrap();
+    let call = black_box(three_args as extern "C" fn(u64, u64, u64) -> u64);
+    assert_eq!(call(3, 5, 7), 15 ^ 7u64.rotate_left(5));
+    assert_eq!(call(11, 13, 17), 143 ^ 17u64.rotate_left(5));
+    detach(id).unwrap();
+    let seen = seen.lock().unwrap();
+    assert_eq!(seen.len(), 2);
+    let (di, si, dx, ip, sp, ret, cs, ss, orig_ax) = seen[0];
+    assert_eq!((di, si, dx), (3, 5, 7));
+    assert_eq!(seen[1].0..=seen[1].2, 11..=17);
+    assert_eq!(ip, f as u64);
+    // At an entry the call has just pushed 8 bytes onto a 16-aligned stack.
+    assert_eq!(sp % 16, 8);
+    assert_ne!(ret, 0);
+    assert_eq!((cs, ss, orig_ax), (0x33, 0x2b, u64::MAX));
+}
+
+#[inline(never)]
+extern "C" fn counted(x: u64) -> u64 {
+    black_box(x).wrapping_add(1).wrapping_mul(3)
+}
+
+#[test]
+fn counts_every_call_from_many_threads_and_detach_stops_it() {
+    let f = addr(counted as *const ());
+    let before = head(f);
+    let hits = Arc::new(AtomicU64::new(0));
+    let h = hits.clone();
+    // SAFETY: `counted` is a whole function of this binary.
+    let id = unsafe {
+        attach_uprobe(
+            f,
+            handler(move |_| {
+                h.fetch_add(1, Ordering::Relaxed);
+            }),
+        )
+    }
+    .unwrap();
+    assert_eq!(head(f)[0], 0xe9, "the entry is a jmp now");
+    let call = black_box(counted as extern "C" fn(u64) -> u64);
+    std::thread::scope(|s| {
+        for t in 0..8u64 {
+            s.spawn(move || {
+                for i in 0..5000u64 {
+                    assert_eq!(call(t * 10_000 + i), (t * 10_000 + i + 1) * 3);
+                }
+            });
+        }
+    });
+    assert_eq!(hits.load(Ordering::Relaxed), 40_000);
+    detach(id).unwrap();
+    assert_eq!(head(f), before, "the original bytes are back");
+    assert_eq!(call(1), 6);
+    assert_eq!(hits.load(Ordering::Relaxed), 40_000);
+    assert!(matches!(detach(id), Err(AttachError::UnknownHook { .. })));
+}
+
+#[inline(never)]
+extern "C" fn ret_val(a: u64, b: u64) -> u64 {
+    black_box(a) * 1000 + b
+}
+
+#[test]
+fn uretprobe_sees_return_value_and_return_address() {
+    let f = addr(ret_val as *const ());
+    let entry_ret = Arc::new(Mutex::new(Vec::new()));
+    let returns = Arc::new(Mutex::new(Vec::new()));
+    let (e, r) = (entry_ret.clone(), returns.clone());
+    // SAFETY: at a function entry [sp] is the return address, on the live stack.
+    let on_entry = handler(move |r| e.lock().unwrap().push(unsafe { *(r.sp as *const u64) }));
+    let on_return = handler(move |regs| r.lock().unwrap().push((regs.ax, regs.ip, regs.sp)));
+    // SAFETY: `ret_val` is a whole function of this binary, entered by call.
+    let ids = unsafe {
+        [
+            attach_uprobe(f, on_entry).unwrap(),
+            attach_uretprobe(f, on_return).unwrap(),
+        ]
+    };
+    let call = black_box(ret_val as extern "C" fn(u64, u64) -> u64);
+    assert_eq!(call(4, 2), 4002);
+    assert_eq!(call(7, 1), 7001);
+    for id in ids {
+        detach(id).unwrap();
+    }
+    let entry_ret = entry_ret.lock().unwrap();
+    let returns = returns.lock().unwrap();
+    assert_eq!(
+        returns.iter().map(|r| r.0).collect::<Vec<_>>(),
+        vec![4002, 7001]
+    );
+    // ip is the address the function returned to, which is where its caller's call pushed.
+    assert_eq!(returns[0].1, entry_ret[0]);
+    assert_eq!(returns[1].1, entry_ret[1]);
+    assert_eq!(
+        returns[0].2 % 16,
+        0,
+        "sp after the return is the caller's, 16-aligned at a call site"
+    );
+}
+
+#[inline(never)]
+extern "C" fn fib(n: u64) -> u64 {
+    let call = black_box(fib as extern "C" fn(u64) -> u64);
+    if n < 2 {
+        n
+    } else {
+        call(n - 1) + call(n - 2)
+    }
+}
+
+fn fib_post_order(n: u64, out: &mut Vec<(u64, u64)>) -> u64 {
+    let v = if n < 2 {
+        n
+    } else {
+        fib_post_order(n - 1, out) + fib_post_order(n - 2, out)
+    };
+    out.push((n, v));
+    v
+}
+
+#[test]
+fn uretprobe_pairs_returns_with_calls_under_recursion() {
+    let f = addr(fib as *const ());
+    let args = Arc::new(Mutex::new(Vec::new()));
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    let (a, s) = (args.clone(), seen.clone());
+    // SAFETY: `fib` is a whole function of this binary, entered by call.
+    let ids = unsafe {
+        [
+            attach_uprobe(f, handler(move |r| a.lock().unwrap().push(r.di))).unwrap(),
+            attach_uretprobe(f, handler(move |r| s.lock().unwrap().push(r.ax))).unwrap(),
+        ]
+    };
+    assert_eq!(fib(15), 610);
+    for id in ids {
+        detach(id).unwrap();
+    }
+    let mut expected = Vec::new();
+    fib_post_order(15, &mut expected);
+    assert_eq!(
+        *seen.lock().unwrap(),
+        expected.iter().map(|e| e.1).collect::<Vec<_>>()
+    );
+    assert_eq!(args.lock().unwrap().len(), expected.len());
+    assert_eq!(fib(10), 55);
+}
+
+#[inline(never)]
+extern "C" fn depth(n: u64) -> u64 {
+    if n == 0 {
+        0
+    } else {
+        black_box(depth as extern "C" fn(u64) -> u64)(n - 1) + 1
+    }
+}
+
+#[test]
+fn uretprobe_survives_deep_nesting() {
+    let f = addr(depth as *const ());
+    let returns = Arc::new(AtomicU64::new(0));
+    let in_order = Arc::new(AtomicBool::new(true));
+    let (r, o) = (returns.clone(), in_order.clone());
+    // SAFETY: `depth` is a whole function of this binary, entered by call.
+    let id = unsafe {
+        attach_uretprobe(
+            f,
+            handler(move |regs| {
+                // Innermost returns first: the k-th return (from 0) returns k.
+                let k = r.fetch_add(1, Ordering::Relaxed);
+                if regs.ax != k {
+                    o.store(false, Ordering::Relaxed);
+                }
+            }),
+        )
+    }
+    .unwrap();
+    let got = std::thread::Builder::new()
+        .stack_size(64 << 20)
+        .spawn(|| depth(20_000))
+        .unwrap()
+        .join()
+        .unwrap();
+    detach(id).unwrap();
+    assert_eq!(got, 20_000);
+    assert_eq!(returns.load(Ordering::Relaxed), 20_001);
+    assert!(in_order.load(Ordering::Relaxed));
+}
+
+#[inline(never)]
+extern "C" fn ordered(x: u64) -> u64 {
+    black_box(x) ^ 0x5a5a
+}
+
+#[test]
+fn handlers_on_one_address_run_in_attach_order() {
+    let f = addr(ordered as *const ());
+    let log = Arc::new(Mutex::new(String::new()));
+    let push = |c: char| {
+        let log = log.clone();
+        handler(move |_| log.lock().unwrap().push(c))
+    };
+    // SAFETY: `ordered` is a whole function of this binary, entered by call.
+    let ids = unsafe {
+        [
+            attach_uprobe(f, push('a')).unwrap(),
+            attach_uretprobe(f, push('X')).unwrap(),
+            attach_uprobe(f, push('b')).unwrap(),
+            attach_uretprobe(f, push('Y')).unwrap(),
+        ]
+    };
+    let call = black_box(ordered as extern "C" fn(u64) -> u64);
+    assert_eq!(call(0), 0x5a5a);
+    detach(ids[0]).unwrap();
+    detach(ids[3]).unwrap();
+    assert_eq!(call(0x5a5a), 0);
+    assert_eq!(*log.lock().unwrap(), "abXYbX");
+    detach(ids[1]).unwrap();
+    detach(ids[2]).unwrap();
+    assert_eq!(call(1), 0x5a5b);
+    assert_eq!(*log.lock().unwrap(), "abXYbX");
+}
+
+#[inline(never)]
+extern "C" fn overridden(x: u64) -> u64 {
+    black_box(x) + 1
+}
+
+#[test]
+fn handlers_can_change_arguments_and_return_values() {
+    let f = addr(overridden as *const ());
+    // SAFETY: `overridden` is a whole function of this binary, entered by call.
+    let ids = unsafe {
+        [
+            attach_uprobe(f, handler(|r| r.di *= 10)).unwrap(),
+            attach_uretprobe(f, handler(|r| r.ax += 1000)).unwrap(),
+        ]
+    };
+    let call = black_box(overridden as extern "C" fn(u64) -> u64);
+    assert_eq!(call(4), 1041);
+    for id in ids {
+        detach(id).unwrap();
+    }
+    assert_eq!(call(4), 5);
+}
+
+#[inline(never)]
+extern "C" fn float_math(a: f64, b: f64, c: f32) -> f64 {
+    black_box(a) * b + f64::from(c)
+}
+
+#[test]
+fn floating_point_arguments_and_results_survive_handlers() {
+    let f = addr(float_math as *const ());
+    let sink = Arc::new(Mutex::new(0.0f64));
+    let (s1, s2) = (sink.clone(), sink.clone());
+    // Handlers that do floating-point work of their own, clobbering xmm registers if unsaved.
+    // SAFETY: `float_math` is a whole function of this binary, entered by call.
+    let ids = unsafe {
+        [
+            attach_uprobe(
+                f,
+                handler(move |r| *s1.lock().unwrap() += black_box(r.di as f64).sqrt() * 3.25),
+            )
+            .unwrap(),
+            attach_uretprobe(
+                f,
+                handler(move |r| *s2.lock().unwrap() += black_box(r.ax as f64) / 7.5),
+            )
+            .unwrap(),
+        ]
+    };
+    let call = black_box(float_math as extern "C" fn(f64, f64, f32) -> f64);
+    assert_eq!(call(1.5, 4.0, 0.25), 6.25);
+    assert_eq!(call(-2.0, 8.5, 1.0), -16.0);
+    for id in ids {
+        detach(id).unwrap();
+    }
+}
+
+#[inline(never)]
+extern "C" fn panicky(x: u64) -> u64 {
+    black_box(x) * 2
+}
+
+#[test]
+fn a_panicking_handler_is_disabled_and_the_others_keep_running() {
+    let f = addr(panicky as *const ());
+    let bad = Arc::new(AtomicU64::new(0));
+    let good = Arc::new(AtomicU64::new(0));
+    let (b, g) = (bad.clone(), good.clone());
+    // SAFETY: `panicky` is a whole function of this binary, entered by call.
+    let ids = unsafe {
+        [
+            attach_uprobe(
+                f,
+                handler(move |_| {
+                    b.fetch_add(1, Ordering::Relaxed);
+                    panic!("handler bug");
+                }),
+            )
+            .unwrap(),
+            attach_uprobe(
+                f,
+                handler(move |_| {
+                    g.fetch_add(1, Ordering::Relaxed);
+                }),
+            )
+            .unwrap(),
+        ]
+    };
+    let call = black_box(panicky as extern "C" fn(u64) -> u64);
+    for i in 0..3 {
+        assert_eq!(call(i), i * 2);
+    }
+    for id in ids {
+        detach(id).unwrap();
+    }
+    assert_eq!(bad.load(Ordering::Relaxed), 1);
+    assert_eq!(good.load(Ordering::Relaxed), 3);
+}
+
+#[inline(never)]
+extern "C" fn busy(x: u64) -> u64 {
+    black_box(x)
+        .wrapping_mul(0x9e37_79b9_7f4a_7c15)
+        .rotate_left(17)
+}
+
+#[test]
+fn attaching_and_detaching_while_other_threads_run_the_function() {
+    let f = addr(busy as *const ());
+    let stop = AtomicBool::new(false);
+    let hits = Arc::new(AtomicU64::new(0));
+    let call = black_box(busy as extern "C" fn(u64) -> u64);
+    std::thread::scope(|s| {
+        for t in 0..3u64 {
+            let stop = &stop;
+            s.spawn(move || {
+                let mut i = t;
+                while !stop.load(Ordering::Relaxed) {
+                    assert_eq!(
+                        call(i),
+                        i.wrapping_mul(0x9e37_79b9_7f4a_7c15).rotate_left(17)
+                    );
+                    i += 3;
+                }
+            });
+        }
+        for _ in 0..200 {
+            let h = hits.clone();
+            // SAFETY: `busy` is a whole function of this binary, entered by call.
+            let ids = unsafe {
+                [
+                    attach_uprobe(
+                        f,
+                        handler(move |_| {
+                            h.fetch_add(1, Ordering::Relaxed);
+                        }),
+                    )
+                    .unwrap(),
+                    attach_uretprobe(f, handler(|r| assert_ne!(r.ip, 0))).unwrap(),
+                ]
+            };
+            std::thread::yield_now();
+            for id in ids {
+                detach(id).unwrap();
+            }
+        }
+        stop.store(true, Ordering::Relaxed);
+    });
+    assert!(hits.load(Ordering::Relaxed) > 0, "the hooks saw some calls");
+}
+
+// A probe point where flags are live: between a `cmp` and the `pushfq` that reads its result,
+// with DF set on request. 8 bytes of flag-neutral `mov`s give the patch room.
+std::arch::global_asm!(
+    ".text",
+    ".p2align 4",
+    ".globl bpftime_attach_test_flags",
+    "bpftime_attach_test_flags:",
+    "test rdx, rdx",
+    "jz 3f",
+    "std",
+    "3:",
+    "cmp rdi, rsi",
+    ".globl bpftime_attach_test_flags_probe",
+    "bpftime_attach_test_flags_probe:",
+    "mov rax, rdi",
+    "mov rax, rsi",
+    "mov rcx, rdi",
+    "pushfq",
+    "pop rax",
+    "cld",
+    "ret",
+);
+
+extern "C" {
+    fn bpftime_attach_test_flags(a: u64, b: u64, set_df: u64) -> u64;
+    fn bpftime_attach_test_flags_probe();
+}
+
+const ARITH_AND_DF: u64 = 0x1 | 0x4 | 0x10 | 0x40 | 0x80 | 0x400 | 0x800;
+
+fn flags_after_cmp(a: u64, b: u64, set_df: u64) -> u64 {
+    // SAFETY: the stub above takes three integers, clears DF again before returning.
+    (unsafe { bpftime_attach_test_flags(a, b, set_df) }) & ARITH_AND_DF
+}
+
+#[test]
+fn flags_live_at_a_probe_point_survive_it() {
+    let cases = [
+        (1u64, 2u64),
+        (2, 1),
+        (5, 5),
+        (i64::MIN as u64, 1),
+        (i64::MAX as u64, u64::MAX),
+        (0x10, 0x01),
+        (0, 0x8000_0000_0000_0000),
+    ];
+    let mut expected = Vec::new();
+    for &(a, b) in &cases {
+        for df in [0, 1] {
+            expected.push(flags_after_cmp(a, b, df));
+        }
+    }
+    assert!(
+        expected.iter().any(|f| f & 0x800 != 0) && expected.iter().any(|f| f & 0x400 != 0),
+        "cases cover OF and DF"
+    );
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    let s = seen.clone();
+    // A handler whose own arithmetic clobbers every flag.
+    let h = handler(move |r| {
+        s.lock()
+            .unwrap()
+            .push(black_box(r.flags).wrapping_add(black_box(1)) - 1)
+    });
+    let probe = bpftime_attach_test_flags_probe as *const () as usize;
+    // SAFETY: the probe label starts a `mov`, and nothing jumps into the 9 bytes after it.
+    let id = unsafe { attach_uprobe(probe, h) }.unwrap();
+    let mut got = Vec::new();
+    for &(a, b) in &cases {
+        for df in [0, 1] {
+            got.push(flags_after_cmp(a, b, df));
+        }
+    }
+    detach(id).unwrap();
+    assert_eq!(got, expected);
+    let seen: Vec<u64> = seen
+        .lock()
+        .unwrap()
+        .iter()
+        .map(|f| f & ARITH_AND_DF)
+        .collect();
+    assert_eq!(seen, expected, "handlers see the live flags");
+}
+
+thread_local! {
+    static RECORDING: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+#[test]
+fn hooks_libc_malloc_while_the_whole_process_uses_it() {
+    let malloc = libc::malloc as *const () as usize;
+    let sizes = Arc::new(Mutex::new(Vec::new()));
+    let returned = Arc::new(Mutex::new(Vec::new()));
+    let total = Arc::new(AtomicU64::new(0));
+    let (s, r, t) = (sizes.clone(), returned.clone(), total.clone());
+    // The handlers allocate (Vec::push): the hook must not recurse into itself.
+    let on_entry = handler(move |regs| {
+        t.fetch_add(1, Ordering::Relaxed);
+        if RECORDING.get() {
+            s.lock().unwrap().push(regs.di);
+        }
+    });
+    let on_return = handler(move |regs| {
+        if RECORDING.get() {
+            r.lock().unwrap().push(regs.ax);
+        }
+    });
+    // SAFETY: malloc is a function entry in libc, which stays mapped.
+    let ids = unsafe {
+        [
+            attach_uprobe(malloc, on_entry).unwrap(),
+            attach_uretprobe(malloc, on_return).unwrap(),
+        ]
+    };
+    let mut mine = Vec::new();
+    std::thread::scope(|scope| {
+        scope.spawn(|| {
+            (0..2000)
+                .map(|i| vec![i as u8; 100 + i])
+                .map(|v| v.len())
+                .sum::<usize>()
+        });
+        RECORDING.set(true);
+        for size in [12_345usize, 777, 1 << 20] {
+            // SAFETY: plain malloc of a nonzero size; freed below.
+            mine.push((size, unsafe { libc::malloc(black_box(size)) } as u64));
+        }
+        RECORDING.set(false);
+    });
+    for id in ids {
+        detach(id).unwrap();
+    }
+    let sizes = sizes.lock().unwrap().clone();
+    let returned = returned.lock().unwrap().clone();
+    for &(size, p) in &mine {
+        assert_ne!(p, 0);
+        // SAFETY: `p` came from malloc above and is freed once.
+        unsafe { libc::free(p as *mut libc::c_void) };
+        assert!(
+            sizes.contains(&(size as u64)),
+            "saw malloc({size}) in {sizes:?}"
+        );
+        assert!(returned.contains(&p), "saw malloc return {p:#x}");
+    }
+    assert!(
+        total.load(Ordering::Relaxed) >= 2000,
+        "the other thread's allocations were seen too"
+    );
+}
