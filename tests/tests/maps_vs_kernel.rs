@@ -1,0 +1,269 @@
+//! The same sequence of `bpf()` map operations, sent to the real kernel and to
+//! the shim: every return value, errno and value read back must agree. Where the
+//! kernel cannot be used, the expected results written here are checked alone.
+
+use bpftime_isa::uapi::{cmd, map_flags, map_type as mt, update_flags as uf};
+use bpftime_runtime::Store;
+use bpftime_syscall_shim::Shim;
+
+type Res = Result<i64, i32>;
+
+trait Bpf {
+    fn call(&mut self, command: u32, attr: &mut [u8; 128]) -> Res;
+}
+
+struct Kernel;
+
+impl Bpf for Kernel {
+    fn call(&mut self, command: u32, attr: &mut [u8; 128]) -> Res {
+        // SAFETY: attr is a 128-byte bpf_attr whose pointers point at live test buffers.
+        let r = unsafe { libc::syscall(libc::SYS_bpf, command as libc::c_long, attr.as_mut_ptr(), 128usize) };
+        if r < 0 {
+            Err(std::io::Error::last_os_error().raw_os_error().unwrap_or(0))
+        } else {
+            Ok(r)
+        }
+    }
+}
+
+struct Ours(Shim);
+
+impl Bpf for Ours {
+    fn call(&mut self, command: u32, attr: &mut [u8; 128]) -> Res {
+        // SAFETY: as for the kernel.
+        unsafe { self.0.bpf(command, attr.as_mut_ptr(), 128) }
+    }
+}
+
+fn put32(a: &mut [u8; 128], off: usize, v: u32) {
+    a[off..off + 4].copy_from_slice(&v.to_ne_bytes());
+}
+fn put64(a: &mut [u8; 128], off: usize, v: u64) {
+    a[off..off + 8].copy_from_slice(&v.to_ne_bytes());
+}
+
+/// One step's observable outcome: the result, and the bytes of the output buffer.
+type Outcome = (Res, Vec<u8>);
+
+struct Script<'a> {
+    bpf: &'a mut dyn Bpf,
+    log: Vec<(String, Outcome)>,
+    fd: u32,
+}
+
+impl Script<'_> {
+    fn create(&mut self, t: u32, k: u32, v: u32, max: u32, flags: u32) -> Res {
+        let mut a = [0u8; 128];
+        put32(&mut a, 0, t);
+        put32(&mut a, 4, k);
+        put32(&mut a, 8, v);
+        put32(&mut a, 12, max);
+        put32(&mut a, 16, flags);
+        let r = self.bpf.call(cmd::MAP_CREATE, &mut a);
+        // Fds differ between the two; record success and errno only.
+        self.log.push((format!("create type {t}"), (r.map(|_| 0), vec![])));
+        if let Ok(fd) = r {
+            self.fd = fd as u32;
+        }
+        r
+    }
+
+    fn elem(&mut self, what: &str, command: u32, key: Option<&[u8]>, value: &mut [u8], flags: u64) {
+        let mut a = [0u8; 128];
+        put32(&mut a, 0, self.fd);
+        put64(&mut a, 8, key.map_or(0, |k| k.as_ptr() as u64));
+        put64(&mut a, 16, if value.is_empty() { 0 } else { value.as_mut_ptr() as u64 });
+        put64(&mut a, 24, flags);
+        let r = self.bpf.call(command, &mut a);
+        let out = if r.is_ok() && matches!(command, cmd::MAP_LOOKUP_ELEM | cmd::MAP_GET_NEXT_KEY | cmd::MAP_LOOKUP_AND_DELETE_ELEM) {
+            value.to_vec()
+        } else {
+            vec![]
+        };
+        self.log.push((what.to_string(), (r, out)));
+    }
+
+    fn update(&mut self, key: &[u8], value: &[u8], flags: u64) {
+        let mut v = value.to_vec();
+        self.elem(&format!("update {key:?} flags {flags}"), cmd::MAP_UPDATE_ELEM, Some(key), &mut v, flags);
+    }
+    fn push(&mut self, value: &[u8], flags: u64) {
+        let mut v = value.to_vec();
+        self.elem(&format!("push {value:?} flags {flags}"), cmd::MAP_UPDATE_ELEM, None, &mut v, flags);
+    }
+    fn lookup(&mut self, key: Option<&[u8]>, size: usize) {
+        let mut v = vec![0u8; size];
+        self.elem(&format!("lookup {key:?}"), cmd::MAP_LOOKUP_ELEM, key, &mut v, 0);
+    }
+    fn pop(&mut self, size: usize) {
+        let mut v = vec![0u8; size];
+        self.elem("pop", cmd::MAP_LOOKUP_AND_DELETE_ELEM, None, &mut v, 0);
+    }
+    fn lookup_and_delete(&mut self, key: &[u8], size: usize) {
+        let mut v = vec![0u8; size];
+        self.elem(&format!("lookup_and_delete {key:?}"), cmd::MAP_LOOKUP_AND_DELETE_ELEM, Some(key), &mut v, 0);
+    }
+    fn delete(&mut self, key: &[u8]) {
+        self.elem(&format!("delete {key:?}"), cmd::MAP_DELETE_ELEM, Some(key), &mut [], 0);
+    }
+    fn next_key(&mut self, key: Option<&[u8]>, size: usize) {
+        let mut v = vec![0u8; size];
+        self.elem(&format!("next_key {key:?}"), cmd::MAP_GET_NEXT_KEY, key, &mut v, 0);
+    }
+    /// Counts keys by iteration (orders differ between implementations).
+    fn count_keys(&mut self, size: usize) {
+        let mut n = 0;
+        let mut key: Option<Vec<u8>> = None;
+        loop {
+            let mut a = [0u8; 128];
+            let mut out = vec![0u8; size];
+            put32(&mut a, 0, self.fd);
+            put64(&mut a, 8, key.as_ref().map_or(0, |k| k.as_ptr() as u64));
+            put64(&mut a, 16, out.as_mut_ptr() as u64);
+            match self.bpf.call(cmd::MAP_GET_NEXT_KEY, &mut a) {
+                Ok(_) => {
+                    n += 1;
+                    key = Some(out);
+                }
+                Err(e) => {
+                    self.log.push(("iterate".into(), (Ok(n), e.to_ne_bytes().to_vec())));
+                    return;
+                }
+            }
+            if n > 10_000 {
+                self.log.push(("iterate".into(), (Err(-1), vec![])));
+                return;
+            }
+        }
+    }
+    fn freeze(&mut self) {
+        let mut a = [0u8; 128];
+        put32(&mut a, 0, self.fd);
+        let r = self.bpf.call(cmd::MAP_FREEZE, &mut a);
+        self.log.push(("freeze".into(), (r, vec![])));
+    }
+}
+
+fn k32(v: u32) -> [u8; 4] {
+    v.to_ne_bytes()
+}
+fn v64(v: u64) -> [u8; 8] {
+    v.to_ne_bytes()
+}
+
+fn ncpus() -> usize {
+    bpftime_runtime::possible_cpus() as usize
+}
+
+/// The whole sequence, run against one implementation.
+fn script(bpf: &mut dyn Bpf) -> Vec<(String, Outcome)> {
+    let mut s = Script { bpf, log: vec![], fd: 0 };
+    // Array.
+    s.create(mt::ARRAY, 4, 8, 4, 0).unwrap();
+    s.update(&k32(1), &v64(11), uf::ANY);
+    s.lookup(Some(&k32(1)), 8);
+    s.lookup(Some(&k32(2)), 8);
+    s.lookup(Some(&k32(4)), 8);
+    s.update(&k32(4), &v64(1), uf::ANY);
+    s.update(&k32(1), &v64(1), uf::NOEXIST);
+    s.update(&k32(1), &v64(12), uf::EXIST);
+    s.update(&k32(1), &v64(1), 99);
+    s.delete(&k32(1));
+    s.next_key(None, 4);
+    s.next_key(Some(&k32(2)), 4);
+    s.next_key(Some(&k32(3)), 4);
+    s.next_key(Some(&k32(77)), 4);
+    s.freeze();
+    s.update(&k32(0), &v64(5), uf::ANY);
+    s.lookup(Some(&k32(1)), 8);
+    // Hash.
+    s.create(mt::HASH, 4, 8, 3, 0).unwrap();
+    s.lookup(Some(&k32(1)), 8);
+    s.update(&k32(1), &v64(10), uf::ANY);
+    s.update(&k32(2), &v64(20), uf::NOEXIST);
+    s.update(&k32(2), &v64(21), uf::NOEXIST);
+    s.update(&k32(3), &v64(30), uf::EXIST);
+    s.update(&k32(3), &v64(30), uf::ANY);
+    s.update(&k32(4), &v64(40), uf::ANY);
+    s.update(&k32(3), &v64(31), uf::ANY);
+    s.lookup(Some(&k32(3)), 8);
+    s.count_keys(4);
+    s.delete(&k32(2));
+    s.delete(&k32(2));
+    s.update(&k32(4), &v64(40), uf::ANY);
+    s.lookup_and_delete(&k32(4), 8);
+    s.lookup_and_delete(&k32(4), 8);
+    s.count_keys(4);
+    // Per-CPU array and hash: one 8-byte slot per possible CPU.
+    let n = ncpus();
+    let vals: Vec<u8> = (0..n as u64).flat_map(|c| (c * 3 + 1).to_ne_bytes()).collect();
+    s.create(mt::PERCPU_ARRAY, 4, 8, 2, 0).unwrap();
+    s.update(&k32(1), &vals, uf::ANY);
+    s.lookup(Some(&k32(1)), 8 * n);
+    s.lookup(Some(&k32(0)), 8 * n);
+    s.create(mt::PERCPU_HASH, 8, 4, 2, 0).unwrap();
+    let vals4: Vec<u8> = (0..n as u64).flat_map(|c| (c + 100).to_ne_bytes()).collect();
+    s.update(&v64(7), &vals4, uf::ANY);
+    s.lookup(Some(&v64(7)), 8 * n);
+    s.update(&v64(8), &vals4, uf::ANY);
+    s.update(&v64(9), &vals4, uf::ANY);
+    // LRU: never full.
+    s.create(mt::LRU_HASH, 4, 4, 64, 0).unwrap();
+    for i in 0..200 {
+        let mut v = k32(i).to_vec();
+        s.elem("lru update", cmd::MAP_UPDATE_ELEM, Some(&k32(i)), &mut v, uf::ANY);
+    }
+    s.lookup(Some(&k32(199)), 4);
+    // Queue and stack.
+    for t in [mt::QUEUE, mt::STACK] {
+        s.create(t, 0, 4, 2, 0).unwrap();
+        s.pop(4);
+        s.push(&k32(1), uf::ANY);
+        s.push(&k32(2), uf::ANY);
+        s.push(&k32(3), uf::ANY);
+        s.push(&k32(3), uf::EXIST);
+        s.push(&k32(3), uf::NOEXIST);
+        s.lookup(None, 4);
+        s.pop(4);
+        s.pop(4);
+        s.pop(4);
+    }
+    // Creation errors.
+    let _ = s.create(mt::RINGBUF, 0, 0, 5000, 0);
+    let _ = s.create(mt::RINGBUF, 0, 0, 4096, 0);
+    let _ = s.create(mt::ARRAY, 8, 8, 1, 0);
+    let _ = s.create(mt::HASH, 4, 4, 0, 0);
+    let _ = s.create(mt::QUEUE, 4, 4, 1, 0);
+    let _ = s.create(mt::PERCPU_ARRAY, 4, 4, 1, map_flags::MMAPABLE);
+    let _ = s.create(9999, 4, 4, 1, 0);
+    s.log
+}
+
+#[test]
+fn map_operations_agree_with_the_kernel() {
+    let name = format!("test-diff-{}", std::process::id());
+    let store = Store::create_or_open(&name).unwrap();
+    let mut ours = Ours(Shim::new(store));
+    let got = script(&mut ours);
+    let _ = Store::open(&name).map(|s| s.destroy());
+
+    // Spot checks that hold whatever the kernel says.
+    let find = |what: &str| got.iter().find(|(w, _)| w == what).map(|(_, o)| o.clone());
+    assert_eq!(find("update [4, 0, 0, 0] flags 0").unwrap().0, Err(libc::E2BIG));
+    assert_eq!(find("create type 9999").unwrap().0, Err(libc::EINVAL));
+
+    if let Some(why) = bpftime_tests::kernel_unavailable() {
+        eprintln!("SKIPPED kernel comparison: {why}; checked our own results only");
+        return;
+    }
+    let want = script(&mut Kernel);
+    let mut differ = vec![];
+    for (i, ((w1, o1), (_, o2))) in got.iter().zip(want.iter()).enumerate() {
+        if o1 != o2 {
+            differ.push(format!("step {i} {w1}: bpftime {o1:?} kernel {o2:?}"));
+        }
+    }
+    assert_eq!(got.len(), want.len());
+    assert!(differ.is_empty(), "{} steps differ from the kernel:\n{}", differ.len(), differ.join("\n"));
+    println!("{} map operations agree with the kernel", got.len());
+}
