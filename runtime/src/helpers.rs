@@ -260,6 +260,14 @@ unsafe extern "C" fn ringbuf_query(map: u64, flags: u64, _: u64, _: u64, _: u64)
     unsafe { (*(map as *const Map)).ringbuf_query(flags) }
 }
 
+unsafe extern "C" fn perf_event_output(_ctx: u64, map: u64, flags: u64, data: u64, size: u64) -> u64 {
+    // SAFETY: r2 is a live Map (loader); data holds size bytes (verifier).
+    unsafe {
+        let data = std::slice::from_raw_parts(data as *const u8, size as usize);
+        (*(map as *const Map)).perf_event_output(flags, data) as u64
+    }
+}
+
 unsafe extern "C" fn get_func_ip(_: u64, _: u64, _: u64, _: u64, _: u64) -> u64 {
     PROBE.with(|p| p.get().func_ip)
 }
@@ -389,6 +397,7 @@ pub fn helper_by_id(helper: u32) -> Option<HelperFn> {
         id::RINGBUF_SUBMIT => ringbuf_submit,
         id::RINGBUF_DISCARD => ringbuf_discard,
         id::RINGBUF_QUERY => ringbuf_query,
+        id::PERF_EVENT_OUTPUT => perf_event_output,
         id::GET_FUNC_IP => get_func_ip,
         id::GET_ATTACH_COOKIE => get_attach_cookie,
         id::STRNCMP => strncmp,

@@ -16,6 +16,7 @@ mod layout;
 mod maps;
 mod mapping;
 mod objects;
+mod perfbuf;
 mod store;
 
 pub use error::{Error, Result};
@@ -24,4 +25,5 @@ pub use maps::{possible_cpus, ringbuf_commit, Map, MapSpec};
 pub use objects::{
     publish_btf, read_btf, LinkKind, LinkRecord, PerfEventKind, PerfEventRecord, ProgramRecord,
 };
+pub use perfbuf::{fifo_path as perf_fifo_path, ring_path as perf_ring_path, PerfRing};
 pub use store::{owner_alive, ObjectInfo, Store, DEFAULT_STORE_NAME, STORE_ENV};

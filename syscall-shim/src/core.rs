@@ -41,8 +41,8 @@ pub struct Shim {
     store: Store,
     fds: HashMap<RawFd, ObjectRef>,
     pub(crate) pmu: UprobePmu,
-    /// Ring buffers registered on each epoll instance: (FIFO fd, map).
-    pub(crate) epolls: HashMap<RawFd, Vec<(RawFd, RawFd, Arc<Map>)>>,
+    /// Rings registered on each epoll instance: (FIFO fd, the loader's fd, the ring).
+    pub(crate) epolls: HashMap<RawFd, Vec<(RawFd, RawFd, crate::perf::Waker)>>,
 }
 
 fn stat_fd(fd: RawFd) -> Option<(u64, u64)> {
@@ -606,6 +606,9 @@ impl Shim {
                     let _ = self.store.remove(ObjectKind::Link, l);
                 }
                 let _ = self.store.remove(ObjectKind::PerfEvent, record.id);
+                if record.kind == PerfEventKind::BpfOutput {
+                    bpftime_runtime::PerfRing::remove(self.store.dir(), record.id);
+                }
             }
             _ => {}
         }

@@ -3,8 +3,15 @@
 
 use crate::attr::Attr;
 use crate::core::{refuse, Object, Shim, SysResult};
-use bpftime_runtime::{PerfEventKind, PerfEventRecord, PAGE_SIZE};
+use bpftime_runtime::{Map, PerfEventKind, PerfEventRecord, PerfRing, PAGE_SIZE};
 use std::os::fd::RawFd;
+use std::sync::Arc;
+
+/// What a consumer's epoll waits on: a ring buffer map or a perf buffer ring.
+pub(crate) enum Waker {
+    Ring(Arc<Map>),
+    Perf(Arc<PerfRing>),
+}
 
 const PERF_EVENT_IOC_ENABLE: u64 = 0x2400;
 const PERF_EVENT_IOC_DISABLE: u64 = 0x2401;
@@ -48,6 +55,20 @@ impl Shim {
         let size = (head.u32(4) as usize).max(72);
         // SAFETY: caller obligation.
         let a = unsafe { Attr::read(attr, size) };
+        const PERF_TYPE_SOFTWARE: u32 = 1;
+        const PERF_COUNT_SW_BPF_OUTPUT: u64 = 10;
+        if a.u32(0) == PERF_TYPE_SOFTWARE && a.u64(8) == PERF_COUNT_SW_BPF_OUTPUT {
+            let record = PerfEventRecord {
+                id: self.store().alloc_id(),
+                kind: PerfEventKind::BpfOutput,
+                path: String::new(),
+                offset: 0,
+                pid,
+                cpu,
+                owner_pid: std::process::id(),
+            };
+            return Some(self.register_perf_event(record));
+        }
         if a.u32(0) != self.pmu.type_ {
             return None;
         }
@@ -99,8 +120,13 @@ impl Shim {
         fd: RawFd,
         off: i64,
     ) -> Option<SysResult<*mut libc::c_void>> {
-        let Object::Map(m) = self.object(fd)?.object.clone() else {
-            return Some(Err(libc::ENODEV));
+        let m = match self.object(fd)?.object.clone() {
+            Object::Map(m) => m,
+            Object::PerfEvent { record, .. } if record.kind == PerfEventKind::BpfOutput => {
+                // SAFETY: forwarded caller obligation.
+                return Some(unsafe { self.mmap_perf_ring(record.id, addr, len, prot, flags, off) });
+            }
+            _ => return Some(Err(libc::ENODEV)),
         };
         let off = off as usize;
         let map_at = |a: *mut libc::c_void, l: usize, p: i32, fl: i32, file_off: usize| -> SysResult<*mut libc::c_void> {
@@ -155,17 +181,51 @@ impl Shim {
         Some(Err(refuse(libc::ENODEV, format_args!("mmap of map {} (not a ring buffer or an mmapable array)", m.id()))))
     }
 
+    /// Maps the ring of a BPF output event, creating it at the size the
+    /// consumer asks for.
+    ///
+    /// # Safety
+    /// As `mmap(2)`.
+    unsafe fn mmap_perf_ring(&mut self, id: u32, addr: *mut libc::c_void, len: usize, prot: i32, flags: i32, off: i64) -> SysResult<*mut libc::c_void> {
+        if off != 0 {
+            return Err(libc::EINVAL);
+        }
+        PerfRing::create(self.store(), id, len).map_err(|e| e.errno())?;
+        let path = bpftime_runtime::perf_ring_path(self.store().dir(), id);
+        let c = std::ffi::CString::new(path.as_os_str().as_encoded_bytes()).map_err(|_| libc::EINVAL)?;
+        // SAFETY: a valid path.
+        let file = unsafe { libc::open(c.as_ptr(), libc::O_RDWR | libc::O_CLOEXEC) };
+        if file < 0 {
+            return Err(libc::EIO);
+        }
+        // SAFETY: maps the ring file past our control page, as the caller asked.
+        let r = unsafe { libc::mmap(addr, len, prot, flags, file, PAGE_SIZE as libc::off_t) };
+        // SAFETY: our own fd; the mapping keeps the file.
+        unsafe { libc::close(file) };
+        if r == libc::MAP_FAILED {
+            return Err(std::io::Error::last_os_error().raw_os_error().unwrap_or(libc::ENOMEM));
+        }
+        Ok(r)
+    }
+
     /// Serves `epoll_ctl` on a ring buffer: the epoll instance watches the ring's
     /// wake-up FIFO instead. None when `fd` is not ours.
     ///
     /// # Safety
     /// `event` as for `epoll_ctl(2)`.
     pub unsafe fn epoll_ctl(&mut self, epfd: RawFd, op: i32, fd: RawFd, event: *mut libc::epoll_event) -> Option<SysResult<i32>> {
-        let Object::Map(m) = self.object(fd)?.object.clone() else {
-            return Some(Err(libc::EPERM));
-        };
-        let Some(fifo_path) = m.wakeup_fifo() else {
-            return Some(Err(refuse(libc::EPERM, format_args!("epoll on map {}, which is not a ring buffer", m.id()))));
+        let (fifo_path, waker) = match self.object(fd)?.object.clone() {
+            Object::Map(m) => match m.wakeup_fifo() {
+                Some(p) => (p.to_path_buf(), Waker::Ring(m.clone())),
+                None => return Some(Err(refuse(libc::EPERM, format_args!("epoll on map {}, which is not a ring buffer", m.id())))),
+            },
+            Object::PerfEvent { record, .. } if record.kind == PerfEventKind::BpfOutput => {
+                match PerfRing::open(self.store().dir(), record.id) {
+                    Ok(r) => (bpftime_runtime::perf_fifo_path(self.store().dir(), record.id), Waker::Perf(Arc::new(r))),
+                    Err(_) => return Some(Err(refuse(libc::EINVAL, format_args!("epoll on perf event {} before it was mmapped", record.id)))),
+                }
+            }
+            _ => return Some(Err(libc::EPERM)),
         };
         let entry = self.epolls.get(&epfd).and_then(|l| l.iter().find(|(_, mfd, _)| *mfd == fd).map(|e| e.0));
         let r = match (op, entry) {
@@ -187,7 +247,7 @@ impl Shim {
                     unsafe { libc::close(fifo) };
                     Err(e)
                 } else {
-                    self.epolls.entry(epfd).or_default().push((fifo, fd, m.clone()));
+                    self.epolls.entry(epfd).or_default().push((fifo, fd, waker));
                     Ok(0)
                 }
             }
@@ -215,8 +275,11 @@ impl Shim {
     /// by `epfd`, so their producers wake it again for the next record.
     pub fn epoll_drained(&mut self, epfd: RawFd) {
         let Some(list) = self.epolls.get(&epfd) else { return };
-        for (fifo, _, map) in list {
-            map.ringbuf_clear_wakeup();
+        for (fifo, _, waker) in list {
+            match waker {
+                Waker::Ring(m) => m.ringbuf_clear_wakeup(),
+                Waker::Perf(r) => r.clear_wakeup(),
+            }
             let mut buf = [0u8; 64];
             // SAFETY: reads into a local buffer from our own non-blocking FIFO.
             while unsafe { libc::read(*fifo, buf.as_mut_ptr().cast(), buf.len()) } > 0 {}

@@ -27,6 +27,11 @@ fn page_round(v: usize) -> usize {
     (v + PAGE_SIZE - 1) & !(PAGE_SIZE - 1)
 }
 
+/// Takes a shared-memory lock word (for structures outside maps).
+pub(crate) fn lock_word(word: &std::sync::atomic::AtomicU32) -> lock::Guard<'_> {
+    lock::lock(word, || {})
+}
+
 pub(crate) fn err(errno: i32, what: impl Into<String>) -> Error {
     Error::invalid(errno, what)
 }
@@ -137,6 +142,8 @@ pub struct Map {
     /// The wake-up FIFO of a ring buffer, open for as long as the map is.
     fifo: Option<File>,
     fifo_path: PathBuf,
+    /// Rings of the perf events a perf_event_array points at, opened on first output.
+    perf_rings: std::sync::Mutex<std::collections::HashMap<u32, std::sync::Arc<crate::PerfRing>>>,
 }
 
 impl std::fmt::Debug for Map {
@@ -272,6 +279,7 @@ impl Map {
             fifo,
             fifo_path,
             path,
+            perf_rings: Default::default(),
         })
     }
 
@@ -586,6 +594,48 @@ impl Map {
             }
             _ => Err(err(libc::EINVAL, "not a queue or stack")),
         })
+    }
+
+    /// `bpf_perf_event_output` on a perf_event_array: writes `data` to the ring
+    /// of the event at `flags & BPF_F_INDEX_MASK` (or the current CPU's).
+    pub fn perf_event_output(&self, flags: u64, data: &[u8]) -> i64 {
+        use bpftime_isa::uapi::{F_CURRENT_CPU, F_INDEX_MASK};
+        if self.map_type() != map_type::PERF_EVENT_ARRAY || flags & !F_INDEX_MASK != 0 {
+            return -(libc::EINVAL as i64);
+        }
+        let index = if flags & F_INDEX_MASK == F_CURRENT_CPU {
+            current_cpu(self.header().ncpus) as u32
+        } else {
+            (flags & F_INDEX_MASK) as u32
+        };
+        if index >= self.max_entries() {
+            return -(libc::E2BIG as i64);
+        }
+        let Some(event) = self.id_at(index) else {
+            return -(libc::ENOENT as i64);
+        };
+        let ring = {
+            let mut rings = self.perf_rings.lock().unwrap_or_else(|p| p.into_inner());
+            match rings.get(&event) {
+                Some(r) => r.clone(),
+                None => {
+                    let dir = self.path.parent().unwrap_or(std::path::Path::new("/"));
+                    match crate::PerfRing::open(dir, event) {
+                        Ok(r) => {
+                            let r = std::sync::Arc::new(r);
+                            rings.insert(event, r.clone());
+                            r
+                        }
+                        Err(_) => return -(libc::ENOENT as i64),
+                    }
+                }
+            }
+        };
+        if !ring.output(data) {
+            return -(libc::ENOSPC as i64);
+        }
+        ring.wake();
+        0
     }
 
     /// `bpf_ringbuf_reserve`: a record of `size` bytes, or null when the ring is full.

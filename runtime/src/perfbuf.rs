@@ -1,0 +1,195 @@
+//! Perf buffers: the ring of a `PERF_COUNT_SW_BPF_OUTPUT` event, which
+//! `bpf_perf_event_output` writes into and libbpf's `perf_buffer` reads, in the
+//! kernel's layout (a `perf_event_mmap_page`, then the data pages).
+//!
+//! File `perfring-<event id>`: one control page of ours (lock, pending wake-up,
+//! lost count), then exactly what the consumer maps.
+
+use crate::layout::PAGE_SIZE;
+use crate::mapping::Mapping;
+use crate::store::Store;
+use crate::{Error, Result};
+use std::fs::OpenOptions;
+use std::os::fd::{AsRawFd, RawFd};
+use std::os::unix::fs::OpenOptionsExt;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+
+const DATA_HEAD: usize = 1024;
+const DATA_TAIL: usize = 1032;
+const DATA_OFFSET: usize = 1040;
+const DATA_SIZE: usize = 1048;
+const RECORD_LOST: u32 = 2;
+const RECORD_SAMPLE: u32 = 9;
+
+#[repr(C)]
+struct Control {
+    lock: AtomicU32,
+    wakeup_pending: AtomicU32,
+    lost: AtomicU64,
+    data_size: u64,
+}
+
+pub fn ring_path(dir: &Path, event_id: u32) -> PathBuf {
+    dir.join(format!("perfring-{event_id}"))
+}
+
+pub fn fifo_path(dir: &Path, event_id: u32) -> PathBuf {
+    dir.join(format!("fifo-perf-{event_id}"))
+}
+
+/// A perf buffer ring, mapped in this process.
+pub struct PerfRing {
+    mapping: Mapping,
+    fifo: std::fs::File,
+}
+
+impl PerfRing {
+    /// Creates the ring for a consumer that maps `len` bytes (one metadata
+    /// page and a power-of-two number of data pages).
+    pub fn create(store: &Store, event_id: u32, len: usize) -> Result<()> {
+        let data = len.checked_sub(PAGE_SIZE).unwrap_or(0);
+        if data == 0 || !data.is_power_of_two() || data % PAGE_SIZE != 0 {
+            return Err(Error::invalid(libc::EINVAL, "perf buffer size must be 1 + 2^n pages"));
+        }
+        let dir = store.dir();
+        let path = ring_path(dir, event_id);
+        let file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .mode(0o600)
+            .open(&path)
+            .map_err(|e| Error::io("create", &path, e))?;
+        file.set_len((PAGE_SIZE + len) as u64)
+            .map_err(|e| Error::io("resize", &path, e))?;
+        let m = Mapping::map_file(&file, PAGE_SIZE + len, &path)?;
+        // SAFETY: the file is PAGE_SIZE + len bytes; the control block and the
+        // metadata page's fields are in range and aligned.
+        unsafe {
+            let c = &mut *(m.base() as *mut Control);
+            c.data_size = data as u64;
+            let meta = m.base().add(PAGE_SIZE);
+            std::ptr::write_unaligned(meta.add(DATA_OFFSET).cast::<u64>(), PAGE_SIZE as u64);
+            std::ptr::write_unaligned(meta.add(DATA_SIZE).cast::<u64>(), data as u64);
+        }
+        let fifo = fifo_path(dir, event_id);
+        let c = std::ffi::CString::new(fifo.as_os_str().as_encoded_bytes())
+            .map_err(|_| Error::invalid(libc::EINVAL, "store path holds a NUL byte"))?;
+        // SAFETY: a valid NUL-terminated path.
+        if unsafe { libc::mkfifo(c.as_ptr(), 0o600) } != 0 {
+            let e = std::io::Error::last_os_error();
+            if e.kind() != std::io::ErrorKind::AlreadyExists {
+                return Err(Error::io("mkfifo", fifo, e));
+            }
+        }
+        Ok(())
+    }
+
+    /// Opens an existing ring (producers).
+    pub fn open(dir: &Path, event_id: u32) -> Result<PerfRing> {
+        let path = ring_path(dir, event_id);
+        let file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(&path)
+            .map_err(|e| Error::io("open", &path, e))?;
+        let len = file.metadata().map_err(|e| Error::io("stat", &path, e))?.len() as usize;
+        if len < 3 * PAGE_SIZE {
+            return Err(Error::invalid(libc::EINVAL, format!("{} is truncated", path.display())));
+        }
+        let mapping = Mapping::map_file(&file, len, &path)?;
+        let fifo_p = fifo_path(dir, event_id);
+        let fifo = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .custom_flags(libc::O_NONBLOCK | libc::O_CLOEXEC)
+            .open(&fifo_p)
+            .map_err(|e| Error::io("open", &fifo_p, e))?;
+        Ok(PerfRing { mapping, fifo })
+    }
+
+    /// Removes a ring's files (when its event is closed).
+    pub fn remove(dir: &Path, event_id: u32) {
+        let _ = std::fs::remove_file(ring_path(dir, event_id));
+        let _ = std::fs::remove_file(fifo_path(dir, event_id));
+    }
+
+    fn control(&self) -> &Control {
+        // SAFETY: the control block starts the mapping.
+        unsafe { &*(self.mapping.base() as *const Control) }
+    }
+
+    fn meta_u64(&self, off: usize) -> &AtomicU64 {
+        // SAFETY: the metadata page follows the control page; offsets are 8-aligned.
+        unsafe { &*(self.mapping.base().add(PAGE_SIZE + off) as *const AtomicU64) }
+    }
+
+    /// Writes one `PERF_RECORD_SAMPLE` holding `data` as raw sample bytes.
+    /// Returns false (and counts the loss) when the consumer is too far behind.
+    pub fn output(&self, data: &[u8]) -> bool {
+        let c = self.control();
+        let size = c.data_size;
+        let raw = ((data.len() + 4 + 7) & !7) - 4;
+        let rec = 8 + 4 + raw;
+        if rec > u16::MAX as usize {
+            return false;
+        }
+        let _g = crate::maps::lock_word(&c.lock);
+        let head = self.meta_u64(DATA_HEAD).load(Ordering::Relaxed);
+        let tail = self.meta_u64(DATA_TAIL).load(Ordering::Acquire);
+        let lost = c.lost.load(Ordering::Relaxed);
+        let lost_len = if lost > 0 { 24 } else { 0 };
+        if head + (rec + lost_len) as u64 - tail > size {
+            c.lost.fetch_add(1, Ordering::Relaxed);
+            return false;
+        }
+        let mut pos = head;
+        let mut put = |bytes: &[u8]| {
+            for &b in bytes {
+                // SAFETY: data pages follow the metadata page; the index is taken modulo their size.
+                unsafe { *self.mapping.base().add(2 * PAGE_SIZE + (pos % size) as usize) = b };
+                pos += 1;
+            }
+        };
+        if lost > 0 {
+            put(&RECORD_LOST.to_ne_bytes());
+            put(&0u16.to_ne_bytes());
+            put(&24u16.to_ne_bytes());
+            put(&0u64.to_ne_bytes());
+            put(&lost.to_ne_bytes());
+            c.lost.store(0, Ordering::Relaxed);
+        }
+        put(&RECORD_SAMPLE.to_ne_bytes());
+        put(&0u16.to_ne_bytes());
+        put(&(rec as u16).to_ne_bytes());
+        put(&(raw as u32).to_ne_bytes());
+        put(data);
+        put(&[0u8; 8][..raw - data.len()]);
+        self.meta_u64(DATA_HEAD).store(pos, Ordering::Release);
+        true
+    }
+
+    /// Wakes the consumer unless a wake-up is already pending.
+    pub fn wake(&self) {
+        if self.control().wakeup_pending.swap(1, Ordering::SeqCst) == 0 {
+            // SAFETY: one byte from a local buffer to our non-blocking FIFO.
+            unsafe { libc::write(self.fifo.as_raw_fd(), [1u8].as_ptr().cast(), 1) };
+        }
+    }
+
+    /// Clears the pending wake-up (consumers, before draining the FIFO).
+    pub fn clear_wakeup(&self) {
+        self.control().wakeup_pending.store(0, Ordering::SeqCst);
+    }
+
+    pub fn fifo_fd(&self) -> RawFd {
+        self.fifo.as_raw_fd()
+    }
+
+    /// Records lost since the last one written.
+    pub fn lost(&self) -> u64 {
+        self.control().lost.load(Ordering::Relaxed)
+    }
+}
