@@ -76,6 +76,21 @@ impl Session {
         Tool::spawn(c)
     }
 
+    /// Waits until the store holds at least `n` links (a loader that prints no
+    /// `ready` line, like bpftrace, has attached).
+    pub fn wait_for_links(&self, n: usize) {
+        let end = Instant::now() + Duration::from_secs(30);
+        while Instant::now() < end {
+            if let Ok(store) = bpftime_runtime::Store::open(&self.store) {
+                if store.ids(bpftime_runtime::ObjectKind::Link).len() >= n {
+                    return;
+                }
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        panic!("no link appeared in store {}", self.store);
+    }
+
     /// Runs `bpftime start <app...>` to completion.
     pub fn start(&self, app: &[&str]) -> std::process::Output {
         let mut c = self.bpftime();
@@ -100,7 +115,12 @@ pub struct Tool {
 }
 
 impl Tool {
-    pub fn spawn(mut c: Command) -> Tool {
+    pub fn spawn(c: Command) -> Tool {
+        Self::spawn_until(c, "ready")
+    }
+
+    /// Starts a loader and waits until it prints `line`.
+    pub fn spawn_until(mut c: Command, line: &str) -> Tool {
         c.stdout(Stdio::piped()).stderr(Stdio::piped()).stdin(Stdio::null());
         let mut child = c.spawn().expect("spawn loader");
         let out = child.stdout.take().expect("stdout");
@@ -124,7 +144,7 @@ impl Tool {
             seen: Vec::new(),
             stderr,
         };
-        t.wait_for_line("ready", Duration::from_secs(30));
+        t.wait_for_line(line, Duration::from_secs(30));
         t
     }
 
