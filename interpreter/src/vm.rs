@@ -778,10 +778,22 @@ fn run<const CHECKED: bool, const BUDGET: bool>(
 
             // Atomics.
             STX_ATOMIC_W => {
-                (regs[src], regs[0]) = atomic32(&guard, pc, insn, addr!(d), x64, regs[0])?;
+                let (fetched, r0) = atomic32(&guard, pc, insn, addr!(d), x64, regs[0])?;
+                // Only one register changes, even when the source is r0 itself.
+                if insn.imm == ATOMIC_CMPXCHG {
+                    regs[0] = r0;
+                } else {
+                    regs[src] = fetched;
+                }
             }
             STX_ATOMIC_DW => {
-                (regs[src], regs[0]) = atomic64(&guard, pc, insn, addr!(d), x64, regs[0])?;
+                let (fetched, r0) = atomic64(&guard, pc, insn, addr!(d), x64, regs[0])?;
+                // Only one register changes, even when the source is r0 itself.
+                if insn.imm == ATOMIC_CMPXCHG {
+                    regs[0] = r0;
+                } else {
+                    regs[src] = fetched;
+                }
             }
 
             code => return Err(ExecError::UnknownOpcode { pc, code }),

@@ -479,3 +479,13 @@ fn the_budget_stops_infinite_loops() {
         Ok(3)
     );
 }
+
+/// Found by the JIT's differential test: a fetching atomic whose source is r0
+/// wrote the fetched value and then put the old r0 back.
+#[test]
+fn fetching_atomic_with_r0_as_source_keeps_the_fetched_value() {
+    let xchg = "mov %r1, 5\nstxdw [%r10-8], %r1\nmov %r0, 7\nlock xchg [%r10-8], %r0\nexit";
+    assert_eq!(r0(xchg), 5);
+    let fetch_add = "mov %r1, 5\nstxdw [%r10-8], %r1\nmov %r0, 7\nlock fetch add [%r10-8], %r0\nldxdw %r1, [%r10-8]\nadd %r0, %r1\nexit";
+    assert_eq!(r0(fetch_add), 5 + 12);
+}

@@ -1,0 +1,59 @@
+use inkwell::AddressSpace;
+
+/// How a helper call is emitted.
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum HelperLowering {
+    /// Call through an absolute address in this process (the CPU JIT).
+    Address(u64),
+    /// Call an external function by name, declared in the module with the helper ABI
+    /// `i64 (i64, i64, i64, i64, i64)`; a GPU backend links or defines it.
+    Symbol(String),
+}
+
+/// Where an array map keeps its values, for inlined lookups: value `k` lives at
+/// `values + k * value_size` for every `k < max_entries`, for as long as the program does.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct ArrayMapLayout {
+    pub values: u64,
+    pub value_size: u32,
+    pub max_entries: u32,
+}
+
+/// What differs between code generators; the translation itself never looks at the target.
+///
+/// The lifted functions have fixed, target-neutral signatures (see the crate docs); a
+/// backend that needs another entry ABI (a GPU kernel, say) wraps the entry function.
+pub trait LoweringTarget {
+    /// How to call helper `id`; `None` makes lifting fail with
+    /// [`LiftError::UnknownHelper`](crate::LiftError::UnknownHelper).
+    ///
+    /// For [`TAIL_CALL`](bpftime_isa::uapi::helper::TAIL_CALL) this names the tail-call
+    /// resolver rather than a helper: `u64 resolver(ctx, prog_array, index, r4, r5)`
+    /// returning the target's entry address, or 0 when the slot is empty.
+    fn helper(&self, id: u32) -> Option<HelperLowering>;
+
+    /// Helper ids that `callx` may dispatch to, since its target is only known at run time.
+    fn callx_helpers(&self) -> Vec<u32> {
+        (0..256).filter(|&id| self.helper(id).is_some()).collect()
+    }
+
+    /// Address space of pointers made from eBPF registers (0, the flat space, on every
+    /// target we build today).
+    fn memory_address_space(&self) -> AddressSpace {
+        AddressSpace::default()
+    }
+
+    /// Hook for inlining `bpf_map_lookup_elem`: when an `lddw` put `map` into r1 in the
+    /// same basic block as the call, and this returns the map's layout, the lookup becomes
+    /// a bounds check and an address computation instead of a helper call.
+    fn array_map(&self, map: u64) -> Option<ArrayMapLayout> {
+        let _ = map;
+        None
+    }
+
+    /// Symbol name of the entry function.
+    fn entry_name(&self) -> &str {
+        crate::DEFAULT_ENTRY_NAME
+    }
+}
