@@ -19,6 +19,7 @@ const ARTIFACTS: &[&str] = &[
     "ringbuf_events.bpf.o",
     "calls",
     "calls-nopie",
+    "bench_calls",
 ];
 
 /// Inputs whose change must rebuild the examples.

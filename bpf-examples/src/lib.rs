@@ -33,6 +33,8 @@ pub const RINGBUF_EVENTS_BPF_O: &str = env!("BPF_EXAMPLES_RINGBUF_EVENTS_BPF_O")
 pub const CALLS: &str = env!("BPF_EXAMPLES_CALLS");
 /// Test target `calls N`, built with `-no-pie`.
 pub const CALLS_NOPIE: &str = env!("BPF_EXAMPLES_CALLS_NOPIE");
+/// `bench_calls N`: prints the median cost of one call of `work()` (benchmarks).
+pub const BENCH_CALLS: &str = env!("BPF_EXAMPLES_BENCH_CALLS");
 
 /// Size that `calls` passes to each of its N `malloc` calls.
 pub const CALLS_MALLOC_SIZE: u64 = 7919;
@@ -47,6 +49,7 @@ pub const ARTIFACTS: &[&str] = &[
     "ringbuf_events.bpf.o",
     "calls",
     "calls-nopie",
+    "bench_calls",
 ];
 
 /// Path of a built artifact, by its file name (one of [`ARTIFACTS`]).

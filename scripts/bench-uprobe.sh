@@ -1,0 +1,79 @@
+#!/usr/bin/env bash
+# Cost added per hit by a uprobe running a counting program (bpftrace's
+# `@c = count()`), and by uprobe + uretprobe (funclatency), under bpftime and
+# on the kernel, against the plain call: medians from bench_calls, one run.
+# Usage: scripts/bench-uprobe.sh [--record]   (--record appends to BENCHMARKS.md)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+cargo build --release --workspace --bins --lib >/dev/null 2>&1
+make -s -C bpf-examples
+B=bpf-examples/build
+bpftime=target/release/bpftime
+store="bench-$$"
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp" "/dev/shm/bpftime-$store"; jobs -p | xargs -r kill 2>/dev/null' EXIT
+cp "$B/bench_calls" "$tmp/bench_calls"
+T="$tmp/bench_calls"
+N_FAST=2000000
+N_KERNEL=50000
+
+ns() { grep -o 'ns_per_call=[0-9.]*' | cut -d= -f2; }
+
+wait_links() {
+    for _ in $(seq 200); do
+        "$bpftime" --store "$store" list 2>/dev/null | grep -q '^link' && return
+        sleep 0.05
+    done
+    echo "no link appeared" >&2; exit 1
+}
+
+stop() { kill -INT "$1" 2>/dev/null; while kill -0 "$1" 2>/dev/null; do sleep 0.05; done; }
+
+plain=$("$T" "$N_FAST" | ns)
+
+"$bpftime" --store "$store" load bpftrace -e "uprobe:$T:work { @c = count(); }" >"$tmp/bt" 2>&1 &
+pid=$!; wait_links
+ours_uprobe=$("$bpftime" --store "$store" start "$T" "$N_FAST" | ns)
+stop $pid
+
+"$bpftime" --store "$store" load "$B/funclatency" --target "$T" --func work >"$tmp/fl" 2>&1 &
+pid=$!; wait_links
+ours_both=$("$bpftime" --store "$store" start "$T" "$N_FAST" | ns)
+stop $pid
+
+kernel_uprobe=n/a; kernel_both=n/a
+if [ "$(id -u)" -eq 0 ] && [ -e /sys/bus/event_source/devices/uprobe/type ]; then
+    bpftrace -e "uprobe:$T:work { @c = count(); }" >"$tmp/kbt" 2>&1 &
+    pid=$!; sleep 3
+    kernel_uprobe=$("$T" "$N_KERNEL" | ns)
+    stop $pid
+    "$B/funclatency" --target "$T" --func work >"$tmp/kfl" 2>&1 &
+    pid=$!; sleep 2
+    kernel_both=$("$T" "$N_KERNEL" | ns)
+    stop $pid
+fi
+
+added() { awk -v a="$1" -v b="$plain" 'BEGIN { if (a == "n/a") print "n/a"; else printf "%.1f", a - b }'; }
+ratio() { awk -v a="$1" -v b="$2" 'BEGIN { if (a == "n/a" || b == "n/a") print "n/a"; else printf "%.1fx", (a - p) / (b - p) }' p="$plain"; }
+
+table=$(cat <<EOT
+| probe on work() | ns per call (median) | added ns per hit | kernel's added / ours |
+|---|---|---|---|
+| none | $plain | 0 | |
+| bpftime uprobe, count() (bpftrace) | $ours_uprobe | $(added "$ours_uprobe") | $(ratio "$kernel_uprobe" "$ours_uprobe") |
+| kernel uprobe, count() (bpftrace) | $kernel_uprobe | $(added "$kernel_uprobe") | |
+| bpftime uprobe + uretprobe (funclatency) | $ours_both | $(added "$ours_both") | $(ratio "$kernel_both" "$ours_both") |
+| kernel uprobe + uretprobe (funclatency) | $kernel_both | $(added "$kernel_both") | |
+EOT
+)
+echo "$table"
+if [ "${1:-}" = "--record" ]; then
+    {
+        echo
+        echo "### Uprobe cost, $(date -u +%Y-%m-%d), $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs), commit $(git rev-parse --short HEAD)"
+        echo
+        echo "Engine: interpreter. bench_calls runs $N_FAST calls ($N_KERNEL on the kernel) in 11 rounds; medians."
+        echo
+        echo "$table"
+    } >> BENCHMARKS.md
+fi
