@@ -175,14 +175,16 @@ impl Tool {
     pub fn stop(mut self) -> (i32, Vec<String>, String) {
         // SAFETY: sends SIGINT to our own child.
         unsafe { libc::kill(self.child.id() as i32, libc::SIGINT) };
-        let end = Instant::now() + Duration::from_secs(20);
+        let end = Instant::now() + Duration::from_secs(60);
         let status = loop {
             if let Some(s) = self.child.try_wait().expect("wait") {
                 break s;
             }
             if Instant::now() > end {
                 let _ = self.child.kill();
-                panic!("loader did not exit after SIGINT");
+                let _ = self.child.wait();
+                let err = self.stderr.take().and_then(|h| h.join().ok()).unwrap_or_default();
+                panic!("loader did not exit within 60 s of SIGINT; stdout {:?}\nstderr: {err}", self.seen);
             }
             std::thread::sleep(Duration::from_millis(20));
         };
