@@ -475,11 +475,11 @@ impl Shim {
         let lookup = |id: u32| maps.get(&id).map(|m| crate::program::desc(m));
         let log = match crate::program::check_program(&insns, prog_type, &lookup) {
             Ok(log) => log,
-            Err(log) => {
+            Err((errno, log)) => {
                 tracing::warn!(program = %name, "program rejected:\n{log}");
                 // SAFETY: caller obligation for log_buf.
                 unsafe { write_log(log_buf, log_size, &log, attr, size) };
-                return Err(libc::EACCES);
+                return Err(errno);
             }
         };
         if log_level != 0 {

@@ -78,13 +78,17 @@ pub(crate) fn resolve_maps(
 /// rejection. Until the verifier crate is wired in, this checks structure:
 /// registers, jump targets, complete `lddw`s, known helpers, and an exit at
 /// the end.
+/// A rejection: the errno the kernel gives for the same fault, and the log.
+pub type Rejection = (i32, String);
+
 pub fn check_program(
     insns: &[Insn],
     _prog_type: u32,
     _maps: &dyn Fn(u32) -> Option<MapDesc>,
-) -> Result<String, String> {
+) -> Result<String, Rejection> {
     let n = insns.len();
-    let reject = |pc: usize, why: String| Err(format!("{pc}: (0x{:02x}) {why}\n", insns[pc].code));
+    // Malformed programs are EINVAL in the kernel; unsafe ones are EACCES.
+    let reject = |pc: usize, why: String| Err((libc::EINVAL, format!("{pc}: (0x{:02x}) {why}\n", insns[pc].code)));
     let mut pc = 0;
     while pc < n {
         let i = insns[pc];
@@ -93,7 +97,7 @@ pub fn check_program(
         }
         let class = i.class();
         if i.dst == 10 && matches!(class, op::ALU | op::ALU64 | op::LDX) {
-            return reject(pc, "frame pointer is read only".into());
+            return Err((libc::EACCES, format!("{pc}: (0x{:02x}) frame pointer is read only\n", i.code)));
         }
         if class == op::JMP || class == op::JMP32 {
             let code = i.code & op::OP_MASK;
@@ -128,7 +132,7 @@ pub fn check_program(
     let last = insns[n - 1];
     let ends = last.code == op::EXIT_INSN || (last.class() == op::JMP && last.code & op::OP_MASK == op::JA);
     if !ends {
-        return Err(format!("{}: last insn is not an exit or jmp\n", n - 1));
+        return Err((libc::EINVAL, format!("{}: last insn is not an exit or jmp\n", n - 1)));
     }
     Ok(format!("processed {n} insns (structural checks; the full verifier is not wired in yet)\n"))
 }
