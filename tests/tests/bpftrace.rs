@@ -16,6 +16,9 @@ fn ours(s: &Session, script: &str, target: &str, last: Option<&str>) -> Vec<Stri
     c.args(["load", "bpftrace", "-e", script]);
     let mut tool = Tool::spawn_until(c, "Attaching 1 probe...");
     s.wait_for_links(1);
+    // bpftrace prints no line once it is ready; a SIGINT in the last part of its
+    // start-up is lost (on the kernel too), so give it the time the kernel run gets.
+    std::thread::sleep(Duration::from_secs(2));
     let out = s.start(&[target, &N.to_string()]);
     assert!(out.status.success());
     // Printed events arrive through the perf buffer; let the last one in, as a
