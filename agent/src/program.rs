@@ -34,7 +34,12 @@ impl Programs {
     }
 
     pub(crate) fn load(&self, store: &Store, id: u32) -> Result<Arc<LoadedProgram>, String> {
-        if let Some(p) = self.by_id.lock().unwrap_or_else(|p| p.into_inner()).get(&id) {
+        if let Some(p) = self
+            .by_id
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(&id)
+        {
             return Ok(p.clone());
         }
         let rec = ProgramRecord::read(store, id).map_err(|e| format!("program {id}: {e}"))?;
@@ -96,7 +101,10 @@ unsafe impl Environment for Runtime {
         // SAFETY: r1 of bpf_tail_call is a prog_array Map address the loader relocated.
         let m = unsafe { &*(map as *const Map) };
         let id = m.id_at(u32::try_from(index).ok()?)?;
-        self.programs.load(&self.store, id).ok().map(|p| p.insns.clone())
+        self.programs
+            .load(&self.store, id)
+            .ok()
+            .map(|p| p.insns.clone())
     }
 }
 

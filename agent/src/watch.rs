@@ -2,7 +2,9 @@
 //! gone or whose owner exited.
 
 use crate::program::{Programs, Runtime};
-use bpftime_attach::{attach_uprobe, attach_uretprobe, detach, runtime_address, Handler, HookId, PtRegs};
+use bpftime_attach::{
+    attach_uprobe, attach_uretprobe, detach, runtime_address, Handler, HookId, PtRegs,
+};
 use bpftime_runtime::helpers::{self, ProbeContext};
 use bpftime_runtime::{LinkKind, LinkRecord, ObjectKind, Store};
 use std::cell::Cell;
@@ -186,7 +188,11 @@ impl Agent {
         let c = std::ffi::CString::new(dir.as_os_str().as_encoded_bytes()).unwrap_or_default();
         // SAFETY: as above.
         let wd = unsafe {
-            libc::inotify_add_watch(fd, c.as_ptr(), libc::IN_CREATE | libc::IN_MOVED_TO | libc::IN_DELETE)
+            libc::inotify_add_watch(
+                fd,
+                c.as_ptr(),
+                libc::IN_CREATE | libc::IN_MOVED_TO | libc::IN_DELETE,
+            )
         };
         if fd < 0 || wd < 0 {
             tracing::warn!("inotify unavailable; polling the store");

@@ -1,7 +1,9 @@
 //! `bpftime`: run eBPF tools and their targets in userspace.
 
 use anyhow::{bail, Context, Result};
-use bpftime_runtime::{LinkRecord, Map, ObjectKind, ProgramRecord, Store, DEFAULT_STORE_NAME, STORE_ENV};
+use bpftime_runtime::{
+    LinkRecord, Map, ObjectKind, ProgramRecord, Store, DEFAULT_STORE_NAME, STORE_ENV,
+};
 use clap::{Parser, Subcommand};
 use std::ffi::OsString;
 use std::os::unix::process::CommandExt;
@@ -12,7 +14,11 @@ const SHIM_LIB: &str = "libbpftime_syscall_shim.so";
 const AGENT_LIB: &str = "libbpftime_agent.so";
 
 #[derive(Parser)]
-#[command(name = "bpftime", version, about = "Userspace eBPF: run libbpf and bpftrace tools and attach them to processes without the kernel")]
+#[command(
+    name = "bpftime",
+    version,
+    about = "Userspace eBPF: run libbpf and bpftrace tools and attach them to processes without the kernel"
+)]
 struct Cli {
     /// Name of the shared-memory store that tools and targets meet in.
     #[arg(long, global = true, env = STORE_ENV, default_value = DEFAULT_STORE_NAME)]
@@ -64,7 +70,9 @@ fn main() -> ExitCode {
 
 fn library(name: &str) -> Result<PathBuf> {
     let exe = std::env::current_exe().context("cannot find the bpftime executable")?;
-    let dir = exe.parent().context("the bpftime executable has no directory")?;
+    let dir = exe
+        .parent()
+        .context("the bpftime executable has no directory")?;
     let lib = dir.join(name);
     if !lib.is_file() {
         bail!(
@@ -110,7 +118,10 @@ fn exec_with(store: &str, lib: &str, argv: &[OsString]) -> Result<(), UsageError
         .env("LD_PRELOAD", preload)
         .env(STORE_ENV, store)
         .exec();
-    Err(UsageError(anyhow::anyhow!("cannot run {}: {err}", prog.display())))
+    Err(UsageError(anyhow::anyhow!(
+        "cannot run {}: {err}",
+        prog.display()
+    )))
 }
 
 fn list(store: &str, clean: bool) -> Result<()> {
@@ -122,7 +133,13 @@ fn list(store: &str, clean: bool) -> Result<()> {
     let owner = |kind, id| {
         store
             .info(kind, id)
-            .map(|i| format!("pid {}{}", i.owner_pid, if i.owner_alive { "" } else { " (exited)" }))
+            .map(|i| {
+                format!(
+                    "pid {}{}",
+                    i.owner_pid,
+                    if i.owner_alive { "" } else { " (exited)" }
+                )
+            })
             .unwrap_or_default()
     };
     println!("store {} ({})", store.name(), store.dir().display());
@@ -136,7 +153,11 @@ fn list(store: &str, clean: bool) -> Result<()> {
                 m.max_entries(),
                 m.name(),
                 owner(ObjectKind::Map, id),
-                if m.dropped() > 0 { format!("  dropped {}", m.dropped()) } else { String::new() }
+                if m.dropped() > 0 {
+                    format!("  dropped {}", m.dropped())
+                } else {
+                    String::new()
+                }
             ),
             Err(e) => println!("map  {id:>5}  unreadable: {e}"),
         }

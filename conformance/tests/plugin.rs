@@ -19,7 +19,11 @@ fn plugin(args: &[&str], stdin: &str) -> Output {
         .write_all(stdin.as_bytes());
     // A plugin that rejects its arguments may exit before reading its program.
     if let Err(e) = written {
-        assert_eq!(e.kind(), std::io::ErrorKind::BrokenPipe, "the plugin reads its program: {e}");
+        assert_eq!(
+            e.kind(),
+            std::io::ErrorKind::BrokenPipe,
+            "the plugin reads its program: {e}"
+        );
     }
     child.wait_with_output().expect("the plugin exits")
 }

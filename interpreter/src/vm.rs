@@ -267,7 +267,7 @@ fn atomic_access<const CHECKED: bool>(
 ) -> Result<(), ExecError> {
     // Checked even when unchecked: a misaligned atomic is undefined behaviour in Rust, and
     // atomics are rare enough that the test costs nothing.
-    if addr % len as u64 != 0 {
+    if !addr.is_multiple_of(len as u64) {
         return Err(ExecError::MisalignedAtomic { pc, addr, len });
     }
     g.check(pc, addr, len, Access::Atomic)

@@ -112,7 +112,9 @@ unsafe extern "C" fn map_lookup_elem(map: u64, key: u64, _: u64, _: u64, _: u64)
 
 unsafe extern "C" fn map_update_elem(map: u64, key: u64, value: u64, flags: u64, _: u64) -> u64 {
     // SAFETY: as for lookup; the verifier checked key and value sizes.
-    unsafe { (*(map as *const Map)).prog_update(key as *const u8, value as *const u8, flags) as u64 }
+    unsafe {
+        (*(map as *const Map)).prog_update(key as *const u8, value as *const u8, flags) as u64
+    }
 }
 
 unsafe extern "C" fn map_delete_elem(map: u64, key: u64, _: u64, _: u64, _: u64) -> u64 {
@@ -224,7 +226,11 @@ unsafe extern "C" fn get_current_comm(buf: u64, size: u64, _: u64, _: u64, _: u6
     if size == 0 {
         return neg(libc::EINVAL);
     }
-    let n = name.iter().position(|&b| b == 0).unwrap_or(16).min(size - 1);
+    let n = name
+        .iter()
+        .position(|&b| b == 0)
+        .unwrap_or(16)
+        .min(size - 1);
     // SAFETY: the verifier checked buf holds `size` writable bytes.
     unsafe {
         std::ptr::copy_nonoverlapping(name.as_ptr(), buf as *mut u8, n);
@@ -260,7 +266,13 @@ unsafe extern "C" fn ringbuf_query(map: u64, flags: u64, _: u64, _: u64, _: u64)
     unsafe { (*(map as *const Map)).ringbuf_query(flags) }
 }
 
-unsafe extern "C" fn perf_event_output(_ctx: u64, map: u64, flags: u64, data: u64, size: u64) -> u64 {
+unsafe extern "C" fn perf_event_output(
+    _ctx: u64,
+    map: u64,
+    flags: u64,
+    data: u64,
+    size: u64,
+) -> u64 {
     // SAFETY: r2 is a live Map (loader); data holds size bytes (verifier).
     unsafe {
         let data = std::slice::from_raw_parts(data as *const u8, size as usize);
@@ -310,7 +322,11 @@ unsafe extern "C" fn trace_printk(fmt: u64, fmt_size: u64, a1: u64, a2: u64, a3:
         (ts % 1_000_000_000) / 1000,
         text.trim_end_matches('\n')
     );
-    match std::fs::OpenOptions::new().append(true).create(true).open(path) {
+    match std::fs::OpenOptions::new()
+        .append(true)
+        .create(true)
+        .open(path)
+    {
         Ok(mut file) => {
             let _ = file.write_all(line.as_bytes());
             text.len() as u64

@@ -13,8 +13,8 @@
 mod error;
 pub mod helpers;
 mod layout;
-mod maps;
 mod mapping;
+mod maps;
 mod objects;
 mod perfbuf;
 mod store;

@@ -43,7 +43,12 @@ impl Mapping {
     /// Maps `head` bytes of the file from offset 0, followed by the `ring` bytes
     /// that start at file offset `head` mapped a second time, so a record that
     /// wraps around the end of a ring buffer is contiguous in memory.
-    pub(crate) fn map_file_ring(file: &File, head: usize, ring: usize, path: &Path) -> Result<Self> {
+    pub(crate) fn map_file_ring(
+        file: &File,
+        head: usize,
+        ring: usize,
+        path: &Path,
+    ) -> Result<Self> {
         let len = head + 2 * ring;
         // SAFETY: reserves address space only; nothing reads it before the fixed
         // mappings below replace it.

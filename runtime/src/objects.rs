@@ -59,10 +59,14 @@ impl<'a> Reader<'a> {
         Ok(s)
     }
     fn u32(&mut self) -> Result<u32> {
-        Ok(u32::from_le_bytes(self.take(4)?.try_into().unwrap_or_default()))
+        Ok(u32::from_le_bytes(
+            self.take(4)?.try_into().unwrap_or_default(),
+        ))
     }
     fn u64(&mut self) -> Result<u64> {
-        Ok(u64::from_le_bytes(self.take(8)?.try_into().unwrap_or_default()))
+        Ok(u64::from_le_bytes(
+            self.take(8)?.try_into().unwrap_or_default(),
+        ))
     }
     fn bytes(&mut self) -> Result<&'a [u8]> {
         let n = self.u32()? as usize;
@@ -190,7 +194,10 @@ impl PerfEventRecord {
         let path = store.path(ObjectKind::PerfEvent, id);
         let mut r = Reader::new(&bytes, path.clone());
         let kind = PerfEventKind::from_u32(r.u32()?).ok_or_else(|| {
-            Error::invalid(libc::EINVAL, format!("{}: unknown event kind", path.display()))
+            Error::invalid(
+                libc::EINVAL,
+                format!("{}: unknown event kind", path.display()),
+            )
         })?;
         let offset = r.u64()?;
         let pid = r.u32()? as i32;

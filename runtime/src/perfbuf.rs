@@ -48,9 +48,12 @@ impl PerfRing {
     /// Creates the ring for a consumer that maps `len` bytes (one metadata
     /// page and a power-of-two number of data pages).
     pub fn create(store: &Store, event_id: u32, len: usize) -> Result<()> {
-        let data = len.checked_sub(PAGE_SIZE).unwrap_or(0);
-        if data == 0 || !data.is_power_of_two() || data % PAGE_SIZE != 0 {
-            return Err(Error::invalid(libc::EINVAL, "perf buffer size must be 1 + 2^n pages"));
+        let data = len.saturating_sub(PAGE_SIZE);
+        if data == 0 || !data.is_power_of_two() || !data.is_multiple_of(PAGE_SIZE) {
+            return Err(Error::invalid(
+                libc::EINVAL,
+                "perf buffer size must be 1 + 2^n pages",
+            ));
         }
         let dir = store.dir();
         let path = ring_path(dir, event_id);
@@ -95,9 +98,15 @@ impl PerfRing {
             .write(true)
             .open(&path)
             .map_err(|e| Error::io("open", &path, e))?;
-        let len = file.metadata().map_err(|e| Error::io("stat", &path, e))?.len() as usize;
+        let len = file
+            .metadata()
+            .map_err(|e| Error::io("stat", &path, e))?
+            .len() as usize;
         if len < 3 * PAGE_SIZE {
-            return Err(Error::invalid(libc::EINVAL, format!("{} is truncated", path.display())));
+            return Err(Error::invalid(
+                libc::EINVAL,
+                format!("{} is truncated", path.display()),
+            ));
         }
         let mapping = Mapping::map_file(&file, len, &path)?;
         let fifo_p = fifo_path(dir, event_id);
@@ -149,7 +158,12 @@ impl PerfRing {
         let mut put = |bytes: &[u8]| {
             for &b in bytes {
                 // SAFETY: data pages follow the metadata page; the index is taken modulo their size.
-                unsafe { *self.mapping.base().add(2 * PAGE_SIZE + (pos % size) as usize) = b };
+                unsafe {
+                    *self
+                        .mapping
+                        .base()
+                        .add(2 * PAGE_SIZE + (pos % size) as usize) = b
+                };
                 pos += 1;
             }
         };

@@ -215,9 +215,11 @@ impl Store {
         len: usize,
         init: impl FnOnce(&mut [u8]) -> Result<()>,
     ) -> Result<PathBuf> {
-        let tmp = self
-            .dir
-            .join(format!(".tmp-{}-{id}-{}", kind.prefix(), std::process::id()));
+        let tmp = self.dir.join(format!(
+            ".tmp-{}-{id}-{}",
+            kind.prefix(),
+            std::process::id()
+        ));
         let result = (|| {
             let file = OpenOptions::new()
                 .read(true)

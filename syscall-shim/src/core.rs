@@ -21,7 +21,10 @@ pub enum Object {
         /// The link made by `PERF_EVENT_IOC_SET_BPF`, removed when the event closes.
         link: Option<u32>,
     },
-    Btf { id: u32, size: u32 },
+    Btf {
+        id: u32,
+        size: u32,
+    },
 }
 
 #[derive(Debug, Clone)]
@@ -64,7 +67,10 @@ impl Shim {
     pub fn new(store: Store) -> Shim {
         let removed = store.collect_garbage();
         if !removed.is_empty() {
-            tracing::info!(count = removed.len(), "removed objects left by exited processes");
+            tracing::info!(
+                count = removed.len(),
+                "removed objects left by exited processes"
+            );
         }
         Shim {
             store,
@@ -236,7 +242,10 @@ impl Shim {
             map_flags: a.u32(f::MAP_FLAGS),
             name: a.str(f::NAME, 16),
             btf_id: match self.object(a.u32(f::BTF_FD) as RawFd) {
-                Some(ObjectRef { object: Object::Btf { id, .. }, .. }) if a.u32(f::BTF_FD) != 0 => *id,
+                Some(ObjectRef {
+                    object: Object::Btf { id, .. },
+                    ..
+                }) if a.u32(f::BTF_FD) != 0 => *id,
                 _ => 0,
             },
             btf_key_type_id: a.u32(f::BTF_KEY_TYPE_ID),
@@ -244,7 +253,10 @@ impl Shim {
             map_extra: a.u64(f::MAP_EXTRA),
         };
         let map = Map::create(&self.store, &spec).map_err(|e| {
-            refuse(e.errno(), format_args!("BPF_MAP_CREATE `{}`: {e}", spec.name))
+            refuse(
+                e.errno(),
+                format_args!("BPF_MAP_CREATE `{}`: {e}", spec.name),
+            )
         })?;
         let id = map.id();
         self.open_fd(ObjectKind::Map, id, Object::Map(Arc::new(map)))
@@ -279,7 +291,11 @@ impl Shim {
         match command {
             cmd::MAP_LOOKUP_ELEM if m.holds_ids() => {
                 let k = need_key()?;
-                let id = m.id_at(u32::from_ne_bytes(k[..4].try_into().map_err(|_| libc::EINVAL)?)).ok_or(libc::ENOENT)?;
+                let id = m
+                    .id_at(u32::from_ne_bytes(
+                        k[..4].try_into().map_err(|_| libc::EINVAL)?,
+                    ))
+                    .ok_or(libc::ENOENT)?;
                 value()?.copy_from_slice(&id.to_ne_bytes());
                 Ok(0)
             }
@@ -291,7 +307,10 @@ impl Shim {
                 let ok = matches!(
                     (m.map_type(), &target.object),
                     (bpftime_isa::uapi::map_type::PROG_ARRAY, Object::Program(_))
-                        | (bpftime_isa::uapi::map_type::PERF_EVENT_ARRAY, Object::PerfEvent { .. })
+                        | (
+                            bpftime_isa::uapi::map_type::PERF_EVENT_ARRAY,
+                            Object::PerfEvent { .. }
+                        )
                 );
                 if !ok {
                     return Err(libc::EINVAL);
@@ -320,7 +339,13 @@ impl Shim {
     ///
     /// # Safety
     /// Pointers in `a` must be valid for `count` keys and values.
-    unsafe fn map_batch(&mut self, command: u32, a: &Attr, attr: *mut u8, size: usize) -> SysResult {
+    unsafe fn map_batch(
+        &mut self,
+        command: u32,
+        a: &Attr,
+        attr: *mut u8,
+        size: usize,
+    ) -> SysResult {
         use attr::batch as f;
         let m = self.map(a.u32(f::MAP_FD))?;
         let ks = m.key_size() as usize;
@@ -401,7 +426,11 @@ impl Shim {
                             std::slice::from_raw_parts_mut(values.add(done * vs), vs),
                         )
                     };
-                    let r = if delete { m.lookup_and_delete(k, vd) } else { m.lookup(k, vd) };
+                    let r = if delete {
+                        m.lookup_and_delete(k, vd)
+                    } else {
+                        m.lookup(k, vd)
+                    };
                     if r.is_ok() {
                         kd.copy_from_slice(k);
                         done += 1;
@@ -433,7 +462,11 @@ impl Shim {
             return Err(libc::EINVAL);
         }
         if insn_cnt == 0 || insn_cnt > bpftime_isa::uapi::MAX_INSNS || insns_ptr.is_null() {
-            return Err(if insn_cnt == 0 { libc::EINVAL } else { libc::E2BIG });
+            return Err(if insn_cnt == 0 {
+                libc::EINVAL
+            } else {
+                libc::E2BIG
+            });
         }
         // SAFETY: caller obligation: insns holds insn_cnt instructions.
         let raw = unsafe { std::slice::from_raw_parts(insns_ptr, insn_cnt * 8) };
@@ -442,7 +475,15 @@ impl Shim {
         let gpl = !license_ptr.is_null() && {
             // SAFETY: the license is a NUL-terminated string (caller obligation).
             let l = unsafe { std::ffi::CStr::from_ptr(license_ptr) }.to_string_lossy();
-            ["GPL", "GPL v2", "GPL and additional rights", "Dual BSD/GPL", "Dual MIT/GPL", "Dual MPL/GPL"].contains(&l.as_ref())
+            [
+                "GPL",
+                "GPL v2",
+                "GPL and additional rights",
+                "Dual BSD/GPL",
+                "Dual MIT/GPL",
+                "Dual MPL/GPL",
+            ]
+            .contains(&l.as_ref())
         };
         let fd_array = a.u64(f::FD_ARRAY) as *const i32;
         let prog_type = a.u32(f::PROG_TYPE);
@@ -512,12 +553,22 @@ impl Shim {
         // SAFETY: the loader's BTF blob holds `len` bytes (ABI contract).
         let blob = unsafe { std::slice::from_raw_parts(ptr, len) };
         if u16::from_ne_bytes([blob[0], blob[1]]) != 0xeb9f {
-            return Err(refuse(libc::EINVAL, format_args!("BTF blob has a bad magic")));
+            return Err(refuse(
+                libc::EINVAL,
+                format_args!("BTF blob has a bad magic"),
+            ));
         }
         let id = self.store.alloc_id();
         bpftime_runtime::publish_btf(&self.store, id, blob).map_err(|e| e.errno())?;
-        self.open_fd(ObjectKind::Btf, id, Object::Btf { id, size: len as u32 })
-            .map(|fd| fd as i64)
+        self.open_fd(
+            ObjectKind::Btf,
+            id,
+            Object::Btf {
+                id,
+                size: len as u32,
+            },
+        )
+        .map(|fd| fd as i64)
     }
 
     fn link_create(&mut self, a: &Attr) -> SysResult {
@@ -537,10 +588,16 @@ impl Shim {
             None => return Err(libc::EBADF),
         };
         let id = self.make_link(&prog, &ev, a.u64(f::PERF_EVENT_COOKIE))?;
-        self.open_fd(ObjectKind::Link, id, Object::Link(id)).map(|fd| fd as i64)
+        self.open_fd(ObjectKind::Link, id, Object::Link(id))
+            .map(|fd| fd as i64)
     }
 
-    pub(crate) fn make_link(&mut self, prog: &ProgramRecord, ev: &PerfEventRecord, cookie: u64) -> SysResult<u32> {
+    pub(crate) fn make_link(
+        &mut self,
+        prog: &ProgramRecord,
+        ev: &PerfEventRecord,
+        cookie: u64,
+    ) -> SysResult<u32> {
         let kind = match ev.kind {
             PerfEventKind::Uprobe => LinkKind::Uprobe,
             PerfEventKind::Uretprobe => LinkKind::Uretprobe,
@@ -549,7 +606,10 @@ impl Shim {
         if prog.prog_type != bpftime_isa::uapi::prog_type::KPROBE {
             return Err(refuse(
                 libc::EINVAL,
-                format_args!("program `{}` has type {}; uprobes take kprobe programs", prog.name, prog.prog_type),
+                format_args!(
+                    "program `{}` has type {}; uprobes take kprobe programs",
+                    prog.name, prog.prog_type
+                ),
             ));
         }
         let id = self.store.alloc_id();
@@ -572,7 +632,11 @@ impl Shim {
     pub(crate) fn register_perf_event(&mut self, record: PerfEventRecord) -> SysResult<RawFd> {
         record.publish(&self.store).map_err(|e| e.errno())?;
         let id = record.id;
-        self.open_fd(ObjectKind::PerfEvent, id, Object::PerfEvent { record, link: None })
+        self.open_fd(
+            ObjectKind::PerfEvent,
+            id,
+            Object::PerfEvent { record, link: None },
+        )
     }
 
     pub(crate) fn set_perf_link(&mut self, fd: RawFd, prog_fd: RawFd) -> SysResult<i32> {
@@ -583,7 +647,11 @@ impl Shim {
             _ => return Err(libc::EBADF),
         };
         let link = self.make_link(&prog, &ev, 0)?;
-        if let Some(ObjectRef { object: Object::PerfEvent { link: l, .. }, .. }) = self.fds.get_mut(&fd) {
+        if let Some(ObjectRef {
+            object: Object::PerfEvent { link: l, .. },
+            ..
+        }) = self.fds.get_mut(&fd)
+        {
             *l = Some(link);
         }
         Ok(0)
@@ -637,7 +705,14 @@ unsafe fn write_log(buf: *mut u8, size: usize, log: &str, attr: *mut u8, attr_si
         }
     }
     // SAFETY: caller obligation.
-    unsafe { write_back_u32(attr, attr_size, attr::prog_load::LOG_TRUE_SIZE, log.len() as u32 + 1) };
+    unsafe {
+        write_back_u32(
+            attr,
+            attr_size,
+            attr::prog_load::LOG_TRUE_SIZE,
+            log.len() as u32 + 1,
+        )
+    };
 }
 
 impl Shim {
@@ -648,7 +723,10 @@ impl Shim {
                 crate::preload::mark_fd(new, true);
                 let o = match o.object {
                     // A duplicated perf event shares the link of the original.
-                    Object::PerfEvent { record, .. } => ObjectRef { object: Object::PerfEvent { record, link: None }, ..o },
+                    Object::PerfEvent { record, .. } => ObjectRef {
+                        object: Object::PerfEvent { record, link: None },
+                        ..o
+                    },
                     _ => o,
                 };
                 self.fds.insert(new, o);

@@ -64,8 +64,20 @@ impl Shim {
                 put32(&mut b, 4, p.id);
                 let code = bpftime_isa::encode(&p.insns);
                 put32(&mut b, 20, code.len() as u32);
-                let in_get = |off: usize| if input.len() >= off + 8 { get64(&input, off) } else { 0 };
-                let in_get32 = |off: usize| if input.len() >= off + 4 { get32(&input, off) } else { 0 };
+                let in_get = |off: usize| {
+                    if input.len() >= off + 8 {
+                        get64(&input, off)
+                    } else {
+                        0
+                    }
+                };
+                let in_get32 = |off: usize| {
+                    if input.len() >= off + 4 {
+                        get32(&input, off)
+                    } else {
+                        0
+                    }
+                };
                 let xlated = in_get(32) as *mut u8;
                 let xlated_len = in_get32(20) as usize;
                 if !xlated.is_null() && xlated_len > 0 {
@@ -92,7 +104,8 @@ impl Shim {
                 b
             }
             Object::Link(id) => {
-                let rec = bpftime_runtime::LinkRecord::read(self.store(), *id).map_err(|e| e.errno())?;
+                let rec =
+                    bpftime_runtime::LinkRecord::read(self.store(), *id).map_err(|e| e.errno())?;
                 let mut b = vec![0u8; LINK_INFO_LEN];
                 put32(&mut b, 0, LINK_TYPE_PERF_EVENT);
                 put32(&mut b, 4, *id);
@@ -101,10 +114,19 @@ impl Shim {
             }
             Object::Btf { id, size } => {
                 let mut b = vec![0u8; BTF_INFO_LEN];
-                let dst = if input.len() >= 8 { get64(&input, 0) } else { 0 } as *mut u8;
-                let cap = if input.len() >= 12 { get32(&input, 8) } else { 0 } as usize;
+                let dst = if input.len() >= 8 {
+                    get64(&input, 0)
+                } else {
+                    0
+                } as *mut u8;
+                let cap = if input.len() >= 12 {
+                    get32(&input, 8)
+                } else {
+                    0
+                } as usize;
                 if !dst.is_null() {
-                    let blob = bpftime_runtime::read_btf(self.store(), *id).map_err(|e| e.errno())?;
+                    let blob =
+                        bpftime_runtime::read_btf(self.store(), *id).map_err(|e| e.errno())?;
                     if cap < blob.len() {
                         return Err(libc::ENOSPC);
                     }

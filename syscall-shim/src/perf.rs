@@ -34,9 +34,16 @@ impl UprobePmu {
             .unwrap_or(7);
         let retprobe_bit = std::fs::read_to_string(format!("{dir}/format/retprobe"))
             .ok()
-            .and_then(|s| s.trim().strip_prefix("config:").and_then(|b| b.parse().ok()))
+            .and_then(|s| {
+                s.trim()
+                    .strip_prefix("config:")
+                    .and_then(|b| b.parse().ok())
+            })
             .unwrap_or(0);
-        UprobePmu { type_, retprobe_bit }
+        UprobePmu {
+            type_,
+            retprobe_bit,
+        }
     }
 }
 
@@ -46,7 +53,12 @@ impl Shim {
     /// # Safety
     /// `attr` must point to a `struct perf_event_attr` of the size it declares,
     /// and `config1` of a uprobe event to a NUL-terminated path.
-    pub unsafe fn perf_event_open(&mut self, attr: *const u8, pid: i32, cpu: i32) -> Option<SysResult<RawFd>> {
+    pub unsafe fn perf_event_open(
+        &mut self,
+        attr: *const u8,
+        pid: i32,
+        cpu: i32,
+    ) -> Option<SysResult<RawFd>> {
         if attr.is_null() {
             return None;
         }
@@ -77,17 +89,28 @@ impl Shim {
             return Some(Err(libc::EINVAL));
         }
         // SAFETY: caller obligation: config1 is the uprobe path.
-        let given = unsafe { std::ffi::CStr::from_ptr(path_ptr) }.to_string_lossy().into_owned();
+        let given = unsafe { std::ffi::CStr::from_ptr(path_ptr) }
+            .to_string_lossy()
+            .into_owned();
         // The kernel resolves the path in the loader's directory; the agent runs
         // elsewhere and matches against /proc/self/maps, which shows real paths.
         let path = match std::fs::canonicalize(&given) {
             Ok(p) => p.to_string_lossy().into_owned(),
-            Err(_) => return Some(Err(refuse(libc::ENOENT, format_args!("uprobe target {given} does not exist")))),
+            Err(_) => {
+                return Some(Err(refuse(
+                    libc::ENOENT,
+                    format_args!("uprobe target {given} does not exist"),
+                )))
+            }
         };
         let retprobe = (a.u64(8) >> self.pmu.retprobe_bit) & 1 == 1;
         let record = PerfEventRecord {
             id: self.store().alloc_id(),
-            kind: if retprobe { PerfEventKind::Uretprobe } else { PerfEventKind::Uprobe },
+            kind: if retprobe {
+                PerfEventKind::Uretprobe
+            } else {
+                PerfEventKind::Uprobe
+            },
             path,
             offset: a.u64(64),
             pid,
@@ -101,9 +124,17 @@ impl Shim {
     pub fn ioctl(&mut self, fd: RawFd, request: u64, arg: u64) -> Option<SysResult<i32>> {
         let obj = self.object(fd)?.object.clone();
         Some(match (obj, request) {
-            (Object::PerfEvent { .. }, PERF_EVENT_IOC_ENABLE | PERF_EVENT_IOC_DISABLE | PERF_EVENT_IOC_RESET) => Ok(0),
-            (Object::PerfEvent { .. }, PERF_EVENT_IOC_SET_BPF) => self.set_perf_link(fd, arg as RawFd),
-            _ => Err(refuse(libc::ENOTTY, format_args!("ioctl {request:#x} on a bpftime object"))),
+            (
+                Object::PerfEvent { .. },
+                PERF_EVENT_IOC_ENABLE | PERF_EVENT_IOC_DISABLE | PERF_EVENT_IOC_RESET,
+            ) => Ok(0),
+            (Object::PerfEvent { .. }, PERF_EVENT_IOC_SET_BPF) => {
+                self.set_perf_link(fd, arg as RawFd)
+            }
+            _ => Err(refuse(
+                libc::ENOTTY,
+                format_args!("ioctl {request:#x} on a bpftime object"),
+            )),
         })
     }
 
@@ -124,17 +155,26 @@ impl Shim {
             Object::Map(m) => m,
             Object::PerfEvent { record, .. } if record.kind == PerfEventKind::BpfOutput => {
                 // SAFETY: forwarded caller obligation.
-                return Some(unsafe { self.mmap_perf_ring(record.id, addr, len, prot, flags, off) });
+                return Some(unsafe {
+                    self.mmap_perf_ring(record.id, addr, len, prot, flags, off)
+                });
             }
             _ => return Some(Err(libc::ENODEV)),
         };
         let off = off as usize;
-        let map_at = |a: *mut libc::c_void, l: usize, p: i32, fl: i32, file_off: usize| -> SysResult<*mut libc::c_void> {
+        let map_at = |a: *mut libc::c_void,
+                      l: usize,
+                      p: i32,
+                      fl: i32,
+                      file_off: usize|
+         -> SysResult<*mut libc::c_void> {
             // SAFETY: maps our own object's file; MAP_FIXED only where the caller asked
             // for it or inside a reservation made below.
             let r = unsafe { libc::mmap(a, l, p, fl, fd, file_off as libc::off_t) };
             if r == libc::MAP_FAILED {
-                Err(std::io::Error::last_os_error().raw_os_error().unwrap_or(libc::ENOMEM))
+                Err(std::io::Error::last_os_error()
+                    .raw_os_error()
+                    .unwrap_or(libc::ENOMEM))
             } else {
                 Ok(r)
             }
@@ -147,16 +187,36 @@ impl Shim {
                     return Some(Err(libc::EACCES));
                 }
                 // Reserve, then map the producer page and data, then the data again.
-                let base = map_at(addr, len, libc::PROT_NONE, (flags & libc::MAP_FIXED) | libc::MAP_PRIVATE | libc::MAP_ANONYMOUS, 0);
+                let base = map_at(
+                    addr,
+                    len,
+                    libc::PROT_NONE,
+                    (flags & libc::MAP_FIXED) | libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+                    0,
+                );
                 let base = match base {
                     Ok(b) => b,
                     // MAP_ANONYMOUS ignores fd; retry through the real call on failure.
                     Err(e) => return Some(Err(e)),
                 };
-                let first = map_at(base, PAGE_SIZE + ring, prot, libc::MAP_SHARED | libc::MAP_FIXED, producer);
+                let first = map_at(
+                    base,
+                    PAGE_SIZE + ring,
+                    prot,
+                    libc::MAP_SHARED | libc::MAP_FIXED,
+                    producer,
+                );
                 // SAFETY: inside the reservation.
                 let second_addr = unsafe { (base as *mut u8).add(PAGE_SIZE + ring) }.cast();
-                let second = first.and_then(|_| map_at(second_addr, ring, prot, libc::MAP_SHARED | libc::MAP_FIXED, producer + PAGE_SIZE));
+                let second = first.and_then(|_| {
+                    map_at(
+                        second_addr,
+                        ring,
+                        prot,
+                        libc::MAP_SHARED | libc::MAP_FIXED,
+                        producer + PAGE_SIZE,
+                    )
+                });
                 match second {
                     Ok(_) => Ok(base),
                     Err(e) => {
@@ -166,7 +226,10 @@ impl Shim {
                     }
                 }
             } else {
-                Err(refuse(libc::EINVAL, format_args!("ring buffer mmap at offset {off} of {len} bytes")))
+                Err(refuse(
+                    libc::EINVAL,
+                    format_args!("ring buffer mmap at offset {off} of {len} bytes"),
+                ))
             });
         }
         if let Some((start, region)) = m.mmapable_region() {
@@ -178,7 +241,13 @@ impl Shim {
             }
             return Some(map_at(addr, len, prot, flags, start + off));
         }
-        Some(Err(refuse(libc::ENODEV, format_args!("mmap of map {} (not a ring buffer or an mmapable array)", m.id()))))
+        Some(Err(refuse(
+            libc::ENODEV,
+            format_args!(
+                "mmap of map {} (not a ring buffer or an mmapable array)",
+                m.id()
+            ),
+        )))
     }
 
     /// Maps the ring of a BPF output event, creating it at the size the
@@ -186,13 +255,22 @@ impl Shim {
     ///
     /// # Safety
     /// As `mmap(2)`.
-    unsafe fn mmap_perf_ring(&mut self, id: u32, addr: *mut libc::c_void, len: usize, prot: i32, flags: i32, off: i64) -> SysResult<*mut libc::c_void> {
+    unsafe fn mmap_perf_ring(
+        &mut self,
+        id: u32,
+        addr: *mut libc::c_void,
+        len: usize,
+        prot: i32,
+        flags: i32,
+        off: i64,
+    ) -> SysResult<*mut libc::c_void> {
         if off != 0 {
             return Err(libc::EINVAL);
         }
         PerfRing::create(self.store(), id, len).map_err(|e| e.errno())?;
         let path = bpftime_runtime::perf_ring_path(self.store().dir(), id);
-        let c = std::ffi::CString::new(path.as_os_str().as_encoded_bytes()).map_err(|_| libc::EINVAL)?;
+        let c = std::ffi::CString::new(path.as_os_str().as_encoded_bytes())
+            .map_err(|_| libc::EINVAL)?;
         // SAFETY: a valid path.
         let file = unsafe { libc::open(c.as_ptr(), libc::O_RDWR | libc::O_CLOEXEC) };
         if file < 0 {
@@ -203,7 +281,9 @@ impl Shim {
         // SAFETY: our own fd; the mapping keeps the file.
         unsafe { libc::close(file) };
         if r == libc::MAP_FAILED {
-            return Err(std::io::Error::last_os_error().raw_os_error().unwrap_or(libc::ENOMEM));
+            return Err(std::io::Error::last_os_error()
+                .raw_os_error()
+                .unwrap_or(libc::ENOMEM));
         }
         Ok(r)
     }
@@ -213,21 +293,43 @@ impl Shim {
     ///
     /// # Safety
     /// `event` as for `epoll_ctl(2)`.
-    pub unsafe fn epoll_ctl(&mut self, epfd: RawFd, op: i32, fd: RawFd, event: *mut libc::epoll_event) -> Option<SysResult<i32>> {
+    pub unsafe fn epoll_ctl(
+        &mut self,
+        epfd: RawFd,
+        op: i32,
+        fd: RawFd,
+        event: *mut libc::epoll_event,
+    ) -> Option<SysResult<i32>> {
         let (fifo_path, waker) = match self.object(fd)?.object.clone() {
             Object::Map(m) => match m.wakeup_fifo() {
                 Some(p) => (p.to_path_buf(), Waker::Ring(m.clone())),
-                None => return Some(Err(refuse(libc::EPERM, format_args!("epoll on map {}, which is not a ring buffer", m.id())))),
+                None => {
+                    return Some(Err(refuse(
+                        libc::EPERM,
+                        format_args!("epoll on map {}, which is not a ring buffer", m.id()),
+                    )))
+                }
             },
             Object::PerfEvent { record, .. } if record.kind == PerfEventKind::BpfOutput => {
                 match PerfRing::open(self.store().dir(), record.id) {
-                    Ok(r) => (bpftime_runtime::perf_fifo_path(self.store().dir(), record.id), Waker::Perf(Arc::new(r))),
-                    Err(_) => return Some(Err(refuse(libc::EINVAL, format_args!("epoll on perf event {} before it was mmapped", record.id)))),
+                    Ok(r) => (
+                        bpftime_runtime::perf_fifo_path(self.store().dir(), record.id),
+                        Waker::Perf(Arc::new(r)),
+                    ),
+                    Err(_) => {
+                        return Some(Err(refuse(
+                            libc::EINVAL,
+                            format_args!("epoll on perf event {} before it was mmapped", record.id),
+                        )))
+                    }
                 }
             }
             _ => return Some(Err(libc::EPERM)),
         };
-        let entry = self.epolls.get(&epfd).and_then(|l| l.iter().find(|(_, mfd, _)| *mfd == fd).map(|e| e.0));
+        let entry = self
+            .epolls
+            .get(&epfd)
+            .and_then(|l| l.iter().find(|(_, mfd, _)| *mfd == fd).map(|e| e.0));
         let r = match (op, entry) {
             (libc::EPOLL_CTL_ADD, Some(_)) => Err(libc::EEXIST),
             (libc::EPOLL_CTL_ADD, None) => {
@@ -236,13 +338,22 @@ impl Shim {
                     Err(_) => return Some(Err(libc::EINVAL)),
                 };
                 // SAFETY: a valid path; O_RDWR never blocks on a FIFO.
-                let fifo = unsafe { libc::open(c.as_ptr(), libc::O_RDWR | libc::O_NONBLOCK | libc::O_CLOEXEC) };
+                let fifo = unsafe {
+                    libc::open(
+                        c.as_ptr(),
+                        libc::O_RDWR | libc::O_NONBLOCK | libc::O_CLOEXEC,
+                    )
+                };
                 if fifo < 0 {
-                    return Some(Err(std::io::Error::last_os_error().raw_os_error().unwrap_or(libc::EIO)));
+                    return Some(Err(std::io::Error::last_os_error()
+                        .raw_os_error()
+                        .unwrap_or(libc::EIO)));
                 }
                 // SAFETY: forwarded caller obligation for `event`.
                 if unsafe { libc::epoll_ctl(epfd, op, fifo, event) } != 0 {
-                    let e = std::io::Error::last_os_error().raw_os_error().unwrap_or(libc::EIO);
+                    let e = std::io::Error::last_os_error()
+                        .raw_os_error()
+                        .unwrap_or(libc::EIO);
                     // SAFETY: our own fd.
                     unsafe { libc::close(fifo) };
                     Err(e)
@@ -265,7 +376,9 @@ impl Shim {
             // SAFETY: forwarded caller obligation.
             (_, Some(fifo)) => match unsafe { libc::epoll_ctl(epfd, op, fifo, event) } {
                 0 => Ok(0),
-                _ => Err(std::io::Error::last_os_error().raw_os_error().unwrap_or(libc::EIO)),
+                _ => Err(std::io::Error::last_os_error()
+                    .raw_os_error()
+                    .unwrap_or(libc::EIO)),
             },
         };
         Some(r)
@@ -274,7 +387,9 @@ impl Shim {
     /// After `epoll_wait` returns: clears the wake-up state of the rings watched
     /// by `epfd`, so their producers wake it again for the next record.
     pub fn epoll_drained(&mut self, epfd: RawFd) {
-        let Some(list) = self.epolls.get(&epfd) else { return };
+        let Some(list) = self.epolls.get(&epfd) else {
+            return;
+        };
         for (fifo, _, waker) in list {
             match waker {
                 Waker::Ring(m) => m.ringbuf_clear_wakeup(),

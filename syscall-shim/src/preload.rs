@@ -101,7 +101,8 @@ macro_rules! real {
         let mut a = ADDR.load(Ordering::Relaxed);
         if a == 0 {
             // SAFETY: dlsym with a NUL-terminated name; RTLD_NEXT finds libc's definition.
-            a = unsafe { libc::dlsym(libc::RTLD_NEXT, concat!($name, "\0").as_ptr().cast()) } as usize;
+            a = unsafe { libc::dlsym(libc::RTLD_NEXT, concat!($name, "\0").as_ptr().cast()) }
+                as usize;
             ADDR.store(a, Ordering::Relaxed);
         }
         // SAFETY: the symbol has the C signature `$ty` (libc's declaration).
@@ -109,7 +110,8 @@ macro_rules! real {
     }};
 }
 
-type SyscallFn = unsafe extern "C" fn(c_long, c_long, c_long, c_long, c_long, c_long, c_long) -> c_long;
+type SyscallFn =
+    unsafe extern "C" fn(c_long, c_long, c_long, c_long, c_long, c_long, c_long) -> c_long;
 
 fn ret<T: Into<i64>>(r: SysResult<T>) -> i64 {
     match r {
@@ -126,7 +128,15 @@ fn ret<T: Into<i64>>(r: SysResult<T>) -> i64 {
 /// # Safety
 /// As `syscall(2)` for the given number.
 #[no_mangle]
-pub unsafe extern "C" fn syscall(num: c_long, a1: c_long, a2: c_long, a3: c_long, a4: c_long, a5: c_long, a6: c_long) -> c_long {
+pub unsafe extern "C" fn syscall(
+    num: c_long,
+    a1: c_long,
+    a2: c_long,
+    a3: c_long,
+    a4: c_long,
+    a5: c_long,
+    a6: c_long,
+) -> c_long {
     if num == libc::SYS_bpf {
         // SAFETY: the caller passes bpf()'s arguments.
         if let Some(r) = with_shim(|s| unsafe { s.bpf(a1 as u32, a2 as *mut u8, a3 as usize) }) {
@@ -134,7 +144,9 @@ pub unsafe extern "C" fn syscall(num: c_long, a1: c_long, a2: c_long, a3: c_long
         }
     } else if num == libc::SYS_perf_event_open {
         // SAFETY: the caller passes perf_event_open()'s arguments.
-        if let Some(Some(r)) = with_shim(|s| unsafe { s.perf_event_open(a1 as *const u8, a2 as i32, a3 as i32) }) {
+        if let Some(Some(r)) =
+            with_shim(|s| unsafe { s.perf_event_open(a1 as *const u8, a2 as i32, a3 as i32) })
+        {
             return ret(r.map(|fd| fd as i64));
         }
     }
@@ -153,16 +165,26 @@ pub unsafe extern "C" fn syscall(num: c_long, a1: c_long, a2: c_long, a3: c_long
 #[no_mangle]
 pub unsafe extern "C" fn ioctl(fd: c_int, request: c_ulong, arg: c_ulong) -> c_int {
     if has_bit(&OUR_FDS, fd) {
-        if let Some(Some(r)) = with_shim(|s| s.ioctl(fd, request as u64, arg as u64)) {
+        if let Some(Some(r)) = with_shim(|s| s.ioctl(fd, request, arg)) {
             return ret(r) as c_int;
         }
     }
-    let real = real!("ioctl", unsafe extern "C" fn(c_int, c_ulong, c_ulong) -> c_int);
+    let real = real!(
+        "ioctl",
+        unsafe extern "C" fn(c_int, c_ulong, c_ulong) -> c_int
+    );
     // SAFETY: forwards unchanged.
     unsafe { real(fd, request, arg) }
 }
 
-unsafe fn mmap_common(addr: *mut c_void, len: usize, prot: c_int, flags: c_int, fd: c_int, off: i64) -> Option<*mut c_void> {
+unsafe fn mmap_common(
+    addr: *mut c_void,
+    len: usize,
+    prot: c_int,
+    flags: c_int,
+    fd: c_int,
+    off: i64,
+) -> Option<*mut c_void> {
     if fd < 0 || !has_bit(&OUR_FDS, fd) {
         return None;
     }
@@ -180,12 +202,22 @@ unsafe fn mmap_common(addr: *mut c_void, len: usize, prot: c_int, flags: c_int, 
 /// # Safety
 /// As `mmap(2)`.
 #[no_mangle]
-pub unsafe extern "C" fn mmap(addr: *mut c_void, len: usize, prot: c_int, flags: c_int, fd: c_int, off: libc::off_t) -> *mut c_void {
+pub unsafe extern "C" fn mmap(
+    addr: *mut c_void,
+    len: usize,
+    prot: c_int,
+    flags: c_int,
+    fd: c_int,
+    off: libc::off_t,
+) -> *mut c_void {
     // SAFETY: forwarded caller obligation.
     if let Some(p) = unsafe { mmap_common(addr, len, prot, flags, fd, off) } {
         return p;
     }
-    let real = real!("mmap", unsafe extern "C" fn(*mut c_void, usize, c_int, c_int, c_int, libc::off_t) -> *mut c_void);
+    let real = real!(
+        "mmap",
+        unsafe extern "C" fn(*mut c_void, usize, c_int, c_int, c_int, libc::off_t) -> *mut c_void
+    );
     // SAFETY: forwards unchanged.
     unsafe { real(addr, len, prot, flags, fd, off) }
 }
@@ -193,12 +225,22 @@ pub unsafe extern "C" fn mmap(addr: *mut c_void, len: usize, prot: c_int, flags:
 /// # Safety
 /// As `mmap64(2)`.
 #[no_mangle]
-pub unsafe extern "C" fn mmap64(addr: *mut c_void, len: usize, prot: c_int, flags: c_int, fd: c_int, off: libc::off64_t) -> *mut c_void {
+pub unsafe extern "C" fn mmap64(
+    addr: *mut c_void,
+    len: usize,
+    prot: c_int,
+    flags: c_int,
+    fd: c_int,
+    off: libc::off64_t,
+) -> *mut c_void {
     // SAFETY: forwarded caller obligation.
     if let Some(p) = unsafe { mmap_common(addr, len, prot, flags, fd, off) } {
         return p;
     }
-    let real = real!("mmap64", unsafe extern "C" fn(*mut c_void, usize, c_int, c_int, c_int, libc::off64_t) -> *mut c_void);
+    let real = real!(
+        "mmap64",
+        unsafe extern "C" fn(*mut c_void, usize, c_int, c_int, c_int, libc::off64_t) -> *mut c_void
+    );
     // SAFETY: forwards unchanged.
     unsafe { real(addr, len, prot, flags, fd, off) }
 }
@@ -219,7 +261,12 @@ pub unsafe extern "C" fn close(fd: c_int) -> c_int {
 /// # Safety
 /// As `epoll_ctl(2)`.
 #[no_mangle]
-pub unsafe extern "C" fn epoll_ctl(epfd: c_int, op: c_int, fd: c_int, event: *mut libc::epoll_event) -> c_int {
+pub unsafe extern "C" fn epoll_ctl(
+    epfd: c_int,
+    op: c_int,
+    fd: c_int,
+    event: *mut libc::epoll_event,
+) -> c_int {
     if has_bit(&OUR_FDS, fd) {
         // SAFETY: forwarded caller obligation.
         if let Some(Some(r)) = with_shim(|s| unsafe { s.epoll_ctl(epfd, op, fd, event) }) {
@@ -229,7 +276,10 @@ pub unsafe extern "C" fn epoll_ctl(epfd: c_int, op: c_int, fd: c_int, event: *mu
             return ret(r) as c_int;
         }
     }
-    let real = real!("epoll_ctl", unsafe extern "C" fn(c_int, c_int, c_int, *mut libc::epoll_event) -> c_int);
+    let real = real!(
+        "epoll_ctl",
+        unsafe extern "C" fn(c_int, c_int, c_int, *mut libc::epoll_event) -> c_int
+    );
     // SAFETY: forwards unchanged.
     unsafe { real(epfd, op, fd, event) }
 }
@@ -246,8 +296,16 @@ fn after_wait(epfd: c_int, n: c_int) -> c_int {
 /// # Safety
 /// As `epoll_wait(2)`.
 #[no_mangle]
-pub unsafe extern "C" fn epoll_wait(epfd: c_int, events: *mut libc::epoll_event, max: c_int, timeout: c_int) -> c_int {
-    let real = real!("epoll_wait", unsafe extern "C" fn(c_int, *mut libc::epoll_event, c_int, c_int) -> c_int);
+pub unsafe extern "C" fn epoll_wait(
+    epfd: c_int,
+    events: *mut libc::epoll_event,
+    max: c_int,
+    timeout: c_int,
+) -> c_int {
+    let real = real!(
+        "epoll_wait",
+        unsafe extern "C" fn(c_int, *mut libc::epoll_event, c_int, c_int) -> c_int
+    );
     // SAFETY: forwards unchanged.
     after_wait(epfd, unsafe { real(epfd, events, max, timeout) })
 }
@@ -264,7 +322,13 @@ pub unsafe extern "C" fn epoll_pwait(
 ) -> c_int {
     let real = real!(
         "epoll_pwait",
-        unsafe extern "C" fn(c_int, *mut libc::epoll_event, c_int, c_int, *const libc::sigset_t) -> c_int
+        unsafe extern "C" fn(
+            c_int,
+            *mut libc::epoll_event,
+            c_int,
+            c_int,
+            *const libc::sigset_t,
+        ) -> c_int
     );
     // SAFETY: forwards unchanged.
     after_wait(epfd, unsafe { real(epfd, events, max, timeout, sigmask) })
@@ -315,7 +379,10 @@ pub unsafe extern "C" fn dup3(fd: c_int, new: c_int, flags: c_int) -> c_int {
 /// As `fcntl(2)`.
 #[no_mangle]
 pub unsafe extern "C" fn fcntl(fd: c_int, cmd: c_int, arg: c_ulong) -> c_int {
-    let real = real!("fcntl", unsafe extern "C" fn(c_int, c_int, c_ulong) -> c_int);
+    let real = real!(
+        "fcntl",
+        unsafe extern "C" fn(c_int, c_int, c_ulong) -> c_int
+    );
     // SAFETY: forwards unchanged.
     let r = unsafe { real(fd, cmd, arg) };
     if cmd == libc::F_DUPFD || cmd == libc::F_DUPFD_CLOEXEC {

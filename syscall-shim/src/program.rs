@@ -41,7 +41,10 @@ pub(crate) fn resolve_maps(
             continue;
         }
         if pc + 1 >= out.len() {
-            return Err((libc::EINVAL, format!("{pc}: invalid lddw: the second half is missing\n")));
+            return Err((
+                libc::EINVAL,
+                format!("{pc}: invalid lddw: the second half is missing\n"),
+            ));
         }
         match i.src {
             0 | op::PSEUDO_FUNC => {}
@@ -88,7 +91,12 @@ pub fn check_program(
 ) -> Result<String, Rejection> {
     let n = insns.len();
     // Malformed programs are EINVAL in the kernel; unsafe ones are EACCES.
-    let reject = |pc: usize, why: String| Err((libc::EINVAL, format!("{pc}: (0x{:02x}) {why}\n", insns[pc].code)));
+    let reject = |pc: usize, why: String| {
+        Err((
+            libc::EINVAL,
+            format!("{pc}: (0x{:02x}) {why}\n", insns[pc].code),
+        ))
+    };
     let mut pc = 0;
     while pc < n {
         let i = insns[pc];
@@ -97,7 +105,10 @@ pub fn check_program(
         }
         let class = i.class();
         if i.dst == 10 && matches!(class, op::ALU | op::ALU64 | op::LDX) {
-            return Err((libc::EACCES, format!("{pc}: (0x{:02x}) frame pointer is read only\n", i.code)));
+            return Err((
+                libc::EACCES,
+                format!("{pc}: (0x{:02x}) frame pointer is read only\n", i.code),
+            ));
         }
         if class == op::JMP || class == op::JMP32 {
             let code = i.code & op::OP_MASK;
@@ -108,7 +119,12 @@ pub fn check_program(
                         let known = bpftime_runtime::helpers::helper_by_id(id).is_some()
                             || id == bpftime_isa::uapi::helper::TAIL_CALL;
                         if !known {
-                            return reject(pc, format!("unknown func #{id}: this helper is not provided by bpftime"));
+                            return reject(
+                                pc,
+                                format!(
+                                    "unknown func #{id}: this helper is not provided by bpftime"
+                                ),
+                            );
                         }
                     }
                     op::CALL_PSEUDO => {
@@ -117,10 +133,19 @@ pub fn check_program(
                             return reject(pc, format!("call to pc {t} is out of range"));
                         }
                     }
-                    _ => return reject(pc, "calls to kernel functions (kfuncs) do not exist in userspace".into()),
+                    _ => {
+                        return reject(
+                            pc,
+                            "calls to kernel functions (kfuncs) do not exist in userspace".into(),
+                        )
+                    }
                 }
             } else if code != op::EXIT {
-                let off = if class == op::JMP32 && code == op::JA { i.imm as i64 } else { i.off as i64 };
+                let off = if class == op::JMP32 && code == op::JA {
+                    i.imm as i64
+                } else {
+                    i.off as i64
+                };
                 let t = pc as i64 + 1 + off;
                 if t < 0 || t >= n as i64 {
                     return reject(pc, format!("jump out of range from insn {pc} to {t}"));
@@ -130,9 +155,15 @@ pub fn check_program(
         pc += if i.is_lddw() { 2 } else { 1 };
     }
     let last = insns[n - 1];
-    let ends = last.code == op::EXIT_INSN || (last.class() == op::JMP && last.code & op::OP_MASK == op::JA);
+    let ends = last.code == op::EXIT_INSN
+        || (last.class() == op::JMP && last.code & op::OP_MASK == op::JA);
     if !ends {
-        return Err((libc::EINVAL, format!("{}: last insn is not an exit or jmp\n", n - 1)));
+        return Err((
+            libc::EINVAL,
+            format!("{}: last insn is not an exit or jmp\n", n - 1),
+        ));
     }
-    Ok(format!("processed {n} insns (structural checks; the full verifier is not wired in yet)\n"))
+    Ok(format!(
+        "processed {n} insns (structural checks; the full verifier is not wired in yet)\n"
+    ))
 }

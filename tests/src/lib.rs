@@ -13,13 +13,20 @@ use std::time::{Duration, Instant};
 pub fn build_dir() -> PathBuf {
     let exe = std::env::current_exe().expect("test executable path");
     // target/<profile>/deps/<test>
-    exe.parent().and_then(Path::parent).expect("target/<profile>").to_path_buf()
+    exe.parent()
+        .and_then(Path::parent)
+        .expect("target/<profile>")
+        .to_path_buf()
 }
 
 /// The `bpftime` executable; panics with the command that builds it when missing.
 pub fn bpftime() -> PathBuf {
     let dir = build_dir();
-    for f in ["bpftime", "libbpftime_syscall_shim.so", "libbpftime_agent.so"] {
+    for f in [
+        "bpftime",
+        "libbpftime_syscall_shim.so",
+        "libbpftime_agent.so",
+    ] {
         assert!(
             dir.join(f).is_file(),
             "{} is missing: build the workspace first (`cargo build --workspace --release` for `cargo test --release`)",
@@ -32,7 +39,11 @@ pub fn bpftime() -> PathBuf {
 /// A workspace binary of another crate (the libbpf-rs loaders), beside bpftime.
 pub fn workspace_bin(name: &str) -> PathBuf {
     let p = build_dir().join(name);
-    assert!(p.is_file(), "{} is missing: build the workspace first", p.display());
+    assert!(
+        p.is_file(),
+        "{} is missing: build the workspace first",
+        p.display()
+    );
     p
 }
 
@@ -57,7 +68,9 @@ impl Session {
     /// A private copy of the `calls` target: uprobes are per file, so tests
     /// running at once must not share one.
     pub fn target_copy(&self, src: &str) -> PathBuf {
-        let dst = self.tmp.join(Path::new(src).file_name().expect("file name"));
+        let dst = self
+            .tmp
+            .join(Path::new(src).file_name().expect("file name"));
         std::fs::copy(src, &dst).expect("copy target");
         dst
     }
@@ -121,7 +134,9 @@ impl Tool {
 
     /// Starts a loader and waits until it prints `line`.
     pub fn spawn_until(mut c: Command, line: &str) -> Tool {
-        c.stdout(Stdio::piped()).stderr(Stdio::piped()).stdin(Stdio::null());
+        c.stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .stdin(Stdio::null());
         let mut child = c.spawn().expect("spawn loader");
         let out = child.stdout.take().expect("stdout");
         let mut err = child.stderr.take().expect("stderr");
@@ -164,8 +179,15 @@ impl Tool {
                 Err(_) => {
                     let _ = self.child.kill();
                     let _ = self.child.wait();
-                    let err = self.stderr.take().and_then(|h| h.join().ok()).unwrap_or_default();
-                    panic!("loader never printed `{line}`; stdout: {:?}\nstderr: {err}", self.seen);
+                    let err = self
+                        .stderr
+                        .take()
+                        .and_then(|h| h.join().ok())
+                        .unwrap_or_default();
+                    panic!(
+                        "loader never printed `{line}`; stdout: {:?}\nstderr: {err}",
+                        self.seen
+                    );
                 }
             }
         }
@@ -183,16 +205,31 @@ impl Tool {
             if Instant::now() > end {
                 let _ = self.child.kill();
                 let _ = self.child.wait();
-                let err = self.stderr.take().and_then(|h| h.join().ok()).unwrap_or_default();
-                panic!("loader did not exit within 60 s of SIGINT; stdout {:?}\nstderr: {err}", self.seen);
+                let err = self
+                    .stderr
+                    .take()
+                    .and_then(|h| h.join().ok())
+                    .unwrap_or_default();
+                panic!(
+                    "loader did not exit within 60 s of SIGINT; stdout {:?}\nstderr: {err}",
+                    self.seen
+                );
             }
             std::thread::sleep(Duration::from_millis(20));
         };
         while let Ok(l) = self.lines.recv_timeout(Duration::from_secs(2)) {
             self.seen.push(l);
         }
-        let err = self.stderr.take().and_then(|h| h.join().ok()).unwrap_or_default();
-        (status.code().unwrap_or(-1), std::mem::take(&mut self.seen), err)
+        let err = self
+            .stderr
+            .take()
+            .and_then(|h| h.join().ok())
+            .unwrap_or_default();
+        (
+            status.code().unwrap_or(-1),
+            std::mem::take(&mut self.seen),
+            err,
+        )
     }
 
     pub fn pid(&self) -> u32 {
@@ -213,7 +250,9 @@ impl Drop for Tool {
 }
 
 pub fn run_with_timeout(mut c: Command, timeout: Duration) -> std::process::Output {
-    c.stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped());
+    c.stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
     let mut child = c.spawn().expect("spawn");
     let end = Instant::now() + timeout;
     loop {
@@ -223,7 +262,11 @@ pub fn run_with_timeout(mut c: Command, timeout: Duration) -> std::process::Outp
         if Instant::now() > end {
             let _ = child.kill();
             let out = child.wait_with_output().expect("output");
-            panic!("timed out: {:?}\nstderr: {}", c, String::from_utf8_lossy(&out.stderr));
+            panic!(
+                "timed out: {:?}\nstderr: {}",
+                c,
+                String::from_utf8_lossy(&out.stderr)
+            );
         }
         std::thread::sleep(Duration::from_millis(10));
     }
@@ -231,11 +274,14 @@ pub fn run_with_timeout(mut c: Command, timeout: Duration) -> std::process::Outp
 
 /// The value of `key=` in the first line that starts with `prefix`.
 pub fn field(lines: &[String], prefix: &str, key: &str) -> Option<u64> {
-    lines.iter().filter(|l| l.starts_with(prefix)).find_map(|l| {
-        l.split_whitespace()
-            .find_map(|w| w.strip_prefix(&format!("{key}=")))
-            .and_then(|v| v.parse().ok())
-    })
+    lines
+        .iter()
+        .filter(|l| l.starts_with(prefix))
+        .find_map(|l| {
+            l.split_whitespace()
+                .find_map(|w| w.strip_prefix(&format!("{key}=")))
+                .and_then(|v| v.parse().ok())
+        })
 }
 
 /// Why the kernel cannot serve as the oracle here, if it cannot.

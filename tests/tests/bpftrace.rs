@@ -8,7 +8,10 @@ use std::time::Duration;
 const N: u64 = 200;
 
 fn have_bpftrace() -> bool {
-    Command::new("bpftrace").arg("--version").output().is_ok_and(|o| o.status.success())
+    Command::new("bpftrace")
+        .arg("--version")
+        .output()
+        .is_ok_and(|o| o.status.success())
 }
 
 fn ours(s: &Session, script: &str, target: &str, last: Option<&str>) -> Vec<String> {
@@ -40,7 +43,11 @@ fn kernel(script: &str, target: &str, last: Option<&str>) -> Option<Vec<String>>
     let tool = Tool::spawn_until(c, "Attaching 1 probe...");
     std::thread::sleep(Duration::from_secs(2));
     let mut tool = tool;
-    assert!(Command::new(target).arg(N.to_string()).status().unwrap().success());
+    assert!(Command::new(target)
+        .arg(N.to_string())
+        .status()
+        .unwrap()
+        .success());
     if let Some(l) = last {
         tool.wait_for_line(l, Duration::from_secs(10));
     }
@@ -49,7 +56,10 @@ fn kernel(script: &str, target: &str, last: Option<&str>) -> Option<Vec<String>>
 }
 
 fn nonempty(lines: Vec<String>) -> Vec<String> {
-    lines.into_iter().filter(|l| !l.trim().is_empty() && !l.starts_with("Attaching")).collect()
+    lines
+        .into_iter()
+        .filter(|l| !l.trim().is_empty() && !l.starts_with("Attaching"))
+        .collect()
 }
 
 #[test]
@@ -83,7 +93,10 @@ fn count_and_printf_one_liners_match_the_kernel() {
         v.sort();
         v
     };
-    assert_eq!(sorted(got_keyed.clone()), (0..5).map(|i| format!("@[{i}]: 1")).collect::<Vec<_>>());
+    assert_eq!(
+        sorted(got_keyed.clone()),
+        (0..5).map(|i| format!("@[{i}]: 1")).collect::<Vec<_>>()
+    );
     if let Some(k) = kernel(&keyed.replace(t, kt), kt, None) {
         assert_eq!(sorted(nonempty(k)), sorted(got_keyed));
     }

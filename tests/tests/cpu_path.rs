@@ -16,7 +16,11 @@ fn under_bpftime(s: &Session, tool: &str, args: &[&str], target: &str) -> Vec<St
     argv.extend(args.iter().map(|a| if *a == "@TARGET" { t } else { a }));
     let loader = s.load(&argv);
     let out = s.start(&[t, &N.to_string()]);
-    assert!(out.status.success(), "target failed: {}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "target failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let (code, lines, err) = loader.stop();
     assert_eq!(code, 0, "loader failed: {err}");
     lines
@@ -34,7 +38,10 @@ fn on_kernel(s: &Session, tool: &str, args: &[&str], target: &str) -> Option<Vec
     std::fs::copy(target, &t).unwrap();
     let t = t.to_str().unwrap().to_string();
     let mut c = Command::new(tool);
-    c.args(args.iter().map(|a| if *a == "@TARGET" { t.as_str() } else { a }));
+    c.args(
+        args.iter()
+            .map(|a| if *a == "@TARGET" { t.as_str() } else { a }),
+    );
     let loader = Tool::spawn(c);
     let out = Command::new(&t).arg(N.to_string()).output().unwrap();
     assert!(out.status.success());
@@ -57,15 +64,26 @@ fn funclatency_c_loader_counts_every_call_like_the_kernel() {
         .sum();
     assert_eq!(buckets, N, "histogram holds every call");
     if let Some(k) = on_kernel(&s, examples::FUNCLATENCY, &args, examples::CALLS) {
-        assert_eq!(field(&k, "count=", "count"), field(&ours, "count=", "count"));
-        assert_eq!(field(&k, "missed=", "missed"), field(&ours, "missed=", "missed"));
+        assert_eq!(
+            field(&k, "count=", "count"),
+            field(&ours, "count=", "count")
+        );
+        assert_eq!(
+            field(&k, "missed=", "missed"),
+            field(&ours, "missed=", "missed")
+        );
     }
 }
 
 #[test]
 fn funclatency_on_a_non_pie_target() {
     let s = Session::new("nopie");
-    let ours = under_bpftime(&s, examples::FUNCLATENCY, &["--target", "@TARGET", "--func", "work"], examples::CALLS_NOPIE);
+    let ours = under_bpftime(
+        &s,
+        examples::FUNCLATENCY,
+        &["--target", "@TARGET", "--func", "work"],
+        examples::CALLS_NOPIE,
+    );
     assert_eq!(field(&ours, "count=", "count"), Some(N), "{ours:?}");
 }
 
@@ -103,7 +121,11 @@ fn malloc_count_c_loader_on_libc_like_the_kernel() {
             .cloned()
             .collect();
         let _ = pid_line;
-        assert_eq!(field(&kernel_line, "pid=", "calls"), Some(per_pid_calls), "kernel {kernel_line:?} ours {ours:?}");
+        assert_eq!(
+            field(&kernel_line, "pid=", "calls"),
+            Some(per_pid_calls),
+            "kernel {kernel_line:?} ours {ours:?}"
+        );
         assert_eq!(field(&kernel_line, "pid=", "bytes"), Some(per_pid_bytes));
     }
 }
@@ -122,9 +144,17 @@ fn check_events(lines: &[String]) {
     let args: Vec<i64> = lines
         .iter()
         .filter(|l| l.starts_with("event "))
-        .filter_map(|l| l.split_whitespace().find_map(|w| w.strip_prefix("arg=")).and_then(|v| v.parse().ok()))
+        .filter_map(|l| {
+            l.split_whitespace()
+                .find_map(|w| w.strip_prefix("arg="))
+                .and_then(|v| v.parse().ok())
+        })
         .collect();
-    assert_eq!(args, (0..N as i64).collect::<Vec<_>>(), "every argument once, in order");
+    assert_eq!(
+        args,
+        (0..N as i64).collect::<Vec<_>>(),
+        "every argument once, in order"
+    );
 }
 
 #[test]
@@ -142,7 +172,12 @@ fn ringbuf_events_c_loader_streams_every_event() {
 fn ringbuf_events_libbpf_rs_loader() {
     let s = Session::new("ringbufrs");
     let tool = workspace_bin("ringbuf_events_rs");
-    let ours = under_bpftime(&s, tool.to_str().unwrap(), &["--target", "@TARGET", "--func", "work"], examples::CALLS);
+    let ours = under_bpftime(
+        &s,
+        tool.to_str().unwrap(),
+        &["--target", "@TARGET", "--func", "work"],
+        examples::CALLS,
+    );
     check_events(&ours);
 }
 
@@ -172,12 +207,23 @@ fn a_tool_that_exits_detaches_and_a_killed_tool_leaves_nothing_attached() {
     // ...which a new tool's session cleans up, and the agent never attaches.
     let live = s.load(&[examples::FUNCLATENCY, "--target", t, "--func", "work"]);
     let out = s.start(&[t, &N.to_string()]);
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let (_, lines, _) = live.stop();
-    assert_eq!(field(&lines, "count=", "count"), Some(N), "counted once, not twice: {lines:?}");
+    assert_eq!(
+        field(&lines, "count=", "count"),
+        Some(N),
+        "counted once, not twice: {lines:?}"
+    );
     let list = s.bpftime().args(["list"]).output().unwrap();
     let text = String::from_utf8_lossy(&list.stdout);
-    assert!(!text.contains("link "), "no links remain after both tools exited... list:\n{text}");
+    assert!(
+        !text.contains("link "),
+        "no links remain after both tools exited... list:\n{text}"
+    );
     let _ = Duration::from_secs(0);
 }
 
@@ -187,7 +233,14 @@ fn a_missing_symbol_fails_the_tool_with_a_message() {
     let t = s.target_copy(examples::CALLS);
     let out = s
         .bpftime()
-        .args(["load", examples::FUNCLATENCY, "--target", t.to_str().unwrap(), "--func", "no_such_function"])
+        .args([
+            "load",
+            examples::FUNCLATENCY,
+            "--target",
+            t.to_str().unwrap(),
+            "--func",
+            "no_such_function",
+        ])
         .output()
         .unwrap();
     assert_ne!(out.status.code(), Some(0));
@@ -199,7 +252,11 @@ fn a_missing_symbol_fails_the_tool_with_a_message() {
 #[test]
 fn cli_reports_missing_programs_and_stores_with_exit_2() {
     let s = Session::new("cli");
-    let out = s.bpftime().args(["start", "/no/such/program"]).output().unwrap();
+    let out = s
+        .bpftime()
+        .args(["start", "/no/such/program"])
+        .output()
+        .unwrap();
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("not found"));
     let out = Command::new(bpftime_tests::bpftime())

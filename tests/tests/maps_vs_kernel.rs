@@ -17,7 +17,14 @@ struct Kernel;
 impl Bpf for Kernel {
     fn call(&mut self, command: u32, attr: &mut [u8; 128]) -> Res {
         // SAFETY: attr is a 128-byte bpf_attr whose pointers point at live test buffers.
-        let r = unsafe { libc::syscall(libc::SYS_bpf, command as libc::c_long, attr.as_mut_ptr(), 128usize) };
+        let r = unsafe {
+            libc::syscall(
+                libc::SYS_bpf,
+                command as libc::c_long,
+                attr.as_mut_ptr(),
+                128usize,
+            )
+        };
         if r < 0 {
             Err(std::io::Error::last_os_error().raw_os_error().unwrap_or(0))
         } else {
@@ -61,7 +68,8 @@ impl Script<'_> {
         put32(&mut a, 16, flags);
         let r = self.bpf.call(cmd::MAP_CREATE, &mut a);
         // Fds differ between the two; record success and errno only.
-        self.log.push((format!("create type {t}"), (r.map(|_| 0), vec![])));
+        self.log
+            .push((format!("create type {t}"), (r.map(|_| 0), vec![])));
         if let Ok(fd) = r {
             self.fd = fd as u32;
         }
@@ -72,10 +80,22 @@ impl Script<'_> {
         let mut a = [0u8; 128];
         put32(&mut a, 0, self.fd);
         put64(&mut a, 8, key.map_or(0, |k| k.as_ptr() as u64));
-        put64(&mut a, 16, if value.is_empty() { 0 } else { value.as_mut_ptr() as u64 });
+        put64(
+            &mut a,
+            16,
+            if value.is_empty() {
+                0
+            } else {
+                value.as_mut_ptr() as u64
+            },
+        );
         put64(&mut a, 24, flags);
         let r = self.bpf.call(command, &mut a);
-        let out = if r.is_ok() && matches!(command, cmd::MAP_LOOKUP_ELEM | cmd::MAP_GET_NEXT_KEY | cmd::MAP_LOOKUP_AND_DELETE_ELEM) {
+        let out = if r.is_ok()
+            && matches!(
+                command,
+                cmd::MAP_LOOKUP_ELEM | cmd::MAP_GET_NEXT_KEY | cmd::MAP_LOOKUP_AND_DELETE_ELEM
+            ) {
             value.to_vec()
         } else {
             vec![]
@@ -85,15 +105,33 @@ impl Script<'_> {
 
     fn update(&mut self, key: &[u8], value: &[u8], flags: u64) {
         let mut v = value.to_vec();
-        self.elem(&format!("update {key:?} flags {flags}"), cmd::MAP_UPDATE_ELEM, Some(key), &mut v, flags);
+        self.elem(
+            &format!("update {key:?} flags {flags}"),
+            cmd::MAP_UPDATE_ELEM,
+            Some(key),
+            &mut v,
+            flags,
+        );
     }
     fn push(&mut self, value: &[u8], flags: u64) {
         let mut v = value.to_vec();
-        self.elem(&format!("push {value:?} flags {flags}"), cmd::MAP_UPDATE_ELEM, None, &mut v, flags);
+        self.elem(
+            &format!("push {value:?} flags {flags}"),
+            cmd::MAP_UPDATE_ELEM,
+            None,
+            &mut v,
+            flags,
+        );
     }
     fn lookup(&mut self, key: Option<&[u8]>, size: usize) {
         let mut v = vec![0u8; size];
-        self.elem(&format!("lookup {key:?}"), cmd::MAP_LOOKUP_ELEM, key, &mut v, 0);
+        self.elem(
+            &format!("lookup {key:?}"),
+            cmd::MAP_LOOKUP_ELEM,
+            key,
+            &mut v,
+            0,
+        );
     }
     fn pop(&mut self, size: usize) {
         let mut v = vec![0u8; size];
@@ -101,14 +139,32 @@ impl Script<'_> {
     }
     fn lookup_and_delete(&mut self, key: &[u8], size: usize) {
         let mut v = vec![0u8; size];
-        self.elem(&format!("lookup_and_delete {key:?}"), cmd::MAP_LOOKUP_AND_DELETE_ELEM, Some(key), &mut v, 0);
+        self.elem(
+            &format!("lookup_and_delete {key:?}"),
+            cmd::MAP_LOOKUP_AND_DELETE_ELEM,
+            Some(key),
+            &mut v,
+            0,
+        );
     }
     fn delete(&mut self, key: &[u8]) {
-        self.elem(&format!("delete {key:?}"), cmd::MAP_DELETE_ELEM, Some(key), &mut [], 0);
+        self.elem(
+            &format!("delete {key:?}"),
+            cmd::MAP_DELETE_ELEM,
+            Some(key),
+            &mut [],
+            0,
+        );
     }
     fn next_key(&mut self, key: Option<&[u8]>, size: usize) {
         let mut v = vec![0u8; size];
-        self.elem(&format!("next_key {key:?}"), cmd::MAP_GET_NEXT_KEY, key, &mut v, 0);
+        self.elem(
+            &format!("next_key {key:?}"),
+            cmd::MAP_GET_NEXT_KEY,
+            key,
+            &mut v,
+            0,
+        );
     }
     /// Counts keys by iteration (orders differ between implementations).
     fn count_keys(&mut self, size: usize) {
@@ -126,7 +182,8 @@ impl Script<'_> {
                     key = Some(out);
                 }
                 Err(e) => {
-                    self.log.push(("iterate".into(), (Ok(n), e.to_ne_bytes().to_vec())));
+                    self.log
+                        .push(("iterate".into(), (Ok(n), e.to_ne_bytes().to_vec())));
                     return;
                 }
             }
@@ -157,7 +214,11 @@ fn ncpus() -> usize {
 
 /// The whole sequence, run against one implementation.
 fn script(bpf: &mut dyn Bpf) -> Vec<(String, Outcome)> {
-    let mut s = Script { bpf, log: vec![], fd: 0 };
+    let mut s = Script {
+        bpf,
+        log: vec![],
+        fd: 0,
+    };
     // Array.
     s.create(mt::ARRAY, 4, 8, 4, 0).unwrap();
     s.update(&k32(1), &v64(11), uf::ANY);
@@ -196,13 +257,17 @@ fn script(bpf: &mut dyn Bpf) -> Vec<(String, Outcome)> {
     s.count_keys(4);
     // Per-CPU array and hash: one 8-byte slot per possible CPU.
     let n = ncpus();
-    let vals: Vec<u8> = (0..n as u64).flat_map(|c| (c * 3 + 1).to_ne_bytes()).collect();
+    let vals: Vec<u8> = (0..n as u64)
+        .flat_map(|c| (c * 3 + 1).to_ne_bytes())
+        .collect();
     s.create(mt::PERCPU_ARRAY, 4, 8, 2, 0).unwrap();
     s.update(&k32(1), &vals, uf::ANY);
     s.lookup(Some(&k32(1)), 8 * n);
     s.lookup(Some(&k32(0)), 8 * n);
     s.create(mt::PERCPU_HASH, 8, 4, 2, 0).unwrap();
-    let vals4: Vec<u8> = (0..n as u64).flat_map(|c| (c + 100).to_ne_bytes()).collect();
+    let vals4: Vec<u8> = (0..n as u64)
+        .flat_map(|c| (c + 100).to_ne_bytes())
+        .collect();
     s.update(&v64(7), &vals4, uf::ANY);
     s.lookup(Some(&v64(7)), 8 * n);
     s.update(&v64(8), &vals4, uf::ANY);
@@ -211,7 +276,13 @@ fn script(bpf: &mut dyn Bpf) -> Vec<(String, Outcome)> {
     s.create(mt::LRU_HASH, 4, 4, 64, 0).unwrap();
     for i in 0..200 {
         let mut v = k32(i).to_vec();
-        s.elem("lru update", cmd::MAP_UPDATE_ELEM, Some(&k32(i)), &mut v, uf::ANY);
+        s.elem(
+            "lru update",
+            cmd::MAP_UPDATE_ELEM,
+            Some(&k32(i)),
+            &mut v,
+            uf::ANY,
+        );
     }
     s.lookup(Some(&k32(199)), 4);
     // Queue and stack.
@@ -249,7 +320,10 @@ fn map_operations_agree_with_the_kernel() {
 
     // Spot checks that hold whatever the kernel says.
     let find = |what: &str| got.iter().find(|(w, _)| w == what).map(|(_, o)| o.clone());
-    assert_eq!(find("update [4, 0, 0, 0] flags 0").unwrap().0, Err(libc::E2BIG));
+    assert_eq!(
+        find("update [4, 0, 0, 0] flags 0").unwrap().0,
+        Err(libc::E2BIG)
+    );
     assert_eq!(find("create type 9999").unwrap().0, Err(libc::EINVAL));
 
     if let Some(why) = bpftime_tests::kernel_unavailable() {
@@ -264,6 +338,11 @@ fn map_operations_agree_with_the_kernel() {
         }
     }
     assert_eq!(got.len(), want.len());
-    assert!(differ.is_empty(), "{} steps differ from the kernel:\n{}", differ.len(), differ.join("\n"));
+    assert!(
+        differ.is_empty(),
+        "{} steps differ from the kernel:\n{}",
+        differ.len(),
+        differ.join("\n")
+    );
     println!("{} map operations agree with the kernel", got.len());
 }

@@ -23,7 +23,14 @@ fn load(shim: Option<&mut Shim>, insns: &[Insn]) -> (Result<i64, i32>, String) {
         Some(s) => unsafe { s.bpf(cmd::PROG_LOAD, a.as_mut_ptr(), a.len()) },
         None => {
             // SAFETY: as above, for the kernel.
-            let r = unsafe { libc::syscall(libc::SYS_bpf, cmd::PROG_LOAD as libc::c_long, a.as_mut_ptr(), a.len()) };
+            let r = unsafe {
+                libc::syscall(
+                    libc::SYS_bpf,
+                    cmd::PROG_LOAD as libc::c_long,
+                    a.as_mut_ptr(),
+                    a.len(),
+                )
+            };
             if r < 0 {
                 Err(std::io::Error::last_os_error().raw_os_error().unwrap_or(0))
             } else {
@@ -43,11 +50,31 @@ const MOV0: Insn = Insn::new(0xb7, 0, 0, 0, 0);
 #[test]
 fn malformed_programs_are_refused_like_the_kernel_refuses_them() {
     let cases: Vec<(&str, Vec<Insn>, &str)> = vec![
-        ("jump out of range", vec![MOV0, Insn::new(0x05, 0, 0, 5, 0), EXIT], "jump out of range"),
-        ("no exit at the end", vec![MOV0, Insn::new(0x07, 0, 0, 0, 1)], "last insn"),
-        ("unknown helper", vec![Insn::new(0x85, 0, 0, 0, 99_999), EXIT], "unknown func"),
-        ("write to the frame pointer", vec![MOV0, Insn::new(0xb7, 10, 0, 0, 0), EXIT], "frame pointer"),
-        ("kfunc call", vec![Insn::new(0x85, 0, 2, 0, 1), EXIT], "kernel functions"),
+        (
+            "jump out of range",
+            vec![MOV0, Insn::new(0x05, 0, 0, 5, 0), EXIT],
+            "jump out of range",
+        ),
+        (
+            "no exit at the end",
+            vec![MOV0, Insn::new(0x07, 0, 0, 0, 1)],
+            "last insn",
+        ),
+        (
+            "unknown helper",
+            vec![Insn::new(0x85, 0, 0, 0, 99_999), EXIT],
+            "unknown func",
+        ),
+        (
+            "write to the frame pointer",
+            vec![MOV0, Insn::new(0xb7, 10, 0, 0, 0), EXIT],
+            "frame pointer",
+        ),
+        (
+            "kfunc call",
+            vec![Insn::new(0x85, 0, 2, 0, 1), EXIT],
+            "kernel functions",
+        ),
     ];
     let name = format!("test-progload-{}", std::process::id());
     let store = Store::create_or_open(&name).unwrap();
@@ -66,7 +93,10 @@ fn malformed_programs_are_refused_like_the_kernel_refuses_them() {
         }
     }
     let store = Store::open(&name).unwrap();
-    assert!(store.ids(ObjectKind::Program).is_empty(), "a refused program is not stored");
+    assert!(
+        store.ids(ObjectKind::Program).is_empty(),
+        "a refused program is not stored"
+    );
     store.destroy().unwrap();
 }
 

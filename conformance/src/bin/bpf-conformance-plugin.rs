@@ -20,7 +20,7 @@ struct Args {
 
 fn hex_bytes(text: &str) -> anyhow::Result<Vec<u8>> {
     let digits: Vec<u8> = text.bytes().filter(|b| !b.is_ascii_whitespace()).collect();
-    if digits.len() % 2 != 0 {
+    if !digits.len().is_multiple_of(2) {
         bail!("odd number of hex digits ({})", digits.len());
     }
     digits

@@ -85,7 +85,13 @@ pub(super) unsafe fn prog_lookup(map: &Map, key: *const u8, percpu: bool) -> *mu
     }
 }
 
-pub(super) fn prog_update(map: &Map, key: &[u8], value: *const u8, flags: u64, percpu: bool) -> Result<()> {
+pub(super) fn prog_update(
+    map: &Map,
+    key: &[u8],
+    value: *const u8,
+    flags: u64,
+    percpu: bool,
+) -> Result<()> {
     check_flags(flags)?;
     let idx = index(map, key)?;
     if idx >= map.max_entries() {

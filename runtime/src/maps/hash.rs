@@ -250,10 +250,15 @@ pub(super) fn init_free_list(h: &MapHeader, data: &mut [u8]) {
     let base = elems_offset(h.nbuckets);
     for i in 0..h.nelems as usize {
         let off = base + i * h.elem_size as usize + 4;
-        let next = if i + 1 == h.nelems as usize { 0 } else { i as u32 + 2 };
+        let next = if i + 1 == h.nelems as usize {
+            0
+        } else {
+            i as u32 + 2
+        };
         data[off..off + 4].copy_from_slice(&next.to_ne_bytes());
     }
-    h.free_head.store(if h.nelems > 0 { 1 } else { 0 }, Ordering::Relaxed);
+    h.free_head
+        .store(if h.nelems > 0 { 1 } else { 0 }, Ordering::Relaxed);
     h.free_tail.store(h.nelems, Ordering::Relaxed);
 }
 
@@ -286,7 +291,13 @@ pub(super) fn lookup(map: &Map, key: &[u8], value: &mut [u8]) -> Result<()> {
 
 /// Inserts or replaces. From a program (`from_syscall` false) `value` is one
 /// value, which goes to the current CPU's slot of per-CPU maps.
-pub(super) fn update(map: &Map, key: &[u8], value: *const u8, flags: u64, from_syscall: bool) -> Result<()> {
+pub(super) fn update(
+    map: &Map,
+    key: &[u8],
+    value: *const u8,
+    flags: u64,
+    from_syscall: bool,
+) -> Result<()> {
     map.check_key(key)?;
     if flags & !update_flags::LOCK > update_flags::EXIST {
         return Err(err(libc::EINVAL, "unknown update flags"));
@@ -309,7 +320,13 @@ pub(super) fn update(map: &Map, key: &[u8], value: *const u8, flags: u64, from_s
         if percpu && from_syscall {
             for c in 0..v.copies() {
                 // SAFETY: `value` holds ncpus 8-byte-rounded slots from bpf(); dst holds ncpus slots.
-                unsafe { std::ptr::copy_nonoverlapping(value.add(c * vstride), dst.add(c * vstride), vsize) };
+                unsafe {
+                    std::ptr::copy_nonoverlapping(
+                        value.add(c * vstride),
+                        dst.add(c * vstride),
+                        vsize,
+                    )
+                };
             }
         } else if percpu {
             if fresh {
@@ -329,7 +346,10 @@ pub(super) fn update(map: &Map, key: &[u8], value: *const u8, flags: u64, from_s
         write_values(v.value_ptr(old), false);
         return Ok(());
     }
-    if old == 0 && v.h.count.load(Ordering::Relaxed) >= v.h.max_entries && !(v.is_lru() && v.evict()) {
+    if old == 0
+        && v.h.count.load(Ordering::Relaxed) >= v.h.max_entries
+        && !(v.is_lru() && v.evict())
+    {
         return Err(err(libc::E2BIG, "map is full"));
     }
     let mut idx = v.pop_free();
@@ -345,8 +365,10 @@ pub(super) fn update(map: &Map, key: &[u8], value: *const u8, flags: u64, from_s
     // SAFETY: elem_ptr points at the element header, which we own until it is linked.
     let e = unsafe { &mut *(v.elem_ptr(idx) as *mut Elem) };
     e.hash = hash;
-    e.tick
-        .store(v.h.lru_clock.fetch_add(1, Ordering::Relaxed), Ordering::Relaxed);
+    e.tick.store(
+        v.h.lru_clock.fetch_add(1, Ordering::Relaxed),
+        Ordering::Relaxed,
+    );
     e.used.store(1, Ordering::Relaxed);
     let b = v.bucket(hash);
     e.next.store(b.load(Ordering::Relaxed), Ordering::Relaxed);
@@ -402,7 +424,8 @@ pub(super) fn next_key(map: &Map, key: Option<&[u8]>, out: &mut [u8]) -> Result<
     let first_from = |start: u32| -> Option<u32> {
         (start..v.h.nbuckets).find_map(|b| {
             // SAFETY: b < nbuckets.
-            let idx = unsafe { &*(map.data().cast::<AtomicU32>().add(b as usize)) }.load(Ordering::Acquire);
+            let idx = unsafe { &*(map.data().cast::<AtomicU32>().add(b as usize)) }
+                .load(Ordering::Acquire);
             (idx != 0).then_some(idx)
         })
     };

@@ -42,13 +42,16 @@ pub(crate) fn lock<'a>(word: &'a AtomicU32, repair: impl FnOnce()) -> Guard<'a> 
             continue;
         }
         spins = spins.wrapping_add(1);
-        if spins % 1024 == 0 {
+        if spins.is_multiple_of(1024) {
             if !thread_alive(cur)
                 && word
                     .compare_exchange(cur, me, Ordering::Acquire, Ordering::Relaxed)
                     .is_ok()
             {
-                tracing::warn!(dead_tid = cur, "took over a map lock held by a dead thread; repairing the map");
+                tracing::warn!(
+                    dead_tid = cur,
+                    "took over a map lock held by a dead thread; repairing the map"
+                );
                 repair();
                 return Guard { word };
             }

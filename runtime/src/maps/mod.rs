@@ -87,10 +87,15 @@ pub struct MapSpec {
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Kind {
-    Array { percpu: bool },
+    Array {
+        percpu: bool,
+    },
     /// Arrays whose values are object ids (prog_array, perf_event_array).
     IdArray,
-    Hash { percpu: bool, lru: bool },
+    Hash {
+        percpu: bool,
+        lru: bool,
+    },
     Queue,
     Stack,
     Ringbuf,
@@ -249,7 +254,10 @@ impl Map {
         // SAFETY: header validated above; it lies in the first page.
         let h = unsafe { &*(probe.base() as *const MapHeader) };
         let kind = Kind::of(h.map_type).ok_or_else(|| {
-            err(libc::EINVAL, format!("{}: unknown map type {}", path.display(), h.map_type))
+            err(
+                libc::EINVAL,
+                format!("{}: unknown map type {}", path.display(), h.map_type),
+            )
         })?;
         let file_len = h.file_len as usize;
         let value_size = h.max_entries as usize;
@@ -550,7 +558,13 @@ impl Map {
                 array::prog_update(self, k, value, flags, percpu)
             }
             // SAFETY: forwarded caller obligation.
-            Kind::Hash { .. } => hash::update(self, unsafe { std::slice::from_raw_parts(key, self.key_size() as usize) }, value, flags, false),
+            Kind::Hash { .. } => hash::update(
+                self,
+                unsafe { std::slice::from_raw_parts(key, self.key_size() as usize) },
+                value,
+                flags,
+                false,
+            ),
             Kind::Queue | Kind::Stack => queue::push(self, value, flags),
             _ => Err(err(libc::EINVAL, "not updatable from a program")),
         };
@@ -589,7 +603,8 @@ impl Map {
             Kind::Queue | Kind::Stack if delete => queue::pop(self, value),
             Kind::Queue | Kind::Stack => {
                 // SAFETY: forwarded caller obligation.
-                let v = unsafe { std::slice::from_raw_parts_mut(value, self.value_size() as usize) };
+                let v =
+                    unsafe { std::slice::from_raw_parts_mut(value, self.value_size() as usize) };
                 queue::peek(self, v)
             }
             _ => Err(err(libc::EINVAL, "not a queue or stack")),
@@ -654,7 +669,13 @@ impl Map {
         if self.kind != Kind::Ringbuf {
             return -(libc::EINVAL as i64);
         }
-        let rec = ringbuf::reserve(self, size, flags & !(bpftime_isa::uapi::ringbuf::NO_WAKEUP | bpftime_isa::uapi::ringbuf::FORCE_WAKEUP));
+        let rec = ringbuf::reserve(
+            self,
+            size,
+            flags
+                & !(bpftime_isa::uapi::ringbuf::NO_WAKEUP
+                    | bpftime_isa::uapi::ringbuf::FORCE_WAKEUP),
+        );
         if rec.is_null() {
             return -(libc::EAGAIN as i64);
         }
@@ -745,7 +766,9 @@ impl Layout {
             }
             Kind::IdArray => {
                 if s.key_size != 4 || s.value_size != 4 {
-                    return Err(inval("prog_array and perf_event_array need 4-byte keys and values"));
+                    return Err(inval(
+                        "prog_array and perf_event_array need 4-byte keys and values",
+                    ));
                 }
                 (4 * s.max_entries as usize, 0, 0, 0)
             }
@@ -757,10 +780,20 @@ impl Layout {
                 let elem = hash::ELEM_HEADER + round8(s.key_size) + round8(s.value_size) * copies;
                 // Spare elements let an update of an existing key publish the new
                 // value before retiring the old one, as the kernel's preallocated maps do.
-                let nelems = if lru { s.max_entries } else { s.max_entries.saturating_add(ncpus as u32) };
-                let nbuckets = s.max_entries.checked_next_power_of_two().ok_or_else(|| err(libc::E2BIG, "hash too large"))?;
+                let nelems = if lru {
+                    s.max_entries
+                } else {
+                    s.max_entries.saturating_add(ncpus as u32)
+                };
+                let nbuckets = s
+                    .max_entries
+                    .checked_next_power_of_two()
+                    .ok_or_else(|| err(libc::E2BIG, "hash too large"))?;
                 let len = hash::elems_offset(nbuckets)
-                    .checked_add(elem.checked_mul(nelems as usize).ok_or_else(|| err(libc::E2BIG, "hash too large"))?)
+                    .checked_add(
+                        elem.checked_mul(nelems as usize)
+                            .ok_or_else(|| err(libc::E2BIG, "hash too large"))?,
+                    )
                     .ok_or_else(|| err(libc::E2BIG, "hash too large"))?;
                 (len, nbuckets, nelems, elem as u32)
             }
@@ -774,10 +807,19 @@ impl Layout {
                 if s.key_size != 0 || s.value_size != 0 {
                     return Err(inval("ring buffers take no key and no value"));
                 }
-                if !s.max_entries.is_power_of_two() || (s.max_entries as usize) % PAGE_SIZE != 0 {
-                    return Err(inval("ring buffer size must be a power of 2 and a multiple of the page size"));
+                if !s.max_entries.is_power_of_two()
+                    || !(s.max_entries as usize).is_multiple_of(PAGE_SIZE)
+                {
+                    return Err(inval(
+                        "ring buffer size must be a power of 2 and a multiple of the page size",
+                    ));
                 }
-                (ringbuf::DATA_OFFSET - PAGE_SIZE + s.max_entries as usize, 0, 0, 0)
+                (
+                    ringbuf::DATA_OFFSET - PAGE_SIZE + s.max_entries as usize,
+                    0,
+                    0,
+                    0,
+                )
             }
         };
         if data > (1usize << 36) {

@@ -19,7 +19,10 @@ fn slot_ptr(map: &Map, i: u32) -> *mut u8 {
 
 pub(super) fn push(map: &Map, value: *const u8, flags: u64) -> Result<()> {
     if flags != update_flags::ANY && flags != update_flags::EXIST {
-        return Err(err(libc::EINVAL, "queues and stacks take BPF_ANY or BPF_EXIST"));
+        return Err(err(
+            libc::EINVAL,
+            "queues and stacks take BPF_ANY or BPF_EXIST",
+        ));
     }
     let h = map.header();
     let n = slots(map);

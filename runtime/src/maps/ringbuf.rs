@@ -72,7 +72,8 @@ pub(super) fn reserve(map: &Map, size: u64, flags: u64) -> *mut u8 {
     // SAFETY: the header is 8-byte aligned (positions advance in multiples of 8).
     unsafe {
         (*(hdr as *const AtomicU32)).store(size as u32 | rb::BUSY_BIT, Ordering::Relaxed);
-        (*(hdr.add(4) as *const AtomicU32)).store((page_of_hdr / PAGE_SIZE) as u32, Ordering::Relaxed);
+        (*(hdr.add(4) as *const AtomicU32))
+            .store((page_of_hdr / PAGE_SIZE) as u32, Ordering::Relaxed);
     }
     prod.store(p + len, Ordering::Release);
     // SAFETY: the sample follows its 8-byte header inside the record.

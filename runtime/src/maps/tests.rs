@@ -46,10 +46,19 @@ fn hash_follows_kernel_flags_and_capacity() {
     let m = Map::create(&s, &spec(mt::HASH, 4, 8, 2)).unwrap();
     let k = |v: u32| v.to_ne_bytes();
     m.update(&k(1), &10u64.to_ne_bytes(), uf::ANY).unwrap();
-    assert_eq!(errno(m.update(&k(1), &11u64.to_ne_bytes(), uf::NOEXIST)), libc::EEXIST);
-    assert_eq!(errno(m.update(&k(2), &11u64.to_ne_bytes(), uf::EXIST)), libc::ENOENT);
+    assert_eq!(
+        errno(m.update(&k(1), &11u64.to_ne_bytes(), uf::NOEXIST)),
+        libc::EEXIST
+    );
+    assert_eq!(
+        errno(m.update(&k(2), &11u64.to_ne_bytes(), uf::EXIST)),
+        libc::ENOENT
+    );
     m.update(&k(2), &20u64.to_ne_bytes(), uf::NOEXIST).unwrap();
-    assert_eq!(errno(m.update(&k(3), &30u64.to_ne_bytes(), uf::ANY)), libc::E2BIG);
+    assert_eq!(
+        errno(m.update(&k(3), &30u64.to_ne_bytes(), uf::ANY)),
+        libc::E2BIG
+    );
     // Replacing an existing key works at capacity.
     m.update(&k(2), &21u64.to_ne_bytes(), uf::EXIST).unwrap();
     let mut v = [0u8; 8];
@@ -103,9 +112,11 @@ fn many_threads_and_two_handles_count_exactly() {
                                 continue;
                             }
                             let p = m.prog_lookup(key.as_ptr());
-                            (*(p as *const std::sync::atomic::AtomicU64)).fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                            (*(p as *const std::sync::atomic::AtomicU64))
+                                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                         } else {
-                            (*(p as *const std::sync::atomic::AtomicU64)).fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                            (*(p as *const std::sync::atomic::AtomicU64))
+                                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                         }
                     }
                     let _ = t;
@@ -129,13 +140,22 @@ fn array_and_percpu_array() {
     let mut v = [0u8; 4];
     m.lookup(&1u32.to_ne_bytes(), &mut v).unwrap();
     assert_eq!(v, [0; 4]);
-    assert_eq!(errno(m.update(&3u32.to_ne_bytes(), &v, uf::ANY)), libc::E2BIG);
-    assert_eq!(errno(m.update(&0u32.to_ne_bytes(), &v, uf::NOEXIST)), libc::EEXIST);
+    assert_eq!(
+        errno(m.update(&3u32.to_ne_bytes(), &v, uf::ANY)),
+        libc::E2BIG
+    );
+    assert_eq!(
+        errno(m.update(&0u32.to_ne_bytes(), &v, uf::NOEXIST)),
+        libc::EEXIST
+    );
     assert_eq!(errno(m.delete(&0u32.to_ne_bytes())), libc::EINVAL);
     let mut out = [0u8; 4];
     m.next_key(Some(&1u32.to_ne_bytes()), &mut out).unwrap();
     assert_eq!(u32::from_ne_bytes(out), 2);
-    assert_eq!(errno(m.next_key(Some(&2u32.to_ne_bytes()), &mut out)), libc::ENOENT);
+    assert_eq!(
+        errno(m.next_key(Some(&2u32.to_ne_bytes()), &mut out)),
+        libc::ENOENT
+    );
     m.next_key(Some(&7u32.to_ne_bytes()), &mut out).unwrap();
     assert_eq!(u32::from_ne_bytes(out), 0);
 
@@ -163,7 +183,8 @@ fn lru_evicts_instead_of_failing() {
     let s = TempStore::new("lru");
     let m = Map::create(&s, &spec(mt::LRU_HASH, 4, 4, 4)).unwrap();
     for i in 0..100u32 {
-        m.update(&i.to_ne_bytes(), &i.to_ne_bytes(), uf::ANY).unwrap();
+        m.update(&i.to_ne_bytes(), &i.to_ne_bytes(), uf::ANY)
+            .unwrap();
     }
     let mut n = 0;
     let mut key: Option<[u8; 4]> = None;
@@ -185,7 +206,10 @@ fn queue_and_stack_orders() {
     for m in [&q, &st] {
         m.update(&[], &1u32.to_ne_bytes(), uf::ANY).unwrap();
         m.update(&[], &2u32.to_ne_bytes(), uf::ANY).unwrap();
-        assert_eq!(errno(m.update(&[], &3u32.to_ne_bytes(), uf::ANY)), libc::E2BIG);
+        assert_eq!(
+            errno(m.update(&[], &3u32.to_ne_bytes(), uf::ANY)),
+            libc::E2BIG
+        );
         m.update(&[], &3u32.to_ne_bytes(), uf::EXIST).unwrap();
     }
     let mut v = [0u8; 4];
@@ -201,7 +225,10 @@ fn queue_and_stack_orders() {
 #[test]
 fn ringbuf_records_wrap_and_drops_are_counted() {
     let s = TempStore::new("ring");
-    assert_eq!(errno(Map::create(&s, &spec(mt::RINGBUF, 0, 0, 5000))), libc::EINVAL);
+    assert_eq!(
+        errno(Map::create(&s, &spec(mt::RINGBUF, 0, 0, 5000))),
+        libc::EINVAL
+    );
     let m = Map::create(&s, &spec(mt::RINGBUF, 0, 0, 4096)).unwrap();
     let mut produced = 0u32;
     let mut consumed = vec![];
@@ -234,7 +261,16 @@ fn ringbuf_records_wrap_and_drops_are_counted() {
 fn rejects_bad_specs_like_the_kernel() {
     let s = TempStore::new("specs");
     assert_eq!(errno(Map::create(&s, &spec(9999, 4, 4, 1))), libc::EINVAL);
-    assert_eq!(errno(Map::create(&s, &spec(mt::ARRAY, 8, 4, 1))), libc::EINVAL);
-    assert_eq!(errno(Map::create(&s, &spec(mt::HASH, 4, 4, 0))), libc::EINVAL);
-    assert_eq!(errno(Map::create(&s, &spec(mt::QUEUE, 4, 4, 1))), libc::EINVAL);
+    assert_eq!(
+        errno(Map::create(&s, &spec(mt::ARRAY, 8, 4, 1))),
+        libc::EINVAL
+    );
+    assert_eq!(
+        errno(Map::create(&s, &spec(mt::HASH, 4, 4, 0))),
+        libc::EINVAL
+    );
+    assert_eq!(
+        errno(Map::create(&s, &spec(mt::QUEUE, 4, 4, 1))),
+        libc::EINVAL
+    );
 }
