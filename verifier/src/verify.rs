@@ -1,0 +1,1631 @@
+//! The abstract interpreter: walks every path of the program depth-first, checks
+//! each instruction against the abstract state, and prunes a path when a state
+//! already proved safe at the same instruction covers it.
+
+use std::collections::HashMap;
+use std::fmt::Write as _;
+
+use bpftime_isa::opcode as op;
+use bpftime_isa::uapi::{self, helper as h, map_type as mt};
+use bpftime_isa::Insn;
+
+use crate::cfg::{self, Cfg};
+use crate::disasm::disasm;
+use crate::error::{RejectKind, Rejection, Verified};
+use crate::helpers::{self, Arg, Ret};
+use crate::scalar::{Cmp, Scalar, Shift};
+use crate::state::{Byte, Frame, FrameKind, Reg, Region, Slot, State};
+
+/// Program type of the conformance suite's programs (not a kernel number): `r1`
+/// points to a read-write buffer of `ProgramInfo::mem_len` bytes and `r2` holds
+/// that length.
+pub const PROG_TYPE_CONFORMANCE: u32 = 0x4254_0001;
+
+/// Size of the context of kprobe/uprobe programs: x86-64 `struct pt_regs`, 21 u64s.
+pub const PT_REGS_SIZE: u32 = 168;
+
+/// Stored states compared at each pruning point, newest first.
+const SCAN_STATES: usize = 64;
+/// Instructions a path runs between two stored states.
+const STORE_EVERY: u32 = 8;
+
+/// Largest offset a pointer may carry, as the kernel bounds it.
+const MAX_VAR_OFF: i64 = 1 << 29;
+
+/// What the loader knows about a map an `lddw` names.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct MapDesc {
+    pub map_type: u32,
+    pub key_size: u32,
+    pub value_size: u32,
+    pub max_entries: u32,
+    pub flags: u32,
+}
+
+/// The program to verify and what it runs against.
+pub struct ProgramInfo<'a> {
+    pub insns: &'a [Insn],
+    /// A `bpftime_isa::uapi::prog_type` number or [`PROG_TYPE_CONFORMANCE`].
+    pub prog_type: u32,
+    /// The program will run on a GPU: only GPU helpers and map types are allowed.
+    pub gpu: bool,
+    /// Resolves the `imm` of an `lddw` with a map source (fd or index) to its map.
+    pub maps: &'a dyn Fn(i32) -> Option<MapDesc>,
+    /// Size of the input buffer, for [`PROG_TYPE_CONFORMANCE`] only.
+    pub mem_len: u32,
+}
+
+#[derive(Clone, Debug)]
+pub struct Options {
+    /// 0: only the failure; 1: every processed instruction; 2: with register states.
+    pub log_level: u32,
+    /// The complexity limit, in processed instructions.
+    pub max_processed: u64,
+    /// The verbose log stops growing past this many bytes.
+    pub max_log_bytes: usize,
+}
+
+impl Default for Options {
+    fn default() -> Self {
+        Options {
+            log_level: 0,
+            max_processed: uapi::MAX_INSNS as u64,
+            max_log_bytes: 16 << 20,
+        }
+    }
+}
+
+/// Verifies `p`: `Ok` with statistics when every path is safe, else the first
+/// failure found, with its diagnostics.
+pub fn verify(p: &ProgramInfo, opts: &Options) -> Result<Verified, Rejection> {
+    let fail = |insn: usize, kind: RejectKind| {
+        let disasm = p
+            .insns
+            .get(insn)
+            .map(|i| disasm(i, p.insns.get(insn + 1)))
+            .unwrap_or_default();
+        Rejection {
+            insn,
+            kind,
+            disasm: disasm.into(),
+            regs: Vec::new(),
+            verbose: Box::default(),
+        }
+    };
+    if p.insns.is_empty() {
+        return Err(fail(0, RejectKind::EmptyProgram));
+    }
+    if p.insns.len() > uapi::MAX_INSNS {
+        return Err(fail(0, RejectKind::ProgramTooLarge { len: p.insns.len() }));
+    }
+    if p.prog_type != uapi::prog_type::KPROBE && p.prog_type != PROG_TYPE_CONFORMANCE {
+        return Err(fail(
+            0,
+            RejectKind::UnsupportedProgType {
+                prog_type: p.prog_type,
+            },
+        ));
+    }
+    let cfg = cfg::analyze(p.insns).map_err(|(pc, k)| fail(pc, k))?;
+    let mut v = Verifier {
+        p,
+        opts,
+        cfg,
+        maps: HashMap::new(),
+        checkpoints: Vec::new(),
+        at: HashMap::new(),
+        next_id: 1,
+        depth: HashMap::new(),
+        log: String::new(),
+        stats: Verified::default(),
+    };
+    v.run()
+}
+
+/// A state kept at a pruning point. `branches` counts the paths below it still
+/// being explored: at 0 it is proved safe and may prune others.
+struct Checkpoint {
+    state: State,
+    branches: u32,
+    parent: Option<usize>,
+}
+
+struct Path {
+    state: State,
+    pc: usize,
+    /// Nearest checkpoint this path descends from.
+    parent: Option<usize>,
+    /// Instructions processed since this path last stored a checkpoint.
+    since: u32,
+    /// The branch instruction this path forked at, for the log.
+    from: usize,
+}
+
+enum Flow {
+    Goto(usize),
+    /// Continue at `.0`; also explore `.1` from `.2`.
+    Fork(usize, State, usize),
+    End,
+}
+
+type R<T> = Result<T, RejectKind>;
+
+struct Verifier<'a> {
+    p: &'a ProgramInfo<'a>,
+    opts: &'a Options,
+    cfg: Cfg,
+    maps: HashMap<i32, MapDesc>,
+    checkpoints: Vec<Checkpoint>,
+    at: HashMap<usize, Vec<usize>>,
+    next_id: u32,
+    /// Deepest stack use seen per subprogram, for the combined-stack limit.
+    depth: HashMap<usize, u32>,
+    log: String,
+    stats: Verified,
+}
+
+fn unknown_bytes(size: u32) -> Reg {
+    Reg::scalar(Scalar::unknown_bytes(size))
+}
+
+impl<'a> Verifier<'a> {
+    fn run(&mut self) -> Result<Verified, Rejection> {
+        let mut first = Frame::new(0, FrameKind::Main, 0);
+        if self.p.prog_type == PROG_TYPE_CONFORMANCE {
+            first.regs[1] = Reg::ptr(
+                Region::Mem {
+                    size: self.p.mem_len,
+                },
+                0,
+            );
+            first.regs[2] = Reg::konst(self.p.mem_len as u64);
+        } else {
+            first.regs[1] = Reg::ptr(Region::Ctx, 0);
+        }
+        let mut work = vec![Path {
+            state: State {
+                frames: vec![first],
+                refs: Vec::new(),
+            },
+            pc: 0,
+            parent: None,
+            since: 0,
+            from: 0,
+        }];
+        let mut first_path = true;
+        while let Some(mut path) = work.pop() {
+            if self.opts.log_level > 0 && !first_path {
+                self.logln(format_args!(
+                    "from {} to {}:{}",
+                    path.from,
+                    path.pc,
+                    self.regs_text(&path.state)
+                ));
+            }
+            first_path = false;
+            loop {
+                let pc = path.pc;
+                if self.cfg.prune[pc]
+                    && self
+                        .checkpoint(&mut path)
+                        .map_err(|k| self.reject(&path.state, pc, k))?
+                {
+                    self.finish(path.parent);
+                    break;
+                }
+                self.stats.insns_processed += 1;
+                path.since += 1;
+                if self.stats.insns_processed > self.opts.max_processed {
+                    let processed = self.stats.insns_processed;
+                    return Err(self.reject(&path.state, pc, RejectKind::TooComplex { processed }));
+                }
+                if self.opts.log_level > 0 {
+                    let i = &self.p.insns[pc];
+                    let line = disasm(i, self.p.insns.get(pc + 1));
+                    if self.opts.log_level > 1 {
+                        let regs = self.regs_text(&path.state);
+                        self.logln(format_args!("{pc}: {line} ;{regs}"));
+                    } else {
+                        self.logln(format_args!("{pc}: {line}"));
+                    }
+                }
+                match self.step(&mut path.state, pc) {
+                    // Checks run before an instruction writes its results, so the
+                    // state still shows what the failing instruction saw.
+                    Err(k) => return Err(self.reject(&path.state, pc, k)),
+                    Ok(Flow::Goto(t)) => path.pc = t,
+                    Ok(Flow::Fork(t, other, other_pc)) => {
+                        if let Some(p) = path.parent {
+                            self.checkpoints[p].branches += 1;
+                        }
+                        work.push(Path {
+                            state: other,
+                            pc: other_pc,
+                            parent: path.parent,
+                            since: path.since,
+                            from: pc,
+                        });
+                        path.pc = t;
+                    }
+                    Ok(Flow::End) => {
+                        self.finish(path.parent);
+                        break;
+                    }
+                }
+            }
+        }
+        self.stats.states = self.checkpoints.len() as u64;
+        self.stats.stack_depth = self.depth.values().copied().max().unwrap_or(0);
+        if self.opts.log_level > 0 {
+            let s = &self.stats;
+            let line = format!(
+                "processed {} insns (limit {}) total_states {} peak_states {} pruned {}",
+                s.insns_processed, self.opts.max_processed, s.states, s.peak_states, s.pruned
+            );
+            self.logln(format_args!("{line}"));
+        }
+        self.stats.log = std::mem::take(&mut self.log);
+        Ok(std::mem::take(&mut self.stats))
+    }
+
+    fn logln(&mut self, args: std::fmt::Arguments<'_>) {
+        if self.log.len() < self.opts.max_log_bytes {
+            let _ = self.log.write_fmt(args);
+            self.log.push('\n');
+        }
+    }
+
+    fn regs_text(&self, st: &State) -> String {
+        let mut s = String::new();
+        if st.frames.len() > 1 {
+            let _ = write!(s, " frame{}:", st.frames.len() - 1);
+        }
+        for (r, v) in st.cur().regs.iter().enumerate() {
+            if *v != Reg::Uninit {
+                let _ = write!(s, " R{r}={v}");
+            }
+        }
+        s
+    }
+
+    fn reject(&self, st: &State, pc: usize, kind: RejectKind) -> Rejection {
+        let insns = self.p.insns;
+        let i = insns.get(pc).copied().unwrap_or_default();
+        let mut used: Vec<u8> = match i.class() {
+            op::JMP if i.code & op::OP_MASK == op::CALL => (1..=5).collect(),
+            op::JMP if i.code & op::OP_MASK == op::EXIT => vec![0],
+            op::LD if i.is_lddw() => vec![],
+            _ => {
+                let x = matches!(i.class(), op::LDX | op::STX) || i.code & op::SRC_MASK == op::X;
+                if x {
+                    vec![i.dst, i.src]
+                } else {
+                    vec![i.dst]
+                }
+            }
+        };
+        used.sort_unstable();
+        used.dedup();
+        let regs = used
+            .into_iter()
+            .map(|r| (r, st.cur().regs[r as usize]))
+            .filter(|(_, v)| *v != Reg::Uninit)
+            .collect();
+        Rejection {
+            insn: pc,
+            kind,
+            disasm: disasm(&i, insns.get(pc + 1)).into(),
+            regs,
+            verbose: self.log.as_str().into(),
+        }
+    }
+
+    fn fresh_id(&mut self) -> u32 {
+        self.next_id += 1;
+        self.next_id
+    }
+
+    /// A path ended (exit, or pruned): checkpoints with nothing left below them are proved.
+    fn finish(&mut self, mut parent: Option<usize>) {
+        while let Some(p) = parent {
+            let cp = &mut self.checkpoints[p];
+            cp.branches -= 1;
+            if cp.branches > 0 {
+                break;
+            }
+            parent = cp.parent;
+        }
+    }
+
+    /// Registers that may still be read, per frame, for a state at `pc`.
+    fn live_masks(&self, st: &State, pc: usize) -> Vec<u16> {
+        let mut m: Vec<u16> = st
+            .frames
+            .windows(2)
+            .map(|w| {
+                // A caller sees only r6-r9 again (r0 is the callee's, r1-r5 are clobbered).
+                let ret = match w[1].kind {
+                    FrameKind::Call { ret } => ret,
+                    FrameKind::Loop { call, .. } => call + 1,
+                    FrameKind::Main => pc,
+                };
+                self.cfg.live[ret] & 0x3c0
+            })
+            .collect();
+        m.push(self.cfg.live[pc]);
+        m
+    }
+
+    /// At a pruning point: `Ok(true)` when an explored state covers this one.
+    fn checkpoint(&mut self, path: &mut Path) -> R<bool> {
+        let pc = path.pc;
+        let live = self.live_masks(&path.state, pc);
+        let callback_entry = matches!(path.state.cur().kind, FrameKind::Loop { .. })
+            && pc == path.state.cur().subprog;
+        let mut widen_with = None;
+        if let Some(list) = self.at.get(&pc) {
+            // Recent states prune best; an old one that still could is rare, and a
+            // full scan would make long loops quadratic.
+            for &idx in list.iter().rev().take(SCAN_STATES) {
+                let cp = &self.checkpoints[idx];
+                let same_run =
+                    callback_entry && cp.state.cur().invocation == path.state.cur().invocation;
+                if cp.branches == 0 || same_run {
+                    // A callback's iterations are bounded by its helper, so covering an
+                    // ancestor iteration (a fixpoint) is enough there.
+                    if cp.state.covers(&path.state, &live) {
+                        self.stats.pruned += 1;
+                        return Ok(true);
+                    }
+                    if same_run && cp.branches > 0 && widen_with.is_none() {
+                        widen_with = Some(idx);
+                    }
+                } else if cp.state.same_as(&path.state, &live) {
+                    return Err(RejectKind::InfiniteLoop { insn: pc });
+                }
+            }
+        }
+        // Like the kernel, keep a state only every few instructions: enough to prune
+        // and to catch loops, without one state per iteration of a tight loop.
+        if path.since < STORE_EVERY && !callback_entry {
+            return Ok(false);
+        }
+        path.since = 0;
+        if let Some(idx) = widen_with {
+            let old = &self.checkpoints[idx].state;
+            // Widening keeps the old state's references, so only when they are the same.
+            if old.frames.len() == path.state.frames.len() && old.refs == path.state.refs {
+                path.state = old.join(&path.state);
+            }
+        }
+        let idx = self.checkpoints.len();
+        self.checkpoints.push(Checkpoint {
+            state: path.state.clone(),
+            branches: 1,
+            parent: path.parent,
+        });
+        let list = self.at.entry(pc).or_default();
+        list.push(idx);
+        self.stats.peak_states = self.stats.peak_states.max(list.len() as u64);
+        path.parent = Some(idx);
+        Ok(false)
+    }
+
+    fn map(&mut self, fd: i32) -> R<MapDesc> {
+        if let Some(m) = self.maps.get(&fd) {
+            return Ok(*m);
+        }
+        let m = (self.p.maps)(fd).ok_or(RejectKind::UnknownMap { fd })?;
+        if !helpers::KNOWN_MAP_TYPES.contains(&m.map_type) {
+            return Err(RejectKind::UnsupportedMapType {
+                map_type: m.map_type,
+            });
+        }
+        if self.p.gpu && !helpers::GPU_MAP_TYPES.contains(&m.map_type) {
+            return Err(RejectKind::MapTypeNotOnGpu {
+                map_type: m.map_type,
+            });
+        }
+        self.maps.insert(fd, m);
+        Ok(m)
+    }
+
+    fn read(st: &State, r: u8) -> R<Reg> {
+        match st.cur().regs[r as usize] {
+            Reg::Uninit => Err(RejectKind::UninitRegister { reg: r }),
+            v => Ok(v),
+        }
+    }
+
+    fn write(st: &mut State, r: u8, v: Reg) -> R<()> {
+        if r == 10 {
+            return Err(RejectKind::FramePointerWrite);
+        }
+        st.cur_mut().regs[r as usize] = v;
+        Ok(())
+    }
+
+    fn step(&mut self, st: &mut State, pc: usize) -> R<Flow> {
+        let i = self.p.insns[pc];
+        match i.class() {
+            op::ALU | op::ALU64 => {
+                self.alu(st, &i)?;
+                Ok(Flow::Goto(pc + 1))
+            }
+            op::LDX => {
+                let base = Self::read(st, i.src)?;
+                let size = op::size_bytes(i.code) as u32;
+                let mut v = self.load(st, i.src, base, i.off as i64, size)?;
+                if i.code & op::MODE_MASK == op::MEMSX {
+                    if let Reg::Scalar { s, .. } = v {
+                        v = Reg::scalar(s.sext(size));
+                    }
+                }
+                Self::write(st, i.dst, v)?;
+                Ok(Flow::Goto(pc + 1))
+            }
+            op::ST | op::STX => {
+                let base = Self::read(st, i.dst)?;
+                let size = op::size_bytes(i.code) as u32;
+                if i.code & op::MODE_MASK == op::ATOMIC {
+                    self.atomic(st, &i, base, size)?;
+                } else {
+                    let val = if i.class() == op::STX {
+                        Self::read(st, i.src)?
+                    } else {
+                        Reg::konst(i.imm as i64 as u64)
+                    };
+                    self.store(st, i.dst, base, i.off as i64, size, val)?;
+                }
+                Ok(Flow::Goto(pc + 1))
+            }
+            op::LD => {
+                if !i.is_lddw() {
+                    return Err(RejectKind::LdAbsNotAllowed);
+                }
+                let hi = self.p.insns[pc + 1].imm;
+                let v = match i.src {
+                    0 => Reg::konst(((hi as u32 as u64) << 32) | i.imm as u32 as u64),
+                    op::PSEUDO_MAP_FD | op::PSEUDO_MAP_IDX | op::PSEUDO_FUNC if hi != 0 => {
+                        return Err(RejectKind::InvalidLdImm64);
+                    }
+                    op::PSEUDO_MAP_FD | op::PSEUDO_MAP_IDX => {
+                        self.map(i.imm)?;
+                        Reg::MapPtr { fd: i.imm }
+                    }
+                    op::PSEUDO_MAP_VALUE | op::PSEUDO_MAP_IDX_VALUE => {
+                        let m = self.map(i.imm)?;
+                        let off = hi as u32;
+                        // Only single-element arrays (global data) have one address.
+                        let direct =
+                            matches!(m.map_type, mt::ARRAY | mt::GPU_ARRAY) && m.max_entries == 1;
+                        if off >= m.value_size || !direct {
+                            return Err(RejectKind::MapValueOffset {
+                                value_size: m.value_size,
+                                off: off as i64,
+                            });
+                        }
+                        Reg::ptr(
+                            Region::MapValue {
+                                fd: i.imm,
+                                size: m.value_size,
+                            },
+                            off as i64,
+                        )
+                    }
+                    op::PSEUDO_FUNC => Reg::Func {
+                        pc: (pc as i64 + i.imm as i64 + 1) as usize,
+                    },
+                    s => return Err(RejectKind::UnsupportedLdImm64 { src: s }),
+                };
+                Self::write(st, i.dst, v)?;
+                Ok(Flow::Goto(pc + 2))
+            }
+            _ => self.jump(st, &i, pc),
+        }
+    }
+
+    // ---- ALU ---------------------------------------------------------------
+
+    fn alu(&mut self, st: &mut State, i: &Insn) -> R<()> {
+        let is64 = i.class() == op::ALU64;
+        let o = i.code & op::OP_MASK;
+        let x = i.code & op::SRC_MASK == op::X;
+        if i.dst == 10 {
+            return Err(RejectKind::FramePointerWrite);
+        }
+        let src = if x {
+            Self::read(st, i.src)?
+        } else if is64 {
+            Reg::konst(i.imm as i64 as u64)
+        } else {
+            Reg::konst(i.imm as u32 as u64)
+        };
+        let fix32 = |s: Scalar| if is64 { s } else { s.trunc32() };
+        if o == op::MOV {
+            let v = match src {
+                Reg::Scalar { s, .. } if x && i.off != 0 => {
+                    let bytes = i.off as u32 / 8;
+                    if is64 {
+                        Reg::scalar(s.sext(bytes))
+                    } else {
+                        Reg::scalar(s.trunc32().sext(bytes).trunc32())
+                    }
+                }
+                Reg::Scalar { s, id } if is64 => {
+                    if x && s.as_const().is_none() {
+                        let id = if id == 0 { self.fresh_id() } else { id };
+                        st.cur_mut().regs[i.src as usize] = Reg::Scalar { s, id };
+                        Reg::Scalar { s, id }
+                    } else {
+                        Reg::scalar(s)
+                    }
+                }
+                Reg::Scalar { s, .. } => Reg::scalar(s.trunc32()),
+                _ if i.off != 0 => {
+                    return Err(RejectKind::PtrOpProhibited {
+                        reg: i.src,
+                        op: "sign-extending move",
+                    });
+                }
+                // Copying a pointer's low half leaks an address: root may.
+                _ if !is64 => unknown_bytes(4),
+                p => p,
+            };
+            return Self::write(st, i.dst, v);
+        }
+        let bits = if is64 { 64 } else { 32 };
+        let shift = matches!(o, op::LSH | op::RSH | op::ARSH);
+        // The kernel refuses constant shifts past the width; the ISA (and so the
+        // conformance suite) masks them.
+        if shift && !x && self.p.prog_type != PROG_TYPE_CONFORMANCE && !(0..bits).contains(&i.imm) {
+            return Err(RejectKind::InvalidShift { imm: i.imm });
+        }
+        let dst = Self::read(st, i.dst)?;
+        let v = match (dst, src) {
+            (Reg::Scalar { s: a, .. }, Reg::Scalar { s: b, .. }) => {
+                let (a, b) = if is64 {
+                    (a, b)
+                } else {
+                    (a.trunc32(), b.trunc32())
+                };
+                let r = match o {
+                    op::ADD => a.add(&b),
+                    op::SUB => a.sub(&b),
+                    op::MUL => a.mul(&b),
+                    op::DIV if i.off == 1 && !is64 => a.sext(4).sdiv(&b.sext(4)),
+                    op::MOD if i.off == 1 && !is64 => a.sext(4).smod(&b.sext(4)),
+                    op::DIV if i.off == 1 => a.sdiv(&b),
+                    op::MOD if i.off == 1 => a.smod(&b),
+                    op::DIV => a.udiv(&b),
+                    op::MOD => a.umod(&b),
+                    op::OR => a.or(&b),
+                    op::AND => a.and(&b),
+                    op::XOR => a.xor(&b),
+                    op::LSH => a.shift(&b, Shift::Left, bits as u32),
+                    op::RSH => a.shift(&b, Shift::Right, bits as u32),
+                    op::ARSH if is64 => a.shift(&b, Shift::Arith, 64),
+                    op::ARSH => a.sext(4).shift(&b, Shift::Arith, 32),
+                    op::NEG => Scalar::konst(0).sub(&a),
+                    op::END => {
+                        let to_be = is64 || x;
+                        a.bswap(i.imm as u32 / 8, to_be)
+                    }
+                    _ => return Err(RejectKind::UnknownOpcode { code: i.code }),
+                };
+                Reg::scalar(fix32(r))
+            }
+            (d, s) => {
+                if !is64 {
+                    return Err(RejectKind::PtrOpProhibited {
+                        reg: i.dst,
+                        op: "32-bit pointer arithmetic",
+                    });
+                }
+                match (o, d, s) {
+                    (op::ADD, p, Reg::Scalar { s, .. }) if p.is_pointer() => {
+                        self.ptr_add(p, s, i.dst)?
+                    }
+                    (op::ADD, Reg::Scalar { s, .. }, p) if p.is_pointer() => {
+                        self.ptr_add(p, s, i.src)?
+                    }
+                    (op::SUB, p, Reg::Scalar { s, .. }) if p.is_pointer() => {
+                        self.ptr_add(p, Scalar::konst(0).sub(&s), i.dst)?
+                    }
+                    (
+                        op::SUB,
+                        Reg::Ptr {
+                            region: ra,
+                            nullable: false,
+                            ..
+                        },
+                        Reg::Ptr {
+                            region: rb,
+                            nullable: false,
+                            ..
+                        },
+                    ) if ra == rb => Reg::unknown(),
+                    (op::SUB, _, _) => {
+                        return Err(RejectKind::PtrOpProhibited {
+                            reg: i.dst,
+                            op: "subtraction from pointer",
+                        })
+                    }
+                    _ => {
+                        let name = match o {
+                            op::MUL => "multiplication",
+                            op::DIV | op::MOD => "division",
+                            op::NEG => "negation",
+                            op::END => "byte swap",
+                            op::LSH | op::RSH | op::ARSH => "shift",
+                            _ => "bitwise operator",
+                        };
+                        return Err(RejectKind::PtrOpProhibited {
+                            reg: i.dst,
+                            op: name,
+                        });
+                    }
+                }
+            }
+        };
+        Self::write(st, i.dst, v)
+    }
+
+    fn ptr_add(&self, p: Reg, s: Scalar, reg: u8) -> R<Reg> {
+        match p {
+            Reg::Ptr { nullable: true, .. } | Reg::MapPtr { .. } | Reg::Func { .. } => {
+                Err(RejectKind::PtrArithProhibited {
+                    reg,
+                    ty: p.type_name(),
+                })
+            }
+            Reg::Ptr {
+                region,
+                off_min,
+                off_max,
+                ref_id,
+                ..
+            } => {
+                if s.smin < -MAX_VAR_OFF || s.smax > MAX_VAR_OFF {
+                    return Err(RejectKind::UnboundedOffset { reg });
+                }
+                let (lo, hi) = (off_min + s.smin, off_max + s.smax);
+                if lo < -MAX_VAR_OFF || hi > MAX_VAR_OFF {
+                    return Err(RejectKind::UnboundedOffset { reg });
+                }
+                Ok(Reg::Ptr {
+                    region,
+                    off_min: lo,
+                    off_max: hi,
+                    nullable: false,
+                    id: 0,
+                    ref_id,
+                })
+            }
+            _ => Err(RejectKind::PtrArithProhibited {
+                reg,
+                ty: p.type_name(),
+            }),
+        }
+    }
+
+    // ---- memory ------------------------------------------------------------
+
+    /// Like the kernel, the context is only read through the pointer the program
+    /// got (its field offsets are rewritten per program type), never a moved copy.
+    fn ctx_unmodified(reg: u8, off_min: i64, off_max: i64) -> R<()> {
+        if off_min != off_max {
+            return Err(RejectKind::VariableCtxAccess { reg });
+        }
+        if off_min != 0 {
+            return Err(RejectKind::ModifiedCtxDeref { reg, off: off_min });
+        }
+        Ok(())
+    }
+
+    fn ctx_access(&self, off: i64, size: u32, write: bool) -> R<()> {
+        if write || off < 0 || off + size as i64 > PT_REGS_SIZE as i64 {
+            return Err(RejectKind::CtxAccess { off, size });
+        }
+        if off % size as i64 != 0 {
+            return Err(RejectKind::MisalignedCtxAccess { off, size });
+        }
+        Ok(())
+    }
+
+    /// Bounds of a sized region (map value, ring buffer record, buffer).
+    fn region_bounds(region: Region, lo: i64, hi: i64, size: u64) -> R<()> {
+        let (name, limit) = match region {
+            Region::MapValue { size, .. } => ("map value", size),
+            Region::Ringbuf { size } => ("ringbuf record", size),
+            Region::Mem { size } => ("memory", size),
+            _ => unreachable!("only sized regions"),
+        };
+        if lo < 0 || hi + size as i64 > limit as i64 {
+            return Err(RejectKind::RegionOutOfBounds {
+                region: name,
+                region_size: limit,
+                off_min: lo,
+                off_max: hi,
+                size,
+            });
+        }
+        Ok(())
+    }
+
+    fn not_memory(reg: u8, p: &Reg) -> RejectKind {
+        RejectKind::InvalidMemAccess {
+            reg,
+            ty: p.type_name(),
+        }
+    }
+
+    fn load(&mut self, st: &mut State, reg: u8, base: Reg, off: i64, size: u32) -> R<Reg> {
+        match base {
+            Reg::Ptr {
+                nullable: false,
+                region,
+                off_min,
+                off_max,
+                ..
+            } => {
+                let (lo, hi) = (off_min + off, off_max + off);
+                match region {
+                    Region::Ctx => {
+                        Self::ctx_unmodified(reg, off_min, off_max)?;
+                        self.ctx_access(lo, size, false)?;
+                        Ok(unknown_bytes(size))
+                    }
+                    Region::Stack { frame } => {
+                        Self::stack_aligned(lo, hi, size)?;
+                        self.stack_read(st, frame, lo, hi, size)
+                    }
+                    _ => {
+                        self.gpu_aligned(lo, hi, size)?;
+                        Self::region_bounds(region, lo, hi, size as u64)?;
+                        Ok(unknown_bytes(size))
+                    }
+                }
+            }
+            p => Err(Self::not_memory(reg, &p)),
+        }
+    }
+
+    fn store(
+        &mut self,
+        st: &mut State,
+        reg: u8,
+        base: Reg,
+        off: i64,
+        size: u32,
+        val: Reg,
+    ) -> R<()> {
+        match base {
+            Reg::Ptr {
+                nullable: false,
+                region,
+                off_min,
+                off_max,
+                ..
+            } => {
+                let (lo, hi) = (off_min + off, off_max + off);
+                match region {
+                    Region::Ctx => {
+                        Self::ctx_unmodified(reg, off_min, off_max)?;
+                        self.ctx_access(lo, size, true)
+                    }
+                    Region::Stack { frame } => {
+                        Self::stack_aligned(lo, hi, size)?;
+                        if val.is_pointer() && size != 8 {
+                            return Err(RejectKind::PartialPointerSpill { size });
+                        }
+                        self.stack_write(st, frame, lo, hi, size, Some(val))
+                    }
+                    _ => {
+                        self.gpu_aligned(lo, hi, size)?;
+                        Self::region_bounds(region, lo, hi, size as u64)
+                    }
+                }
+            }
+            p => Err(Self::not_memory(reg, &p)),
+        }
+    }
+
+    fn atomic(&mut self, st: &mut State, i: &Insn, base: Reg, size: u32) -> R<()> {
+        let base_op = i.imm & !op::FETCH;
+        let valid_op = matches!(i.imm, op::ATOMIC_XCHG | op::ATOMIC_CMPXCHG)
+            || matches!(
+                base_op,
+                op::ATOMIC_ADD | op::ATOMIC_OR | op::ATOMIC_AND | op::ATOMIC_XOR
+            );
+        if !valid_op || !(size == 4 || size == 8) {
+            return Err(RejectKind::InvalidAtomic { imm: i.imm, size });
+        }
+        let src = Self::read(st, i.src)?;
+        if !matches!(src, Reg::Scalar { .. }) {
+            return Err(RejectKind::HelperArgType {
+                reg: i.src,
+                found: src.type_name(),
+                expected: "scalar",
+            });
+        }
+        if i.imm == op::ATOMIC_CMPXCHG {
+            let r0 = Self::read(st, 0)?;
+            if !matches!(r0, Reg::Scalar { .. }) {
+                return Err(RejectKind::HelperArgType {
+                    reg: 0,
+                    found: r0.type_name(),
+                    expected: "scalar",
+                });
+            }
+        }
+        match base {
+            Reg::Ptr {
+                nullable: false,
+                region,
+                off_min,
+                off_max,
+                ..
+            } => {
+                let (lo, hi) = (off_min + i.off as i64, off_max + i.off as i64);
+                // Atomics need natural alignment on every target.
+                if lo == hi && lo % size as i64 != 0 {
+                    return Err(RejectKind::MisalignedAccess { off: lo, size });
+                }
+                match region {
+                    Region::Ctx => return Err(RejectKind::CtxAccess { off: lo, size }),
+                    Region::Stack { frame } => {
+                        // The old value must be initialized and a scalar; the new one is.
+                        let old = self.stack_read(st, frame, lo, hi, size)?;
+                        if !matches!(old, Reg::Scalar { .. }) {
+                            return Err(RejectKind::InvalidMemAccess {
+                                reg: i.dst,
+                                ty: old.type_name(),
+                            });
+                        }
+                        self.stack_write(st, frame, lo, hi, size, Some(Reg::unknown()))?;
+                    }
+                    _ => Self::region_bounds(region, lo, hi, size as u64)?,
+                }
+            }
+            p => return Err(Self::not_memory(i.dst, &p)),
+        }
+        if i.imm == op::ATOMIC_CMPXCHG {
+            Self::write(st, 0, unknown_bytes(size))?;
+        } else if i.imm & op::FETCH != 0 {
+            Self::write(st, i.src, unknown_bytes(size))?;
+        }
+        Ok(())
+    }
+
+    fn note_depth(&mut self, st: &State, frame: u8, lo: i64) -> R<()> {
+        let sp = st.frames[frame as usize].subprog;
+        let d = (-lo) as u32;
+        let e = self.depth.entry(sp).or_insert(0);
+        if d > *e {
+            *e = d;
+        }
+        self.check_combined(st)
+    }
+
+    fn check_combined(&self, st: &State) -> R<()> {
+        let round = |d: u32| d.div_ceil(8) * 8;
+        let total: u32 = st
+            .frames
+            .iter()
+            .map(|f| round(self.depth.get(&f.subprog).copied().unwrap_or(0)))
+            .sum();
+        if total as usize > uapi::STACK_SIZE {
+            return Err(RejectKind::CombinedStackTooLarge {
+                frames: st.frames.len(),
+                depth: total,
+            });
+        }
+        Ok(())
+    }
+
+    /// GPU loads and stores fault when misaligned (x86 does not care); variable
+    /// offsets are not checked yet.
+    fn gpu_aligned(&self, lo: i64, hi: i64, size: u32) -> R<()> {
+        if self.p.gpu && lo == hi && lo % size as i64 != 0 {
+            return Err(RejectKind::MisalignedAccess { off: lo, size });
+        }
+        Ok(())
+    }
+
+    /// The kernel requires aligned stack accesses (its spill tracking relies on it),
+    /// and so do GPUs for every access.
+    fn stack_aligned(lo: i64, hi: i64, size: u32) -> R<()> {
+        if lo == hi && lo % size as i64 != 0 {
+            return Err(RejectKind::MisalignedStackAccess { off: lo, size });
+        }
+        Ok(())
+    }
+
+    fn stack_bounds(lo: i64, hi: i64, size: u64) -> R<()> {
+        if lo < -(uapi::STACK_SIZE as i64) || hi + size as i64 > 0 || size == 0 {
+            let off = if lo < -(uapi::STACK_SIZE as i64) {
+                lo
+            } else {
+                hi
+            };
+            return Err(RejectKind::StackOutOfBounds { off, size });
+        }
+        Ok(())
+    }
+
+    /// Reads `size` bytes at `[lo, hi]` (a range when the offset is variable).
+    fn stack_read(&mut self, st: &mut State, frame: u8, lo: i64, hi: i64, size: u32) -> R<Reg> {
+        Self::stack_bounds(lo, hi, size as u64)?;
+        self.note_depth(st, frame, lo)?;
+        let f = &st.frames[frame as usize];
+        if lo == hi && lo % size as i64 == 0 {
+            // A fill of exactly what was spilled gets the register back.
+            let (k, b) = Frame::locate(lo);
+            let slot = f.slot(k);
+            let exact = slot
+                .bytes
+                .iter()
+                .enumerate()
+                .all(|(i, x)| (*x == Byte::Spill) == (i >= b && i < b + size as usize));
+            if let (Some(r), true) = (slot.spill, exact) {
+                return Ok(r);
+            }
+        }
+        let mut all_zero = true;
+        for a in lo..hi + size as i64 {
+            let (k, b) = Frame::locate(a);
+            let slot = f.slot(k);
+            match slot.bytes[b] {
+                Byte::Invalid => {
+                    return Err(RejectKind::StackUninitRead {
+                        off: lo,
+                        byte: a - lo,
+                        size: size as u64,
+                    });
+                }
+                Byte::Spill => {
+                    if lo == hi && !matches!(slot.spill, Some(Reg::Scalar { .. })) {
+                        return Err(RejectKind::PartialSpillRead { off: lo, size });
+                    }
+                    if slot
+                        .spill
+                        .and_then(|r| r.as_scalar())
+                        .and_then(|s| s.as_const())
+                        != Some(0)
+                    {
+                        all_zero = false;
+                    }
+                }
+                Byte::Zero => {}
+                Byte::Misc => all_zero = false,
+            }
+        }
+        Ok(if all_zero {
+            Reg::konst(0)
+        } else {
+            unknown_bytes(size)
+        })
+    }
+
+    /// Writes `size` bytes at `[lo, hi]`; `val` is the register stored (`None` for
+    /// helper writes, which leave unknown scalar data).
+    fn stack_write(
+        &mut self,
+        st: &mut State,
+        frame: u8,
+        lo: i64,
+        hi: i64,
+        size: u32,
+        val: Option<Reg>,
+    ) -> R<()> {
+        Self::stack_bounds(lo, hi, size as u64)?;
+        self.note_depth(st, frame, lo)?;
+        let f = &mut st.frames[frame as usize];
+        if lo == hi && size == 8 && lo % 8 == 0 {
+            if let Some(v) = val {
+                *f.slot_mut(Frame::locate(lo).0) = Slot {
+                    bytes: [Byte::Spill; 8],
+                    spill: Some(v),
+                };
+                return Ok(());
+            }
+        }
+        let zero =
+            lo == hi && val.and_then(|v| v.as_scalar()).and_then(|s| s.as_const()) == Some(0);
+        for a in lo..hi + size as i64 {
+            let (k, b) = Frame::locate(a);
+            let slot = f.slot_mut(k);
+            if slot.bytes[b] == Byte::Spill {
+                unspill(slot);
+            }
+            slot.bytes[b] = if zero { Byte::Zero } else { Byte::Misc };
+        }
+        // A narrow aligned store of a scalar keeps its bounds for a fill of the same
+        // size (clang spills u32s under register pressure).
+        if let (Some(Reg::Scalar { s, id }), true) =
+            (val, lo == hi && size < 8 && lo % size as i64 == 0)
+        {
+            if !zero {
+                let fits = s.umax < 1u64 << (size * 8);
+                let kept = if fits {
+                    Reg::Scalar { s, id }
+                } else {
+                    Reg::scalar(Scalar::from_tnum(s.tnum.cast(size)))
+                };
+                let (k, b) = Frame::locate(lo);
+                let slot = f.slot_mut(k);
+                unspill(slot);
+                slot.bytes[b..b + size as usize].fill(Byte::Spill);
+                slot.spill = Some(kept);
+            }
+        }
+        Ok(())
+    }
+
+    /// A helper reads or writes `[ptr, ptr + size)` for sizes `size_min..=size_max`.
+    fn helper_mem(&mut self, st: &mut State, reg: u8, p: Reg, size_max: u64, write: bool) -> R<()> {
+        if size_max == 0 {
+            return Ok(());
+        }
+        match p {
+            Reg::Ptr {
+                nullable: false,
+                region,
+                off_min,
+                off_max,
+                ..
+            } => match region {
+                Region::Ctx => Err(RejectKind::HelperArgType {
+                    reg,
+                    found: "ctx",
+                    expected: "pointer to stack or map value",
+                }),
+                Region::Stack { frame } => {
+                    Self::stack_bounds(off_min, off_max, size_max)?;
+                    if write {
+                        self.stack_write(st, frame, off_min, off_max, size_max as u32, None)
+                    } else {
+                        self.note_depth(st, frame, off_min)?;
+                        let f = &st.frames[frame as usize];
+                        for a in off_min..off_max + size_max as i64 {
+                            let (k, b) = Frame::locate(a);
+                            if f.slot(k).bytes[b] == Byte::Invalid {
+                                return Err(RejectKind::StackUninitRead {
+                                    off: off_min,
+                                    byte: a - off_min,
+                                    size: size_max,
+                                });
+                            }
+                        }
+                        Ok(())
+                    }
+                }
+                _ => Self::region_bounds(region, off_min, off_max, size_max),
+            },
+            _ => Err(RejectKind::HelperArgType {
+                reg,
+                found: p.type_name(),
+                expected: "pointer to memory",
+            }),
+        }
+    }
+
+    // ---- jumps and calls ---------------------------------------------------
+
+    fn jump(&mut self, st: &mut State, i: &Insn, pc: usize) -> R<Flow> {
+        let o = i.code & op::OP_MASK;
+        match o {
+            op::JA if i.class() == op::JMP32 => {
+                Ok(Flow::Goto((pc as i64 + i.imm as i64 + 1) as usize))
+            }
+            op::JA => Ok(Flow::Goto((pc as i64 + i.off as i64 + 1) as usize)),
+            op::EXIT => self.exit(st),
+            op::CALL => match i.src {
+                op::CALL_PSEUDO => self.call(st, pc, (pc as i64 + i.imm as i64 + 1) as usize),
+                op::CALL_HELPER => self.helper(st, i.imm, pc),
+                _ => Err(RejectKind::KfuncUnsupported),
+            },
+            _ => self.cond(st, i, pc),
+        }
+    }
+
+    fn exit(&mut self, st: &mut State) -> R<Flow> {
+        // A callee may return nothing (a void function); only its caller's read of
+        // r0 must find a value.
+        let r0 = match st.cur().kind {
+            FrameKind::Call { .. } => st.cur().regs[0],
+            _ => Self::read(st, 0)?,
+        };
+        let depth = st.frames.len() - 1;
+        match st.cur().kind {
+            FrameKind::Main => {
+                if !matches!(r0, Reg::Scalar { .. }) {
+                    return Err(RejectKind::ReturnNotScalar { ty: r0.type_name() });
+                }
+                if let Some(&(ref_id, alloc_insn)) = st.refs.first() {
+                    return Err(RejectKind::UnreleasedReference { ref_id, alloc_insn });
+                }
+                Ok(Flow::End)
+            }
+            FrameKind::Call { ret } => {
+                if matches!(r0, Reg::Ptr { region: Region::Stack { frame }, .. } if frame as usize == depth)
+                {
+                    return Err(RejectKind::ReturnStackPointer);
+                }
+                st.frames.pop();
+                forget_frame(st, depth);
+                let f = st.cur_mut();
+                f.regs[0] = r0;
+                f.regs[1..6].fill(Reg::Uninit);
+                Ok(Flow::Goto(ret))
+            }
+            FrameKind::Loop { call, ctx } => {
+                let Some(s) = r0.as_scalar() else {
+                    return Err(RejectKind::ReturnNotScalar { ty: r0.type_name() });
+                };
+                if s.umax > 1 {
+                    return Err(RejectKind::CallbackReturnRange {
+                        umin: s.umin,
+                        umax: s.umax,
+                    });
+                }
+                // Either another iteration runs, or the loop ends and the helper returns.
+                let sp = st.cur().subprog;
+                let invocation = st.cur().invocation;
+                st.frames.pop();
+                forget_frame(st, depth);
+                let mut again = st.clone();
+                again
+                    .frames
+                    .push(Self::callback_frame(depth as u8, call, ctx, sp, invocation));
+                let f = st.cur_mut();
+                f.regs[0] = Reg::unknown();
+                f.regs[1..6].fill(Reg::Uninit);
+                Ok(Flow::Fork(call + 1, again, sp))
+            }
+        }
+    }
+
+    fn callback_frame(depth: u8, call: usize, ctx: Reg, subprog: usize, invocation: u32) -> Frame {
+        let mut f = Frame::new(depth, FrameKind::Loop { call, ctx }, subprog);
+        f.invocation = invocation;
+        f.regs[1] = Reg::unknown();
+        f.regs[2] = ctx;
+        f
+    }
+
+    fn push_frame_check(&self, st: &State, target: usize) -> R<()> {
+        if st.frames.len() >= uapi::MAX_CALL_FRAMES {
+            return Err(RejectKind::CallStackTooDeep {
+                frames: st.frames.len() + 1,
+            });
+        }
+        if st.frames.iter().any(|f| f.subprog == target) {
+            return Err(RejectKind::RecursiveCall { target });
+        }
+        Ok(())
+    }
+
+    fn call(&mut self, st: &mut State, pc: usize, target: usize) -> R<Flow> {
+        self.push_frame_check(st, target)?;
+        let depth = st.frames.len() as u8;
+        let mut f = Frame::new(depth, FrameKind::Call { ret: pc + 1 }, target);
+        f.regs[1..6].copy_from_slice(&st.cur().regs[1..6]);
+        st.frames.push(f);
+        self.check_combined(st)?;
+        Ok(Flow::Goto(target))
+    }
+
+    fn helper(&mut self, st: &mut State, id: i32, pc: usize) -> R<Flow> {
+        let proto = u32::try_from(id)
+            .ok()
+            .and_then(helpers::proto)
+            .ok_or(RejectKind::UnknownHelper { id })?;
+        let uid = id as u32;
+        if self.p.gpu && !proto.gpu {
+            return Err(RejectKind::HelperNotOnGpu {
+                id: uid,
+                name: proto.name,
+            });
+        }
+        let mut map: Option<(i32, MapDesc)> = None;
+        let mut pending_mem: Option<(u8, Reg, Arg)> = None;
+        let mut reserve_size = 0u32;
+        let mut callback = None;
+        for (n, arg) in proto.args.iter().enumerate() {
+            let r = n as u8 + 1;
+            let v = Self::read(st, r)?;
+            let wrong = |expected: &'static str| RejectKind::HelperArgType {
+                reg: r,
+                found: v.type_name(),
+                expected,
+            };
+            match *arg {
+                Arg::Anything => {}
+                Arg::Scalar => {
+                    if v.as_scalar().is_none() {
+                        return Err(wrong("scalar"));
+                    }
+                }
+                Arg::Map(types) => {
+                    let Reg::MapPtr { fd } = v else {
+                        return Err(wrong("map_ptr"));
+                    };
+                    let m = self.map(fd)?;
+                    if !types.contains(&m.map_type) {
+                        return Err(RejectKind::MapHelperMismatch {
+                            map_type: m.map_type,
+                            id: uid,
+                            name: proto.name,
+                        });
+                    }
+                    map = Some((fd, m));
+                }
+                Arg::MapKey | Arg::MapValue | Arg::MapValueOut => {
+                    let (_, m) = map.expect("prototypes name the map first");
+                    let (size, write) = match *arg {
+                        Arg::MapKey => (m.key_size, false),
+                        Arg::MapValue => (m.value_size, false),
+                        _ => (m.value_size, true),
+                    };
+                    if !matches!(
+                        v,
+                        Reg::Ptr {
+                            nullable: false,
+                            ..
+                        }
+                    ) {
+                        return Err(wrong("pointer to stack or map value"));
+                    }
+                    self.helper_mem(st, r, v, size as u64, write)?;
+                }
+                Arg::Mem | Arg::MemOut | Arg::MemOrNull => pending_mem = Some((r, v, *arg)),
+                Arg::MemOutFixed(size) => self.helper_mem(st, r, v, size as u64, true)?,
+                Arg::Str => self.helper_mem(st, r, v, 1, false)?,
+                Arg::Size | Arg::SizeOrZero => {
+                    let Some(s) = v.as_scalar() else {
+                        return Err(wrong("scalar"));
+                    };
+                    if s.smin < 0 {
+                        return Err(RejectKind::SizeNegative { reg: r });
+                    }
+                    if s.umax >= MAX_VAR_OFF as u64 {
+                        return Err(RejectKind::SizeUnbounded { reg: r });
+                    }
+                    if *arg == Arg::Size && s.umin == 0 {
+                        return Err(RejectKind::SizeZero { reg: r });
+                    }
+                    let (mr, mv, kind) = pending_mem
+                        .take()
+                        .expect("prototypes put the memory before its size");
+                    let null = mv.as_scalar().and_then(|s| s.as_const()) == Some(0);
+                    if kind == Arg::MemOrNull && null {
+                        continue;
+                    }
+                    if s.umax == 0 && null {
+                        continue;
+                    }
+                    if !matches!(
+                        mv,
+                        Reg::Ptr {
+                            nullable: false,
+                            ..
+                        }
+                    ) {
+                        return Err(RejectKind::HelperArgType {
+                            reg: mr,
+                            found: mv.type_name(),
+                            expected: "pointer to memory",
+                        });
+                    }
+                    self.helper_mem(st, mr, mv, s.umax, kind == Arg::MemOut)?;
+                }
+                Arg::ConstSize => {
+                    let c = v
+                        .as_scalar()
+                        .and_then(|s| s.as_const())
+                        .ok_or(RejectKind::NotConstant { reg: r })?;
+                    if c == 0 || c >= MAX_VAR_OFF as u64 {
+                        return Err(RejectKind::SizeUnbounded { reg: r });
+                    }
+                    reserve_size = c as u32;
+                }
+                Arg::Ctx => {
+                    if !matches!(
+                        v,
+                        Reg::Ptr {
+                            region: Region::Ctx,
+                            off_min: 0,
+                            off_max: 0,
+                            ..
+                        }
+                    ) {
+                        return Err(wrong("ctx"));
+                    }
+                }
+                Arg::RingbufRelease => {
+                    let Reg::Ptr {
+                        region: Region::Ringbuf { .. },
+                        nullable: false,
+                        off_min: 0,
+                        off_max: 0,
+                        ref_id,
+                        ..
+                    } = v
+                    else {
+                        return Err(RejectKind::BadRelease { reg: r });
+                    };
+                    if ref_id == 0 || !st.refs.iter().any(|(x, _)| *x == ref_id) {
+                        return Err(RejectKind::BadRelease { reg: r });
+                    }
+                    release(st, ref_id);
+                }
+                Arg::Callback => {
+                    let Reg::Func { pc } = v else {
+                        return Err(wrong("func"));
+                    };
+                    callback = Some(pc);
+                }
+            }
+        }
+        let ctx_arg = st.cur().regs[3];
+        let r0 = match proto.ret {
+            Ret::Integer => Reg::unknown(),
+            Ret::MapValueOrNull => {
+                let (fd, m) = map.expect("lookup names a map");
+                let id = self.fresh_id();
+                Reg::Ptr {
+                    region: Region::MapValue {
+                        fd,
+                        size: m.value_size,
+                    },
+                    off_min: 0,
+                    off_max: 0,
+                    nullable: true,
+                    id,
+                    ref_id: 0,
+                }
+            }
+            Ret::RingbufOrNull => {
+                let id = self.fresh_id();
+                st.refs.push((id, pc));
+                Reg::Ptr {
+                    region: Region::Ringbuf { size: reserve_size },
+                    off_min: 0,
+                    off_max: 0,
+                    nullable: true,
+                    id,
+                    ref_id: id,
+                }
+            }
+        };
+        let f = st.cur_mut();
+        f.regs[1..6].fill(Reg::Uninit);
+        f.regs[0] = r0;
+        if uid == h::LOOP {
+            let target = callback.expect("bpf_loop takes a callback");
+            self.push_frame_check(st, target)?;
+            let mut inside = st.clone();
+            let depth = inside.frames.len() as u8;
+            let invocation = self.fresh_id();
+            inside
+                .frames
+                .push(Self::callback_frame(depth, pc, ctx_arg, target, invocation));
+            self.check_combined(&inside)?;
+            // Zero iterations is one outcome; the callback running is the other.
+            return Ok(Flow::Fork(pc + 1, inside, target));
+        }
+        Ok(Flow::Goto(pc + 1))
+    }
+
+    fn cond(&mut self, st: &mut State, i: &Insn, pc: usize) -> R<Flow> {
+        let is64 = i.class() == op::JMP;
+        let x = i.code & op::SRC_MASK == op::X;
+        let a = Self::read(st, i.dst)?;
+        let b = if x {
+            Self::read(st, i.src)?
+        } else if is64 {
+            Reg::konst(i.imm as i64 as u64)
+        } else {
+            Reg::konst(i.imm as u32 as u64)
+        };
+        let cmp = match i.code & op::OP_MASK {
+            op::JEQ => Cmp::Eq,
+            op::JNE => Cmp::Ne,
+            op::JGT => Cmp::Gt,
+            op::JGE => Cmp::Ge,
+            op::JLT => Cmp::Lt,
+            op::JLE => Cmp::Le,
+            op::JSGT => Cmp::Sgt,
+            op::JSGE => Cmp::Sge,
+            op::JSLT => Cmp::Slt,
+            op::JSLE => Cmp::Sle,
+            op::JSET => Cmp::Set,
+            _ => return Err(RejectKind::UnknownOpcode { code: i.code }),
+        };
+        let target = (pc as i64 + i.off as i64 + 1) as usize;
+        let mut taken = st.clone();
+        let (t_ok, f_ok) = match (a, b) {
+            (Reg::Scalar { s: sa, id: ia }, Reg::Scalar { s: sb, id: ib }) => {
+                let usable = is64
+                    || (sa.umax <= u32::MAX as u64
+                        && sb.umax <= u32::MAX as u64
+                        && !cmp.is_signed())
+                    || (sa.umax <= i32::MAX as u64 && sb.umax <= i32::MAX as u64);
+                if usable {
+                    let t = sa.refine(&sb, cmp);
+                    let f = sa.refine(&sb, cmp.negate());
+                    if let Some((na, nb)) = t {
+                        set_scalar(&mut taken, i.dst, na, ia);
+                        if x {
+                            set_scalar(&mut taken, i.src, nb, ib);
+                        }
+                    }
+                    if let Some((na, nb)) = f {
+                        set_scalar(st, i.dst, na, ia);
+                        if x {
+                            set_scalar(st, i.src, nb, ib);
+                        }
+                    }
+                    (t.is_some(), f.is_some())
+                } else if let (Some(ca), Some(cb)) = (sa.as_const(), sb.as_const()) {
+                    let r = eval32(cmp, ca as u32, cb as u32);
+                    (r, !r)
+                } else {
+                    (true, true)
+                }
+            }
+            (
+                p @ Reg::Ptr {
+                    nullable: true, id, ..
+                },
+                Reg::Scalar { s, .. },
+            ) if is64 && s.as_const() == Some(0) && matches!(cmp, Cmp::Eq | Cmp::Ne) => {
+                let ref_id = if let Reg::Ptr { ref_id, .. } = p {
+                    ref_id
+                } else {
+                    0
+                };
+                let (null_st, nonnull_st) = if cmp == Cmp::Eq {
+                    (&mut taken, &mut *st)
+                } else {
+                    (&mut *st, &mut taken)
+                };
+                mark_null(null_st, id, ref_id, true);
+                mark_null(nonnull_st, id, ref_id, false);
+                (true, true)
+            }
+            (p, Reg::Scalar { s, .. }) if p.is_pointer() && s.as_const() == Some(0) && is64 => {
+                match (p, cmp) {
+                    (
+                        Reg::Ptr {
+                            nullable: false, ..
+                        }
+                        | Reg::MapPtr { .. }
+                        | Reg::Func { .. },
+                        Cmp::Eq,
+                    ) => (false, true),
+                    (
+                        Reg::Ptr {
+                            nullable: false, ..
+                        }
+                        | Reg::MapPtr { .. }
+                        | Reg::Func { .. },
+                        Cmp::Ne,
+                    ) => (true, false),
+                    _ => (true, true),
+                }
+            }
+            _ => (true, true),
+        };
+        match (t_ok, f_ok) {
+            (true, true) => Ok(Flow::Fork(pc + 1, taken, target)),
+            (true, false) => {
+                *st = taken;
+                Ok(Flow::Goto(target))
+            }
+            (false, true) => Ok(Flow::Goto(pc + 1)),
+            (false, false) => Ok(Flow::End),
+        }
+    }
+}
+
+fn eval32(cmp: Cmp, a: u32, b: u32) -> bool {
+    let (sa, sb) = (a as i32, b as i32);
+    match cmp {
+        Cmp::Eq => a == b,
+        Cmp::Ne => a != b,
+        Cmp::Gt => a > b,
+        Cmp::Ge => a >= b,
+        Cmp::Lt => a < b,
+        Cmp::Le => a <= b,
+        Cmp::Sgt => sa > sb,
+        Cmp::Sge => sa >= sb,
+        Cmp::Slt => sa < sb,
+        Cmp::Sle => sa <= sb,
+        Cmp::Set => a & b != 0,
+        Cmp::NotSet => a & b == 0,
+    }
+}
+
+/// Narrows register `r` and every copy linked to it by `id`.
+fn set_scalar(st: &mut State, r: u8, s: Scalar, id: u32) {
+    if r == 10 {
+        return;
+    }
+    if id == 0 {
+        st.cur_mut().regs[r as usize] = Reg::scalar(s);
+        return;
+    }
+    st.for_each_reg(|reg| {
+        if let Reg::Scalar { id: other, .. } = reg {
+            if *other == id {
+                *reg = Reg::Scalar { s, id };
+            }
+        }
+    });
+}
+
+/// After `if rX == 0`: every copy of the may-be-null pointer `id` is now NULL (and
+/// its reference is gone) or known valid.
+fn mark_null(st: &mut State, id: u32, ref_id: u32, is_null: bool) {
+    st.for_each_reg(|reg| {
+        if let Reg::Ptr {
+            id: other,
+            nullable: true,
+            ..
+        } = reg
+        {
+            if *other == id {
+                if is_null {
+                    *reg = Reg::konst(0);
+                } else if let Reg::Ptr { nullable, .. } = reg {
+                    *nullable = false;
+                }
+            }
+        }
+    });
+    if is_null && ref_id != 0 {
+        st.refs.retain(|(r, _)| *r != ref_id);
+    }
+}
+
+/// What is left of a spilled register is plain data now.
+fn unspill(slot: &mut Slot) {
+    if slot.spill.take().is_some() {
+        for x in slot.bytes.iter_mut() {
+            if *x == Byte::Spill {
+                *x = Byte::Misc;
+            }
+        }
+    }
+}
+
+/// A frame is gone: pointers into it that a callee left in its callers' stacks
+/// are plain numbers now.
+fn forget_frame(st: &mut State, depth: usize) {
+    st.for_each_reg(|r| {
+        if matches!(r, Reg::Ptr { region: Region::Stack { frame }, .. } if *frame as usize >= depth)
+        {
+            *r = Reg::unknown();
+        }
+    });
+}
+
+/// Submit/discard: the record's pointers are dead in every frame.
+fn release(st: &mut State, ref_id: u32) {
+    st.refs.retain(|(r, _)| *r != ref_id);
+    for f in &mut st.frames {
+        for r in f.regs.iter_mut() {
+            if matches!(r, Reg::Ptr { ref_id: x, .. } if *x == ref_id) {
+                *r = Reg::Uninit;
+            }
+        }
+        for s in &mut f.stack {
+            if matches!(s.spill, Some(Reg::Ptr { ref_id: x, .. }) if x == ref_id) {
+                s.spill = Some(Reg::unknown());
+            }
+        }
+    }
+}

@@ -1,0 +1,974 @@
+//! One safe and one unsafe program per rule; each rejection pins its kind and index.
+
+mod common;
+
+use bpftime_isa::uapi::prog_type;
+use bpftime_isa::Insn;
+use bpftime_verifier::{verify, Options, ProgramInfo, RejectKind, PROG_TYPE_CONFORMANCE};
+use common::*;
+
+macro_rules! accept {
+    ($name:ident, $src:expr) => {
+        #[test]
+        fn $name() {
+            ok($src);
+        }
+    };
+}
+
+macro_rules! reject {
+    ($name:ident, $src:expr, $insn:expr, $pat:pat) => {
+        #[test]
+        fn $name() {
+            let e = bad($src);
+            assert!(matches!(e.kind, $pat), "wrong kind:\n{}", e.log());
+            assert_eq!(e.insn, $insn, "wrong insn:\n{}", e.log());
+        }
+    };
+}
+
+// ---- registers and exit ------------------------------------------------------
+
+accept!(exit_with_scalar, "mov %r0, 0\nexit");
+reject!(
+    exit_with_uninit_r0,
+    "exit",
+    0,
+    RejectKind::UninitRegister { reg: 0 }
+);
+reject!(
+    exit_with_pointer_r0,
+    "mov %r0, %r10\nexit",
+    1,
+    RejectKind::ReturnNotScalar { .. }
+);
+reject!(
+    read_uninit_register,
+    "mov %r0, %r3\nexit",
+    0,
+    RejectKind::UninitRegister { reg: 3 }
+);
+reject!(
+    write_frame_pointer,
+    "mov %r10, 0\nmov %r0, 0\nexit",
+    0,
+    RejectKind::FramePointerWrite
+);
+reject!(
+    load_into_frame_pointer,
+    "ldxdw %r10, [%r1]\nmov %r0, 0\nexit",
+    0,
+    RejectKind::FramePointerWrite
+);
+accept!(
+    division_by_zero_is_defined,
+    "mov %r0, 7\nmov %r2, 0\ndiv %r0, %r2\nmod %r0, %r2\nexit"
+);
+accept!(
+    signed_ops,
+    "mov %r0, -7\nsdiv %r0, 2\nsmod %r0, 3\narsh %r0, 1\nexit"
+);
+#[test]
+fn unknown_opcode() {
+    let e = run_with(
+        &[Insn::new(0xff, 0, 0, 0, 0), Insn::new(0x95, 0, 0, 0, 0)],
+        prog_type::KPROBE,
+        false,
+    )
+    .unwrap_err();
+    assert!(matches!(e.kind, RejectKind::UnknownOpcode { code: 0xff }));
+    assert_eq!(e.insn, 0);
+}
+
+// ---- context -----------------------------------------------------------------
+
+accept!(ctx_aligned_loads, "ldxdw %r2, [%r1+160]\nldxw %r3, [%r1+4]\nldxh %r4, [%r1+2]\nldxb %r5, [%r1+167]\nmov %r0, 0\nexit");
+reject!(
+    ctx_out_of_bounds,
+    "ldxw %r2, [%r1+200]\nmov %r0, 0\nexit",
+    0,
+    RejectKind::CtxAccess { off: 200, size: 4 }
+);
+reject!(
+    ctx_last_qword_overrun,
+    "ldxdw %r2, [%r1+164]\nmov %r0, 0\nexit",
+    0,
+    RejectKind::CtxAccess { off: 164, size: 8 }
+);
+reject!(
+    ctx_misaligned,
+    "ldxdw %r2, [%r1+4]\nmov %r0, 0\nexit",
+    0,
+    RejectKind::MisalignedCtxAccess { off: 4, size: 8 }
+);
+reject!(
+    ctx_write,
+    "stxdw [%r1+8], %r1\nmov %r0, 0\nexit",
+    0,
+    RejectKind::CtxAccess { .. }
+);
+reject!(
+    ctx_store_imm,
+    "stw [%r1], 0\nmov %r0, 0\nexit",
+    0,
+    RejectKind::CtxAccess { .. }
+);
+reject!(
+    ctx_moved_pointer_deref,
+    "add %r1, 8\nldxdw %r2, [%r1]\nmov %r0, 0\nexit",
+    1,
+    RejectKind::ModifiedCtxDeref { reg: 1, off: 8 }
+);
+accept!(
+    ctx_moved_and_back,
+    "add %r1, 8\nadd %r1, -8\nldxdw %r2, [%r1]\nmov %r0, 0\nexit"
+);
+reject!(
+    ctx_var_arith,
+    "ldxdw %r2, [%r1]\nand %r2, 8\nadd %r1, %r2\nldxdw %r0, [%r1]\nexit",
+    3,
+    RejectKind::VariableCtxAccess { .. }
+);
+reject!(
+    ctx_negative_offset,
+    "ldxdw %r2, [%r1-8]\nmov %r0, 0\nexit",
+    0,
+    RejectKind::CtxAccess { off: -8, .. }
+);
+
+// ---- stack -------------------------------------------------------------------
+
+accept!(
+    stack_spill_fill_keeps_pointer,
+    "stxdw [%r10-8], %r1\nldxdw %r2, [%r10-8]\nldxdw %r0, [%r2]\nexit"
+);
+reject!(
+    stack_uninit_read,
+    "ldxdw %r0, [%r10-8]\nexit",
+    0,
+    RejectKind::StackUninitRead { .. }
+);
+reject!(
+    stack_partial_init_read,
+    "stw [%r10-8], 1\nldxdw %r0, [%r10-8]\nexit",
+    1,
+    RejectKind::StackUninitRead { byte: 4, .. }
+);
+accept!(
+    stack_bytes_then_read,
+    "stw [%r10-8], 1\nstw [%r10-4], 2\nldxdw %r0, [%r10-8]\nexit"
+);
+reject!(
+    stack_below_frame,
+    "stdw [%r10-520], 1\nmov %r0, 0\nexit",
+    0,
+    RejectKind::StackOutOfBounds { .. }
+);
+reject!(
+    stack_above_frame,
+    "stdw [%r10], 1\nmov %r0, 0\nexit",
+    0,
+    RejectKind::StackOutOfBounds { .. }
+);
+accept!(
+    stack_bottom,
+    "stdw [%r10-512], 1\nldxdw %r0, [%r10-512]\nexit"
+);
+reject!(
+    stack_partial_overwrite_turns_pointer_to_data,
+    "stxdw [%r10-8], %r1\nstb [%r10-8], 0\nldxdw %r2, [%r10-8]\nldxdw %r0, [%r2]\nexit",
+    3,
+    RejectKind::InvalidMemAccess { reg: 2, .. }
+);
+reject!(
+    stack_partial_fill_of_pointer,
+    "stxdw [%r10-8], %r1\nldxw %r0, [%r10-8]\nexit",
+    1,
+    RejectKind::PartialSpillRead { .. }
+);
+accept!(
+    stack_spilled_scalar_keeps_bounds,
+    "ldxdw %r2, [%r1]\nand %r2, 7\nstxdw [%r10-8], %r2\nldxdw %r3, [%r10-8]\nmov %r4, %r10\nadd %r4, -8\nadd %r4, %r3\nldxb %r0, [%r4]\nexit"
+);
+accept!(
+    stack_variable_offset_read_of_initialized,
+    "stdw [%r10-16], 0\nstdw [%r10-8], 0\nldxdw %r2, [%r1]\nand %r2, 7\nmov %r3, %r10\nadd %r3, -16\nadd %r3, %r2\nldxb %r0, [%r3]\nexit"
+);
+reject!(
+    stack_variable_offset_read_of_uninit,
+    "stdw [%r10-8], 0\nldxdw %r2, [%r1]\nand %r2, 7\nmov %r3, %r10\nadd %r3, -16\nadd %r3, %r2\nldxb %r0, [%r3]\nexit",
+    6,
+    RejectKind::StackUninitRead { .. }
+);
+
+// ---- pointer arithmetic --------------------------------------------------------
+
+reject!(
+    pointer_multiply,
+    "mov %r2, %r10\nmul %r2, 2\nmov %r0, 0\nexit",
+    1,
+    RejectKind::PtrOpProhibited { .. }
+);
+reject!(
+    pointer_alu32,
+    "mov %r2, %r10\nadd32 %r2, 2\nmov %r0, 0\nexit",
+    1,
+    RejectKind::PtrOpProhibited { .. }
+);
+reject!(
+    pointer_and,
+    "mov %r2, %r10\nand %r2, -8\nmov %r0, 0\nexit",
+    1,
+    RejectKind::PtrOpProhibited { .. }
+);
+reject!(
+    pointer_plus_unbounded,
+    "ldxdw %r2, [%r1]\nmov %r3, %r10\nadd %r3, %r2\nmov %r0, 0\nexit",
+    2,
+    RejectKind::UnboundedOffset { reg: 3 }
+);
+accept!(
+    pointer_minus_pointer,
+    "mov %r2, %r10\nadd %r2, -8\nmov %r0, %r10\nsub %r0, %r2\nexit"
+);
+reject!(
+    map_ptr_arith,
+    "ldmap %r1, 1\nadd %r1, 8\nmov %r0, 0\nexit",
+    2,
+    RejectKind::PtrArithProhibited { reg: 1, .. }
+);
+reject!(
+    scalar_deref,
+    "mov %r2, 4096\nldxdw %r0, [%r2]\nexit",
+    1,
+    RejectKind::InvalidMemAccess { reg: 2, .. }
+);
+reject!(
+    map_ptr_deref,
+    "ldmap %r2, 1\nldxdw %r0, [%r2]\nexit",
+    2,
+    RejectKind::InvalidMemAccess { reg: 2, .. }
+);
+
+// ---- maps --------------------------------------------------------------------
+
+const LOOKUP: &str = "stw [%r10-4], 0\nmov %r2, %r10\nadd %r2, -4\nldmap %r1, 1\ncall 1\n";
+
+accept!(
+    map_lookup_checked,
+    &format!("{LOOKUP}jeq %r0, 0, +1\nldxdw %r0, [%r0]\nexit")
+);
+accept!(
+    map_lookup_checked_ne,
+    &format!("{LOOKUP}jne %r0, 0, +2\nmov %r0, 0\nexit\nldxdw %r0, [%r0]\nexit")
+);
+reject!(
+    map_lookup_unchecked,
+    &format!("{LOOKUP}ldxdw %r0, [%r0]\nexit"),
+    6,
+    RejectKind::InvalidMemAccess { reg: 0, .. }
+);
+reject!(
+    map_lookup_null_branch_deref,
+    &format!("{LOOKUP}jne %r0, 0, +1\nldxdw %r0, [%r0]\nexit"),
+    7,
+    RejectKind::InvalidMemAccess { reg: 0, .. }
+);
+accept!(
+    map_lookup_copy_is_checked_too,
+    &format!("{LOOKUP}mov %r6, %r0\njeq %r0, 0, +1\nldxdw %r0, [%r6]\nmov %r0, 0\nexit")
+);
+reject!(
+    map_value_out_of_bounds,
+    &format!("{LOOKUP}jeq %r0, 0, +1\nldxdw %r0, [%r0+4]\nexit"),
+    7,
+    RejectKind::RegionOutOfBounds { .. }
+);
+reject!(
+    map_key_uninit,
+    "mov %r2, %r10\nadd %r2, -4\nldmap %r1, 1\ncall 1\nmov %r0, 0\nexit",
+    4,
+    RejectKind::StackUninitRead { .. }
+);
+reject!(
+    map_key_not_a_pointer,
+    "mov %r2, 0\nldmap %r1, 1\ncall 1\nmov %r0, 0\nexit",
+    3,
+    RejectKind::HelperArgType { reg: 2, .. }
+);
+reject!(
+    map_arg_not_a_map,
+    "stw [%r10-4], 0\nmov %r2, %r10\nadd %r2, -4\nmov %r1, 0\ncall 1\nmov %r0, 0\nexit",
+    4,
+    RejectKind::HelperArgType { reg: 1, .. }
+);
+accept!(
+    map_value_variable_offset_bounded,
+    "stw [%r10-4], 0\nmov %r2, %r10\nadd %r2, -4\nldmap %r1, 2\ncall 1\njeq %r0, 0, +5\nldxdw %r1, [%r0]\nand %r1, 15\nadd %r0, %r1\nldxb %r0, [%r0]\nexit\nmov %r0, 0\nexit"
+);
+reject!(
+    map_value_variable_offset_too_far,
+    "stw [%r10-4], 0\nmov %r2, %r10\nadd %r2, -4\nldmap %r1, 2\ncall 1\njeq %r0, 0, +5\nldxdw %r1, [%r0]\nand %r1, 31\nadd %r0, %r1\nldxb %r0, [%r0]\nexit\nmov %r0, 0\nexit",
+    10,
+    RejectKind::RegionOutOfBounds { .. }
+);
+accept!(
+    map_value_bounded_by_compare,
+    "stw [%r10-4], 0\nmov %r2, %r10\nadd %r2, -4\nldmap %r1, 2\ncall 1\njeq %r0, 0, +6\nldxdw %r1, [%r0]\njgt %r1, 15, +3\nadd %r0, %r1\nldxb %r0, [%r0]\nexit\nmov %r0, 0\nexit"
+);
+accept!(
+    map_update_with_stack_value,
+    "stw [%r10-4], 0\nstdw [%r10-16], 0\nmov %r2, %r10\nadd %r2, -4\nmov %r3, %r10\nadd %r3, -16\nmov %r4, 0\nldmap %r1, 1\ncall 2\nexit"
+);
+reject!(
+    map_update_value_uninit,
+    "stw [%r10-4], 0\nstw [%r10-16], 0\nmov %r2, %r10\nadd %r2, -4\nmov %r3, %r10\nadd %r3, -16\nmov %r4, 0\nldmap %r1, 1\ncall 2\nexit",
+    9,
+    RejectKind::StackUninitRead { .. }
+);
+accept!(
+    map_value_stores_pointer_as_root,
+    &format!("{LOOKUP}jeq %r0, 0, +1\nstxdw [%r0], %r10\nmov %r0, 0\nexit")
+);
+reject!(
+    unknown_map_fd,
+    "ldmap %r1, 99\nmov %r0, 0\nexit",
+    0,
+    RejectKind::UnknownMap { fd: 99 }
+);
+reject!(
+    map_in_map_unsupported,
+    "ldmap %r1, 9\nmov %r0, 0\nexit",
+    0,
+    RejectKind::UnsupportedMapType { .. }
+);
+accept!(
+    map_value_direct,
+    "ldmapval %r1, 11, 8\nldxdw %r0, [%r1]\nexit"
+);
+reject!(
+    map_value_direct_needs_single_element_array,
+    "ldmapval %r1, 2, 8\nldxdw %r0, [%r1]\nexit",
+    0,
+    RejectKind::MapValueOffset { .. }
+);
+reject!(
+    map_value_direct_too_far,
+    "ldmapval %r1, 11, 12\nldxdw %r0, [%r1]\nexit",
+    2,
+    RejectKind::RegionOutOfBounds { .. }
+);
+
+// ---- helper / map compatibility ------------------------------------------------
+
+reject!(
+    unknown_helper,
+    "call 9999\nmov %r0, 0\nexit",
+    0,
+    RejectKind::UnknownHelper { id: 9999 }
+);
+accept!(
+    helper_clobbers_but_r6_survives,
+    "mov %r6, 1\ncall 5\nmov %r0, %r6\nexit"
+);
+reject!(
+    helper_clobbers_r1,
+    "mov %r1, 1\ncall 5\nmov %r0, %r1\nexit",
+    2,
+    RejectKind::UninitRegister { reg: 1 }
+);
+reject!(
+    ringbuf_output_needs_ringbuf,
+    "stdw [%r10-8], 0\nmov %r2, %r10\nadd %r2, -8\nmov %r3, 8\nmov %r4, 0\nldmap %r1, 4\ncall 130\nexit",
+    7,
+    RejectKind::MapHelperMismatch { .. }
+);
+accept!(
+    ringbuf_output_ok,
+    "stdw [%r10-8], 0\nmov %r2, %r10\nadd %r2, -8\nmov %r3, 8\nmov %r4, 0\nldmap %r1, 3\ncall 130\nexit"
+);
+accept!(
+    perf_event_output_ok,
+    "stdw [%r10-8], 0\nmov %r4, %r10\nadd %r4, -8\nmov %r5, 8\nmov %r3, 0\nldmap %r2, 4\ncall 25\nexit"
+);
+reject!(
+    perf_event_output_needs_perf_array,
+    "stdw [%r10-8], 0\nmov %r4, %r10\nadd %r4, -8\nmov %r5, 8\nmov %r3, 0\nldmap %r2, 1\ncall 25\nexit",
+    7,
+    RejectKind::MapHelperMismatch { .. }
+);
+reject!(
+    perf_event_output_size_too_big,
+    "stdw [%r10-8], 0\nmov %r4, %r10\nadd %r4, -8\nmov %r5, 16\nmov %r3, 0\nldmap %r2, 4\ncall 25\nexit",
+    7,
+    RejectKind::StackUninitRead { .. } | RejectKind::StackOutOfBounds { .. }
+);
+reject!(
+    helper_size_unbounded,
+    "stdw [%r10-8], 0\nmov %r2, %r10\nadd %r2, -8\nldxdw %r3, [%r1]\nmov %r4, 0\nldmap %r1, 3\ncall 130\nexit",
+    7,
+    RejectKind::SizeNegative { reg: 3 }
+);
+reject!(
+    helper_size_too_large,
+    "stdw [%r10-8], 0\nmov %r2, %r10\nadd %r2, -8\nldxdw %r3, [%r1]\nrsh %r3, 1\nmov %r4, 0\nldmap %r1, 3\ncall 130\nexit",
+    8,
+    RejectKind::SizeUnbounded { reg: 3 }
+);
+accept!(
+    tail_call_ok,
+    "mov %r3, 0\nldmap %r2, 5\ncall 12\nmov %r0, 0\nexit"
+);
+reject!(
+    tail_call_needs_prog_array,
+    "mov %r3, 0\nldmap %r2, 2\ncall 12\nmov %r0, 0\nexit",
+    3,
+    RejectKind::MapHelperMismatch { .. }
+);
+accept!(
+    queue_push,
+    "stdw [%r10-8], 0\nmov %r2, %r10\nadd %r2, -8\nmov %r3, 0\nldmap %r1, 6\ncall 87\nexit"
+);
+accept!(
+    queue_pop_into_uninit,
+    "mov %r2, %r10\nadd %r2, -8\nldmap %r1, 6\ncall 88\nldxdw %r0, [%r10-8]\nexit"
+);
+reject!(
+    lookup_on_queue,
+    &LOOKUP
+        .replace("ldmap %r1, 1", "ldmap %r1, 6")
+        .to_string()
+        .add_exit(),
+    5,
+    RejectKind::MapHelperMismatch { .. }
+);
+accept!(
+    probe_read_fills_stack,
+    "mov %r1, %r10\nadd %r1, -16\nmov %r2, 16\nmov %r3, 0\ncall 113\nldxdw %r0, [%r10-16]\nexit"
+);
+reject!(
+    probe_read_zero_with_null_dst_but_nonzero_size,
+    "mov %r1, 0\nmov %r2, 16\nmov %r3, 0\ncall 113\nexit",
+    3,
+    RejectKind::HelperArgType { reg: 1, .. }
+);
+reject!(
+    get_current_comm_zero_size,
+    "mov %r1, %r10\nadd %r1, -16\nmov %r2, 0\ncall 16\nexit",
+    3,
+    RejectKind::SizeZero { reg: 2 }
+);
+reject!(
+    helper_needs_ctx,
+    "mov %r3, 0\nldmap %r2, 8\nmov %r1, %r10\ncall 27\nexit",
+    4,
+    RejectKind::HelperArgType { reg: 1, .. }
+);
+accept!(get_stackid_ok, "mov %r3, 0\nldmap %r2, 8\ncall 27\nexit");
+
+trait AddExit {
+    fn add_exit(self) -> String;
+}
+impl AddExit for String {
+    fn add_exit(self) -> String {
+        self + "mov %r0, 0\nexit"
+    }
+}
+
+// ---- ring buffer references ------------------------------------------------------
+
+const RESERVE: &str = "ldmap %r1, 3\nmov %r2, 16\nmov %r3, 0\ncall 131\n";
+
+accept!(ringbuf_reserve_submit, &format!("{RESERVE}jeq %r0, 0, +4\nstdw [%r0+8], 1\nmov %r1, %r0\nmov %r2, 0\ncall 132\nmov %r0, 0\nexit"));
+accept!(
+    ringbuf_reserve_discard,
+    &format!("{RESERVE}jeq %r0, 0, +3\nmov %r1, %r0\nmov %r2, 0\ncall 133\nmov %r0, 0\nexit")
+);
+reject!(
+    ringbuf_leak,
+    &format!("{RESERVE}jeq %r0, 0, +1\nstdw [%r0], 1\nmov %r0, 0\nexit"),
+    8,
+    RejectKind::UnreleasedReference { alloc_insn: 4, .. }
+);
+reject!(
+    ringbuf_write_past_record,
+    &format!("{RESERVE}jeq %r0, 0, +4\nstdw [%r0+16], 1\nmov %r1, %r0\nmov %r2, 0\ncall 132\nmov %r0, 0\nexit"),
+    6,
+    RejectKind::RegionOutOfBounds { .. }
+);
+reject!(
+    ringbuf_use_after_submit,
+    &format!("{RESERVE}jeq %r0, 0, +5\nmov %r6, %r0\nmov %r1, %r0\nmov %r2, 0\ncall 132\nstdw [%r6], 1\nmov %r0, 0\nexit"),
+    10,
+    RejectKind::UninitRegister { reg: 6 }
+);
+reject!(
+    ringbuf_double_submit,
+    &format!("{RESERVE}jeq %r0, 0, +6\nmov %r6, %r0\nmov %r1, %r0\nmov %r2, 0\ncall 132\nmov %r1, %r6\ncall 132\nmov %r0, 0\nexit"),
+    10,
+    RejectKind::UninitRegister { reg: 6 }
+);
+reject!(
+    ringbuf_submit_unchecked,
+    &format!("{RESERVE}mov %r1, %r0\nmov %r2, 0\ncall 132\nmov %r0, 0\nexit"),
+    7,
+    RejectKind::BadRelease { reg: 1 }
+);
+reject!(
+    ringbuf_reserve_size_variable,
+    "ldxdw %r2, [%r1]\nand %r2, 8\nldmap %r1, 3\nmov %r3, 0\ncall 131\nmov %r0, 0\nexit",
+    5,
+    RejectKind::NotConstant { reg: 2 }
+);
+
+// ---- control flow --------------------------------------------------------------
+
+reject!(
+    jump_out_of_range,
+    "ja +5\nmov %r0, 0\nexit",
+    0,
+    RejectKind::JumpOutOfRange { .. }
+);
+reject!(fall_off_end, "mov %r0, 0", 0, RejectKind::FallOffEnd);
+reject!(
+    unreachable_insn,
+    "mov %r0, 0\nexit\nmov %r0, 1\nexit",
+    2,
+    RejectKind::Unreachable { insn: 2 }
+);
+reject!(
+    jump_into_lddw,
+    "ja +1\nlddw %r0, 1\nexit",
+    0,
+    RejectKind::JumpIntoLdImm64 { .. }
+);
+accept!(
+    bounded_loop,
+    "mov %r0, 0\nmov %r1, 0\nloop:\nadd %r0, 3\nadd %r1, 1\njlt %r1, 100, loop\nexit"
+);
+reject!(
+    infinite_loop,
+    "mov %r0, 0\nloop:\nja loop",
+    1,
+    RejectKind::InfiniteLoop { insn: 1 }
+);
+#[test]
+fn unbounded_loop_hits_limit() {
+    let insns = asm("mov %r0, 0\nmov %r1, 0\nloop:\nadd %r1, 1\njne %r1, 0, loop\nexit");
+    let info = ProgramInfo {
+        insns: &insns,
+        prog_type: prog_type::KPROBE,
+        gpu: false,
+        maps: &maps,
+        mem_len: 0,
+    };
+    let e = verify(
+        &info,
+        &Options {
+            max_processed: 100_000,
+            ..Options::default()
+        },
+    )
+    .unwrap_err();
+    assert!(
+        matches!(e.kind, RejectKind::TooComplex { processed: 100_001 }),
+        "{}",
+        e.log()
+    );
+}
+reject!(
+    loop_on_unknown_data_loops_forever,
+    "mov %r0, 0\nloop:\nldxdw %r2, [%r1]\njne %r2, 0, loop\nexit",
+    1,
+    RejectKind::InfiniteLoop { .. }
+);
+accept!(
+    branch_pruning_keeps_it_linear,
+    &(0..200)
+        .map(|_| "ldxdw %r2, [%r1]\njeq %r2, 0, +1\nmov %r3, 1\n")
+        .collect::<String>()
+        .add_exit()
+);
+accept!(jmp32_refines, "ldxw %r2, [%r1]\njgt32 %r2, 15, +4\nmov %r3, %r10\nadd %r3, -16\nadd %r3, %r2\nstb [%r3], 0\nmov %r0, 0\nexit");
+
+// ---- bpf-to-bpf calls ------------------------------------------------------------
+
+accept!(
+    subprog_call,
+    "mov %r1, 5\nmov %r6, 9\ncall local f\nadd %r0, %r6\nexit\nf:\nmov %r0, %r1\nexit"
+);
+reject!(
+    subprog_caller_r1_clobbered,
+    "mov %r1, 5\ncall local f\nmov %r0, %r1\nexit\nf:\nmov %r0, 1\nexit",
+    2,
+    RejectKind::UninitRegister { reg: 1 }
+);
+reject!(
+    subprog_cannot_read_callers_r6,
+    "mov %r6, 5\ncall local f\nexit\nf:\nmov %r0, %r6\nexit",
+    3,
+    RejectKind::UninitRegister { reg: 6 }
+);
+accept!(
+    subprog_writes_callers_stack,
+    "mov %r1, %r10\nadd %r1, -8\ncall local f\nldxdw %r0, [%r10-8]\nexit\nf:\nstdw [%r1], 7\nmov %r0, 0\nexit"
+);
+reject!(
+    subprog_returns_its_stack,
+    "call local f\nmov %r0, 0\nexit\nf:\nmov %r0, %r10\nexit",
+    4,
+    RejectKind::ReturnStackPointer
+);
+reject!(
+    subprog_recursion,
+    "call local f\nexit\nf:\ncall local f\nmov %r0, 0\nexit",
+    2,
+    RejectKind::RecursiveCall { .. }
+);
+reject!(
+    combined_stack_too_large,
+    "stdw [%r10-512], 0\ncall local f\nmov %r0, 0\nexit\nf:\nstdw [%r10-8], 0\nmov %r0, 0\nexit",
+    4,
+    RejectKind::CombinedStackTooLarge { .. }
+);
+
+fn chain(n: usize) -> String {
+    let mut s = String::from("call local f1\nmov %r0, 0\nexit\n");
+    for k in 1..=n {
+        if k < n {
+            s.push_str(&format!("f{k}:\ncall local f{}\nmov %r0, 0\nexit\n", k + 1));
+        } else {
+            s.push_str(&format!("f{k}:\nmov %r0, 0\nexit\n"));
+        }
+    }
+    s
+}
+
+#[test]
+fn call_depth_eight_frames_ok_nine_rejected() {
+    ok(&chain(7));
+    let e = bad(&chain(8));
+    assert!(
+        matches!(e.kind, RejectKind::CallStackTooDeep { frames: 9 }),
+        "{}",
+        e.log()
+    );
+}
+
+// ---- bpf_loop ------------------------------------------------------------------
+
+accept!(
+    bpf_loop_callback,
+    "mov %r1, 10\nldfunc %r2, 6\nmov %r3, 0\nmov %r4, 0\ncall 181\nmov %r0, 0\nexit\ncb:\nmov %r0, 0\nexit"
+);
+reject!(
+    bpf_loop_callback_bad_return,
+    "mov %r1, 10\nldfunc %r2, 6\nmov %r3, 0\nmov %r4, 0\ncall 181\nmov %r0, 0\nexit\ncb:\nmov %r0, 2\nexit",
+    9,
+    RejectKind::CallbackReturnRange { .. }
+);
+accept!(
+    bpf_loop_counter_on_callers_stack,
+    "stdw [%r10-8], 0\nmov %r1, 10\nldfunc %r2, 7\nmov %r3, %r10\nadd %r3, -8\nmov %r4, 0\ncall 181\nldxdw %r0, [%r10-8]\nexit\ncb:\nldxdw %r3, [%r2]\nadd %r3, 1\nstxdw [%r2], %r3\nmov %r0, 0\nexit"
+);
+reject!(
+    bpf_loop_callback_reads_uninit_ctx,
+    "mov %r1, 10\nldfunc %r2, 7\nmov %r3, %r10\nadd %r3, -8\nmov %r4, 0\ncall 181\nmov %r0, 0\nexit\ncb:\nldxdw %r0, [%r2]\nmov %r0, 0\nexit",
+    9,
+    RejectKind::StackUninitRead { .. }
+);
+reject!(
+    bpf_loop_needs_func,
+    "mov %r1, 10\nmov %r2, 0\nmov %r3, 0\nmov %r4, 0\ncall 181\nmov %r0, 0\nexit",
+    4,
+    RejectKind::HelperArgType { reg: 2, .. }
+);
+
+// ---- atomics -------------------------------------------------------------------
+
+accept!(
+    atomic_add_on_stack,
+    "stdw [%r10-8], 0\nmov %r1, 1\nlock add [%r10-8], %r1\nldxdw %r0, [%r10-8]\nexit"
+);
+reject!(
+    atomic_on_uninit_stack,
+    "mov %r1, 1\nlock add [%r10-8], %r1\nmov %r0, 0\nexit",
+    1,
+    RejectKind::StackUninitRead { .. }
+);
+reject!(
+    atomic_on_ctx,
+    "mov %r2, 1\nlock add [%r1], %r2\nmov %r0, 0\nexit",
+    1,
+    RejectKind::CtxAccess { .. }
+);
+accept!(
+    atomic_fetch_on_map_value,
+    &format!("{LOOKUP}jeq %r0, 0, +2\nmov %r1, 1\nlock fetch add [%r0], %r1\nmov %r0, 0\nexit")
+);
+
+// ---- GPU -----------------------------------------------------------------------
+
+fn gpu(src: &str) -> Result<bpftime_verifier::Verified, bpftime_verifier::Rejection> {
+    run_with(&asm(src), prog_type::KPROBE, true)
+}
+
+#[test]
+fn gpu_allows_gpu_helpers_and_maps() {
+    gpu("call 505\nmov %r0, 0\nexit").unwrap_err(); // 505 needs three pointers
+    gpu("stdw [%r10-8], 0\nstdw [%r10-16], 0\nstdw [%r10-24], 0\nmov %r1, %r10\nadd %r1, -8\nmov %r2, %r10\nadd %r2, -16\nmov %r3, %r10\nadd %r3, -24\ncall 505\ncall 506\ncall 502\nmov %r0, 0\nexit")
+        .unwrap();
+    gpu(&LOOKUP.replace("ldmap %r1, 1", "ldmap %r1, 7").add_exit()).unwrap();
+}
+
+#[test]
+fn gpu_rejects_cpu_only_helpers_and_maps() {
+    let e = gpu("call 14\nmov %r0, 0\nexit").unwrap_err();
+    assert!(
+        matches!(e.kind, RejectKind::HelperNotOnGpu { id: 14, .. }),
+        "{}",
+        e.log()
+    );
+    let e = gpu("ldmap %r1, 10\nmov %r0, 0\nexit").unwrap_err();
+    assert!(
+        matches!(e.kind, RejectKind::MapTypeNotOnGpu { .. }),
+        "{}",
+        e.log()
+    );
+    assert_eq!(e.insn, 0);
+    let e = gpu(&format!("{RESERVE}mov %r0, 0\nexit")).unwrap_err();
+    assert!(
+        matches!(e.kind, RejectKind::HelperNotOnGpu { id: 131, .. }),
+        "{}",
+        e.log()
+    );
+}
+
+// ---- conformance program type ----------------------------------------------------
+
+#[test]
+fn conformance_buffer_in_r1_length_in_r2() {
+    let p = asm("ldxdw %r0, [%r1+56]\nstw [%r1], 1\nadd %r0, %r2\nexit");
+    run_with(&p, PROG_TYPE_CONFORMANCE, false).unwrap();
+    let p = asm("ldxdw %r0, [%r1+60]\nexit");
+    let e = run_with(&p, PROG_TYPE_CONFORMANCE, false).unwrap_err();
+    assert!(
+        matches!(e.kind, RejectKind::RegionOutOfBounds { .. }),
+        "{}",
+        e.log()
+    );
+}
+
+#[test]
+fn unsupported_prog_type() {
+    let e = run_with(&asm("mov %r0, 0\nexit"), prog_type::XDP, false).unwrap_err();
+    assert!(matches!(e.kind, RejectKind::UnsupportedProgType { .. }));
+}
+
+// ---- log -----------------------------------------------------------------------
+
+#[test]
+fn log_names_insn_disassembly_and_reason() {
+    let e = bad("mov %r0, 0\nmov %r0, 0\nmov %r0, 0\nmov %r0, 0\nmov %r0, 0\nmov %r0, 0\nmov %r0, 0\nmov %r0, 0\nmov %r0, 0\nmov %r0, 0\nmov %r0, 0\nmov %r0, 0\nldxw %r2, [%r1+200]\nexit");
+    let log = e.log();
+    assert!(
+        log.ends_with(
+            "12: (61) r2 = *(u32 *)(r1 +200)\ninvalid bpf_context access off=200 size=4\n"
+        ),
+        "{log}"
+    );
+    assert!(log.contains("R1=ctx(off=0)"), "{log}");
+}
+
+#[test]
+fn verbose_log_only_when_asked() {
+    let insns = asm("mov %r0, 0\nexit");
+    let info = ProgramInfo {
+        insns: &insns,
+        prog_type: prog_type::KPROBE,
+        gpu: false,
+        maps: &maps,
+        mem_len: 0,
+    };
+    let quiet = verify(&info, &Options::default()).unwrap();
+    assert!(quiet.log.is_empty());
+    let loud = verify(
+        &info,
+        &Options {
+            log_level: 2,
+            ..Options::default()
+        },
+    )
+    .unwrap();
+    assert!(
+        loud.log.contains("0: (b7) r0 = 0 ; R1=ctx(off=0) R10=fp0"),
+        "{}",
+        loud.log
+    );
+    assert!(loud.log.contains("processed 2 insns"), "{}", loud.log);
+}
+
+#[test]
+fn raw_insns_with_bad_register() {
+    let insns = [Insn::new(0xb7, 11, 0, 0, 0), Insn::new(0x95, 0, 0, 0, 0)];
+    let e = run_with(&insns, prog_type::KPROBE, false).unwrap_err();
+    assert!(matches!(e.kind, RejectKind::InvalidRegister { reg: 11 }));
+}
+
+accept!(
+    void_subprog_leaves_r0_unset,
+    "call local f\nmov %r0, 0\nexit\nf:\nstdw [%r10-8], 1\nexit"
+);
+reject!(
+    void_subprog_r0_read_by_caller,
+    "call local f\nexit\nf:\nmov %r1, 1\nexit",
+    1,
+    RejectKind::UninitRegister { reg: 0 }
+);
+reject!(
+    callee_stack_pointer_left_in_callers_stack_is_dead,
+    "mov %r1, %r10\nadd %r1, -8\ncall local f\nldxdw %r1, [%r10-8]\nldxdw %r0, [%r1]\nexit\nf:\nstdw [%r10-8], 0\nmov %r2, %r10\nadd %r2, -8\nstxdw [%r1], %r2\nmov %r0, 0\nexit",
+    4,
+    RejectKind::InvalidMemAccess { reg: 1, .. }
+);
+
+// ---- pruning ---------------------------------------------------------------------
+
+const PAD: &str = "mov %r5, 0\nmov %r5, 0\nmov %r5, 0\nmov %r5, 0\nmov %r5, 0\nmov %r5, 0\nmov %r5, 0\nmov %r5, 0\n";
+
+accept!(
+    join_of_safe_paths_is_pruned,
+    &format!("{PAD}ldxdw %r2, [%r1]\nmov %r3, 0\njeq %r2, 0, +1\nmov %r3, 8\nmov %r4, %r10\nadd %r4, -16\nadd %r4, %r3\nstdw [%r4], 0\nmov %r0, 0\nexit")
+);
+reject!(
+    join_does_not_prune_a_wider_value,
+    &format!("{PAD}ldxdw %r2, [%r1]\nmov %r3, 16\njeq %r2, 0, +1\nmov %r3, 0\nmov %r4, %r10\nadd %r4, -8\nadd %r4, %r3\nstdw [%r4], 0\nmov %r0, 0\nexit"),
+    15,
+    RejectKind::StackOutOfBounds { .. }
+);
+reject!(
+    join_does_not_prune_null_into_checked,
+    &format!("{LOOKUP}{PAD}mov %r6, %r0\njeq %r0, 0, +1\nmov %r7, 1\nldxdw %r0, [%r6]\nexit"),
+    17,
+    RejectKind::InvalidMemAccess { reg: 6, .. }
+);
+
+#[test]
+fn diamonds_verify_in_linear_time() {
+    let src: String =
+        (0..500).map(|_| "ldxdw %r2, [%r1]\njeq %r2, 0, +1\nmov %r3, 1\nmov %r4, 2\nmov %r5, 3\nmov %r0, 4\nmov %r0, 5\nmov %r0, 6\n").collect();
+    let v = ok(&src.add_exit());
+    assert!(
+        v.insns_processed < 8 * 500 * 2,
+        "processed {}",
+        v.insns_processed
+    );
+    assert!(v.pruned > 0);
+}
+
+accept!(
+    narrow_spill_keeps_bounds,
+    "ldxdw %r2, [%r1]\nand %r2, 7\nstxw [%r10-4], %r2\nstw [%r10-8], 0\nldxw %r3, [%r10-4]\nmov %r4, %r10\nadd %r4, -8\nadd %r4, %r3\nldxb %r0, [%r4]\nexit"
+);
+reject!(
+    narrow_spill_truncates,
+    "ldxdw %r2, [%r1]\nand %r2, 0x1ff\nstxb [%r10-1], %r2\nstdw [%r10-16], 0\nstdw [%r10-24], 0\nldxb %r3, [%r10-1]\nmov %r4, %r10\nadd %r4, -24\nadd %r4, %r3\nldxb %r0, [%r4]\nexit",
+    9,
+    RejectKind::StackOutOfBounds { .. } | RejectKind::StackUninitRead { .. }
+);
+reject!(
+    narrow_fill_of_other_half_is_unknown,
+    "ldxdw %r2, [%r1]\nand %r2, 7\nstxw [%r10-4], %r2\nstw [%r10-8], 1\nldxh %r3, [%r10-4]\nldxh %r3, [%r10-2]\nmov %r4, %r10\nadd %r4, %r3\nldxb %r0, [%r4]\nexit",
+    8,
+    RejectKind::StackOutOfBounds { .. }
+);
+
+reject!(
+    bpf_loop_inside_infinite_loop,
+    "loop:\nmov %r1, 1\nldfunc %r2, 5\nmov %r3, 0\nmov %r4, 0\ncall 181\nja loop\ncb:\nmov %r0, 0\nexit",
+    0,
+    RejectKind::InfiniteLoop { .. }
+);
+
+reject!(
+    bpf_loop_callback_leaking_a_record,
+    "mov %r1, 4\nldfunc %r2, 6\nmov %r3, 0\nmov %r4, 0\ncall 181\nmov %r0, 0\nexit\ncb:\nldmap %r1, 3\nmov %r2, 8\nmov %r3, 0\ncall 131\nmov %r0, 0\nexit",
+    7,
+    RejectKind::UnreleasedReference { .. }
+);
+
+reject!(
+    stack_misaligned,
+    "stdw [%r10-12], 0\nmov %r0, 0\nexit",
+    0,
+    RejectKind::MisalignedStackAccess { off: -12, size: 8 }
+);
+reject!(
+    stack_partial_pointer_spill,
+    "stxw [%r10-8], %r1\nmov %r0, 0\nexit",
+    0,
+    RejectKind::PartialPointerSpill { size: 4 }
+);
+#[test]
+fn lddw_map_fd_with_high_half() {
+    let mut p = asm("ldmap %r1, 1\nmov %r0, 0\nexit");
+    p[1].imm = 4;
+    let e = run_with(&p, prog_type::KPROBE, false).unwrap_err();
+    assert_eq!((e.kind, e.insn), (RejectKind::InvalidLdImm64, 0));
+}
+
+#[test]
+fn gpu_requires_aligned_map_value_access() {
+    let src = "stw [%r10-4], 0\nmov %r2, %r10\nadd %r2, -4\nldmap %r1, 7\ncall 1\njeq %r0, 0, +1\nldxw %r0, [%r0+2]\nmov %r0, 0\nexit";
+    run_with(&asm(src), prog_type::KPROBE, false).unwrap();
+    let e = gpu(src).unwrap_err();
+    assert_eq!(
+        (e.kind, e.insn),
+        (RejectKind::MisalignedAccess { off: 2, size: 4 }, 7)
+    );
+}
+
+reject!(
+    atomic_misaligned,
+    &format!("{LOOKUP}jeq %r0, 0, +2\nmov %r1, 1\nlock add [%r0+4], %r1\nmov %r0, 0\nexit"),
+    8,
+    RejectKind::MisalignedAccess { off: 4, size: 8 }
+);
+
+reject!(
+    shift_imm_past_width,
+    "mov %r0, 1\nlsh32 %r0, 32\nexit",
+    1,
+    RejectKind::InvalidShift { imm: 32 }
+);
+reject!(
+    shift_imm_negative,
+    "mov %r0, 1\narsh %r0, -1\nexit",
+    1,
+    RejectKind::InvalidShift { imm: -1 }
+);
+accept!(
+    shift_reg_past_width_is_masked,
+    "mov %r0, 1\nmov %r1, 70\nlsh %r0, %r1\nexit"
+);
+
+#[test]
+fn conformance_type_masks_immediate_shifts_like_the_isa() {
+    run_with(
+        &asm("mov %r0, 1\narsh32 %r0, 36\nexit"),
+        PROG_TYPE_CONFORMANCE,
+        false,
+    )
+    .unwrap();
+}
+
+#[test]
+fn ja_with_imm_is_reserved() {
+    let p = [
+        Insn::new(0x05, 0, 0, 0, 3),
+        Insn::new(0xb7, 0, 0, 0, 0),
+        Insn::new(0x95, 0, 0, 0, 0),
+    ];
+    let e = run_with(&p, prog_type::KPROBE, false).unwrap_err();
+    assert!(matches!(e.kind, RejectKind::ReservedFields { .. }));
+}
