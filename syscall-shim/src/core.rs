@@ -514,7 +514,7 @@ impl Shim {
             }
         };
         let lookup = |id: u32| maps.get(&id).map(|m| crate::program::desc(m));
-        let log = match crate::program::check_program(&insns, prog_type, &lookup) {
+        let log = match crate::program::check_program(&insns, prog_type, &lookup, log_level) {
             Ok(log) => log,
             Err((errno, log)) => {
                 tracing::warn!(program = %name, "program rejected:\n{log}");

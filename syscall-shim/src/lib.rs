@@ -21,4 +21,4 @@ mod program;
 
 pub use crate::core::{Object, ObjectRef, Shim};
 pub use perf::UprobePmu;
-pub use program::check_program;
+pub use program::{check_program, Rejection};

@@ -3,16 +3,7 @@
 
 use bpftime_isa::{opcode as op, Insn};
 use bpftime_runtime::Map;
-
-/// What the checker needs to know about a map a program uses.
-#[derive(Debug, Clone, Copy)]
-pub struct MapDesc {
-    pub map_type: u32,
-    pub key_size: u32,
-    pub value_size: u32,
-    pub max_entries: u32,
-    pub flags: u32,
-}
+use bpftime_verifier::{verify, MapDesc, Options, ProgramInfo};
 
 pub(crate) fn desc(m: &Map) -> MapDesc {
     MapDesc {
@@ -77,18 +68,45 @@ pub(crate) fn resolve_maps(
     Ok((out, ids))
 }
 
-/// Checks a program before it is stored, returning the log on success or
-/// rejection. Until the verifier crate is wired in, this checks structure:
-/// registers, jump targets, complete `lddw`s, known helpers, and an exit at
-/// the end.
 /// A rejection: the errno the kernel gives for the same fault, and the log.
 pub type Rejection = (i32, String);
 
+/// Checks a program before it is stored, returning the log on success or the
+/// rejection. Structure first (registers, jump targets, complete `lddw`s, known
+/// helpers, an exit at the end: EINVAL as in the kernel), then, for the program
+/// types bpftime runs, the verifier (EACCES with its log).
 pub fn check_program(
     insns: &[Insn],
-    _prog_type: u32,
-    _maps: &dyn Fn(u32) -> Option<MapDesc>,
+    prog_type: u32,
+    maps: &dyn Fn(u32) -> Option<MapDesc>,
+    log_level: u32,
 ) -> Result<String, Rejection> {
+    let structural = check_structure(insns)?;
+    if prog_type != bpftime_isa::uapi::prog_type::KPROBE {
+        // Other types (libbpf's feature probes load a few) are stored but never run.
+        return Ok(structural);
+    }
+    let info = ProgramInfo {
+        insns,
+        prog_type,
+        gpu: false,
+        maps: &|imm: i32| maps(imm as u32),
+        mem_len: 0,
+    };
+    let opts = Options {
+        log_level,
+        ..Options::default()
+    };
+    match verify(&info, &opts) {
+        Ok(v) => Ok(format!(
+            "{}processed {} insns, {} states, {} pruned; stack depth {}\n",
+            v.log, v.insns_processed, v.states, v.pruned, v.stack_depth
+        )),
+        Err(r) => Err((libc::EACCES, r.log())),
+    }
+}
+
+fn check_structure(insns: &[Insn]) -> Result<String, Rejection> {
     let n = insns.len();
     // Malformed programs are EINVAL in the kernel; unsafe ones are EACCES.
     let reject = |pc: usize, why: String| {
