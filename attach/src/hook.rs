@@ -13,7 +13,10 @@ use crate::patch::{self, Trampoline};
 use crate::regs::PtRegs;
 use crate::stubs;
 
-/// What runs at a hook. It gets the registers as the kernel would show them to a program.
+/// What runs at a hook. It gets the registers as the kernel would show them to a program,
+/// on the thread that hit the hook, with hooks off on that thread meanwhile (a hooked
+/// function it calls runs unobserved, as the kernel does not nest BPF programs). A handler
+/// that panics is logged once and never run again; the hooked code goes on either way.
 pub type Handler = Arc<dyn Fn(&mut PtRegs) + Send + Sync>;
 
 /// Names one attached handler, for [`detach`].
@@ -130,6 +133,19 @@ fn current(site: &Site) -> List {
 }
 
 fn attach(addr: usize, kind: Kind, handler: Handler) -> Result<HookId, AttachError> {
+    let machinery = [
+        stubs::entry_stub(),
+        stubs::return_stub(),
+        on_entry as *const () as usize,
+        on_return as *const () as usize,
+    ];
+    if machinery.contains(&addr) {
+        // Hooking these would recurse before the reentrancy guard could stop it.
+        return Err(AttachError::Unhookable {
+            addr,
+            reason: "this is the hook machinery itself".into(),
+        });
+    }
     let mut reg = registry();
     let id = HookId(reg.next_id);
     let state = reg.site(addr)?;
@@ -370,6 +386,26 @@ fn take_frame(shadow: &mut Vec<Frame>, sp: u64) -> Option<Frame> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn refuses_data_addresses_and_its_own_stubs() {
+        let data = Box::new([0xc3u8; 64]);
+        let noop: Handler = Arc::new(|_| {});
+        for addr in [
+            data.as_ptr() as usize,
+            0x1000,
+            stubs::entry_stub(),
+            stubs::return_stub(),
+        ] {
+            // SAFETY: every one of these is refused before anything is written.
+            let err = unsafe { attach_uprobe(addr, noop.clone()) }.unwrap_err();
+            assert!(
+                matches!(err, AttachError::Unhookable { addr: a, .. } if a == addr),
+                "{err}"
+            );
+        }
+        assert_eq!(data[0], 0xc3);
+    }
 
     static DUMMY: Site = Site {
         addr: 0,

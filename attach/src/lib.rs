@@ -8,7 +8,23 @@
 //!   trampoline that hands the registers, laid out as the kernel's [`PtRegs`], to each handler.
 //! - [`detach`] removes one handler; the last one out restores the original code.
 //!
-//! x86-64 Linux only.
+//! Code is never writable and executable at once: hooked code is rewritten through
+//! `/proc/self/mem` while its pages stay R-X, and trampolines are built RW, then made RX for
+//! good. Trampolines and hook records are never freed, since a thread may be inside one.
+//!
+//! Limits, x86-64 Linux only:
+//! - The jump takes 5 bytes. A function shorter than that must be followed by padding; code
+//!   that jumps back into those 5 bytes from further on (a loop head there) breaks, and only
+//!   branches inside the 5 bytes are detected. A thread stopped exactly between two of the
+//!   replaced instructions at the moment of patching resumes on the new bytes.
+//! - A prologue's rip-relative operands must still reach their targets from the trampoline
+//!   (it is placed within ±2 GiB of the hooked code, as near as a free hole allows).
+//! - Uretprobes replace the return address on the stack: not under CET shadow stacks
+//!   (refused), and code that reads its own return address sees the trampoline's.
+//! - While hooks are written, a SIGTRAP handler is installed for the whole process (it hands
+//!   traps it does not own to the previous handler); a thread that blocks SIGTRAP and reaches
+//!   a site mid-patch is killed.
+//! - ymm/zmm upper halves and x87 state are not saved around handlers.
 
 #[cfg(not(all(target_arch = "x86_64", target_os = "linux")))]
 compile_error!("bpftime-attach supports x86-64 Linux only");

@@ -28,24 +28,21 @@ const PAGE: usize = 4096;
 /// Trampolines stay this far inside ±2 GiB so every rel32 from or to them reaches.
 const REACH: i64 = (1 << 31) - (16 << 20);
 
-fn mem_file() -> io::Result<&'static File> {
-    static FILE: OnceLock<Result<File, i32>> = OnceLock::new();
-    let f = FILE.get_or_init(|| {
-        std::fs::OpenOptions::new()
-            .read(true)
-            .write(true)
-            .open("/proc/self/mem")
-            .map_err(|e| e.raw_os_error().unwrap_or(libc::EIO))
-    });
-    f.as_ref().map_err(|e| io::Error::from_raw_os_error(*e))
+/// Opened afresh each time: a descriptor kept across `fork` would still write the parent.
+fn mem_file() -> io::Result<File> {
+    std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open("/proc/self/mem")
 }
 
 /// Up to `len` bytes of code at `addr`, fewer if the mapping ends first; never faults.
 pub(crate) fn read_code(addr: usize, len: usize) -> io::Result<Vec<u8>> {
+    let mem = mem_file()?;
     let mut buf = vec![0u8; len];
     let mut got = 0;
     while got < len {
-        match mem_file()?.read_at(&mut buf[got..], (addr + got) as u64) {
+        match mem.read_at(&mut buf[got..], (addr + got) as u64) {
             Ok(0) => break,
             Ok(n) => got += n,
             Err(e) if got > 0 && e.raw_os_error() == Some(libc::EIO) => break,
@@ -131,15 +128,29 @@ pub(crate) fn build_trampoline(
     site: usize,
     stub: usize,
 ) -> Result<Trampoline, AttachError> {
-    let code = read_code(addr, 32).map_err(|source| AttachError::Memory {
-        action: "read code",
+    let maps = maps::read_self().map_err(|source| AttachError::Memory {
+        action: "read /proc/self/maps",
         addr,
         source,
     })?;
+    let mapping = maps
+        .iter()
+        .find(|m| m.start <= addr && addr < m.end && m.exec)
+        .ok_or_else(|| AttachError::Unhookable {
+            addr,
+            reason: "not in executable memory (is the address from this process?)".into(),
+        })?;
+    // Only what this mapping holds: the next one may be unrelated or missing.
+    let code =
+        read_code(addr, 32.min(mapping.end - addr)).map_err(|source| AttachError::Memory {
+            action: "read code",
+            addr,
+            source,
+        })?;
     let stolen =
         steal(addr as u64, &code).map_err(|reason| AttachError::Unhookable { addr, reason })?;
     let stolen_len: usize = stolen.iter().map(|i| i.len()).sum();
-    let page = alloc_near(addr)?;
+    let page = alloc_near(addr, &maps)?;
     let relocated = BlockEncoder::encode(
         64,
         InstructionBlock::new(&stolen, (page + HEAD_LEN) as u64),
@@ -268,31 +279,11 @@ fn steal(addr: u64, code: &[u8]) -> Result<Vec<Instruction>, String> {
     Ok(out)
 }
 
-/// A fresh RW page within rel32 reach of `addr`, placed in the nearest hole of the address
-/// space; never just after the heap (brk grows there) or just below the stack.
-fn alloc_near(addr: usize) -> Result<usize, AttachError> {
-    let maps = maps::read_self().map_err(|source| AttachError::Memory {
-        action: "read /proc/self/maps",
-        addr,
-        source,
-    })?;
-    const MARGIN: usize = 1 << 20;
-    let mut candidates = Vec::new();
-    for pair in maps.windows(2) {
-        let (below, above) = (&pair[0], &pair[1]);
-        if above.start < below.end + 2 * MARGIN + PAGE {
-            continue;
-        }
-        if below.path != "[heap]" {
-            candidates.push(below.end + MARGIN);
-        }
-        if !above.path.starts_with("[stack") {
-            candidates.push(above.start - MARGIN - PAGE);
-        }
-    }
-    let distance = |c: usize| (c as i64 - addr as i64).abs();
-    candidates.retain(|&c| c >= 1 << 24 && distance(c) < REACH);
-    candidates.sort_by_key(|&c| distance(c));
+/// A fresh RW page within rel32 reach of `addr`, in the nearest hole of the address space.
+fn alloc_near(addr: usize, maps: &[maps::Mapping]) -> Result<usize, AttachError> {
+    // SAFETY: sbrk(0) only reports the current program break.
+    let brk = unsafe { libc::sbrk(0) } as usize;
+    let candidates = candidates(addr, maps, brk);
     for c in candidates {
         // SAFETY: MAP_FIXED_NOREPLACE never replaces an existing mapping; it fails instead.
         let p = unsafe {
@@ -316,6 +307,40 @@ fn alloc_near(addr: usize) -> Result<usize, AttachError> {
         unsafe { libc::munmap(p, PAGE) };
     }
     Err(AttachError::NoTrampolineSpace { addr })
+}
+
+/// Page addresses to try for a trampoline near `addr`, nearest first: both ends of every
+/// hole within reach, so trampolines pack against existing mappings and holes last. Never
+/// where the heap grows (after it, or from the program break up while there is no heap
+/// yet) or just below the stack.
+fn candidates(addr: usize, maps: &[maps::Mapping], brk: usize) -> Vec<usize> {
+    const LOWEST: usize = 1 << 20;
+    const USER_END: usize = 1 << 47;
+    const BRK_ROOM: usize = 1 << 30;
+    let mut out = Vec::new();
+    let mut prev_end = LOWEST;
+    let mut after_heap = false;
+    for m in maps.iter().filter(|m| m.start < USER_END) {
+        if m.start >= prev_end + PAGE {
+            if !after_heap {
+                out.push(prev_end);
+            }
+            if !m.path.starts_with("[stack") {
+                out.push(m.start - PAGE);
+            }
+        }
+        prev_end = prev_end.max(m.end);
+        after_heap = m.path == "[heap]";
+    }
+    let distance = |c: usize| {
+        (c as i64 - addr as i64)
+            .abs()
+            .max((c + PAGE) as i64 - addr as i64)
+    };
+    out.retain(|&c| distance(c) < REACH && !(brk <= c && c < brk.saturating_add(BRK_ROOM)));
+    out.sort_by_key(|&c| distance(c));
+    out.dedup();
+    out
 }
 
 // Sites for the SIGTRAP handler, append-only so it can read them without locks.
@@ -499,6 +524,36 @@ mod tests {
         assert_eq!(slot(&ins[1]), 0x1234_5678);
         assert_eq!(slot(&ins[2]), 0x9abc_def0);
         assert_eq!(t.original[..], read_code(here, JMP_LEN).unwrap()[..]);
+    }
+
+    #[test]
+    fn trampoline_candidates_hug_mappings_and_avoid_heap_and_stack() {
+        let text = "\
+555555554000-555555556000 r--p 00000000 fd:01 1 /bin/x
+555555556000-555555558000 r-xp 00002000 fd:01 1 /bin/x
+555555558000-55555555a000 rw-p 00000000 00:00 0
+555555600000-555555621000 rw-p 00000000 00:00 0 [heap]
+7ffff7d00000-7ffff7d28000 r-xp 00000000 fd:01 2 /lib/libc.so.6
+7ffffffde000-7ffffffff000 rw-p 00000000 00:00 0 [stack]
+ffffffffff600000-ffffffffff601000 --xp 00000000 00:00 0 [vsyscall]
+";
+        let maps = maps::parse(text);
+        let addr = 0x555555556100;
+        let brk = 0x555555621000;
+        let c = candidates(addr, &maps, brk);
+        // Right below the binary first, then right after its bss, then below the heap.
+        assert_eq!(c, vec![0x555555553000, 0x55555555a000, 0x5555555ff000]);
+        // Without a heap yet, the program break's neighbourhood is left alone.
+        let no_heap: Vec<_> = maps
+            .iter()
+            .filter(|m| m.path != "[heap]")
+            .cloned()
+            .collect();
+        let c = candidates(addr, &no_heap, 0x55555555a000);
+        assert_eq!(c, vec![0x555555553000]);
+        // libc is out of reach of the binary; its own holes serve it, but not below the stack.
+        let c = candidates(0x7ffff7d00100, &maps, brk);
+        assert_eq!(c, vec![0x7ffff7cff000, 0x7ffff7d28000]);
     }
 
     #[inline(never)]

@@ -172,7 +172,12 @@ std::arch::global_asm!(
     "mov rsp, rbx",
     "mov [rsp + 432], rax",
     restore_state!(),
-    "ret",
+    // Not `ret`: the hooked function's own `ret` already consumed its return-stack-buffer
+    // entry, so a second `ret` would be mispredicted here and leave every later return of the
+    // caller chain mispredicted too. An indirect jump is predicted from its own history. The
+    // slot is inside the red zone, which signal delivery skips, so it survives until read.
+    "lea rsp, [rsp + 8]",
+    "jmp qword ptr [rsp - 8]",
     ".size bpftime_attach_return_stub, . - bpftime_attach_return_stub",
     on_entry = sym on_entry,
     on_return = sym on_return,

@@ -20,6 +20,22 @@ fn head(f: usize) -> [u8; 5] {
     unsafe { std::ptr::read_volatile(f as *const [u8; 5]) }
 }
 
+/// The permissions of the mapping that holds `addr`, from /proc/self/maps.
+fn perms_at(addr: usize) -> String {
+    let maps = std::fs::read_to_string("/proc/self/maps").unwrap();
+    maps.lines()
+        .find_map(|l| {
+            let (range, rest) = l.split_once(' ')?;
+            let (a, b) = range.split_once('-')?;
+            let (a, b) = (
+                usize::from_str_radix(a, 16).ok()?,
+                usize::from_str_radix(b, 16).ok()?,
+            );
+            (a <= addr && addr < b).then(|| rest[..4].to_owned())
+        })
+        .unwrap()
+}
+
 #[inline(never)]
 extern "C" fn three_args(a: u64, b: u64, c: u64) -> u64 {
     black_box(a).wrapping_mul(b) ^ c.rotate_left(5)
@@ -77,6 +93,7 @@ fn counts_every_call_from_many_threads_and_detach_stops_it() {
     }
     .unwrap();
     assert_eq!(head(f)[0], 0xe9, "the entry is a jmp now");
+    assert_eq!(perms_at(f), "r-xp", "patched code never becomes writable");
     let call = black_box(counted as extern "C" fn(u64) -> u64);
     std::thread::scope(|s| {
         for t in 0..8u64 {
@@ -372,7 +389,15 @@ fn attaching_and_detaching_while_other_threads_run_the_function() {
     let stop = AtomicBool::new(false);
     let hits = Arc::new(AtomicU64::new(0));
     let call = black_box(busy as extern "C" fn(u64) -> u64);
+    /// Stops the callers even when an assertion below fails, or the scope would never end.
+    struct StopOnDrop<'a>(&'a AtomicBool);
+    impl Drop for StopOnDrop<'_> {
+        fn drop(&mut self) {
+            self.0.store(true, Ordering::Relaxed);
+        }
+    }
     std::thread::scope(|s| {
+        let _stop = StopOnDrop(&stop);
         for t in 0..3u64 {
             let stop = &stop;
             s.spawn(move || {
@@ -559,4 +584,119 @@ fn hooks_libc_malloc_while_the_whole_process_uses_it() {
         total.load(Ordering::Relaxed) >= 2000,
         "the other thread's allocations were seen too"
     );
+}
+
+// 256 five-byte nops (`nop dword ptr [rax+rax+0]`, spelled out so the assembler cannot
+// pick a shorter form) in a row, then `ret`: 256 hookable instructions, each exactly the size of
+// the jump, so every one gets its own site and trampoline.
+std::arch::global_asm!(
+    ".text",
+    ".p2align 4",
+    ".globl bpftime_attach_test_nops",
+    "bpftime_attach_test_nops:",
+    ".rept 256",
+    ".byte 0x0f, 0x1f, 0x44, 0x00, 0x00",
+    ".endr",
+    "mov rax, rdi",
+    "ret",
+);
+
+extern "C" {
+    fn bpftime_attach_test_nops(x: u64) -> u64;
+}
+
+#[test]
+fn hundreds_of_sites_along_one_path_fire_in_order() {
+    let start = bpftime_attach_test_nops as *const () as usize;
+    let order = Arc::new(Mutex::new(Vec::new()));
+    let ids: Vec<_> = (0..256)
+        .map(|k| {
+            let o = order.clone();
+            let h = handler(move |r| o.lock().unwrap().push((r.ip as usize - start) / 5));
+            // SAFETY: each address starts one 5-byte nop; nothing branches into them.
+            unsafe { attach_uprobe(start + 5 * k, h) }.unwrap()
+        })
+        .collect();
+    // SAFETY: the stub takes and returns one integer.
+    assert_eq!(unsafe { bpftime_attach_test_nops(black_box(42)) }, 42);
+    assert_eq!(*order.lock().unwrap(), (0..256).collect::<Vec<_>>());
+    for id in ids {
+        detach(id).unwrap();
+    }
+    // SAFETY: as above.
+    assert_eq!(unsafe { bpftime_attach_test_nops(black_box(7)) }, 7);
+    assert_eq!(order.lock().unwrap().len(), 256);
+}
+
+// Prologues whose stolen bytes hold relative branches, which must keep their targets when
+// copied into the trampoline: a short `jz` (2 bytes, re-encoded as a near one), a `call`
+// (its return lands in the trampoline, which jumps back) and a tail `jmp`.
+std::arch::global_asm!(
+    ".text",
+    ".p2align 4",
+    ".globl bpftime_attach_test_jz",
+    "bpftime_attach_test_jz:",
+    "test rdi, rdi",
+    "jz 3f",
+    "mov eax, 1",
+    "ret",
+    "3:",
+    "mov eax, 2",
+    "ret",
+    ".p2align 4",
+    ".globl bpftime_attach_test_call",
+    "bpftime_attach_test_call:",
+    "call 4f",
+    "add rax, 1",
+    "ret",
+    "4:",
+    "lea rax, [rdi + rdi]",
+    "ret",
+    ".p2align 4",
+    ".globl bpftime_attach_test_tail",
+    "bpftime_attach_test_tail:",
+    "jmp bpftime_attach_test_call",
+    "int3",
+    "int3",
+    "int3",
+);
+
+extern "C" {
+    fn bpftime_attach_test_jz(x: u64) -> u64;
+    fn bpftime_attach_test_call(x: u64) -> u64;
+    fn bpftime_attach_test_tail(x: u64) -> u64;
+}
+
+#[test]
+fn relative_branches_in_the_prologue_keep_their_targets() {
+    type F = unsafe extern "C" fn(u64) -> u64;
+    let cases: [(F, [(u64, u64); 2]); 3] = [
+        (bpftime_attach_test_jz, [(0, 2), (5, 1)]),
+        (bpftime_attach_test_call, [(0, 1), (20, 41)]),
+        (bpftime_attach_test_tail, [(3, 7), (100, 201)]),
+    ];
+    for (f, io) in cases {
+        let seen = Arc::new(Mutex::new(Vec::new()));
+        let (s1, s2) = (seen.clone(), seen.clone());
+        let on_entry = handler(move |r| s1.lock().unwrap().push(r.di));
+        let on_return = handler(move |r| s2.lock().unwrap().push(r.ax));
+        let at = f as *const () as usize;
+        // SAFETY: each is a whole function entered by call; nothing jumps into its first
+        // 5 bytes.
+        let ids = unsafe {
+            [
+                attach_uprobe(at, on_entry).unwrap(),
+                attach_uretprobe(at, on_return).unwrap(),
+            ]
+        };
+        for (x, want) in io {
+            // SAFETY: the stubs take and return one integer.
+            assert_eq!(unsafe { black_box(f)(x) }, want, "{at:#x}({x})");
+        }
+        for id in ids {
+            detach(id).unwrap();
+        }
+        let want: Vec<u64> = io.iter().flat_map(|&(x, y)| [x, y]).collect();
+        assert_eq!(*seen.lock().unwrap(), want);
+    }
 }
