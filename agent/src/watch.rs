@@ -25,18 +25,8 @@ thread_local! {
     static IN_PROBE: Cell<bool> = const { Cell::new(false) };
 }
 
-fn init_logging() {
-    let filter = tracing_subscriber::EnvFilter::try_from_env("BPFTIME_LOG")
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
-    let _ = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .with_target(false)
-        .try_init();
-}
-
 pub(crate) fn start() {
-    init_logging();
+    bpftime_runtime::init_logging();
     helpers::init_process();
     let name = Store::name_from_env();
     let store = match Store::create_or_open(&name) {

@@ -20,6 +20,18 @@ mod perfbuf;
 mod store;
 
 pub use error::{Error, Result};
+
+/// Sends logs of the shim or the agent to stderr, filtered by `BPFTIME_LOG`
+/// (default: warnings). Safe to call more than once.
+pub fn init_logging() {
+    let filter = tracing_subscriber::EnvFilter::try_from_env("BPFTIME_LOG")
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_target(false)
+        .try_init();
+}
 pub use layout::{ObjectKind, PAGE_SIZE, STORE_VERSION};
 pub use maps::{possible_cpus, ringbuf_commit, Map, MapSpec};
 pub use objects::{

@@ -68,7 +68,7 @@ fn with_shim<R>(f: impl FnOnce(&mut Shim) -> R) -> Option<R> {
     let _reset = Reset;
     let mut guard = SHIM.lock().unwrap_or_else(|p| p.into_inner());
     if guard.is_none() {
-        init_logging();
+        bpftime_runtime::init_logging();
         let name = Store::name_from_env();
         match Store::create_or_open(&name) {
             Ok(store) => {
@@ -83,16 +83,6 @@ fn with_shim<R>(f: impl FnOnce(&mut Shim) -> R) -> Option<R> {
         }
     }
     guard.as_mut().map(f)
-}
-
-fn init_logging() {
-    let filter = tracing_subscriber::EnvFilter::try_from_env("BPFTIME_LOG")
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
-    let _ = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .with_target(false)
-        .try_init();
 }
 
 macro_rules! real {
