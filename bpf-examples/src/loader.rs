@@ -8,7 +8,7 @@ use std::path::PathBuf;
 use std::ptr;
 
 use anyhow::{anyhow, bail, Context, Result};
-use libbpf_rs::{set_print, Map, MapCore, Object, PrintLevel};
+use libbpf_rs::{set_print, Link, Map, MapCore, Object, PrintLevel, UprobeOpts};
 
 /// The loaders' common command line.
 #[derive(Debug, Clone, Default)]
@@ -125,6 +125,29 @@ impl ExitSignals {
 }
 
 /// Find a map of a loaded object by name.
+/// Attaches program `prog` of `obj` as a uprobe (or uretprobe) on `func` in
+/// `target`, for every process (pid -1) that maps it; libbpf finds the symbol
+/// in the ELF file itself (offset 0 with `func_name`).
+pub fn attach_uprobe(
+    obj: &Object,
+    prog: &str,
+    target: &std::path::Path,
+    func: &str,
+    retprobe: bool,
+) -> Result<Link> {
+    let p = obj
+        .progs_mut()
+        .find(|p| p.name() == prog)
+        .ok_or_else(|| anyhow!("program '{prog}' not found in object"))?;
+    let opts = UprobeOpts {
+        func_name: Some(func.to_string()),
+        retprobe,
+        ..Default::default()
+    };
+    p.attach_uprobe_with_opts(-1, target, 0, opts)
+        .with_context(|| format!("cannot attach uprobe to {}:{func}", target.display()))
+}
+
 pub fn find_map<'a>(obj: &'a Object, name: &str) -> Result<Map<'a>> {
     obj.maps()
         .find(|m| m.name() == name)

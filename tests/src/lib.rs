@@ -177,13 +177,7 @@ impl Tool {
                     }
                 }
                 Err(_) => {
-                    let _ = self.child.kill();
-                    let _ = self.child.wait();
-                    let err = self
-                        .stderr
-                        .take()
-                        .and_then(|h| h.join().ok())
-                        .unwrap_or_default();
+                    let err = self.kill_and_take_stderr();
                     panic!(
                         "loader never printed `{line}`; stdout: {:?}\nstderr: {err}",
                         self.seen
@@ -191,6 +185,16 @@ impl Tool {
                 }
             }
         }
+    }
+
+    /// Kills the tool and returns what it wrote to stderr (for failure messages).
+    fn kill_and_take_stderr(&mut self) -> String {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        self.stderr
+            .take()
+            .and_then(|h| h.join().ok())
+            .unwrap_or_default()
     }
 
     /// Interrupts the tool as Ctrl-C would and returns (exit code, stdout lines, stderr).
@@ -203,13 +207,7 @@ impl Tool {
                 break s;
             }
             if Instant::now() > end {
-                let _ = self.child.kill();
-                let _ = self.child.wait();
-                let err = self
-                    .stderr
-                    .take()
-                    .and_then(|h| h.join().ok())
-                    .unwrap_or_default();
+                let err = self.kill_and_take_stderr();
                 panic!(
                     "loader did not exit within 60 s of SIGINT; stdout {:?}\nstderr: {err}",
                     self.seen

@@ -15,12 +15,12 @@
 use std::io::Write;
 use std::process::ExitCode;
 
-use anyhow::{anyhow, Context, Result};
+use anyhow::{Context, Result};
 use bpftime_bpf_examples::loader::{
-    array_slot, find_map, parse_args, resolve_library, setup_libbpf_logging, u32_at, u64_at, Args,
-    ExitSignals,
+    array_slot, attach_uprobe, find_map, parse_args, resolve_library, setup_libbpf_logging, u32_at,
+    u64_at, Args, ExitSignals,
 };
-use libbpf_rs::{MapCore, MapFlags, Object, ObjectBuilder, UprobeOpts};
+use libbpf_rs::{MapCore, MapFlags, Object, ObjectBuilder};
 
 /// The BPF object built by `make`, embedded so the binary stands alone.
 const OBJECT: &[u8] = include_bytes!(env!("BPF_EXAMPLES_MALLOC_COUNT_BPF_O"));
@@ -80,20 +80,7 @@ fn run(args: Args) -> Result<()> {
     let obj = open.load().context("cannot load BPF object")?;
 
     let signals = ExitSignals::block();
-    let prog = obj
-        .progs_mut()
-        .find(|p| p.name() == "count_malloc")
-        .ok_or_else(|| anyhow!("program 'count_malloc' not found in object"))?;
-    // pid -1: every process that maps `target`; offset 0 + func_name:
-    // libbpf looks the symbol up in the ELF file.
-    let opts = UprobeOpts {
-        func_name: Some(func.to_string()),
-        retprobe: false,
-        ..Default::default()
-    };
-    let link = prog
-        .attach_uprobe_with_opts(-1, &target, 0, opts)
-        .with_context(|| format!("cannot attach uprobe to {}:{func}", target.display()))?;
+    let link = attach_uprobe(&obj, "count_malloc", &target, func, false)?;
 
     let mut stdout = std::io::stdout().lock();
     writeln!(stdout, "ready")?;

@@ -16,12 +16,12 @@ use std::io::Write;
 use std::process::ExitCode;
 use std::time::Duration;
 
-use anyhow::{anyhow, bail, Context, Result};
+use anyhow::{bail, Context, Result};
 use bpftime_bpf_examples::loader::{
-    array_slot, find_map, parse_args, resolve_library, setup_libbpf_logging, u32_at, u64_at, Args,
-    ExitSignals,
+    array_slot, attach_uprobe, find_map, parse_args, resolve_library, setup_libbpf_logging, u32_at,
+    u64_at, Args, ExitSignals,
 };
-use libbpf_rs::{ObjectBuilder, RingBufferBuilder, UprobeOpts};
+use libbpf_rs::{ObjectBuilder, RingBufferBuilder};
 
 /// The BPF object built by `make`, embedded so the binary stands alone.
 const OBJECT: &[u8] = include_bytes!(env!("BPF_EXAMPLES_RINGBUF_EVENTS_BPF_O"));
@@ -91,20 +91,7 @@ fn run(args: Args) -> Result<()> {
     let rb = rb.build().context("cannot set up the ring buffer")?;
 
     let signals = ExitSignals::block();
-    let prog = obj
-        .progs_mut()
-        .find(|p| p.name() == "on_call")
-        .ok_or_else(|| anyhow!("program 'on_call' not found in object"))?;
-    // pid -1: every process that maps `target`; offset 0 + func_name:
-    // libbpf looks the symbol up in the ELF file.
-    let opts = UprobeOpts {
-        func_name: Some(func.to_string()),
-        retprobe: false,
-        ..Default::default()
-    };
-    let link = prog
-        .attach_uprobe_with_opts(-1, &target, 0, opts)
-        .with_context(|| format!("cannot attach uprobe to {}:{func}", target.display()))?;
+    let link = attach_uprobe(&obj, "on_call", &target, func, false)?;
 
     {
         let mut out = stdout.lock();
