@@ -20,6 +20,15 @@ const ARTIFACTS: &[&str] = &[
     "calls",
     "calls-nopie",
     "bench_calls",
+    "globals",
+    "globals.bpf.o",
+    "stacks",
+    "stacks.bpf.o",
+    "printk",
+    "printk.bpf.o",
+    "ticker",
+    "stack_target",
+    "rejected.bpf.o",
 ];
 
 /// Inputs whose change must rebuild the examples.
@@ -30,6 +39,10 @@ const SOURCES: &[&str] = &[
     "funclatency",
     "ringbuf_events",
     "targets",
+    "globals",
+    "stacks",
+    "printk",
+    "rejected",
 ];
 
 fn fail(message: &str) -> ! {

@@ -31,14 +31,17 @@ stop() { kill -INT "$1" 2>/dev/null; while kill -0 "$1" 2>/dev/null; do sleep 0.
 
 plain=$("$T" "$N_FAST" | ns)
 
+# Each tool once; the target runs under it with the JIT, then with the interpreter.
 "$bpftime" --store "$store" load bpftrace -e "uprobe:$T:work { @c = count(); }" >"$tmp/bt" 2>&1 &
 pid=$!; wait_links
 ours_uprobe=$("$bpftime" --store "$store" start "$T" "$N_FAST" | ns)
+interp_uprobe=$(BPFTIME_JIT=0 "$bpftime" --store "$store" start "$T" "$N_FAST" | ns)
 stop $pid
 
 "$bpftime" --store "$store" load "$B/funclatency" --target "$T" --func work >"$tmp/fl" 2>&1 &
 pid=$!; wait_links
 ours_both=$("$bpftime" --store "$store" start "$T" "$N_FAST" | ns)
+interp_both=$(BPFTIME_JIT=0 "$bpftime" --store "$store" start "$T" "$N_FAST" | ns)
 stop $pid
 
 kernel_uprobe=n/a; kernel_both=n/a
@@ -61,8 +64,10 @@ table=$(cat <<EOT
 |---|---|---|---|
 | none | $plain | 0 | |
 | bpftime uprobe, count() (bpftrace) | $ours_uprobe | $(added "$ours_uprobe") | $(ratio "$kernel_uprobe" "$ours_uprobe") |
+| the same on bpftime's interpreter | $interp_uprobe | $(added "$interp_uprobe") | $(ratio "$kernel_uprobe" "$interp_uprobe") |
 | kernel uprobe, count() (bpftrace) | $kernel_uprobe | $(added "$kernel_uprobe") | |
 | bpftime uprobe + uretprobe (funclatency) | $ours_both | $(added "$ours_both") | $(ratio "$kernel_both" "$ours_both") |
+| the same on bpftime's interpreter | $interp_both | $(added "$interp_both") | $(ratio "$kernel_both" "$interp_both") |
 | kernel uprobe + uretprobe (funclatency) | $kernel_both | $(added "$kernel_both") | |
 EOT
 )
@@ -72,7 +77,7 @@ if [ "${1:-}" = "--record" ]; then
         echo
         echo "### Uprobe cost, $(date -u +%Y-%m-%d), $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs), commit $(git rev-parse --short HEAD)"
         echo
-        echo "Engine: interpreter. bench_calls runs $N_FAST calls ($N_KERNEL on the kernel) in 11 rounds; medians."
+        echo "Engine: x86-64 JIT (interpreter rows: BPFTIME_JIT=0). bench_calls runs $N_FAST calls ($N_KERNEL on the kernel) in 11 rounds; medians."
         echo
         echo "$table"
     } >> BENCHMARKS.md

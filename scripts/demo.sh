@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# The main job on a bundled example: an unmodified libbpf tool (funclatency:
-# uprobe + uretprobe, hash and array maps) and a ring-buffer streamer, loaded
-# with `bpftime load`, tracing a target run with `bpftime start`. No kernel
-# eBPF and no root needed.
+# The main job on the bundled examples, with no kernel eBPF and no root:
+# `bpftime run` loads a BPF object (funclatency: uprobe + uretprobe, hash and
+# array maps; ringbuf_events: a ring buffer), runs a target under it and prints
+# the maps and events; then an unmodified libbpf tool, loaded with
+# `bpftime load`, traces the same target run with `bpftime start`.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ./scripts/setup.sh
@@ -27,19 +28,22 @@ run_tool() {
 }
 
 tmp=$(mktemp -d)
+echo "== bpftime run funclatency.bpf.o -- calls 1000 (work() 1000 times; the sections name work):"
+"$bpftime" --store "$store" run "$B/funclatency.bpf.o" -- "$B/calls" 1000
+echo "== bpftime run ringbuf_events.bpf.o -- calls 1000 (first 5 of the events, then the maps):"
+"$bpftime" --store "$store" run "$B/ringbuf_events.bpf.o" -- "$B/calls" 1000 >"$tmp/run-ev"
+awk '/^event / && n++ < 5' "$tmp/run-ev"
+grep -v '^event ' "$tmp/run-ev"
+echo "== bpftime verify: the bundled objects, and one the verifier rejects:"
+for o in funclatency malloc_count ringbuf_events; do "$bpftime" verify "$B/$o.bpf.o"; done
+"$bpftime" verify "$B/rejected.bpf.o" || echo "(exit status $?: rejected, as it should be)"
+echo "== the unmodified libbpf tool funclatency under bpftime load, its target under bpftime start:"
 lat=$(run_tool "$tmp/lat" "$B/funclatency" --target "$B/calls" --func work)
-ev=$(run_tool "$tmp/ev" "$B/ringbuf_events" --target "$B/calls" --func work)
-echo "== tools attached; the store holds:"
 "$bpftime" --store "$store" list
-echo "== running the target: calls 1000 (work() 1000 times)"
 "$bpftime" --store "$store" start "$B/calls" 1000
-kill -INT "$lat" "$ev"
-while kill -0 "$lat" 2>/dev/null || kill -0 "$ev" 2>/dev/null; do sleep 0.1; done
-echo "== funclatency (uprobe + uretprobe on work):"
+kill -INT "$lat"
+while kill -0 "$lat" 2>/dev/null; do sleep 0.1; done
 cat "$tmp/lat"
-echo "== ringbuf_events (first 5 of the events streamed through a ring buffer):"
-grep '^event ' "$tmp/ev" | head -5
-grep -v '^event ' "$tmp/ev"
 if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then
     echo "== a GPU is present, but GPU attach (cuda: probes) is not built yet: the GPU demo is skipped"
 else

@@ -24,6 +24,15 @@ if [ "${#missing[@]}" -gt 0 ]; then
     as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}"
 fi
 
+# ptxas, to check generated PTX without a GPU, pinned to the GPU machine's CUDA 13.0
+# (with only nvcc pinned, pip takes an nvvm that emits PTX 13.0's ptxas refuses).
+ptxas_pins=(nvidia-cuda-nvcc==13.0.88 nvidia-nvvm==13.0.88 nvidia-cuda-crt==13.0.88 nvidia-cuda-runtime==13.0.96)
+if ! python3 -m pip show nvidia-cuda-nvcc 2>/dev/null | grep -qx 'Version: 13.0.88'; then
+    echo "setup: installing ptxas (${ptxas_pins[*]})"
+    python3 -m pip install -q "${ptxas_pins[@]}" ||
+        python3 -m pip install -q --break-system-packages "${ptxas_pins[@]}"
+fi
+
 if ! command -v cargo >/dev/null 2>&1; then
     echo "setup: cargo is not installed; install Rust (https://rustup.rs) and run this again" >&2
     exit 2

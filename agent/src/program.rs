@@ -1,28 +1,47 @@
-//! Programs as the agent runs them: map references relocated to this
-//! process's map handles, executed by the interpreter.
+//! Programs as the agent runs them: verified against this process's view of
+//! their maps, map references relocated to this process's map handles, and
+//! JIT-compiled (the interpreter runs them where the JIT cannot).
 
 use bpftime_interpreter::{execute, Environment, MemoryPolicy};
+use bpftime_isa::uapi::{helper, prog_type};
 use bpftime_isa::{opcode as op, HelperFn, Insn};
+use bpftime_jit_x86::{ArrayMapLayout, JitCache, JitEnv, JitOptions, JitProgram};
 use bpftime_runtime::{helpers, Map, ProgramRecord, Store};
+use bpftime_verifier::{verify, MapDesc, Options, ProgramInfo};
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
+
+/// Set to `0` (or `interpreter`) in a target's environment to run its programs on
+/// the interpreter instead of the JIT.
+pub(crate) const JIT_ENV: &str = "BPFTIME_JIT";
 
 /// A program ready to run in this process.
 pub(crate) struct LoadedProgram {
     pub(crate) name: String,
+    /// The relocated bytecode: what the interpreter runs and the JIT compiled.
     pub(crate) insns: Arc<[Insn]>,
+    /// Machine code; `None` where the program runs on the interpreter.
+    pub(crate) jit: Option<JitProgram>,
     /// Keeps the maps the relocated instructions point at alive.
     _maps: Vec<Arc<Map>>,
 }
 
 /// Programs loaded in this process, by store id (tail calls look them up).
-#[derive(Default)]
 pub(crate) struct Programs {
     by_id: Mutex<HashMap<u32, Arc<LoadedProgram>>>,
     maps: Mutex<HashMap<u32, Arc<Map>>>,
+    jit: Option<JitCache>,
 }
 
 impl Programs {
+    pub(crate) fn new(use_jit: bool) -> Self {
+        Programs {
+            by_id: Mutex::default(),
+            maps: Mutex::default(),
+            jit: use_jit.then(JitCache::new),
+        }
+    }
+
     fn map(&self, store: &Store, id: u32) -> Result<Arc<Map>, String> {
         let mut maps = self.maps.lock().unwrap_or_else(|p| p.into_inner());
         if let Some(m) = maps.get(&id) {
@@ -43,44 +62,161 @@ impl Programs {
             return Ok(p.clone());
         }
         let rec = ProgramRecord::read(store, id).map_err(|e| format!("program {id}: {e}"))?;
+        self.verify(store, &rec)?;
+        let (insns, maps) = self.relocate(store, &rec)?;
+        let jit = self.jit.as_ref().and_then(|cache| {
+            match cache.get_or_compile(&insns, &CompileEnv { maps: &maps }, &JitOptions::default()) {
+                Ok(p) => Some(p),
+                Err(e) => {
+                    tracing::warn!(program = %rec.name, "the JIT cannot compile this program, so the interpreter runs it: {e}");
+                    None
+                }
+            }
+        });
+        tracing::info!(
+            program = %rec.name,
+            insns = insns.len(),
+            engine = if jit.is_some() { "x86-64 JIT" } else { "interpreter" },
+            "loaded"
+        );
+        let loaded = Arc::new(LoadedProgram {
+            name: rec.name,
+            insns: insns.into(),
+            jit,
+            _maps: maps,
+        });
+        Ok(self
+            .by_id
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .entry(id)
+            .or_insert(loaded)
+            .clone())
+    }
+
+    /// The store is a directory any process of the user can write, so a program
+    /// is verified again here, against the context the agent gives it (a uprobe's
+    /// `pt_regs`), before it runs.
+    fn verify(&self, store: &Store, rec: &ProgramRecord) -> Result<(), String> {
+        let mut descs = HashMap::new();
+        for &m in &rec.map_ids {
+            let map = self.map(store, m)?;
+            descs.insert(
+                m,
+                MapDesc {
+                    map_type: map.map_type(),
+                    key_size: map.key_size(),
+                    value_size: map.value_size(),
+                    max_entries: map.max_entries(),
+                    flags: map.map_flags(),
+                },
+            );
+        }
+        let info = ProgramInfo {
+            insns: &rec.insns,
+            prog_type: prog_type::KPROBE,
+            gpu: false,
+            maps: &|imm: i32| descs.get(&(imm as u32)).copied(),
+            mem_len: 0,
+        };
+        verify(&info, &Options::default())
+            .map(|_| ())
+            .map_err(|r| format!("program {} fails verification:\n{}", rec.name, r.log()))
+    }
+
+    /// Turns store map ids in `lddw`s into this process's map handles.
+    fn relocate(
+        &self,
+        store: &Store,
+        rec: &ProgramRecord,
+    ) -> Result<(Vec<Insn>, Vec<Arc<Map>>), String> {
         let mut insns = rec.insns.clone();
         let mut maps = Vec::new();
         let mut pc = 0;
         while pc < insns.len() {
             let i = insns[pc];
-            if i.is_lddw() && pc + 1 < insns.len() {
-                if matches!(i.src, op::PSEUDO_MAP_FD | op::PSEUDO_MAP_VALUE) {
-                    let m = self.map(store, i.imm as u32)?;
-                    let addr = if i.src == op::PSEUDO_MAP_FD {
-                        Arc::as_ptr(&m) as u64
-                    } else {
-                        // SAFETY: a 4-byte key on the stack; map values are looked up by index 0.
-                        let base = unsafe { m.prog_lookup(0u32.to_ne_bytes().as_ptr()) };
-                        if base.is_null() {
-                            return Err(format!("program {}: map value reference into map {} which has no element 0", rec.name, m.id()));
-                        }
-                        base as u64 + insns[pc + 1].imm as u32 as u64
-                    };
-                    insns[pc].src = 0;
-                    insns[pc].imm = addr as u32 as i32;
-                    insns[pc + 1].imm = (addr >> 32) as u32 as i32;
-                    maps.push(m);
-                }
-                pc += 2;
-            } else {
+            if !(i.is_lddw() && pc + 1 < insns.len()) {
                 pc += 1;
+                continue;
             }
+            if matches!(i.src, op::PSEUDO_MAP_FD | op::PSEUDO_MAP_VALUE) {
+                let m = self.map(store, i.imm as u32)?;
+                let addr = if i.src == op::PSEUDO_MAP_FD {
+                    Arc::as_ptr(&m) as u64
+                } else {
+                    // SAFETY: a 4-byte key on the stack; map values are looked up by index 0.
+                    let base = unsafe { m.prog_lookup(0u32.to_ne_bytes().as_ptr()) };
+                    if base.is_null() {
+                        return Err(format!(
+                            "program {}: map value reference into map {} which has no element 0",
+                            rec.name,
+                            m.id()
+                        ));
+                    }
+                    base as u64 + insns[pc + 1].imm as u32 as u64
+                };
+                insns[pc].src = 0;
+                insns[pc].imm = addr as u32 as i32;
+                insns[pc + 1].imm = (addr >> 32) as u32 as i32;
+                maps.push(m);
+            }
+            pc += 2;
         }
-        let loaded = Arc::new(LoadedProgram {
-            name: rec.name,
-            insns: insns.into(),
-            _maps: maps,
-        });
-        self.by_id
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .insert(id, loaded.clone());
-        Ok(loaded)
+        Ok((insns, maps))
+    }
+}
+
+/// What the JIT needs from this process: helper addresses, the tail-call
+/// resolver, and where array maps keep their values.
+struct CompileEnv<'a> {
+    maps: &'a [Arc<Map>],
+}
+
+impl JitEnv for CompileEnv<'_> {
+    fn helper(&self, id: u32) -> Option<u64> {
+        if id == helper::TAIL_CALL {
+            let resolver: HelperFn = resolve_tail_call;
+            return Some(resolver as usize as u64);
+        }
+        helpers::helper_by_id(id).map(|f| f as usize as u64)
+    }
+
+    fn array_map(&self, map: u64) -> Option<ArrayMapLayout> {
+        let m = self.maps.iter().find(|m| Arc::as_ptr(m) as u64 == map)?;
+        let (values, stride) = m.array_values()?;
+        Some(ArrayMapLayout {
+            values: values as u64,
+            value_size: stride,
+            max_entries: m.max_entries(),
+        })
+    }
+}
+
+/// The runtime tail calls resolve against (there is one agent per process).
+static ACTIVE: OnceLock<Arc<Runtime>> = OnceLock::new();
+
+/// `bpf_tail_call` for JIT code: the entry of the program at `index` of the
+/// prog_array `map`, or 0 (the call then falls through, as in the kernel).
+unsafe extern "C" fn resolve_tail_call(_ctx: u64, map: u64, index: u64, _: u64, _: u64) -> u64 {
+    let Some(rt) = ACTIVE.get() else { return 0 };
+    // SAFETY: r2 of bpf_tail_call is a prog_array `Map` address this agent relocated
+    // into the program, kept alive by the program's map list.
+    let m = unsafe { &*(map as *const Map) };
+    let Some(id) = u32::try_from(index).ok().and_then(|i| m.id_at(i)) else {
+        return 0;
+    };
+    match rt.programs.load(&rt.store, id) {
+        Ok(p) => match &p.jit {
+            Some(code) => code.entry_address(),
+            None => {
+                tracing::warn!(program = %p.name, "tail call into a program the JIT could not compile: it fails");
+                0
+            }
+        },
+        Err(e) => {
+            tracing::warn!("tail call target {id}: {e}");
+            0
+        }
     }
 }
 
@@ -91,14 +227,14 @@ pub(crate) struct Runtime {
 }
 
 // SAFETY: every helper is a runtime helper written for verified programs'
-// arguments; tail-call targets are programs this agent loaded.
+// arguments; tail-call targets are programs this agent loaded and verified.
 unsafe impl Environment for Runtime {
     fn helper(&self, id: u32) -> Option<HelperFn> {
         helpers::helper_by_id(id)
     }
 
     fn tail_call_target(&self, map: u64, index: u64) -> Option<Arc<[Insn]>> {
-        // SAFETY: r1 of bpf_tail_call is a prog_array Map address the loader relocated.
+        // SAFETY: r2 of bpf_tail_call is a prog_array Map address the loader relocated.
         let m = unsafe { &*(map as *const Map) };
         let id = m.id_at(u32::try_from(index).ok()?)?;
         self.programs
@@ -109,9 +245,20 @@ unsafe impl Environment for Runtime {
 }
 
 impl Runtime {
+    /// Makes this the runtime JIT-compiled tail calls resolve against.
+    pub(crate) fn activate(self: &Arc<Self>) {
+        let _ = ACTIVE.set(self.clone());
+    }
+
     /// Runs a program on a probe's registers.
     pub(crate) fn run(&self, prog: &LoadedProgram, ctx: u64) {
-        // SAFETY: programs were checked when they were loaded into the store.
+        if let Some(code) = &prog.jit {
+            // SAFETY: the program was verified against a pt_regs context, which `ctx`
+            // points to; its maps and helpers live as long as `prog`.
+            unsafe { code.call(ctx, 0) };
+            return;
+        }
+        // SAFETY: the program was verified when this agent loaded it.
         let policy = unsafe { MemoryPolicy::unchecked() };
         if let Err(e) = execute(&prog.insns, ctx, 0, self, &policy) {
             static ONCE: std::sync::Once = std::sync::Once::new();
@@ -119,4 +266,12 @@ impl Runtime {
             ONCE.call_once(|| tracing::error!(program = %name, "program failed: {e}"));
         }
     }
+}
+
+/// Whether this process asked for the JIT (the default).
+pub(crate) fn jit_wanted() -> bool {
+    !matches!(
+        std::env::var(JIT_ENV).as_deref(),
+        Ok("0") | Ok("interpreter") | Ok("off")
+    )
 }

@@ -1,7 +1,7 @@
 //! Following the store: attach what is linked to this process, detach what is
 //! gone or whose owner exited.
 
-use crate::program::{Programs, Runtime};
+use crate::program::{self, Programs, Runtime};
 use bpftime_attach::{
     attach_uprobe, attach_uretprobe, detach, runtime_address, Handler, HookId, PtRegs,
 };
@@ -13,7 +13,7 @@ use std::path::Path;
 use std::sync::{Arc, Mutex};
 
 struct Agent {
-    runtime: Runtime,
+    runtime: Arc<Runtime>,
     /// Links handled so far: the hooks installed for each (none when the link
     /// points elsewhere than this process).
     links: Mutex<HashMap<u32, Option<HookId>>>,
@@ -28,25 +28,46 @@ thread_local! {
 pub(crate) fn start() {
     bpftime_runtime::init_logging();
     helpers::init_process();
-    let name = Store::name_from_env();
+    let hint = inject_hint();
+    let name = hint
+        .as_ref()
+        .map(|h| h.1.clone())
+        .unwrap_or_else(Store::name_from_env);
     let store = match Store::create_or_open(&name) {
         Ok(s) => s,
         Err(e) => {
             eprintln!("bpftime agent: cannot open the store, the target runs uninstrumented: {e}");
+            if let Some((p, _)) = &hint {
+                // Only into a hint that is still there: `attach` may have given up.
+                if let Ok(mut f) = std::fs::OpenOptions::new()
+                    .write(true)
+                    .truncate(true)
+                    .open(p)
+                {
+                    let _ = std::io::Write::write_all(
+                        &mut f,
+                        format!("error: cannot open the store: {e}").as_bytes(),
+                    );
+                }
+            }
             return;
         }
     };
     helpers::set_trace_output(store.trace_path());
+    let use_jit = program::jit_wanted();
     tracing::info!(
         pid = std::process::id(),
         store = %name,
-        "bpftime agent: programs run on the interpreter (the JIT is not wired in yet)"
+        engine = if use_jit { "x86-64 JIT" } else { "interpreter" },
+        "bpftime agent started"
     );
+    let runtime = Arc::new(Runtime {
+        store,
+        programs: Programs::new(use_jit),
+    });
+    runtime.activate();
     let agent = Arc::new(Agent {
-        runtime: Runtime {
-            store,
-            programs: Programs::default(),
-        },
+        runtime,
         links: Mutex::new(HashMap::new()),
     });
     // The agent's own work (allocations, file reads) is not the target's: no
@@ -66,6 +87,10 @@ pub(crate) fn start() {
     match spawned {
         Ok(_) => {
             let _ = ready_rx.recv();
+            // Removing the hint tells a waiting `bpftime attach` that we are attached.
+            if let Some((p, _)) = &hint {
+                let _ = std::fs::remove_file(p);
+            }
         }
         Err(e) => tracing::warn!("cannot start the agent thread; nothing is attached: {e}"),
     }
@@ -206,4 +231,19 @@ impl Agent {
             self.sync();
         }
     }
+}
+
+/// The store `bpftime attach` named for this process (it cannot change an
+/// injected process's environment), from a file only root or we could have written.
+fn inject_hint() -> Option<(std::path::PathBuf, String)> {
+    use std::os::unix::fs::MetadataExt;
+    let path = std::path::PathBuf::from(format!("/dev/shm/bpftime-inject-{}", std::process::id()));
+    let meta = std::fs::metadata(&path).ok()?;
+    // SAFETY: no preconditions.
+    let euid = unsafe { libc::geteuid() };
+    if meta.uid() != 0 && meta.uid() != euid {
+        return None;
+    }
+    let name = std::fs::read_to_string(&path).ok()?.trim().to_string();
+    (!name.is_empty()).then_some((path, name))
 }

@@ -58,7 +58,12 @@ static __always_inline void add_stat(__u32 slot, __u64 delta)
 		__sync_fetch_and_add(value, delta);
 }
 
-SEC("uprobe")
+/*
+ * The loaders attach these where --func says; the sections name work() (in
+ * the app) only for `bpftime run`, which attaches programs where their
+ * sections say.
+ */
+SEC("uprobe/work")
 int BPF_KPROBE(func_entry)
 {
 	__u64 id = bpf_get_current_pid_tgid();
@@ -68,7 +73,7 @@ int BPF_KPROBE(func_entry)
 	return 0;
 }
 
-SEC("uretprobe")
+SEC("uretprobe/work")
 int BPF_KRETPROBE(func_exit)
 {
 	__u64 id = bpf_get_current_pid_tgid();

@@ -57,8 +57,10 @@ static __always_inline void *lookup_or_init(void *map, const void *key,
 }
 
 /* libbpf 1.1 has no BPF_UPROBE yet; BPF_KPROBE is the same thing for
- * uprobes (both receive a struct pt_regs) and names the arguments. */
-SEC("uprobe")
+ * uprobes (both receive a struct pt_regs) and names the arguments.
+ * The loaders attach this to malloc() themselves; the section says the same
+ * for `bpftime run`, which attaches programs where their sections say. */
+SEC("uprobe/libc.so.6:malloc")
 int BPF_KPROBE(count_malloc, unsigned long size)
 {
 	__u32 tgid = bpf_get_current_pid_tgid() >> 32;

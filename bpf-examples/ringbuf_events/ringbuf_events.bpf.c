@@ -37,7 +37,9 @@ static __always_inline void count_drop(void)
 		__sync_fetch_and_add(value, 1);
 }
 
-SEC("uprobe")
+/* The loaders attach this where --func says; `bpftime run` attaches it where
+ * the section says: work() in the app. */
+SEC("uprobe/work")
 int BPF_KPROBE(on_call, long arg)
 {
 	__u64 id = bpf_get_current_pid_tgid();

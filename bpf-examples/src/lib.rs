@@ -36,6 +36,28 @@ pub const CALLS_NOPIE: &str = env!("BPF_EXAMPLES_CALLS_NOPIE");
 /// `bench_calls N`: prints the median cost of one call of `work()` (benchmarks).
 pub const BENCH_CALLS: &str = env!("BPF_EXAMPLES_BENCH_CALLS");
 
+/// A program every verifier must reject: it dereferences a map lookup's
+/// result without checking it for NULL (`rejected/rejected.bpf.c`).
+pub const REJECTED_BPF_O: &str = env!("BPF_EXAMPLES_REJECTED_BPF_O");
+
+/// `globals` loader (C, shared libbpf, `bpftool gen skeleton` skeleton): counts
+/// calls in `.bss`, filtered by `.rodata`, weighted by `.data`; driven on stdin.
+pub const GLOBALS: &str = env!("BPF_EXAMPLES_GLOBALS");
+/// BPF object of `globals` (also embedded in its skeleton).
+pub const GLOBALS_BPF_O: &str = env!("BPF_EXAMPLES_GLOBALS_BPF_O");
+/// `stacks` loader (C, shared libbpf): user stacks at a uprobe and a uretprobe.
+pub const STACKS: &str = env!("BPF_EXAMPLES_STACKS");
+/// BPF object loaded by `stacks`.
+pub const STACKS_BPF_O: &str = env!("BPF_EXAMPLES_STACKS_BPF_O");
+/// `printk` loader (C, shared libbpf): bpf_printk at a uprobe.
+pub const PRINTK: &str = env!("BPF_EXAMPLES_PRINTK");
+/// BPF object loaded by `printk`.
+pub const PRINTK_BPF_O: &str = env!("BPF_EXAMPLES_PRINTK_BPF_O");
+/// Test target `ticker`: calls `work()` in batches read from stdin.
+pub const TICKER: &str = env!("BPF_EXAMPLES_TICKER");
+/// Test target `stack_target N`: fixed call chains (no PIE, frame pointers).
+pub const STACK_TARGET: &str = env!("BPF_EXAMPLES_STACK_TARGET");
+
 /// Size that `calls` passes to each of its N `malloc` calls.
 pub const CALLS_MALLOC_SIZE: u64 = 7919;
 
@@ -50,6 +72,15 @@ pub const ARTIFACTS: &[&str] = &[
     "calls",
     "calls-nopie",
     "bench_calls",
+    "globals",
+    "globals.bpf.o",
+    "stacks",
+    "stacks.bpf.o",
+    "printk",
+    "printk.bpf.o",
+    "ticker",
+    "stack_target",
+    "rejected.bpf.o",
 ];
 
 /// Path of a built artifact, by its file name (one of [`ARTIFACTS`]).

@@ -10,7 +10,20 @@ use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, ExitCode};
 
+mod attach;
+mod histogram;
+mod inproc;
+mod probes;
+mod run;
+mod show;
+mod trace_pipe;
+mod verify;
+
 const SHIM_LIB: &str = "libbpftime_syscall_shim.so";
+/// What `start` preloads: a small library that loads the agent (it must not carry
+/// LLVM itself; see agent-starter).
+const AGENT_STARTER_LIB: &str = "libbpftime_agent_starter.so";
+/// The agent proper, which the starter loads from its own directory.
 const AGENT_LIB: &str = "libbpftime_agent.so";
 
 #[derive(Parser)]
@@ -47,6 +60,20 @@ enum Cmd {
         #[arg(long)]
         clean: bool,
     },
+    /// Stream what programs print with bpf_printk, like `cat /sys/kernel/tracing/trace_pipe`.
+    TracePipe,
+    /// Load the agent into a running process (ptrace; same user or root), following the store.
+    Attach(attach::AttachArgs),
+    /// Load an eBPF object, attach every program its sections name, run the app, then print every map.
+    Run(run::RunArgs),
+    /// Check the programs of an eBPF object with the verifier, printing a kernel-style log.
+    Verify(verify::VerifyArgs),
+    /// `run`'s loader, with the syscall shim preloaded.
+    #[command(name = "__run-loader", hide = true)]
+    RunLoader(run::RunArgs),
+    /// `verify`'s loader, with the syscall shim preloaded.
+    #[command(name = "__verify-loader", hide = true)]
+    VerifyLoader(verify::VerifyArgs),
 }
 
 /// Usage and environment errors exit 2; the traced thing failing exits 1.
@@ -56,8 +83,14 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     let r = match cli.command {
         Cmd::Load { tool } => exec_with(&cli.store, SHIM_LIB, &tool),
-        Cmd::Start { app } => exec_with(&cli.store, AGENT_LIB, &app),
+        Cmd::Start { app } => start_command(&cli.store, &app).and_then(|c| exec(c, &app)),
+        Cmd::Attach(args) => return attach::main(&cli.store, args),
+        Cmd::Run(args) => return run::main(&cli.store, args),
+        Cmd::Verify(args) => return verify::main(args),
+        Cmd::RunLoader(args) => return run::loader_main(&cli.store, args),
+        Cmd::VerifyLoader(args) => return verify::loader_main(args),
         Cmd::List { clean } => list(&cli.store, clean).map_err(UsageError),
+        Cmd::TracePipe => trace_pipe::main(&cli.store).map_err(UsageError),
     };
     match r {
         Ok(()) => ExitCode::SUCCESS,
@@ -97,6 +130,26 @@ fn find_program(name: &Path) -> Option<PathBuf> {
 /// Replaces this process with `argv`, `lib` preloaded: signals and the exit
 /// status are then the program's own.
 fn exec_with(store: &str, lib: &str, argv: &[OsString]) -> Result<(), UsageError> {
+    exec(preload_command(store, lib, argv)?, argv)
+}
+
+fn exec(mut command: Command, argv: &[OsString]) -> Result<(), UsageError> {
+    let err = command.exec();
+    Err(UsageError(anyhow::anyhow!(
+        "cannot run {}: {err}",
+        Path::new(&argv[0]).display()
+    )))
+}
+
+/// What `bpftime start` runs: `app` with the agent's starter preloaded, in
+/// `store` (also used by `bpftime run`, which starts the app itself).
+fn start_command(store: &str, app: &[OsString]) -> Result<Command, UsageError> {
+    library(AGENT_LIB).map_err(UsageError)?;
+    preload_command(store, AGENT_STARTER_LIB, app)
+}
+
+/// `argv` with `lib` preloaded and `store` named in its environment.
+fn preload_command(store: &str, lib: &str, argv: &[OsString]) -> Result<Command, UsageError> {
     let lib = library(lib).map_err(UsageError)?;
     let prog = Path::new(&argv[0]);
     if find_program(prog).is_none() {
@@ -113,15 +166,12 @@ fn exec_with(store: &str, lib: &str, argv: &[OsString]) -> Result<(), UsageError
         preload.push(":");
         preload.push(old);
     }
-    let err = Command::new(prog)
+    let mut command = Command::new(prog);
+    command
         .args(&argv[1..])
         .env("LD_PRELOAD", preload)
-        .env(STORE_ENV, store)
-        .exec();
-    Err(UsageError(anyhow::anyhow!(
-        "cannot run {}: {err}",
-        prog.display()
-    )))
+        .env(STORE_ENV, store);
+    Ok(command)
 }
 
 fn list(store: &str, clean: bool) -> Result<()> {

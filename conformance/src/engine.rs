@@ -21,11 +21,13 @@ pub trait Engine {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum EngineKind {
     Interpreter,
-    // `Jit` and `Gpu` join here when their crates provide an `Engine`.
+    Jit,
+    /// PTX on an NVIDIA GPU, one thread (see `crate::gpu`).
+    Gpu,
 }
 
 #[derive(Debug, Error, PartialEq, Eq)]
-#[error("unknown engine `{0}` (known: interpreter)")]
+#[error("unknown engine `{0}` (known: interpreter, jit, gpu)")]
 pub struct UnknownEngine(pub String);
 
 impl FromStr for EngineKind {
@@ -34,6 +36,8 @@ impl FromStr for EngineKind {
     fn from_str(s: &str) -> Result<Self, Self::Err> {
         match s {
             "interpreter" => Ok(EngineKind::Interpreter),
+            "gpu" => Ok(EngineKind::Gpu),
+            "jit" => Ok(EngineKind::Jit),
             other => Err(UnknownEngine(other.to_string())),
         }
     }
@@ -43,6 +47,8 @@ impl FromStr for EngineKind {
 pub fn engine(kind: EngineKind) -> Box<dyn Engine> {
     match kind {
         EngineKind::Interpreter => Box::new(InterpreterEngine),
+        EngineKind::Gpu => Box::new(crate::gpu::GpuEngine::new()),
+        EngineKind::Jit => Box::new(crate::JitEngine::default()),
     }
 }
 
@@ -53,17 +59,20 @@ pub struct InterpreterEngine;
 /// The helpers the bpf_conformance programs call.
 struct ConformanceEnv;
 
+/// The id of [`unwind`].
+pub(crate) const UNWIND_HELPER: u32 = 5;
+
 /// uBPF's test harness registers an `unwind` helper as id 5 that returns its first argument
 /// (and unwinds the program when that is 0). `call_unwind_fail` and `callx` call it with a
 /// non-zero argument, so only the returning half is needed.
-unsafe extern "C" fn unwind(a: u64, _: u64, _: u64, _: u64, _: u64) -> u64 {
+pub(crate) unsafe extern "C" fn unwind(a: u64, _: u64, _: u64, _: u64, _: u64) -> u64 {
     a
 }
 
 // SAFETY: the only helper touches no memory.
 unsafe impl Environment for ConformanceEnv {
     fn helper(&self, id: u32) -> Option<HelperFn> {
-        (id == 5).then_some(unwind as HelperFn)
+        (id == UNWIND_HELPER).then_some(unwind as HelperFn)
     }
 
     fn tail_call_target(&self, _map: u64, _index: u64) -> Option<Arc<[Insn]>> {
@@ -211,9 +220,10 @@ mod tests {
     #[test]
     fn engine_names_parse() {
         assert_eq!("interpreter".parse(), Ok(EngineKind::Interpreter));
+        assert_eq!("jit".parse(), Ok(EngineKind::Jit));
         assert_eq!(
-            "jit".parse::<EngineKind>(),
-            Err(UnknownEngine("jit".into()))
+            "warp-drive".parse::<EngineKind>(),
+            Err(UnknownEngine("warp-drive".into()))
         );
     }
 }

@@ -8,6 +8,9 @@
 
 mod data;
 mod engine;
+pub mod gpu;
+mod jit;
 
 pub use data::{parse_test, Expectation, ParseError, TestCase};
 pub use engine::{check, engine, Engine, EngineKind, InterpreterEngine, Mismatch, UnknownEngine};
+pub use jit::JitEngine;

@@ -3,10 +3,13 @@
 
 use std::path::PathBuf;
 
-use bpftime_conformance::{check, parse_test, Engine, InterpreterEngine};
+use bpftime_conformance::{check, parse_test, Engine, InterpreterEngine, JitEngine};
+use bpftime_jit_x86::JitOptions;
 
 /// Tests an engine is known to fail, with why. The interpreter has none: keep it that way.
 const INTERPRETER_EXCLUSIONS: &[(&str, &str)] = &[];
+/// The x86-64 JIT has none either, at any optimization setting.
+const JIT_EXCLUSIONS: &[(&str, &str)] = &[];
 
 fn conformance_dir() -> PathBuf {
     match std::env::var_os("BPF_CONFORMANCE_DIR") {
@@ -90,4 +93,29 @@ fn run_suite(engine: &dyn Engine, exclusions: &[(&str, &str)]) {
 #[test]
 fn interpreter_passes_bpf_conformance() {
     run_suite(&InterpreterEngine, INTERPRETER_EXCLUSIONS);
+}
+
+#[test]
+fn jit_passes_bpf_conformance_at_every_optimization_setting() {
+    // The default is what probes attach with; O2 and the fastest compile take other paths
+    // through LLVM's optimizer and instruction selection.
+    for engine in [
+        JitEngine::default(),
+        JitEngine::new("jit (O2)", JitOptions::optimized()),
+        JitEngine::new("jit (fastest)", JitOptions::fastest()),
+    ] {
+        run_suite(&engine, JIT_EXCLUSIONS);
+    }
+}
+
+#[test]
+fn gpu_passes_bpf_conformance() {
+    // Needs an NVIDIA GPU and its driver. Without one (CI) this says why and returns;
+    // gpu_codegen.rs still checks every program's PTX with ptxas there, and
+    // scripts/gpu.sh runs this suite on a GPU machine.
+    if let Err(why) = bpftime_conformance::gpu::check_libcuda() {
+        eprintln!("not running the gpu engine: {why}");
+        return;
+    }
+    run_suite(&bpftime_conformance::gpu::GpuEngine::new(), &[]);
 }

@@ -62,10 +62,14 @@ fn tracing_program() -> Vec<Insn> {
 fn compile_latency(c: &mut Criterion) {
     let prog = tracing_program();
     let mut group = c.benchmark_group("compile_tracing_32_slots");
+    group.bench_function("default", |b| {
+        let opts = JitOptions::default();
+        b.iter(|| JitProgram::compile(black_box(&prog), &helpers, &opts).expect("compiles"))
+    });
     for (name, opt_level, codegen_level) in [
         ("O2", OptLevel::O2, OptLevel::O2),
         ("O1", OptLevel::O1, OptLevel::O1),
-        ("default_light_ir_O1_codegen", OptLevel::Light, OptLevel::O1),
+        ("light_ir_O1_codegen", OptLevel::Light, OptLevel::O1),
         ("light_ir_fast_isel", OptLevel::Light, OptLevel::O0),
         ("O1_ir_fast_isel", OptLevel::O1, OptLevel::O0),
         ("O0_fast_isel", OptLevel::O0, OptLevel::O0),
@@ -73,6 +77,7 @@ fn compile_latency(c: &mut Criterion) {
         let opts = JitOptions {
             opt_level,
             codegen_level,
+            loop_free_codegen_level: None,
         };
         group.bench_function(name, |b| {
             b.iter(|| JitProgram::compile(black_box(&prog), &helpers, &opts).expect("compiles"))

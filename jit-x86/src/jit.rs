@@ -4,6 +4,7 @@ use std::rc::Rc;
 use std::sync::{Arc, OnceLock};
 use std::time::Instant;
 
+use bpftime_isa::opcode as op;
 use bpftime_isa::Insn;
 use bpftime_lifter::{
     lift, optimize, ArrayMapLayout, HelperLowering, Lifted, LoweringTarget, DEFAULT_ENTRY_NAME,
@@ -62,9 +63,14 @@ impl OptLevel {
 
 /// Compilation options.
 ///
-/// The default, `Light` IR passes with `O1` code generation, is what probes attach with:
-/// a 32-slot tracing program compiles in about 1.9 ms on one core (O2/O2: 2.5 ms,
-/// `Light`/`O0`: 0.75 ms; see `benches/compile.rs`).
+/// The default is what probes attach with: `Light` IR passes, then `O0` code generation
+/// (fast instruction selection and register allocation) for programs without loops and
+/// `O1` for programs with them. Most of a compile is the code generator, and `O1` costs
+/// several times what `O0` does: the 66-98 slot tracing programs in `bpf-examples`
+/// compile in 1.3-1.6 ms instead of 4.0-5.3 ms on the 2-core dev VM, and run just as
+/// fast, since a loop-free program runs each instruction at most once per event. In a
+/// loop, `O1`'s register allocation is what keeps the JIT near native speed. Figures:
+/// `benches/engines.rs`, BENCHMARKS.md.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct JitOptions {
     /// The IR pass pipeline.
@@ -72,6 +78,9 @@ pub struct JitOptions {
     /// The code generator's level; `O0` selects fast instruction selection and the fast
     /// register allocator.
     pub codegen_level: OptLevel,
+    /// The code generator's level for programs with no backward jump or call (no loop,
+    /// no recursion); `None` uses `codegen_level` for every program.
+    pub loop_free_codegen_level: Option<OptLevel>,
 }
 
 impl Default for JitOptions {
@@ -79,6 +88,7 @@ impl Default for JitOptions {
         JitOptions {
             opt_level: OptLevel::Light,
             codegen_level: OptLevel::O1,
+            loop_free_codegen_level: Some(OptLevel::O0),
         }
     }
 }
@@ -89,6 +99,7 @@ impl JitOptions {
         JitOptions {
             opt_level: OptLevel::O2,
             codegen_level: OptLevel::O2,
+            loop_free_codegen_level: None,
         }
     }
 
@@ -97,8 +108,47 @@ impl JitOptions {
         JitOptions {
             opt_level: OptLevel::O0,
             codegen_level: OptLevel::O0,
+            loop_free_codegen_level: None,
         }
     }
+
+    /// The code generator's level for `insns`.
+    fn codegen_level_for(&self, insns: &[Insn]) -> OptLevel {
+        match self.loop_free_codegen_level {
+            Some(level) if !has_backward_edge(insns) => level,
+            _ => self.codegen_level,
+        }
+    }
+}
+
+/// Whether any jump or bpf-to-bpf call goes backwards (to itself or an earlier slot): the
+/// only ways eBPF code can run an instruction twice in one invocation.
+fn has_backward_edge(insns: &[Insn]) -> bool {
+    let mut pc = 0;
+    while pc < insns.len() {
+        let i = &insns[pc];
+        if i.is_lddw() {
+            pc += 2;
+            continue;
+        }
+        let class = i.class();
+        if class == op::JMP || class == op::JMP32 {
+            let operation = i.code & op::OP_MASK;
+            let offset = match operation {
+                op::EXIT => None,
+                op::CALL if i.src == op::CALL_PSEUDO => Some(i64::from(i.imm)),
+                op::CALL => None,
+                // `gotol` carries its offset in imm.
+                op::JA if class == op::JMP32 => Some(i64::from(i.imm)),
+                _ => Some(i64::from(i.off)),
+            };
+            if offset.is_some_and(|o| o < 0) {
+                return true;
+            }
+        }
+        pc += 1;
+    }
+    false
 }
 
 /// What the runtime supplies at compile time.
@@ -196,7 +246,7 @@ fn lift_and_optimize<'ctx>(
     opts: &JitOptions,
 ) -> Result<(Lifted<'ctx>, Rc<TargetMachine>), JitError> {
     let lifted = lift(context, insns, &HostTarget { env })?;
-    let machine = host_machine(opts.codegen_level)?;
+    let machine = host_machine(opts.codegen_level_for(insns))?;
     prepare(&lifted.module, &machine);
     optimize(&lifted.module, &machine, opts.opt_level.pipeline())?;
     Ok((lifted, machine))

@@ -1,5 +1,6 @@
 //! End-to-end tests of the x86-64 JIT: hand-written programs per instruction group, calls
-//! of every kind, the compile cache, and the bpf_conformance suite.
+//! of every kind and the compile cache. The bpf_conformance suite runs on the JIT through
+//! the conformance crate's engine trait (`cargo test -p bpftime-conformance`).
 
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -46,10 +47,24 @@ fn run_with(src: &str, mem: &mut [u8], opts: &JitOptions) -> u64 {
     unsafe { prog.call(mem.as_mut_ptr() as u64, mem.len() as u64) }
 }
 
-/// Runs with the default options, at O2 and with no optimization at all: all must agree.
+/// The default's IR passes with `O1` code generation for every program: what loops get
+/// by default, applied to loop-free programs too.
+fn o1_codegen_throughout() -> JitOptions {
+    JitOptions {
+        loop_free_codegen_level: None,
+        ..JitOptions::default()
+    }
+}
+
+/// Runs with the default options, with `O1` code generation throughout, at O2 and with no
+/// optimization at all: all must agree.
 fn run_mem(src: &str, mem: &[u8]) -> u64 {
     let r = run_with(src, &mut mem.to_vec(), &JitOptions::default());
-    for opts in [JitOptions::optimized(), JitOptions::fastest()] {
+    for opts in [
+        o1_codegen_throughout(),
+        JitOptions::optimized(),
+        JitOptions::fastest(),
+    ] {
         assert_eq!(
             r,
             run_with(src, &mut mem.to_vec(), &opts),
@@ -790,10 +805,11 @@ fn jit_agrees_with_the_interpreter_on_random_programs() {
     let mut rng = Rng(0x5eed_1234_abcd_0001);
     let opts = [
         JitOptions::default(),
+        o1_codegen_throughout(),
         JitOptions::fastest(),
         JitOptions::optimized(),
     ];
-    for n in 0..600 {
+    for n in 0..800 {
         let p = random_program(&mut rng);
         let want = execute(&p, 0, 0, &NoEnvironment, &MemoryPolicy::checked([]))
             .unwrap_or_else(|e| panic!("program {n}: interpreter failed: {e}"));
@@ -806,121 +822,4 @@ fn jit_agrees_with_the_interpreter_on_random_programs() {
             "program {n} with {o:?} disagrees with the interpreter: {p:?}"
         );
     }
-}
-
-// ---- bpf_conformance ----
-
-/// Files expected to fail, with the reason.
-const CONFORMANCE_EXCLUSIONS: &[(&str, &str)] = &[];
-
-struct Case {
-    asm: String,
-    mem: Vec<u8>,
-    result: Option<u64>,
-    expect_error: bool,
-}
-
-fn parse_case(text: &str) -> Case {
-    let mut section = String::new();
-    let mut case = Case {
-        asm: String::new(),
-        mem: Vec::new(),
-        result: None,
-        expect_error: false,
-    };
-    for line in text.lines() {
-        if let Some(name) = line.strip_prefix("-- ") {
-            section = name.trim().to_owned();
-            if section == "error" {
-                case.expect_error = true;
-            }
-            continue;
-        }
-        let content = line.split('#').next().unwrap_or("").trim();
-        match section.as_str() {
-            "asm" => {
-                case.asm.push_str(line);
-                case.asm.push('\n');
-            }
-            "mem" => case.mem.extend(
-                content
-                    .split_whitespace()
-                    .map(|b| u8::from_str_radix(b, 16).expect("hex byte in -- mem")),
-            ),
-            "result" if !content.is_empty() => {
-                let v = content.trim_start_matches("0x");
-                case.result = Some(u64::from_str_radix(v, 16).expect("hex result"));
-            }
-            _ => {}
-        }
-    }
-    case
-}
-
-fn conformance_dir() -> PathBuf {
-    std::env::var_os("BPF_CONFORMANCE_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from("/work/shared/conformance/bpf_conformance"))
-}
-
-#[test]
-fn bpf_conformance_suite() {
-    let dir = conformance_dir();
-    let Ok(entries) = std::fs::read_dir(&dir) else {
-        eprintln!("conformance suite not found at {}; skipping", dir.display());
-        return;
-    };
-    let mut files: Vec<PathBuf> = entries
-        .filter_map(|e| e.ok().map(|e| e.path()))
-        .filter(|p| p.extension().is_some_and(|x| x == "data"))
-        .collect();
-    files.sort();
-    let (mut passed, mut failed) = (0, 0);
-    let mut unexpected = Vec::new();
-    for (path, opts) in files
-        .iter()
-        .flat_map(|p| [(p, JitOptions::default()), (p, JitOptions::optimized())])
-    {
-        let name = path.file_stem().unwrap().to_string_lossy().into_owned();
-        let case = parse_case(&std::fs::read_to_string(path).unwrap());
-        let outcome: Result<u64, String> = assemble(&case.asm)
-            .map_err(|e| format!("assembler: {e}"))
-            .and_then(|insns| {
-                JitProgram::compile(&insns, &helpers, &opts).map_err(|e| format!("compile: {e}"))
-            })
-            .map(|prog| {
-                let mut mem = case.mem.clone();
-                // SAFETY: conformance programs access only the memory they are given.
-                unsafe { prog.call(mem.as_mut_ptr() as u64, mem.len() as u64) }
-            });
-        let ok = match (&outcome, case.expect_error, case.result) {
-            (Err(_), true, _) => true,
-            (Ok(r), false, Some(want)) => *r == want,
-            _ => false,
-        };
-        if ok {
-            passed += 1;
-        } else {
-            failed += 1;
-            let why = match outcome {
-                Ok(r) => format!(
-                    "got {r:#x}, want {:?}",
-                    case.result.map(|w| format!("{w:#x}"))
-                ),
-                Err(e) => e,
-            };
-            if !CONFORMANCE_EXCLUSIONS.iter().any(|(n, _)| *n == name) {
-                unexpected.push(format!("{name} ({opts:?}): {why}"));
-            }
-        }
-    }
-    println!(
-        "bpf_conformance on the x86-64 JIT ({} files, default and O2 options): {passed} passed, {failed} failed",
-        files.len()
-    );
-    assert!(
-        unexpected.is_empty(),
-        "unexpected failures:\n{}",
-        unexpected.join("\n")
-    );
 }

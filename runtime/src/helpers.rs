@@ -57,7 +57,10 @@ pub fn init_process() {
     });
 }
 
-fn pid_tgid() -> u64 {
+/// This thread's `tgid << 32 | tid`, cached per thread (a system call costs more
+/// than most programs) and refreshed in a forked child.
+pub(crate) fn pid_tgid() -> u64 {
+    init_process();
     let gen = FORKS.load(Ordering::Relaxed);
     IDS.with(|c| {
         let (g, v) = c.get();
@@ -288,6 +291,75 @@ unsafe extern "C" fn get_attach_cookie(_: u64, _: u64, _: u64, _: u64, _: u64) -
     PROBE.with(|p| p.get().cookie)
 }
 
+/// The user call chain at a probe, `max` frames deep (none for the kernel
+/// stack: a uprobe's registers are user registers, so the kernel has no
+/// frames to give either).
+///
+/// # Safety
+/// `ctx` must be the probe's `struct pt_regs`.
+unsafe fn callchain(ctx: u64, user: bool, max: usize) -> Vec<u64> {
+    if !user {
+        return Vec::new();
+    }
+    let probed = PROBE.with(|p| p.get().func_ip);
+    // SAFETY: caller obligation.
+    let start = unsafe { crate::stack::WalkStart::from_pt_regs(ctx, probed) };
+    crate::stack::user_callchain(start, max)
+}
+
+unsafe extern "C" fn get_stackid(ctx: u64, map: u64, flags: u64, _: u64, _: u64) -> u64 {
+    use crate::maps::stack_trace::{
+        FAST_STACK_CMP, MAX_STACK_DEPTH, REUSE_STACKID, SKIP_FIELD_MASK, USER_STACK,
+    };
+    if flags & !(SKIP_FIELD_MASK | USER_STACK | FAST_STACK_CMP | REUSE_STACKID) != 0 {
+        return neg(libc::EINVAL);
+    }
+    // SAFETY: r2 is a live stack trace Map (loader, verifier).
+    let m = unsafe { &*(map as *const Map) };
+    let skip = (flags & SKIP_FIELD_MASK) as usize;
+    let depth = (m.value_size() as usize / 8 + skip).min(MAX_STACK_DEPTH as usize);
+    // SAFETY: r1 is the program's context (verifier).
+    let trace = unsafe { callchain(ctx, flags & USER_STACK != 0, depth) };
+    if trace.len() <= skip {
+        return neg(libc::EFAULT);
+    }
+    m.stack_trace_file(&trace[skip..], flags) as u64
+}
+
+unsafe extern "C" fn get_stack(ctx: u64, buf: u64, size: u64, flags: u64, _: u64) -> u64 {
+    use crate::maps::stack_trace::{MAX_STACK_DEPTH, SKIP_FIELD_MASK, USER_BUILD_ID, USER_STACK};
+    let (buf, size) = (buf as *mut u8, size as usize);
+    let fail = |errno: i32| {
+        // SAFETY: the verifier checked buf holds `size` writable bytes.
+        unsafe { std::ptr::write_bytes(buf, 0, size) };
+        neg(errno)
+    };
+    if flags & !(SKIP_FIELD_MASK | USER_STACK | USER_BUILD_ID) != 0 {
+        return fail(libc::EINVAL);
+    }
+    let user = flags & USER_STACK != 0;
+    if flags & USER_BUILD_ID != 0 {
+        return fail(if user { libc::EOPNOTSUPP } else { libc::EINVAL });
+    }
+    if size % 8 != 0 {
+        return fail(libc::EINVAL);
+    }
+    let skip = (flags & SKIP_FIELD_MASK) as usize;
+    let room = size / 8;
+    // SAFETY: r1 is the program's context (verifier).
+    let trace = unsafe { callchain(ctx, user, (room + skip).min(MAX_STACK_DEPTH as usize)) };
+    if trace.len() < skip {
+        return fail(libc::EFAULT);
+    }
+    let n = (trace.len() - skip).min(room);
+    // SAFETY: n <= room frames fit in buf; the rest of buf is cleared.
+    unsafe {
+        std::ptr::copy_nonoverlapping(trace[skip..].as_ptr().cast::<u8>(), buf, n * 8);
+        std::ptr::write_bytes(buf.add(n * 8), 0, size - n * 8);
+    }
+    (n * 8) as u64
+}
+
 unsafe extern "C" fn strncmp(s1: u64, s1_size: u64, s2: u64, _: u64, _: u64) -> u64 {
     let (a, b) = (s1 as *const u8, s2 as *const u8);
     for i in 0..s1_size as usize {
@@ -304,7 +376,42 @@ unsafe extern "C" fn trace_printk(fmt: u64, fmt_size: u64, a1: u64, a2: u64, a3:
     // SAFETY: the verifier checked fmt holds fmt_size readable bytes.
     let f = unsafe { std::slice::from_raw_parts(fmt as *const u8, fmt_size as usize) };
     let f = &f[..f.iter().position(|&b| b == 0).unwrap_or(f.len())];
-    let text = format_printk(f, &[a1, a2, a3]);
+    emit_trace_line(&format_printk(f, &[a1, a2, a3]))
+}
+
+/// Most arguments `bpf_trace_vprintk` takes (the kernel's `MAX_BPRINTF_VARARGS`).
+const VPRINTK_MAX_ARGS: usize = 12;
+
+unsafe extern "C" fn trace_vprintk(
+    fmt: u64,
+    fmt_size: u64,
+    data: u64,
+    data_len: u64,
+    _: u64,
+) -> u64 {
+    let data_len = data_len as usize;
+    if !data_len.is_multiple_of(8)
+        || data_len > VPRINTK_MAX_ARGS * 8
+        || (data == 0 && data_len != 0)
+    {
+        return neg(libc::EINVAL);
+    }
+    // SAFETY: the verifier checked fmt holds fmt_size readable bytes.
+    let f = unsafe { std::slice::from_raw_parts(fmt as *const u8, fmt_size as usize) };
+    let f = &f[..f.iter().position(|&b| b == 0).unwrap_or(f.len())];
+    let args: Vec<u64> = (0..data_len / 8)
+        // SAFETY: the verifier checked data holds data_len readable bytes.
+        .map(|i| unsafe { std::ptr::read_unaligned((data as *const u64).add(i)) })
+        .collect();
+    emit_trace_line(&format_printk(f, &args))
+}
+
+/// Appends one trace pipe record, laid out as the kernel's trace pipe shows a
+/// `bpf_trace_printk` event: task name and thread id, CPU, the latency flags
+/// (none apply in user space), seconds on CLOCK_MONOTONIC, then the message.
+/// The kernel ends every record with a newline of its own, so a message that
+/// carries one is followed by an empty line there, and here.
+fn emit_trace_line(text: &str) -> u64 {
     let Some(path) = TRACE_OUTPUT.get() else {
         return neg(libc::ENOENT);
     };
@@ -314,23 +421,24 @@ unsafe extern "C" fn trace_printk(fmt: u64, fmt_size: u64, a1: u64, a2: u64, a3:
     let comm_len = comm.iter().position(|&b| b == 0).unwrap_or(16);
     let ts = clock(libc::CLOCK_MONOTONIC);
     let line = format!(
-        "{:>16}-{:<7} [{:03}] {}.{:06}: bpf_trace_printk: {}\n",
+        "{:>16}-{:<7} [{:03}] ..... {:>5}.{:06}: bpf_trace_printk: {}\n",
         String::from_utf8_lossy(&comm[..comm_len]),
         pid_tgid() & 0xffff_ffff,
         current_cpu(possible_cpus()),
         ts / 1_000_000_000,
         (ts % 1_000_000_000) / 1000,
-        text.trim_end_matches('\n')
+        text
     );
+    // One write per record: appends from many processes never interleave.
     match std::fs::OpenOptions::new()
         .append(true)
         .create(true)
         .open(path)
     {
-        Ok(mut file) => {
-            let _ = file.write_all(line.as_bytes());
-            text.len() as u64
-        }
+        Ok(mut file) => match file.write_all(line.as_bytes()) {
+            Ok(()) => text.len() as u64,
+            Err(_) => neg(libc::EIO),
+        },
         Err(_) => neg(libc::EIO),
     }
 }
@@ -400,6 +508,7 @@ pub fn helper_by_id(helper: u32) -> Option<HelperFn> {
         id::KTIME_GET_BOOT_NS => ktime_get_boot_ns,
         id::KTIME_GET_COARSE_NS => ktime_get_coarse_ns,
         id::TRACE_PRINTK => trace_printk,
+        id::TRACE_VPRINTK => trace_vprintk,
         id::GET_PRANDOM_U32 => get_prandom_u32,
         id::GET_SMP_PROCESSOR_ID => get_smp_processor_id,
         id::GET_CURRENT_PID_TGID => get_current_pid_tgid,
@@ -417,6 +526,8 @@ pub fn helper_by_id(helper: u32) -> Option<HelperFn> {
         id::GET_FUNC_IP => get_func_ip,
         id::GET_ATTACH_COOKIE => get_attach_cookie,
         id::STRNCMP => strncmp,
+        id::GET_STACKID => get_stackid,
+        id::GET_STACK => get_stack,
         _ => return None,
     };
     Some(f)

@@ -17,6 +17,7 @@ mod mapping;
 mod maps;
 mod objects;
 mod perfbuf;
+pub mod stack;
 mod store;
 
 pub use error::{Error, Result};
@@ -33,6 +34,7 @@ pub fn init_logging() {
         .try_init();
 }
 pub use layout::{ObjectKind, PAGE_SIZE, STORE_VERSION};
+pub use maps::stack_trace::jhash2;
 pub use maps::{possible_cpus, ringbuf_commit, Map, MapSpec};
 pub use objects::{
     publish_btf, read_btf, LinkKind, LinkRecord, PerfEventKind, PerfEventRecord, ProgramRecord,

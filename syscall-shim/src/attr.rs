@@ -112,3 +112,21 @@ pub(crate) mod get_id {
     pub const START_ID: usize = 0;
     pub const NEXT_ID: usize = 4;
 }
+
+pub(crate) mod test_run {
+    pub const PROG_FD: usize = 0;
+    pub const RETVAL: usize = 4;
+    pub const DATA_SIZE_IN: usize = 8;
+    pub const DATA_SIZE_OUT: usize = 12;
+    pub const DATA_IN: usize = 16;
+    pub const DATA_OUT: usize = 24;
+    pub const REPEAT: usize = 32;
+    pub const DURATION: usize = 36;
+    pub const CTX_SIZE_IN: usize = 40;
+    pub const CTX_SIZE_OUT: usize = 44;
+    pub const CTX_IN: usize = 48;
+    pub const CTX_OUT: usize = 56;
+    pub const FLAGS: usize = 64;
+    pub const CPU: usize = 68;
+    pub const BATCH_SIZE: usize = 72;
+}

@@ -46,7 +46,12 @@ pub struct Shim {
     pub(crate) pmu: UprobePmu,
     /// Rings registered on each epoll instance: (FIFO fd, the loader's fd, the ring).
     pub(crate) epolls: HashMap<RawFd, Vec<(RawFd, RawFd, crate::perf::Waker)>>,
+    /// Programs run here by `BPF_PROG_TEST_RUN`, verified and relocated once.
+    pub(crate) test_runs: HashMap<u32, Arc<crate::test_run::Runnable>>,
 }
+
+/// The kernel-internal ENOTSUPP, which `bpf()` hands to user space as is.
+pub(crate) const ENOTSUPP: i32 = 524;
 
 fn stat_fd(fd: RawFd) -> Option<(u64, u64)> {
     // SAFETY: zeroed stat is a valid out buffer.
@@ -65,6 +70,10 @@ pub(crate) fn refuse(errno: i32, what: std::fmt::Arguments) -> i32 {
 
 impl Shim {
     pub fn new(store: Store) -> Shim {
+        // Programs run here too (BPF_PROG_TEST_RUN); their bpf_printk goes
+        // where the agents' does.
+        bpftime_runtime::helpers::init_process();
+        bpftime_runtime::helpers::set_trace_output(store.trace_path());
         let removed = store.collect_garbage();
         if !removed.is_empty() {
             tracing::info!(
@@ -77,6 +86,7 @@ impl Shim {
             fds: HashMap::new(),
             pmu: UprobePmu::detect(),
             epolls: HashMap::new(),
+            test_runs: HashMap::new(),
         }
     }
 
@@ -134,7 +144,7 @@ impl Shim {
         }
     }
 
-    fn program(&mut self, fd: u32) -> SysResult<Arc<ProgramRecord>> {
+    pub(crate) fn program(&mut self, fd: u32) -> SysResult<Arc<ProgramRecord>> {
         match self.object(fd as RawFd).map(|o| &o.object) {
             Some(Object::Program(p)) => Ok(p.clone()),
             Some(_) => Err(libc::EINVAL),
@@ -170,6 +180,8 @@ impl Shim {
             // SAFETY: forwarded caller obligation.
             cmd::PROG_LOAD => unsafe { self.prog_load(&a, attr, size) },
             cmd::BTF_LOAD => self.btf_load(&a),
+            // SAFETY: forwarded caller obligation.
+            cmd::PROG_TEST_RUN => unsafe { self.prog_test_run(&a, attr, size) },
             // SAFETY: forwarded caller obligation.
             cmd::OBJ_GET_INFO_BY_FD => unsafe { self.get_info(&a, attr, size) },
             cmd::LINK_CREATE => self.link_create(&a),
@@ -574,6 +586,13 @@ impl Shim {
     fn link_create(&mut self, a: &Attr) -> SysResult {
         use attr::link_create as f;
         let attach_type = a.u32(f::ATTACH_TYPE);
+        if attach_type == bpftime_isa::uapi::attach_type::TRACE_KPROBE_MULTI {
+            // Tools (bpftrace) probe for multi-kprobe links at start; there are no
+            // kernel functions to attach to here, and the answer is a kernel's
+            // without the feature, which is nothing to warn about.
+            tracing::debug!("BPF_LINK_CREATE for kprobe_multi: kernel functions do not exist in userspace (errno {})", libc::EINVAL);
+            return Err(libc::EINVAL);
+        }
         if attach_type != bpftime_isa::uapi::attach_type::PERF_EVENT {
             return Err(refuse(
                 libc::EINVAL,

@@ -18,6 +18,7 @@ mod preload {
     pub(crate) fn mark_fd(_fd: std::os::fd::RawFd, _on: bool) {}
 }
 mod program;
+mod test_run;
 
 pub use crate::core::{Object, ObjectRef, Shim};
 pub use perf::UprobePmu;

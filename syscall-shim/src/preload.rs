@@ -380,3 +380,100 @@ pub unsafe extern "C" fn fcntl(fd: c_int, cmd: c_int, arg: c_ulong) -> c_int {
     }
     r
 }
+
+/// Whether a failed `setrlimit(RLIMIT_MEMLOCK, ...)` is one to report as done:
+/// loaders raise the locked-memory limit only because the kernel once charged
+/// eBPF maps to it. Maps served here live in shared memory that is never
+/// locked, so a refusal (EPERM for an unprivileged user, or in a container)
+/// changes nothing for them; reporting it would only tell the user to fix a
+/// limit that does not apply.
+fn memlock_refusal_is_moot(resource: c_int, r: c_int) -> bool {
+    let moot = resource as u32 == libc::RLIMIT_MEMLOCK
+        && r != 0
+        && std::io::Error::last_os_error().raw_os_error() == Some(libc::EPERM);
+    if moot {
+        tracing::debug!("setrlimit(RLIMIT_MEMLOCK) refused by the kernel; bpftime's maps do not use locked memory, so it is reported as done");
+        set_errno(0);
+    }
+    moot
+}
+
+/// # Safety
+/// As `setrlimit(2)`.
+#[no_mangle]
+pub unsafe extern "C" fn setrlimit(resource: c_int, rlim: *const libc::rlimit) -> c_int {
+    let real = real!(
+        "setrlimit",
+        unsafe extern "C" fn(c_int, *const libc::rlimit) -> c_int
+    );
+    // SAFETY: forwards unchanged.
+    let r = unsafe { real(resource, rlim) };
+    if memlock_refusal_is_moot(resource, r) {
+        0
+    } else {
+        r
+    }
+}
+
+/// # Safety
+/// As `setrlimit64(2)`.
+#[no_mangle]
+pub unsafe extern "C" fn setrlimit64(resource: c_int, rlim: *const libc::rlimit64) -> c_int {
+    let real = real!(
+        "setrlimit64",
+        unsafe extern "C" fn(c_int, *const libc::rlimit64) -> c_int
+    );
+    // SAFETY: forwards unchanged.
+    let r = unsafe { real(resource, rlim) };
+    if memlock_refusal_is_moot(resource, r) {
+        0
+    } else {
+        r
+    }
+}
+
+/// The tracefs files that list legacy (text-defined) uprobes. Probes made here
+/// are never legacy ones, so where tracefs is not mounted (containers, or a
+/// system that never mounted it) the list bpftime can vouch for is empty.
+const UPROBE_EVENTS: [&[u8]; 2] = [
+    b"/sys/kernel/tracing/uprobe_events",
+    b"/sys/kernel/debug/tracing/uprobe_events",
+];
+
+/// `fopen(3)`: bcc (under bpftrace) reads `uprobe_events` when it detaches a
+/// uprobe, to remove a legacy probe of the same name, and reports an error
+/// when tracefs is missing. For reading, an empty list is the true answer.
+///
+/// # Safety
+/// As `fopen(3)`.
+#[no_mangle]
+pub unsafe extern "C" fn fopen(
+    path: *const libc::c_char,
+    mode: *const libc::c_char,
+) -> *mut libc::FILE {
+    let real = real!(
+        "fopen",
+        unsafe extern "C" fn(*const libc::c_char, *const libc::c_char) -> *mut libc::FILE
+    );
+    // SAFETY: forwards unchanged.
+    let f = unsafe { real(path, mode) };
+    if !f.is_null() || path.is_null() || mode.is_null() {
+        return f;
+    }
+    let saved = std::io::Error::last_os_error().raw_os_error().unwrap_or(0);
+    // SAFETY: both are NUL-terminated strings (fopen's contract).
+    let (p, m) = unsafe {
+        (
+            std::ffi::CStr::from_ptr(path),
+            std::ffi::CStr::from_ptr(mode),
+        )
+    };
+    let read_only = m.to_bytes().first() == Some(&b'r') && !m.to_bytes().contains(&b'+');
+    if saved == libc::ENOENT && read_only && UPROBE_EVENTS.contains(&p.to_bytes()) {
+        tracing::debug!(path = %p.to_string_lossy(), "tracefs is not mounted; serving an empty list of legacy uprobes");
+        // SAFETY: NUL-terminated literals.
+        return unsafe { real(c"/dev/null".as_ptr(), c"r".as_ptr()) };
+    }
+    set_errno(saved);
+    f
+}

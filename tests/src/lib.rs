@@ -2,6 +2,8 @@
 //! targets under `bpftime start` (or on the kernel, as the oracle), and reads
 //! what they print.
 
+pub mod bpf;
+
 use std::io::{BufRead, BufReader, Read};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -26,6 +28,7 @@ pub fn bpftime() -> PathBuf {
         "bpftime",
         "libbpftime_syscall_shim.so",
         "libbpftime_agent.so",
+        "libbpftime_agent_starter.so",
     ] {
         assert!(
             dir.join(f).is_file(),
@@ -49,6 +52,25 @@ pub fn workspace_bin(name: &str) -> PathBuf {
 
 pub use bpftime_bpf_examples as examples;
 
+/// Copies an executable for a test to run. The copy is made by a `cp` process,
+/// never by this one: tests run on many threads, and a child forked by another
+/// thread while this process held the copy open for writing would keep that fd
+/// until its exec, making the copy's own exec fail with ETXTBSY.
+pub fn copy_executable(src: impl AsRef<Path>, dst: impl AsRef<Path>) {
+    let (src, dst) = (src.as_ref(), dst.as_ref());
+    let status = Command::new("cp")
+        .arg(src)
+        .arg(dst)
+        .status()
+        .expect("run cp");
+    assert!(
+        status.success(),
+        "cp {} {} failed",
+        src.display(),
+        dst.display()
+    );
+}
+
 /// A private store, removed at the end of the test.
 pub struct Session {
     pub store: String,
@@ -71,7 +93,7 @@ impl Session {
         let dst = self
             .tmp
             .join(Path::new(src).file_name().expect("file name"));
-        std::fs::copy(src, &dst).expect("copy target");
+        copy_executable(src, &dst);
         dst
     }
 

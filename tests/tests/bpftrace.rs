@@ -80,7 +80,7 @@ fn count_and_printf_one_liners_match_the_kernel() {
     let keyed = format!("uprobe:{t}:work /arg0 < 5/ {{ @[arg0] = count(); }}");
     let got_keyed = nonempty(ours(&s, &keyed, t, None));
     let kt = s.tmp.join("kernel-calls");
-    std::fs::copy(examples::CALLS, &kt).unwrap();
+    bpftime_tests::copy_executable(examples::CALLS, &kt);
     let kt = kt.to_str().unwrap();
     if let Some(k) = kernel(&count.replace(t, kt), kt, None) {
         assert_eq!(nonempty(k), got);
@@ -100,4 +100,226 @@ fn count_and_printf_one_liners_match_the_kernel() {
     if let Some(k) = kernel(&keyed.replace(t, kt), kt, None) {
         assert_eq!(sorted(nonempty(k)), sorted(got_keyed));
     }
+}
+
+/// `uretprobe` with every aggregation whose output is deterministic: the
+/// histograms, sum, avg, min, max and stats of `work`'s return value (4 * arg + 6).
+#[test]
+fn aggregations_at_a_uretprobe_match_the_kernel() {
+    if !have_bpftrace() {
+        panic!("bpftrace is not installed: run scripts/setup.sh (Debian package bpftrace)");
+    }
+    let s = Session::new("bpftrace-agg");
+    let t = s.target_copy(examples::CALLS);
+    let t = t.to_str().unwrap();
+    let script = format!(
+        "uretprobe:{t}:work {{ @h = hist(retval); @l = lhist(retval, 0, 1000, 100); \
+         @s = sum(retval); @a = avg(retval); @mn = min(retval); @mx = max(retval); \
+         @st = stats(retval); }}"
+    );
+    let got = nonempty(ours(&s, &script, t, None));
+    // 4 * i + 6 for i in 0..N.
+    let values: Vec<u64> = (0..N).map(|i| 4 * i + 6).collect();
+    let sum: u64 = values.iter().sum();
+    assert!(got.contains(&format!("@s: {sum}")), "{got:#?}");
+    assert!(got.contains(&format!("@a: {}", sum / N)), "{got:#?}");
+    assert!(got.contains(&"@mn: 6".to_string()), "{got:#?}");
+    assert!(
+        got.contains(&format!("@mx: {}", 4 * (N - 1) + 6)),
+        "{got:#?}"
+    );
+    assert!(
+        got.contains(&format!("@st: count {N}, average {}, total {sum}", sum / N)),
+        "{got:#?}"
+    );
+    // lhist: [0, 100) holds 6..98 step 4 (24 values), then 25 per bucket.
+    assert!(
+        got.iter()
+            .any(|l| l.starts_with("[0, 100)") && l.contains(" 24 |")),
+        "{got:#?}"
+    );
+    let kt = s.tmp.join("kernel-calls");
+    bpftime_tests::copy_executable(examples::CALLS, &kt);
+    let kt = kt.to_str().unwrap();
+    if let Some(k) = kernel(&script.replace(t, kt), kt, None) {
+        assert_eq!(nonempty(k), got);
+    }
+}
+
+/// Waits until process `pid` has exited by itself (a zombie or gone).
+fn wait_for_exit(pid: u32, timeout: Duration) -> bool {
+    let end = std::time::Instant::now() + timeout;
+    while std::time::Instant::now() < end {
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+        let state = stat
+            .rfind(')')
+            .and_then(|i| stat[i + 1..].split_whitespace().next());
+        if matches!(state, None | Some("Z") | Some("X")) {
+            return true;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    false
+}
+
+/// Runs a script that ends itself with `exit()`: returns its output, printed
+/// without any signal from us.
+fn exits_by_itself(tool: Tool, run_target: impl FnOnce()) -> (Vec<String>, String) {
+    std::thread::sleep(Duration::from_secs(2));
+    run_target();
+    assert!(
+        wait_for_exit(tool.pid(), Duration::from_secs(30)),
+        "bpftrace did not exit after exit(); printed {:?}",
+        tool.seen
+    );
+    // Already exited: the SIGINT that `stop` sends reaches nobody.
+    let (code, lines, err) = tool.stop();
+    assert_eq!(code, 0, "{err}");
+    (lines, err)
+}
+
+#[test]
+fn exit_ends_bpftrace_with_its_maps_printed_like_the_kernel() {
+    if !have_bpftrace() {
+        panic!("bpftrace is not installed: run scripts/setup.sh (Debian package bpftrace)");
+    }
+    // The last call triggers exit(), so no call happens between exit() and
+    // bpftrace's detach, on the kernel and here alike.
+    const CALLS: u64 = 10;
+    let s = Session::new("bpftrace-exit");
+    let t = s.target_copy(examples::CALLS);
+    let t = t.to_str().unwrap();
+    let script = format!(
+        "uprobe:{t}:work {{ @c = count(); @last = max(arg0); if (arg0 == {}) {{ exit(); }} }}",
+        CALLS - 1
+    );
+    let mut c = s.bpftime();
+    c.args(["load", "bpftrace", "-e", &script]);
+    let tool = Tool::spawn_until(c, "Attaching 1 probe...");
+    s.wait_for_links(1);
+    let (got, err) = exits_by_itself(tool, || {
+        assert!(s.start(&[t, &CALLS.to_string()]).status.success());
+    });
+    let got = nonempty(got);
+    // Nothing bpftrace asks of the kernel is refused here: not the locked-memory
+    // limit, not the tracefs list of legacy uprobes read on detach.
+    assert!(
+        !err.contains("ERROR") && !err.contains("refused"),
+        "bpftrace reported errors under bpftime:\n{err}"
+    );
+    assert_eq!(
+        got,
+        vec![format!("@c: {CALLS}"), format!("@last: {}", CALLS - 1)]
+    );
+    if let Some(why) = kernel_unavailable() {
+        eprintln!("kernel comparison skipped: {why}");
+        return;
+    }
+    let kt = s.tmp.join("kernel-calls");
+    bpftime_tests::copy_executable(examples::CALLS, &kt);
+    let kt = kt.to_str().unwrap();
+    let mut c = Command::new("bpftrace");
+    c.args(["-e", &script.replace(t, kt)]);
+    let tool = Tool::spawn_until(c, "Attaching 1 probe...");
+    let (k, _) = exits_by_itself(tool, || {
+        assert!(Command::new(kt)
+            .arg(CALLS.to_string())
+            .status()
+            .unwrap()
+            .success());
+    });
+    let k = nonempty(k);
+    assert_eq!(k, got);
+}
+
+/// Entries of a keyed map whose keys span several lines (stacks), in a
+/// stable order: bpftrace prints equal counts in hash order.
+fn blocks(lines: Vec<String>) -> Vec<Vec<String>> {
+    let mut out = Vec::new();
+    let mut cur = Vec::new();
+    for l in lines {
+        let end = l.starts_with(']');
+        cur.push(l);
+        if end {
+            out.push(std::mem::take(&mut cur));
+        }
+    }
+    assert!(cur.is_empty(), "unterminated entry: {cur:?}");
+    out.sort();
+    out
+}
+
+#[test]
+fn ustack_keys_are_the_kernels_frames() {
+    if !have_bpftrace() {
+        panic!("bpftrace is not installed: run scripts/setup.sh (Debian package bpftrace)");
+    }
+    let s = Session::new("bpftrace-ustack");
+    let t = s.target_copy(examples::STACK_TARGET);
+    let t = t.to_str().unwrap();
+    // Five frames: leaf, mid, top_a or top_b, drive, main. The target has no
+    // PIE, so the addresses are the same in every run; libc's frames above
+    // main would not be.
+    let script = format!("uprobe:{t}:leaf {{ @[ustack(5)] = count(); }}");
+    let got = blocks(nonempty(ours(&s, &script, t, None)));
+    assert_eq!(got.len(), 2, "two call chains: {got:#?}");
+    for b in &got {
+        assert_eq!(b.len(), 7, "{b:?}");
+        assert_eq!(b[6], format!("]: {N}"));
+    }
+    let kt = s.tmp.join("kernel-stack_target");
+    bpftime_tests::copy_executable(examples::STACK_TARGET, &kt);
+    let kt = kt.to_str().unwrap();
+    if let Some(k) = kernel(&script.replace(t, kt), kt, None) {
+        assert_eq!(blocks(nonempty(k)), got);
+    }
+}
+
+/// `BEGIN` and `END` run where the kernel would run them, once each, around
+/// the probes: bpftrace test-runs them (`BPF_PROG_TEST_RUN`), which bpftime
+/// serves in bpftrace's own process.
+#[test]
+fn begin_and_end_probes_run_like_on_the_kernel() {
+    if !have_bpftrace() {
+        panic!("bpftrace is not installed: run scripts/setup.sh (Debian package bpftrace)");
+    }
+    let s = Session::new("bpftrace-begin");
+    let t = s.target_copy(examples::CALLS);
+    let t = t.to_str().unwrap();
+    let script = format!(
+        "BEGIN {{ printf(\"start\\n\"); }} uprobe:{t}:work {{ @c = count(); }} \
+         END {{ printf(\"end\\n\"); }}"
+    );
+    let run = |mut c: Command, target: &dyn Fn()| {
+        c.args(["-e", &script]);
+        let mut tool = Tool::spawn_until(c, "Attaching 3 probes...");
+        tool.wait_for_line("start", Duration::from_secs(10));
+        std::thread::sleep(Duration::from_secs(2));
+        target();
+        let (code, lines, err) = tool.stop();
+        assert_eq!(code, 0, "{err}");
+        nonempty(lines)
+    };
+    let mut c = s.bpftime();
+    c.args(["load", "bpftrace"]);
+    let got = run(c, &|| {
+        s.wait_for_links(1);
+        assert!(s.start(&[t, &N.to_string()]).status.success());
+    });
+    assert_eq!(
+        got,
+        vec!["start".to_string(), "end".into(), format!("@c: {N}")]
+    );
+    if let Some(why) = kernel_unavailable() {
+        eprintln!("kernel comparison skipped: {why}");
+        return;
+    }
+    let k = run(Command::new("bpftrace"), &|| {
+        assert!(Command::new(t)
+            .arg(N.to_string())
+            .status()
+            .unwrap()
+            .success());
+    });
+    assert_eq!(k, got);
 }

@@ -1,7 +1,9 @@
 //! An unmodified libbpf tool under `bpftime load`, its target under
 //! `bpftime start`: exact counts, and the same counts the kernel gives.
 
-use bpftime_tests::{examples, field, kernel_unavailable, workspace_bin, Session, Tool};
+use bpftime_tests::{
+    examples, field, kernel_unavailable, run_with_timeout, workspace_bin, Session, Tool,
+};
 use std::process::Command;
 use std::time::Duration;
 
@@ -27,7 +29,9 @@ fn under_bpftime(s: &Session, tool: &str, args: &[&str], target: &str) -> Vec<St
 }
 
 /// The same on the real kernel, when it can serve as the oracle.
-fn on_kernel(s: &Session, tool: &str, args: &[&str], target: &str) -> Option<Vec<String>> {
+/// Returns the tool's output and the target's pid (a kernel uprobe on a library
+/// sees every process that calls it).
+fn on_kernel(s: &Session, tool: &str, args: &[&str], target: &str) -> Option<(Vec<String>, u32)> {
     if let Some(why) = kernel_unavailable() {
         eprintln!("kernel comparison skipped: {why}");
         return None;
@@ -35,7 +39,7 @@ fn on_kernel(s: &Session, tool: &str, args: &[&str], target: &str) -> Option<Vec
     let dir = s.tmp.join("kernel");
     std::fs::create_dir_all(&dir).unwrap();
     let t = dir.join(std::path::Path::new(target).file_name().unwrap());
-    std::fs::copy(target, &t).unwrap();
+    bpftime_tests::copy_executable(target, &t);
     let t = t.to_str().unwrap().to_string();
     let mut c = Command::new(tool);
     c.args(
@@ -43,11 +47,16 @@ fn on_kernel(s: &Session, tool: &str, args: &[&str], target: &str) -> Option<Vec
             .map(|a| if *a == "@TARGET" { t.as_str() } else { a }),
     );
     let loader = Tool::spawn(c);
-    let out = Command::new(&t).arg(N.to_string()).output().unwrap();
-    assert!(out.status.success());
+    let mut app = Command::new(&t)
+        .arg(N.to_string())
+        .stdout(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let pid = app.id();
+    assert!(app.wait().unwrap().success());
     let (code, lines, err) = loader.stop();
     assert_eq!(code, 0, "kernel loader failed: {err}");
-    Some(lines)
+    Some((lines, pid))
 }
 
 #[test]
@@ -63,7 +72,7 @@ fn funclatency_c_loader_counts_every_call_like_the_kernel() {
         .filter_map(|l| field(std::slice::from_ref(l), "hist", "count"))
         .sum();
     assert_eq!(buckets, N, "histogram holds every call");
-    if let Some(k) = on_kernel(&s, examples::FUNCLATENCY, &args, examples::CALLS) {
+    if let Some((k, _)) = on_kernel(&s, examples::FUNCLATENCY, &args, examples::CALLS) {
         assert_eq!(
             field(&k, "count=", "count"),
             field(&ours, "count=", "count")
@@ -87,46 +96,58 @@ fn funclatency_on_a_non_pie_target() {
     assert_eq!(field(&ours, "count=", "count"), Some(N), "{ours:?}");
 }
 
-fn target_malloc_calls(lines: &[String]) -> Option<u64> {
-    let marker = format!("size={}", examples::CALLS_MALLOC_SIZE);
-    lines
+/// malloc_count's figures for one process: (calls, bytes, calls of the target's
+/// `CALLS_MALLOC_SIZE`). `pid` None: the only process in the output (under
+/// bpftime only the target runs the agent).
+fn malloc_figures(lines: &[String], pid: Option<u32>) -> (u64, u64, u64) {
+    let pids: std::collections::BTreeSet<&str> = lines
         .iter()
-        .find(|l| l.starts_with("pid=") && l.contains(&marker))
-        .and_then(|l| field(std::slice::from_ref(l), "pid=", "calls"))
+        .filter_map(|l| l.strip_prefix("pid="))
+        .filter_map(|l| l.split_whitespace().next())
+        .collect();
+    let pid = match pid {
+        Some(p) => p.to_string(),
+        None => {
+            assert_eq!(pids.len(), 1, "one process expected: {lines:?}");
+            pids.first().unwrap().to_string()
+        }
+    };
+    let mine: Vec<String> = lines
+        .iter()
+        .filter(|l| l.split_whitespace().next() == Some(&format!("pid={pid}")))
+        .cloned()
+        .collect();
+    let totals: Vec<String> = mine
+        .iter()
+        .filter(|l| l.contains(" bytes="))
+        .cloned()
+        .collect();
+    let marker = format!(" size={} ", examples::CALLS_MALLOC_SIZE);
+    let sized: Vec<String> = mine
+        .iter()
+        .filter(|l| l.contains(&marker))
+        .cloned()
+        .collect();
+    (
+        field(&totals, "pid=", "calls").unwrap_or_else(|| panic!("no totals for {pid}: {lines:?}")),
+        field(&totals, "pid=", "bytes").unwrap(),
+        field(&sized, "pid=", "calls").unwrap_or(0),
+    )
 }
 
 #[test]
 fn malloc_count_c_loader_on_libc_like_the_kernel() {
     let s = Session::new("malloc");
     let ours = under_bpftime(&s, examples::MALLOC_COUNT, &["--sizes"], examples::CALLS);
-    assert_eq!(target_malloc_calls(&ours), Some(N), "{ours:?}");
-    // The agent's own allocations must not show up in the target's counts.
-    let per_pid_calls = field(&ours, "pid=", "calls").unwrap();
-    let per_pid_bytes = field(&ours, "pid=", "bytes").unwrap();
-    if let Some(k) = on_kernel(&s, examples::MALLOC_COUNT, &["--sizes"], examples::CALLS) {
-        assert_eq!(target_malloc_calls(&k), Some(N));
-        let pid_line = k
-            .iter()
-            .find(|l| l.starts_with("pid=") && l.contains(" bytes="))
-            .filter(|_| true);
-        // On the kernel every process's malloc is counted; compare the target's own line.
-        let target_pid = k
-            .iter()
-            .find(|l| l.contains(&format!("size={}", examples::CALLS_MALLOC_SIZE)))
-            .and_then(|l| l.split_whitespace().next().map(str::to_string))
-            .unwrap();
-        let kernel_line: Vec<String> = k
-            .iter()
-            .filter(|l| l.starts_with(&format!("{target_pid} calls=")))
-            .cloned()
-            .collect();
-        let _ = pid_line;
+    let (calls, bytes, sized) = malloc_figures(&ours, None);
+    assert_eq!(sized, N, "{ours:?}");
+    if let Some((k, pid)) = on_kernel(&s, examples::MALLOC_COUNT, &["--sizes"], examples::CALLS) {
+        // Every malloc of the target, the agent's own excluded, as the kernel counts them.
         assert_eq!(
-            field(&kernel_line, "pid=", "calls"),
-            Some(per_pid_calls),
-            "kernel {kernel_line:?} ours {ours:?}"
+            malloc_figures(&k, Some(pid)),
+            (calls, bytes, sized),
+            "kernel {k:?}\nours {ours:?}"
         );
-        assert_eq!(field(&kernel_line, "pid=", "bytes"), Some(per_pid_bytes));
     }
 }
 
@@ -135,7 +156,7 @@ fn malloc_count_libbpf_rs_loader_with_static_libbpf() {
     let s = Session::new("mallocrs");
     let tool = workspace_bin("malloc_count_rs");
     let ours = under_bpftime(&s, tool.to_str().unwrap(), &["--sizes"], examples::CALLS);
-    assert_eq!(target_malloc_calls(&ours), Some(N), "{ours:?}");
+    assert_eq!(malloc_figures(&ours, None).2, N, "{ours:?}");
 }
 
 fn check_events(lines: &[String]) {
@@ -163,9 +184,94 @@ fn ringbuf_events_c_loader_streams_every_event() {
     let args = ["--target", "@TARGET", "--func", "work"];
     let ours = under_bpftime(&s, examples::RINGBUF_EVENTS, &args, examples::CALLS);
     check_events(&ours);
-    if let Some(k) = on_kernel(&s, examples::RINGBUF_EVENTS, &args, examples::CALLS) {
+    if let Some((k, _)) = on_kernel(&s, examples::RINGBUF_EVENTS, &args, examples::CALLS) {
         check_events(&k);
     }
+}
+
+/// Runs `calls FULL_CALLS` while the loader is stopped (so nothing is consumed),
+/// then lets it drain: returns (events, dropped, the event arguments in order).
+fn with_stopped_consumer(loader: Tool, target: Command) -> (u64, u64, Vec<i64>) {
+    // SAFETY: signals to our own child.
+    unsafe { libc::kill(loader.pid() as i32, libc::SIGSTOP) };
+    // kill() returns before the stop takes effect; a consumer still running would
+    // free ring space and change how many records fit.
+    let stat = format!("/proc/{}/stat", loader.pid());
+    let stopped = |s: &str| {
+        s.rsplit(')')
+            .next()
+            .is_some_and(|r| r.trim_start().starts_with('T'))
+    };
+    let end = std::time::Instant::now() + Duration::from_secs(10);
+    while !std::fs::read_to_string(&stat).is_ok_and(|s| stopped(&s)) {
+        assert!(std::time::Instant::now() < end, "the loader never stopped");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let out = run_with_timeout(target, Duration::from_secs(60));
+    assert!(out.status.success(), "target failed: {out:?}");
+    // SAFETY: as above.
+    unsafe { libc::kill(loader.pid() as i32, libc::SIGCONT) };
+    let (code, lines, err) = loader.stop();
+    assert_eq!(code, 0, "loader failed: {err}");
+    let args = lines
+        .iter()
+        .filter(|l| l.starts_with("event "))
+        .filter_map(|l| {
+            l.split_whitespace()
+                .find_map(|w| w.strip_prefix("arg="))
+                .and_then(|v| v.parse().ok())
+        })
+        .collect();
+    (
+        field(&lines, "events=", "events").expect("events= line"),
+        field(&lines, "dropped=", "dropped").expect("dropped= line"),
+        args,
+    )
+}
+
+/// Far more events than the 256 KiB ring holds (40 bytes each).
+const FULL_CALLS: u64 = 20_000;
+
+#[test]
+fn a_full_ringbuf_drops_and_counts_without_corrupting_what_it_kept() {
+    let s = Session::new("ringfull");
+    let t = s.target_copy(examples::CALLS);
+    let t = t.to_str().unwrap();
+    let loader = s.load(&[examples::RINGBUF_EVENTS, "--target", t, "--func", "work"]);
+    let mut target = s.bpftime();
+    target.args(["start", t, &FULL_CALLS.to_string()]);
+    let (events, dropped, args) = with_stopped_consumer(loader, target);
+    assert_eq!(
+        events + dropped,
+        FULL_CALLS,
+        "every call is an event or a drop"
+    );
+    assert!(
+        dropped > 0 && events > 0,
+        "events {events} dropped {dropped}"
+    );
+    // Nothing was consumed while the target ran: the ring kept the first calls.
+    assert_eq!(args, (0..events as i64).collect::<Vec<_>>());
+
+    if let Some(why) = kernel_unavailable() {
+        eprintln!("kernel comparison skipped: {why}");
+        return;
+    }
+    let dir = s.tmp.join("kernel");
+    std::fs::create_dir_all(&dir).unwrap();
+    let kt = dir.join("calls");
+    bpftime_tests::copy_executable(examples::CALLS, &kt);
+    let mut c = Command::new(examples::RINGBUF_EVENTS);
+    c.args(["--target", kt.to_str().unwrap(), "--func", "work"]);
+    let loader = Tool::spawn(c);
+    let mut target = Command::new(&kt);
+    target.arg(FULL_CALLS.to_string());
+    let (k_events, k_dropped, _) = with_stopped_consumer(loader, target);
+    assert_eq!(
+        (events, dropped),
+        (k_events, k_dropped),
+        "the kernel's ring holds as many records"
+    );
 }
 
 #[test]

@@ -5,49 +5,7 @@
 use bpftime_isa::uapi::{cmd, map_flags, map_type as mt, update_flags as uf};
 use bpftime_runtime::Store;
 use bpftime_syscall_shim::Shim;
-
-type Res = Result<i64, i32>;
-
-trait Bpf {
-    fn call(&mut self, command: u32, attr: &mut [u8; 128]) -> Res;
-}
-
-struct Kernel;
-
-impl Bpf for Kernel {
-    fn call(&mut self, command: u32, attr: &mut [u8; 128]) -> Res {
-        // SAFETY: attr is a 128-byte bpf_attr whose pointers point at live test buffers.
-        let r = unsafe {
-            libc::syscall(
-                libc::SYS_bpf,
-                command as libc::c_long,
-                attr.as_mut_ptr(),
-                128usize,
-            )
-        };
-        if r < 0 {
-            Err(std::io::Error::last_os_error().raw_os_error().unwrap_or(0))
-        } else {
-            Ok(r)
-        }
-    }
-}
-
-struct Ours(Shim);
-
-impl Bpf for Ours {
-    fn call(&mut self, command: u32, attr: &mut [u8; 128]) -> Res {
-        // SAFETY: as for the kernel.
-        unsafe { self.0.bpf(command, attr.as_mut_ptr(), 128) }
-    }
-}
-
-fn put32(a: &mut [u8; 128], off: usize, v: u32) {
-    a[off..off + 4].copy_from_slice(&v.to_ne_bytes());
-}
-fn put64(a: &mut [u8; 128], off: usize, v: u64) {
-    a[off..off + 8].copy_from_slice(&v.to_ne_bytes());
-}
+use bpftime_tests::bpf::{put32, put64, Bpf, Kernel, Ours, Res};
 
 /// One step's observable outcome: the result, and the bytes of the output buffer.
 type Outcome = (Res, Vec<u8>);

@@ -13,6 +13,46 @@ pub struct Cfg {
     pub prune: Vec<bool>,
     /// Registers (bit n = rn) that may be read before written, from each instruction on.
     pub live: Vec<u16>,
+    /// What is wrong with an instruction's fields, reported only if a path reaches it.
+    pub deferred: Vec<Option<RejectKind>>,
+}
+
+/// The opcodes of the kernel's instruction table: anything else is refused
+/// before verification starts, wherever it is. Which fields an opcode may use is
+/// checked only where a path reaches it, as the kernel does.
+fn opcode_known(code: u8) -> bool {
+    let o = code & op::OP_MASK;
+    let x = code & op::SRC_MASK == op::X;
+    match code & 0x07 {
+        op::LD => matches!(code, 0x18 | 0x20 | 0x28 | 0x30 | 0x40 | 0x48 | 0x50),
+        op::LDX => matches!(code, 0x61 | 0x69 | 0x71 | 0x79 | 0x81 | 0x89 | 0x91),
+        op::ST => matches!(code, 0x62 | 0x6a | 0x72 | 0x7a),
+        op::STX => matches!(code, 0x63 | 0x6b | 0x73 | 0x7b | 0xc3 | 0xcb | 0xd3 | 0xdb),
+        class @ (op::ALU | op::ALU64) => match o {
+            op::NEG => !x,
+            op::END => class == op::ALU || !x,
+            op::ADD
+            | op::SUB
+            | op::MUL
+            | op::DIV
+            | op::OR
+            | op::AND
+            | op::LSH
+            | op::RSH
+            | op::MOD
+            | op::XOR
+            | op::MOV
+            | op::ARSH => true,
+            _ => false,
+        },
+        class @ (op::JMP | op::JMP32) => match o {
+            op::JA => !x,
+            op::CALL | op::EXIT => class == op::JMP && !x,
+            0xe0 | 0xf0 => false,
+            _ => true,
+        },
+        _ => false,
+    }
 }
 
 type Fail = (usize, RejectKind);
@@ -184,15 +224,36 @@ fn successors(pc: usize, i: &Insn) -> (Option<usize>, Option<i64>) {
     }
 }
 
-pub fn analyze(insns: &[Insn]) -> Result<Cfg, Fail> {
+/// `callx` (a helper call through a register, which uBPF and the conformance
+/// suite have and the kernel does not) is allowed when `callx` is set.
+pub fn analyze(insns: &[Insn], callx: bool) -> Result<Cfg, Fail> {
     let n = insns.len();
     let mut second = vec![false; n];
+    let mut deferred = vec![None; n];
     for pc in 0..n {
         if second[pc] {
             continue;
         }
         let i = &insns[pc];
-        check_insn(pc, i, insns.get(pc + 1))?;
+        if callx && i.code == op::CALL_INSN | op::X {
+            if i.dst > 10 {
+                return Err((pc, RejectKind::InvalidRegister { reg: i.dst }));
+            }
+            if i.src != 0 || i.off != 0 || i.imm != 0 {
+                return Err((pc, RejectKind::ReservedFields { code: i.code }));
+            }
+            continue;
+        }
+        if !opcode_known(i.code) {
+            return Err((pc, RejectKind::UnknownOpcode { code: i.code }));
+        }
+        // The kernel checks loads and 64-bit immediates everywhere up front.
+        let upfront = i.class() == op::LDX || i.class() == op::LD;
+        match check_insn(pc, i, insns.get(pc + 1)) {
+            Err(e) if upfront => return Err(e),
+            Err((_, k)) => deferred[pc] = Some(k),
+            Ok(()) => {}
+        }
         if i.is_lddw() {
             second[pc + 1] = true;
         }
@@ -275,7 +336,11 @@ pub fn analyze(insns: &[Insn]) -> Result<Cfg, Fail> {
     }
 
     let live = liveness(insns, &second, &succ);
-    Ok(Cfg { prune, live })
+    Ok(Cfg {
+        prune,
+        live,
+        deferred,
+    })
 }
 
 /// Registers an instruction reads and writes (bit n = rn).
@@ -314,6 +379,7 @@ fn use_def(i: &Insn) -> (u16, u16) {
         ),
         _ => match i.code & op::OP_MASK {
             op::EXIT => (1, 0),
+            op::CALL if x => (args(5) | d, 0x3f),
             op::CALL => {
                 let n = match i.src {
                     op::CALL_HELPER => u32::try_from(i.imm)

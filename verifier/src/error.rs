@@ -70,6 +70,8 @@ pub enum RejectKind {
     MisalignedStackAccess { off: i64, size: u32 },
     #[error("invalid size of register spill ({size} bytes of a pointer)")]
     PartialPointerSpill { size: u32 },
+    /// Not produced since uninitialized stack reads were allowed (as the kernel
+    /// allows privileged programs); kept so that matches on it still compile.
     #[error("invalid read from stack off {off}+{byte} size {size}")]
     StackUninitRead { off: i64, byte: i64, size: u64 },
     #[error("invalid size of register fill off={off} size={size}")]
@@ -88,6 +90,8 @@ pub enum RejectKind {
     PtrArithProhibited { reg: u8, ty: &'static str },
     #[error("R{reg} {op} on pointer prohibited")]
     PtrOpProhibited { reg: u8, op: &'static str },
+    #[error("div by zero")]
+    DivByZero,
     #[error("invalid shift {imm}")]
     InvalidShift { imm: i32 },
     #[error("invalid atomic operation {imm:#x} size {size}")]
@@ -124,6 +128,8 @@ pub enum RejectKind {
     ReturnNotScalar { ty: &'static str },
     #[error("At callback return the register R0 has value [{umin}, {umax}], should be in [0, 1]")]
     CallbackReturnRange { umin: u64, umax: u64 },
+    #[error("cannot spill pointers to stack into stack frame of the caller")]
+    StackPointerToCallerFrame,
     #[error("cannot return stack pointer to the caller")]
     ReturnStackPointer,
     #[error("the call stack of {frames} frames is too deep")]

@@ -40,11 +40,15 @@ pub enum Arg {
     RingbufRelease,
     /// A callback subprogram (`lddw rX, func`).
     Callback,
+    /// A stack pointer or NULL (the context bpf_loop hands its callback).
+    StackOrNull,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Ret {
     Integer,
+    /// Nothing: r0 is unreadable after the call, as in the kernel.
+    Void,
     MapValueOrNull,
     RingbufOrNull,
 }
@@ -117,7 +121,7 @@ pub fn proto(id: u32) -> Option<Proto> {
         h::TAIL_CALL => p(
             "bpf_tail_call",
             &[Ctx, Map(&[mt::PROG_ARRAY]), Scalar],
-            Integer,
+            Void,
             false,
         ),
         h::GET_CURRENT_PID_TGID => p("bpf_get_current_pid_tgid", &[], Integer, false),
@@ -178,16 +182,11 @@ pub fn proto(id: u32) -> Option<Proto> {
             RingbufOrNull,
             false,
         ),
-        h::RINGBUF_SUBMIT => p(
-            "bpf_ringbuf_submit",
-            &[RingbufRelease, Scalar],
-            Integer,
-            false,
-        ),
+        h::RINGBUF_SUBMIT => p("bpf_ringbuf_submit", &[RingbufRelease, Scalar], Void, false),
         h::RINGBUF_DISCARD => p(
             "bpf_ringbuf_discard",
             &[RingbufRelease, Scalar],
-            Integer,
+            Void,
             false,
         ),
         h::RINGBUF_QUERY => p(
@@ -213,7 +212,7 @@ pub fn proto(id: u32) -> Option<Proto> {
         ),
         h::LOOP => p(
             "bpf_loop",
-            &[Scalar, Callback, Anything, Scalar],
+            &[Scalar, Callback, StackOrNull, Scalar],
             Integer,
             false,
         ),

@@ -155,6 +155,20 @@ impl Tnum {
         }
     }
 
+    /// The smallest tnum holding the values of both.
+    pub fn union(self, o: Tnum) -> Tnum {
+        let mask = self.mask | o.mask | (self.value ^ o.value);
+        Tnum {
+            value: self.value & !mask,
+            mask,
+        }
+    }
+
+    /// True when every value is a multiple of `size` (a power of two).
+    pub fn aligned(self, size: u64) -> bool {
+        (self.value | self.mask) & (size - 1) == 0
+    }
+
     /// Values both tnums allow, or `None` when a known bit disagrees.
     pub fn intersect(self, o: Tnum) -> Option<Tnum> {
         let known_both = !self.mask & !o.mask;

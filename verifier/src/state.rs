@@ -3,7 +3,7 @@
 
 use std::fmt;
 
-use crate::scalar::Scalar;
+use crate::scalar::{Scalar, Tnum};
 
 /// What a pointer points into.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -42,12 +42,14 @@ pub enum Reg {
         id: u32,
     },
     /// `off` is the range of byte offsets from the region's start (from the frame
-    /// pointer for the stack). `id` ties copies of a may-be-null pointer together;
-    /// `ref_id` names the reference a ring buffer record holds.
+    /// pointer for the stack), `off_bits` the offset's known bits (its alignment).
+    /// `id` ties copies of a may-be-null pointer together; `ref_id` names the
+    /// reference a ring buffer record holds.
     Ptr {
         region: Region,
         off_min: i64,
         off_max: i64,
+        off_bits: Tnum,
         nullable: bool,
         id: u32,
         ref_id: u32,
@@ -80,6 +82,7 @@ impl Reg {
             region,
             off_min: off,
             off_max: off,
+            off_bits: Tnum::konst(off as u64),
             nullable: false,
             id: 0,
             ref_id: 0,
@@ -137,6 +140,7 @@ impl Reg {
                     region: ra,
                     off_min: a0,
                     off_max: a1,
+                    off_bits: ta,
                     nullable: na,
                     id: ia,
                     ref_id: fa,
@@ -145,6 +149,7 @@ impl Reg {
                     region: rb,
                     off_min: b0,
                     off_max: b1,
+                    off_bits: tb,
                     nullable: nb,
                     id: ib,
                     ref_id: fb,
@@ -153,6 +158,7 @@ impl Reg {
                 ra == rb
                     && a0 <= b0
                     && a1 >= b1
+                    && ta.contains(*tb)
                     && na == nb
                     && (!*na || ids.link(*ia, *ib))
                     && (*fa == 0 && *fb == 0 || ids.link(*fa | REF_TAG, *fb | REF_TAG))
@@ -176,6 +182,7 @@ impl Reg {
                     region: ra,
                     off_min: a0,
                     off_max: a1,
+                    off_bits: ta,
                     nullable: na,
                     id,
                     ref_id,
@@ -184,6 +191,7 @@ impl Reg {
                     region: rb,
                     off_min: b0,
                     off_max: b1,
+                    off_bits: tb,
                     nullable: nb,
                     ..
                 },
@@ -191,6 +199,7 @@ impl Reg {
                 region: *ra,
                 off_min: (*a0).min(*b0),
                 off_max: (*a1).max(*b1),
+                off_bits: ta.union(*tb),
                 nullable: false,
                 id: *id,
                 ref_id: *ref_id,
@@ -285,7 +294,8 @@ impl fmt::Display for Reg {
 /// What one stack byte holds.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Byte {
-    /// Never written: reading it is rejected.
+    /// Never written: it reads as an unknown number (privileged programs may
+    /// read uninitialized stack, as the kernel lets them).
     Invalid,
     /// Some scalar data.
     Misc,
@@ -372,7 +382,8 @@ impl Slot {
             .zip(cur.bytes.iter())
             .all(|(o, c)| match (o, c) {
                 (Byte::Invalid, _) => true,
-                (Byte::Misc, Byte::Misc | Byte::Zero) => true,
+                // Unwritten bytes read as unknown numbers, just like misc data.
+                (Byte::Misc, Byte::Misc | Byte::Zero | Byte::Invalid) => true,
                 (Byte::Misc, Byte::Spill) => cur_scalar,
                 (Byte::Zero, Byte::Zero) => true,
                 (Byte::Zero, Byte::Spill) => cur_zero == Some(true),
@@ -439,6 +450,9 @@ pub struct Frame {
     /// Which `bpf_loop` call made this callback frame (0 otherwise); not part of
     /// state comparison, only of which states a callback iteration may prune on.
     pub invocation: u32,
+    /// Which iteration of its `bpf_loop` a callback frame runs (0 otherwise):
+    /// equal states of different iterations are progress, not an infinite loop.
+    pub iteration: u32,
 }
 
 impl Frame {
@@ -451,6 +465,7 @@ impl Frame {
             kind,
             subprog,
             invocation: 0,
+            iteration: 0,
         }
     }
 
@@ -586,6 +601,7 @@ fn same_reg(a: &Reg, b: &Reg) -> bool {
                 region: ra,
                 off_min: a0,
                 off_max: a1,
+                off_bits: ta,
                 nullable: na,
                 ..
             },
@@ -593,10 +609,11 @@ fn same_reg(a: &Reg, b: &Reg) -> bool {
                 region: rb,
                 off_min: b0,
                 off_max: b1,
+                off_bits: tb,
                 nullable: nb,
                 ..
             },
-        ) => ra == rb && a0 == b0 && a1 == b1 && na == nb,
+        ) => ra == rb && a0 == b0 && a1 == b1 && ta == tb && na == nb,
         _ => a == b,
     }
 }

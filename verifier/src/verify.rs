@@ -13,7 +13,7 @@ use crate::cfg::{self, Cfg};
 use crate::disasm::disasm;
 use crate::error::{RejectKind, Rejection, Verified};
 use crate::helpers::{self, Arg, Ret};
-use crate::scalar::{Cmp, Scalar, Shift};
+use crate::scalar::{Cmp, Scalar, Shift, Tnum};
 use crate::state::{Byte, Frame, FrameKind, Reg, Region, Slot, State};
 
 /// Program type of the conformance suite's programs (not a kernel number): `r1`
@@ -28,6 +28,9 @@ pub const PT_REGS_SIZE: u32 = 168;
 const SCAN_STATES: usize = 64;
 /// Instructions a path runs between two stored states.
 const STORE_EVERY: u32 = 8;
+
+/// Stored states at one instruction before drifting wide numbers are widened.
+const WIDEN_AFTER: usize = 16;
 
 /// Largest offset a pointer may carry, as the kernel bounds it.
 const MAX_VAR_OFF: i64 = 1 << 29;
@@ -106,7 +109,8 @@ pub fn verify(p: &ProgramInfo, opts: &Options) -> Result<Verified, Rejection> {
             },
         ));
     }
-    let cfg = cfg::analyze(p.insns).map_err(|(pc, k)| fail(pc, k))?;
+    let cfg = cfg::analyze(p.insns, p.prog_type == PROG_TYPE_CONFORMANCE)
+        .map_err(|(pc, k)| fail(pc, k))?;
     let mut v = Verifier {
         p,
         opts,
@@ -116,6 +120,9 @@ pub fn verify(p: &ProgramInfo, opts: &Options) -> Result<Verified, Rejection> {
         at: HashMap::new(),
         next_id: 1,
         depth: HashMap::new(),
+        has_tail_call: p.insns.iter().any(|i| {
+            i.code == op::CALL_INSN && i.src == op::CALL_HELPER && i.imm == h::TAIL_CALL as i32
+        }),
         log: String::new(),
         stats: Verified::default(),
     };
@@ -160,6 +167,10 @@ struct Verifier<'a> {
     next_id: u32,
     /// Deepest stack use seen per subprogram, for the combined-stack limit.
     depth: HashMap<usize, u32>,
+    /// Only programs with tail calls have a combined stack limit: without them the
+    /// kernel (6.13+, private stacks) gives every frame its own stack, as our
+    /// engines do.
+    has_tail_call: bool,
     log: String,
     stats: Verified,
 }
@@ -212,6 +223,11 @@ impl<'a> Verifier<'a> {
                 {
                     self.finish(path.parent);
                     break;
+                }
+                // Like the kernel, an instruction's fields are judged when a path
+                // reaches it: dead code is never run.
+                if let Some(k) = self.cfg.deferred[pc].clone() {
+                    return Err(self.reject(&path.state, pc, k));
                 }
                 self.stats.insns_processed += 1;
                 path.since += 1;
@@ -306,9 +322,10 @@ impl<'a> Verifier<'a> {
         };
         used.sort_unstable();
         used.dedup();
+        // An invalid register number (a malformed instruction) has no state.
         let regs = used
             .into_iter()
-            .map(|r| (r, st.cur().regs[r as usize]))
+            .filter_map(|r| Some((r, *st.cur().regs.get(r as usize)?)))
             .filter(|(_, v)| *v != Reg::Uninit)
             .collect();
         Rejection {
@@ -363,6 +380,8 @@ impl<'a> Verifier<'a> {
         let callback_entry = matches!(path.state.cur().kind, FrameKind::Loop { .. })
             && pc == path.state.cur().subprog;
         let mut widen_with = None;
+        let mut loop_ancestor = None;
+        let stored_here = self.at.get(&pc).map_or(0, Vec::len);
         if let Some(list) = self.at.get(&pc) {
             // Recent states prune best; an old one that still could is rare, and a
             // full scan would make long loops quadratic.
@@ -380,8 +399,41 @@ impl<'a> Verifier<'a> {
                     if same_run && cp.branches > 0 && widen_with.is_none() {
                         widen_with = Some(idx);
                     }
-                } else if cp.state.same_as(&path.state, &live) {
+                } else if cp.state.same_as(&path.state, &live)
+                    && same_iterations(&cp.state, &path.state)
+                {
                     return Err(RejectKind::InfiniteLoop { insn: pc });
+                } else if loop_ancestor.is_none() {
+                    loop_ancestor = Some(idx);
+                }
+            }
+        }
+        // A loop head that keeps collecting states: numbers that were already
+        // nearly unknown and still drift (a count of matches, say) become
+        // unknown, so that the iterations can prune each other. The kernel gets
+        // there by tracking which values need to be precise; this is cheaper and
+        // still sound (a wider value covers the narrower one).
+        if let (Some(idx), true) = (loop_ancestor, stored_here >= WIDEN_AFTER) {
+            let old = &self.checkpoints[idx].state;
+            if old.frames.len() == path.state.frames.len() {
+                for (d, (of, cf)) in old
+                    .frames
+                    .iter()
+                    .zip(path.state.frames.iter_mut())
+                    .enumerate()
+                {
+                    for r in 0..10 {
+                        if live[d] & (1 << r) == 0 {
+                            continue;
+                        }
+                        if let (Reg::Scalar { s: a, .. }, Reg::Scalar { s: b, .. }) =
+                            (of.regs[r], cf.regs[r])
+                        {
+                            if !a.contains(&b) && wide(&a) && wide(&b) {
+                                cf.regs[r] = Reg::unknown();
+                            }
+                        }
+                    }
                 }
             }
         }
@@ -395,7 +447,12 @@ impl<'a> Verifier<'a> {
             let old = &self.checkpoints[idx].state;
             // Widening keeps the old state's references, so only when they are the same.
             if old.frames.len() == path.state.frames.len() && old.refs == path.state.refs {
-                path.state = old.join(&path.state);
+                let mut joined = old.join(&path.state);
+                // The widened state is still this path's iteration.
+                for (j, f) in joined.frames.iter_mut().zip(&path.state.frames) {
+                    j.iteration = f.iteration;
+                }
+                path.state = joined;
             }
         }
         let idx = self.checkpoints.len();
@@ -534,6 +591,20 @@ impl<'a> Verifier<'a> {
         if i.dst == 10 {
             return Err(RejectKind::FramePointerWrite);
         }
+        // Byte swaps and negation have no source operand (the X bit of a swap
+        // picks its direction), so `src` is never read for them.
+        if o == op::NEG || o == op::END {
+            return self.unary(st, i, is64);
+        }
+        // The ISA defines division by zero (the conformance suite relies on it);
+        // the kernel refuses a constant zero divisor outright.
+        if matches!(o, op::DIV | op::MOD)
+            && !x
+            && i.imm == 0
+            && self.p.prog_type != PROG_TYPE_CONFORMANCE
+        {
+            return Err(RejectKind::DivByZero);
+        }
         let src = if x {
             Self::read(st, i.src)?
         } else if is64 {
@@ -589,7 +660,14 @@ impl<'a> Verifier<'a> {
                 } else {
                     (a.trunc32(), b.trunc32())
                 };
+                // As the kernel's verifier does, keep no bounds for division,
+                // modulo, and shifts by an amount not known to be in range: a
+                // program whose safety hangs on them passes here only if it
+                // passes the kernel too.
+                let untracked = matches!(o, op::DIV | op::MOD)
+                    || (shift && !matches!(b.as_const(), Some(c) if c < bits as u64));
                 let r = match o {
+                    _ if untracked => Scalar::UNKNOWN,
                     op::ADD => a.add(&b),
                     op::SUB => a.sub(&b),
                     op::MUL => a.mul(&b),
@@ -606,15 +684,20 @@ impl<'a> Verifier<'a> {
                     op::RSH => a.shift(&b, Shift::Right, bits as u32),
                     op::ARSH if is64 => a.shift(&b, Shift::Arith, 64),
                     op::ARSH => a.sext(4).shift(&b, Shift::Arith, 32),
-                    op::NEG => Scalar::konst(0).sub(&a),
-                    op::END => {
-                        let to_be = is64 || x;
-                        a.bswap(i.imm as u32 / 8, to_be)
-                    }
                     _ => return Err(RejectKind::UnknownOpcode { code: i.code }),
                 };
                 Reg::scalar(fix32(r))
             }
+            // Privileged programs may turn pointers into numbers: the difference
+            // of two pointers, or a 32-bit subtraction involving one, is a scalar.
+            (d, s) if o == op::SUB && d.is_pointer() && s.is_pointer() => {
+                if is64 {
+                    Reg::unknown()
+                } else {
+                    unknown_bytes(4)
+                }
+            }
+            (_, _) if o == op::SUB && !is64 => unknown_bytes(4),
             (d, s) => {
                 if !is64 {
                     return Err(RejectKind::PtrOpProhibited {
@@ -629,22 +712,23 @@ impl<'a> Verifier<'a> {
                     (op::ADD, Reg::Scalar { s, .. }, p) if p.is_pointer() => {
                         self.ptr_add(p, s, i.src)?
                     }
-                    (op::SUB, p, Reg::Scalar { s, .. }) if p.is_pointer() => {
-                        self.ptr_add(p, Scalar::konst(0).sub(&s), i.dst)?
-                    }
+                    // The kernel never lets a stack pointer be subtracted from.
                     (
                         op::SUB,
                         Reg::Ptr {
-                            region: ra,
-                            nullable: false,
+                            region: Region::Stack { .. },
                             ..
                         },
-                        Reg::Ptr {
-                            region: rb,
-                            nullable: false,
-                            ..
-                        },
-                    ) if ra == rb => Reg::unknown(),
+                        Reg::Scalar { .. },
+                    ) => {
+                        return Err(RejectKind::PtrOpProhibited {
+                            reg: i.dst,
+                            op: "subtraction from stack pointer",
+                        })
+                    }
+                    (op::SUB, p, Reg::Scalar { s, .. }) if p.is_pointer() => {
+                        self.ptr_add(p, Scalar::konst(0).sub(&s), i.dst)?
+                    }
                     (op::SUB, _, _) => {
                         return Err(RejectKind::PtrOpProhibited {
                             reg: i.dst,
@@ -655,8 +739,6 @@ impl<'a> Verifier<'a> {
                         let name = match o {
                             op::MUL => "multiplication",
                             op::DIV | op::MOD => "division",
-                            op::NEG => "negation",
-                            op::END => "byte swap",
                             op::LSH | op::RSH | op::ARSH => "shift",
                             _ => "bitwise operator",
                         };
@@ -667,6 +749,28 @@ impl<'a> Verifier<'a> {
                     }
                 }
             }
+        };
+        Self::write(st, i.dst, v)
+    }
+
+    /// `neg` and the byte swaps: of a pointer, privileged programs get a number.
+    fn unary(&mut self, st: &mut State, i: &Insn, is64: bool) -> R<()> {
+        let v = match Self::read(st, i.dst)? {
+            Reg::Scalar { s, .. } if i.code & op::OP_MASK == op::NEG => {
+                if is64 {
+                    Reg::scalar(Scalar::konst(0).sub(&s))
+                } else {
+                    Reg::scalar(Scalar::konst(0).sub(&s.trunc32()).trunc32())
+                }
+            }
+            // A swap's width is its immediate, whatever the class: `le64` in the
+            // 32-bit class still yields all 64 bits.
+            Reg::Scalar { s, .. } => {
+                let to_be = is64 || i.code & op::SRC_MASK == op::X;
+                Reg::scalar(s.bswap(i.imm as u32 / 8, to_be))
+            }
+            _ if is64 || i.code & op::OP_MASK == op::END => Reg::unknown(),
+            _ => unknown_bytes(4),
         };
         Self::write(st, i.dst, v)
     }
@@ -683,6 +787,7 @@ impl<'a> Verifier<'a> {
                 region,
                 off_min,
                 off_max,
+                off_bits,
                 ref_id,
                 ..
             } => {
@@ -697,6 +802,7 @@ impl<'a> Verifier<'a> {
                     region,
                     off_min: lo,
                     off_max: hi,
+                    off_bits: off_bits.plus(s.tnum),
                     nullable: false,
                     id: 0,
                     ref_id,
@@ -767,9 +873,11 @@ impl<'a> Verifier<'a> {
                 region,
                 off_min,
                 off_max,
+                off_bits,
                 ..
             } => {
                 let (lo, hi) = (off_min + off, off_max + off);
+                let bits = off_bits.plus(Tnum::konst(off as u64));
                 match region {
                     Region::Ctx => {
                         Self::ctx_unmodified(reg, off_min, off_max)?;
@@ -777,11 +885,11 @@ impl<'a> Verifier<'a> {
                         Ok(unknown_bytes(size))
                     }
                     Region::Stack { frame } => {
-                        Self::stack_aligned(lo, hi, size)?;
+                        Self::stack_aligned(lo, bits, size)?;
                         self.stack_read(st, frame, lo, hi, size)
                     }
                     _ => {
-                        self.gpu_aligned(lo, hi, size)?;
+                        self.gpu_aligned(lo, bits, size)?;
                         Self::region_bounds(region, lo, hi, size as u64)?;
                         Ok(unknown_bytes(size))
                     }
@@ -806,23 +914,37 @@ impl<'a> Verifier<'a> {
                 region,
                 off_min,
                 off_max,
+                off_bits,
                 ..
             } => {
                 let (lo, hi) = (off_min + off, off_max + off);
+                let bits = off_bits.plus(Tnum::konst(off as u64));
                 match region {
                     Region::Ctx => {
                         Self::ctx_unmodified(reg, off_min, off_max)?;
                         self.ctx_access(lo, size, true)
                     }
                     Region::Stack { frame } => {
-                        Self::stack_aligned(lo, hi, size)?;
+                        Self::stack_aligned(lo, bits, size)?;
                         if val.is_pointer() && size != 8 {
                             return Err(RejectKind::PartialPointerSpill { size });
+                        }
+                        // As in the kernel: a stack address never goes into another
+                        // frame's stack, where it could outlive its frame.
+                        let stack_ptr = matches!(
+                            val,
+                            Reg::Ptr {
+                                region: Region::Stack { .. },
+                                ..
+                            }
+                        );
+                        if stack_ptr && frame as usize + 1 != st.frames.len() {
+                            return Err(RejectKind::StackPointerToCallerFrame);
                         }
                         self.stack_write(st, frame, lo, hi, size, Some(val))
                     }
                     _ => {
-                        self.gpu_aligned(lo, hi, size)?;
+                        self.gpu_aligned(lo, bits, size)?;
                         Self::region_bounds(region, lo, hi, size as u64)
                     }
                 }
@@ -841,49 +963,39 @@ impl<'a> Verifier<'a> {
         if !valid_op || !(size == 4 || size == 8) {
             return Err(RejectKind::InvalidAtomic { imm: i.imm, size });
         }
-        let src = Self::read(st, i.src)?;
-        if !matches!(src, Reg::Scalar { .. }) {
-            return Err(RejectKind::HelperArgType {
-                reg: i.src,
-                found: src.type_name(),
-                expected: "scalar",
-            });
-        }
+        // A pointer operand leaks an address into memory, which privileged
+        // programs may do; it only has to be initialized.
+        Self::read(st, i.src)?;
         if i.imm == op::ATOMIC_CMPXCHG {
-            let r0 = Self::read(st, 0)?;
-            if !matches!(r0, Reg::Scalar { .. }) {
-                return Err(RejectKind::HelperArgType {
-                    reg: 0,
-                    found: r0.type_name(),
-                    expected: "scalar",
-                });
-            }
+            Self::read(st, 0)?;
         }
+        let mut old = unknown_bytes(size);
         match base {
             Reg::Ptr {
                 nullable: false,
                 region,
                 off_min,
                 off_max,
+                off_bits,
                 ..
             } => {
                 let (lo, hi) = (off_min + i.off as i64, off_max + i.off as i64);
-                // Atomics need natural alignment on every target.
+                let bits = off_bits.plus(Tnum::konst(i.off as i64 as u64));
+                // Atomics need natural alignment on every target; on the stack
+                // every possible offset must be aligned, as for other accesses.
                 if lo == hi && lo % size as i64 != 0 {
                     return Err(RejectKind::MisalignedAccess { off: lo, size });
+                }
+                if matches!(region, Region::Stack { .. }) {
+                    Self::stack_aligned(lo, bits, size)?;
                 }
                 match region {
                     Region::Ctx => return Err(RejectKind::CtxAccess { off: lo, size }),
                     Region::Stack { frame } => {
-                        // The old value must be initialized and a scalar; the new one is.
-                        let old = self.stack_read(st, frame, lo, hi, size)?;
-                        if !matches!(old, Reg::Scalar { .. }) {
-                            return Err(RejectKind::InvalidMemAccess {
-                                reg: i.dst,
-                                ty: old.type_name(),
-                            });
-                        }
-                        self.stack_write(st, frame, lo, hi, size, Some(Reg::unknown()))?;
+                        // The fetch returns what the slot held (a spilled pointer
+                        // too); what the slot holds after is some number.
+                        old = self.stack_read(st, frame, lo, hi, size)?;
+                        self.stack_write(st, frame, lo, hi, size, None)?;
                     }
                     _ => Self::region_bounds(region, lo, hi, size as u64)?,
                 }
@@ -891,9 +1003,9 @@ impl<'a> Verifier<'a> {
             p => return Err(Self::not_memory(i.dst, &p)),
         }
         if i.imm == op::ATOMIC_CMPXCHG {
-            Self::write(st, 0, unknown_bytes(size))?;
+            Self::write(st, 0, old)?;
         } else if i.imm & op::FETCH != 0 {
-            Self::write(st, i.src, unknown_bytes(size))?;
+            Self::write(st, i.src, old)?;
         }
         Ok(())
     }
@@ -909,6 +1021,9 @@ impl<'a> Verifier<'a> {
     }
 
     fn check_combined(&self, st: &State) -> R<()> {
+        if !self.has_tail_call {
+            return Ok(());
+        }
         let round = |d: u32| d.div_ceil(8) * 8;
         let total: u32 = st
             .frames
@@ -924,19 +1039,19 @@ impl<'a> Verifier<'a> {
         Ok(())
     }
 
-    /// GPU loads and stores fault when misaligned (x86 does not care); variable
-    /// offsets are not checked yet.
-    fn gpu_aligned(&self, lo: i64, hi: i64, size: u32) -> R<()> {
-        if self.p.gpu && lo == hi && lo % size as i64 != 0 {
+    /// GPU loads and stores fault when misaligned (x86 does not care): every
+    /// offset the pointer may hold must be aligned.
+    fn gpu_aligned(&self, lo: i64, bits: Tnum, size: u32) -> R<()> {
+        if self.p.gpu && !bits.aligned(size as u64) {
             return Err(RejectKind::MisalignedAccess { off: lo, size });
         }
         Ok(())
     }
 
     /// The kernel requires aligned stack accesses (its spill tracking relies on it),
-    /// and so do GPUs for every access.
-    fn stack_aligned(lo: i64, hi: i64, size: u32) -> R<()> {
-        if lo == hi && lo % size as i64 != 0 {
+    /// for every offset a variable pointer may hold; so do GPUs for every access.
+    fn stack_aligned(lo: i64, bits: Tnum, size: u32) -> R<()> {
+        if !bits.aligned(size as u64) {
             return Err(RejectKind::MisalignedStackAccess { off: lo, size });
         }
         Ok(())
@@ -971,19 +1086,29 @@ impl<'a> Verifier<'a> {
             if let (Some(r), true) = (slot.spill, exact) {
                 return Ok(r);
             }
+            // A narrower fill of a spilled number's low bytes (its first bytes,
+            // little-endian) keeps what is known of them.
+            let first = slot.bytes.iter().position(|x| *x == Byte::Spill);
+            let spilled = slot.bytes.iter().filter(|x| **x == Byte::Spill).count();
+            if let (Some(Reg::Scalar { s, .. }), Some(first)) = (slot.spill, first) {
+                if first == b && size as usize <= spilled {
+                    let fits = size == 8 || s.umax < 1u64 << (size * 8);
+                    return Ok(Reg::scalar(if fits {
+                        s
+                    } else {
+                        Scalar::from_tnum(s.tnum.cast(size))
+                    }));
+                }
+            }
         }
         let mut all_zero = true;
         for a in lo..hi + size as i64 {
             let (k, b) = Frame::locate(a);
             let slot = f.slot(k);
             match slot.bytes[b] {
-                Byte::Invalid => {
-                    return Err(RejectKind::StackUninitRead {
-                        off: lo,
-                        byte: a - lo,
-                        size: size as u64,
-                    });
-                }
+                // Privileged programs may read stack bytes never written (the kernel
+                // allows it with CAP_PERFMON): they are some number.
+                Byte::Invalid | Byte::Misc => all_zero = false,
                 Byte::Spill => {
                     if lo == hi && !matches!(slot.spill, Some(Reg::Scalar { .. })) {
                         return Err(RejectKind::PartialSpillRead { off: lo, size });
@@ -998,7 +1123,6 @@ impl<'a> Verifier<'a> {
                     }
                 }
                 Byte::Zero => {}
-                Byte::Misc => all_zero = false,
             }
         }
         Ok(if all_zero {
@@ -1086,19 +1210,8 @@ impl<'a> Verifier<'a> {
                     if write {
                         self.stack_write(st, frame, off_min, off_max, size_max as u32, None)
                     } else {
-                        self.note_depth(st, frame, off_min)?;
-                        let f = &st.frames[frame as usize];
-                        for a in off_min..off_max + size_max as i64 {
-                            let (k, b) = Frame::locate(a);
-                            if f.slot(k).bytes[b] == Byte::Invalid {
-                                return Err(RejectKind::StackUninitRead {
-                                    off: off_min,
-                                    byte: a - off_min,
-                                    size: size_max,
-                                });
-                            }
-                        }
-                        Ok(())
+                        // Bytes never written are readable, as for direct loads.
+                        self.note_depth(st, frame, off_min)
                     }
                 }
                 _ => Self::region_bounds(region, off_min, off_max, size_max),
@@ -1121,6 +1234,15 @@ impl<'a> Verifier<'a> {
             }
             op::JA => Ok(Flow::Goto((pc as i64 + i.off as i64 + 1) as usize)),
             op::EXIT => self.exit(st),
+            // callx: the helper whose id the register holds, which must be known.
+            op::CALL if i.code & op::SRC_MASK == op::X => {
+                let id = Self::read(st, i.dst)?
+                    .as_scalar()
+                    .and_then(|s| s.as_const())
+                    .and_then(|c| i32::try_from(c).ok())
+                    .ok_or(RejectKind::NotConstant { reg: i.dst })?;
+                self.helper(st, id, pc)
+            }
             op::CALL => match i.src {
                 op::CALL_PSEUDO => self.call(st, pc, (pc as i64 + i.imm as i64 + 1) as usize),
                 op::CALL_HELPER => self.helper(st, i.imm, pc),
@@ -1139,10 +1261,9 @@ impl<'a> Verifier<'a> {
         };
         let depth = st.frames.len() - 1;
         match st.cur().kind {
+            // The return value of a probe is ignored; privileged programs may
+            // return a pointer, so r0 only has to be initialized.
             FrameKind::Main => {
-                if !matches!(r0, Reg::Scalar { .. }) {
-                    return Err(RejectKind::ReturnNotScalar { ty: r0.type_name() });
-                }
                 if let Some(&(ref_id, alloc_insn)) = st.refs.first() {
                     return Err(RejectKind::UnreleasedReference { ref_id, alloc_insn });
                 }
@@ -1173,12 +1294,18 @@ impl<'a> Verifier<'a> {
                 // Either another iteration runs, or the loop ends and the helper returns.
                 let sp = st.cur().subprog;
                 let invocation = st.cur().invocation;
+                let iteration = st.cur().iteration + 1;
                 st.frames.pop();
                 forget_frame(st, depth);
                 let mut again = st.clone();
-                again
-                    .frames
-                    .push(Self::callback_frame(depth as u8, call, ctx, sp, invocation));
+                again.frames.push(Self::callback_frame(
+                    depth as u8,
+                    call,
+                    ctx,
+                    sp,
+                    invocation,
+                    iteration,
+                ));
                 let f = st.cur_mut();
                 f.regs[0] = Reg::unknown();
                 f.regs[1..6].fill(Reg::Uninit);
@@ -1187,9 +1314,17 @@ impl<'a> Verifier<'a> {
         }
     }
 
-    fn callback_frame(depth: u8, call: usize, ctx: Reg, subprog: usize, invocation: u32) -> Frame {
+    fn callback_frame(
+        depth: u8,
+        call: usize,
+        ctx: Reg,
+        subprog: usize,
+        invocation: u32,
+        iteration: u32,
+    ) -> Frame {
         let mut f = Frame::new(depth, FrameKind::Loop { call, ctx }, subprog);
         f.invocation = invocation;
+        f.iteration = iteration;
         f.regs[1] = Reg::unknown();
         f.regs[2] = ctx;
         f
@@ -1233,6 +1368,8 @@ impl<'a> Verifier<'a> {
         let mut pending_mem: Option<(u8, Reg, Arg)> = None;
         let mut reserve_size = 0u32;
         let mut callback = None;
+        let mut const_key = None;
+        let mut size_max = u64::MAX;
         for (n, arg) in proto.args.iter().enumerate() {
             let r = n as u8 + 1;
             let v = Self::read(st, r)?;
@@ -1279,6 +1416,9 @@ impl<'a> Verifier<'a> {
                         return Err(wrong("pointer to stack or map value"));
                     }
                     self.helper_mem(st, r, v, size as u64, write)?;
+                    if *arg == Arg::MapKey && matches!(m.map_type, mt::ARRAY | mt::PERCPU_ARRAY) {
+                        const_key = const_stack_key(st, v, m.key_size);
+                    }
                 }
                 Arg::Mem | Arg::MemOut | Arg::MemOrNull => pending_mem = Some((r, v, *arg)),
                 Arg::MemOutFixed(size) => self.helper_mem(st, r, v, size as u64, true)?,
@@ -1296,6 +1436,7 @@ impl<'a> Verifier<'a> {
                     if *arg == Arg::Size && s.umin == 0 {
                         return Err(RejectKind::SizeZero { reg: r });
                     }
+                    size_max = s.umax;
                     let (mr, mv, kind) = pending_mem
                         .take()
                         .expect("prototypes put the memory before its size");
@@ -1326,10 +1467,9 @@ impl<'a> Verifier<'a> {
                         .as_scalar()
                         .and_then(|s| s.as_const())
                         .ok_or(RejectKind::NotConstant { reg: r })?;
-                    if c == 0 || c >= MAX_VAR_OFF as u64 {
-                        return Err(RejectKind::SizeUnbounded { reg: r });
-                    }
-                    reserve_size = c as u32;
+                    // Any constant: a reservation larger than the ring fails at
+                    // run time (NULL), and no ring holds more than u32::MAX bytes.
+                    reserve_size = c.min(u64::from(u32::MAX)) as u32;
                 }
                 Arg::Ctx => {
                     if !matches!(
@@ -1361,6 +1501,20 @@ impl<'a> Verifier<'a> {
                     }
                     release(st, ref_id);
                 }
+                Arg::StackOrNull => {
+                    let null = v.as_scalar().and_then(|s| s.as_const()) == Some(0);
+                    let stack = matches!(
+                        v,
+                        Reg::Ptr {
+                            region: Region::Stack { .. },
+                            nullable: false,
+                            ..
+                        }
+                    );
+                    if !null && !stack {
+                        return Err(wrong("fp"));
+                    }
+                }
                 Arg::Callback => {
                     let Reg::Func { pc } = v else {
                         return Err(wrong("func"));
@@ -1370,11 +1524,31 @@ impl<'a> Verifier<'a> {
             }
         }
         let ctx_arg = st.cur().regs[3];
+        // bpf_loop told to run no iteration never calls its callback (the kernel
+        // does not look at the callback then either).
+        let no_iterations =
+            uid == h::LOOP && st.cur().regs[1].as_scalar().and_then(|s| s.as_const()) == Some(0);
         let r0 = match proto.ret {
+            // These return how many bytes they wrote (at most the size they were
+            // given) or a negative errno, which the kernel also knows.
+            Ret::Integer if returns_length(uid) => Reg::scalar(
+                Scalar {
+                    smin: -MAX_ERRNO,
+                    smax: size_max as i64,
+                    ..Scalar::UNKNOWN
+                }
+                .normalized()
+                .unwrap_or(Scalar::UNKNOWN),
+            ),
             Ret::Integer => Reg::unknown(),
+            Ret::Void => Reg::Uninit,
             Ret::MapValueOrNull => {
                 let (fd, m) = map.expect("lookup names a map");
-                let id = self.fresh_id();
+                // An array lookup with a constant key in range cannot miss (the
+                // kernel drops the null check there too).
+                let hit = uid == h::MAP_LOOKUP_ELEM
+                    && const_key.is_some_and(|k| k < u64::from(m.max_entries));
+                let id = if hit { 0 } else { self.fresh_id() };
                 Reg::Ptr {
                     region: Region::MapValue {
                         fd,
@@ -1382,7 +1556,8 @@ impl<'a> Verifier<'a> {
                     },
                     off_min: 0,
                     off_max: 0,
-                    nullable: true,
+                    off_bits: Tnum::konst(0),
+                    nullable: !hit,
                     id,
                     ref_id: 0,
                 }
@@ -1394,6 +1569,7 @@ impl<'a> Verifier<'a> {
                     region: Region::Ringbuf { size: reserve_size },
                     off_min: 0,
                     off_max: 0,
+                    off_bits: Tnum::konst(0),
                     nullable: true,
                     id,
                     ref_id: id,
@@ -1403,15 +1579,15 @@ impl<'a> Verifier<'a> {
         let f = st.cur_mut();
         f.regs[1..6].fill(Reg::Uninit);
         f.regs[0] = r0;
-        if uid == h::LOOP {
+        if uid == h::LOOP && !no_iterations {
             let target = callback.expect("bpf_loop takes a callback");
             self.push_frame_check(st, target)?;
             let mut inside = st.clone();
             let depth = inside.frames.len() as u8;
             let invocation = self.fresh_id();
-            inside
-                .frames
-                .push(Self::callback_frame(depth, pc, ctx_arg, target, invocation));
+            inside.frames.push(Self::callback_frame(
+                depth, pc, ctx_arg, target, invocation, 0,
+            ));
             self.check_combined(&inside)?;
             // Zero iterations is one outcome; the callback running is the other.
             return Ok(Flow::Fork(pc + 1, inside, target));
@@ -1473,7 +1649,20 @@ impl<'a> Verifier<'a> {
                     let r = eval32(cmp, ca as u32, cb as u32);
                     (r, !r)
                 } else {
-                    (true, true)
+                    // The 32-bit subregisters alone may decide the branch (the
+                    // upper halves are unknown, so nothing is narrowed).
+                    let view = |s: Scalar| {
+                        if cmp.is_signed() {
+                            s.trunc32().sext(4)
+                        } else {
+                            s.trunc32()
+                        }
+                    };
+                    let (a32, b32) = (view(sa), view(sb));
+                    (
+                        a32.refine(&b32, cmp).is_some(),
+                        a32.refine(&b32, cmp.negate()).is_some(),
+                    )
                 }
             }
             (
@@ -1496,27 +1685,21 @@ impl<'a> Verifier<'a> {
                 mark_null(nonnull_st, id, ref_id, false);
                 (true, true)
             }
-            (p, Reg::Scalar { s, .. }) if p.is_pointer() && s.as_const() == Some(0) && is64 => {
-                match (p, cmp) {
-                    (
-                        Reg::Ptr {
-                            nullable: false, ..
-                        }
-                        | Reg::MapPtr { .. }
-                        | Reg::Func { .. },
-                        Cmp::Eq,
-                    ) => (false, true),
-                    (
-                        Reg::Ptr {
-                            nullable: false, ..
-                        }
-                        | Reg::MapPtr { .. }
-                        | Reg::Func { .. },
-                        Cmp::Ne,
-                    ) => (true, false),
-                    _ => (true, true),
+            // Like the kernel, only maps and pointers to map values and to memory
+            // count as known non-null; tests of the others explore both ways.
+            (
+                Reg::Ptr {
+                    nullable: false,
+                    region: Region::MapValue { .. } | Region::Ringbuf { .. } | Region::Mem { .. },
+                    ..
                 }
-            }
+                | Reg::MapPtr { .. },
+                Reg::Scalar { s, .. },
+            ) if s.as_const() == Some(0) && is64 => match cmp {
+                Cmp::Eq => (false, true),
+                Cmp::Ne => (true, false),
+                _ => (true, true),
+            },
             _ => (true, true),
         };
         match (t_ok, f_ok) {
@@ -1547,6 +1730,69 @@ fn eval32(cmp: Cmp, a: u32, b: u32) -> bool {
         Cmp::Set => a & b != 0,
         Cmp::NotSet => a & b == 0,
     }
+}
+
+/// The key a stack pointer points to, when it is a known constant: `size` zero
+/// bytes, or a scalar constant spilled with exactly that size, inside one slot.
+fn const_stack_key(st: &State, key: Reg, size: u32) -> Option<u64> {
+    let Reg::Ptr {
+        region: Region::Stack { frame },
+        off_min,
+        off_max,
+        ..
+    } = key
+    else {
+        return None;
+    };
+    if off_min != off_max || !(1..=8).contains(&size) {
+        return None;
+    }
+    let (k, b) = Frame::locate(off_min);
+    let end = b + size as usize;
+    if end > 8 {
+        return None;
+    }
+    let slot = st.frames[frame as usize].slot(k);
+    if slot.bytes[b..end].iter().all(|x| *x == Byte::Zero) {
+        return Some(0);
+    }
+    // Like the kernel, only a spill at the slot's start (an 8-aligned offset)
+    // carries its value.
+    let exact = b == 0
+        && slot
+            .bytes
+            .iter()
+            .enumerate()
+            .all(|(i, x)| (*x == Byte::Spill) == (b..end).contains(&i));
+    match slot.spill {
+        Some(Reg::Scalar { s, .. }) if exact => s.as_const(),
+        _ => None,
+    }
+}
+
+/// A number whose range is already so wide (2^31 values or more) that its exact
+/// bounds rarely prove anything.
+fn wide(s: &Scalar) -> bool {
+    s.umax - s.umin >= 1 << 31 && s.smax.abs_diff(s.smin) >= 1 << 31
+}
+
+/// Largest errno a helper returns (negated).
+const MAX_ERRNO: i64 = 4095;
+
+/// Helpers whose result is bounded by their size argument.
+fn returns_length(id: u32) -> bool {
+    matches!(
+        id,
+        h::PROBE_READ_STR | h::PROBE_READ_USER_STR | h::PROBE_READ_KERNEL_STR | h::GET_STACK
+    )
+}
+
+/// Both states run the same iteration of every callback they are in.
+fn same_iterations(a: &State, b: &State) -> bool {
+    a.frames
+        .iter()
+        .zip(&b.frames)
+        .all(|(x, y)| x.iteration == y.iteration)
 }
 
 /// Narrows register `r` and every copy linked to it by `id`.

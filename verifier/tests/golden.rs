@@ -57,6 +57,9 @@ fn ringbuf_leak() {
 }
 
 #[test]
-fn uninit_stack() {
-    golden("uninit_stack", "stw [%r10-8], 1\nldxdw %r0, [%r10-8]\nexit");
+fn uninit_stack_reads_as_a_number() {
+    golden(
+        "uninit_stack_number",
+        "stw [%r10-8], 1\nldxdw %r1, [%r10-8]\nldxdw %r0, [%r1]\nexit",
+    );
 }

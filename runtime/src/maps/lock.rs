@@ -5,8 +5,7 @@
 use std::sync::atomic::{AtomicU32, Ordering};
 
 pub(crate) fn current_tid() -> u32 {
-    // SAFETY: gettid has no preconditions.
-    unsafe { libc::gettid() as u32 }
+    crate::helpers::pid_tgid() as u32
 }
 
 fn thread_alive(tid: u32) -> bool {

@@ -9,6 +9,7 @@ mod hash;
 mod lock;
 mod queue;
 mod ringbuf;
+pub(crate) mod stack_trace;
 
 use crate::layout::{MapHeader, ObjectKind, PAGE_SIZE};
 use crate::mapping::Mapping;
@@ -99,6 +100,7 @@ enum Kind {
     Queue,
     Stack,
     Ringbuf,
+    StackTrace,
 }
 
 impl Kind {
@@ -126,6 +128,7 @@ impl Kind {
             map_type::QUEUE => Kind::Queue,
             map_type::STACK => Kind::Stack,
             map_type::RINGBUF => Kind::Ringbuf,
+            map_type::STACK_TRACE => Kind::StackTrace,
             _ => return None,
         })
     }
@@ -168,7 +171,7 @@ impl Map {
             err(
                 libc::EINVAL,
                 format!(
-                    "map type {} is not supported by bpftime (supported: array, hash, percpu_array, percpu_hash, lru_hash, lru_percpu_hash, ringbuf, perf_event_array, prog_array, queue, stack)",
+                    "map type {} is not supported by bpftime (supported: array, hash, percpu_array, percpu_hash, lru_hash, lru_percpu_hash, ringbuf, perf_event_array, prog_array, queue, stack, stack_trace)",
                     spec.map_type
                 ),
             )
@@ -395,6 +398,7 @@ impl Map {
             Kind::Hash { .. } => hash::lookup(self, key, value),
             Kind::Queue | Kind::Stack => queue::peek(self, value),
             Kind::Ringbuf => Err(err(ENOTSUPP, "ring buffers have no elements")),
+            Kind::StackTrace => stack_trace::lookup(self, key, value),
         }
     }
 
@@ -410,6 +414,10 @@ impl Map {
             Kind::Hash { .. } => hash::update(self, key, value.as_ptr(), flags, true),
             Kind::Queue | Kind::Stack => queue::push(self, value.as_ptr(), flags),
             Kind::Ringbuf => Err(err(ENOTSUPP, "ring buffers have no elements")),
+            Kind::StackTrace => Err(err(
+                libc::EINVAL,
+                "stack traces are filed by bpf_get_stackid, not written from user space",
+            )),
         }
     }
 
@@ -422,6 +430,7 @@ impl Map {
             Kind::Hash { .. } => hash::delete(self, key.as_ptr()),
             Kind::Queue | Kind::Stack => Err(err(libc::EINVAL, "use pop on queues and stacks")),
             Kind::Ringbuf => Err(err(ENOTSUPP, "ring buffers have no elements")),
+            Kind::StackTrace => stack_trace::delete(self, key),
         }
     }
 
@@ -438,6 +447,7 @@ impl Map {
             Kind::Hash { .. } => hash::next_key(self, key, out),
             Kind::Queue | Kind::Stack => Err(err(libc::EINVAL, "queues and stacks have no keys")),
             Kind::Ringbuf => Err(err(ENOTSUPP, "ring buffers have no keys")),
+            Kind::StackTrace => stack_trace::next_key(self, key, out),
         }
     }
 
@@ -448,9 +458,10 @@ impl Map {
         match self.kind {
             Kind::Hash { .. } => hash::lookup_and_delete(self, key, value),
             Kind::Queue | Kind::Stack => queue::pop(self, value.as_mut_ptr()),
+            Kind::StackTrace => stack_trace::lookup_and_delete(self, key, value),
             _ => Err(err(
                 ENOTSUPP,
-                "lookup-and-delete works on hash maps, queues and stacks",
+                "lookup-and-delete works on hash maps, queues, stacks and stack trace maps",
             )),
         }
     }
@@ -484,6 +495,17 @@ impl Map {
             return None;
         }
         array::id_at(self, index)
+    }
+
+    /// Where a (not per-CPU) array map keeps its values, for a JIT that inlines
+    /// lookups: (address of value 0, bytes from one value to the next). Value `k`
+    /// lives at `base + k * stride` for every `k < max_entries`, for as long as this
+    /// handle does, exactly where [`prog_lookup`](Self::prog_lookup) would point.
+    pub fn array_values(&self) -> Option<(*mut u8, u32)> {
+        match self.kind {
+            Kind::Array { percpu: false } => Some((self.data(), round8(self.value_size()) as u32)),
+            _ => None,
+        }
     }
 
     /// The value area of an array map, as `mmap` of a `BPF_F_MMAPABLE` array exposes it:
@@ -609,6 +631,18 @@ impl Map {
             }
             _ => Err(err(libc::EINVAL, "not a queue or stack")),
         })
+    }
+
+    /// `bpf_get_stackid`'s second half: files the frames `ips` (skipped frames
+    /// already dropped, at most `value_size / 8` of them) and returns the
+    /// trace's id, or a negative errno (`-EEXIST` when another trace holds the
+    /// id and `BPF_F_REUSE_STACKID` is not set, `-ENOMEM` when the map is full).
+    pub fn stack_trace_file(&self, ips: &[u64], flags: u64) -> i64 {
+        if self.kind != Kind::StackTrace {
+            return -(libc::EINVAL as i64);
+        }
+        let ips = &ips[..ips.len().min(self.value_size() as usize / 8)];
+        stack_trace::file_trace(self, ips, flags)
     }
 
     /// `bpf_perf_event_output` on a perf_event_array: writes `data` to the ring
@@ -802,6 +836,36 @@ impl Layout {
                     return Err(inval("queues and stacks take no key and a non-empty value"));
                 }
                 ((s.max_entries as usize + 1) * round8(s.value_size), 0, 0, 0)
+            }
+            Kind::StackTrace => {
+                use map_flags::{NUMA_NODE, RDONLY, STACK_BUILD_ID, WRONLY};
+                if s.map_flags & !(NUMA_NODE | RDONLY | WRONLY | STACK_BUILD_ID) != 0 {
+                    return Err(inval("unknown flags for a stack trace map"));
+                }
+                if s.map_flags & STACK_BUILD_ID != 0 {
+                    return Err(err(
+                        libc::EOPNOTSUPP,
+                        "stack trace maps with BPF_F_STACK_BUILD_ID are not supported by bpftime; file plain addresses (no flag)",
+                    ));
+                }
+                if s.key_size != 4 || s.value_size < 8 || !s.value_size.is_multiple_of(8) {
+                    return Err(inval(
+                        "stack trace maps need a 4-byte key and a value of whole 8-byte frames",
+                    ));
+                }
+                if s.value_size / 8 > stack_trace::MAX_STACK_DEPTH {
+                    return Err(inval(
+                        "stack trace value is deeper than the 127-frame limit",
+                    ));
+                }
+                let nbuckets = stack_trace::buckets_for(s.max_entries);
+                if nbuckets == 0 {
+                    return Err(err(libc::E2BIG, "stack trace map too large"));
+                }
+                let len = (nbuckets as usize)
+                    .checked_mul(stack_trace::slot_size(s.value_size))
+                    .ok_or_else(|| err(libc::E2BIG, "stack trace map too large"))?;
+                (len, nbuckets, 0, 0)
             }
             Kind::Ringbuf => {
                 if s.key_size != 0 || s.value_size != 0 {

@@ -274,3 +274,93 @@ fn rejects_bad_specs_like_the_kernel() {
         libc::EINVAL
     );
 }
+
+#[test]
+fn stack_trace_ids_collide_reuse_and_fill_like_the_kernel() {
+    use super::stack_trace::{FAST_STACK_CMP, REUSE_STACKID};
+    let s = TempStore::new("stacktrace");
+    // One bucket: every trace gets id 0.
+    let m = Map::create(&s, &spec(mt::STACK_TRACE, 4, 32, 1)).unwrap();
+    let a = [0x10u64, 0x20, 0x30];
+    let b = [0x11u64, 0x21];
+    assert_eq!(m.stack_trace_file(&a, 0), 0);
+    assert_eq!(m.stack_trace_file(&a, 0), 0, "the same trace keeps its id");
+    assert_eq!(m.stack_trace_file(&b, 0), -(libc::EEXIST as i64));
+    // The map is full (max_entries 1): even a replacement finds no free element.
+    assert_eq!(
+        m.stack_trace_file(&b, REUSE_STACKID),
+        -(libc::ENOMEM as i64)
+    );
+    let mut v = [0xffu8; 32];
+    m.lookup(&0u32.to_ne_bytes(), &mut v).unwrap();
+    let words: Vec<u64> = v
+        .chunks(8)
+        .map(|c| u64::from_ne_bytes(c.try_into().unwrap()))
+        .collect();
+    assert_eq!(words, vec![0x10, 0x20, 0x30, 0], "zero past the trace");
+    assert_eq!(
+        errno(m.update(&0u32.to_ne_bytes(), &v, uf::ANY)),
+        libc::EINVAL
+    );
+    assert_eq!(errno(m.lookup(&1u32.to_ne_bytes(), &mut v)), libc::ENOENT);
+    assert_eq!(errno(m.delete(&1u32.to_ne_bytes())), libc::E2BIG);
+    let mut next = [0u8; 4];
+    m.next_key(None, &mut next).unwrap();
+    assert_eq!(u32::from_ne_bytes(next), 0);
+    assert_eq!(
+        errno(m.next_key(Some(&0u32.to_ne_bytes()), &mut next)),
+        libc::ENOENT
+    );
+    // Read and freed at once; the freed element takes a new trace.
+    let mut taken = [0u8; 32];
+    m.lookup_and_delete(&0u32.to_ne_bytes(), &mut taken)
+        .unwrap();
+    assert_eq!(taken, v);
+    assert_eq!(
+        errno(m.lookup_and_delete(&0u32.to_ne_bytes(), &mut taken)),
+        libc::ENOENT
+    );
+    assert_eq!(m.stack_trace_file(&b, 0), 0);
+    m.delete(&0u32.to_ne_bytes()).unwrap();
+    assert_eq!(errno(m.delete(&0u32.to_ne_bytes())), libc::ENOENT);
+    assert_eq!(errno(m.next_key(None, &mut next)), libc::ENOENT);
+
+    // Two elements in two buckets: a replacement takes the free one.
+    let m = Map::create(&s, &spec(mt::STACK_TRACE, 4, 16, 2)).unwrap();
+    let id_a = m.stack_trace_file(&a, 0);
+    assert!((0..2).contains(&id_a));
+    // Deeper traces are cut to value_size / 8 frames.
+    let mut v = [0u8; 16];
+    m.lookup(&(id_a as u32).to_ne_bytes(), &mut v).unwrap();
+    assert_eq!(u64::from_ne_bytes(v[8..].try_into().unwrap()), 0x20);
+    // Find a trace that lands in the same bucket as `a`.
+    let other = (1u64..)
+        .map(|i| [i, i])
+        .find(|t| {
+            let w: Vec<u32> = t.iter().flat_map(|x| [*x as u32, 0]).collect();
+            (super::stack_trace::jhash2(&w, 0) & 1) as i64 == id_a
+        })
+        .unwrap();
+    assert_eq!(m.stack_trace_file(&other, 0), -(libc::EEXIST as i64));
+    assert_eq!(m.stack_trace_file(&other, REUSE_STACKID), id_a);
+    m.lookup(&(id_a as u32).to_ne_bytes(), &mut v).unwrap();
+    assert_eq!(u64::from_ne_bytes(v[..8].try_into().unwrap()), other[0]);
+    // With FAST_STACK_CMP, an equal hash is enough.
+    assert_eq!(m.stack_trace_file(&other, FAST_STACK_CMP), id_a);
+
+    for (k, v, max, flags) in [
+        (4, 12, 4, 0),
+        (8, 16, 4, 0),
+        (4, 8 * 128, 4, 0),
+        (4, 16, 0, 0),
+        (4, 16, 4, 1),
+    ] {
+        let mut sp = spec(mt::STACK_TRACE, k, v, max);
+        sp.map_flags = flags;
+        assert_eq!(
+            errno(Map::create(&s, &sp)),
+            libc::EINVAL,
+            "{k} {v} {max} {flags}"
+        );
+    }
+}

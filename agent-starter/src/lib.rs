@@ -1,0 +1,119 @@
+//! The agent's starter: the library `bpftime start` preloads and `bpftime attach`
+//! injects. It holds no LLVM and no runtime, only this constructor, which
+//! `dlopen`s the agent library beside it and calls its entry point.
+//!
+//! Why two libraries: the agent JIT-compiles with a statically linked LLVM, whose
+//! C++ static initializers live in the agent's own `.init_array`. A constructor in
+//! that same library may run before them (the order inside one `.init_array` is the
+//! linker's), and LLVM then crashes on uninitialized globals. `dlopen` runs every
+//! initializer of the agent before it returns, so calling in afterwards is safe.
+//! It also keeps what is preloaded into every target tiny.
+
+use std::ffi::{CStr, CString};
+
+/// The agent library, looked for in the starter's own directory.
+const AGENT_LIB: &str = "libbpftime_agent.so";
+/// The agent's entry point: `extern "C" fn()`, run once per process.
+const AGENT_ENTRY: &CStr = c"bpftime_agent_start";
+/// Set in a target's environment to keep the agent out of it.
+const DISABLE_ENV: &str = "BPFTIME_AGENT_DISABLE";
+
+/// Runs when the dynamic loader maps this library, before `main` for a preload.
+extern "C" fn starter_init() {
+    if std::env::var_os(DISABLE_ENV).is_some() {
+        return;
+    }
+    // `bpftime attach` leaves this file before it injects us. An injected dlopen
+    // runs this constructor holding the loader's lock, and the agent's start needs
+    // that lock on another thread: starting inline would deadlock the target. So
+    // the agent starts on a thread of its own, once the injected call returns.
+    let hint = format!("/dev/shm/bpftime-inject-{}", std::process::id());
+    if std::path::Path::new(&hint).exists() {
+        let spawned = std::thread::Builder::new()
+            .name("bpftime-start".into())
+            .spawn(move || {
+                if let Err(why) = start_agent() {
+                    eprintln!("bpftime agent: {why}; the target runs uninstrumented");
+                    report_to_attach(&hint, &why);
+                }
+            });
+        if let Err(e) = spawned {
+            eprintln!("bpftime agent: cannot start a thread ({e}); the target runs uninstrumented");
+        }
+        return;
+    }
+    if let Err(why) = start_agent() {
+        eprintln!("bpftime agent: {why}; the target runs uninstrumented");
+    }
+}
+
+/// Tells a waiting `bpftime attach` why the agent did not start; only into a hint
+/// file that is still there (`attach` may have given up and removed it).
+fn report_to_attach(hint: &str, why: &str) {
+    if let Ok(mut f) = std::fs::OpenOptions::new()
+        .write(true)
+        .truncate(true)
+        .open(hint)
+    {
+        let _ = std::io::Write::write_all(&mut f, format!("error: {why}").as_bytes());
+    }
+}
+
+/// Declares that this library follows `bpftime attach`'s injection contract
+/// (version 1: see cli/src/attach.rs); `attach` refuses libraries without it.
+#[no_mangle]
+pub static BPFTIME_ATTACH_CONTRACT: u32 = 1;
+
+#[used]
+#[link_section = ".init_array"]
+static INIT: extern "C" fn() = starter_init;
+
+fn start_agent() -> Result<(), String> {
+    let dir = own_directory().ok_or("cannot find the directory of libbpftime_agent_starter.so")?;
+    let path = format!("{dir}/{AGENT_LIB}");
+    let c_path = CString::new(path.clone()).map_err(|_| format!("bad agent path {path}"))?;
+    // SAFETY: a NUL-terminated path. RTLD_LOCAL keeps the agent's symbols (LLVM's
+    // among them) from interposing on the target's own.
+    let handle = unsafe { libc::dlopen(c_path.as_ptr(), libc::RTLD_NOW | libc::RTLD_LOCAL) };
+    if handle.is_null() {
+        return Err(format!("cannot load {path}: {}", dl_error()));
+    }
+    // SAFETY: a live handle and a NUL-terminated symbol name.
+    let sym = unsafe { libc::dlsym(handle, AGENT_ENTRY.as_ptr()) };
+    if sym.is_null() {
+        return Err(format!("{path} has no {AGENT_ENTRY:?}: {}", dl_error()));
+    }
+    // SAFETY: the agent exports `bpftime_agent_start` as `extern "C" fn()`; the
+    // library stays loaded (never dlclose'd), so the code outlives the call.
+    let start: extern "C" fn() = unsafe { std::mem::transmute(sym) };
+    start();
+    Ok(())
+}
+
+fn dl_error() -> String {
+    // SAFETY: dlerror returns null or a NUL-terminated string valid until the next dl call.
+    let e = unsafe { libc::dlerror() };
+    if e.is_null() {
+        "unknown error".into()
+    } else {
+        // SAFETY: non-null, NUL-terminated, as above.
+        unsafe { CStr::from_ptr(e) }.to_string_lossy().into_owned()
+    }
+}
+
+/// The directory this library was loaded from.
+fn own_directory() -> Option<String> {
+    // SAFETY: dladdr only reads the loader's tables; `info` is plain data it fills in.
+    let mut info: libc::Dl_info = unsafe { std::mem::zeroed() };
+    let here = starter_init as *const libc::c_void;
+    // SAFETY: `here` is an address inside this library; `info` is writable.
+    if unsafe { libc::dladdr(here, &mut info) } == 0 || info.dli_fname.is_null() {
+        return None;
+    }
+    // SAFETY: dli_fname is a NUL-terminated path owned by the loader.
+    let file = unsafe { CStr::from_ptr(info.dli_fname) }
+        .to_string_lossy()
+        .into_owned();
+    let file = std::fs::canonicalize(&file).ok()?;
+    Some(file.parent()?.to_string_lossy().into_owned())
+}

@@ -1,0 +1,354 @@
+//! `bpftime run prog.bpf.o -- app [args]`: the one-command path. libbpf loads
+//! the object inside bpftime (the shim serving it, see `inproc`), every
+//! program is attached where its section says, the app runs with the agent,
+//! events print as they arrive, and every map prints when the app exits.
+//!
+//! Exit status: the app's own; 1 when the object does not load (a rejected
+//! program: libbpf prints the verifier's log); 2 for usage errors (a missing
+//! object, app, target file or function, a program with no target).
+
+use crate::inproc;
+use crate::probes::{self, Attachment, TargetSpec};
+use crate::show::{self, Types};
+use anyhow::anyhow;
+use libbpf_rs::{
+    MapCore, MapType, ObjectBuilder, PerfBufferBuilder, RingBufferBuilder, UprobeOpts,
+};
+use std::cell::RefCell;
+use std::collections::HashMap;
+use std::ffi::OsString;
+use std::io::{Read, Seek, SeekFrom, Write};
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::time::Duration;
+
+#[derive(clap::Args)]
+pub struct RunArgs {
+    /// Attach program PROG at TARGET instead of where its section says.
+    /// TARGET is [PATH:]FUNC[+OFFSET] or PATH:0xOFFSET; with no PATH, the app.
+    #[arg(short, long = "attach", value_name = "PROG=TARGET")]
+    attach: Vec<String>,
+    /// Show libbpf's debug messages.
+    #[arg(short, long)]
+    verbose: bool,
+    /// The eBPF object (`clang -target bpf -g -c prog.bpf.c`). Sections name
+    /// the probes: SEC("uprobe/FUNC") for a function of the app,
+    /// SEC("uprobe//PATH:FUNC") or SEC("uretprobe/LIB.so:FUNC") for others.
+    object: PathBuf,
+    /// The app and its arguments (after `--`).
+    #[arg(required = true, trailing_var_arg = true, allow_hyphen_values = true)]
+    app: Vec<OsString>,
+}
+
+/// How a run fails, by exit status.
+enum Failure {
+    /// 2: the command line or the environment is wrong.
+    Usage(anyhow::Error),
+    /// 1: the object did not load or attach.
+    Load(anyhow::Error),
+}
+
+fn usage(e: impl Into<anyhow::Error>) -> Failure {
+    Failure::Usage(e.into())
+}
+
+/// Writes a line to stdout; a closed pipe (`| head`) must not stop the app's report.
+fn say(line: &str) {
+    let _ = writeln!(std::io::stdout().lock(), "{line}");
+}
+
+/// `bpftime run`: checks what it can cheaply, then runs the loader with the
+/// shim preloaded and cleans the store up after it.
+pub fn main(store: &str, args: RunArgs) -> ExitCode {
+    if let Err(e) = inproc::check_object(&args.object) {
+        eprintln!("bpftime run: {e:#}");
+        return ExitCode::from(2);
+    }
+    if crate::find_program(Path::new(&args.app[0])).is_none() {
+        eprintln!(
+            "bpftime run: {} not found (not a file, and not on PATH)",
+            Path::new(&args.app[0]).display()
+        );
+        return ExitCode::from(2);
+    }
+    let mut argv: Vec<OsString> = vec!["__run-loader".into()];
+    for a in &args.attach {
+        argv.push("--attach".into());
+        argv.push(a.into());
+    }
+    if args.verbose {
+        argv.push("--verbose".into());
+    }
+    argv.push(args.object.into_os_string());
+    argv.push("--".into());
+    argv.extend(args.app);
+    let _cleanup = inproc::StoreCleanup::new(store);
+    match inproc::run_with_shim(store, &argv) {
+        Ok(status) => inproc::exit_code(status),
+        Err(e) => {
+            eprintln!("bpftime run: {e:#}");
+            ExitCode::from(2)
+        }
+    }
+}
+
+/// The loader, inside the shim.
+pub fn loader_main(store: &str, args: RunArgs) -> ExitCode {
+    if let Err(e) = inproc::enter_loader() {
+        eprintln!("bpftime: {e:#}");
+        return ExitCode::from(2);
+    }
+    inproc::libbpf_to_stderr(args.verbose);
+    match load_and_run(store, &args) {
+        Ok(code) => code,
+        Err(Failure::Usage(e)) => {
+            eprintln!("bpftime run: {e:#}");
+            ExitCode::from(2)
+        }
+        Err(Failure::Load(e)) => {
+            eprintln!("bpftime run: {e:#}");
+            ExitCode::from(1)
+        }
+    }
+}
+
+fn overrides(attach: &[String]) -> Result<HashMap<String, TargetSpec>, Failure> {
+    attach
+        .iter()
+        .map(|a| {
+            let (prog, target) = a.split_once('=').ok_or_else(|| {
+                usage(anyhow!("--attach {a}: expected PROG=[PATH:]FUNC[+OFFSET]"))
+            })?;
+            let spec =
+                probes::parse_target(target).map_err(|e| usage(anyhow!("--attach {a}: {e}")))?;
+            Ok((prog.to_string(), spec))
+        })
+        .collect()
+}
+
+/// Where each autoloaded program of `open` attaches, checked against the files.
+fn plan(
+    open: &libbpf_rs::OpenObject,
+    object: &Path,
+    attach: &[String],
+    app: &Path,
+) -> Result<Vec<Attachment>, Failure> {
+    let mut forced = overrides(attach)?;
+    let names: Vec<String> = open
+        .progs()
+        .map(|p| p.name().to_string_lossy().into_owned())
+        .collect();
+    if let Some(unknown) = forced.keys().find(|k| !names.contains(k)) {
+        return Err(usage(anyhow!(
+            "--attach: {} has no program `{unknown}`; it has: {}",
+            object.display(),
+            names.join(", ")
+        )));
+    }
+    let mut plans = Vec::new();
+    for p in open.progs() {
+        if !p.autoload() {
+            continue;
+        }
+        let name = p.name().to_string_lossy().into_owned();
+        let section = p.section().to_string_lossy().into_owned();
+        let Some((retprobe, rest)) = probes::uprobe_section(&section) else {
+            return Err(usage(anyhow!(
+                "program `{name}`: section `{section}` is not a uprobe or a uretprobe; bpftime run attaches SEC(\"uprobe/...\") and SEC(\"uretprobe/...\") programs"
+            )));
+        };
+        let spec = match forced.remove(&name) {
+            Some(spec) => spec,
+            None if rest.is_empty() => {
+                return Err(usage(anyhow!(
+                    "program `{name}`: SEC(\"{section}\") names no target; write SEC(\"{section}/FUNC\") for a function of the app, SEC(\"{section}//PATH:FUNC\") for another binary, or pass --attach {name}=[PATH:]FUNC"
+                )))
+            }
+            None => probes::parse_target(rest).map_err(|e| {
+                usage(anyhow!("program `{name}`: section `{section}`: {e}"))
+            })?,
+        };
+        plans.push(probes::resolve(&name, retprobe, &spec, app).map_err(Failure::Usage)?);
+    }
+    if plans.is_empty() {
+        return Err(usage(anyhow!(
+            "{} has no program to attach",
+            object.display()
+        )));
+    }
+    Ok(plans)
+}
+
+/// Follows the store's `bpf_trace_printk` output from where it was when we started.
+struct TraceTail {
+    path: PathBuf,
+    offset: u64,
+    partial: Vec<u8>,
+}
+
+impl TraceTail {
+    fn new(store: &str) -> TraceTail {
+        let path = bpftime_runtime::Store::dir_for(store).join("trace_pipe");
+        let offset = std::fs::metadata(&path).map(|m| m.len()).unwrap_or(0);
+        TraceTail {
+            path,
+            offset,
+            partial: Vec::new(),
+        }
+    }
+
+    fn drain(&mut self) {
+        let Ok(mut f) = std::fs::File::open(&self.path) else {
+            return;
+        };
+        let mut buf = Vec::new();
+        if f.seek(SeekFrom::Start(self.offset)).is_err() || f.read_to_end(&mut buf).is_err() {
+            return;
+        }
+        self.offset += buf.len() as u64;
+        self.partial.extend_from_slice(&buf);
+        while let Some(nl) = self.partial.iter().position(|&b| b == b'\n') {
+            let line: Vec<u8> = self.partial.drain(..=nl).collect();
+            say(String::from_utf8_lossy(&line[..line.len() - 1]).as_ref());
+        }
+    }
+}
+
+fn load_and_run(store: &str, args: &RunArgs) -> Result<ExitCode, Failure> {
+    let app = crate::find_program(Path::new(&args.app[0])).ok_or_else(|| {
+        usage(anyhow!(
+            "{} not found (not a file, and not on PATH)",
+            Path::new(&args.app[0]).display()
+        ))
+    })?;
+    inproc::check_object(&args.object).map_err(Failure::Usage)?;
+    let open = ObjectBuilder::default()
+        .open_file(&args.object)
+        .map_err(|e| usage(anyhow!("cannot open {}: {e}", args.object.display())))?;
+    let plans = plan(&open, &args.object, &args.attach, &app)?;
+    let obj = open.load().map_err(|e| {
+        Failure::Load(anyhow!(
+            "cannot load {}: {e} (libbpf says why above; for a program the verifier rejected, its log is between the BEGIN and END PROG LOAD LOG lines)",
+            args.object.display()
+        ))
+    })?;
+
+    let mut links = Vec::new();
+    for a in &plans {
+        let prog = obj
+            .progs_mut()
+            .find(|p| p.name().to_string_lossy() == a.prog)
+            .ok_or_else(|| Failure::Load(anyhow!("program `{}` vanished after load", a.prog)))?;
+        let opts = UprobeOpts {
+            func_name: a.func_name.clone(),
+            retprobe: a.retprobe,
+            ..Default::default()
+        };
+        let link = prog
+            .attach_uprobe_with_opts(-1, &a.file, a.offset as usize, opts)
+            .map_err(|e| Failure::Load(anyhow!("cannot attach {}: {e}", a.describe())))?;
+        eprintln!("bpftime run: attached {}", a.describe());
+        links.push(link);
+    }
+
+    let types = Types::new(obj.btf().ok().flatten());
+    let events: RefCell<HashMap<String, u64>> = RefCell::new(HashMap::new());
+    let maps: Vec<libbpf_rs::Map<'_>> = obj.maps().collect();
+    let mut rings = RingBufferBuilder::new();
+    let mut have_rings = false;
+    let mut perf = Vec::new();
+    for m in &maps {
+        let name = m.name().to_string_lossy().into_owned();
+        match m.map_type() {
+            MapType::RingBuf => {
+                let (types, events) = (&types, &events);
+                rings
+                    .add(m, move |data: &[u8]| {
+                        say(&show::event_line(types, &name, data));
+                        *events.borrow_mut().entry(name.clone()).or_default() += 1;
+                        0
+                    })
+                    .map_err(|e| {
+                        Failure::Load(anyhow!("ring buffer `{}`: {e}", m.name().to_string_lossy()))
+                    })?;
+                have_rings = true;
+            }
+            MapType::PerfEventArray => {
+                let (types, events) = (&types, &events);
+                let lost_name = name.clone();
+                let buf = PerfBufferBuilder::new(m)
+                    .sample_cb(move |_cpu: i32, data: &[u8]| {
+                        say(&show::event_line(types, &name, data));
+                        *events.borrow_mut().entry(name.clone()).or_default() += 1;
+                    })
+                    .lost_cb(move |cpu: i32, count: u64| {
+                        eprintln!("bpftime run: {lost_name}: {count} events lost on cpu {cpu}");
+                    })
+                    .build()
+                    .map_err(|e| {
+                        Failure::Load(anyhow!("perf buffer `{}`: {e}", m.name().to_string_lossy()))
+                    })?;
+                perf.push(buf);
+            }
+            _ => {}
+        }
+    }
+    let rings = if have_rings {
+        Some(
+            rings
+                .build()
+                .map_err(|e| Failure::Load(anyhow!("ring buffers: {e}")))?,
+        )
+    } else {
+        None
+    };
+    let mut trace = TraceTail::new(store);
+
+    let mut command = crate::start_command(store, &args.app).map_err(|e| usage(e.0))?;
+    inproc::user_environment(&mut command);
+    let mut child = command
+        .spawn()
+        .map_err(|e| usage(anyhow!("cannot run {}: {e}", app.display())))?;
+    inproc::forward_signals_to(child.id());
+    // A poll interrupted by a signal (Ctrl-C, the app's exit) is not an error:
+    // the loop looks at the app again.
+    let tick = Duration::from_millis(50);
+    let status = loop {
+        match (&rings, perf.first()) {
+            (Some(r), _) => {
+                let _ = r.poll(tick);
+            }
+            (None, Some(p)) => {
+                let _ = p.poll(tick);
+            }
+            (None, None) => std::thread::sleep(tick),
+        }
+        for p in perf.iter().skip(usize::from(rings.is_none())) {
+            let _ = p.poll(Duration::ZERO);
+        }
+        trace.drain();
+        match child.try_wait() {
+            Ok(Some(status)) => break status,
+            Ok(None) => {}
+            Err(e) => return Err(Failure::Load(anyhow!("waiting for the app: {e}"))),
+        }
+    };
+    // The app is gone: take what is still buffered, then detach.
+    if let Some(r) = &rings {
+        let _ = r.consume();
+    }
+    for p in &perf {
+        let _ = p.consume();
+    }
+    trace.drain();
+    drop(links);
+    eprintln!(
+        "bpftime run: {} exited ({status}); maps of {}:",
+        app.display(),
+        args.object.display()
+    );
+    for line in show::dump_maps(&obj, &types, &events.borrow()) {
+        say(&line);
+    }
+    Ok(inproc::exit_code(status))
+}

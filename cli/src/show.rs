@@ -1,0 +1,619 @@
+//! Readable map contents and events for `bpftime run`: values decoded with the
+//! object's BTF where it describes them (integers as numbers, structs as
+//! `{ field=value ... }`, char arrays as strings, enums by name), raw bytes as
+//! numbers and hex otherwise, and log2 histograms drawn as bars.
+
+use crate::histogram;
+use libbpf_rs::btf::{types, BtfKind, BtfType, TypeId};
+use libbpf_rs::{AsRawLibbpf, Btf, HasSize, Map, MapCore, MapFlags, MapType, Object};
+use std::cell::RefCell;
+use std::collections::HashMap;
+use std::fmt::Write as _;
+
+/// The longest array printed element by element.
+const MAX_ARRAY_ELEMS: usize = 64;
+/// Arrays up to this many slots print every slot, zero or not.
+const SMALL_ARRAY: u32 = 16;
+
+/// The BTF of a loaded object, if it has any, and what we learned from it.
+pub struct Types<'obj> {
+    btf: Option<Btf<'obj>>,
+    /// Record length -> the struct that describes records of that length.
+    record_types: RefCell<HashMap<usize, Option<u32>>>,
+}
+
+/// Unsigned little-endian integer (the byte order of every target) of up to 8 bytes.
+fn uint(bytes: &[u8]) -> u64 {
+    let mut b = [0u8; 8];
+    let n = bytes.len().min(8);
+    b[..n].copy_from_slice(&bytes[..n]);
+    u64::from_le_bytes(b)
+}
+
+fn sint(bytes: &[u8]) -> i64 {
+    let v = uint(bytes);
+    let bits = (bytes.len().min(8) * 8) as u32;
+    if bits == 0 || bits == 64 {
+        return v as i64;
+    }
+    let shift = 64 - bits;
+    ((v << shift) as i64) >> shift
+}
+
+/// Bytes without type information: small integers as numbers, the rest as
+/// 64-bit words and hex.
+pub fn raw(bytes: &[u8]) -> String {
+    match bytes.len() {
+        1 | 2 | 4 | 8 => uint(bytes).to_string(),
+        _ => dump(bytes),
+    }
+}
+
+/// `u64[w0 w1 ...] hex[..]`: the words for counters and ids, the hex for the rest.
+pub fn dump(bytes: &[u8]) -> String {
+    let words: Vec<String> = bytes.chunks_exact(8).map(|c| uint(c).to_string()).collect();
+    let hex: Vec<String> = bytes.iter().map(|b| format!("{b:02x}")).collect();
+    if words.is_empty() {
+        format!("hex[{}]", hex.join(" "))
+    } else {
+        format!("u64[{}] hex[{}]", words.join(" "), hex.join(" "))
+    }
+}
+
+fn name_of(t: &BtfType<'_>) -> Option<String> {
+    t.name().map(|n| n.to_string_lossy().into_owned())
+}
+
+impl<'obj> Types<'obj> {
+    pub fn new(btf: Option<Btf<'obj>>) -> Types<'obj> {
+        Types {
+            btf,
+            record_types: RefCell::new(HashMap::new()),
+        }
+    }
+
+    fn ty(&self, id: u32) -> Option<BtfType<'_>> {
+        if id == 0 {
+            return None;
+        }
+        self.btf.as_ref()?.type_by_id(TypeId::from(id))
+    }
+
+    fn size_of(t: BtfType<'_>) -> Option<usize> {
+        let t = t.skip_mods_and_typedefs();
+        Some(match t.kind() {
+            BtfKind::Int => types::Int::try_from(t).ok()?.size(),
+            BtfKind::Struct => types::Struct::try_from(t).ok()?.size(),
+            BtfKind::Union => types::Union::try_from(t).ok()?.size(),
+            BtfKind::Enum => types::Enum::try_from(t).ok()?.size(),
+            BtfKind::Enum64 => types::Enum64::try_from(t).ok()?.size(),
+            BtfKind::Float => types::Float::try_from(t).ok()?.size(),
+            BtfKind::DataSec => types::DataSec::try_from(t).ok()?.size(),
+            BtfKind::Ptr => 8,
+            BtfKind::Array => {
+                let a = types::Array::try_from(t).ok()?;
+                a.capacity() * Self::size_of(a.contained_type())?
+            }
+            BtfKind::Var => return Self::size_of(t.next_type()?),
+            _ => return None,
+        })
+    }
+
+    /// A short name for type `id` (`__u32`, `struct event`), or the size.
+    pub fn describe(&self, id: u32, size: u32) -> String {
+        let Some(t) = self.ty(id) else {
+            return format!("{size} bytes");
+        };
+        let kind = match t.skip_mods_and_typedefs().kind() {
+            BtfKind::Struct => "struct ",
+            BtfKind::Union => "union ",
+            BtfKind::Enum | BtfKind::Enum64 => "enum ",
+            _ => "",
+        };
+        let named =
+            std::iter::successors(Some(t), |t| if t.is_mod() { t.next_type() } else { None })
+                .find_map(|t| name_of(&t));
+        match named {
+            Some(n) if t.kind() == BtfKind::Typedef => n,
+            Some(n) => format!("{kind}{n}"),
+            None => format!("{kind}({size} bytes)"),
+        }
+    }
+
+    /// The value as an unsigned number when type `id` is an integer (or, with
+    /// no type information, when it is 1, 2, 4 or 8 bytes long).
+    pub fn as_uint(&self, id: u32, bytes: &[u8]) -> Option<u64> {
+        match self.ty(id).map(|t| t.skip_mods_and_typedefs()) {
+            Some(t) if matches!(t.kind(), BtfKind::Int | BtfKind::Enum) => {
+                (bytes.len() <= 8).then(|| uint(bytes))
+            }
+            Some(_) => None,
+            None if self.btf.is_some() && id != 0 => None,
+            None => matches!(bytes.len(), 1 | 2 | 4 | 8).then(|| uint(bytes)),
+        }
+    }
+
+    /// Whether type `id` is a data section (`.bss`, `.data`, `.rodata`).
+    pub fn is_datasec(&self, id: u32) -> bool {
+        self.ty(id).is_some_and(|t| t.kind() == BtfKind::DataSec)
+    }
+
+    /// `name: value` for each variable of data section `id`.
+    pub fn datasec_vars(&self, id: u32, bytes: &[u8]) -> Vec<(String, String)> {
+        let Some(sec) = self.ty(id).and_then(|t| types::DataSec::try_from(t).ok()) else {
+            return Vec::new();
+        };
+        (0..sec.len())
+            .filter_map(|i| sec.get(i))
+            .filter_map(|v| {
+                let var = self.ty(v.ty.into())?;
+                let name = name_of(&var).unwrap_or_else(|| "?".into());
+                let start = v.offset as usize;
+                let data = bytes.get(start..start + v.size)?;
+                let mut s = String::new();
+                self.write(var.next_type()?, data, &mut s, 0);
+                Some((name, s))
+            })
+            .collect()
+    }
+
+    /// Type `id` applied to `bytes`; raw bytes when there is no such type.
+    pub fn format(&self, id: u32, bytes: &[u8]) -> String {
+        match self.ty(id) {
+            Some(t) if Self::size_of(t) == Some(bytes.len()) => {
+                let mut s = String::new();
+                self.write(t, bytes, &mut s, 0);
+                s
+            }
+            _ => raw(bytes),
+        }
+    }
+
+    /// The struct that describes records of `len` bytes (ring buffers and
+    /// perf buffers carry no type): the only named struct of that size, or of
+    /// that size less the perf buffer's padding to 8 bytes.
+    pub fn record_type(&self, len: usize) -> Option<u32> {
+        if let Some(found) = self.record_types.borrow().get(&len) {
+            return *found;
+        }
+        let found = self.btf.as_ref().and_then(|btf| {
+            let mut exact = Vec::new();
+            let mut padded = Vec::new();
+            for s in btf.type_by_kind::<types::Struct<'_>>() {
+                if s.name().is_none() {
+                    continue;
+                }
+                let size = s.size();
+                if size == len {
+                    exact.push(u32::from(s.type_id()));
+                } else if size < len && len - size < 8 {
+                    padded.push(u32::from(s.type_id()));
+                }
+            }
+            match (exact.as_slice(), padded.as_slice()) {
+                ([one], _) => Some(*one),
+                ([], [one]) => Some(*one),
+                _ => None,
+            }
+        });
+        self.record_types.borrow_mut().insert(len, found);
+        found
+    }
+
+    fn write(&self, t: BtfType<'_>, bytes: &[u8], out: &mut String, depth: usize) {
+        let t = t.skip_mods_and_typedefs();
+        if depth > 8 {
+            out.push_str(&raw(bytes));
+            return;
+        }
+        match t.kind() {
+            BtfKind::Int => {
+                let Ok(int) = types::Int::try_from(t) else {
+                    out.push_str(&raw(bytes));
+                    return;
+                };
+                let _ = match int.encoding {
+                    types::IntEncoding::Bool => write!(out, "{}", uint(bytes) != 0),
+                    types::IntEncoding::Char if bytes.len() == 1 && bytes[0].is_ascii_graphic() => {
+                        write!(out, "'{}'", bytes[0] as char)
+                    }
+                    types::IntEncoding::Signed if bytes.len() <= 8 => {
+                        write!(out, "{}", sint(bytes))
+                    }
+                    _ if bytes.len() <= 8 => write!(out, "{}", uint(bytes)),
+                    _ => write!(out, "{}", raw(bytes)),
+                };
+            }
+            BtfKind::Ptr => {
+                let _ = write!(out, "{:#x}", uint(bytes));
+            }
+            BtfKind::Enum => self.write_enum(t, bytes, out),
+            BtfKind::Enum64 => {
+                let v = uint(bytes) as i128;
+                let name = types::Enum64::try_from(t).ok().and_then(|e| {
+                    (0..e.len())
+                        .filter_map(|i| e.get(i))
+                        .find(|m| m.value == v || m.value as u64 as i128 == v)
+                        .and_then(|m| m.name.map(|n| n.to_string_lossy().into_owned()))
+                });
+                match name {
+                    Some(n) => out.push_str(&n),
+                    None => {
+                        let _ = write!(out, "{}", uint(bytes));
+                    }
+                }
+            }
+            BtfKind::Float => {
+                let _ = match bytes.len() {
+                    4 => write!(
+                        out,
+                        "{}",
+                        f32::from_le_bytes(bytes.try_into().unwrap_or([0; 4]))
+                    ),
+                    8 => write!(
+                        out,
+                        "{}",
+                        f64::from_le_bytes(bytes.try_into().unwrap_or([0; 8]))
+                    ),
+                    _ => write!(out, "{}", raw(bytes)),
+                };
+            }
+            BtfKind::Array => self.write_array(t, bytes, out, depth),
+            BtfKind::Struct | BtfKind::Union => self.write_composite(t, bytes, out, depth),
+            _ => out.push_str(&raw(bytes)),
+        }
+    }
+
+    fn write_enum(&self, t: BtfType<'_>, bytes: &[u8], out: &mut String) {
+        let Ok(e) = types::Enum::try_from(t) else {
+            out.push_str(&raw(bytes));
+            return;
+        };
+        let v = if e.is_signed() {
+            sint(bytes)
+        } else {
+            uint(bytes) as i64
+        };
+        let name = (0..e.len())
+            .filter_map(|i| e.get(i))
+            .find(|m| m.value == v)
+            .and_then(|m| m.name.map(|n| n.to_string_lossy().into_owned()));
+        match name {
+            Some(n) => out.push_str(&n),
+            None => {
+                let _ = write!(out, "{v}");
+            }
+        }
+    }
+
+    fn write_array(&self, t: BtfType<'_>, bytes: &[u8], out: &mut String, depth: usize) {
+        let Ok(a) = types::Array::try_from(t) else {
+            out.push_str(&raw(bytes));
+            return;
+        };
+        let elem = a.contained_type().skip_mods_and_typedefs();
+        let Some(esize) = Self::size_of(elem).filter(|&s| s > 0) else {
+            out.push_str(&raw(bytes));
+            return;
+        };
+        let is_char = esize == 1
+            && types::Int::try_from(elem).is_ok_and(|i| {
+                matches!(i.encoding, types::IntEncoding::Char)
+                    || name_of(&elem).is_some_and(|n| n.contains("char"))
+            });
+        if is_char {
+            let end = bytes.iter().position(|&b| b == 0).unwrap_or(bytes.len());
+            let _ = write!(out, "{:?}", String::from_utf8_lossy(&bytes[..end]));
+            return;
+        }
+        out.push('[');
+        for (i, chunk) in bytes.chunks_exact(esize).enumerate() {
+            if i == MAX_ARRAY_ELEMS {
+                let _ = write!(out, " ...{} more", bytes.len() / esize - i);
+                break;
+            }
+            if i > 0 {
+                out.push(' ');
+            }
+            self.write(elem, chunk, out, depth + 1);
+        }
+        out.push(']');
+    }
+
+    fn write_composite(&self, t: BtfType<'_>, bytes: &[u8], out: &mut String, depth: usize) {
+        let Ok(c) = types::Composite::try_from(t) else {
+            out.push_str(&raw(bytes));
+            return;
+        };
+        out.push_str("{ ");
+        for i in 0..c.len() {
+            let Some(m) = c.get(i) else { continue };
+            let Some(mt) = self.ty(m.ty.into()) else {
+                continue;
+            };
+            let (bit_off, bit_size) = match m.attr {
+                types::MemberAttr::Normal { offset } => (offset as usize, None),
+                types::MemberAttr::BitField { size, offset } => (offset as usize, Some(size)),
+            };
+            if let Some(name) = m.name {
+                let _ = write!(out, "{}=", name.to_string_lossy());
+            }
+            match bit_size {
+                Some(bits) => {
+                    let first = bit_off / 8;
+                    let word = uint(
+                        bytes
+                            .get(first..(first + 8).min(bytes.len()))
+                            .unwrap_or(&[]),
+                    );
+                    let v = (word >> (bit_off % 8)) & (u64::MAX >> (64 - bits.min(64) as u32));
+                    let _ = write!(out, "{v}");
+                }
+                None => {
+                    let start = bit_off / 8;
+                    let len = Self::size_of(mt).unwrap_or(0);
+                    match bytes.get(start..start + len) {
+                        Some(b) => self.write(mt, b, out, depth + 1),
+                        None => out.push('?'),
+                    }
+                }
+            }
+            out.push(' ');
+        }
+        out.push('}');
+    }
+}
+
+/// One line per ring buffer or perf buffer record.
+pub fn event_line(types: &Types<'_>, map: &str, data: &[u8]) -> String {
+    let typed = types.record_type(data.len()).and_then(|id| {
+        let t = types.ty(id)?;
+        let size = Types::size_of(t)?;
+        let mut s = String::new();
+        types.write(t, data.get(..size)?, &mut s, 0);
+        Some(format!("{} {s}", types.describe(id, size as u32)))
+    });
+    match typed {
+        Some(text) => format!("event {map} {}B {text}", data.len()),
+        None => format!("event {map} {}B {}", data.len(), dump(data)),
+    }
+}
+
+fn btf_ids(map: &Map<'_>) -> (u32, u32) {
+    let raw = map.as_libbpf_object().as_ptr();
+    // SAFETY: `raw` is a live map of a loaded object; both calls only read it.
+    unsafe {
+        (
+            libbpf_rs::libbpf_sys::bpf_map__btf_key_type_id(raw),
+            libbpf_rs::libbpf_sys::bpf_map__btf_value_type_id(raw),
+        )
+    }
+}
+
+fn kind_name(t: MapType) -> String {
+    match t {
+        MapType::Hash => "hash".into(),
+        MapType::Array => "array".into(),
+        MapType::PercpuHash => "percpu_hash".into(),
+        MapType::PercpuArray => "percpu_array".into(),
+        MapType::LruHash => "lru_hash".into(),
+        MapType::LruPercpuHash => "lru_percpu_hash".into(),
+        MapType::RingBuf => "ringbuf".into(),
+        MapType::PerfEventArray => "perf_event_array".into(),
+        MapType::ProgArray => "prog_array".into(),
+        MapType::Queue => "queue".into(),
+        MapType::Stack => "stack".into(),
+        other => format!("{other:?}").to_lowercase(),
+    }
+}
+
+/// Whether a map holds a log2 histogram: named like one (`hist`, `slots`),
+/// keyed by a slot number, counting in 64-bit integers.
+fn is_log2_histogram(map: &Map<'_>, types: &Types<'_>, key_id: u32, value_id: u32) -> bool {
+    let name = map.name().to_string_lossy().to_lowercase();
+    let named = name.contains("hist") || name.contains("slot");
+    let keyed = matches!(map.key_size(), 4 | 8)
+        && types
+            .as_uint(key_id, &vec![0; map.key_size() as usize])
+            .is_some();
+    let counts = map.value_size() == 8 && types.as_uint(value_id, &[0; 8]).is_some();
+    let kinds = matches!(
+        map.map_type(),
+        MapType::Array
+            | MapType::PercpuArray
+            | MapType::Hash
+            | MapType::PercpuHash
+            | MapType::LruHash
+            | MapType::LruPercpuHash
+    );
+    named && keyed && counts && kinds
+}
+
+/// Every entry of a map with per-CPU values folded: integers summed, other
+/// values listed by CPU.
+fn entries(map: &Map<'_>, types: &Types<'_>, value_id: u32) -> Vec<(Vec<u8>, Value)> {
+    let percpu = map.map_type().is_percpu();
+    map.keys()
+        .filter_map(|k| {
+            if percpu {
+                let per_cpu = map.lookup_percpu(&k, MapFlags::ANY).ok()??;
+                let sums: Option<u64> = per_cpu.iter().map(|v| types.as_uint(value_id, v)).sum();
+                Some((
+                    k,
+                    match sums {
+                        Some(s) => Value::Number(s),
+                        None => Value::PerCpu(per_cpu),
+                    },
+                ))
+            } else {
+                let v = map.lookup(&k, MapFlags::ANY).ok()??;
+                Some((k, Value::Bytes(v)))
+            }
+        })
+        .collect()
+}
+
+enum Value {
+    Bytes(Vec<u8>),
+    Number(u64),
+    PerCpu(Vec<Vec<u8>>),
+}
+
+impl Value {
+    fn as_uint(&self, types: &Types<'_>, value_id: u32) -> Option<u64> {
+        match self {
+            Value::Bytes(b) => types.as_uint(value_id, b),
+            Value::Number(n) => Some(*n),
+            Value::PerCpu(_) => None,
+        }
+    }
+
+    fn format(&self, types: &Types<'_>, value_id: u32) -> String {
+        match self {
+            Value::Bytes(b) => types.format(value_id, b),
+            Value::Number(n) => n.to_string(),
+            Value::PerCpu(v) => {
+                let cpus: Vec<String> = v
+                    .iter()
+                    .enumerate()
+                    .map(|(cpu, b)| format!("cpu{cpu}: {}", types.format(value_id, b)))
+                    .collect();
+                format!("[{}]", cpus.join(", "))
+            }
+        }
+    }
+
+    fn is_zero(&self) -> bool {
+        match self {
+            Value::Bytes(b) => b.iter().all(|&x| x == 0),
+            Value::Number(n) => *n == 0,
+            Value::PerCpu(v) => v.iter().flatten().all(|&x| x == 0),
+        }
+    }
+}
+
+/// The contents of every map of `obj`, as lines. `events` counts the records
+/// each ring buffer or perf buffer delivered.
+pub fn dump_maps(obj: &Object, types: &Types<'_>, events: &HashMap<String, u64>) -> Vec<String> {
+    let mut out = Vec::new();
+    for map in obj.maps() {
+        let name = map.name().to_string_lossy().into_owned();
+        let (key_id, value_id) = btf_ids(&map);
+        let kind = map.map_type();
+        match kind {
+            MapType::RingBuf | MapType::PerfEventArray => {
+                out.push(format!(
+                    "{name} ({}): {} events",
+                    kind_name(kind),
+                    events.get(&name).copied().unwrap_or(0)
+                ));
+                continue;
+            }
+            MapType::Array
+            | MapType::PercpuArray
+            | MapType::Hash
+            | MapType::PercpuHash
+            | MapType::LruHash
+            | MapType::LruPercpuHash => {}
+            _ => {
+                out.push(format!("{name} ({}): contents not shown", kind_name(kind)));
+                continue;
+            }
+        }
+        if name.contains(".rodata.str") {
+            // String literals the programs use (printk formats): no BTF, just text.
+            if let Ok(Some(bytes)) = map.lookup(&0u32.to_ne_bytes(), MapFlags::ANY) {
+                let strings: Vec<String> = bytes
+                    .split(|&b| b == 0)
+                    .filter(|s| !s.is_empty())
+                    .map(|s| format!("{:?}", String::from_utf8_lossy(s)))
+                    .collect();
+                out.push(format!("{name} (string constants): {}", strings.join(" ")));
+            }
+            continue;
+        }
+        if types.is_datasec(value_id) {
+            out.push(format!("{name} (global variables):"));
+            if let Ok(Some(bytes)) = map.lookup(&0u32.to_ne_bytes(), MapFlags::ANY) {
+                for (var, value) in types.datasec_vars(value_id, &bytes) {
+                    out.push(format!("{var}: {value}"));
+                }
+            }
+            continue;
+        }
+        let key_size = map.key_size();
+        let list = entries(&map, types, value_id);
+        let header = format!(
+            "{} -> {}",
+            types.describe(key_id, key_size),
+            types.describe(value_id, map.value_size())
+        );
+        if is_log2_histogram(&map, types, key_id, value_id) {
+            out.push(format!(
+                "{name} (log2 histogram; {} {header}):",
+                kind_name(kind)
+            ));
+            let counts: Vec<(u32, u64)> = list
+                .iter()
+                .filter_map(|(k, v)| {
+                    Some((
+                        types.as_uint(key_id, k)? as u32,
+                        v.as_uint(types, value_id)?,
+                    ))
+                })
+                .collect();
+            out.extend(histogram::draw(&counts));
+            continue;
+        }
+        let is_array = matches!(kind, MapType::Array | MapType::PercpuArray);
+        out.push(format!(
+            "{name} ({} {header}, {} entries):",
+            kind_name(kind),
+            list.len()
+        ));
+        let show_zero = !is_array || map.max_entries() <= SMALL_ARRAY;
+        let mut shown: Vec<(Option<u64>, String, String)> = list
+            .iter()
+            .filter(|(_, v)| show_zero || !v.is_zero())
+            .map(|(k, v)| {
+                (
+                    types.as_uint(key_id, k),
+                    types.format(key_id, k),
+                    v.format(types, value_id),
+                )
+            })
+            .collect();
+        if !is_array {
+            shown.sort_by(|a, b| a.0.cmp(&b.0).then_with(|| a.1.cmp(&b.1)));
+        }
+        let hidden = list.len() - shown.len();
+        for (_, k, v) in shown {
+            out.push(format!("{name}[{k}]: {v}"));
+        }
+        if hidden > 0 {
+            out.push(format!("({hidden} zero entries of {name} not shown)"));
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn raw_bytes() {
+        assert_eq!(raw(&7u32.to_le_bytes()), "7");
+        assert_eq!(raw(&[1, 2, 3]), "hex[01 02 03]");
+        let mut b = 5u64.to_le_bytes().to_vec();
+        b.extend([0xff, 0]);
+        assert_eq!(dump(&b), "u64[5] hex[05 00 00 00 00 00 00 00 ff 00]");
+    }
+
+    #[test]
+    fn sign_extension() {
+        assert_eq!(sint(&[0xff]), -1);
+        assert_eq!(sint(&(-5i32).to_le_bytes()), -5);
+        assert_eq!(sint(&(-5i64).to_le_bytes()), -5);
+    }
+}

@@ -1,0 +1,681 @@
+//! The GPU half of lowering, shared by every GPU backend (PTX in this crate, AMDGCN in
+//! `bpftime-jit-amdgcn`).
+//!
+//! A program is lifted once; on a GPU its helpers split three ways:
+//! - *builtins*, computed inside the module from the GPU's special registers: helper 5
+//!   (`ktime_get_ns`) and 502 read the global timer, 8 (`get_smp_processor_id`) and 509
+//!   the SM (compute unit) id, 510 the warp id, 511 the lane id; 503 block index, 504
+//!   block size, 505 thread index and 508 grid size write x, y and z as three `u64`s
+//!   through r1, r2 and r3 and return 0; 506 is a system-wide memory barrier and
+//!   returns 0. `ktime_get_ns` is the raw global timer: the runtime's calibration to
+//!   the host's `CLOCK_MONOTONIC` (DESIGN item 8) needs an offset only the runtime has,
+//!   so a runtime that applies it routes helper 5 to an extern of its own.
+//! - *extern* helpers ([`EXTERN_HELPERS`]): calls to device functions that the GPU
+//!   runtime links, each with the helper ABI `u64 f(u64, u64, u64, u64, u64)`. PTX
+//!   declares them `.extern .func`.
+//! - anything else is refused at lift time, naming the helper and the pc.
+//!
+//! A compiled program has two ways in: the *probe function* `u64 <symbol>(void *ctx)`,
+//! which an instrumented kernel calls, and the *kernel* `<symbol>_kernel(void *mem, u64
+//! len, u64 *result)`, which runs the program on its own with r1 = mem, r2 = len and
+//! stores r0 to `*result`. The eBPF stack is an `alloca`, so it lives in each thread's
+//! private memory; eBPF pointers are generic (flat, address space 0) pointers.
+//!
+//! Every function the module defines besides those two is internal and named
+//! `<symbol>__...`, so that modules of several programs can be spliced into one.
+
+use std::cell::RefCell;
+use std::collections::{BTreeMap, BTreeSet};
+
+use bpftime_isa::uapi::helper as h;
+use bpftime_isa::Insn;
+use bpftime_lifter::{lift, ArrayMapLayout, HelperLowering, LoweringTarget};
+use inkwell::attributes::{Attribute, AttributeLoc};
+use inkwell::builder::Builder;
+use inkwell::context::Context;
+use inkwell::intrinsics::Intrinsic;
+use inkwell::memory_buffer::MemoryBuffer;
+use inkwell::module::{Linkage, Module};
+use inkwell::types::BasicTypeEnum;
+use inkwell::values::{FunctionValue, IntValue};
+use inkwell::AddressSpace;
+
+use crate::CompileError;
+
+/// One coordinate of a three-dimensional launch quantity.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Axis {
+    X,
+    Y,
+    Z,
+}
+
+impl Axis {
+    pub const ALL: [Axis; 3] = [Axis::X, Axis::Y, Axis::Z];
+
+    pub fn letter(self) -> char {
+        match self {
+            Axis::X => 'x',
+            Axis::Y => 'y',
+            Axis::Z => 'z',
+        }
+    }
+}
+
+/// The launch quantities a program can ask for, each with x, y and z.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Dimension {
+    /// The thread's index in its block (`threadIdx`).
+    ThreadIdx,
+    /// The block's index in the grid (`blockIdx`).
+    BlockIdx,
+    /// Threads per block (`blockDim`).
+    BlockDim,
+    /// Blocks per grid (`gridDim`).
+    GridDim,
+}
+
+/// What a backend must be able to read; every value is returned as an `i64`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum SpecialRegister {
+    /// Nanoseconds on the GPU's free-running global clock.
+    GlobalTimerNs,
+    Dim(Dimension, Axis),
+    /// The streaming multiprocessor (NVIDIA) or compute unit (AMD) running the thread.
+    SmId,
+    /// The warp (wavefront) slot on that SM.
+    WarpId,
+    /// The thread's lane in its warp (wavefront).
+    LaneId,
+}
+
+/// A helper computed inside the module.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Builtin {
+    /// r0 = the register.
+    Read(SpecialRegister),
+    /// `*r1 = x; *r2 = y; *r3 = z`, each a `u64`; r0 = 0.
+    Dim3(Dimension),
+    /// A memory barrier at system scope; r0 = 0.
+    Membar,
+}
+
+impl Builtin {
+    fn symbol(self) -> String {
+        let what = match self {
+            Builtin::Read(SpecialRegister::GlobalTimerNs) => "globaltimer".to_string(),
+            Builtin::Read(SpecialRegister::SmId) => "sm_id".to_string(),
+            Builtin::Read(SpecialRegister::WarpId) => "warp_id".to_string(),
+            Builtin::Read(SpecialRegister::LaneId) => "lane_id".to_string(),
+            Builtin::Read(SpecialRegister::Dim(d, a)) => format!("{d:?}_{}", a.letter()),
+            Builtin::Dim3(d) => format!("{d:?}"),
+            Builtin::Membar => "membar".to_string(),
+        };
+        format!("bpftime_builtin_{}", what.to_lowercase())
+    }
+}
+
+/// How one helper is lowered on a GPU.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum GpuHelper {
+    /// Computed inside the module.
+    Builtin(Builtin),
+    /// A call to a device function of this name with the helper ABI, which the GPU
+    /// runtime links (or the [`GpuEnv::library`] defines).
+    Extern(String),
+}
+
+/// The helpers that run as device functions of the GPU runtime, with the names it must
+/// define: `u64 name(u64 r1, u64 r2, u64 r3, u64 r4, u64 r5)`, r0 returned.
+pub const EXTERN_HELPERS: &[(u32, &str)] = &[
+    (h::MAP_LOOKUP_ELEM, "bpftime_gpu_map_lookup_elem"),
+    (h::MAP_UPDATE_ELEM, "bpftime_gpu_map_update_elem"),
+    (h::MAP_DELETE_ELEM, "bpftime_gpu_map_delete_elem"),
+    (h::PROBE_READ, "bpftime_gpu_probe_read"),
+    (h::TRACE_PRINTK, "bpftime_gpu_trace_printk"),
+    (h::PERF_EVENT_OUTPUT, "bpftime_gpu_perf_event_output"),
+    (h::PROBE_READ_STR, "bpftime_gpu_probe_read_str"),
+    (h::PROBE_READ_USER, "bpftime_gpu_probe_read_user"),
+    (h::PROBE_READ_KERNEL, "bpftime_gpu_probe_read_kernel"),
+    (h::PROBE_READ_USER_STR, "bpftime_gpu_probe_read_user_str"),
+    (
+        h::PROBE_READ_KERNEL_STR,
+        "bpftime_gpu_probe_read_kernel_str",
+    ),
+    (h::RINGBUF_OUTPUT, "bpftime_gpu_ringbuf_output"),
+    (h::GPU_PUTS, "bpftime_gpu_puts"),
+    (h::GPU_EXIT, "bpftime_gpu_exit"),
+];
+
+/// The standard GPU lowering of helper `id`: the helpers the verifier allows in GPU
+/// programs, and nothing else.
+pub fn standard_helper(id: u32) -> Option<GpuHelper> {
+    use Builtin::{Dim3, Membar, Read};
+    use SpecialRegister::{GlobalTimerNs, LaneId, SmId, WarpId};
+    let builtin = match id {
+        h::KTIME_GET_NS | h::GPU_GLOBALTIMER => Read(GlobalTimerNs),
+        h::GET_SMP_PROCESSOR_ID | h::GPU_SM_ID => Read(SmId),
+        h::GPU_WARP_ID => Read(WarpId),
+        h::GPU_LANE_ID => Read(LaneId),
+        h::GPU_BLOCK_IDX => Dim3(Dimension::BlockIdx),
+        h::GPU_BLOCK_DIM => Dim3(Dimension::BlockDim),
+        h::GPU_THREAD_IDX => Dim3(Dimension::ThreadIdx),
+        h::GPU_GRID_DIM => Dim3(Dimension::GridDim),
+        h::GPU_MEMBAR => Membar,
+        _ => {
+            return EXTERN_HELPERS
+                .iter()
+                .find(|(i, _)| *i == id)
+                .map(|(_, name)| GpuHelper::Extern((*name).to_string()))
+        }
+    };
+    Some(GpuHelper::Builtin(builtin))
+}
+
+/// What the runtime supplies when it compiles a program for a GPU.
+pub trait GpuEnv {
+    /// How to lower helper `id`; `None` refuses the program.
+    fn helper(&self, id: u32) -> Option<GpuHelper> {
+        standard_helper(id)
+    }
+
+    /// The layout of the array map at `map` (the value an `lddw` loads), in device
+    /// memory, to inline its lookups.
+    fn array_map(&self, map: u64) -> Option<ArrayMapLayout> {
+        let _ = map;
+        None
+    }
+
+    /// LLVM IR, as text, linked into the module before optimization: definitions of
+    /// [`GpuHelper::Extern`] functions that should live inside the program rather than
+    /// in the runtime. Its definitions become internal to the program.
+    fn library(&self) -> Option<&str> {
+        None
+    }
+}
+
+/// The standard helpers, no inlined maps, no library.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct StandardGpuEnv;
+
+impl GpuEnv for StandardGpuEnv {}
+
+/// How hard LLVM works on GPU code.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum OptLevel {
+    O0,
+    O1,
+    /// The default: a GPU program is compiled once per module load, and the driver's
+    /// own compilation of the result costs more than LLVM's.
+    #[default]
+    O2,
+    O3,
+}
+
+impl OptLevel {
+    pub fn pipeline(self) -> &'static str {
+        match self {
+            OptLevel::O0 => "default<O0>",
+            OptLevel::O1 => "default<O1>",
+            OptLevel::O2 => "default<O2>",
+            OptLevel::O3 => "default<O3>",
+        }
+    }
+
+    pub fn codegen(self) -> inkwell::OptimizationLevel {
+        match self {
+            OptLevel::O0 => inkwell::OptimizationLevel::None,
+            OptLevel::O1 => inkwell::OptimizationLevel::Less,
+            OptLevel::O2 => inkwell::OptimizationLevel::Default,
+            OptLevel::O3 => inkwell::OptimizationLevel::Aggressive,
+        }
+    }
+}
+
+/// What each GPU backend supplies to [`build_module`].
+pub trait GpuBackend {
+    /// Sets the module's triple and data layout.
+    fn prepare(&self, module: &Module<'_>);
+
+    /// Emits a read of `reg` at the builder's position, as an `i64`.
+    fn read_register<'ctx>(
+        &self,
+        module: &Module<'ctx>,
+        builder: &Builder<'ctx>,
+        reg: SpecialRegister,
+    ) -> Result<IntValue<'ctx>, CompileError>;
+
+    /// Emits a system-scope memory barrier.
+    fn membar<'ctx>(
+        &self,
+        module: &Module<'ctx>,
+        builder: &Builder<'ctx>,
+    ) -> Result<(), CompileError>;
+
+    /// Makes `kernel` a kernel entry point (launchable from the host).
+    fn mark_kernel<'ctx>(
+        &self,
+        module: &Module<'ctx>,
+        kernel: FunctionValue<'ctx>,
+    ) -> Result<(), CompileError>;
+
+    /// Last changes to the finished module before verification.
+    fn finish(&self, module: &Module<'_>) -> Result<(), CompileError> {
+        let _ = module;
+        Ok(())
+    }
+}
+
+/// A lifted GPU module before optimization and code generation.
+#[derive(Debug)]
+pub struct GpuModule<'ctx> {
+    pub module: Module<'ctx>,
+    /// Name of the probe function, `u64 func(void *ctx)`.
+    pub func: String,
+    /// Name of the kernel, `kernel(void *mem, u64 len, u64 *result)`.
+    pub kernel: String,
+}
+
+/// The [`LoweringTarget`] of GPU programs: every helper is a call by name; builtins are
+/// defined after lifting.
+struct GpuLowering<'a> {
+    env: &'a dyn GpuEnv,
+    /// Functions the library defines, which `callx` may reach.
+    defined: &'a BTreeSet<String>,
+    entry: String,
+    builtins: RefCell<BTreeMap<String, Builtin>>,
+}
+
+impl LoweringTarget for GpuLowering<'_> {
+    fn helper(&self, id: u32) -> Option<HelperLowering> {
+        Some(match self.env.helper(id)? {
+            GpuHelper::Builtin(b) => {
+                let name = b.symbol();
+                self.builtins.borrow_mut().insert(name.clone(), b);
+                HelperLowering::Symbol(name)
+            }
+            GpuHelper::Extern(name) => HelperLowering::Symbol(name),
+        })
+    }
+
+    /// Only helpers whose code is in the module: a `callx` (a uBPF extension that GPU
+    /// programs from libbpf never use) must not pull every runtime helper into a
+    /// program that would otherwise link on its own.
+    fn callx_helpers(&self) -> Vec<u32> {
+        (0..256)
+            .filter(|&id| match self.env.helper(id) {
+                Some(GpuHelper::Builtin(_)) => true,
+                Some(GpuHelper::Extern(name)) => self.defined.contains(&name),
+                None => false,
+            })
+            .collect()
+    }
+
+    fn array_map(&self, map: u64) -> Option<ArrayMapLayout> {
+        self.env.array_map(map)
+    }
+
+    fn entry_name(&self) -> &str {
+        &self.entry
+    }
+}
+
+/// Whether `s` can name a PTX and ELF symbol: `[A-Za-z_][A-Za-z0-9_]*`.
+pub fn is_valid_symbol(s: &str) -> bool {
+    let mut chars = s.chars();
+    matches!(chars.next(), Some(c) if c.is_ascii_alphabetic() || c == '_')
+        && chars.all(|c| c.is_ascii_alphanumeric() || c == '_')
+}
+
+/// Looks up a (non-overloaded unless `overloads` says so) intrinsic.
+pub fn intrinsic<'ctx>(
+    module: &Module<'ctx>,
+    name: &str,
+    overloads: &[BasicTypeEnum<'ctx>],
+) -> Result<FunctionValue<'ctx>, CompileError> {
+    Intrinsic::find(name)
+        .and_then(|i| i.get_declaration(module, overloads))
+        .ok_or_else(|| CompileError::Intrinsic {
+            name: name.to_string(),
+        })
+}
+
+/// Calls `f` with `args` and returns its integer result.
+pub fn call_int<'ctx>(
+    builder: &Builder<'ctx>,
+    f: FunctionValue<'ctx>,
+    args: &[inkwell::values::BasicMetadataValueEnum<'ctx>],
+    name: &str,
+) -> Result<IntValue<'ctx>, CompileError> {
+    builder
+        .build_call(f, args, name)?
+        .try_as_basic_value()
+        .basic()
+        .map(|v| v.into_int_value())
+        .ok_or_else(|| CompileError::InvalidIr {
+            message: format!("{} returns nothing", f.get_name().to_string_lossy()),
+        })
+}
+
+fn nounwind(context: &Context) -> Attribute {
+    context.create_enum_attribute(Attribute::get_named_enum_kind_id("nounwind"), 0)
+}
+
+/// Lifts `insns` into a module for `backend`: builtins defined, the library linked, the
+/// probe function `symbol` and the kernel `<symbol>_kernel` added, everything else
+/// internal and prefixed with `symbol`.
+pub fn build_module<'ctx>(
+    context: &'ctx Context,
+    insns: &[Insn],
+    env: &dyn GpuEnv,
+    backend: &dyn GpuBackend,
+    symbol: &str,
+) -> Result<GpuModule<'ctx>, CompileError> {
+    if !is_valid_symbol(symbol) {
+        return Err(CompileError::InvalidOption {
+            message: format!(
+                "`{symbol}` cannot name a GPU symbol: use letters, digits and `_`, not starting \
+                 with a digit"
+            ),
+        });
+    }
+    let library = env
+        .library()
+        .map(|ir| {
+            let buffer = MemoryBuffer::create_from_memory_range_copy(ir.as_bytes(), "library");
+            context
+                .create_module_from_ir(buffer)
+                .map_err(|e| CompileError::Library {
+                    message: e.to_string(),
+                })
+        })
+        .transpose()?;
+    let defined: BTreeSet<String> = library
+        .iter()
+        .flat_map(|m| m.get_functions())
+        .filter(|f| f.count_basic_blocks() > 0)
+        .map(|f| f.get_name().to_string_lossy().into_owned())
+        .collect();
+
+    let lowering = GpuLowering {
+        env,
+        defined: &defined,
+        entry: format!("{symbol}__body"),
+        builtins: RefCell::new(BTreeMap::new()),
+    };
+    let lifted = lift(context, insns, &lowering)?;
+    let module = lifted.module;
+    let body = lifted.entry;
+    backend.prepare(&module);
+    if let Some(library) = library {
+        backend.prepare(&library);
+        module
+            .link_in_module(library)
+            .map_err(|e| CompileError::Library {
+                message: e.to_string(),
+            })?;
+    }
+
+    let builder = context.create_builder();
+    for (name, builtin) in lowering.builtins.borrow().iter() {
+        if let Some(f) = module.get_function(name) {
+            define_builtin(context, &module, &builder, backend, f, *builtin)?;
+        }
+    }
+    let always_inline =
+        context.create_enum_attribute(Attribute::get_named_enum_kind_id("alwaysinline"), 0);
+    for f in module.get_functions() {
+        let name = f.get_name().to_string_lossy().into_owned();
+        if f.count_basic_blocks() == 0 {
+            continue;
+        }
+        if defined.contains(&name) || lowering.builtins.borrow().contains_key(&name) {
+            f.set_linkage(Linkage::Internal);
+        }
+        if lowering.builtins.borrow().contains_key(&name) {
+            f.add_attribute(AttributeLoc::Function, always_inline);
+        }
+        if f.get_linkage() != Linkage::External && !name.starts_with(&format!("{symbol}__")) {
+            f.as_global_value().set_name(&format!("{symbol}__{name}"));
+        }
+    }
+    body.set_linkage(Linkage::Internal);
+
+    let i64t = context.i64_type();
+    let ptr = context.ptr_type(AddressSpace::default());
+    let zero = i64t.const_zero();
+
+    // The probe function: r1 = ctx.
+    let func = module.add_function(
+        symbol,
+        i64t.fn_type(&[ptr.into()], false),
+        Some(Linkage::External),
+    );
+    func.add_attribute(AttributeLoc::Function, nounwind(context));
+    builder.position_at_end(context.append_basic_block(func, "entry"));
+    let ctx = builder.build_ptr_to_int(param_ptr(func, 0)?, i64t, "ctx")?;
+    let r0 = call_int(
+        &builder,
+        body,
+        &[ctx.into(), zero.into(), zero.into()],
+        "r0",
+    )?;
+    builder.build_return(Some(&r0))?;
+
+    // The kernel: r1 = mem, r2 = len, *result = r0.
+    let kernel_name = format!("{symbol}_kernel");
+    let kernel = module.add_function(
+        &kernel_name,
+        context
+            .void_type()
+            .fn_type(&[ptr.into(), i64t.into(), ptr.into()], false),
+        Some(Linkage::External),
+    );
+    kernel.add_attribute(AttributeLoc::Function, nounwind(context));
+    builder.position_at_end(context.append_basic_block(kernel, "entry"));
+    let mem = builder.build_ptr_to_int(param_ptr(kernel, 0)?, i64t, "mem")?;
+    let len = kernel
+        .get_nth_param(1)
+        .map(|p| p.into_int_value())
+        .ok_or_else(|| CompileError::InvalidIr {
+            message: "kernel lost its length parameter".into(),
+        })?;
+    let r0 = call_int(&builder, body, &[mem.into(), len.into(), zero.into()], "r0")?;
+    builder.build_store(param_ptr(kernel, 2)?, r0)?;
+    builder.build_return(None)?;
+    backend.mark_kernel(&module, kernel)?;
+
+    backend.finish(&module)?;
+    module.verify().map_err(|e| CompileError::InvalidIr {
+        message: e.to_string(),
+    })?;
+    Ok(GpuModule {
+        module,
+        func: symbol.to_string(),
+        kernel: kernel_name,
+    })
+}
+
+fn param_ptr<'ctx>(
+    f: FunctionValue<'ctx>,
+    index: u32,
+) -> Result<inkwell::values::PointerValue<'ctx>, CompileError> {
+    f.get_nth_param(index)
+        .map(|p| p.into_pointer_value())
+        .ok_or_else(|| CompileError::InvalidIr {
+            message: format!("parameter {index} is missing"),
+        })
+}
+
+fn define_builtin<'ctx>(
+    context: &'ctx Context,
+    module: &Module<'ctx>,
+    builder: &Builder<'ctx>,
+    backend: &dyn GpuBackend,
+    f: FunctionValue<'ctx>,
+    builtin: Builtin,
+) -> Result<(), CompileError> {
+    builder.position_at_end(context.append_basic_block(f, "entry"));
+    let i64t = context.i64_type();
+    let r0 = match builtin {
+        Builtin::Read(reg) => backend.read_register(module, builder, reg)?,
+        Builtin::Dim3(dim) => {
+            let ptr = context.ptr_type(AddressSpace::default());
+            for (i, axis) in Axis::ALL.into_iter().enumerate() {
+                let v = backend.read_register(module, builder, SpecialRegister::Dim(dim, axis))?;
+                let out = f
+                    .get_nth_param(i as u32)
+                    .ok_or_else(|| CompileError::InvalidIr {
+                        message: "helper lost a parameter".into(),
+                    })?
+                    .into_int_value();
+                let out = builder.build_int_to_ptr(out, ptr, "out")?;
+                let store = builder.build_store(out, v)?;
+                // The verifier proves 8 writable bytes, not their alignment.
+                let _ = store.set_alignment(1);
+            }
+            i64t.const_zero()
+        }
+        Builtin::Membar => {
+            backend.membar(module, builder)?;
+            i64t.const_zero()
+        }
+    };
+    builder.build_return(Some(&r0))?;
+    Ok(())
+}
+
+/// Functions the module calls but does not define (the runtime's device functions),
+/// LLVM intrinsics left out.
+pub fn extern_functions(module: &Module<'_>) -> Vec<String> {
+    module
+        .get_functions()
+        .filter(|f| f.count_basic_blocks() == 0)
+        .map(|f| f.get_name().to_string_lossy().into_owned())
+        .filter(|n| !n.starts_with("llvm."))
+        .collect()
+}
+
+/// Whether `v` is an address inside an `alloca` (the eBPF stack): derived from one
+/// through pointer casts, GEPs and integer arithmetic, or a phi/select whose every
+/// input is. Loads are not looked through: a loaded value is data.
+fn is_stack_address(v: inkwell::values::BasicValueEnum<'_>, depth: u32) -> bool {
+    use inkwell::values::{BasicValue, InstructionOpcode as Op};
+    let Some(i) = v.as_instruction_value() else {
+        return false;
+    };
+    if depth > 32 {
+        return false;
+    }
+    let operands = || {
+        i.get_operands().filter_map(|o| match o {
+            Some(inkwell::values::Operand::Value(v)) => Some(v),
+            _ => None,
+        })
+    };
+    match i.get_opcode() {
+        Op::Alloca => true,
+        Op::GetElementPtr | Op::BitCast | Op::AddrSpaceCast | Op::IntToPtr | Op::PtrToInt => {
+            operands()
+                .next()
+                .is_some_and(|base| is_stack_address(base, depth + 1))
+        }
+        Op::Add | Op::Sub | Op::Or => operands().any(|o| is_stack_address(o, depth + 1)),
+        Op::Phi => {
+            let mut incoming = operands().peekable();
+            incoming.peek().is_some() && incoming.all(|o| is_stack_address(o, depth + 1))
+        }
+        Op::Select => {
+            let mut arms = operands().skip(1).peekable();
+            arms.peek().is_some() && arms.all(|o| is_stack_address(o, depth + 1))
+        }
+        _ => false,
+    }
+}
+
+/// Rewrites atomic operations on the eBPF stack as plain loads and stores.
+///
+/// The stack is private to its thread, so nothing can observe the difference, and
+/// GPUs have no atomics on private memory: LLVM 19's NVPTX backend aborts the whole
+/// process ("Cannot select AtomicCmpSwap ... addrspace 5") once it proves an atomic's
+/// address is local, and a generic atomic that lands in local memory is undefined in
+/// PTX. Run it on the optimized module, just before code generation, when the
+/// optimizer has exposed every stack address it will see. Returns how many it rewrote.
+pub fn demote_stack_atomics(module: &Module<'_>) -> Result<usize, CompileError> {
+    use inkwell::values::{InstructionOpcode as Op, Operand};
+    use inkwell::AtomicRMWBinOp as Rmw;
+    let context = module.get_context();
+    let builder = context.create_builder();
+    let mut rewritten = 0;
+    fn operand(
+        i: inkwell::values::InstructionValue<'_>,
+        n: u32,
+    ) -> Result<inkwell::values::BasicValueEnum<'_>, CompileError> {
+        match i.get_operand(n) {
+            Some(Operand::Value(v)) => Ok(v),
+            _ => Err(CompileError::InvalidIr {
+                message: format!("atomic operation without operand {n}"),
+            }),
+        }
+    }
+    for f in module.get_functions() {
+        for bb in f.get_basic_block_iter() {
+            let atomics: Vec<_> = bb
+                .get_instructions()
+                .filter(|i| matches!(i.get_opcode(), Op::AtomicRMW | Op::AtomicCmpXchg))
+                .filter(|i| matches!(i.get_operand(0), Some(Operand::Value(p)) if is_stack_address(p, 0)))
+                .collect();
+            for atomic in atomics {
+                builder.position_before(&atomic);
+                let ptr = operand(atomic, 0)?.into_pointer_value();
+                let replacement = if atomic.get_opcode() == Op::AtomicRMW {
+                    let value = operand(atomic, 1)?.into_int_value();
+                    let old = builder
+                        .build_load(value.get_type(), ptr, "old")?
+                        .into_int_value();
+                    let new = match atomic.get_atomic_rmw_bin_op() {
+                        Some(Rmw::Add) => builder.build_int_add(old, value, "new")?,
+                        Some(Rmw::Sub) => builder.build_int_sub(old, value, "new")?,
+                        Some(Rmw::And) => builder.build_and(old, value, "new")?,
+                        Some(Rmw::Or) => builder.build_or(old, value, "new")?,
+                        Some(Rmw::Xor) => builder.build_xor(old, value, "new")?,
+                        Some(Rmw::Xchg) => value,
+                        other => {
+                            return Err(CompileError::InvalidIr {
+                                message: format!("unexpected atomic operation {other:?}"),
+                            })
+                        }
+                    };
+                    builder.build_store(ptr, new)?;
+                    old.as_instruction()
+                } else {
+                    let expected = operand(atomic, 1)?.into_int_value();
+                    let new = operand(atomic, 2)?.into_int_value();
+                    let ty = expected.get_type();
+                    let old = builder.build_load(ty, ptr, "old")?.into_int_value();
+                    let equal = builder.build_int_compare(
+                        inkwell::IntPredicate::EQ,
+                        old,
+                        expected,
+                        "equal",
+                    )?;
+                    let stored = builder.build_select(equal, new, old, "stored")?;
+                    builder.build_store(ptr, stored)?;
+                    // cmpxchg yields { old, success }.
+                    let pair = context.struct_type(&[ty.into(), context.bool_type().into()], false);
+                    let with_old =
+                        builder.build_insert_value(pair.get_poison(), old, 0, "with_old")?;
+                    let result = builder.build_insert_value(with_old, equal, 1, "result")?;
+                    result.into_struct_value().as_instruction()
+                };
+                let replacement = replacement.ok_or_else(|| CompileError::InvalidIr {
+                    message: "stack atomic replacement folded to a constant".into(),
+                })?;
+                atomic.replace_all_uses_with(&replacement);
+                atomic.erase_from_basic_block();
+                rewritten += 1;
+            }
+        }
+    }
+    Ok(rewritten)
+}

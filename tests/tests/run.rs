@@ -1,0 +1,660 @@
+//! `bpftime run` and `bpftime verify` on the bundled examples: exact counts,
+//! every event, the histogram, the app's exit status, and the errors a user
+//! gets for a rejected program, a missing file or function, or no target.
+
+use bpftime_tests::{examples, Session};
+use std::fs::File;
+use std::path::PathBuf;
+use std::process::{Command, Stdio};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+const N: u64 = 1000;
+
+struct Outcome {
+    code: Option<i32>,
+    stdout: Vec<String>,
+    stderr: String,
+}
+
+impl Outcome {
+    fn context(&self) -> String {
+        format!(
+            "exit {:?}\nstdout:\n{}\nstderr:\n{}",
+            self.code,
+            self.stdout.join("\n"),
+            self.stderr
+        )
+    }
+
+    /// The value of `name[key]: value` lines whose key part contains `key`.
+    fn entry(&self, name: &str, key: &str) -> Option<String> {
+        self.stdout.iter().find_map(|l| {
+            let rest = l.strip_prefix(&format!("{name}["))?;
+            let (k, v) = rest.split_once("]: ")?;
+            k.contains(key).then(|| v.to_string())
+        })
+    }
+}
+
+/// Runs bpftime to completion. Its output goes to files, not pipes: a run
+/// prints more than a pipe holds, and nobody reads the pipe until it exits.
+fn bpftime(s: &Session, args: &[&str]) -> Outcome {
+    static RUNS: AtomicUsize = AtomicUsize::new(0);
+    let n = RUNS.fetch_add(1, Ordering::Relaxed);
+    let (out_path, err_path) = (
+        s.tmp.join(format!("stdout-{n}")),
+        s.tmp.join(format!("stderr-{n}")),
+    );
+    let mut c = s.bpftime();
+    c.args(args)
+        .stdin(Stdio::null())
+        .stdout(File::create(&out_path).unwrap())
+        .stderr(File::create(&err_path).unwrap());
+    let mut child = c.spawn().expect("spawn bpftime");
+    let end = Instant::now() + Duration::from_secs(120);
+    let status = loop {
+        if let Some(status) = child.try_wait().expect("wait") {
+            break status;
+        }
+        if Instant::now() > end {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!(
+                "timed out: {c:?}\nstderr: {}",
+                std::fs::read_to_string(&err_path).unwrap_or_default()
+            );
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let read = |p: &PathBuf| String::from_utf8_lossy(&std::fs::read(p).unwrap()).into_owned();
+    Outcome {
+        code: status.code(),
+        stdout: read(&out_path).lines().map(str::to_string).collect(),
+        stderr: read(&err_path),
+    }
+}
+
+/// `bpftime run OBJECT [extra...] -- <private copy of calls> N`.
+fn run_on_calls(s: &Session, object: &str, extra: &[&str]) -> Outcome {
+    let calls = s.target_copy(examples::CALLS);
+    let n = N.to_string();
+    let mut args = vec!["run", object];
+    args.extend_from_slice(extra);
+    args.extend(["--", calls.to_str().unwrap(), n.as_str()]);
+    bpftime(s, &args)
+}
+
+fn assert_store_removed(s: &Session) {
+    assert!(
+        !bpftime_runtime::Store::dir_for(&s.store).exists(),
+        "the store of the run was left behind"
+    );
+}
+
+/// The numbers in a histogram's bucket lines (`[lo, hi)   count |@@@|`).
+fn histogram_counts(out: &Outcome, map: &str) -> Vec<u64> {
+    let start = out
+        .stdout
+        .iter()
+        .position(|l| l.starts_with(&format!("{map} (log2 histogram")))
+        .unwrap_or_else(|| panic!("no histogram for {map}\n{}", out.context()));
+    out.stdout[start + 1..]
+        .iter()
+        .take_while(|l| l.starts_with('['))
+        .map(|l| {
+            let (_, after) = l.split_once(')').expect("bucket label");
+            let count = after.split_whitespace().next().expect("count");
+            assert!(l.ends_with('|'), "bar missing: {l}");
+            count.parse().expect("bucket count")
+        })
+        .collect()
+}
+
+#[test]
+fn run_funclatency_counts_every_call_and_draws_the_histogram() {
+    let s = Session::new("run-funclat");
+    let out = run_on_calls(&s, examples::FUNCLATENCY_BPF_O, &[]);
+    assert_eq!(out.code, Some(0), "{}", out.context());
+    // stats: [0] completed calls, [2] returns without an entry.
+    assert_eq!(
+        out.entry("stats", "0").as_deref(),
+        Some("1000"),
+        "{}",
+        out.context()
+    );
+    assert_eq!(
+        out.entry("stats", "2").as_deref(),
+        Some("0"),
+        "{}",
+        out.context()
+    );
+    let buckets = histogram_counts(&out, "hist");
+    assert!(!buckets.is_empty());
+    assert_eq!(buckets.iter().sum::<u64>(), N, "{}", out.context());
+    assert!(
+        out.stderr.contains("attached func_entry (uprobe)")
+            && out.stderr.contains("attached func_exit (uretprobe)"),
+        "{}",
+        out.context()
+    );
+    assert_store_removed(&s);
+}
+
+#[test]
+fn run_malloc_count_on_libc_decodes_struct_keys_and_values() {
+    let s = Session::new("run-malloc");
+    let out = run_on_calls(&s, examples::MALLOC_COUNT_BPF_O, &[]);
+    assert_eq!(out.code, Some(0), "{}", out.context());
+    let size_key = format!("size={} }}", examples::CALLS_MALLOC_SIZE);
+    assert_eq!(
+        out.entry("per_size", &size_key).as_deref(),
+        Some("1000"),
+        "exactly N mallocs of the target's size: {}",
+        out.context()
+    );
+    // Only the app runs the program: its one per_pid entry is the total.
+    let totals = out.entry("totals", "0").expect("totals[0]");
+    assert!(totals.starts_with("{ calls="), "{totals}");
+    let per_pid: Vec<&String> = out
+        .stdout
+        .iter()
+        .filter(|l| l.starts_with("per_pid["))
+        .collect();
+    assert_eq!(per_pid.len(), 1, "{}", out.context());
+    assert!(
+        per_pid[0].ends_with(&format!(": {totals}")),
+        "{}",
+        out.context()
+    );
+    assert_store_removed(&s);
+}
+
+#[test]
+fn run_ringbuf_events_prints_every_event_as_it_arrives() {
+    let s = Session::new("run-ringbuf");
+    let out = run_on_calls(&s, examples::RINGBUF_EVENTS_BPF_O, &[]);
+    assert_eq!(out.code, Some(0), "{}", out.context());
+    // struct event { u32 pid; u32 tid; s64 arg; u64 ts; u32 path; u32 pad; }:
+    // the second 64-bit word is the argument of work().
+    let args: Vec<u64> = out
+        .stdout
+        .iter()
+        .filter(|l| l.starts_with("event events 32B "))
+        .map(|l| {
+            let words = l.split_once("u64[").expect("u64 dump").1;
+            let words: Vec<&str> = words.split(']').next().unwrap().split(' ').collect();
+            assert_eq!(words.len(), 4, "{l}");
+            words[1].parse().expect("arg")
+        })
+        .collect();
+    assert_eq!(
+        args,
+        (0..N).collect::<Vec<_>>(),
+        "every call once, in order"
+    );
+    assert!(out
+        .stdout
+        .contains(&"events (ringbuf): 1000 events".to_string()));
+    assert_eq!(out.entry("dropped", "0").as_deref(), Some("0"));
+    assert_store_removed(&s);
+}
+
+#[test]
+fn run_passes_the_apps_exit_status_on() {
+    let s = Session::new("run-status");
+    let out = bpftime(
+        &s,
+        &[
+            "run",
+            examples::MALLOC_COUNT_BPF_O,
+            "--",
+            "/bin/sh",
+            "-c",
+            "exit 7",
+        ],
+    );
+    assert_eq!(out.code, Some(7), "{}", out.context());
+    assert!(out
+        .stdout
+        .iter()
+        .any(|l| l.starts_with("totals[0]: { calls=")));
+    assert_store_removed(&s);
+}
+
+#[test]
+fn run_prints_the_verifier_log_of_a_rejected_program_and_exits_1() {
+    let s = Session::new("run-rejected");
+    let out = run_on_calls(&s, examples::REJECTED_BPF_O, &[]);
+    assert_eq!(out.code, Some(1), "{}", out.context());
+    assert!(
+        out.stderr.contains("BEGIN PROG LOAD LOG"),
+        "{}",
+        out.context()
+    );
+    assert!(
+        out.stderr
+            .contains("R0 invalid mem access 'map_value_or_null'"),
+        "{}",
+        out.context()
+    );
+    assert!(
+        !out.stderr.contains("exited"),
+        "the app must not run when loading fails: {}",
+        out.context()
+    );
+    assert!(out.stdout.is_empty(), "{}", out.context());
+    assert_store_removed(&s);
+}
+
+#[test]
+fn run_with_a_missing_target_file_or_function_exits_2_with_the_reason() {
+    let s = Session::new("run-missing");
+    let out = run_on_calls(
+        &s,
+        examples::FUNCLATENCY_BPF_O,
+        &["--attach", "func_entry=/no/such/binary:work"],
+    );
+    assert_eq!(out.code, Some(2), "{}", out.context());
+    assert!(
+        out.stderr.contains(
+            "program `func_entry`: the probe's target file /no/such/binary does not exist"
+        ),
+        "{}",
+        out.context()
+    );
+    let out = run_on_calls(
+        &s,
+        examples::FUNCLATENCY_BPF_O,
+        &["--attach", "func_exit=no_such_function"],
+    );
+    assert_eq!(out.code, Some(2), "{}", out.context());
+    assert!(
+        out.stderr
+            .contains("program `func_exit`: no function `no_such_function`"),
+        "{}",
+        out.context()
+    );
+    assert!(out.stdout.is_empty(), "{}", out.context());
+    let out = run_on_calls(&s, examples::FUNCLATENCY_BPF_O, &["--attach", "nope=work"]);
+    assert_eq!(out.code, Some(2), "{}", out.context());
+    assert!(
+        out.stderr.contains("no program `nope`"),
+        "{}",
+        out.context()
+    );
+    assert_store_removed(&s);
+}
+
+#[test]
+fn run_attach_moves_a_probe_to_another_function() {
+    let s = Session::new("run-retarget");
+    // malloc_count's program, moved from libc's malloc to the app's work().
+    let out = run_on_calls(
+        &s,
+        examples::MALLOC_COUNT_BPF_O,
+        &["--attach", "count_malloc=work"],
+    );
+    assert_eq!(out.code, Some(0), "{}", out.context());
+    let totals = out.entry("totals", "0").expect("totals[0]");
+    // work(i) gets i as its first argument: N calls and 0 + 1 + ... + (N-1) "bytes".
+    assert_eq!(
+        totals,
+        format!("{{ calls={N} bytes={} }}", N * (N - 1) / 2),
+        "{}",
+        out.context()
+    );
+}
+
+/// Compiles a one-function BPF object with clang, as the Makefile does.
+fn compile(s: &Session, name: &str, source: &str) -> Option<PathBuf> {
+    let clang = std::env::var("CLANG").unwrap_or_else(|_| "clang-19".into());
+    let src = s.tmp.join(format!("{name}.bpf.c"));
+    let obj = s.tmp.join(format!("{name}.bpf.o"));
+    std::fs::write(&src, source).unwrap();
+    match Command::new(&clang)
+        .args(["-g", "-O2", "-target", "bpf", "-c"])
+        .arg(&src)
+        .arg("-o")
+        .arg(&obj)
+        .output()
+    {
+        Ok(o) if o.status.success() => Some(obj),
+        Ok(o) => panic!("{clang} failed: {}", String::from_utf8_lossy(&o.stderr)),
+        Err(e) => {
+            eprintln!("skipped: cannot run {clang}: {e}");
+            None
+        }
+    }
+}
+
+fn program_in_section(section: &str) -> String {
+    format!(
+        "__attribute__((section(\"{section}\"), used)) int probe(void *ctx) {{ return 0; }}\n\
+         char LICENSE[] __attribute__((section(\"license\"), used)) = \"GPL\";\n"
+    )
+}
+
+#[test]
+fn run_refuses_a_program_whose_section_names_no_target() {
+    let s = Session::new("run-notarget");
+    let Some(obj) = compile(&s, "bare", &program_in_section("uprobe")) else {
+        return;
+    };
+    let out = run_on_calls(&s, obj.to_str().unwrap(), &[]);
+    assert_eq!(out.code, Some(2), "{}", out.context());
+    assert!(
+        out.stderr
+            .contains("program `probe`: SEC(\"uprobe\") names no target"),
+        "{}",
+        out.context()
+    );
+    // The same object runs once --attach names the target.
+    let out = run_on_calls(&s, obj.to_str().unwrap(), &["--attach", "probe=work"]);
+    assert_eq!(out.code, Some(0), "{}", out.context());
+}
+
+#[test]
+fn run_takes_paths_and_offsets_from_the_section() {
+    let s = Session::new("run-sections");
+    let calls = s.target_copy(examples::CALLS);
+    let section = format!("uprobe/{}:no_such_function", calls.display());
+    let Some(obj) = compile(&s, "missing_sym", &program_in_section(&section)) else {
+        return;
+    };
+    let out = bpftime(&s, &["run", obj.to_str().unwrap(), "--", "/bin/true"]);
+    assert_eq!(out.code, Some(2), "{}", out.context());
+    assert!(
+        out.stderr.contains("no function `no_such_function`"),
+        "{}",
+        out.context()
+    );
+    let Some(obj) = compile(
+        &s,
+        "missing_file",
+        &program_in_section("uretprobe//no/such/lib.so:f"),
+    ) else {
+        return;
+    };
+    let out = bpftime(&s, &["run", obj.to_str().unwrap(), "--", "/bin/true"]);
+    assert_eq!(out.code, Some(2), "{}", out.context());
+    assert!(
+        out.stderr.contains("/no/such/lib.so does not exist"),
+        "{}",
+        out.context()
+    );
+    // libbpf's `path:func+offset` form, in the app named by its path.
+    let section = format!("uprobe/{}:work+0", calls.display());
+    let Some(obj) = compile(&s, "offset", &program_in_section(&section)) else {
+        return;
+    };
+    let out = bpftime(
+        &s,
+        &[
+            "run",
+            obj.to_str().unwrap(),
+            "--",
+            calls.to_str().unwrap(),
+            "3",
+        ],
+    );
+    assert_eq!(out.code, Some(0), "{}", out.context());
+    assert!(
+        out.stderr.contains("attached probe (uprobe) -> "),
+        "{}",
+        out.context()
+    );
+}
+
+/// A perf event array, global variables and bpf_trace_printk, which the
+/// examples do not use: each call of work() sends { arg, magic } and counts
+/// itself in `hits`; the global `last` puts `struct sample` into the object's
+/// BTF; work(7) prints a line.
+const PERF_AND_GLOBALS: &str = r#"
+typedef unsigned long long u64;
+struct sample { u64 arg; u64 magic; };
+struct {
+	int (*type)[4];
+	int (*key_size)[4];
+	int (*value_size)[4];
+} samples __attribute__((section(".maps"), used));
+u64 hits __attribute__((used));
+struct sample last __attribute__((used));
+static long (*perf_event_output)(void *ctx, void *map, u64 flags, void *data, u64 size) = (void *)25;
+static long (*trace_printk)(const char *fmt, unsigned int fmt_size, ...) = (void *)6;
+__attribute__((section("uprobe/work"), used)) int sample_work(void *ctx)
+{
+	/* 112: the first argument's register in struct pt_regs (x86-64). */
+	struct sample s = { .arg = *(u64 *)((char *)ctx + 112), .magic = 0xfeed };
+	__sync_fetch_and_add(&hits, 1);
+	last = s;
+	perf_event_output(ctx, &samples, 0xffffffffULL, &s, sizeof(s));
+	if (s.arg == 7) {
+		char fmt[] = "work(%llu)\n";
+		trace_printk(fmt, sizeof(fmt), s.arg);
+	}
+	return 0;
+}
+char LICENSE[] __attribute__((section("license"), used)) = "GPL";
+"#;
+
+#[test]
+fn run_streams_perf_buffer_events_decoded_with_btf_and_prints_globals() {
+    let s = Session::new("run-perf");
+    let Some(obj) = compile(&s, "perf", PERF_AND_GLOBALS) else {
+        return;
+    };
+    let out = run_on_calls(&s, obj.to_str().unwrap(), &[]);
+    assert_eq!(out.code, Some(0), "{}", out.context());
+    // A perf record carries 4 bytes of padding after the 16-byte sample. Each
+    // CPU has its own buffer, so calls made on different CPUs may come out of order.
+    let mut args: Vec<u64> = out
+        .stdout
+        .iter()
+        .filter(|l| l.starts_with("event samples "))
+        .map(|l| {
+            let arg = l
+                .strip_prefix("event samples 20B struct sample { arg=")
+                .and_then(|r| r.strip_suffix(" magic=65261 }"))
+                .unwrap_or_else(|| panic!("unexpected event line {l:?}"));
+            arg.parse().expect("arg")
+        })
+        .collect();
+    args.sort_unstable();
+    assert_eq!(args, (0..N).collect::<Vec<_>>(), "{}", out.context());
+    assert!(out
+        .stdout
+        .contains(&"samples (perf_event_array): 1000 events".to_string()));
+    assert!(
+        out.stdout
+            .contains(&"perf.bss (global variables):".to_string()),
+        "{}",
+        out.context()
+    );
+    assert!(
+        out.stdout.contains(&"hits: 1000".to_string()),
+        "{}",
+        out.context()
+    );
+    assert!(
+        out.stdout
+            .contains(&"last: { arg=999 magic=65261 }".to_string()),
+        "{}",
+        out.context()
+    );
+    let printed: Vec<&String> = out
+        .stdout
+        .iter()
+        .filter(|l| l.contains("bpf_trace_printk: "))
+        .collect();
+    assert_eq!(printed.len(), 1, "{}", out.context());
+    assert!(
+        printed[0].ends_with("bpf_trace_printk: work(7)"),
+        "{printed:?}"
+    );
+    assert!(
+        out.stdout
+            .iter()
+            .any(|l| l.ends_with("(string constants): \"work(%llu)\\n\"")),
+        "{}",
+        out.context()
+    );
+}
+
+/// Loads every program of `object` into the kernel with bpftool, when the
+/// kernel can serve as the oracle: Some(the log) when it refuses, Some("")
+/// when it accepts.
+fn kernel_verdict(s: &Session, object: &str) -> Option<String> {
+    if let Some(why) = bpftime_tests::kernel_unavailable() {
+        eprintln!("kernel comparison skipped: {why}");
+        return None;
+    }
+    let pins = std::path::Path::new("/sys/fs/bpf").join(format!("bpftime-{}", s.store));
+    let out = match Command::new("bpftool")
+        .args(["prog", "loadall", object])
+        .arg(&pins)
+        .output()
+    {
+        Ok(out) => out,
+        Err(e) => {
+            eprintln!("kernel comparison skipped: cannot run bpftool: {e}");
+            return None;
+        }
+    };
+    let _ = std::fs::remove_dir_all(&pins);
+    if out.status.success() {
+        Some(String::new())
+    } else {
+        let log = String::from_utf8_lossy(&out.stderr).into_owned();
+        assert!(
+            log.contains("BEGIN PROG LOAD LOG"),
+            "bpftool failed otherwise: {log}"
+        );
+        Some(log)
+    }
+}
+
+fn verify(s: &Session, args: &[&str]) -> Outcome {
+    let mut all = vec!["verify"];
+    all.extend_from_slice(args);
+    bpftime(s, &all)
+}
+
+#[test]
+fn verify_accepts_every_example() {
+    let s = Session::new("verify-ok");
+    let cases: [(&str, &[&str]); 3] = [
+        (examples::FUNCLATENCY_BPF_O, &["func_entry", "func_exit"]),
+        (examples::MALLOC_COUNT_BPF_O, &["count_malloc"]),
+        (examples::RINGBUF_EVENTS_BPF_O, &["on_call"]),
+    ];
+    for (object, progs) in cases {
+        if let Some(log) = kernel_verdict(&s, object) {
+            assert_eq!(log, "", "the kernel refuses {object}");
+        }
+        let out = verify(&s, &[object]);
+        assert_eq!(out.code, Some(0), "{object}: {}", out.context());
+        assert_eq!(out.stdout.len(), progs.len(), "{}", out.context());
+        for (line, prog) in out.stdout.iter().zip(progs) {
+            let n: u64 = line
+                .strip_prefix(&format!("{prog}: ok ("))
+                .and_then(|r| r.strip_suffix(" insns processed)"))
+                .unwrap_or_else(|| panic!("unexpected line {line:?}"))
+                .parse()
+                .unwrap();
+            assert!(n > 0, "{line}");
+        }
+    }
+}
+
+#[test]
+fn verify_accepts_every_bpf_examples_object_the_kernel_accepts() {
+    let s = Session::new("verify-all");
+    let objects = examples::ARTIFACTS
+        .iter()
+        .filter(|a| a.ends_with(".bpf.o") && **a != "rejected.bpf.o");
+    for name in objects {
+        let object = examples::artifact(name);
+        let object = object.to_str().unwrap();
+        if let Some(log) = kernel_verdict(&s, object) {
+            assert_eq!(log, "", "the kernel refuses {object}");
+        }
+        let out = verify(&s, &[object]);
+        assert_eq!(out.code, Some(0), "{object}: {}", out.context());
+        assert!(!out.stdout.is_empty());
+        for line in &out.stdout {
+            assert!(
+                line.contains(": ok (") && line.ends_with(" insns processed)"),
+                "{object}: {line}"
+            );
+        }
+    }
+}
+
+#[test]
+fn verify_rejects_the_bad_program_with_the_log_and_exits_1() {
+    let s = Session::new("verify-bad");
+    let out = verify(&s, &[examples::REJECTED_BPF_O]);
+    assert_eq!(out.code, Some(1), "{}", out.context());
+    assert!(
+        out.stdout[0].starts_with("read_without_check: rejected"),
+        "{}",
+        out.context()
+    );
+    let text = out.stdout.join("\n");
+    let reason = "R0 invalid mem access 'map_value_or_null'";
+    assert!(text.contains("call bpf_map_lookup_elem"), "{text}");
+    assert!(text.contains(reason), "{text}");
+    if let Some(log) = kernel_verdict(&s, examples::REJECTED_BPF_O) {
+        assert!(
+            log.contains(reason),
+            "the kernel refuses it otherwise: {log}"
+        );
+    }
+}
+
+#[test]
+fn verify_v_prints_the_full_log_of_accepted_programs() {
+    let s = Session::new("verify-v");
+    let quiet = verify(&s, &["--prog", "on_call", examples::RINGBUF_EVENTS_BPF_O]);
+    let full = verify(
+        &s,
+        &["-v", "--prog", "on_call", examples::RINGBUF_EVENTS_BPF_O],
+    );
+    assert_eq!(full.code, Some(0), "{}", full.context());
+    assert_eq!(quiet.stdout.len(), 1, "{}", quiet.context());
+    assert_eq!(full.stdout[0], quiet.stdout[0]);
+    // Every instruction of the program appears in the level-2 log.
+    assert!(
+        full.stdout.iter().any(|l| l.starts_with("0: (")),
+        "{}",
+        full.context()
+    );
+    assert!(full
+        .stdout
+        .iter()
+        .any(|l| l.contains("call bpf_ringbuf_reserve")));
+}
+
+#[test]
+fn verify_bad_input_exits_2() {
+    let s = Session::new("verify-usage");
+    let out = verify(&s, &["--prog", "nope", examples::MALLOC_COUNT_BPF_O]);
+    assert_eq!(out.code, Some(2), "{}", out.context());
+    assert!(
+        out.stderr
+            .contains("no program `nope`; it has: count_malloc"),
+        "{}",
+        out.context()
+    );
+    let out = verify(&s, &[examples::CALLS]);
+    assert_eq!(out.code, Some(2), "{}", out.context());
+    assert!(out.stderr.contains("not a BPF object"), "{}", out.context());
+    let out = verify(&s, &["/no/such/file.bpf.o"]);
+    assert_eq!(out.code, Some(2), "{}", out.context());
+    assert!(
+        out.stderr.contains("cannot read /no/such/file.bpf.o"),
+        "{}",
+        out.context()
+    );
+}

@@ -1,0 +1,15 @@
+# an 8-byte atomic add at offset 4 of an 8-byte value
+#@ type kprobe
+#@ intent reject
+#@ map arr array 4 8 4
+stw [%r10-4], 0
+mov %r2, %r10
+add %r2, -4
+ldmap %r1, arr
+call 1
+jeq %r0, 0, out
+mov %r1, 1
+lock add [%r0+4], %r1
+out:
+mov %r0, 0
+exit

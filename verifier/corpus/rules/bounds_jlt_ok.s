@@ -1,0 +1,12 @@
+# an index narrowed by jlt
+#@ type kprobe
+#@ intent accept
+#@ map arr array 4 64 1
+ldxdw %r6, [%r1+8]
+ldmapval %r1, arr, 0
+jlt %r6, 64, +2
+mov %r0, 0
+exit
+add %r1, %r6
+ldxb %r0, [%r1]
+exit

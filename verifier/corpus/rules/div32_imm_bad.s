@@ -1,0 +1,6 @@
+# 32-bit division by the constant zero
+#@ type kprobe
+#@ intent reject
+ldxdw %r0, [%r1+8]
+div32 %r0, 0
+exit

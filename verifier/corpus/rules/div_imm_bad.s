@@ -1,0 +1,6 @@
+# division by the constant zero
+#@ type kprobe
+#@ intent reject
+ldxdw %r0, [%r1+8]
+div %r0, 0
+exit

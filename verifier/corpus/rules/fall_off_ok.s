@@ -1,0 +1,5 @@
+# the program ends in exit
+#@ type kprobe
+#@ intent accept
+mov %r0, 0
+exit

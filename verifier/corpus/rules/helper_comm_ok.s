@@ -1,0 +1,9 @@
+# get_current_comm into a 16-byte buffer
+#@ type kprobe
+#@ intent accept
+mov %r1, %r10
+add %r1, -16
+mov %r2, 16
+call 16
+mov %r0, 0
+exit

@@ -1,0 +1,5 @@
+# a helper that exists
+#@ type kprobe
+#@ intent accept
+call 5
+exit

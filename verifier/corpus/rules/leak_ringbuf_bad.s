@@ -1,0 +1,16 @@
+# a ring buffer record pointer spilled in 4 bytes
+#@ type kprobe
+#@ intent reject
+#@ map rb ringbuf 0 0 4096
+ldmap %r1, rb
+mov %r2, 8
+mov %r3, 0
+call 131
+jeq %r0, 0, out
+stxw [%r10-8], %r0
+mov %r1, %r0
+mov %r2, 0
+call 132
+out:
+mov %r0, 0
+exit

@@ -1,0 +1,11 @@
+# an array lookup with a constant key in range cannot miss
+#@ type kprobe
+#@ intent accept
+#@ map arr array 4 16 4
+stw [%r10-8], 3
+mov %r2, %r10
+add %r2, -8
+ldmap %r1, arr
+call 1
+ldxdw %r0, [%r0]
+exit

@@ -1,0 +1,15 @@
+# offset 0 of a map value
+#@ type kprobe
+#@ intent accept
+#@ map arr array 4 16 4
+stw [%r10-4], 0
+mov %r2, %r10
+add %r2, -4
+ldmap %r1, arr
+call 1
+jeq %r0, 0, out
+ldxw %r0, [%r0]
+exit
+out:
+mov %r0, 0
+exit

@@ -1,0 +1,15 @@
+# jne: the pointer is used on the null side
+#@ type kprobe
+#@ intent reject
+#@ map h hash 4 8 16
+stw [%r10-4], 0
+mov %r2, %r10
+add %r2, -4
+ldmap %r1, h
+call 1
+jne %r0, 0, out
+ldxdw %r0, [%r0]
+exit
+out:
+mov %r0, 0
+exit

@@ -1,0 +1,5 @@
+# a known opcode
+#@ type kprobe
+#@ intent accept
+mov %r0, 1
+exit

@@ -1,0 +1,12 @@
+# arithmetic on a map pointer
+#@ type kprobe
+#@ intent reject
+#@ map arr array 4 8 4
+stw [%r10-4], 0
+ldmap %r1, arr
+add %r1, 8
+mov %r2, %r10
+add %r2, -4
+call 1
+mov %r0, 0
+exit

@@ -1,0 +1,16 @@
+# submit a pointer into the middle of the record
+#@ type kprobe
+#@ intent reject
+#@ map rb ringbuf 0 0 4096
+ldmap %r1, rb
+mov %r2, 16
+mov %r3, 0
+call 131
+jeq %r0, 0, out
+mov %r1, %r0
+add %r1, 8
+mov %r2, 0
+call 132
+out:
+mov %r0, 0
+exit

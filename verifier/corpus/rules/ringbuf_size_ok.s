@@ -1,0 +1,15 @@
+# the reserved size is a constant
+#@ type kprobe
+#@ intent accept
+#@ map rb ringbuf 0 0 4096
+ldmap %r1, rb
+mov %r2, 24
+mov %r3, 0
+call 131
+jeq %r0, 0, out
+mov %r1, %r0
+mov %r2, 0
+call 133
+out:
+mov %r0, 0
+exit

@@ -1,0 +1,17 @@
+# a spilled pointer with one byte overwritten is not a pointer
+#@ type kprobe
+#@ intent reject
+#@ map arr array 4 8 4
+stw [%r10-4], 0
+mov %r2, %r10
+add %r2, -4
+ldmap %r1, arr
+call 1
+jeq %r0, 0, out
+stxdw [%r10-16], %r0
+stb [%r10-16], 0
+ldxdw %r1, [%r10-16]
+stdw [%r1], 1
+out:
+mov %r0, 0
+exit

@@ -1,0 +1,16 @@
+# a spilled map value pointer filled whole
+#@ type kprobe
+#@ intent accept
+#@ map arr array 4 8 4
+stw [%r10-4], 0
+mov %r2, %r10
+add %r2, -4
+ldmap %r1, arr
+call 1
+jeq %r0, 0, out
+stxdw [%r10-16], %r0
+ldxdw %r1, [%r10-16]
+stdw [%r1], 1
+out:
+mov %r0, 0
+exit

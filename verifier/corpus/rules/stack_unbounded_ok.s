@@ -1,0 +1,11 @@
+# a masked index into a stack buffer
+#@ type kprobe
+#@ intent accept
+stdw [%r10-8], 0
+ldxdw %r2, [%r1+8]
+and %r2, 7
+mov %r3, %r10
+add %r3, -8
+add %r3, %r2
+ldxb %r0, [%r3]
+exit

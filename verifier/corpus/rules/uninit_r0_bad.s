@@ -1,0 +1,4 @@
+# exit without setting r0
+#@ type kprobe
+#@ intent reject
+exit

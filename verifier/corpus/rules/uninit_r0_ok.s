@@ -1,0 +1,5 @@
+# r0 is set before exit
+#@ type kprobe
+#@ intent accept
+mov %r0, 0
+exit

@@ -1,0 +1,5 @@
+# reading a register never written
+#@ type kprobe
+#@ intent reject
+mov %r0, %r3
+exit
