@@ -1190,6 +1190,22 @@ impl<'a> Verifier<'a> {
     /// A helper reads or writes `[ptr, ptr + size)` for sizes `size_min..=size_max`.
     fn helper_mem(&mut self, st: &mut State, reg: u8, p: Reg, size_max: u64, write: bool) -> R<()> {
         if size_max == 0 {
+            // Even an empty stack range must start inside the frame, as the
+            // kernel requires.
+            if let Reg::Ptr {
+                region: Region::Stack { .. },
+                off_min,
+                off_max,
+                ..
+            } = p
+            {
+                if off_min < -(uapi::STACK_SIZE as i64) || off_min > -1 || off_max > 0 {
+                    return Err(RejectKind::StackOutOfBounds {
+                        off: off_min,
+                        size: 0,
+                    });
+                }
+            }
             return Ok(());
         }
         match p {

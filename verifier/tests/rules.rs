@@ -1249,3 +1249,14 @@ reject!(
     2,
     RejectKind::UninitRegister { reg: 5 }
 );
+// An empty stack range handed to a helper must still start inside the frame.
+accept!(
+    helper_empty_range_inside_the_frame,
+    "ldmap %r2, 4\nlddw %r3, 0xffffffff\nmov %r4, %r10\nadd %r4, -8\nmov %r5, 0\ncall 25\nmov %r0, 0\nexit"
+);
+reject!(
+    helper_empty_range_at_the_frame_pointer,
+    "ldmap %r2, 4\nlddw %r3, 0xffffffff\nmov %r4, %r10\nmov %r5, 0\ncall 25\nmov %r0, 0\nexit",
+    6,
+    RejectKind::StackOutOfBounds { off: 0, size: 0 }
+);
