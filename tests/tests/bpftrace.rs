@@ -33,11 +33,20 @@ fn ours(s: &Session, script: &str, target: &str, last: Option<&str>) -> Vec<Stri
     lines
 }
 
+/// Held while bpftrace runs on the kernel. Several kernel bpftrace instances at
+/// once on our 2-core machines were seen to ignore SIGINT for over a minute;
+/// one at a time, they exit promptly. bpftrace under bpftime is not serialized.
+fn kernel_bpftrace_turn() -> std::sync::MutexGuard<'static, ()> {
+    static TURN: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    TURN.lock().unwrap_or_else(|p| p.into_inner())
+}
+
 fn kernel(script: &str, target: &str, last: Option<&str>) -> Option<Vec<String>> {
     if let Some(why) = kernel_unavailable() {
         eprintln!("kernel comparison skipped: {why}");
         return None;
     }
+    let _turn = kernel_bpftrace_turn();
     let mut c = Command::new("bpftrace");
     c.args(["-e", script]);
     let tool = Tool::spawn_until(c, "Attaching 1 probe...");
@@ -218,6 +227,7 @@ fn exit_ends_bpftrace_with_its_maps_printed_like_the_kernel() {
     let kt = s.tmp.join("kernel-calls");
     bpftime_tests::copy_executable(examples::CALLS, &kt);
     let kt = kt.to_str().unwrap();
+    let _turn = kernel_bpftrace_turn();
     let mut c = Command::new("bpftrace");
     c.args(["-e", &script.replace(t, kt)]);
     let tool = Tool::spawn_until(c, "Attaching 1 probe...");
@@ -314,6 +324,7 @@ fn begin_and_end_probes_run_like_on_the_kernel() {
         eprintln!("kernel comparison skipped: {why}");
         return;
     }
+    let _turn = kernel_bpftrace_turn();
     let k = run(Command::new("bpftrace"), &|| {
         assert!(Command::new(t)
             .arg(N.to_string())
