@@ -86,6 +86,10 @@ pub(crate) mod prog_load {
     pub const LOG_BUF: usize = 32;
     pub const NAME: usize = 48;
     pub const EXPECTED_ATTACH_TYPE: usize = 68;
+    pub const PROG_BTF_FD: usize = 72;
+    pub const LINE_INFO_REC_SIZE: usize = 92;
+    pub const LINE_INFO: usize = 96;
+    pub const LINE_INFO_CNT: usize = 104;
     pub const FD_ARRAY: usize = 120;
     pub const LOG_TRUE_SIZE: usize = 140;
 }

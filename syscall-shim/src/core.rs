@@ -525,8 +525,21 @@ impl Shim {
                 return Err(errno);
             }
         };
+        // SAFETY: caller obligation for the line info pointer.
+        let source_lines = unsafe { self.source_lines(a, insn_cnt) };
         let lookup = |id: u32| maps.get(&id).map(|m| crate::program::desc(m));
-        let log = match crate::program::check_program(&insns, prog_type, &lookup, log_level) {
+        // bpftime's GPU programs: a kprobe whose name starts with `cuda__` probes a
+        // CUDA kernel (DESIGN.md, compatibility contract).
+        let gpu = prog_type == bpftime_isa::uapi::prog_type::KPROBE && name.starts_with("cuda__");
+        let checked = crate::program::check_program_with_lines(
+            &insns,
+            prog_type,
+            &lookup,
+            log_level,
+            source_lines,
+            gpu,
+        );
+        let log = match checked {
             Ok(log) => log,
             Err((errno, log)) => {
                 tracing::warn!(program = %name, "program rejected:\n{log}");
@@ -553,6 +566,43 @@ impl Shim {
         rec.publish(&self.store).map_err(|e| e.errno())?;
         self.open_fd(ObjectKind::Program, id, Object::Program(Arc::new(rec)))
             .map(|fd| fd as i64)
+    }
+
+    /// The program's source lines, from its line info and the BTF behind
+    /// `prog_btf_fd`; empty when either is missing or malformed, since they only
+    /// improve the rejection log.
+    ///
+    /// # Safety
+    /// `line_info` in `a`, when set, must point to `line_info_cnt` records of
+    /// `line_info_rec_size` bytes (the `BPF_PROG_LOAD` contract).
+    unsafe fn source_lines(
+        &mut self,
+        a: &Attr,
+        insn_cnt: usize,
+    ) -> Vec<bpftime_verifier::SourceLine> {
+        use attr::prog_load as f;
+        let ptr = a.u64(f::LINE_INFO) as *const u8;
+        let rec_size = a.u32(f::LINE_INFO_REC_SIZE) as usize;
+        let cnt = a.u32(f::LINE_INFO_CNT) as usize;
+        // The kernel bounds both the same way: a record per instruction at most,
+        // and records of a sane size.
+        if ptr.is_null() || cnt == 0 || cnt > insn_cnt || !(16..=256).contains(&rec_size) {
+            return Vec::new();
+        }
+        let btf_fd = a.u32(f::PROG_BTF_FD);
+        let btf_id = match self.object(btf_fd as RawFd) {
+            Some(ObjectRef {
+                object: Object::Btf { id, .. },
+                ..
+            }) if btf_fd != 0 => *id,
+            _ => return Vec::new(),
+        };
+        let Ok(btf) = bpftime_runtime::read_btf(&self.store, btf_id) else {
+            return Vec::new();
+        };
+        // SAFETY: caller obligation: cnt records of rec_size bytes.
+        let records = unsafe { std::slice::from_raw_parts(ptr, cnt * rec_size) };
+        crate::program::source_lines(&btf, records, rec_size)
     }
 
     fn btf_load(&mut self, a: &Attr) -> SysResult {

@@ -22,4 +22,4 @@ mod test_run;
 
 pub use crate::core::{Object, ObjectRef, Shim};
 pub use perf::UprobePmu;
-pub use program::{check_program, Rejection};
+pub use program::{check_program, check_program_with_lines, source_lines, Rejection};

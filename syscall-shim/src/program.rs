@@ -1,9 +1,10 @@
 //! What `BPF_PROG_LOAD` does to a program before it is stored: map references
 //! become store ids, and the program is checked.
 
+use bpftime_isa::uapi::helper;
 use bpftime_isa::{opcode as op, Insn};
 use bpftime_runtime::Map;
-use bpftime_verifier::{verify, MapDesc, Options, ProgramInfo};
+use bpftime_verifier::{verify, MapDesc, Options, ProgramInfo, SourceLine};
 
 pub(crate) fn desc(m: &Map) -> MapDesc {
     MapDesc {
@@ -81,7 +82,21 @@ pub fn check_program(
     maps: &dyn Fn(u32) -> Option<MapDesc>,
     log_level: u32,
 ) -> Result<String, Rejection> {
-    let structural = check_structure(insns)?;
+    check_program_with_lines(insns, prog_type, maps, log_level, Vec::new(), false)
+}
+
+/// [`check_program`] with the loader's source lines (see [`source_lines`]), which a
+/// rejection log names as the kernel's does, and whether the program runs on a GPU
+/// (it is then checked against the GPU's helpers and rules).
+pub fn check_program_with_lines(
+    insns: &[Insn],
+    prog_type: u32,
+    maps: &dyn Fn(u32) -> Option<MapDesc>,
+    log_level: u32,
+    source_lines: Vec<SourceLine>,
+    gpu: bool,
+) -> Result<String, Rejection> {
+    let structural = check_structure(insns, gpu)?;
     if prog_type != bpftime_isa::uapi::prog_type::KPROBE {
         // Other types (libbpf's feature probes load a few) are stored but never run.
         return Ok(structural);
@@ -89,12 +104,13 @@ pub fn check_program(
     let info = ProgramInfo {
         insns,
         prog_type,
-        gpu: false,
+        gpu,
         maps: &|imm: i32| maps(imm as u32),
         mem_len: 0,
     };
     let opts = Options {
         log_level,
+        source_lines,
         ..Options::default()
     };
     match verify(&info, &opts) {
@@ -106,7 +122,52 @@ pub fn check_program(
     }
 }
 
-fn check_structure(insns: &[Insn]) -> Result<String, Rejection> {
+/// Resolves `BPF_PROG_LOAD`'s line info: `records` holds `struct bpf_line_info`
+/// entries (`rec_size` bytes apart, the first 16 bytes of each: insn_off,
+/// file_name_off, line_off, line_col) whose names are offsets into the string
+/// section of `btf`. Line info is a diagnostic aid, so anything malformed drops
+/// the record (or all of them) instead of failing the load.
+pub fn source_lines(btf: &[u8], records: &[u8], rec_size: usize) -> Vec<SourceLine> {
+    let u32_at = |b: &[u8], off: usize| -> Option<u32> {
+        Some(u32::from_ne_bytes(b.get(off..off + 4)?.try_into().ok()?))
+    };
+    let strings = (|| {
+        if u16::from_ne_bytes(btf.get(0..2)?.try_into().ok()?) != 0xeb9f {
+            return None;
+        }
+        let hdr_len = u32_at(btf, 4)? as usize;
+        let str_off = u32_at(btf, 16)? as usize;
+        let str_len = u32_at(btf, 20)? as usize;
+        let start = hdr_len.checked_add(str_off)?;
+        btf.get(start..start.checked_add(str_len)?)
+    })();
+    let Some(strings) = strings else {
+        return Vec::new();
+    };
+    let string = |off: u32| -> Option<String> {
+        let tail = strings.get(off as usize..)?;
+        let end = tail.iter().position(|&c| c == 0)?;
+        Some(String::from_utf8_lossy(&tail[..end]).into_owned())
+    };
+    if rec_size < 16 {
+        return Vec::new();
+    }
+    let mut lines: Vec<SourceLine> = records
+        .chunks_exact(rec_size)
+        .filter_map(|r| {
+            Some(SourceLine {
+                insn: u32_at(r, 0)? as usize,
+                file: string(u32_at(r, 4)?)?,
+                text: string(u32_at(r, 8)?)?,
+                line: u32_at(r, 12)? >> 10,
+            })
+        })
+        .collect();
+    lines.sort_by_key(|l| l.insn);
+    lines
+}
+
+fn check_structure(insns: &[Insn], gpu: bool) -> Result<String, Rejection> {
     let n = insns.len();
     // Malformed programs are EINVAL in the kernel; unsafe ones are EACCES.
     let reject = |pc: usize, why: String| {
@@ -135,7 +196,8 @@ fn check_structure(insns: &[Insn]) -> Result<String, Rejection> {
                     op::CALL_HELPER => {
                         let id = i.imm as u32;
                         let known = bpftime_runtime::helpers::helper_by_id(id).is_some()
-                            || id == bpftime_isa::uapi::helper::TAIL_CALL;
+                            || id == bpftime_isa::uapi::helper::TAIL_CALL
+                            || gpu && (helper::GPU_PUTS..=helper::GPU_LANE_ID).contains(&id);
                         if !known {
                             return reject(
                                 pc,

@@ -605,10 +605,39 @@ fn verify_rejects_the_bad_program_with_the_log_and_exits_1() {
     let reason = "R0 invalid mem access 'map_value_or_null'";
     assert!(text.contains("call bpf_map_lookup_elem"), "{text}");
     assert!(text.contains(reason), "{text}");
+    // The object carries BTF line info (-g): the log names the failing source
+    // line, `; <text> @ <file>:<line>`, right before the failing instruction.
+    let source = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../bpf-examples/rejected/rejected.bpf.c"
+    );
+    let source = std::fs::read_to_string(source).expect("rejected.bpf.c");
+    let failing = source
+        .lines()
+        .position(|l| l.trim() == "return *value;")
+        .expect("rejected.bpf.c dereferences `value`")
+        + 1;
+    let source_line = format!("; return *value; @ rejected.bpf.c:{failing}");
+    let at = out
+        .stdout
+        .iter()
+        .position(|l| l.trim() == source_line)
+        .unwrap_or_else(|| panic!("no `{source_line}` in:\n{text}"));
+    assert!(
+        out.stdout[at + 1..]
+            .iter()
+            .take_while(|l| !l.contains(reason))
+            .all(|l| !l.starts_with("; ")),
+        "the source line must precede the failing instruction: {text}"
+    );
     if let Some(log) = kernel_verdict(&s, examples::REJECTED_BPF_O) {
         assert!(
             log.contains(reason),
             "the kernel refuses it otherwise: {log}"
+        );
+        assert!(
+            log.contains(&source_line),
+            "the kernel names the same source line: {log}"
         );
     }
 }
@@ -654,6 +683,28 @@ fn verify_bad_input_exits_2() {
     assert_eq!(out.code, Some(2), "{}", out.context());
     assert!(
         out.stderr.contains("cannot read /no/such/file.bpf.o"),
+        "{}",
+        out.context()
+    );
+}
+
+/// bpftime's GPU programs (a `kprobe/<kernel>` named `cuda__*`) verify under the
+/// GPU rules, with the GPU helpers the CPU does not have.
+#[test]
+fn verify_accepts_the_gpu_example_under_gpu_rules() {
+    let s = Session::new("verify-gpu");
+    // Not in `examples::ARTIFACTS`, which the kernel must accept: it has no GPU helpers.
+    let object = std::path::Path::new(examples::BUILD_DIR).join("gpu_block_count.bpf.o");
+    assert!(
+        object.is_file(),
+        "{} is missing: run `make -C bpf-examples`",
+        object.display()
+    );
+    let out = verify(&s, &[object.to_str().unwrap()]);
+    assert_eq!(out.code, Some(0), "{}", out.context());
+    assert_eq!(out.stdout.len(), 1, "{}", out.context());
+    assert!(
+        out.stdout[0].starts_with("cuda__block_starts: ok ("),
         "{}",
         out.context()
     );

@@ -74,6 +74,7 @@ pub fn check(data: &[u8]) {
         max_processed: MAX_PROCESSED,
         log_level: u32::from(sel >> 6),
         max_log_bytes: 1 << 16,
+        ..Options::default()
     };
     match verify(&info, &opts) {
         Ok(v) => {

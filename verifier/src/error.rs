@@ -157,6 +157,9 @@ pub struct Rejection {
     pub regs: Vec<(u8, Reg)>,
     /// Every instruction processed before the failure, when `Options::log_level > 0`.
     pub verbose: Box<str>,
+    /// The source line of the failing instruction, when the loader gave line
+    /// info (`Options::source_lines`); boxed to keep rejections small.
+    pub source_line: Option<Box<crate::SourceLine>>,
 }
 
 impl Rejection {
@@ -170,6 +173,11 @@ impl Rejection {
                 let _ = write!(s, " R{r}={v}");
             }
             s.push('\n');
+        }
+        if let Some(l) = &self.source_line {
+            // The kernel's form: trimmed text, then the file's base name.
+            let file = l.file.rsplit('/').next().unwrap_or(&l.file);
+            let _ = writeln!(s, "; {} @ {}:{}", l.text.trim(), file, l.line);
         }
         if !self.disasm.is_empty() {
             let _ = writeln!(s, "{}: {}", self.insn, self.disasm);

@@ -41,4 +41,6 @@ pub use disasm::disasm;
 pub use error::{RejectKind, Rejection, Verified};
 pub use scalar::{Scalar, Tnum};
 pub use state::{Reg, Region};
-pub use verify::{verify, MapDesc, Options, ProgramInfo, PROG_TYPE_CONFORMANCE, PT_REGS_SIZE};
+pub use verify::{
+    verify, MapDesc, Options, ProgramInfo, SourceLine, PROG_TYPE_CONFORMANCE, PT_REGS_SIZE,
+};

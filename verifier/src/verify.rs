@@ -66,6 +66,25 @@ pub struct Options {
     pub max_processed: u64,
     /// The verbose log stops growing past this many bytes.
     pub max_log_bytes: usize,
+    /// Source lines from the loader's BTF line info, sorted by instruction; a
+    /// rejection names the line its instruction came from, as the kernel's log does.
+    pub source_lines: Vec<SourceLine>,
+}
+
+/// One BTF line-info record, resolved: the instructions from `insn` up to the next
+/// record's came from `line` of `file`, whose text is `text`.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct SourceLine {
+    pub insn: usize,
+    pub file: String,
+    pub line: u32,
+    pub text: String,
+}
+
+/// The line that covers `insn`: the last one starting at or before it.
+fn source_of(lines: &[SourceLine], insn: usize) -> Option<&SourceLine> {
+    let at = lines.partition_point(|l| l.insn <= insn).checked_sub(1)?;
+    lines.get(at)
 }
 
 impl Default for Options {
@@ -74,6 +93,7 @@ impl Default for Options {
             log_level: 0,
             max_processed: uapi::MAX_INSNS as u64,
             max_log_bytes: 16 << 20,
+            source_lines: Vec::new(),
         }
     }
 }
@@ -81,6 +101,13 @@ impl Default for Options {
 /// Verifies `p`: `Ok` with statistics when every path is safe, else the first
 /// failure found, with its diagnostics.
 pub fn verify(p: &ProgramInfo, opts: &Options) -> Result<Verified, Rejection> {
+    verify_paths(p, opts).map_err(|mut r| {
+        r.source_line = source_of(&opts.source_lines, r.insn).map(|l| Box::new(l.clone()));
+        r
+    })
+}
+
+fn verify_paths(p: &ProgramInfo, opts: &Options) -> Result<Verified, Rejection> {
     let fail = |insn: usize, kind: RejectKind| {
         let disasm = p
             .insns
@@ -93,6 +120,7 @@ pub fn verify(p: &ProgramInfo, opts: &Options) -> Result<Verified, Rejection> {
             disasm: disasm.into(),
             regs: Vec::new(),
             verbose: Box::default(),
+            source_line: None,
         }
     };
     if p.insns.is_empty() {
@@ -334,6 +362,7 @@ impl<'a> Verifier<'a> {
             disasm: disasm(&i, insns.get(pc + 1)).into(),
             regs,
             verbose: self.log.as_str().into(),
+            source_line: None,
         }
     }
 

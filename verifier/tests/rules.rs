@@ -4,7 +4,9 @@ mod common;
 
 use bpftime_isa::uapi::prog_type;
 use bpftime_isa::Insn;
-use bpftime_verifier::{verify, Options, ProgramInfo, RejectKind, PROG_TYPE_CONFORMANCE};
+use bpftime_verifier::{
+    verify, Options, ProgramInfo, RejectKind, SourceLine, PROG_TYPE_CONFORMANCE,
+};
 use common::*;
 
 macro_rules! accept {
@@ -561,6 +563,42 @@ reject!(
     1,
     RejectKind::InfiniteLoop { insn: 1 }
 );
+#[test]
+fn rejection_log_names_the_source_line_of_the_failing_insn() {
+    // Insn 2 fails (r3 is uninitialized); it belongs to the line starting at insn 1.
+    let insns = asm("mov %r0, 0\nmov %r2, 1\nadd %r0, %r3\nexit");
+    let info = ProgramInfo {
+        insns: &insns,
+        prog_type: prog_type::KPROBE,
+        gpu: false,
+        maps: &maps,
+        mem_len: 0,
+    };
+    let line = |insn, line, text: &str| SourceLine {
+        insn,
+        file: "/src/dir/prog.bpf.c".into(),
+        line,
+        text: text.into(),
+    };
+    let opts = Options {
+        source_lines: vec![
+            line(0, 10, "\tint r = 0;"),
+            line(1, 11, "  return r + x;"),
+            line(3, 12, "}"),
+        ],
+        ..Options::default()
+    };
+    let e = verify(&info, &opts).unwrap_err();
+    assert_eq!(e.insn, 2, "{}", e.log());
+    let log = e.log();
+    let src = log.find("; return r + x; @ prog.bpf.c:11\n").expect(&log);
+    let insn = log.find("2: (0f) r0 += r3").expect(&log);
+    assert!(src < insn, "{log}");
+    // Without line info the log has no source line.
+    let bare = verify(&info, &Options::default()).unwrap_err().log();
+    assert!(!bare.contains("; "), "{bare}");
+}
+
 #[test]
 fn unbounded_loop_hits_limit() {
     let insns = asm("mov %r0, 0\nmov %r1, 0\nloop:\nadd %r1, 1\njne %r1, 0, loop\nexit");
