@@ -1,4 +1,65 @@
+use std::path::{Path, PathBuf};
 use thiserror::Error;
+
+/// The environment variable that names the directory of `.data` files.
+pub const SUITE_DIR_ENV: &str = "BPF_CONFORMANCE_DIR";
+
+/// Where the suite is unless told otherwise: `$BPF_CONFORMANCE_DIR`, else
+/// `shared/conformance/bpf_conformance` beside the workspace (where CI puts it).
+pub fn default_suite_dir() -> PathBuf {
+    match std::env::var_os(SUITE_DIR_ENV) {
+        Some(dir) => PathBuf::from(dir),
+        None => PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+            .join("../../shared/conformance/bpf_conformance"),
+    }
+}
+
+#[derive(Debug, Error)]
+pub enum SuiteError {
+    #[error(
+        "cannot read the bpf_conformance tests at {} ({source}); set BPF_CONFORMANCE_DIR to \
+         the directory holding the .data files",
+        dir.display()
+    )]
+    Unreadable {
+        dir: PathBuf,
+        source: std::io::Error,
+    },
+    #[error(
+        "no .data files in {}; set BPF_CONFORMANCE_DIR to the directory holding them",
+        dir.display()
+    )]
+    Empty { dir: PathBuf },
+}
+
+/// The suite's `.data` files in `dir`, sorted by name.
+pub fn suite_files(dir: &Path) -> Result<Vec<PathBuf>, SuiteError> {
+    let unreadable = |source| SuiteError::Unreadable {
+        dir: dir.to_path_buf(),
+        source,
+    };
+    let mut files = Vec::new();
+    for entry in std::fs::read_dir(dir).map_err(unreadable)? {
+        let path = entry.map_err(unreadable)?.path();
+        if path.extension().is_some_and(|x| x == "data") {
+            files.push(path);
+        }
+    }
+    files.sort();
+    if files.is_empty() {
+        return Err(SuiteError::Empty {
+            dir: dir.to_path_buf(),
+        });
+    }
+    Ok(files)
+}
+
+/// A test's name: its file name without `.data`.
+pub fn test_name(path: &Path) -> String {
+    path.file_stem()
+        .map(|s| s.to_string_lossy().into_owned())
+        .unwrap_or_default()
+}
 
 /// What a test expects of the program.
 #[derive(Debug, Clone, PartialEq, Eq)]

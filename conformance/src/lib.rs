@@ -11,6 +11,9 @@ mod engine;
 pub mod gpu;
 mod jit;
 
-pub use data::{parse_test, Expectation, ParseError, TestCase};
+pub use data::{
+    default_suite_dir, parse_test, suite_files, test_name, Expectation, ParseError, SuiteError,
+    TestCase, SUITE_DIR_ENV,
+};
 pub use engine::{check, engine, Engine, EngineKind, InterpreterEngine, Mismatch, UnknownEngine};
 pub use jit::JitEngine;

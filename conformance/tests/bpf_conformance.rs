@@ -1,9 +1,10 @@
 //! Runs every bpf_conformance `.data` file on every engine and fails on any failure that is
 //! not excluded below with a reason.
 
-use std::path::PathBuf;
-
-use bpftime_conformance::{check, parse_test, Engine, InterpreterEngine, JitEngine};
+use bpftime_conformance::{
+    check, default_suite_dir, parse_test, suite_files, test_name, Engine, InterpreterEngine,
+    JitEngine,
+};
 use bpftime_jit_x86::JitOptions;
 
 /// Tests an engine is known to fail, with why. The interpreter has none: keep it that way.
@@ -11,38 +12,12 @@ const INTERPRETER_EXCLUSIONS: &[(&str, &str)] = &[];
 /// The x86-64 JIT has none either, at any optimization setting.
 const JIT_EXCLUSIONS: &[(&str, &str)] = &[];
 
-fn conformance_dir() -> PathBuf {
-    match std::env::var_os("BPF_CONFORMANCE_DIR") {
-        Some(dir) => PathBuf::from(dir),
-        // The workspace root is one level above this crate; the suite sits beside the root.
-        None => PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-            .join("../../shared/conformance/bpf_conformance"),
-    }
-}
-
 fn run_suite(engine: &dyn Engine, exclusions: &[(&str, &str)]) {
-    let dir = conformance_dir();
-    let entries = std::fs::read_dir(&dir).unwrap_or_else(|e| {
-        panic!(
-            "cannot read the bpf_conformance tests at {} ({e}); set BPF_CONFORMANCE_DIR to the \
-             directory holding the .data files",
-            dir.display()
-        )
-    });
-    let mut files: Vec<PathBuf> = entries
-        .map(|e| e.expect("reading the conformance directory").path())
-        .filter(|p| p.extension().is_some_and(|x| x == "data"))
-        .collect();
-    files.sort();
-    assert!(
-        !files.is_empty(),
-        "no .data files in {}; set BPF_CONFORMANCE_DIR to the directory holding them",
-        dir.display()
-    );
+    let files = suite_files(&default_suite_dir()).unwrap_or_else(|e| panic!("{e}"));
 
     let (mut passed, mut failed, mut excluded) = (0, Vec::new(), Vec::new());
     for path in &files {
-        let name = path.file_stem().unwrap().to_string_lossy().into_owned();
+        let name = test_name(path);
         let text = std::fs::read_to_string(path).expect("reading a .data file");
         let outcome = parse_test(&name, &text)
             .map_err(|e| e.to_string())

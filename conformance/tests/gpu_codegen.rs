@@ -12,7 +12,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use bpftime_conformance::gpu::{conformance_ptx, ConformanceGpuEnv, HELPER_PROBE};
-use bpftime_conformance::parse_test;
+use bpftime_conformance::{default_suite_dir, parse_test, suite_files, test_name};
 use bpftime_isa::asm::assemble;
 use bpftime_isa::{decode, Insn};
 use bpftime_jit_amdgcn::{AmdGpuArch, AmdgcnOptions};
@@ -24,33 +24,13 @@ use goblin::elf::Elf;
 const EM_AMDGPU: u16 = 224;
 const OBJDUMP: &str = "llvm-objdump-19";
 
-fn conformance_dir() -> PathBuf {
-    match std::env::var_os("BPF_CONFORMANCE_DIR") {
-        Some(dir) => PathBuf::from(dir),
-        None => PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-            .join("../../shared/conformance/bpf_conformance"),
-    }
-}
-
 /// Every conformance program, assembled, by test name.
 fn conformance_programs() -> Vec<(String, Vec<Insn>)> {
-    let dir = conformance_dir();
-    let mut files: Vec<PathBuf> = std::fs::read_dir(&dir)
-        .unwrap_or_else(|e| {
-            panic!(
-                "cannot read the bpf_conformance tests at {} ({e}); set BPF_CONFORMANCE_DIR",
-                dir.display()
-            )
-        })
-        .map(|e| e.expect("reading the conformance directory").path())
-        .filter(|p| p.extension().is_some_and(|x| x == "data"))
-        .collect();
-    files.sort();
-    assert!(!files.is_empty(), "no .data files in {}", dir.display());
+    let files = suite_files(&default_suite_dir()).unwrap_or_else(|e| panic!("{e}"));
     files
         .iter()
         .map(|path| {
-            let name = path.file_stem().unwrap().to_string_lossy().into_owned();
+            let name = test_name(path);
             let text = std::fs::read_to_string(path).expect("reading a .data file");
             let case = parse_test(&name, &text).unwrap_or_else(|e| panic!("{e}"));
             let prog = assemble(&case.asm).unwrap_or_else(|e| panic!("{name}: {e}"));

@@ -22,7 +22,9 @@ use bpftime_conformance::gpu::{
     check_helper_records, conformance_ptx, helper_buffer, GpuDevice, GpuRunError, HELPER_LAUNCH,
     HELPER_PROBE, ONE_THREAD,
 };
-use bpftime_conformance::{parse_test, Engine, Expectation, InterpreterEngine};
+use bpftime_conformance::{
+    parse_test, suite_files, test_name, Engine, Expectation, InterpreterEngine,
+};
 use bpftime_isa::asm::assemble;
 use bpftime_jit_ptx::{PtxOptions, StandardGpuEnv};
 use clap::Parser;
@@ -51,31 +53,6 @@ struct Args {
 const POISONED: i32 = 3;
 /// Worker exit status when there is no GPU to use.
 const UNAVAILABLE: i32 = 2;
-
-fn data_files(dir: &Path) -> anyhow::Result<Vec<PathBuf>> {
-    let mut files: Vec<PathBuf> = std::fs::read_dir(dir)
-        .with_context(|| {
-            format!(
-                "cannot read {} (pass --dir or set BPF_CONFORMANCE_DIR to the directory of \
-                 .data files)",
-                dir.display()
-            )
-        })?
-        .filter_map(|e| e.ok().map(|e| e.path()))
-        .filter(|p| p.extension().is_some_and(|x| x == "data"))
-        .collect();
-    files.sort();
-    if files.is_empty() {
-        bail!("no .data files in {}", dir.display());
-    }
-    Ok(files)
-}
-
-fn test_name(path: &Path) -> String {
-    path.file_stem()
-        .map(|s| s.to_string_lossy().into_owned())
-        .unwrap_or_default()
-}
 
 struct Failure {
     detail: String,
@@ -254,7 +231,7 @@ fn spawn_worker(args: &[String]) -> anyhow::Result<(mpsc::Receiver<Event>, std::
 
 fn main() -> ExitCode {
     let args = Args::parse();
-    let files = match data_files(&args.dir) {
+    let files = match suite_files(&args.dir) {
         Ok(f) => f,
         Err(e) => {
             eprintln!("bpftime-gpu-conformance: {e:#}");
