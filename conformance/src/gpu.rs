@@ -6,11 +6,16 @@
 //! `libcuda.so.1` itself first and every CUDA call happens after it succeeded.
 
 use std::ffi::CStr;
-use std::sync::{Arc, OnceLock};
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::{Duration, Instant};
 
 use bpftime_isa::Insn;
-use bpftime_jit_ptx::{compile, CompileError, GpuEnv, GpuHelper, PtxOptions, PtxProgram};
-use cudarc::driver::{CudaContext, CudaStream, LaunchConfig, PushKernelArg};
+use bpftime_jit_ptx::{
+    compile, CompileError, GpuEnv, GpuHelper, PtxOptions, PtxProgram, StandardGpuEnv,
+};
+use cudarc::driver::{
+    CudaContext, CudaFunction, CudaModule, CudaStream, LaunchConfig, PushKernelArg,
+};
 use cudarc::nvrtc::Ptx;
 
 use crate::engine::Engine;
@@ -101,6 +106,55 @@ impl std::fmt::Display for GpuRunError {
 pub struct GpuDevice {
     context: Arc<CudaContext>,
     stream: Arc<CudaStream>,
+    clock: Mutex<Option<ClockCalibration>>,
+}
+
+/// A program's module, loaded on the device.
+pub struct LoadedProgram {
+    module: Arc<CudaModule>,
+    kernel: CudaFunction,
+    clock_offset: Option<String>,
+}
+
+/// Where the GPU's global timer stands against the host's `CLOCK_MONOTONIC`: host time
+/// = global timer + `offset_ns`, within `error_ns` either way at `taken`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ClockCalibration {
+    pub offset_ns: i64,
+    pub error_ns: u64,
+    pub taken: Instant,
+}
+
+/// How long a calibration is trusted before the next launch takes a new one: the two
+/// clocks drift about 20 ppm apart (DESIGN item 8), 2 µs per 100 ms.
+pub const CLOCK_REANCHOR: Duration = Duration::from_millis(100);
+
+/// Global-timer readings bracketed by host readings, per calibration; the tightest wins.
+const CLOCK_SAMPLES: usize = 16;
+
+/// Nanoseconds on the host's `CLOCK_MONOTONIC`, the clock `bpf_ktime_get_ns` reads.
+pub fn host_monotonic_ns() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: clock_gettime writes one timespec through a valid pointer.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+}
+
+/// The offset and error bound from global-timer readings `gpu` each taken between
+/// host readings `before` and `after`: the tightest bracket, its midpoint as the
+/// estimate and half its width as the bound. `None` without a sample.
+pub fn estimate_clock_offset(samples: &[(u64, u64, u64)]) -> Option<(i64, u64)> {
+    samples
+        .iter()
+        .filter(|(before, _, after)| after >= before)
+        .min_by_key(|(before, _, after)| after - before)
+        .map(|&(before, gpu, after)| {
+            let half = (after - before) / 2;
+            ((before + half) as i64 - gpu as i64, half)
+        })
 }
 
 impl GpuDevice {
@@ -110,7 +164,11 @@ impl GpuDevice {
         let context = CudaContext::new(0)
             .map_err(|e| GpuRunError::Unavailable(format!("cannot open GPU 0: {e}")))?;
         let stream = context.default_stream();
-        Ok(GpuDevice { context, stream })
+        Ok(GpuDevice {
+            context,
+            stream,
+            clock: Mutex::new(None),
+        })
     }
 
     /// The device's name, as the driver reports it.
@@ -129,61 +187,130 @@ impl GpuDevice {
             .map_err(|e| GpuRunError::Device(e.to_string()))
     }
 
-    /// Loads `program`, runs its kernel with `config` over a device copy of `mem` (r1
-    /// = its address, r2 = its length), copies `mem` back and returns the r0 the
-    /// kernel stored (with several threads, the last one to store wins).
+    /// Loads `program`'s module.
+    pub fn load(&self, program: &PtxProgram) -> Result<LoadedProgram, GpuRunError> {
+        let module = self
+            .context
+            .load_module(Ptx::from_src(program.ptx.clone()))
+            .map_err(|e| device_error("loading the PTX module", e))?;
+        let kernel = module
+            .load_function(&program.kernel)
+            .map_err(|e| device_error("finding the kernel", e))?;
+        Ok(LoadedProgram {
+            module,
+            kernel,
+            clock_offset: program.clock_offset.clone(),
+        })
+    }
+
+    /// Measures the global timer against the host clock: [`CLOCK_SAMPLES`] one-thread
+    /// launches of a program that returns helper 502, each bracketed by host readings.
+    pub fn calibrate_clock(&self) -> Result<ClockCalibration, GpuRunError> {
+        let prog = bpftime_isa::asm::assemble("call 502\nexit")
+            .map_err(|e| GpuRunError::Compile(e.to_string()))?;
+        let program = compile(&prog, &StandardGpuEnv, &PtxOptions::default())
+            .map_err(|e| GpuRunError::Compile(e.to_string()))?;
+        let loaded = self.load(&program)?;
+        let mut samples = Vec::with_capacity(CLOCK_SAMPLES);
+        for _ in 0..CLOCK_SAMPLES {
+            let before = host_monotonic_ns();
+            let gpu = self.run(&loaded, &mut [], ONE_THREAD)?;
+            let after = host_monotonic_ns();
+            samples.push((before, gpu, after));
+        }
+        let (offset_ns, error_ns) = estimate_clock_offset(&samples)
+            .ok_or_else(|| GpuRunError::Device("no clock sample was usable".into()))?;
+        Ok(ClockCalibration {
+            offset_ns,
+            error_ns,
+            taken: Instant::now(),
+        })
+    }
+
+    /// The current calibration, taken anew when older than [`CLOCK_REANCHOR`].
+    pub fn clock(&self) -> Result<ClockCalibration, GpuRunError> {
+        let mut clock = self.clock.lock().unwrap_or_else(|e| e.into_inner());
+        match *clock {
+            Some(c) if c.taken.elapsed() < CLOCK_REANCHOR => Ok(c),
+            _ => {
+                let c = self.calibrate_clock()?;
+                *clock = Some(c);
+                Ok(c)
+            }
+        }
+    }
+
+    /// Runs `program`'s kernel with `config` over a device copy of `mem` (r1 = its
+    /// address, r2 = its length), copies `mem` back and returns the r0 the kernel
+    /// stored (with several threads, the last one to store wins). A program that reads
+    /// `ktime_get_ns` gets the host clock's offset written first.
+    pub fn run(
+        &self,
+        program: &LoadedProgram,
+        mem: &mut [u8],
+        config: LaunchConfig,
+    ) -> Result<u64, GpuRunError> {
+        if let Some(name) = &program.clock_offset {
+            let offset = self.clock()?.offset_ns;
+            let mut global = program
+                .module
+                .get_global(name, &self.stream)
+                .map_err(|e| device_error("finding the clock offset", e))?;
+            self.stream
+                .memcpy_htod(&offset.to_le_bytes(), &mut global)
+                .map_err(|e| device_error("writing the clock offset", e))?;
+        }
+        // An empty buffer still needs a valid allocation; r2 says it is empty.
+        let host: &[u8] = if mem.is_empty() { &[0] } else { mem };
+        let mut buffer = self
+            .stream
+            .clone_htod(host)
+            .map_err(|e| device_error("copying memory in", e))?;
+        // Poisoned, so that a kernel that never stores r0 cannot pass.
+        let poison = [0xdead_beef_dead_beef_u64];
+        let mut result = self
+            .stream
+            .clone_htod(&poison[..])
+            .map_err(|e| device_error("allocating the result", e))?;
+        let len = mem.len() as u64;
+        let mut launch = self.stream.launch_builder(&program.kernel);
+        launch.arg(&mut buffer).arg(&len).arg(&mut result);
+        // SAFETY: the kernel's parameters are (u64 pointer, u64, u64 pointer), matching
+        // the buffer, the length and the one-u64 result pushed above; the program
+        // touches only memory inside `buffer` and its own stack (the conformance
+        // programs, like any verified program, stay within r1..r1+r2).
+        unsafe { launch.launch(config) }.map_err(|e| device_error("launching", e))?;
+        self.stream
+            .synchronize()
+            .map_err(|e| device_error("running the kernel", e))?;
+        let r0 = self
+            .stream
+            .clone_dtoh(&result)
+            .map_err(|e| device_error("copying r0 out", e))?;
+        if !mem.is_empty() {
+            self.stream
+                .memcpy_dtoh(&buffer, mem)
+                .map_err(|e| device_error("copying memory out", e))?;
+        }
+        r0.first()
+            .copied()
+            .ok_or_else(|| GpuRunError::Device("no r0 came back".into()))
+    }
+
+    /// [`load`](Self::load) and [`run`](Self::run) in one.
     pub fn launch(
         &self,
         program: &PtxProgram,
         mem: &mut [u8],
         config: LaunchConfig,
     ) -> Result<u64, GpuRunError> {
-        let device = |what: &str, e: cudarc::driver::DriverError| {
-            GpuRunError::Device(format!("{what}: {e}"))
-        };
-        let module = self
-            .context
-            .load_module(Ptx::from_src(program.ptx.clone()))
-            .map_err(|e| device("loading the PTX module", e))?;
-        let kernel = module
-            .load_function(&program.kernel)
-            .map_err(|e| device("finding the kernel", e))?;
-        // An empty buffer still needs a valid allocation; r2 says it is empty.
-        let host: &[u8] = if mem.is_empty() { &[0] } else { mem };
-        let mut buffer = self
-            .stream
-            .clone_htod(host)
-            .map_err(|e| device("copying memory in", e))?;
-        // Poisoned, so that a kernel that never stores r0 cannot pass.
-        let poison = [0xdead_beef_dead_beef_u64];
-        let mut result = self
-            .stream
-            .clone_htod(&poison[..])
-            .map_err(|e| device("allocating the result", e))?;
-        let len = mem.len() as u64;
-        let mut launch = self.stream.launch_builder(&kernel);
-        launch.arg(&mut buffer).arg(&len).arg(&mut result);
-        // SAFETY: the kernel's parameters are (u64 pointer, u64, u64 pointer), matching
-        // the buffer, the length and the one-u64 result pushed above; the program
-        // touches only memory inside `buffer` and its own stack (the conformance
-        // programs, like any verified program, stay within r1..r1+r2).
-        unsafe { launch.launch(config) }.map_err(|e| device("launching", e))?;
-        self.stream
-            .synchronize()
-            .map_err(|e| device("running the kernel", e))?;
-        let r0 = self
-            .stream
-            .clone_dtoh(&result)
-            .map_err(|e| device("copying r0 out", e))?;
-        if !mem.is_empty() {
-            self.stream
-                .memcpy_dtoh(&buffer, mem)
-                .map_err(|e| device("copying memory out", e))?;
-        }
-        r0.first()
-            .copied()
-            .ok_or_else(|| GpuRunError::Device("no r0 came back".into()))
+        let loaded = self.load(program)?;
+        self.run(&loaded, mem, config)
     }
+}
+
+fn device_error(what: &str, e: cudarc::driver::DriverError) -> GpuRunError {
+    GpuRunError::Device(format!("{what}: {e}"))
 }
 
 /// One thread, one block.
@@ -352,7 +479,23 @@ pub const HELPER_LAUNCH: LaunchConfig = LaunchConfig {
 
 /// Checks the records [`HELPER_PROBE`] wrote under `launch` against the launch geometry
 /// and the device's `sm_count`; returns one line per wrong field (empty when all hold).
-pub fn check_helper_records(mem: &[u8], launch: &LaunchConfig, sm_count: u32) -> Vec<String> {
+/// When a helper-probe launch ran, on the host's clock, and the calibration it used.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct HostClockWindow {
+    /// `CLOCK_MONOTONIC` just before the launch and just after it finished.
+    pub before_ns: u64,
+    pub after_ns: u64,
+    /// The calibration whose offset the launch's `ktime_get_ns` added.
+    pub offset_ns: i64,
+    pub error_ns: u64,
+}
+
+pub fn check_helper_records(
+    mem: &[u8],
+    launch: &LaunchConfig,
+    sm_count: u32,
+    window: &HostClockWindow,
+) -> Vec<String> {
     let (gx, gy, gz) = launch.grid_dim;
     let (bx, by, bz) = launch.block_dim;
     let per_block = u64::from(bx * by * bz);
@@ -419,20 +562,37 @@ pub fn check_helper_records(mem: &[u8], launch: &LaunchConfig, sm_count: u32) ->
         }
         clocks.push((t, field(t, 15).unwrap_or(0), field(t, 16).unwrap_or(0)));
     }
-    // Both clocks read the same global timer, in nanoseconds, within one short launch.
+    // The raw timer moves forward in nanoseconds within one short launch.
     const SPAN_NS: u64 = 10_000_000_000;
-    let all: Vec<u64> = clocks.iter().flat_map(|&(_, a, b)| [a, b]).collect();
-    if let (Some(&lo), Some(&hi)) = (all.iter().min(), all.iter().max()) {
+    let raw: Vec<u64> = clocks.iter().map(|&(_, g, _)| g).collect();
+    if let (Some(&lo), Some(&hi)) = (raw.iter().min(), raw.iter().max()) {
         if lo == 0 {
-            problems.push("a clock read 0".to_string());
+            problems.push("the global timer read 0".to_string());
         } else if hi - lo > SPAN_NS {
-            problems.push(format!("clocks span {} ns within one launch", hi - lo));
+            problems.push(format!(
+                "the global timer spans {} ns within one launch",
+                hi - lo
+            ));
         }
     }
+    // ktime_get_ns is on the host's clock: inside the launch's host window, give or take
+    // the calibration's error, and at or after the raw timer read just before it.
+    let earliest = window.before_ns.saturating_sub(window.error_ns);
+    let latest = window.after_ns.saturating_add(window.error_ns);
     for &(t, globaltimer, ktime) in &clocks {
-        if ktime < globaltimer {
+        if ktime < earliest || ktime > latest {
             problems.push(format!(
-                "thread {t}: ktime_get_ns {ktime} read after globaltimer {globaltimer} is earlier"
+                "thread {t}: ktime_get_ns {ktime} is outside the launch's host window \
+                 [{earliest}, {latest}] (calibration error {} ns)",
+                window.error_ns
+            ));
+        }
+        let on_gpu_clock = ktime as i64 - window.offset_ns;
+        if on_gpu_clock < globaltimer as i64 {
+            problems.push(format!(
+                "thread {t}: ktime_get_ns {ktime} less the offset {} is {on_gpu_clock}, before \
+                 the global timer {globaltimer} read earlier",
+                window.offset_ns
             ));
         }
     }
@@ -449,6 +609,14 @@ pub fn helper_buffer(launch: &LaunchConfig) -> Vec<u8> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A launch seen from the host between 5 and 6 ms, with the global timer 4 ms behind.
+    const WINDOW: HostClockWindow = HostClockWindow {
+        before_ns: 5_000_000,
+        after_ns: 6_000_000,
+        offset_ns: 4_000_000,
+        error_ns: 2_000,
+    };
 
     /// Records as a correct GPU would write them.
     fn correct(launch: &LaunchConfig) -> Vec<u8> {
@@ -475,7 +643,7 @@ mod tests {
                 (block % 7).into(),
                 (local / 32).into(),
                 1_000_000 + u64::from(t),
-                1_000_100 + u64::from(t),
+                WINDOW.before_ns + 100 + u64::from(t),
                 (block % 7).into(),
                 0,
                 0x5a5a,
@@ -492,27 +660,39 @@ mod tests {
     fn helper_records_are_checked_field_by_field() {
         let mem = correct(&HELPER_LAUNCH);
         assert_eq!(
-            check_helper_records(&mem, &HELPER_LAUNCH, 132),
+            check_helper_records(&mem, &HELPER_LAUNCH, 132, &WINDOW),
             Vec::<String>::new()
         );
         // Too few SMs for the ids seen.
-        assert!(!check_helper_records(&mem, &HELPER_LAUNCH, 4).is_empty());
+        assert!(!check_helper_records(&mem, &HELPER_LAUNCH, 4, &WINDOW).is_empty());
         // A swapped thread index, a missing record, a poisoned buffer.
         let mut bad = mem.clone();
         let at = 9 * HELPER_RECORD;
         bad[at..at + 8].copy_from_slice(&7u64.to_le_bytes());
-        let p = check_helper_records(&bad, &HELPER_LAUNCH, 132);
+        let p = check_helper_records(&bad, &HELPER_LAUNCH, 132, &WINDOW);
         assert_eq!(
             p,
             vec!["thread 9: thread_idx.x = 7, expected 1".to_string()]
         );
         let mut bad = mem.clone();
         bad[5 * HELPER_RECORD + 152] = 0;
-        let p = check_helper_records(&bad, &HELPER_LAUNCH, 132);
+        let p = check_helper_records(&bad, &HELPER_LAUNCH, 132, &WINDOW);
         assert_eq!(p, vec!["thread 5: no record written".to_string()]);
+        // A ktime on the raw GPU clock (no offset applied), and one from after the launch.
+        let mut bad = mem.clone();
+        let at = 3 * HELPER_RECORD + 128;
+        bad[at..at + 8].copy_from_slice(&1_000_103u64.to_le_bytes());
+        let p = check_helper_records(&bad, &HELPER_LAUNCH, 132, &WINDOW);
+        assert_eq!(p.len(), 2, "{p:?}");
+        assert!(p[0].contains("outside the launch's host window"), "{p:?}");
+        assert!(p[1].contains("before the global timer"), "{p:?}");
+        let mut bad = mem.clone();
+        bad[at..at + 8].copy_from_slice(&6_002_001u64.to_le_bytes());
+        let p = check_helper_records(&bad, &HELPER_LAUNCH, 132, &WINDOW);
+        assert_eq!(p.len(), 1, "{p:?}");
         let poisoned = helper_buffer(&HELPER_LAUNCH);
         assert_eq!(
-            check_helper_records(&poisoned, &HELPER_LAUNCH, 132).len(),
+            check_helper_records(&poisoned, &HELPER_LAUNCH, 132, &WINDOW).len(),
             384
         );
     }
@@ -555,5 +735,19 @@ mod tests {
                 assert!(err.contains(LIBCUDA), "{err}");
             }
         }
+    }
+
+    #[test]
+    fn the_clock_offset_comes_from_the_tightest_bracket() {
+        // (host before, gpu, host after): the second bracket is 200 ns wide.
+        let samples = [
+            (1_000, 500, 3_000),
+            (10_000, 9_000, 10_200),
+            (20_000, 0, 19_000),
+        ];
+        assert_eq!(estimate_clock_offset(&samples), Some((10_100 - 9_000, 100)));
+        assert_eq!(estimate_clock_offset(&[]), None);
+        // A sample whose host clock went backwards says nothing.
+        assert_eq!(estimate_clock_offset(&[(5, 1, 4)]), None);
     }
 }

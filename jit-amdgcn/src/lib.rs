@@ -123,6 +123,9 @@ pub struct AmdgcnObject {
     pub kernel: String,
     /// Device functions the object calls but does not define.
     pub externs: Vec<String>,
+    /// The global `i64` that `ktime_get_ns` adds to the GPU's clock, when the program
+    /// calls it; the runtime writes the host-clock offset into it before a launch.
+    pub clock_offset: Option<String>,
 }
 
 struct Amdgpu {
@@ -414,6 +417,7 @@ pub fn compile(
         arch: opts.arch,
         func: gpu.func,
         kernel: gpu.kernel,
+        clock_offset: gpu.clock_offset,
         externs,
     })
 }

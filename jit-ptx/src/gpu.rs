@@ -7,9 +7,11 @@
 //!   the SM (compute unit) id, 510 the warp id, 511 the lane id; 503 block index, 504
 //!   block size, 505 thread index and 508 grid size write x, y and z as three `u64`s
 //!   through r1, r2 and r3 and return 0; 506 is a system-wide memory barrier and
-//!   returns 0. `ktime_get_ns` is the raw global timer: the runtime's calibration to
-//!   the host's `CLOCK_MONOTONIC` (DESIGN item 8) needs an offset only the runtime has,
-//!   so a runtime that applies it routes helper 5 to an extern of its own.
+//!   returns 0. Helper 502 is the raw global timer; helper 5 (`ktime_get_ns`) is the
+//!   global timer plus the module global [`GpuModule::clock_offset`], which the runtime
+//!   sets to its calibrated (host `CLOCK_MONOTONIC` − global timer) before a launch
+//!   (DESIGN item 8), so that GPU and CPU timestamps order correctly. Left at 0 it is
+//!   the raw timer.
 //! - *extern* helpers ([`EXTERN_HELPERS`]): calls to device functions that the GPU
 //!   runtime links, each with the helper ABI `u64 f(u64, u64, u64, u64, u64)`. PTX
 //!   declares them `.extern .func`.
@@ -22,7 +24,8 @@
 //! private memory; eBPF pointers are generic (flat, address space 0) pointers.
 //!
 //! Every function the module defines besides those two is internal and named
-//! `<symbol>__...`, so that modules of several programs can be spliced into one.
+//! `<symbol>__...`, so that modules of several programs can be spliced into one; so is
+//! the one global, the clock offset `<symbol>__clock_offset_ns`.
 
 use std::cell::RefCell;
 use std::collections::{BTreeMap, BTreeSet};
@@ -98,6 +101,9 @@ pub enum Builtin {
     Dim3(Dimension),
     /// A memory barrier at system scope; r0 = 0.
     Membar,
+    /// r0 = the global timer plus the module's clock offset: nanoseconds on the host's
+    /// `CLOCK_MONOTONIC` once the runtime has written the offset.
+    HostClockNs,
 }
 
 impl Builtin {
@@ -110,6 +116,7 @@ impl Builtin {
             Builtin::Read(SpecialRegister::Dim(d, a)) => format!("{d:?}_{}", a.letter()),
             Builtin::Dim3(d) => format!("{d:?}"),
             Builtin::Membar => "membar".to_string(),
+            Builtin::HostClockNs => "host_clock_ns".to_string(),
         };
         format!("bpftime_builtin_{}", what.to_lowercase())
     }
@@ -150,10 +157,11 @@ pub const EXTERN_HELPERS: &[(u32, &str)] = &[
 /// The standard GPU lowering of helper `id`: the helpers the verifier allows in GPU
 /// programs, and nothing else.
 pub fn standard_helper(id: u32) -> Option<GpuHelper> {
-    use Builtin::{Dim3, Membar, Read};
+    use Builtin::{Dim3, HostClockNs, Membar, Read};
     use SpecialRegister::{GlobalTimerNs, LaneId, SmId, WarpId};
     let builtin = match id {
-        h::KTIME_GET_NS | h::GPU_GLOBALTIMER => Read(GlobalTimerNs),
+        h::KTIME_GET_NS => HostClockNs,
+        h::GPU_GLOBALTIMER => Read(GlobalTimerNs),
         h::GET_SMP_PROCESSOR_ID | h::GPU_SM_ID => Read(SmId),
         h::GPU_WARP_ID => Read(WarpId),
         h::GPU_LANE_ID => Read(LaneId),
@@ -274,6 +282,10 @@ pub struct GpuModule<'ctx> {
     pub func: String,
     /// Name of the kernel, `kernel(void *mem, u64 len, u64 *result)`.
     pub kernel: String,
+    /// The global `i64` that `ktime_get_ns` adds to the global timer, when the program
+    /// calls it: the runtime writes (host `CLOCK_MONOTONIC` − global timer), in
+    /// nanoseconds, after loading the module and before launching.
+    pub clock_offset: Option<String>,
 }
 
 /// The [`LoweringTarget`] of GPU programs: every helper is a call by name; builtins are
@@ -313,6 +325,10 @@ impl LoweringTarget for GpuLowering<'_> {
 
     fn array_map(&self, map: u64) -> Option<ArrayMapLayout> {
         self.env.array_map(map)
+    }
+
+    fn split_misaligned_access(&self) -> bool {
+        true
     }
 
     fn entry_name(&self) -> &str {
@@ -417,9 +433,20 @@ pub fn build_module<'ctx>(
     }
 
     let builder = context.create_builder();
+    let clock_offset = format!("{symbol}__clock_offset_ns");
+    let mut reads_clock_offset = false;
     for (name, builtin) in lowering.builtins.borrow().iter() {
         if let Some(f) = module.get_function(name) {
-            define_builtin(context, &module, &builder, backend, f, *builtin)?;
+            reads_clock_offset |= *builtin == Builtin::HostClockNs;
+            define_builtin(
+                context,
+                &module,
+                &builder,
+                backend,
+                f,
+                *builtin,
+                &clock_offset,
+            )?;
         }
     }
     let always_inline =
@@ -493,6 +520,7 @@ pub fn build_module<'ctx>(
         module,
         func: symbol.to_string(),
         kernel: kernel_name,
+        clock_offset: reads_clock_offset.then_some(clock_offset),
     })
 }
 
@@ -514,6 +542,7 @@ fn define_builtin<'ctx>(
     backend: &dyn GpuBackend,
     f: FunctionValue<'ctx>,
     builtin: Builtin,
+    clock_offset: &str,
 ) -> Result<(), CompileError> {
     builder.position_at_end(context.append_basic_block(f, "entry"));
     let i64t = context.i64_type();
@@ -540,9 +569,28 @@ fn define_builtin<'ctx>(
             backend.membar(module, builder)?;
             i64t.const_zero()
         }
+        Builtin::HostClockNs => {
+            let offset = module.get_global(clock_offset).unwrap_or_else(|| {
+                let g = module.add_global(i64t, Some(global_address_space()), clock_offset);
+                g.set_initializer(&i64t.const_zero());
+                g.set_linkage(Linkage::External);
+                g.set_alignment(8);
+                g
+            });
+            let timer = backend.read_register(module, builder, SpecialRegister::GlobalTimerNs)?;
+            let offset = builder
+                .build_load(i64t, offset.as_pointer_value(), "clock_offset")?
+                .into_int_value();
+            builder.build_int_add(timer, offset, "host_ns")?
+        }
     };
     builder.build_return(Some(&r0))?;
     Ok(())
+}
+
+/// Device global memory, on NVPTX and AMDGPU alike.
+fn global_address_space() -> AddressSpace {
+    AddressSpace::from(1u16)
 }
 
 /// Functions the module calls but does not define (the runtime's device functions),

@@ -341,4 +341,47 @@ mod tests {
         // through a copy of r10, is the stack's and plain.
         assert_eq!(p.ptx.matches("atom.").count(), 4, "{}", p.ptx);
     }
+
+    #[test]
+    fn memory_accesses_are_whole_when_aligned_and_bytewise_only_when_not() {
+        // Through a pointer of unknown alignment: an aligned path with one 8-byte load
+        // and store, a byte-wise path for the misaligned case, chosen by the low bits.
+        let p = ptx("ldxdw %r0, [%r1+0]\nstxdw [%r1+8], %r0\nexit");
+        let kernel = body(&p.ptx, ".entry bpf_prog_kernel");
+        // The kernel's own buffer may be inferred global: `ld.global.u64`.
+        let has = |op: &str, width: &str| {
+            kernel.contains(&format!("{op}.{width}"))
+                || kernel.contains(&format!("{op}.global.{width}"))
+        };
+        assert!(kernel.contains("and.b64"), "{kernel}");
+        assert!(has("ld", "u64") && has("st", "u64"), "{kernel}");
+        assert!(has("ld", "u8") && has("st", "u8"), "{kernel}");
+        // Stack slots are aligned by their offset: no test, no bytes.
+        let p = ptx(
+            "stdw [%r10-8], 7\nmov %r1, %r10\nadd %r1, -8\nmov %r2, %r10\nadd %r2, -16\n\
+             mov %r3, %r10\nadd %r3, -24\ncall 505\nldxdw %r0, [%r10-8]\nldxw %r1, [%r10-12]\n\
+             add %r0, %r1\nexit",
+        );
+        let kernel = body(&p.ptx, ".entry bpf_prog_kernel");
+        assert!(!kernel.contains(".u8"), "{kernel}");
+        assert!(!kernel.contains("and.b64"), "{kernel}");
+    }
+
+    #[test]
+    fn ktime_adds_a_clock_offset_the_runtime_sets() {
+        let p = ptx("call 5\nexit");
+        assert_eq!(p.clock_offset.as_deref(), Some("bpf_prog__clock_offset_ns"));
+        assert!(
+            p.ptx
+                .contains(".visible .global .align 8 .u64 bpf_prog__clock_offset_ns"),
+            "{}",
+            p.ptx
+        );
+        let kernel = body(&p.ptx, ".entry bpf_prog_kernel");
+        assert!(kernel.contains("%globaltimer"), "{kernel}");
+        assert!(kernel.contains("bpf_prog__clock_offset_ns"), "{kernel}");
+        // The raw timer (502) needs no offset, and a program without clocks has none.
+        assert_eq!(ptx("call 502\nexit").clock_offset, None);
+        assert_eq!(ptx("mov %r0, 1\nexit").clock_offset, None);
+    }
 }

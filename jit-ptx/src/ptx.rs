@@ -139,6 +139,10 @@ pub struct PtxProgram {
     /// GPU runtime must link; while any remain, `ptxas` needs `-c` and the driver
     /// needs a link step.
     pub externs: Vec<String>,
+    /// The `.visible .global .u64` that `ktime_get_ns` adds to `%globaltimer`, when the
+    /// program calls it: write (host `CLOCK_MONOTONIC` − `%globaltimer`) in nanoseconds
+    /// into it after loading the module, or timestamps stay on the GPU's own clock.
+    pub clock_offset: Option<String>,
 }
 
 struct Nvptx {
@@ -314,6 +318,7 @@ pub fn compile(
         ptx,
         func: gpu.func,
         kernel: gpu.kernel,
+        clock_offset: gpu.clock_offset,
         externs,
     })
 }

@@ -177,6 +177,10 @@ impl<'ctx> Lifter<'_, 'ctx> {
         // Allocated as i64 words for 8-byte alignment; accessed through `stack_ty`.
         let words = self.i64t.array_type((STACK_SIZE / 8) as u32);
         let stack = b.build_alloca(words, "stack")?;
+        // Frame-pointer accesses claim alignment from their offset (see `address`).
+        if let Some(alloca) = stack.as_instruction() {
+            let _ = alloca.set_alignment(8);
+        }
         let mut regs = [stack; 11];
         for (r, slot) in regs.iter_mut().enumerate() {
             *slot = b.build_alloca(self.i64t, &format!("r{r}"))?;
@@ -362,10 +366,8 @@ impl<'ctx> Lifter<'_, 'ctx> {
                     return Err(unsupported);
                 }
                 let bits = op::size_bytes(i.code) as u32 * 8;
-                let ptr = self.address(f, pc, i.src, i.off, bits)?;
-                let ty = self.int(bits);
-                let v = self.builder.build_load(ty, ptr, "ld")?.into_int_value();
-                set_align1(v.as_instruction_value());
+                let (ptr, align) = self.address(f, pc, i.src, i.off, bits)?;
+                let v = self.load(f, ptr, align, bits)?;
                 let v = if mode == op::MEMSX {
                     self.builder
                         .build_int_s_extend_or_bit_cast(v, self.i64t, "sx")?
@@ -392,17 +394,17 @@ impl<'ctx> Lifter<'_, 'ctx> {
                     let v = self.read(f, pc, i.src)?;
                     self.builder.build_int_truncate_or_bit_cast(v, ty, "st")?
                 };
-                let ptr = self.address(f, pc, i.dst, i.off, bits)?;
-                let s = self.builder.build_store(ptr, v)?;
-                set_align1(Some(s));
+                let (ptr, align) = self.address(f, pc, i.dst, i.off, bits)?;
+                self.store(f, ptr, align, v)?;
                 Ok((pc + 1, false))
             }
             _ => Err(unsupported),
         }
     }
 
-    /// The pointer for `[base + off]`. Frame-pointer accesses index the stack alloca
-    /// directly so the optimizer can keep stack slots in registers; everything else goes
+    /// The pointer for `[base + off]`, and its alignment where it is known. Frame-pointer
+    /// accesses index the stack alloca directly so the optimizer can keep stack slots in
+    /// registers, and their alignment follows from the offset; everything else goes
     /// through an integer-to-pointer cast, as eBPF pointers are plain integers.
     fn address(
         &self,
@@ -411,25 +413,151 @@ impl<'ctx> Lifter<'_, 'ctx> {
         base: u8,
         off: i16,
         bits: u32,
-    ) -> Result<PointerValue<'ctx>> {
+    ) -> Result<(PointerValue<'ctx>, Option<u32>)> {
         let b = &self.builder;
         if base == 10 {
             let slot = STACK_SIZE as i64 + i64::from(off);
             let size = i64::from(bits / 8);
             if slot >= 0 && slot + size <= STACK_SIZE as i64 {
-                return Ok(b.build_struct_gep(self.stack_ty, f.stack, slot as u32, "slot")?);
+                let ptr = b.build_struct_gep(self.stack_ty, f.stack, slot as u32, "slot")?;
+                // The largest power of two dividing the slot, up to the frame's own
+                // alignment and the access size: what the offset alone guarantees.
+                let align = (1u32 << (slot as u32).trailing_zeros().min(3)).min(bits / 8);
+                return Ok((ptr, Some(align)));
             }
         }
         let v = self.read(f, pc, base)?;
         let addr = b.build_int_add(v, self.i64t.const_int(i64::from(off) as u64, true), "addr")?;
         let pty = self.context.ptr_type(self.target.memory_address_space());
-        Ok(b.build_int_to_ptr(addr, pty, "ptr")?)
+        Ok((b.build_int_to_ptr(addr, pty, "ptr")?, None))
+    }
+
+    /// Emits `access(true)` where the address is known aligned, and otherwise: on targets
+    /// that [split misaligned accesses](LoweringTarget::split_misaligned_access), a test
+    /// of the address's low bits choosing `access(true)` or `access(false)` (byte-wise);
+    /// elsewhere `access(false)` alone. Returns the value of each run, joined.
+    fn with_alignment(
+        &self,
+        f: &Frame<'ctx>,
+        ptr: PointerValue<'ctx>,
+        known: Option<u32>,
+        bits: u32,
+        access: impl Fn(bool) -> Result<Option<IntValue<'ctx>>>,
+    ) -> Result<Option<IntValue<'ctx>>> {
+        let size = bits / 8;
+        if known == Some(size) || size == 1 {
+            return access(true);
+        }
+        if known.is_some() || !self.target.split_misaligned_access() {
+            return access(false);
+        }
+        let b = &self.builder;
+        let addr = b.build_ptr_to_int(ptr, self.i64t, "addr")?;
+        let low = b.build_and(addr, self.i64t.const_int(u64::from(size - 1), false), "low")?;
+        let aligned =
+            b.build_int_compare(IntPredicate::EQ, low, self.i64t.const_zero(), "aligned")?;
+        let whole = self.context.append_basic_block(f.function, "aligned");
+        let split = self.context.append_basic_block(f.function, "misaligned");
+        let join = self.context.append_basic_block(f.function, "accessed");
+        b.build_conditional_branch(aligned, whole, split)?;
+        b.position_at_end(whole);
+        let fast = access(true)?;
+        b.build_unconditional_branch(join)?;
+        b.position_at_end(split);
+        let slow = access(false)?;
+        b.build_unconditional_branch(join)?;
+        b.position_at_end(join);
+        Ok(match (fast, slow) {
+            (Some(fast), Some(slow)) => {
+                let phi = b.build_phi(fast.get_type(), "loaded")?;
+                phi.add_incoming(&[(&fast, whole), (&slow, split)]);
+                Some(phi.as_basic_value().into_int_value())
+            }
+            _ => None,
+        })
+    }
+
+    /// A `bits`-wide load from `ptr`, as one access where it is known aligned.
+    fn load(
+        &self,
+        f: &Frame<'ctx>,
+        ptr: PointerValue<'ctx>,
+        known: Option<u32>,
+        bits: u32,
+    ) -> Result<IntValue<'ctx>> {
+        let ty = self.int(bits);
+        let b = &self.builder;
+        let v = self.with_alignment(f, ptr, known, bits, |aligned| {
+            if aligned || !self.target.split_misaligned_access() {
+                let v = b.build_load(ty, ptr, "ld")?.into_int_value();
+                set_alignment(v.as_instruction_value(), if aligned { bits / 8 } else { 1 });
+                return Ok(Some(v));
+            }
+            // Spelled out byte by byte: an align-1 load would be merged with the
+            // aligned path's load, which is the same instruction but for its alignment.
+            let i8t = self.context.i8_type();
+            let mut v = ty.const_zero();
+            for k in 0..bits / 8 {
+                let at = self.byte_at(ptr, k)?;
+                let byte = b.build_load(i8t, at, "byte")?.into_int_value();
+                let byte = b.build_int_z_extend(byte, ty, "byte_ext")?;
+                let byte = b.build_left_shift(byte, ty.const_int(u64::from(k * 8), false), "")?;
+                v = b.build_or(v, byte, "bytes")?;
+            }
+            Ok(Some(v))
+        })?;
+        v.ok_or_else(|| LiftError::InvalidIr {
+            message: "a load produced no value".into(),
+        })
+    }
+
+    /// A store of `v` (already of the access's width) to `ptr`, as one access where it
+    /// is known aligned.
+    fn store(
+        &self,
+        f: &Frame<'ctx>,
+        ptr: PointerValue<'ctx>,
+        known: Option<u32>,
+        v: IntValue<'ctx>,
+    ) -> Result<()> {
+        let bits = v.get_type().get_bit_width();
+        let b = &self.builder;
+        self.with_alignment(f, ptr, known, bits, |aligned| {
+            if aligned || !self.target.split_misaligned_access() {
+                let s = b.build_store(ptr, v)?;
+                set_alignment(Some(s), if aligned { bits / 8 } else { 1 });
+                return Ok(None);
+            }
+            let i8t = self.context.i8_type();
+            for k in 0..bits / 8 {
+                let at = self.byte_at(ptr, k)?;
+                let shifted = b.build_right_shift(
+                    v,
+                    v.get_type().const_int(u64::from(k * 8), false),
+                    false,
+                    "",
+                )?;
+                let byte = b.build_int_truncate(shifted, i8t, "byte")?;
+                b.build_store(at, byte)?;
+            }
+            Ok(None)
+        })?;
+        Ok(())
+    }
+
+    /// `ptr + k`, computed on the integer address as every eBPF pointer is.
+    fn byte_at(&self, ptr: PointerValue<'ctx>, k: u32) -> Result<PointerValue<'ctx>> {
+        let b = &self.builder;
+        let addr = b.build_ptr_to_int(ptr, self.i64t, "addr")?;
+        let addr = b.build_int_add(addr, self.i64t.const_int(u64::from(k), false), "byte_addr")?;
+        Ok(b.build_int_to_ptr(addr, ptr.get_type(), "byte_at")?)
     }
 
     fn atomic(&self, f: &Frame<'ctx>, pc: usize, i: &Insn, bits: u32) -> Result<()> {
         let b = &self.builder;
         let ty = self.int(bits);
-        let ptr = self.address(f, pc, i.dst, i.off, bits)?;
+        // The verifier requires atomics to be aligned.
+        let (ptr, _) = self.address(f, pc, i.dst, i.off, bits)?;
         let src = self.read(f, pc, i.src)?;
         let src = b.build_int_truncate_or_bit_cast(src, ty, "src")?;
         let seq = AtomicOrdering::SequentiallyConsistent;
@@ -710,9 +838,8 @@ impl<'ctx> Lifter<'_, 'ctx> {
     /// read from `*r2`.
     fn inline_array_lookup(&self, f: &Frame<'ctx>, pc: usize, map: ArrayMapLayout) -> Result<()> {
         let b = &self.builder;
-        let key_ptr = self.address(f, pc, 2, 0, 32)?;
-        let key = b.build_load(self.int(32), key_ptr, "key")?.into_int_value();
-        set_align1(key.as_instruction_value());
+        let (key_ptr, align) = self.address(f, pc, 2, 0, 32)?;
+        let key = self.load(f, key_ptr, align, 32)?;
         let key = b.build_int_z_extend(key, self.i64t, "key64")?;
         let max = self.i64t.const_int(u64::from(map.max_entries), false);
         let in_range = b.build_int_compare(IntPredicate::ULT, key, max, "in_range")?;
@@ -865,11 +992,11 @@ fn writes_r1(i: &Insn) -> bool {
     }
 }
 
-fn set_align1(i: Option<inkwell::values::InstructionValue<'_>>) {
+fn set_alignment(i: Option<inkwell::values::InstructionValue<'_>>, align: u32) {
     if let Some(i) = i {
-        // eBPF allows unaligned access on the targets we run; claiming natural alignment
+        // eBPF allows misaligned access outside the stack; claiming more than is known
         // would let LLVM assume what the program never promised.
-        let _ = i.set_alignment(1);
+        let _ = i.set_alignment(align);
     }
 }
 

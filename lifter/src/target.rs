@@ -44,6 +44,15 @@ pub trait LoweringTarget {
         AddressSpace::default()
     }
 
+    /// Whether loads and stores through pointers of unknown alignment test the address
+    /// at run time: one access of the natural width when it is aligned, byte accesses
+    /// when it is not. For targets that fault on misaligned access (GPUs), where an
+    /// access LLVM cannot prove aligned is otherwise always split into bytes. Off, every
+    /// such access is emitted with alignment 1, which x86-64 runs at full speed.
+    fn split_misaligned_access(&self) -> bool {
+        false
+    }
+
     /// Hook for inlining `bpf_map_lookup_elem`: when an `lddw` put `map` into r1 in the
     /// same basic block as the call, and this returns the map's layout, the lookup becomes
     /// a bounds check and an address computation instead of a helper call.

@@ -19,8 +19,8 @@ use std::time::Duration;
 
 use anyhow::{bail, Context};
 use bpftime_conformance::gpu::{
-    check_helper_records, conformance_ptx, helper_buffer, GpuDevice, GpuRunError, HELPER_LAUNCH,
-    HELPER_PROBE, ONE_THREAD,
+    check_helper_records, conformance_ptx, helper_buffer, host_monotonic_ns, GpuDevice,
+    GpuRunError, HostClockWindow, HELPER_LAUNCH, HELPER_PROBE, ONE_THREAD,
 };
 use bpftime_conformance::{
     parse_test, suite_files, test_name, Engine, Expectation, InterpreterEngine,
@@ -185,11 +185,42 @@ fn helpers_worker() -> ExitCode {
         }
     };
     let mut mem = helper_buffer(&HELPER_LAUNCH);
-    match device.launch(&ptx, &mut mem, HELPER_LAUNCH) {
+    let loaded = match device.load(&ptx) {
+        Ok(l) => l,
+        Err(e) => {
+            report("fail", &e.to_string());
+            return ExitCode::SUCCESS;
+        }
+    };
+    let clock = match device.clock() {
+        Ok(c) => c,
+        Err(e) => {
+            report("fail", &format!("clock calibration: {e}"));
+            return ExitCode::SUCCESS;
+        }
+    };
+    let before_ns = host_monotonic_ns();
+    let result = device.run(&loaded, &mut mem, HELPER_LAUNCH);
+    let window = HostClockWindow {
+        before_ns,
+        after_ns: host_monotonic_ns(),
+        offset_ns: clock.offset_ns,
+        error_ns: clock.error_ns,
+    };
+    match result {
         Ok(0) => {
-            let problems = check_helper_records(&mem, &HELPER_LAUNCH, sms);
+            let problems = check_helper_records(&mem, &HELPER_LAUNCH, sms, &window);
             if problems.is_empty() {
-                report("pass", "");
+                report(
+                    "pass",
+                    &format!(
+                        "ktime_get_ns on the host clock: global timer + {} ns, calibrated to \
+                         within {} ns; the launch took {} ns",
+                        clock.offset_ns,
+                        clock.error_ns,
+                        window.after_ns - window.before_ns
+                    ),
+                );
             }
             for p in problems {
                 report("fail", &p);
@@ -362,6 +393,9 @@ fn coordinate(args: &Args, files: &[PathBuf]) -> anyhow::Result<ExitCode> {
     for l in &helper_lines {
         if let Some(problem) = l.strip_prefix("fail\t") {
             report.push_str(&format!("FAIL gpu helpers: {problem}\n"));
+        }
+        if let Some(detail) = l.strip_prefix("pass\t").filter(|d| !d.is_empty()) {
+            report.push_str(&format!("gpu helpers: {detail}\n"));
         }
     }
     let failed = files.len() - passed;
