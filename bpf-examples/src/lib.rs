@@ -33,7 +33,8 @@ pub const RINGBUF_EVENTS_BPF_O: &str = env!("BPF_EXAMPLES_RINGBUF_EVENTS_BPF_O")
 pub const CALLS: &str = env!("BPF_EXAMPLES_CALLS");
 /// Test target `calls N`, built with `-no-pie`.
 pub const CALLS_NOPIE: &str = env!("BPF_EXAMPLES_CALLS_NOPIE");
-/// `bench_calls N`: prints the median cost of one call of `work()` (benchmarks).
+/// `bench_calls N`: prints the median cost of one call of `work()` (benchmarks);
+/// `bench_calls --windows MS` prints it for every window of MS ms until end of input.
 pub const BENCH_CALLS: &str = env!("BPF_EXAMPLES_BENCH_CALLS");
 
 /// A program every verifier must reject: it dereferences a map lookup's
