@@ -28,6 +28,9 @@ thread_local! {
 pub(crate) fn start() {
     bpftime_runtime::init_logging();
     helpers::init_process();
+    // User stacks read through pending uretprobes, whose trampoline stands in
+    // for the caller's return address on the stack, as the kernel's do.
+    bpftime_runtime::stack::set_return_address_resolver(bpftime_attach::original_return_address);
     let hint = inject_hint();
     let name = hint
         .as_ref()

@@ -363,6 +363,26 @@ pub(crate) extern "C" fn on_return(regs: *mut PtRegs) -> u64 {
     frame.ret
 }
 
+/// What a stack walk should read in place of `value`, found on this thread's stack at `slot`:
+/// where a pending uretprobe replaced a return address with the return stub, the caller's
+/// real return address (as the kernel reports it in user stacks); anything else as it is.
+/// Only this thread's pending calls are known, so walk only this thread's stack with it.
+pub fn original_return_address(slot: u64, value: u64) -> u64 {
+    if value != stubs::return_stub() as u64 {
+        return value;
+    }
+    SHADOW
+        .try_with(|s| {
+            let s = s.try_borrow().ok()?;
+            // The innermost pending call at that slot: a recursive call reuses no slot
+            // while its caller's is still pending, but a frame left by longjmp may linger.
+            s.iter().rev().find(|f| f.sp == slot).map(|f| f.ret)
+        })
+        .ok()
+        .flatten()
+        .unwrap_or(value)
+}
+
 /// The frame of the call that just returned with stack pointer `sp`: its entry sp was
 /// `sp - 8`. Frames above it on the same stack were left by longjmp and are dropped; frames
 /// of other stacks (coroutines) are kept.

@@ -20,7 +20,8 @@
 //! - A prologue's rip-relative operands must still reach their targets from the trampoline
 //!   (it is placed within ±2 GiB of the hooked code, as near as a free hole allows).
 //! - Uretprobes replace the return address on the stack: not under CET shadow stacks
-//!   (refused), and code that reads its own return address sees the trampoline's.
+//!   (refused), and code that reads its own return address sees the trampoline's. Stack
+//!   walks read the real one back with [`original_return_address`].
 //! - While hooks are written, a SIGTRAP handler is installed for the whole process (it hands
 //!   traps it does not own to the previous handler); a thread that blocks SIGTRAP and reaches
 //!   a site mid-patch is killed.
@@ -38,6 +39,6 @@ mod resolve;
 mod stubs;
 
 pub use error::AttachError;
-pub use hook::{attach_uprobe, attach_uretprobe, detach, Handler, HookId};
+pub use hook::{attach_uprobe, attach_uretprobe, detach, original_return_address, Handler, HookId};
 pub use regs::PtRegs;
 pub use resolve::{resolve_binary, runtime_address, symbol_file_offset, Location, Target};

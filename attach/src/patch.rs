@@ -15,8 +15,8 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Once, OnceLock};
 
 use iced_x86::{
-    BlockEncoder, BlockEncoderOptions, Decoder, DecoderOptions, FlowControl, Instruction,
-    InstructionBlock, Mnemonic, OpKind,
+    BlockEncoder, BlockEncoderOptions, Code, Decoder, DecoderOptions, FlowControl, Instruction,
+    InstructionBlock, MemoryOperand, Mnemonic, OpKind, Register,
 };
 
 use crate::error::AttachError;
@@ -118,7 +118,8 @@ pub(crate) struct Trampoline {
 //   call qword [rip+stub_slot]   the shared entry stub; `ret` there comes back here
 //   lea rsp, [rsp+136]           drop &Site and the red zone; lea keeps the flags
 //   <relocated prologue>
-//   jmp <hooked address + stolen length>
+//   jmp <hooked address + stolen length>     (none when the prologue ends in a call, see
+//                                             `relocate`)
 //   site_slot: dq &Site
 //   stub_slot: dq entry stub
 const HEAD_LEN: usize = 25;
@@ -151,16 +152,11 @@ pub(crate) fn build_trampoline(
         steal(addr as u64, &code).map_err(|reason| AttachError::Unhookable { addr, reason })?;
     let stolen_len: usize = stolen.iter().map(|i| i.len()).sum();
     let page = alloc_near(addr, &maps)?;
-    let relocated = BlockEncoder::encode(
-        64,
-        InstructionBlock::new(&stolen, (page + HEAD_LEN) as u64),
-        BlockEncoderOptions::NONE,
-    )
-    .map_err(|e| AttachError::Unhookable {
-        addr,
-        reason: format!("cannot relocate the prologue: {e}"),
-    })?
-    .code_buffer;
+    let (relocated, falls_through) =
+        relocate(&stolen, (page + HEAD_LEN) as u64).map_err(|e| AttachError::Unhookable {
+            addr,
+            reason: format!("cannot relocate the prologue: {e}"),
+        })?;
 
     let mut buf = Vec::with_capacity(128);
     buf.extend_from_slice(&[0x48, 0x8d, 0x64, 0x24, 0x80]);
@@ -172,6 +168,7 @@ pub(crate) fn build_trampoline(
     let back = addr + stolen_len;
     let jmp_at = page + buf.len();
     match rel32(jmp_at + JMP_LEN, back) {
+        _ if !falls_through => {}
         Some(rel) => {
             buf.push(0xe9);
             buf.extend_from_slice(&rel.to_le_bytes());
@@ -227,6 +224,63 @@ pub(crate) fn build_trampoline(
         entry: page,
         original,
     })
+}
+
+/// The stolen instructions, encoded to run at `ip`, and whether the result falls through
+/// (then the trampoline jumps back after it).
+///
+/// A call that ends them becomes a push of its original return address and a jump to the
+/// callee, so the callee returns straight into the hooked function, past the patched bytes,
+/// as it would unhooked (and as a kernel uprobe emulates it). A return address inside the
+/// trampoline would appear in every user stack taken below the call, where the kernel shows
+/// the hooked function, and unwinders (C++ exceptions) would find no frame information for
+/// it. A call whose operand reads the stack pointer, which the push moves, keeps returning
+/// into the trampoline.
+fn relocate(stolen: &[Instruction], ip: u64) -> Result<(Vec<u8>, bool), String> {
+    let mut block = stolen.to_vec();
+    let mut falls_through = true;
+    if let Some(tail) = call_as_push_and_jump(stolen.last()) {
+        block.pop();
+        block.extend(tail);
+        falls_through = false;
+    }
+    let encoded = BlockEncoder::encode(
+        64,
+        InstructionBlock::new(&block, ip),
+        BlockEncoderOptions::NONE,
+    )
+    .map_err(|e| e.to_string())?;
+    Ok((encoded.code_buffer, falls_through))
+}
+
+/// `push <return address>; jmp <callee>` for a near call, where that keeps its meaning.
+fn call_as_push_and_jump(call: Option<&Instruction>) -> Option<[Instruction; 3]> {
+    let call = call?;
+    let jump = match call.code() {
+        Code::Call_rel32_64 => Instruction::with_branch(Code::Jmp_rel32_64, call.near_branch64()),
+        Code::Call_rm64 => {
+            let reads_sp = (0..call.op_count()).any(|i| call.op_register(i) == Register::RSP)
+                || call.memory_base() == Register::RSP;
+            if reads_sp {
+                return None;
+            }
+            let mut jump = *call;
+            jump.set_code(Code::Jmp_rm64);
+            Ok(jump)
+        }
+        _ => return None,
+    }
+    .ok()?;
+    let ret = call.next_ip();
+    // `push imm32` sign-extends; the high half is then written over. Neither touches flags.
+    let push = Instruction::with1(Code::Pushq_imm32, ret as u32 as i32).ok()?;
+    let high = Instruction::with2(
+        Code::Mov_rm32_imm32,
+        MemoryOperand::with_base_displ(Register::RSP, 4),
+        (ret >> 32) as u32,
+    )
+    .ok()?;
+    Some([push, high, jump])
 }
 
 /// Decodes whole instructions at `addr` until they cover the jump. After an instruction that
@@ -483,6 +537,51 @@ mod tests {
         assert_eq!(moved.len(), 1);
         assert!(moved[0].is_ip_rel_memory_operand());
         assert_eq!(moved[0].ip_rel_memory_address(), 0x40_0107);
+    }
+
+    #[test]
+    fn a_call_in_the_prologue_returns_into_the_hooked_function() {
+        // push rbp; mov rbp, rsp; call 0x40_1000 (returns to 0x40_0009)
+        let code = [0x55, 0x48, 0x89, 0xe5, 0xe8, 0xf7, 0x0f, 0x00, 0x00];
+        let stolen = steal(0x40_0000, &code).unwrap();
+        let new_ip = 0x7000_0000u64;
+        let (out, falls_through) = relocate(&stolen, new_ip).unwrap();
+        assert!(!falls_through);
+        let moved = decode_all(&out, new_ip);
+        let mnemonics: Vec<_> = moved.iter().map(|i| i.mnemonic()).collect();
+        assert_eq!(
+            mnemonics,
+            vec![
+                Mnemonic::Push,
+                Mnemonic::Mov,
+                Mnemonic::Push,
+                Mnemonic::Mov,
+                Mnemonic::Jmp
+            ]
+        );
+        let low = moved[2].immediate(0) as u32 as u64;
+        assert_eq!(moved[3].memory_base(), Register::RSP);
+        assert_eq!(moved[3].memory_displacement64(), 4);
+        let high = moved[3].immediate(1);
+        assert_eq!(high << 32 | low, 0x40_0009);
+        assert_eq!(moved[4].near_branch64(), 0x40_1000);
+
+        // call rax: the same, through the register.
+        let code = [0x55, 0x48, 0x89, 0xe5, 0xff, 0xd0];
+        let (out, falls_through) = relocate(&steal(0x40_0000, &code).unwrap(), new_ip).unwrap();
+        assert!(!falls_through);
+        let moved = decode_all(&out, new_ip);
+        assert_eq!(moved.last().unwrap().code(), Code::Jmp_rm64);
+        assert_eq!(moved.last().unwrap().op0_register(), Register::RAX);
+
+        // call [rsp+8] reads the stack the push would move: kept as a call.
+        let code = [0x55, 0x48, 0x89, 0xe5, 0xff, 0x54, 0x24, 0x08];
+        let (out, falls_through) = relocate(&steal(0x40_0000, &code).unwrap(), new_ip).unwrap();
+        assert!(falls_through);
+        assert_eq!(
+            decode_all(&out, new_ip).last().unwrap().mnemonic(),
+            Mnemonic::Call
+        );
     }
 
     #[test]

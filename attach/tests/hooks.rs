@@ -4,7 +4,9 @@ use std::hint::black_box;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
-use bpftime_attach::{attach_uprobe, attach_uretprobe, detach, AttachError, Handler, PtRegs};
+use bpftime_attach::{
+    attach_uprobe, attach_uretprobe, detach, original_return_address, AttachError, Handler, PtRegs,
+};
 
 fn handler(f: impl Fn(&mut PtRegs) + Send + Sync + 'static) -> Handler {
     Arc::new(f)
@@ -699,4 +701,129 @@ fn relative_branches_in_the_prologue_keep_their_targets() {
         let want: Vec<u64> = io.iter().flat_map(|&(x, y)| [x, y]).collect();
         assert_eq!(*seen.lock().unwrap(), want);
     }
+}
+
+#[inline(never)]
+extern "C" fn pending_inner(x: u64) -> u64 {
+    black_box(x) + 1
+}
+
+#[inline(never)]
+extern "C" fn pending_outer(x: u64) -> u64 {
+    black_box(pending_inner as extern "C" fn(u64) -> u64)(x) * 2
+}
+
+#[test]
+fn a_pending_uretprobes_return_address_is_read_back_for_stack_walks() {
+    let (outer, inner) = (
+        addr(pending_outer as *const ()),
+        addr(pending_inner as *const ()),
+    );
+    // (slot, the caller's return address there) at each entry of pending_outer.
+    let outer_slots = Arc::new(Mutex::new(Vec::new()));
+    // (value read in the slot, what a stack walk reads instead), inside pending_inner.
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    let o = outer_slots.clone();
+    // SAFETY: at a function entry [sp] is the return address, on the live stack.
+    let on_outer = handler(move |r| {
+        o.lock()
+            .unwrap()
+            .push((r.sp, unsafe { *(r.sp as *const u64) }))
+    });
+    let peek = |slots: &Arc<Mutex<Vec<(u64, u64)>>>, seen: &Arc<Mutex<Vec<(u64, u64)>>>| {
+        let (slot, _) = *slots.lock().unwrap().last().unwrap();
+        // SAFETY: pending_outer's frame is live below the running pending_inner.
+        let value = unsafe { *(slot as *const u64) };
+        seen.lock()
+            .unwrap()
+            .push((value, original_return_address(slot, value)));
+    };
+    let (o1, s1, o2, s2) = (
+        outer_slots.clone(),
+        seen.clone(),
+        outer_slots.clone(),
+        seen.clone(),
+    );
+    // SAFETY: both are whole functions of this binary, entered by call.
+    let ids = unsafe {
+        [
+            attach_uprobe(outer, on_outer).unwrap(),
+            attach_uretprobe(outer, handler(|_| {})).unwrap(),
+            attach_uprobe(inner, handler(move |_| peek(&o1, &s1))).unwrap(),
+            // At pending_inner's return, pending_outer's uretprobe is still pending.
+            attach_uretprobe(inner, handler(move |_| peek(&o2, &s2))).unwrap(),
+        ]
+    };
+    let call = black_box(pending_outer as extern "C" fn(u64) -> u64);
+    assert_eq!(call(1), 4);
+    assert_eq!(call(2), 6);
+    for id in ids {
+        detach(id).unwrap();
+    }
+    let outer_slots = outer_slots.lock().unwrap();
+    let seen = seen.lock().unwrap();
+    assert_eq!(seen.len(), 4);
+    for (i, &(value, resolved)) in seen.iter().enumerate() {
+        let (_, real) = outer_slots[i / 2];
+        assert_ne!(value, real, "the uretprobe replaced the return address");
+        assert_eq!(
+            resolved, real,
+            "a walk reads the caller's real return address"
+        );
+    }
+    // Nothing pending any more: values pass through, and other values always do.
+    let (slot, _) = outer_slots[0];
+    assert_eq!(original_return_address(slot, seen[0].0), seen[0].0);
+    assert_eq!(original_return_address(slot, 0x1234), 0x1234);
+}
+
+#[inline(never)]
+extern "C" fn called_first(x: u64) -> u64 {
+    black_box(x) + 5
+}
+
+// A prologue that calls before 5 bytes are over: the call moves into the trampoline.
+std::arch::global_asm!(
+    ".text",
+    ".globl bpftime_test_calls_in_prologue",
+    ".type bpftime_test_calls_in_prologue, @function",
+    "bpftime_test_calls_in_prologue:",
+    "push rbp",
+    "mov rbp, rsp",
+    "call {callee}",
+    "add rax, 1",
+    "pop rbp",
+    "ret",
+    ".size bpftime_test_calls_in_prologue, . - bpftime_test_calls_in_prologue",
+    callee = sym called_first,
+);
+
+extern "C" {
+    fn bpftime_test_calls_in_prologue(x: u64) -> u64;
+}
+
+#[test]
+fn a_call_moved_into_the_trampoline_returns_into_the_hooked_function() {
+    let f = addr(bpftime_test_calls_in_prologue as *const ());
+    let callee = addr(called_first as *const ());
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    let s = seen.clone();
+    // SAFETY: at a function entry [sp] is the return address, on the live stack.
+    let on_callee = handler(move |r| s.lock().unwrap().push(unsafe { *(r.sp as *const u64) }));
+    // SAFETY: both are whole functions of this binary, entered by call.
+    let ids = unsafe {
+        [
+            attach_uprobe(f, handler(|_| {})).unwrap(),
+            attach_uprobe(callee, on_callee).unwrap(),
+        ]
+    };
+    // SAFETY: the assembly above is a plain SysV function of one integer argument.
+    let got = unsafe { bpftime_test_calls_in_prologue(black_box(10)) };
+    for id in ids {
+        detach(id).unwrap();
+    }
+    assert_eq!(got, 16);
+    // push rbp (1 byte), mov rbp, rsp (3), call (5): the kernel, and an unhooked run, see
+    // the return address right after the call, in the hooked function.
+    assert_eq!(*seen.lock().unwrap(), vec![f as u64 + 9]);
 }

@@ -23,12 +23,17 @@
 
 #include <bpf/libbpf.h>
 
+#define LOADER_MAX_OUTER 4
+
 struct loader_args {
 	const char *target; /* --target: binary or library to probe */
 	const char *func;   /* --func: function name inside target */
 	const char *obj;    /* --obj: path of the .bpf.o (default: beside us) */
 	bool verbose;       /* --verbose: show libbpf's debug messages */
 	bool sizes;         /* --sizes: extra per-size output (malloc_count) */
+	/* --outer, repeatable: callers of --func to put uretprobes on (stacks) */
+	const char *outer[LOADER_MAX_OUTER];
+	int n_outer;
 };
 
 static bool verbose_libbpf;
@@ -55,13 +60,14 @@ static inline int parse_args(int argc, char **argv, struct loader_args *args,
 		{ "func", required_argument, NULL, 'f' },
 		{ "obj", required_argument, NULL, 'o' },
 		{ "sizes", no_argument, NULL, 's' },
+		{ "outer", required_argument, NULL, 'O' },
 		{ "verbose", no_argument, NULL, 'v' },
 		{ "help", no_argument, NULL, 'h' },
 		{ NULL, 0, NULL, 0 },
 	};
 	int c;
 
-	while ((c = getopt_long(argc, argv, "t:f:o:svh", opts, NULL)) != -1) {
+	while ((c = getopt_long(argc, argv, "t:f:o:O:svh", opts, NULL)) != -1) {
 		switch (c) {
 		case 't':
 			args->target = optarg;
@@ -74,6 +80,14 @@ static inline int parse_args(int argc, char **argv, struct loader_args *args,
 			break;
 		case 's':
 			args->sizes = true;
+			break;
+		case 'O':
+			if (args->n_outer == LOADER_MAX_OUTER) {
+				fprintf(stderr, "at most %d --outer functions\n%s",
+					LOADER_MAX_OUTER, usage);
+				return -1;
+			}
+			args->outer[args->n_outer++] = optarg;
 			break;
 		case 'v':
 			args->verbose = true;

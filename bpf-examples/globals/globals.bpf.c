@@ -25,7 +25,9 @@ __u64 sum;
 __s64 last_arg;
 __u64 last_weight;
 
-SEC("uprobe")
+/* The loader attaches where --target/--func say; the section is for
+ * `bpftime run`, which attaches where the section names. */
+SEC("uprobe/work")
 int BPF_KPROBE(count_call, int arg)
 {
 	__u64 w;

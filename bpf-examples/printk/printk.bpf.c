@@ -10,7 +10,9 @@
 
 #include "printk.h"
 
-SEC("uprobe")
+/* The loader attaches where --target/--func say; the section is for
+ * `bpftime run`, which attaches where the section names. */
+SEC("uprobe/work")
 int BPF_KPROBE(on_call, int arg)
 {
 	bpf_printk("call arg=%d", arg);

@@ -7,7 +7,11 @@
  * and skipped frames) and copies it with bpf_get_stack into a ring buffer
  * event; `on_return` copies the stack at the return. Every return value of
  * the helpers is counted in `results`, so the loader can print what each
- * call answered.
+ * call answered. `on_outer_return` goes on callers of the probed function,
+ * so that their uretprobes are pending while its stacks are taken.
+ *
+ * The sections name stack_target's functions for `bpftime run`; the loader
+ * attaches where --target, --func and --outer say.
  */
 #include <linux/bpf.h>
 #include <linux/ptrace.h>
@@ -77,7 +81,7 @@ static __always_inline void copy_stack(void *ctx, struct stack_event *e)
 				     BPF_F_USER_STACK | 1);
 }
 
-SEC("uprobe")
+SEC("uprobe/leaf")
 int BPF_KPROBE(on_entry, int arg)
 {
 	__u64 odd[2];
@@ -105,7 +109,7 @@ int BPF_KPROBE(on_entry, int arg)
 	return 0;
 }
 
-SEC("uretprobe")
+SEC("uretprobe/leaf")
 int BPF_KRETPROBE(on_return)
 {
 	struct stack_event *e;
@@ -117,6 +121,19 @@ int BPF_KRETPROBE(on_return)
 	e->arg = 0;
 	copy_stack(ctx, e);
 	bpf_ringbuf_submit(e, 0);
+	return 0;
+}
+
+/*
+ * A uretprobe on a caller of the probed function, only counted: while the
+ * probed function runs, the caller's return address on the stack is the
+ * uretprobe's trampoline, and the stacks taken above must still show the
+ * real one, as the kernel does.
+ */
+SEC("uretprobe/mid")
+int BPF_KRETPROBE(on_outer_return)
+{
+	count(WHAT_OUTER_RETURN, 0);
 	return 0;
 }
 

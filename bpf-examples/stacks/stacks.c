@@ -3,7 +3,11 @@
  * stacks: print the user-space call chains seen at the entry of (uprobe) and
  * return from (uretprobe) a function.
  *
- * Usage: stacks --target BINARY --func NAME [--obj FILE] [--verbose]
+ * Usage: stacks --target BINARY --func NAME [--outer CALLER]... [--obj FILE]
+ *               [--verbose]
+ *
+ * Each --outer CALLER (up to four) gets a uretprobe that only counts, so that
+ * it is pending while NAME's stacks are taken further down the same chain.
  *
  * Prints "ready" once attached, then one line per probe hit, in order:
  *
@@ -13,7 +17,7 @@
  * and at SIGINT/SIGTERM what every helper call answered, and the traces the
  * stack trace maps hold, by id:
  *
- *   result what=<n> ret=<id or -errno> count=<calls>
+ *   result what=<n> ret=<id or -errno> count=<calls>   (what: see stacks.h)
  *   stack map=<name> id=<id> frames=<ip,...>
  *
  * Frames are printed in hex; a zero frame ends the list.
@@ -24,9 +28,11 @@
 #include "stacks.h"
 
 static const char usage[] =
-	"Usage: stacks --target BINARY --func NAME [--obj FILE] [--verbose]\n"
+	"Usage: stacks --target BINARY --func NAME [--outer CALLER]... [--obj FILE]\n"
+	"              [--verbose]\n"
 	"Prints the user stack at every entry and return of NAME in BINARY\n"
-	"until SIGINT/SIGTERM, then the stack trace maps.\n";
+	"until SIGINT/SIGTERM, then the stack trace maps. Each --outer CALLER\n"
+	"gets a uretprobe too, pending while NAME runs.\n";
 
 static volatile sig_atomic_t exiting;
 
@@ -113,6 +119,7 @@ int main(int argc, char **argv)
 	struct loader_args args = {};
 	char obj_path[PATH_MAX], target[PATH_MAX];
 	struct bpf_link *entry = NULL, *ret = NULL;
+	struct bpf_link *outer[LOADER_MAX_OUTER] = {};
 	struct ring_buffer *rb = NULL;
 	struct sigaction sa = {};
 	struct bpf_map *events, *results;
@@ -165,6 +172,14 @@ int main(int argc, char **argv)
 		err = 1;
 		goto out;
 	}
+	for (int i = 0; i < args.n_outer; i++) {
+		outer[i] = attach_uprobe(obj, "on_outer_return", target,
+					 args.outer[i], true);
+		if (!outer[i]) {
+			err = 1;
+			goto out;
+		}
+	}
 	announce_ready();
 
 	while (!exiting) {
@@ -178,6 +193,10 @@ int main(int argc, char **argv)
 	bpf_link__destroy(entry);
 	bpf_link__destroy(ret);
 	entry = ret = NULL;
+	for (int i = 0; i < args.n_outer; i++) {
+		bpf_link__destroy(outer[i]);
+		outer[i] = NULL;
+	}
 	ring_buffer__consume(rb);
 
 	print_results(bpf_map__fd(results));
@@ -188,6 +207,8 @@ int main(int argc, char **argv)
 	fflush(stdout);
 	err = 0;
 out:
+	for (int i = 0; i < args.n_outer; i++)
+		bpf_link__destroy(outer[i]);
 	bpf_link__destroy(entry);
 	bpf_link__destroy(ret);
 	ring_buffer__free(rb);

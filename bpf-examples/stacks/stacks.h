@@ -17,7 +17,8 @@ enum {
 	WHAT_BAD_FLAGS = 6,       /* bpf_get_stackid with an unknown flag */
 	WHAT_KERNEL_STACK = 7,    /* bpf_get_stack without BPF_F_USER_STACK */
 	WHAT_ODD_SIZE = 8,        /* bpf_get_stack into 12 bytes */
-	WHAT_COUNT = 9,
+	WHAT_OUTER_RETURN = 9,    /* returns of the --outer functions */
+	WHAT_COUNT = 10,
 };
 
 struct result_key {

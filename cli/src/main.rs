@@ -16,6 +16,7 @@ mod inproc;
 mod probes;
 mod run;
 mod show;
+mod symbolize;
 mod trace_pipe;
 mod verify;
 

@@ -5,11 +5,13 @@
 //!
 //! Exit status: the app's own; 1 when the object does not load (a rejected
 //! program: libbpf prints the verifier's log); 2 for usage errors (a missing
-//! object, app, target file or function, a program with no target).
+//! object, app, target file or function, a program with no target, a GPU
+//! probe, which only a later version attaches).
 
 use crate::inproc;
 use crate::probes::{self, Attachment, TargetSpec};
 use crate::show::{self, Types};
+use crate::symbolize::AppMaps;
 use anyhow::anyhow;
 use libbpf_rs::{
     MapCore, MapType, ObjectBuilder, PerfBufferBuilder, RingBufferBuilder, UprobeOpts,
@@ -152,6 +154,12 @@ fn plan(
         }
         let name = p.name().to_string_lossy().into_owned();
         let section = p.section().to_string_lossy().into_owned();
+        if let Some(kernel) = probes::gpu_probe(&name, &section) {
+            return Err(usage(anyhow!(
+                "program `{name}`: SEC(\"{section}\") is a GPU probe (on the CUDA kernel `{kernel}`), and bpftime run cannot attach GPU probes yet: it attaches CPU uprobes and uretprobes only. `bpftime verify {}` checks it under the GPU rules",
+                object.display()
+            )));
+        }
         let Some((retprobe, rest)) = probes::uprobe_section(&section) else {
             return Err(usage(anyhow!(
                 "program `{name}`: section `{section}` is not a uprobe or a uretprobe; bpftime run attaches SEC(\"uprobe/...\") and SEC(\"uretprobe/...\") programs"
@@ -310,6 +318,9 @@ fn load_and_run(store: &str, args: &RunArgs) -> Result<ExitCode, Failure> {
         .spawn()
         .map_err(|e| usage(anyhow!("cannot run {}: {e}", app.display())))?;
     inproc::forward_signals_to(child.id());
+    // The app has exec'd by now (spawn waits for it); its mappings, needed to
+    // name the frames of user stacks, vanish when it exits.
+    let mut app_maps = AppMaps::new(child.id());
     // A poll interrupted by a signal (Ctrl-C, the app's exit) is not an error:
     // the loop looks at the app again.
     let tick = Duration::from_millis(50);
@@ -327,6 +338,7 @@ fn load_and_run(store: &str, args: &RunArgs) -> Result<ExitCode, Failure> {
             let _ = p.poll(Duration::ZERO);
         }
         trace.drain();
+        app_maps.refresh();
         match child.try_wait() {
             Ok(Some(status)) => break status,
             Ok(None) => {}
@@ -347,7 +359,8 @@ fn load_and_run(store: &str, args: &RunArgs) -> Result<ExitCode, Failure> {
         app.display(),
         args.object.display()
     );
-    for line in show::dump_maps(&obj, &types, &events.borrow()) {
+    let mut frame = |ip| app_maps.describe(ip);
+    for line in show::dump_maps(&obj, &types, &events.borrow(), &mut frame) {
         say(&line);
     }
     Ok(inproc::exit_code(status))

@@ -403,6 +403,7 @@ fn kind_name(t: MapType) -> String {
         MapType::ProgArray => "prog_array".into(),
         MapType::Queue => "queue".into(),
         MapType::Stack => "stack".into(),
+        MapType::StackTrace => "stack_trace".into(),
         other => format!("{other:?}").to_lowercase(),
     }
 }
@@ -492,15 +493,57 @@ impl Value {
     }
 }
 
+/// The traces of a stack trace map, by id: `name[id]:` and one line per
+/// frame, innermost first, named by `frame` (`    func+off (file)`, as
+/// bpftrace's `ustack` prints them).
+fn stack_traces(map: &Map<'_>, frame: &mut dyn FnMut(u64) -> String) -> Vec<String> {
+    let name = map.name().to_string_lossy().into_owned();
+    let mut ids: Vec<(u32, Vec<u8>)> = map
+        .keys()
+        .filter_map(|k| {
+            let id = u32::from_ne_bytes(k.as_slice().try_into().ok()?);
+            Some((id, map.lookup(&k, MapFlags::ANY).ok()??))
+        })
+        .collect();
+    ids.sort_by_key(|(id, _)| *id);
+    let mut out = vec![format!(
+        "{name} (stack_trace, {} stacks of up to {} frames):",
+        ids.len(),
+        map.value_size() / 8
+    )];
+    for (id, trace) in ids {
+        out.push(format!("{name}[{id}]:"));
+        out.extend(
+            trace
+                .chunks_exact(8)
+                .map(uint)
+                .take_while(|&ip| ip != 0)
+                .map(|ip| format!("    {}", frame(ip))),
+        );
+    }
+    out
+}
+
 /// The contents of every map of `obj`, as lines. `events` counts the records
-/// each ring buffer or perf buffer delivered.
-pub fn dump_maps(obj: &Object, types: &Types<'_>, events: &HashMap<String, u64>) -> Vec<String> {
+/// each ring buffer or perf buffer delivered; `frame` names a user-space
+/// address of a stack trace.
+pub fn dump_maps(
+    obj: &Object,
+    types: &Types<'_>,
+    events: &HashMap<String, u64>,
+    frame: &mut dyn FnMut(u64) -> String,
+) -> Vec<String> {
     let mut out = Vec::new();
     for map in obj.maps() {
         let name = map.name().to_string_lossy().into_owned();
         let (key_id, value_id) = btf_ids(&map);
         let kind = map.map_type();
         match kind {
+            // Keys are 32-bit stack ids (the kernel refuses any other size).
+            MapType::StackTrace if map.key_size() == 4 => {
+                out.extend(stack_traces(&map, frame));
+                continue;
+            }
             MapType::RingBuf | MapType::PerfEventArray => {
                 out.push(format!(
                     "{name} ({}): {} events",

@@ -71,6 +71,31 @@ pub fn copy_executable(src: impl AsRef<Path>, dst: impl AsRef<Path>) {
     );
 }
 
+/// Name -> (address, size) of the functions defined in `binary`, from `nm`
+/// (binutils), for naming the frames of user stacks.
+pub fn function_symbols(binary: &str) -> std::collections::HashMap<String, (u64, u64)> {
+    let out = Command::new("nm")
+        .args(["-S", "--defined-only", binary])
+        .output()
+        .expect("nm (binutils) is needed to symbolize stacks");
+    assert!(out.status.success(), "nm {binary} failed");
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter_map(|l| {
+            let f: Vec<&str> = l.split_whitespace().collect();
+            (f.len() == 4 && f[2].eq_ignore_ascii_case("t")).then(|| {
+                (
+                    f[3].to_string(),
+                    (
+                        u64::from_str_radix(f[0], 16).unwrap(),
+                        u64::from_str_radix(f[1], 16).unwrap(),
+                    ),
+                )
+            })
+        })
+        .collect()
+}
+
 /// A private store, removed at the end of the test.
 pub struct Session {
     pub store: String,

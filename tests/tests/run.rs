@@ -2,9 +2,10 @@
 //! every event, the histogram, the app's exit status, and the errors a user
 //! gets for a rejected program, a missing file or function, or no target.
 
-use bpftime_tests::{examples, Session};
+use bpftime_tests::{examples, function_symbols, Session};
+use std::collections::HashMap;
 use std::fs::File;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
@@ -197,6 +198,265 @@ fn run_ringbuf_events_prints_every_event_as_it_arrives() {
         .stdout
         .contains(&"events (ringbuf): 1000 events".to_string()));
     assert_eq!(out.entry("dropped", "0").as_deref(), Some("0"));
+    assert_store_removed(&s);
+}
+
+#[test]
+fn run_globals_counts_every_call_in_its_global_variables() {
+    let s = Session::new("run-globals");
+    let out = run_on_calls(&s, examples::GLOBALS_BPF_O, &[]);
+    assert_eq!(out.code, Some(0), "{}", out.context());
+    assert!(
+        out.stderr.contains("attached count_call (uprobe) -> ")
+            && out.stderr.contains("/calls:work"),
+        "{}",
+        out.context()
+    );
+    // Every section, each variable under its own: the .rodata filter off
+    // (-1), the .data weight 1, and in .bss one count per call of work(i).
+    let want = [
+        "globals.rodata (global variables):",
+        "parity: -1",
+        "globals.data (global variables):",
+        "weight: 1",
+        "globals.bss (global variables):",
+        &format!("calls: {N}"),
+        &format!("sum: {N}"),
+        &format!("last_arg: {}", N - 1),
+        "last_weight: 1",
+    ];
+    assert_eq!(out.stdout, want, "{}", out.context());
+    assert_store_removed(&s);
+}
+
+#[test]
+fn run_printk_prints_every_record_as_the_trace_pipe_shows_it() {
+    let s = Session::new("run-printk");
+    let out = run_on_calls(&s, examples::PRINTK_BPF_O, &[]);
+    assert_eq!(out.code, Some(0), "{}", out.context());
+    // Two records per call, in call order, each ended by a newline as the
+    // kernel's trace pipe ends them: the second has its own, so an empty line
+    // follows it.
+    let at = out
+        .stdout
+        .iter()
+        .position(|l| l == "printk.rodata (global variables):")
+        .unwrap_or_else(|| panic!("no maps printed: {}", out.context()));
+    let (records, maps) = out.stdout.split_at(at);
+    let mut want = Vec::new();
+    for i in 0..N {
+        want.push(format!("call arg={i}"));
+        want.push(format!("four {i} {} {} {}", i + 1, i + 2, i + 3));
+        want.push(String::new());
+    }
+    let messages: Vec<String> = records
+        .iter()
+        .map(|l| match l.split_once(": bpf_trace_printk: ") {
+            Some((head, msg)) => {
+                assert!(head.trim_start().starts_with("calls-"), "{l}");
+                msg.to_string()
+            }
+            None => {
+                assert!(l.is_empty(), "not a trace pipe line: {l:?}");
+                String::new()
+            }
+        })
+        .collect();
+    assert_eq!(messages, want);
+    assert_eq!(
+        maps,
+        [
+            "printk.rodata (global variables):",
+            "____on_call.____fmt: \"call arg=%d\"",
+            "____on_call.___fmt: \"four %d %d %d %d\\n\"",
+        ],
+        "{}",
+        out.context()
+    );
+    assert_store_removed(&s);
+}
+
+/// One trace of a stack trace map as `bpftime run` prints it, and the file
+/// each frame named.
+fn printed_traces(out: &Outcome, map: &str) -> HashMap<u32, (Vec<String>, Vec<String>)> {
+    let start = out
+        .stdout
+        .iter()
+        .position(|l| l.starts_with(&format!("{map} (stack_trace, ")))
+        .unwrap_or_else(|| panic!("no stack trace map {map}: {}", out.context()));
+    let mut traces: HashMap<u32, (Vec<String>, Vec<String>)> = HashMap::new();
+    let mut current = None;
+    for line in &out.stdout[start + 1..] {
+        if let Some(frame) = line.strip_prefix("    ") {
+            let (func, file) = frame
+                .strip_suffix(')')
+                .and_then(|f| f.split_once(" ("))
+                .unwrap_or_else(|| panic!("not a frame: {line:?}"));
+            let t = traces
+                .get_mut(current.as_ref().expect("a frame before any id"))
+                .unwrap();
+            t.0.push(func.to_string());
+            t.1.push(file.to_string());
+        } else if let Some(id) = line
+            .strip_prefix(&format!("{map}["))
+            .and_then(|r| r.strip_suffix("]:"))
+        {
+            let id: u32 = id.parse().expect("stack id");
+            traces.insert(id, Default::default());
+            current = Some(id);
+        } else {
+            break;
+        }
+    }
+    traces
+}
+
+#[test]
+fn run_stacks_prints_stack_trace_maps_as_symbolized_user_frames() {
+    let s = Session::new("run-stacks");
+    let target = s.target_copy(examples::STACK_TARGET);
+    let t = target.to_str().unwrap();
+    let n = 3u64;
+    let out = bpftime(
+        &s,
+        &["run", examples::STACKS_BPF_O, "--", t, &n.to_string()],
+    );
+    assert_eq!(out.code, Some(0), "{}", out.context());
+    for attached in [
+        "attached on_entry (uprobe) -> ",
+        "attached on_return (uretprobe) -> ",
+        "attached on_outer_return (uretprobe) -> ",
+    ] {
+        assert!(out.stderr.contains(attached), "{}", out.context());
+    }
+    // mid's uretprobe (on_outer_return) is pending under every stack taken in
+    // leaf, and must not show: every frame is the real caller, at the offset
+    // of its return address (or of leaf's entry), in stack_target itself.
+    let syms = function_symbols(t);
+    let file = std::fs::canonicalize(&target).unwrap();
+    let traces = printed_traces(&out, "stacks");
+    let mut chains: Vec<Vec<String>> = traces
+        .values()
+        .map(|(frames, files)| {
+            assert!(
+                files.iter().all(|f| Path::new(f) == file),
+                "{files:?} {}",
+                out.context()
+            );
+            frames
+                .iter()
+                .map(|f| f.split('+').next().unwrap().to_string())
+                .collect()
+        })
+        .collect();
+    chains.sort();
+    let chain = |names: &[&str]| names.iter().map(|n| n.to_string()).collect::<Vec<_>>();
+    assert_eq!(
+        chains,
+        vec![
+            chain(&["leaf", "mid", "top_a", "drive"]),
+            chain(&["leaf", "mid", "top_b", "drive"]),
+            chain(&["mid", "top_a", "drive", "main"]),
+            chain(&["mid", "top_b", "drive", "main"]),
+        ],
+        "{}",
+        out.context()
+    );
+    // The offsets are those of the addresses the ring buffer events carry
+    // (struct stack_event: at_return, arg, len, frames[4], ...), named with nm.
+    let name = |ip: u64| -> String {
+        let (func, (addr, _)) = syms
+            .iter()
+            .find(|(_, &(addr, size))| ip >= addr && ip < addr + size)
+            .unwrap_or_else(|| panic!("{ip:#x} is in no function of {t}"));
+        format!("{func}+{}", ip - addr)
+    };
+    let mut from_events: Vec<Vec<String>> = out
+        .stdout
+        .iter()
+        .filter(|l| l.starts_with("event events 80B "))
+        .map(|l| {
+            let words: Vec<u64> = l
+                .split_once("u64[")
+                .expect("u64 dump")
+                .1
+                .split(']')
+                .next()
+                .unwrap()
+                .split(' ')
+                .map(|w| w.parse().unwrap())
+                .collect();
+            words[2..6].iter().map(|&ip| name(ip)).collect()
+        })
+        .collect();
+    assert_eq!(from_events.len(), 4 * n as usize, "{}", out.context());
+    from_events.sort();
+    from_events.dedup();
+    let mut printed: Vec<Vec<String>> = traces.values().map(|t| t.0.clone()).collect();
+    printed.sort();
+    assert_eq!(printed, from_events, "{}", out.context());
+    // The ids bpf_get_stackid answered at leaf's entry (what=0), each for n
+    // calls, are those of the two traces that start in leaf.
+    let mut entry_ids: Vec<String> = traces
+        .iter()
+        .filter(|(_, t)| t.0[0] == "leaf+0")
+        .map(|(id, _)| id.to_string())
+        .collect();
+    entry_ids.sort();
+    let mut answered: Vec<String> = out
+        .stdout
+        .iter()
+        .filter_map(|l| {
+            let id = l
+                .strip_prefix("results[{ what=0 ret=")?
+                .strip_suffix(&format!(" }}]: {n}"))?;
+            Some(id.to_string())
+        })
+        .collect();
+    answered.sort();
+    assert_eq!(answered, entry_ids, "{}", out.context());
+    // Every return of mid is counted (what=9).
+    assert_eq!(
+        out.entry("results", "what=9 ret=0").as_deref(),
+        Some(&*(2 * n).to_string()),
+        "{}",
+        out.context()
+    );
+    assert_store_removed(&s);
+}
+
+#[test]
+fn run_refuses_a_gpu_program_and_says_why() {
+    let s = Session::new("run-gpu");
+    let object = Path::new(examples::BUILD_DIR).join("gpu_block_count.bpf.o");
+    let out = run_on_calls(&s, object.to_str().unwrap(), &[]);
+    assert_eq!(out.code, Some(2), "{}", out.context());
+    assert!(
+        out.stderr.contains(
+            "program `cuda__block_starts`: SEC(\"kprobe/vectorAdd\") is a GPU probe (on the CUDA kernel `vectorAdd`), and bpftime run cannot attach GPU probes yet"
+        ),
+        "{}",
+        out.context()
+    );
+    assert!(
+        !out.stderr.contains("exited"),
+        "the app must not run: {}",
+        out.context()
+    );
+    assert!(out.stdout.is_empty(), "{}", out.context());
+    // Our own `cuda:` attach points are GPU probes too.
+    let Some(obj) = compile(&s, "cuda", &program_in_section("cuda:vectorAdd:exit")) else {
+        return;
+    };
+    let out = run_on_calls(&s, obj.to_str().unwrap(), &[]);
+    assert_eq!(out.code, Some(2), "{}", out.context());
+    assert!(
+        out.stderr.contains(
+            "program `probe`: SEC(\"cuda:vectorAdd:exit\") is a GPU probe (on the CUDA kernel `vectorAdd`)"
+        ),
+        "{}",
+        out.context()
+    );
     assert_store_removed(&s);
 }
 

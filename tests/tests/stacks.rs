@@ -1,7 +1,9 @@
 //! User stacks: `bpf_get_stackid` into stack trace maps and `bpf_get_stack`,
 //! at a uprobe and a uretprobe, under bpftime and on the kernel. The target is
 //! built without PIE and with frame pointers, so both see the same addresses,
-//! and stack ids (a hash of the frames) must agree too.
+//! and stack ids (a hash of the frames) must agree too. With uretprobes pending
+//! on callers further up the chain, both show the callers' real return
+//! addresses where the uretprobes' trampolines stand on the stack.
 
 mod support;
 
@@ -9,35 +11,11 @@ use bpftime_isa::uapi::{cmd, map_type};
 use bpftime_runtime::Store;
 use bpftime_syscall_shim::Shim;
 use bpftime_tests::bpf::{put32, put64, Bpf, Kernel, Ours, Res};
-use bpftime_tests::{examples, kernel_unavailable, Session, Tool};
+use bpftime_tests::{examples, function_symbols, kernel_unavailable, Session, Tool};
 use std::collections::HashMap;
 use std::process::Command;
 
 const N: u32 = 3;
-
-/// Symbol -> (address, size) of the target's functions, from `nm`.
-fn symbols(binary: &str) -> HashMap<String, (u64, u64)> {
-    let out = Command::new("nm")
-        .args(["-S", "--defined-only", binary])
-        .output()
-        .expect("nm (binutils) is needed to symbolize stacks");
-    assert!(out.status.success());
-    String::from_utf8_lossy(&out.stdout)
-        .lines()
-        .filter_map(|l| {
-            let f: Vec<&str> = l.split_whitespace().collect();
-            (f.len() == 4 && f[2].eq_ignore_ascii_case("t")).then(|| {
-                (
-                    f[3].to_string(),
-                    (
-                        u64::from_str_radix(f[0], 16).unwrap(),
-                        u64::from_str_radix(f[1], 16).unwrap(),
-                    ),
-                )
-            })
-        })
-        .collect()
-}
 
 /// The function each frame falls in (`?` for none of the target's).
 fn symbolize(syms: &HashMap<String, (u64, u64)>, frames: &str) -> Vec<String> {
@@ -59,8 +37,19 @@ fn value<'a>(line: &'a str, key: &str) -> &'a str {
         .unwrap_or_else(|| panic!("no {key}= in {line}"))
 }
 
-fn run_under_bpftime(s: &Session, target: &str) -> Vec<String> {
-    let tool = s.load(&[examples::STACKS, "--target", target, "--func", "leaf"]);
+/// The `stacks` tool's arguments: `leaf` probed, a uretprobe on each of `outer`.
+fn tool_args<'a>(target: &'a str, outer: &[&'a str]) -> Vec<&'a str> {
+    let mut args = vec!["--target", target, "--func", "leaf"];
+    for o in outer {
+        args.extend(["--outer", o]);
+    }
+    args
+}
+
+fn run_under_bpftime(s: &Session, target: &str, outer: &[&str]) -> Vec<String> {
+    let mut tool = vec![examples::STACKS];
+    tool.extend(tool_args(target, outer));
+    let tool = s.load(&tool);
     let out = s.start(&[target, &N.to_string()]);
     assert!(
         out.status.success(),
@@ -72,7 +61,7 @@ fn run_under_bpftime(s: &Session, target: &str) -> Vec<String> {
     lines
 }
 
-fn run_on_kernel(s: &Session) -> Option<Vec<String>> {
+fn run_on_kernel(s: &Session, outer: &[&str]) -> Option<Vec<String>> {
     if let Some(why) = kernel_unavailable() {
         eprintln!("kernel comparison skipped: {why}");
         return None;
@@ -83,7 +72,7 @@ fn run_on_kernel(s: &Session) -> Option<Vec<String>> {
     bpftime_tests::copy_executable(examples::STACK_TARGET, &t);
     let t = t.to_str().unwrap();
     let mut c = Command::new(examples::STACKS);
-    c.args(["--target", t, "--func", "leaf"]);
+    c.args(tool_args(t, outer));
     let tool = Tool::spawn(c);
     assert!(Command::new(t)
         .arg(N.to_string())
@@ -95,13 +84,10 @@ fn run_on_kernel(s: &Session) -> Option<Vec<String>> {
     Some(lines)
 }
 
-#[test]
-fn user_stacks_symbolize_to_the_call_chain_and_match_the_kernel() {
-    let s = Session::new("stacks");
-    let t = s.target_copy(examples::STACK_TARGET);
-    let t = t.to_str().unwrap();
-    let ours = run_under_bpftime(&s, t);
-    let syms = symbols(t);
+/// What every line of the `stacks` tool must say for `stack_target N`, and
+/// the helper answers (what, ret, count) it printed.
+fn check_stacks(ours: &[String], t: &str) -> Vec<(u32, i32, u32)> {
+    let syms = function_symbols(t);
     let chain = |path: &str| ["leaf", "mid", path, "drive", "main"].map(String::from);
 
     let entries: Vec<&String> = ours.iter().filter(|l| l.starts_with("entry ")).collect();
@@ -188,8 +174,51 @@ fn user_stacks_symbolize_to_the_call_chain_and_match_the_kernel() {
             "{line}"
         );
     }
+    results
+}
 
-    if let Some(kernel) = run_on_kernel(&s) {
+#[test]
+fn user_stacks_symbolize_to_the_call_chain_and_match_the_kernel() {
+    let s = Session::new("stacks");
+    let t = s.target_copy(examples::STACK_TARGET);
+    let t = t.to_str().unwrap();
+    let ours = run_under_bpftime(&s, t, &[]);
+    let results = check_stacks(&ours, t);
+    assert!(results.iter().all(|r| r.0 != 9), "no --outer: {results:?}");
+    if let Some(kernel) = run_on_kernel(&s, &[]) {
+        assert_eq!(kernel, ours, "same frames, ids and answers as the kernel");
+    }
+}
+
+/// `mid` and `drive` have uretprobes too: at leaf's uprobe and uretprobe,
+/// their return addresses on the stack are trampolines, and every frame must
+/// still name the real caller (the same frames, and so the same stack ids, as
+/// with no uretprobe pending), as on the kernel.
+#[test]
+fn user_stacks_through_pending_uretprobes_show_the_real_callers_as_the_kernel_does() {
+    let s = Session::new("stacks-nested");
+    let t = s.target_copy(examples::STACK_TARGET);
+    let t = t.to_str().unwrap();
+    let outer = ["mid", "drive"];
+    let ours = run_under_bpftime(&s, t, &outer);
+    let results = check_stacks(&ours, t);
+    let outer_returns: Vec<_> = results.iter().filter(|r| r.0 == 9).collect();
+    assert_eq!(
+        outer_returns,
+        vec![&(9, 0, 2 * N * outer.len() as u32)],
+        "every return of mid and drive"
+    );
+    let plain = run_under_bpftime(&s, t, &[]);
+    let without_outer: Vec<&String> = ours
+        .iter()
+        .filter(|l| !l.starts_with("result what=9 "))
+        .collect();
+    assert_eq!(
+        without_outer,
+        plain.iter().collect::<Vec<_>>(),
+        "pending uretprobes change no frame and no stack id"
+    );
+    if let Some(kernel) = run_on_kernel(&s, &outer) {
         assert_eq!(kernel, ours, "same frames, ids and answers as the kernel");
     }
 }
