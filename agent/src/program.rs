@@ -5,7 +5,7 @@
 use bpftime_interpreter::{execute, Environment, MemoryPolicy};
 use bpftime_isa::uapi::{helper, prog_type};
 use bpftime_isa::{opcode as op, HelperFn, Insn};
-use bpftime_jit_x86::{ArrayMapLayout, JitCache, JitEnv, JitOptions, JitProgram};
+use bpftime_jit_x86::{ArrayMapLayout, JitCache, JitEnv, JitOptions, JitProgram, PerCpuCopies};
 use bpftime_runtime::{helpers, Map, ProgramRecord, Store};
 use bpftime_verifier::{verify, MapDesc, Options, ProgramInfo};
 use std::collections::HashMap;
@@ -183,13 +183,26 @@ impl JitEnv for CompileEnv<'_> {
 
     fn array_map(&self, map: u64) -> Option<ArrayMapLayout> {
         let m = self.maps.iter().find(|m| Arc::as_ptr(m) as u64 == map)?;
-        let (values, stride) = m.array_values()?;
-        Some(ArrayMapLayout {
-            values: values as u64,
-            value_size: stride,
-            max_entries: m.max_entries(),
-        })
+        array_layout(m)
     }
+
+    fn cpu_number_offset(&self) -> Option<u64> {
+        bpftime_runtime::cpu_number_offset()
+    }
+}
+
+/// How the JIT sees an array map of this process, for inlined lookups and updates.
+fn array_layout(m: &Map) -> Option<ArrayMapLayout> {
+    let v = m.array_values()?;
+    Some(ArrayMapLayout {
+        values: v.base as u64,
+        key_stride: v.key_stride,
+        max_entries: m.max_entries(),
+        update_size: v.value_size,
+        per_cpu: v
+            .per_cpu
+            .map(|(cpus, stride)| PerCpuCopies { cpus, stride }),
+    })
 }
 
 /// The runtime tail calls resolve against (there is one agent per process).

@@ -19,7 +19,7 @@ mod error;
 pub mod gpu;
 mod ptx;
 
-pub use bpftime_lifter::{ArrayMapLayout, LiftError};
+pub use bpftime_lifter::{ArrayMapLayout, LiftError, PerCpuCopies};
 pub use error::CompileError;
 pub use gpu::{GpuEnv, GpuHelper, OptLevel, StandardGpuEnv, EXTERN_HELPERS};
 pub use ptx::{compile, lifted_ir, PtxOptions, PtxProgram, PtxVersion};
@@ -223,8 +223,10 @@ mod tests {
         fn array_map(&self, map: u64) -> Option<ArrayMapLayout> {
             (map == 0x7000_0000).then_some(ArrayMapLayout {
                 values: 0x7f00_0000_0000,
-                value_size: 16,
+                key_stride: 16,
                 max_entries: 4,
+                update_size: 16,
+                per_cpu: None,
             })
         }
     }

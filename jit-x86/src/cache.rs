@@ -16,6 +16,7 @@ struct CacheKey {
     insns: Vec<Insn>,
     helpers: Vec<(u32, Option<u64>)>,
     array_maps: Vec<(u64, ArrayMapLayout)>,
+    cpu_number_offset: Option<u64>,
     opts: JitOptions,
 }
 
@@ -48,6 +49,7 @@ impl CacheKey {
             insns: insns.to_vec(),
             helpers: ids.into_iter().map(|id| (id, env.helper(id))).collect(),
             array_maps,
+            cpu_number_offset: env.cpu_number_offset(),
             opts: opts.clone(),
         }
     }

@@ -7,7 +7,8 @@ use std::time::Instant;
 use bpftime_isa::opcode as op;
 use bpftime_isa::Insn;
 use bpftime_lifter::{
-    lift, optimize, ArrayMapLayout, HelperLowering, Lifted, LoweringTarget, DEFAULT_ENTRY_NAME,
+    lift, optimize, ArrayMapLayout, CpuNumber, HelperLowering, Lifted, LoweringTarget,
+    DEFAULT_ENTRY_NAME,
 };
 use inkwell::context::Context;
 use inkwell::module::Module;
@@ -159,9 +160,16 @@ pub trait JitEnv {
     fn helper(&self, id: u32) -> Option<u64>;
 
     /// Layout of the array map at address `map` (as an `lddw` loads it), to inline its
-    /// lookups; `None` keeps the helper call.
+    /// lookups and updates; `None` keeps the helper calls.
     fn array_map(&self, map: u64) -> Option<ArrayMapLayout> {
         let _ = map;
+        None
+    }
+
+    /// Offset from the FS segment base of a `u32` holding the CPU the thread runs on (the
+    /// `cpu_id` of glibc's rseq area), to inline per-CPU array accesses; `None` keeps
+    /// their helper calls.
+    fn cpu_number_offset(&self) -> Option<u64> {
         None
     }
 }
@@ -194,7 +202,18 @@ impl LoweringTarget for HostTarget<'_> {
     fn array_map(&self, map: u64) -> Option<ArrayMapLayout> {
         self.env.array_map(map)
     }
+
+    fn cpu_number(&self) -> Option<CpuNumber> {
+        self.env.cpu_number_offset().map(|offset| CpuNumber {
+            address_space: FS_SEGMENT,
+            offset,
+        })
+    }
 }
+
+/// LLVM's x86 address space for FS-relative addresses, where Linux keeps the thread
+/// pointer.
+const FS_SEGMENT: u16 = 257;
 
 fn init_native() -> Result<(), JitError> {
     static INIT: OnceLock<Result<(), String>> = OnceLock::new();

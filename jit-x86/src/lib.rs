@@ -13,7 +13,7 @@ mod error;
 mod jit;
 mod loader;
 
-pub use bpftime_lifter::{ArrayMapLayout, LiftError};
+pub use bpftime_lifter::{ArrayMapLayout, LiftError, PerCpuCopies};
 pub use cache::JitCache;
 pub use error::JitError;
 pub use jit::{lifted_ir, EntryFn, JitEnv, JitOptions, JitProgram, OptLevel};

@@ -544,8 +544,10 @@ impl JitEnv for ArrayEnv {
     fn array_map(&self, map: u64) -> Option<ArrayMapLayout> {
         (self.inline && map == 0xabc).then_some(ArrayMapLayout {
             values: ARRAY.as_ptr() as u64,
-            value_size: 8,
+            key_stride: 8,
             max_entries: 4,
+            update_size: 8,
+            per_cpu: None,
         })
     }
 }
@@ -578,6 +580,178 @@ fn array_map_lookups_inline_when_the_target_knows_the_layout() {
             assert_eq!(inlined.call(u64::MAX, 0), 1000);
             assert_eq!(called.call(2, 0), 99);
         }
+    }
+}
+
+thread_local! {
+    /// Stands in for the rseq area's `cpu_id`: the per-CPU tests say which CPU the thread
+    /// is on by writing it here, and tell the JIT where it lives.
+    static FAKE_CPU: std::cell::Cell<u32> = const { std::cell::Cell::new(0) };
+}
+
+/// `FAKE_CPU`'s offset from the FS segment base on this thread (the thread pointer is
+/// the first word at FS on x86-64 Linux).
+fn fake_cpu_offset() -> u64 {
+    let tp: u64;
+    // SAFETY: reads the thread control block's self pointer, always present.
+    unsafe { std::arch::asm!("mov {}, fs:[0]", out(reg) tp, options(nostack, readonly)) };
+    FAKE_CPU.with(|c| c.as_ptr() as u64).wrapping_sub(tp)
+}
+
+/// Two keys, each with 3 per-CPU copies of 16 bytes: key k, cpu c at (k * 3 + c) * 2 words.
+static mut PER_CPU: [u64; 12] = [0; 12];
+static mut UPDATED: [u64; 4] = [0; 4];
+static SLOW_UPDATES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+/// A `bpf_map_update_elem` that only counts, so a call to it is visible.
+extern "C" fn slow_update(_: u64, _: u64, _: u64, _: u64, _: u64) -> u64 {
+    SLOW_UPDATES.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+    7
+}
+
+struct PerCpuEnv {
+    cpu_offset: u64,
+}
+
+impl JitEnv for PerCpuEnv {
+    fn helper(&self, id: u32) -> Option<u64> {
+        match id {
+            1 => Some(addr(slow_lookup)),
+            2 => Some(addr(slow_update)),
+            _ => None,
+        }
+    }
+
+    fn array_map(&self, map: u64) -> Option<ArrayMapLayout> {
+        match map {
+            0xabc => Some(ArrayMapLayout {
+                values: std::ptr::addr_of!(PER_CPU) as u64,
+                key_stride: 48,
+                max_entries: 2,
+                update_size: 16,
+                per_cpu: Some(bpftime_jit_x86::PerCpuCopies {
+                    cpus: 3,
+                    stride: 16,
+                }),
+            }),
+            0xdef => Some(ArrayMapLayout {
+                values: std::ptr::addr_of!(UPDATED) as u64,
+                key_stride: 16,
+                max_entries: 2,
+                update_size: 12,
+                per_cpu: None,
+            }),
+            _ => None,
+        }
+    }
+
+    fn cpu_number_offset(&self) -> Option<u64> {
+        Some(self.cpu_offset)
+    }
+}
+
+#[test]
+fn per_cpu_lookups_inline_to_the_running_cpus_copy() {
+    // r0 = address of this CPU's copy of key r1, or 1000 when NULL.
+    let p = asm("
+        stxw [%r10-4], %r1
+        lddw %r1, 0xabc
+        mov %r2, %r10
+        add %r2, -4
+        call 1
+        jne %r0, 0, found
+        mov %r0, 1000
+    found:
+        exit");
+    let env = PerCpuEnv {
+        cpu_offset: fake_cpu_offset(),
+    };
+    let base = std::ptr::addr_of!(PER_CPU) as u64;
+    for opts in [JitOptions::default(), JitOptions::optimized()] {
+        let prog = JitProgram::compile_with(&p, &env, &opts).unwrap();
+        for (cpu, key, want) in [
+            (0, 0, base),
+            (2, 0, base + 32),
+            (1, 1, base + 48 + 16),
+            (2, 1, base + 48 + 32),
+            (1, 2, 1000),
+        ] {
+            FAKE_CPU.with(|c| c.set(cpu));
+            // SAFETY: the program reads its stack and computes addresses only.
+            assert_eq!(unsafe { prog.call(key, 0) }, want, "cpu {cpu}, key {key}");
+        }
+        // A CPU without a copy takes the helper (which answers its own value).
+        FAKE_CPU.with(|c| c.set(3));
+        // SAFETY: as above.
+        assert_eq!(
+            unsafe { prog.call(0, 0) },
+            &SLOW_PATH_VALUE as *const u64 as u64
+        );
+    }
+}
+
+#[test]
+fn array_updates_inline_as_copies_and_leave_the_rest_to_the_helper() {
+    // Updates key r1 of the map in r2's low half (0xabc per-CPU, 0xdef plain) with the
+    // flags in r2's high half, from the 16 bytes (0x1111, 0x2222) at [r10-16].
+    let p = asm("
+        stxw [%r10-20], %r1
+        mov %r4, %r2
+        rsh %r4, 32
+        mov %r6, %r2
+        lsh %r6, 32
+        rsh %r6, 32
+        stdw [%r10-16], 0x1111
+        stdw [%r10-8], 0x2222
+        mov %r2, %r10
+        add %r2, -20
+        mov %r3, %r10
+        add %r3, -16
+        jeq %r6, 0xabc, per_cpu
+        lddw %r1, 0xdef
+        call 2
+        exit
+    per_cpu:
+        lddw %r1, 0xabc
+        call 2
+        exit");
+    let env = PerCpuEnv {
+        cpu_offset: fake_cpu_offset(),
+    };
+    let per_cpu = std::ptr::addr_of_mut!(PER_CPU).cast::<u64>();
+    let plain = std::ptr::addr_of_mut!(UPDATED).cast::<u64>();
+    let read = |words: *mut u64, i: usize| unsafe { words.add(i).read_volatile() };
+    let slow = || SLOW_UPDATES.load(std::sync::atomic::Ordering::SeqCst);
+    for opts in [JitOptions::default(), JitOptions::optimized()] {
+        let prog = JitProgram::compile_with(&p, &env, &opts).unwrap();
+        // SAFETY: nothing else touches these statics while this test runs.
+        unsafe {
+            per_cpu.add(10).write_volatile(0);
+            plain.add(0).write_volatile(0);
+            plain.add(1).write_volatile(0xffff_ffff_0000_0000);
+        }
+        FAKE_CPU.with(|c| c.set(2));
+        let before = slow();
+        // SAFETY: the program writes only the statics, through the layouts above.
+        let call = |key: u64, map: u64, flags: u64| unsafe { prog.call(key, map | flags << 32) };
+        assert_eq!(call(1, 0xabc, 0), 0, "BPF_ANY on a per-CPU map");
+        assert_eq!((read(per_cpu, 10), read(per_cpu, 11)), (0x1111, 0x2222));
+        assert_eq!(read(per_cpu, 6), 0, "another CPU's copy is untouched");
+        assert_eq!(call(0, 0xdef, 2), 0, "BPF_EXIST");
+        assert_eq!(read(plain, 0), 0x1111);
+        assert_eq!(
+            read(plain, 1),
+            0xffff_ffff_0000_2222,
+            "12 bytes copied, not the stride's 16"
+        );
+        assert_eq!(slow(), before, "no helper call so far");
+        // Each of these is the helper's to answer.
+        assert_eq!(call(0, 0xdef, 1), 7, "BPF_NOEXIST");
+        assert_eq!(call(0, 0xdef, 4), 7, "BPF_F_LOCK");
+        assert_eq!(call(2, 0xdef, 0), 7, "key out of range");
+        FAKE_CPU.with(|c| c.set(3));
+        assert_eq!(call(0, 0xabc, 0), 7, "a CPU without a copy");
+        assert_eq!(slow(), before + 4);
     }
 }
 

@@ -2,7 +2,7 @@ use std::cell::Cell;
 use std::collections::{BTreeMap, BTreeSet};
 
 use bpftime_isa::opcode as op;
-use bpftime_isa::uapi::{helper, MAX_TAIL_CALLS, STACK_SIZE};
+use bpftime_isa::uapi::{helper, update_flags, MAX_TAIL_CALLS, STACK_SIZE};
 use bpftime_isa::Insn;
 use inkwell::attributes::{Attribute, AttributeLoc};
 use inkwell::basic_block::BasicBlock;
@@ -817,15 +817,24 @@ impl<'ctx> Lifter<'_, 'ctx> {
                 if id == helper::TAIL_CALL {
                     return self.tail_call(f, pc);
                 }
-                if id == helper::MAP_LOOKUP_ELEM {
-                    if let Some(layout) = f.known_r1.get().and_then(|m| self.target.array_map(m)) {
-                        return self.inline_array_lookup(f, pc, layout);
-                    }
-                }
                 let lowering = self
                     .target
                     .helper(id)
                     .ok_or(LiftError::UnknownHelper { pc, id })?;
+                let inline = f
+                    .known_r1
+                    .get()
+                    .and_then(|m| self.target.array_map(m))
+                    .filter(|l| l.per_cpu.is_none() || self.target.cpu_number().is_some());
+                match (id, inline) {
+                    (helper::MAP_LOOKUP_ELEM, Some(layout)) => {
+                        return self.inline_array_lookup(f, pc, layout, &lowering)
+                    }
+                    (helper::MAP_UPDATE_ELEM, Some(layout)) if layout.update_size > 0 => {
+                        return self.inline_array_update(f, pc, layout, &lowering)
+                    }
+                    _ => {}
+                }
                 let args = self.args(f, pc)?;
                 let r0 = self.call_helper(&lowering, id, &args)?;
                 self.write(f, pc, 0, r0)
@@ -834,21 +843,140 @@ impl<'ctx> Lifter<'_, 'ctx> {
         }
     }
 
-    /// `r0 = key < max_entries ? values + key * value_size : NULL`, with the u32 key
-    /// read from `*r2`.
-    fn inline_array_lookup(&self, f: &Frame<'ctx>, pc: usize, map: ArrayMapLayout) -> Result<()> {
+    /// The address of the value of the u32 key at `*r2` (this CPU's copy, for a per-CPU
+    /// map), whether the key is in range, and whether the CPU has a copy (always, for a
+    /// map that is not per-CPU).
+    fn array_slot(
+        &self,
+        f: &Frame<'ctx>,
+        pc: usize,
+        map: &ArrayMapLayout,
+    ) -> Result<(IntValue<'ctx>, IntValue<'ctx>, IntValue<'ctx>)> {
         let b = &self.builder;
+        let i64t = self.i64t;
         let (key_ptr, align) = self.address(f, pc, 2, 0, 32)?;
         let key = self.load(f, key_ptr, align, 32)?;
-        let key = b.build_int_z_extend(key, self.i64t, "key64")?;
-        let max = self.i64t.const_int(u64::from(map.max_entries), false);
+        let key = b.build_int_z_extend(key, i64t, "key64")?;
+        let max = i64t.const_int(u64::from(map.max_entries), false);
         let in_range = b.build_int_compare(IntPredicate::ULT, key, max, "in_range")?;
-        let size = self.i64t.const_int(u64::from(map.value_size), false);
-        let offset = b.build_int_mul(key, size, "offset")?;
-        let base = self.i64t.const_int(map.values, false);
-        let value = b.build_int_add(base, offset, "value")?;
-        let r0 = b.build_select(in_range, value, self.i64t.const_zero(), "lookup")?;
-        self.write(f, pc, 0, r0.into_int_value())
+        let stride = i64t.const_int(u64::from(map.key_stride), false);
+        let offset = b.build_int_mul(key, stride, "offset")?;
+        let value = b.build_int_add(i64t.const_int(map.values, false), offset, "value")?;
+        let (Some(per_cpu), Some(cpu)) = (map.per_cpu, self.target.cpu_number()) else {
+            return Ok((value, in_range, self.context.bool_type().const_all_ones()));
+        };
+        let space = inkwell::AddressSpace::from(cpu.address_space);
+        let at = b.build_int_to_ptr(
+            i64t.const_int(cpu.offset, false),
+            self.context.ptr_type(space),
+            "cpu_number_at",
+        )?;
+        let n = b.build_load(self.int(32), at, "cpu")?.into_int_value();
+        // Read once per use: the thread may migrate, as it may between the helper's
+        // own read and its access.
+        set_alignment(n.as_instruction_value(), 4);
+        if let Some(load) = n.as_instruction_value() {
+            let _ = load.set_volatile(true);
+        }
+        let n = b.build_int_z_extend(n, i64t, "cpu64")?;
+        let has_copy = b.build_int_compare(
+            IntPredicate::ULT,
+            n,
+            i64t.const_int(u64::from(per_cpu.cpus), false),
+            "has_copy",
+        )?;
+        let copy = b.build_int_mul(n, i64t.const_int(u64::from(per_cpu.stride), false), "copy")?;
+        let value = b.build_int_add(value, copy, "cpu_value")?;
+        Ok((value, in_range, has_copy))
+    }
+
+    /// `fast` where `usable` holds, the helper call otherwise, joined into r0.
+    fn inline_or_helper(
+        &self,
+        f: &Frame<'ctx>,
+        pc: usize,
+        usable: IntValue<'ctx>,
+        lowering: &HelperLowering,
+        id: u32,
+        fast: impl FnOnce() -> Result<IntValue<'ctx>>,
+    ) -> Result<()> {
+        let b = &self.builder;
+        let inline = self.context.append_basic_block(f.function, "inline");
+        let call = self.context.append_basic_block(f.function, "helper");
+        let join = self.context.append_basic_block(f.function, "helper_done");
+        b.build_conditional_branch(usable, inline, call)?;
+        b.position_at_end(inline);
+        let r0_fast = fast()?;
+        let inline_end = b.get_insert_block().unwrap_or(inline);
+        b.build_unconditional_branch(join)?;
+        b.position_at_end(call);
+        let args = self.args(f, pc)?;
+        let r0_call = self.call_helper(lowering, id, &args)?;
+        b.build_unconditional_branch(join)?;
+        b.position_at_end(join);
+        let r0 = b.build_phi(self.i64t, "r0")?;
+        r0.add_incoming(&[(&r0_fast, inline_end), (&r0_call, call)]);
+        self.write(f, pc, 0, r0.as_basic_value().into_int_value())
+    }
+
+    /// `r0 = key < max_entries ? &value[key] : NULL` (this CPU's copy for a per-CPU map,
+    /// through the helper on a CPU without one), with the u32 key read from `*r2`.
+    fn inline_array_lookup(
+        &self,
+        f: &Frame<'ctx>,
+        pc: usize,
+        map: ArrayMapLayout,
+        lowering: &HelperLowering,
+    ) -> Result<()> {
+        let b = &self.builder;
+        let (value, in_range, has_copy) = self.array_slot(f, pc, &map)?;
+        let found = || -> Result<IntValue<'ctx>> {
+            let r0 = b.build_select(in_range, value, self.i64t.const_zero(), "lookup")?;
+            Ok(r0.into_int_value())
+        };
+        if map.per_cpu.is_none() {
+            let r0 = found()?;
+            return self.write(f, pc, 0, r0);
+        }
+        self.inline_or_helper(f, pc, has_copy, lowering, helper::MAP_LOOKUP_ELEM, found)
+    }
+
+    /// `bpf_map_update_elem` on an array map: with the key in range and flags `BPF_ANY`
+    /// or `BPF_EXIST`, the value at `*r3` is copied into place and r0 = 0; anything else
+    /// (an error to report, `BPF_F_LOCK`) goes to the helper.
+    fn inline_array_update(
+        &self,
+        f: &Frame<'ctx>,
+        pc: usize,
+        map: ArrayMapLayout,
+        lowering: &HelperLowering,
+    ) -> Result<()> {
+        let b = &self.builder;
+        let i64t = self.i64t;
+        let (value, in_range, has_copy) = self.array_slot(f, pc, &map)?;
+        let usable = b.build_and(in_range, has_copy, "usable")?;
+        let flags = self.read(f, pc, 4)?;
+        let any = b.build_int_compare(IntPredicate::EQ, flags, i64t.const_zero(), "any")?;
+        let exist = b.build_int_compare(
+            IntPredicate::EQ,
+            flags,
+            i64t.const_int(update_flags::EXIST, false),
+            "exist",
+        )?;
+        let plain = b.build_or(any, exist, "plain_flags")?;
+        let usable = b.build_and(usable, plain, "inline_update")?;
+        self.inline_or_helper(f, pc, usable, lowering, helper::MAP_UPDATE_ELEM, || {
+            let ptr = self.context.ptr_type(self.target.memory_address_space());
+            let dst = b.build_int_to_ptr(value, ptr, "dst")?;
+            let src = self.read(f, pc, 3)?;
+            let src = b.build_int_to_ptr(src, ptr, "src")?;
+            let size = i64t.const_int(u64::from(map.update_size), false);
+            b.build_memcpy(dst, 1, src, 1, size)
+                .map_err(|e| LiftError::InvalidIr {
+                    message: format!("inline update: {e}"),
+                })?;
+            Ok(i64t.const_zero())
+        })
     }
 
     fn call_helper(

@@ -11,13 +11,37 @@ pub enum HelperLowering {
     Symbol(String),
 }
 
-/// Where an array map keeps its values, for inlined lookups: value `k` lives at
-/// `values + k * value_size` for every `k < max_entries`, for as long as the program does.
+/// Where an array map keeps its values, for inlined lookups and updates: key `k`'s value
+/// (CPU `c`'s copy of it, for a per-CPU map) lives at
+/// `values + k * key_stride + c * per_cpu.stride` for every `k < max_entries`, for as
+/// long as the program does.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct ArrayMapLayout {
     pub values: u64,
-    pub value_size: u32,
+    /// Bytes from one key's value (all its copies, for a per-CPU map) to the next key's.
+    pub key_stride: u32,
     pub max_entries: u32,
+    /// Bytes an update copies into a value; 0 leaves `bpf_map_update_elem` a helper call.
+    pub update_size: u32,
+    pub per_cpu: Option<PerCpuCopies>,
+}
+
+/// How a per-CPU array map keeps one copy of each value per CPU.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct PerCpuCopies {
+    /// CPUs `0..cpus` have a copy; a thread on any other goes through the helper.
+    pub cpus: u32,
+    /// Bytes from one CPU's copy to the next.
+    pub stride: u32,
+}
+
+/// Where a thread can read the number of the CPU it runs on without a call: a `u32` at
+/// `offset` in `address_space` (on x86-64 Linux, the `cpu_id` of the thread's rseq area,
+/// relative to the FS segment).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct CpuNumber {
+    pub address_space: u16,
+    pub offset: u64,
 }
 
 /// What differs between code generators; the translation itself never looks at the target.
@@ -53,11 +77,19 @@ pub trait LoweringTarget {
         false
     }
 
-    /// Hook for inlining `bpf_map_lookup_elem`: when an `lddw` put `map` into r1 in the
-    /// same basic block as the call, and this returns the map's layout, the lookup becomes
-    /// a bounds check and an address computation instead of a helper call.
+    /// Hook for inlining `bpf_map_lookup_elem` and `bpf_map_update_elem`: when an `lddw`
+    /// put `map` into r1 in the same basic block as the call, and this returns the map's
+    /// layout, a lookup becomes a bounds check and an address computation, and an update
+    /// with flags `BPF_ANY` or `BPF_EXIST` a copy, instead of a helper call (anything
+    /// else still calls the helper). Per-CPU layouts are used only with a
+    /// [`cpu_number`](Self::cpu_number).
     fn array_map(&self, map: u64) -> Option<ArrayMapLayout> {
         let _ = map;
+        None
+    }
+
+    /// Where the running CPU's number can be read, for inlined per-CPU map accesses.
+    fn cpu_number(&self) -> Option<CpuNumber> {
         None
     }
 

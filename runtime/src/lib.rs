@@ -35,7 +35,7 @@ pub fn init_logging() {
 }
 pub use layout::{ObjectKind, PAGE_SIZE, STORE_VERSION};
 pub use maps::stack_trace::jhash2;
-pub use maps::{possible_cpus, ringbuf_commit, Map, MapSpec};
+pub use maps::{cpu_number_offset, possible_cpus, ringbuf_commit, ArrayValues, Map, MapSpec};
 pub use objects::{
     publish_btf, read_btf, LinkKind, LinkRecord, PerfEventKind, PerfEventRecord, ProgramRecord,
 };

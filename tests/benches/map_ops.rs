@@ -13,7 +13,7 @@
 
 use bpftime_isa::uapi::{cmd, helper, map_type, prog_type};
 use bpftime_isa::{asm::assemble, opcode as op, Insn};
-use bpftime_jit_x86::{ArrayMapLayout, JitEnv, JitOptions, JitProgram};
+use bpftime_jit_x86::{ArrayMapLayout, JitEnv, JitOptions, JitProgram, PerCpuCopies};
 use bpftime_runtime::{helpers, Map, MapSpec, Store};
 use bpftime_syscall_shim::Shim;
 use bpftime_tests::bpf::{put32, put64, Bpf, Kernel, Ours};
@@ -157,12 +157,20 @@ impl JitEnv for Env<'_> {
         if map != self.0 as *const Map as u64 {
             return None;
         }
-        let (values, stride) = self.0.array_values()?;
+        let v = self.0.array_values()?;
         Some(ArrayMapLayout {
-            values: values as u64,
-            value_size: stride,
+            values: v.base as u64,
+            key_stride: v.key_stride,
             max_entries: self.0.max_entries(),
+            update_size: v.value_size,
+            per_cpu: v
+                .per_cpu
+                .map(|(cpus, stride)| PerCpuCopies { cpus, stride }),
         })
+    }
+
+    fn cpu_number_offset(&self) -> Option<u64> {
+        bpftime_runtime::cpu_number_offset()
     }
 }
 

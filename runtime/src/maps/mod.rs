@@ -61,7 +61,45 @@ fn parse_cpu_list(s: &str) -> Option<u32> {
     max.map(|m| m + 1)
 }
 
+/// Offset from the FS segment base of the `u32` in which the kernel keeps the number of
+/// the CPU the thread runs on: the `cpu_id` field (offset 4) of the rseq area glibc
+/// (2.35 and newer) registers for every thread. `None` where glibc registered none.
+pub fn cpu_number_offset() -> Option<u64> {
+    static OFFSET: OnceLock<Option<u64>> = OnceLock::new();
+    *OFFSET.get_or_init(|| {
+        // SAFETY: dlsym with NUL-terminated names; both symbols, where glibc has them,
+        // are constants set before any user code runs.
+        unsafe {
+            let offset = libc::dlsym(libc::RTLD_DEFAULT, c"__rseq_offset".as_ptr());
+            let size = libc::dlsym(libc::RTLD_DEFAULT, c"__rseq_size".as_ptr());
+            if offset.is_null() || size.is_null() || *size.cast::<u32>() < 8 {
+                return None;
+            }
+            Some((*offset.cast::<isize>() as u64).wrapping_add(4))
+        }
+    })
+}
+
+/// The CPU this thread runs on, below `ncpus`: from the rseq area when glibc keeps one
+/// (the same word JIT-compiled programs read), from `sched_getcpu` otherwise.
 pub(crate) fn current_cpu(ncpus: u32) -> usize {
+    if let Some(offset) = cpu_number_offset() {
+        let cpu: u32;
+        // SAFETY: glibc registers the rseq area of every thread at this offset from the
+        // thread pointer for the thread's whole life; the kernel keeps `cpu_id` current.
+        unsafe {
+            std::arch::asm!(
+                "mov {cpu:e}, dword ptr fs:[{offset}]",
+                cpu = out(reg) cpu,
+                offset = in(reg) offset,
+                options(nostack, readonly, preserves_flags),
+            )
+        };
+        // A thread whose registration failed reads a negative marker.
+        if cpu < ncpus {
+            return cpu as usize;
+        }
+    }
     // SAFETY: sched_getcpu has no preconditions.
     let c = unsafe { libc::sched_getcpu() };
     if c < 0 {
@@ -69,6 +107,20 @@ pub(crate) fn current_cpu(ncpus: u32) -> usize {
     } else {
         (c as u32 % ncpus.max(1)) as usize
     }
+}
+
+/// Where an array map's values live: key `k`'s value (CPU `c`'s copy, for a per-CPU
+/// map) at `base + k * key_stride + c * per_cpu.1` for `k < max_entries` and
+/// `c < per_cpu.0`, for as long as the map handle lives. CPU `c` is the one
+/// [`cpu_number_offset`] names.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ArrayValues {
+    pub base: *mut u8,
+    pub key_stride: u32,
+    /// Bytes in a value (what an update copies).
+    pub value_size: u32,
+    /// (copies, bytes from one CPU's copy to the next), for a per-CPU map.
+    pub per_cpu: Option<(u32, u32)>,
 }
 
 /// What `BPF_MAP_CREATE` asks for.
@@ -497,15 +549,20 @@ impl Map {
         array::id_at(self, index)
     }
 
-    /// Where a (not per-CPU) array map keeps its values, for a JIT that inlines
-    /// lookups: (address of value 0, bytes from one value to the next). Value `k`
-    /// lives at `base + k * stride` for every `k < max_entries`, for as long as this
-    /// handle does, exactly where [`prog_lookup`](Self::prog_lookup) would point.
-    pub fn array_values(&self) -> Option<(*mut u8, u32)> {
-        match self.kind {
-            Kind::Array { percpu: false } => Some((self.data(), round8(self.value_size()) as u32)),
-            _ => None,
-        }
+    /// Where an array map (per-CPU or not) keeps its values, for a JIT that inlines
+    /// lookups and updates, exactly where [`prog_lookup`](Self::prog_lookup) points.
+    pub fn array_values(&self) -> Option<ArrayValues> {
+        let Kind::Array { percpu } = self.kind else {
+            return None;
+        };
+        let stride = round8(self.value_size()) as u32;
+        let cpus = self.header().ncpus;
+        Some(ArrayValues {
+            base: self.data(),
+            key_stride: if percpu { stride * cpus } else { stride },
+            value_size: self.value_size(),
+            per_cpu: percpu.then_some((cpus, stride)),
+        })
     }
 
     /// The value area of an array map, as `mmap` of a `BPF_F_MMAPABLE` array exposes it:
