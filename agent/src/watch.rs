@@ -7,7 +7,6 @@ use bpftime_attach::{
 };
 use bpftime_runtime::helpers::{self, ProbeContext};
 use bpftime_runtime::{LinkKind, LinkRecord, ObjectKind, Store};
-use std::cell::Cell;
 use std::collections::HashMap;
 use std::path::Path;
 use std::sync::{Arc, Mutex};
@@ -17,12 +16,6 @@ struct Agent {
     /// Links handled so far: the hooks installed for each (none when the link
     /// points elsewhere than this process).
     links: Mutex<HashMap<u32, Option<HookId>>>,
-}
-
-thread_local! {
-    /// Set while a program runs, so helpers that call hooked functions (malloc,
-    /// say) do not run programs recursively, as kernel uprobes do not.
-    static IN_PROBE: Cell<bool> = const { Cell::new(false) };
 }
 
 pub(crate) fn start() {
@@ -82,7 +75,8 @@ pub(crate) fn start() {
     let spawned = std::thread::Builder::new()
         .name("bpftime-agent".into())
         .spawn(move || {
-            IN_PROBE.with(|g| g.set(true));
+            // The agent's own allocations and file reads are not the application's.
+            bpftime_attach::never_run_handlers_on_this_thread();
             a.sync();
             let _ = ready_tx.send(());
             a.watch();
@@ -168,14 +162,18 @@ impl Agent {
             func_ip: addr as u64,
             cookie: rec.cookie,
         };
-        let handler: Handler = Arc::new(move |regs: &mut PtRegs| {
-            if IN_PROBE.with(|g| g.replace(true)) {
-                return;
-            }
-            helpers::set_probe_context(ctx);
-            agent.runtime.run(&prog, regs as *mut PtRegs as u64);
-            IN_PROBE.with(|g| g.set(false));
-        });
+        // Handlers never nest on a thread (the attach crate's guard), so a helper that
+        // calls a hooked function does not run programs again, as with kernel uprobes.
+        let handler: Handler = if helpers::reads_probe_context(&prog.insns) {
+            Arc::new(move |regs: &mut PtRegs| {
+                helpers::set_probe_context(ctx);
+                agent.runtime.run(&prog, regs as *mut PtRegs as u64);
+            })
+        } else {
+            Arc::new(move |regs: &mut PtRegs| {
+                agent.runtime.run(&prog, regs as *mut PtRegs as u64);
+            })
+        };
         // SAFETY: `addr` is the file offset the tool asked for, mapped at its runtime
         // address in this process; the tool vouched it is a function entry, as with
         // the kernel's uprobes.

@@ -261,11 +261,23 @@ struct Frame {
     site: &'static Site,
 }
 
+/// Keeps handlers from ever running on the calling thread: for a runtime's own threads,
+/// whose work (allocating, reading files) is not the application's to observe.
+pub fn never_run_handlers_on_this_thread() {
+    IN_HANDLERS.set(true);
+}
+
 struct Reentry;
 
 impl Reentry {
     fn enter() -> Option<Reentry> {
-        (!IN_HANDLERS.replace(true)).then_some(Reentry)
+        // Not `then_some(Reentry)`: that builds the guard either way, and dropping the
+        // unused one would clear the flag of the handlers already running.
+        if IN_HANDLERS.replace(true) {
+            None
+        } else {
+            Some(Reentry)
+        }
     }
 }
 

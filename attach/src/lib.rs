@@ -39,6 +39,9 @@ mod resolve;
 mod stubs;
 
 pub use error::AttachError;
-pub use hook::{attach_uprobe, attach_uretprobe, detach, original_return_address, Handler, HookId};
+pub use hook::{
+    attach_uprobe, attach_uretprobe, detach, never_run_handlers_on_this_thread,
+    original_return_address, Handler, HookId,
+};
 pub use regs::PtRegs;
 pub use resolve::{resolve_binary, runtime_address, symbol_file_offset, Location, Target};

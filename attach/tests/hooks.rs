@@ -827,3 +827,63 @@ fn a_call_moved_into_the_trampoline_returns_into_the_hooked_function() {
     // the return address right after the call, in the hooked function.
     assert_eq!(*seen.lock().unwrap(), vec![f as u64 + 9]);
 }
+
+#[inline(never)]
+extern "C" fn reentered(x: u64) -> u64 {
+    black_box(x).wrapping_mul(3) ^ 0x5a
+}
+
+#[test]
+fn a_handler_that_calls_its_hooked_function_again_and_again_is_never_nested() {
+    let runs = Arc::new(AtomicU64::new(0));
+    let r = runs.clone();
+    let h = handler(move |_| {
+        r.fetch_add(1, Ordering::SeqCst);
+        // Each of these hits the hook again on this thread: none may run a handler, the
+        // second no more than the first.
+        for i in 0..3 {
+            black_box(reentered(black_box(i)));
+        }
+    });
+    // SAFETY: `reentered` is a function of this binary.
+    let id = unsafe { attach_uprobe(addr(reentered as *const ()), h) }.unwrap();
+    for i in 0..10 {
+        assert_eq!(reentered(black_box(i)), i.wrapping_mul(3) ^ 0x5a);
+    }
+    detach(id).unwrap();
+    assert_eq!(runs.load(Ordering::SeqCst), 10);
+}
+
+#[test]
+fn a_thread_that_never_runs_handlers_is_not_observed() {
+    let runs = Arc::new(AtomicU64::new(0));
+    let r = runs.clone();
+    // SAFETY: `masked_target` is a function of this binary.
+    let id = unsafe {
+        attach_uprobe(
+            addr(masked_target as *const ()),
+            handler(move |_| {
+                r.fetch_add(1, Ordering::SeqCst);
+            }),
+        )
+    }
+    .unwrap();
+    std::thread::spawn(|| {
+        bpftime_attach::never_run_handlers_on_this_thread();
+        for i in 0..5 {
+            black_box(masked_target(black_box(i)));
+        }
+    })
+    .join()
+    .unwrap();
+    for i in 0..4 {
+        black_box(masked_target(black_box(i)));
+    }
+    detach(id).unwrap();
+    assert_eq!(runs.load(Ordering::SeqCst), 4);
+}
+
+#[inline(never)]
+extern "C" fn masked_target(x: u64) -> u64 {
+    black_box(x).rotate_left(5)
+}

@@ -34,6 +34,41 @@ pub fn set_probe_context(ctx: ProbeContext) {
     PROBE.with(|p| p.set(ctx));
 }
 
+/// Helpers that read the [`ProbeContext`]: the probed address or the link's cookie.
+const PROBE_CONTEXT_HELPERS: [u32; 4] = [
+    id::GET_FUNC_IP,
+    id::GET_ATTACH_COOKIE,
+    id::GET_STACKID,
+    id::GET_STACK,
+];
+
+/// Whether running `insns` may read the [`ProbeContext`], so that a probe sets it (one
+/// thread-local write per hit) only for programs that can: those calling one of the
+/// helpers that read it, calling helpers by register (`callx`), or tail-calling another
+/// program.
+pub fn reads_probe_context(insns: &[bpftime_isa::Insn]) -> bool {
+    use bpftime_isa::opcode as op;
+    let mut pc = 0;
+    while pc < insns.len() {
+        let i = insns[pc];
+        if i.is_lddw() {
+            pc += 2;
+            continue;
+        }
+        if i.code == op::CALL_INSN | op::X {
+            return true;
+        }
+        if i.code == op::CALL_INSN && i.src == op::CALL_HELPER {
+            let helper = i.imm as u32;
+            if helper == id::TAIL_CALL || PROBE_CONTEXT_HELPERS.contains(&helper) {
+                return true;
+            }
+        }
+        pc += 1;
+    }
+    false
+}
+
 static TRACE_OUTPUT: OnceLock<PathBuf> = OnceLock::new();
 
 /// Where `bpf_trace_printk` appends its lines (the store's `trace_pipe` file).
