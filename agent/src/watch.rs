@@ -3,7 +3,8 @@
 
 use crate::program::{self, Programs, Runtime};
 use bpftime_attach::{
-    attach_uprobe, attach_uretprobe, detach, runtime_address, Handler, HookId, PtRegs,
+    attach_uprobe, attach_uprobe_code, attach_uretprobe, attach_uretprobe_code, detach,
+    runtime_address, CodeHandler, Handler, HookId, PtRegs,
 };
 use bpftime_runtime::helpers::{self, ProbeContext};
 use bpftime_runtime::{LinkKind, LinkRecord, ObjectKind, Store};
@@ -164,23 +165,46 @@ impl Agent {
         };
         // Handlers never nest on a thread (the attach crate's guard), so a helper that
         // calls a hooked function does not run programs again, as with kernel uprobes.
-        let handler: Handler = if helpers::reads_probe_context(&prog.insns) {
-            Arc::new(move |regs: &mut PtRegs| {
-                helpers::set_probe_context(ctx);
-                agent.runtime.run(&prog, regs as *mut PtRegs as u64);
-            })
-        } else {
-            Arc::new(move |regs: &mut PtRegs| {
-                agent.runtime.run(&prog, regs as *mut PtRegs as u64);
-            })
-        };
+        // A compiled program that needs nothing set before it runs is the handler
+        // itself; the others run through a closure.
+        let code =
+            prog.jit
+                .as_ref()
+                .filter(|_| !helpers::reads_probe_context(&prog.insns))
+                .map(|jit| {
+                    // SAFETY: the entry of a JIT-compiled program has the C signature
+                    // `(r1, r2, tail depth) -> r0` and never unwinds; `owner` keeps the code,
+                    // its maps and the runtime that resolves its tail calls alive.
+                    let entry = unsafe {
+                        std::mem::transmute::<
+                            usize,
+                            unsafe extern "C" fn(*mut PtRegs, u64, u64) -> u64,
+                        >(jit.entry_address() as usize)
+                    };
+                    CodeHandler {
+                        entry,
+                        arg: 0,
+                        owner: Arc::new((agent.clone(), prog.clone())),
+                    }
+                });
         // SAFETY: `addr` is the file offset the tool asked for, mapped at its runtime
         // address in this process; the tool vouched it is a function entry, as with
-        // the kernel's uprobes.
+        // the kernel's uprobes. A program's code is verified and compiled for a pt_regs
+        // context, which is what handlers get.
         let r = unsafe {
-            match rec.kind {
-                LinkKind::Uprobe => attach_uprobe(addr, handler),
-                LinkKind::Uretprobe => attach_uretprobe(addr, handler),
+            match (rec.kind, code) {
+                (LinkKind::Uprobe, Some(code)) => attach_uprobe_code(addr, code),
+                (LinkKind::Uretprobe, Some(code)) => attach_uretprobe_code(addr, code),
+                (kind, None) => {
+                    let handler: Handler = Arc::new(move |regs: &mut PtRegs| {
+                        helpers::set_probe_context(ctx);
+                        agent.runtime.run(&prog, regs as *mut PtRegs as u64);
+                    });
+                    match kind {
+                        LinkKind::Uprobe => attach_uprobe(addr, handler),
+                        LinkKind::Uretprobe => attach_uretprobe(addr, handler),
+                    }
+                }
             }
         };
         match r {

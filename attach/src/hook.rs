@@ -35,10 +35,27 @@ enum Kind {
     Return,
 }
 
+/// Machine code run as a handler, with the C ABI: called as `entry(regs, arg, 0)`, its
+/// result ignored. That is the shape of a JIT-compiled eBPF program's entry (r1 = the
+/// context, r2, a tail-call depth of 0), which then runs straight from the hook, with no
+/// closure between. The code must not unwind.
+#[derive(Clone)]
+pub struct CodeHandler {
+    pub entry: unsafe extern "C" fn(regs: *mut PtRegs, arg: u64, zero: u64) -> u64,
+    pub arg: u64,
+    /// Whatever keeps `entry`'s code and the data it uses alive; held while attached.
+    pub owner: Arc<dyn std::any::Any + Send + Sync>,
+}
+
+enum Action {
+    Closure(Handler),
+    Code(CodeHandler),
+}
+
 struct Attached {
     id: HookId,
     kind: Kind,
-    handler: Handler,
+    action: Action,
     failed: AtomicBool,
 }
 
@@ -132,7 +149,7 @@ fn current(site: &Site) -> List {
     unsafe { p.as_ref() }.cloned().unwrap_or_default()
 }
 
-fn attach(addr: usize, kind: Kind, handler: Handler) -> Result<HookId, AttachError> {
+fn attach(addr: usize, kind: Kind, action: Action) -> Result<HookId, AttachError> {
     let machinery = [
         stubs::entry_stub(),
         stubs::return_stub(),
@@ -154,7 +171,7 @@ fn attach(addr: usize, kind: Kind, handler: Handler) -> Result<HookId, AttachErr
     entries.push(Arc::new(Attached {
         id,
         kind,
-        handler,
+        action,
         failed: AtomicBool::new(false),
     }));
     if !state.patched {
@@ -178,7 +195,16 @@ fn attach(addr: usize, kind: Kind, handler: Handler) -> Result<HookId, AttachErr
 /// for one; the direct cases are checked, jumps from further away cannot be). Nothing else
 /// may patch those bytes while the hook is attached.
 pub unsafe fn attach_uprobe(addr: usize, handler: Handler) -> Result<HookId, AttachError> {
-    attach(addr, Kind::Entry, handler)
+    attach(addr, Kind::Entry, Action::Closure(handler))
+}
+
+/// [`attach_uprobe`] with machine code for the handler.
+///
+/// # Safety
+/// As [`attach_uprobe`], and `code.entry` must be a function with that signature that
+/// does not unwind, valid while `code.owner` lives.
+pub unsafe fn attach_uprobe_code(addr: usize, code: CodeHandler) -> Result<HookId, AttachError> {
+    attach(addr, Kind::Entry, Action::Code(code))
 }
 
 /// Runs `handler` every time the function starting at `addr` returns, with the registers
@@ -193,6 +219,18 @@ pub unsafe fn attach_uprobe(addr: usize, handler: Handler) -> Result<HookId, Att
 /// address at `[rsp]`, and returns by `ret` to it. Code that inspects its own return address
 /// (some unwinders, stack-protector schemes, `__builtin_return_address`) sees the trampoline's.
 pub unsafe fn attach_uretprobe(addr: usize, handler: Handler) -> Result<HookId, AttachError> {
+    attach_return(addr, Action::Closure(handler))
+}
+
+/// [`attach_uretprobe`] with machine code for the handler.
+///
+/// # Safety
+/// As [`attach_uretprobe`] and [`attach_uprobe_code`].
+pub unsafe fn attach_uretprobe_code(addr: usize, code: CodeHandler) -> Result<HookId, AttachError> {
+    attach_return(addr, Action::Code(code))
+}
+
+fn attach_return(addr: usize, action: Action) -> Result<HookId, AttachError> {
     if shadow_stack_enabled() {
         return Err(AttachError::Unhookable {
             addr,
@@ -201,7 +239,7 @@ pub unsafe fn attach_uretprobe(addr: usize, handler: Handler) -> Result<HookId, 
                 .into(),
         });
     }
-    attach(addr, Kind::Return, handler)
+    attach(addr, Kind::Return, action)
 }
 
 /// Whether the hardware shadow stack (CET) is on for this thread; it checks every `ret`
@@ -287,11 +325,21 @@ impl Drop for Reentry {
     }
 }
 
+#[inline]
 fn run(entry: &Attached, regs: &mut PtRegs) {
+    let handler = match &entry.action {
+        Action::Code(code) => {
+            // SAFETY: the attacher vouched for the code (`attach_uprobe_code`), which
+            // `owner` keeps alive as long as this entry; `regs` is live for the call.
+            unsafe { (code.entry)(regs, code.arg, 0) };
+            return;
+        }
+        Action::Closure(handler) => handler,
+    };
     if entry.failed.load(Ordering::Relaxed) {
         return;
     }
-    if catch_unwind(AssertUnwindSafe(|| (entry.handler)(regs))).is_err()
+    if catch_unwind(AssertUnwindSafe(|| handler(regs))).is_err()
         && !entry.failed.swap(true, Ordering::Relaxed)
     {
         tracing::error!(id = %entry.id, "handler panicked; it will not run again");

@@ -887,3 +887,50 @@ fn a_thread_that_never_runs_handlers_is_not_observed() {
 extern "C" fn masked_target(x: u64) -> u64 {
     black_box(x).rotate_left(5)
 }
+
+#[inline(never)]
+extern "C" fn code_hooked(x: u64) -> u64 {
+    black_box(x).wrapping_add(41)
+}
+
+/// A code handler: adds the first argument register to the counter `arg` points at.
+unsafe extern "C" fn add_first_argument(regs: *mut PtRegs, arg: u64, zero: u64) -> u64 {
+    assert_eq!(zero, 0);
+    // SAFETY: `regs` is the hook's live PtRegs; `arg` is the AtomicU64 the test owns.
+    unsafe { (*(arg as *const AtomicU64)).fetch_add((*regs).di, Ordering::SeqCst) };
+    0
+}
+
+/// A code handler: adds the return value register to the counter `arg` points at.
+unsafe extern "C" fn add_return_value(regs: *mut PtRegs, arg: u64, _: u64) -> u64 {
+    // SAFETY: as `add_first_argument`.
+    unsafe { (*(arg as *const AtomicU64)).fetch_add((*regs).ax, Ordering::SeqCst) };
+    0
+}
+
+#[test]
+fn code_handlers_run_straight_from_the_hook_with_their_argument() {
+    let args = Arc::new(AtomicU64::new(0));
+    let rets = Arc::new(AtomicU64::new(0));
+    let f = addr(code_hooked as *const ());
+    let code = |entry, counter: &Arc<AtomicU64>| bpftime_attach::CodeHandler {
+        entry,
+        arg: Arc::as_ptr(counter) as u64,
+        owner: counter.clone(),
+    };
+    // SAFETY: `code_hooked` is a function of this binary; the handlers do not unwind.
+    let on_entry =
+        unsafe { bpftime_attach::attach_uprobe_code(f, code(add_first_argument, &args)) }.unwrap();
+    // SAFETY: as above.
+    let on_return =
+        unsafe { bpftime_attach::attach_uretprobe_code(f, code(add_return_value, &rets)) }.unwrap();
+    for i in 1..=10 {
+        assert_eq!(code_hooked(black_box(i)), i + 41);
+    }
+    detach(on_entry).unwrap();
+    detach(on_return).unwrap();
+    assert_eq!(args.load(Ordering::SeqCst), 55);
+    assert_eq!(rets.load(Ordering::SeqCst), 55 + 410);
+    code_hooked(black_box(5));
+    assert_eq!(args.load(Ordering::SeqCst), 55, "detached");
+}
