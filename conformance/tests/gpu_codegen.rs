@@ -266,8 +266,10 @@ impl GpuEnv for BlockCountMaps {
             .any(|(name, addr)| name == "block_starts" && *addr == map)
             .then_some(ArrayMapLayout {
                 values: map,
-                value_size: 8,
+                key_stride: 8,
                 max_entries: 1024,
+                update_size: 8,
+                per_cpu: None,
             })
     }
 }
