@@ -147,6 +147,29 @@ fn pick_thread(pid: i32) -> Result<(i32, Status)> {
     Err(InjectError::Zombie { pid })
 }
 
+/// Whether SIGSEGV reaches the thread whose status is `thread` (at `dir`). A thread
+/// blocks every signal for a moment while it creates another (glibc's pthread_create
+/// does), so a blocked SIGSEGV is looked at again for up to 100 ms before it counts;
+/// an ignored one counts at once.
+fn segv_deliverable(dir: &str, thread: &procfs::Status) -> bool {
+    let segv = 1u64 << (libc::SIGSEGV - 1);
+    if thread.sig_ignored & segv != 0 {
+        return false;
+    }
+    let mut blocked = thread.sig_blocked;
+    for _ in 0..10 {
+        if blocked & segv == 0 {
+            return true;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(10));
+        match procfs::read_status(Path::new(&format!("{dir}/status"))) {
+            Ok(now) if now.sig_ignored & segv == 0 => blocked = now.sig_blocked,
+            _ => return false,
+        }
+    }
+    blocked & segv == 0
+}
+
 fn preflight(pid: i32) -> Result<Preflight> {
     if pid <= 0 {
         return Err(InjectError::NoSuchProcess { pid });
@@ -202,8 +225,7 @@ fn preflight(pid: i32) -> Result<Preflight> {
     if thread.shadow_stack {
         return Err(InjectError::ShadowStack { pid, tid });
     }
-    let segv = 1u64 << (libc::SIGSEGV - 1);
-    if (thread.sig_blocked | thread.sig_ignored) & segv != 0 {
+    if !segv_deliverable(&dir, &thread) {
         return Err(InjectError::SegvUnavailable { pid, tid });
     }
     Ok(Preflight {
