@@ -43,5 +43,6 @@ pub use hook::{
     attach_uprobe, attach_uprobe_code, attach_uretprobe, attach_uretprobe_code, detach,
     never_run_handlers_on_this_thread, original_return_address, CodeHandler, Handler, HookId,
 };
+pub use maps::{parse as parse_proc_maps, Mapping as ProcMapping};
 pub use regs::PtRegs;
 pub use resolve::{resolve_binary, runtime_address, symbol_file_offset, Location, Target};

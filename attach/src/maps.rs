@@ -2,8 +2,9 @@
 
 use std::path::{Path, PathBuf};
 
+/// One line of a `/proc/<pid>/maps` text.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct Mapping {
+pub struct Mapping {
     pub start: usize,
     pub end: usize,
     pub exec: bool,
@@ -27,7 +28,8 @@ impl Mapping {
     }
 }
 
-pub(crate) fn parse(text: &str) -> Vec<Mapping> {
+/// Parses a `/proc/<pid>/maps` text; lines it cannot read are skipped.
+pub fn parse(text: &str) -> Vec<Mapping> {
     text.lines().filter_map(parse_line).collect()
 }
 

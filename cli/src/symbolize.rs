@@ -5,41 +5,17 @@
 //! on every turn of the event loop) and kept: a library the app unmapped is
 //! still named for the stacks taken while it was there.
 
+use bpftime_attach::{parse_proc_maps, ProcMapping};
 use goblin::elf::program_header::PT_LOAD;
 use goblin::elf::{section_header, sym, Elf};
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
-/// A file-backed executable mapping of the app.
-#[derive(Debug, Clone, PartialEq, Eq)]
-struct Region {
-    start: u64,
-    end: u64,
-    /// File offset of `start`.
-    offset: u64,
-    path: PathBuf,
-}
-
-/// Parses the executable, file-backed lines of a `/proc/<pid>/maps` text.
-fn parse_maps(text: &str) -> Vec<Region> {
-    text.lines()
-        .filter_map(|line| {
-            // start-end perms offset dev inode path (the path may hold spaces)
-            let mut f = line.splitn(6, ' ');
-            let (lo, hi) = f.next()?.split_once('-')?;
-            let perms = f.next()?;
-            let offset = u64::from_str_radix(f.next()?, 16).ok()?;
-            let path = f.nth(2)?.trim_start();
-            if !perms.contains('x') || !path.starts_with('/') || path.ends_with(" (deleted)") {
-                return None;
-            }
-            Some(Region {
-                start: u64::from_str_radix(lo, 16).ok()?,
-                end: u64::from_str_radix(hi, 16).ok()?,
-                offset,
-                path: PathBuf::from(path),
-            })
-        })
+/// The executable, file-backed mappings of a `/proc/<pid>/maps` text.
+fn parse_maps(text: &str) -> Vec<ProcMapping> {
+    parse_proc_maps(text)
+        .into_iter()
+        .filter(|m| m.exec && m.file_path().is_some() && !m.path.ends_with(" (deleted)"))
         .collect()
 }
 
@@ -108,7 +84,7 @@ impl Symbols {
 /// every file seen in them.
 pub struct AppMaps {
     pid: u32,
-    regions: Vec<Region>,
+    regions: Vec<ProcMapping>,
     last_text: String,
     files: HashMap<PathBuf, Option<Symbols>>,
 }
@@ -152,12 +128,12 @@ impl AppMaps {
         let Some(r) = self
             .regions
             .iter()
-            .find(|r| addr >= r.start && addr < r.end)
+            .find(|r| addr >= r.start as u64 && addr < r.end as u64)
         else {
             return format!("{addr:#x} (unknown)");
         };
-        let file_offset = addr - r.start + r.offset;
-        let path = r.path.clone();
+        let file_offset = addr - r.start as u64 + r.offset;
+        let path = PathBuf::from(&r.path);
         let symbols = self
             .files
             .entry(path.clone())
@@ -195,7 +171,7 @@ mod tests {
         let got = parse_maps(text);
         assert_eq!(
             got.iter()
-                .map(|r| (r.start, r.offset, r.path.to_str().unwrap()))
+                .map(|r| (r.start, r.offset, r.path.as_str()))
                 .collect::<Vec<_>>(),
             vec![
                 (0x401000, 0x1000, "/usr/bin/app"),

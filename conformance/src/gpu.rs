@@ -107,6 +107,8 @@ pub struct GpuDevice {
     context: Arc<CudaContext>,
     stream: Arc<CudaStream>,
     clock: Mutex<Option<ClockCalibration>>,
+    /// The program that reads the raw global timer, loaded at the first calibration.
+    timer: OnceLock<LoadedProgram>,
 }
 
 /// A program's module, loaded on the device.
@@ -168,6 +170,7 @@ impl GpuDevice {
             context,
             stream,
             clock: Mutex::new(None),
+            timer: OnceLock::new(),
         })
     }
 
@@ -206,15 +209,21 @@ impl GpuDevice {
     /// Measures the global timer against the host clock: [`CLOCK_SAMPLES`] one-thread
     /// launches of a program that returns helper 502, each bracketed by host readings.
     pub fn calibrate_clock(&self) -> Result<ClockCalibration, GpuRunError> {
-        let prog = bpftime_isa::asm::assemble("call 502\nexit")
-            .map_err(|e| GpuRunError::Compile(e.to_string()))?;
-        let program = compile(&prog, &StandardGpuEnv, &PtxOptions::default())
-            .map_err(|e| GpuRunError::Compile(e.to_string()))?;
-        let loaded = self.load(&program)?;
+        let loaded = match self.timer.get() {
+            Some(l) => l,
+            None => {
+                let prog = bpftime_isa::asm::assemble("call 502\nexit")
+                    .map_err(|e| GpuRunError::Compile(e.to_string()))?;
+                let program = compile(&prog, &StandardGpuEnv, &PtxOptions::default())
+                    .map_err(|e| GpuRunError::Compile(e.to_string()))?;
+                let loaded = self.load(&program)?;
+                self.timer.get_or_init(|| loaded)
+            }
+        };
         let mut samples = Vec::with_capacity(CLOCK_SAMPLES);
         for _ in 0..CLOCK_SAMPLES {
             let before = host_monotonic_ns();
-            let gpu = self.run(&loaded, &mut [], ONE_THREAD)?;
+            let gpu = self.run(loaded, &mut [], ONE_THREAD)?;
             let after = host_monotonic_ns();
             samples.push((before, gpu, after));
         }

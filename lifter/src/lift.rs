@@ -153,6 +153,15 @@ struct Lifter<'a, 'ctx> {
     stack_ty: StructType<'ctx>,
 }
 
+/// How one memory access is emitted.
+#[derive(Clone, Copy)]
+enum Emit {
+    /// One access, claiming this alignment.
+    Whole(u32),
+    /// One access per byte.
+    Bytes,
+}
+
 /// Per-function state.
 struct Frame<'ctx> {
     function: FunctionValue<'ctx>,
@@ -432,24 +441,29 @@ impl<'ctx> Lifter<'_, 'ctx> {
         Ok((b.build_int_to_ptr(addr, pty, "ptr")?, None))
     }
 
-    /// Emits `access(true)` where the address is known aligned, and otherwise: on targets
-    /// that [split misaligned accesses](LoweringTarget::split_misaligned_access), a test
-    /// of the address's low bits choosing `access(true)` or `access(false)` (byte-wise);
-    /// elsewhere `access(false)` alone. Returns the value of each run, joined.
+    /// Emits `access` for a `bits`-wide access at `ptr`: as one access claiming the
+    /// alignment `known` (from the stack offset), else as one access of alignment 1 on
+    /// targets that take them; on targets that [split misaligned
+    /// accesses](LoweringTarget::split_misaligned_access), behind a test of the
+    /// address's low bits, as one naturally aligned access or byte by byte. Returns the
+    /// value of each emitted access, joined.
     fn with_alignment(
         &self,
         f: &Frame<'ctx>,
         ptr: PointerValue<'ctx>,
         known: Option<u32>,
         bits: u32,
-        access: impl Fn(bool) -> Result<Option<IntValue<'ctx>>>,
+        access: impl Fn(Emit) -> Result<Option<IntValue<'ctx>>>,
     ) -> Result<Option<IntValue<'ctx>>> {
         let size = bits / 8;
-        if known == Some(size) || size == 1 {
-            return access(true);
+        if size == 1 {
+            return access(Emit::Whole(1));
         }
-        if known.is_some() || !self.target.split_misaligned_access() {
-            return access(false);
+        if let Some(align) = known {
+            return access(Emit::Whole(align.min(size)));
+        }
+        if !self.target.split_misaligned_access() {
+            return access(Emit::Whole(1));
         }
         let b = &self.builder;
         let addr = b.build_ptr_to_int(ptr, self.i64t, "addr")?;
@@ -461,10 +475,12 @@ impl<'ctx> Lifter<'_, 'ctx> {
         let join = self.context.append_basic_block(f.function, "accessed");
         b.build_conditional_branch(aligned, whole, split)?;
         b.position_at_end(whole);
-        let fast = access(true)?;
+        let fast = access(Emit::Whole(size))?;
         b.build_unconditional_branch(join)?;
         b.position_at_end(split);
-        let slow = access(false)?;
+        // Spelled out byte by byte: an align-1 access would be merged with the aligned
+        // path's, which is the same instruction but for its alignment.
+        let slow = access(Emit::Bytes)?;
         b.build_unconditional_branch(join)?;
         b.position_at_end(join);
         Ok(match (fast, slow) {
@@ -487,23 +503,22 @@ impl<'ctx> Lifter<'_, 'ctx> {
     ) -> Result<IntValue<'ctx>> {
         let ty = self.int(bits);
         let b = &self.builder;
-        let v = self.with_alignment(f, ptr, known, bits, |aligned| {
-            if aligned || !self.target.split_misaligned_access() {
-                let v = b.build_load(ty, ptr, "ld")?.into_int_value();
-                set_alignment(v.as_instruction_value(), if aligned { bits / 8 } else { 1 });
+        let v = self.with_alignment(f, ptr, known, bits, |emit| {
+            let Emit::Whole(align) = emit else {
+                let i8t = self.context.i8_type();
+                let mut v = ty.const_zero();
+                for k in 0..bits / 8 {
+                    let at = self.byte_at(ptr, k)?;
+                    let byte = b.build_load(i8t, at, "byte")?.into_int_value();
+                    let byte = b.build_int_z_extend(byte, ty, "byte_ext")?;
+                    let byte =
+                        b.build_left_shift(byte, ty.const_int(u64::from(k * 8), false), "")?;
+                    v = b.build_or(v, byte, "bytes")?;
+                }
                 return Ok(Some(v));
-            }
-            // Spelled out byte by byte: an align-1 load would be merged with the
-            // aligned path's load, which is the same instruction but for its alignment.
-            let i8t = self.context.i8_type();
-            let mut v = ty.const_zero();
-            for k in 0..bits / 8 {
-                let at = self.byte_at(ptr, k)?;
-                let byte = b.build_load(i8t, at, "byte")?.into_int_value();
-                let byte = b.build_int_z_extend(byte, ty, "byte_ext")?;
-                let byte = b.build_left_shift(byte, ty.const_int(u64::from(k * 8), false), "")?;
-                v = b.build_or(v, byte, "bytes")?;
-            }
+            };
+            let v = b.build_load(ty, ptr, "ld")?.into_int_value();
+            set_alignment(v.as_instruction_value(), align);
             Ok(Some(v))
         })?;
         v.ok_or_else(|| LiftError::InvalidIr {
@@ -522,24 +537,20 @@ impl<'ctx> Lifter<'_, 'ctx> {
     ) -> Result<()> {
         let bits = v.get_type().get_bit_width();
         let b = &self.builder;
-        self.with_alignment(f, ptr, known, bits, |aligned| {
-            if aligned || !self.target.split_misaligned_access() {
-                let s = b.build_store(ptr, v)?;
-                set_alignment(Some(s), if aligned { bits / 8 } else { 1 });
+        self.with_alignment(f, ptr, known, bits, |emit| {
+            let Emit::Whole(align) = emit else {
+                let i8t = self.context.i8_type();
+                for k in 0..bits / 8 {
+                    let at = self.byte_at(ptr, k)?;
+                    let shift = v.get_type().const_int(u64::from(k * 8), false);
+                    let shifted = b.build_right_shift(v, shift, false, "")?;
+                    let byte = b.build_int_truncate(shifted, i8t, "byte")?;
+                    b.build_store(at, byte)?;
+                }
                 return Ok(None);
-            }
-            let i8t = self.context.i8_type();
-            for k in 0..bits / 8 {
-                let at = self.byte_at(ptr, k)?;
-                let shifted = b.build_right_shift(
-                    v,
-                    v.get_type().const_int(u64::from(k * 8), false),
-                    false,
-                    "",
-                )?;
-                let byte = b.build_int_truncate(shifted, i8t, "byte")?;
-                b.build_store(at, byte)?;
-            }
+            };
+            let s = b.build_store(ptr, v)?;
+            set_alignment(Some(s), align);
             Ok(None)
         })?;
         Ok(())
