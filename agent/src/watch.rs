@@ -185,6 +185,7 @@ impl Agent {
                         entry,
                         arg: 0,
                         owner: Arc::new((agent.clone(), prog.clone())),
+                        keeps_vector_registers: false,
                     }
                 });
         // SAFETY: `addr` is the file offset the tool asked for, mapped at its runtime

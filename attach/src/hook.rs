@@ -5,7 +5,7 @@ use std::collections::{hash_map, HashMap};
 use std::fmt;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::ptr;
-use std::sync::atomic::{AtomicBool, AtomicPtr, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicIsize, AtomicPtr, Ordering};
 use std::sync::{Arc, LazyLock, Mutex, MutexGuard};
 
 use crate::error::AttachError;
@@ -35,6 +35,41 @@ enum Kind {
     Return,
 }
 
+/// Where a hook goes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct HookAddress {
+    pub addr: usize,
+    /// `addr` is the first instruction of a function, entered only by a call or a jump
+    /// from outside it. The System V ABI leaves the status flags undefined there and the
+    /// direction flag clear, so the hook neither saves nor restores the flags (it still
+    /// reports them in [`PtRegs::flags`]); that spares a few nanoseconds per hit.
+    pub function_entry: bool,
+}
+
+impl HookAddress {
+    /// Any instruction: every register and flag is kept.
+    pub fn instruction(addr: usize) -> HookAddress {
+        HookAddress {
+            addr,
+            function_entry: false,
+        }
+    }
+
+    /// The first instruction of a function (see [`HookAddress::function_entry`]).
+    pub fn function_entry(addr: usize) -> HookAddress {
+        HookAddress {
+            addr,
+            function_entry: true,
+        }
+    }
+}
+
+impl From<usize> for HookAddress {
+    fn from(addr: usize) -> HookAddress {
+        HookAddress::instruction(addr)
+    }
+}
+
 /// Machine code run as a handler, with the C ABI: called as `entry(regs, arg, 0)`, its
 /// result ignored. That is the shape of a JIT-compiled eBPF program's entry (r1 = the
 /// context, r2, a tail-call depth of 0), which then runs straight from the hook, with no
@@ -45,6 +80,10 @@ pub struct CodeHandler {
     pub arg: u64,
     /// Whatever keeps `entry`'s code and the data it uses alive; held while attached.
     pub owner: Arc<dyn std::any::Any + Send + Sync>,
+    /// `entry` leaves xmm0-15 as it found them (it uses none and calls nothing that
+    /// does, or saves them itself). When it is a site's only handler, the hook then
+    /// skips saving them, a third of its cost.
+    pub keeps_vector_registers: bool,
 }
 
 enum Action {
@@ -61,15 +100,50 @@ struct Attached {
 
 /// A site's handlers in attach order, plus what kinds are among them.
 #[derive(Default, Clone)]
-struct List {
+#[repr(C)]
+pub(crate) struct List {
+    /// Read by the entry stubs (see `stubs`), hence first and `repr(C)`.
+    direct: DirectCall,
     entries: Vec<Arc<Attached>>,
     any_return: bool,
 }
 
+/// When a site's only handler is code, the entry stubs call it themselves rather than
+/// going through [`on_entry`].
+#[derive(Default, Clone, Copy)]
+#[repr(C)]
+pub(crate) struct DirectCall {
+    /// `CodeHandler::entry`, or 0 when the list is anything else.
+    entry: usize,
+    arg: u64,
+    /// Non-zero when the code may change xmm0-15, so the stub saves them around it.
+    save_vectors: u64,
+}
+
+// The stubs use these offsets.
+const _: () = assert!(std::mem::offset_of!(List, direct) == 0);
+const _: () = assert!(std::mem::offset_of!(DirectCall, entry) == 0);
+const _: () = assert!(std::mem::offset_of!(DirectCall, arg) == 8);
+const _: () = assert!(std::mem::offset_of!(DirectCall, save_vectors) == 16);
+const _: () = assert!(std::mem::offset_of!(Site, addr) == 0);
+const _: () = assert!(std::mem::offset_of!(Site, list) == 8);
+
 impl List {
     fn new(entries: Vec<Arc<Attached>>) -> List {
         let any_return = entries.iter().any(|a| a.kind == Kind::Return);
+        let direct = match entries.as_slice() {
+            [only] if only.kind == Kind::Entry => match &only.action {
+                Action::Code(code) => DirectCall {
+                    entry: code.entry as usize,
+                    arg: code.arg,
+                    save_vectors: u64::from(!code.keeps_vector_registers),
+                },
+                Action::Closure(_) => DirectCall::default(),
+            },
+            _ => DirectCall::default(),
+        };
         List {
+            direct,
             entries,
             any_return,
         }
@@ -78,6 +152,7 @@ impl List {
 
 /// One hooked address. Never freed: trampolines hold its address, and a uretprobe frame may
 /// name it long after its last handler is gone.
+#[repr(C)]
 pub(crate) struct Site {
     addr: usize,
     /// The handlers in attach order; null when there are none. A published list is never
@@ -119,7 +194,11 @@ fn publish(site: &Site, list: List) {
 }
 
 impl Registry {
-    fn site(&mut self, addr: usize) -> Result<&mut SiteState, AttachError> {
+    /// The site at `at.addr`, made on first use. Its stub is chosen then: a site made for an
+    /// arbitrary instruction keeps the flags even if a later caller says it is a function
+    /// entry.
+    fn site(&mut self, at: HookAddress) -> Result<&mut SiteState, AttachError> {
+        let addr = at.addr;
         match self.sites.entry(addr) {
             hash_map::Entry::Occupied(e) => Ok(e.into_mut()),
             hash_map::Entry::Vacant(v) => {
@@ -127,11 +206,12 @@ impl Registry {
                     addr,
                     list: AtomicPtr::new(ptr::null_mut()),
                 }));
-                let trampoline = patch::build_trampoline(
-                    addr,
-                    site as *const Site as usize,
-                    stubs::entry_stub(),
-                )?;
+                let stub = if at.function_entry {
+                    stubs::function_entry_stub()
+                } else {
+                    stubs::entry_stub()
+                };
+                let trampoline = patch::build_trampoline(addr, site as *const Site as usize, stub)?;
                 patch::register_trap(addr, trampoline.entry)?;
                 Ok(v.insert(SiteState {
                     site,
@@ -149,9 +229,11 @@ fn current(site: &Site) -> List {
     unsafe { p.as_ref() }.cloned().unwrap_or_default()
 }
 
-fn attach(addr: usize, kind: Kind, action: Action) -> Result<HookId, AttachError> {
+fn attach(at: HookAddress, kind: Kind, action: Action) -> Result<HookId, AttachError> {
+    let addr = at.addr;
     let machinery = [
         stubs::entry_stub(),
+        stubs::function_entry_stub(),
         stubs::return_stub(),
         on_entry as *const () as usize,
         on_return as *const () as usize,
@@ -165,7 +247,7 @@ fn attach(addr: usize, kind: Kind, action: Action) -> Result<HookId, AttachError
     }
     let mut reg = registry();
     let id = HookId(reg.next_id);
-    let state = reg.site(addr)?;
+    let state = reg.site(at)?;
     let site = state.site;
     let mut entries = current(site).entries;
     entries.push(Arc::new(Attached {
@@ -185,17 +267,21 @@ fn attach(addr: usize, kind: Kind, action: Action) -> Result<HookId, AttachError
     Ok(id)
 }
 
-/// Runs `handler` every time the instruction at `addr` is about to execute, with the registers
-/// at that point. Handlers at one address run in the order they were attached, whatever
-/// their kind.
+/// Runs `handler` every time the instruction at `at` (an address, or a [`HookAddress`])
+/// is about to execute, with the registers at that point. Handlers at one address run in
+/// the order they were attached, whatever their kind.
 ///
 /// # Safety
-/// `addr` must be the first byte of an instruction in code that stays mapped, and no code
-/// may jump into the first 5 bytes from `addr` except at `addr` itself (a loop head in them,
-/// for one; the direct cases are checked, jumps from further away cannot be). Nothing else
-/// may patch those bytes while the hook is attached.
-pub unsafe fn attach_uprobe(addr: usize, handler: Handler) -> Result<HookId, AttachError> {
-    attach(addr, Kind::Entry, Action::Closure(handler))
+/// The address must be the first byte of an instruction in code that stays mapped, and no
+/// code may jump into the first 5 bytes from it except at the address itself (a loop head
+/// in them, for one; the direct cases are checked, jumps from further away cannot be).
+/// Nothing else may patch those bytes while the hook is attached. An address given as a
+/// function entry must be one (see [`HookAddress::function_entry`]).
+pub unsafe fn attach_uprobe(
+    at: impl Into<HookAddress>,
+    handler: Handler,
+) -> Result<HookId, AttachError> {
+    attach(at.into(), Kind::Entry, Action::Closure(handler))
 }
 
 /// [`attach_uprobe`] with machine code for the handler.
@@ -203,8 +289,11 @@ pub unsafe fn attach_uprobe(addr: usize, handler: Handler) -> Result<HookId, Att
 /// # Safety
 /// As [`attach_uprobe`], and `code.entry` must be a function with that signature that
 /// does not unwind, valid while `code.owner` lives.
-pub unsafe fn attach_uprobe_code(addr: usize, code: CodeHandler) -> Result<HookId, AttachError> {
-    attach(addr, Kind::Entry, Action::Code(code))
+pub unsafe fn attach_uprobe_code(
+    at: impl Into<HookAddress>,
+    code: CodeHandler,
+) -> Result<HookId, AttachError> {
+    attach(at.into(), Kind::Entry, Action::Code(code))
 }
 
 /// Runs `handler` every time the function starting at `addr` returns, with the registers
@@ -239,7 +328,7 @@ fn attach_return(addr: usize, action: Action) -> Result<HookId, AttachError> {
                 .into(),
         });
     }
-    attach(addr, Kind::Return, action)
+    attach(HookAddress::function_entry(addr), Kind::Return, action)
 }
 
 /// Whether the hardware shadow stack (CET) is on for this thread; it checks every `ret`
@@ -286,9 +375,74 @@ pub fn detach(id: HookId) -> Result<(), AttachError> {
 
 thread_local! {
     /// Set while this thread runs handlers: a handler that calls a hooked function (malloc,
-    /// say) must not run handlers again, as the kernel does not nest BPF programs.
+    /// say) must not run handlers again, as the kernel does not nest BPF programs. Unused
+    /// once [`use_static_tls_flag`] gave a byte for it.
     static IN_HANDLERS: Cell<bool> = const { Cell::new(false) };
     static SHADOW: RefCell<Vec<Frame>> = const { RefCell::new(Vec::new()) };
+}
+
+/// The offset from the thread pointer of the per-thread byte that says handlers run on the
+/// thread, or 0 while there is none (then `IN_HANDLERS` says it, and the stubs always go
+/// through [`on_entry`]). Read by the entry stubs.
+pub(crate) static STATIC_TLS_FLAG: AtomicIsize = AtomicIsize::new(0);
+
+/// Gives the hooks a byte of static TLS to mark the threads that run handlers, at
+/// `tp_offset` from the thread pointer (the FS base) in every thread. The entry stubs can
+/// then test it themselves and call a site's only [`CodeHandler`] without entering Rust,
+/// which a thread-local of a `dlopen`ed library (reached through `__tls_get_addr`) does
+/// not allow. Call it before anything is attached; it fails afterwards, since handlers
+/// could be running with the old flag.
+///
+/// # Safety
+/// `tp_offset` must be the offset of a byte in the static TLS block of a module that
+/// stays loaded (an initial-exec or local-exec variable, `var@gottpoff`), zero in every
+/// thread, and used by nothing else.
+pub unsafe fn use_static_tls_flag(tp_offset: isize) -> Result<(), AttachError> {
+    let reg = registry();
+    if !reg.sites.is_empty() || tp_offset == 0 {
+        return Err(AttachError::ThreadFlagRefused { tp_offset });
+    }
+    let masked = IN_HANDLERS.get();
+    STATIC_TLS_FLAG.store(tp_offset, Ordering::Relaxed);
+    // A thread masked before the switch (this one, if any) stays masked.
+    set_in_handlers(masked);
+    Ok(())
+}
+
+fn in_handlers() -> bool {
+    let offset = STATIC_TLS_FLAG.load(Ordering::Relaxed);
+    if offset == 0 {
+        return IN_HANDLERS.get();
+    }
+    let v: u8;
+    // SAFETY: `use_static_tls_flag`'s caller vouched for a byte of static TLS at this
+    // offset in every thread.
+    unsafe {
+        std::arch::asm!(
+            "mov {v}, byte ptr fs:[{offset}]",
+            offset = in(reg) offset,
+            v = out(reg_byte) v,
+            options(nostack, readonly, preserves_flags),
+        )
+    };
+    v != 0
+}
+
+fn set_in_handlers(on: bool) {
+    let offset = STATIC_TLS_FLAG.load(Ordering::Relaxed);
+    if offset == 0 {
+        IN_HANDLERS.set(on);
+        return;
+    }
+    // SAFETY: as in `in_handlers`; the byte is this thread's own.
+    unsafe {
+        std::arch::asm!(
+            "mov byte ptr fs:[{offset}], {v}",
+            offset = in(reg) offset,
+            v = in(reg_byte) u8::from(on),
+            options(nostack, preserves_flags),
+        )
+    };
 }
 
 /// A call whose return address a uretprobe replaced.
@@ -302,7 +456,7 @@ struct Frame {
 /// Keeps handlers from ever running on the calling thread: for a runtime's own threads,
 /// whose work (allocating, reading files) is not the application's to observe.
 pub fn never_run_handlers_on_this_thread() {
-    IN_HANDLERS.set(true);
+    set_in_handlers(true);
 }
 
 struct Reentry;
@@ -311,9 +465,10 @@ impl Reentry {
     fn enter() -> Option<Reentry> {
         // Not `then_some(Reentry)`: that builds the guard either way, and dropping the
         // unused one would clear the flag of the handlers already running.
-        if IN_HANDLERS.replace(true) {
+        if in_handlers() {
             None
         } else {
+            set_in_handlers(true);
             Some(Reentry)
         }
     }
@@ -321,7 +476,7 @@ impl Reentry {
 
 impl Drop for Reentry {
     fn drop(&mut self) {
-        IN_HANDLERS.set(false);
+        set_in_handlers(false);
     }
 }
 
@@ -346,13 +501,13 @@ fn run(entry: &Attached, regs: &mut PtRegs) {
     }
 }
 
-/// Called by the entry stub with the hooked code's registers.
+/// Called by the entry stubs with the hooked code's registers (`ip` already set), unless
+/// they called the site's only handler themselves.
 pub(crate) extern "C" fn on_entry(site: *const Site, regs: *mut PtRegs) {
     // SAFETY: the trampoline passes its own leaked, never-freed Site.
     let site: &'static Site = unsafe { &*site };
     // SAFETY: the stub passes a PtRegs on its stack, live and unaliased for this call.
     let regs = unsafe { &mut *regs };
-    regs.ip = site.addr as u64;
     let list = site.list.load(Ordering::Acquire);
     // SAFETY: published lists are never freed (see `Site::list`).
     let Some(list) = (unsafe { list.as_ref() }) else {

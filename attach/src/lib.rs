@@ -8,6 +8,10 @@
 //!   trampoline that hands the registers, laid out as the kernel's [`PtRegs`], to each handler.
 //! - [`detach`] removes one handler; the last one out restores the original code.
 //!
+//! A [`HookAddress`] that is a function entry gets a hook that skips the dead flags. Given a
+//! byte of static TLS ([`use_static_tls_flag`]), a site whose only handler is a
+//! [`CodeHandler`] calls it straight from the assembly stub.
+//!
 //! Code is never writable and executable at once: hooked code is rewritten through
 //! `/proc/self/mem` while its pages stay R-X, and trampolines are built RW, then made RX for
 //! good. Trampolines and hook records are never freed, since a thread may be inside one.
@@ -41,7 +45,8 @@ mod stubs;
 pub use error::AttachError;
 pub use hook::{
     attach_uprobe, attach_uprobe_code, attach_uretprobe, attach_uretprobe_code, detach,
-    never_run_handlers_on_this_thread, original_return_address, CodeHandler, Handler, HookId,
+    never_run_handlers_on_this_thread, original_return_address, use_static_tls_flag, CodeHandler,
+    Handler, HookAddress, HookId,
 };
 pub use maps::{parse as parse_proc_maps, Mapping as ProcMapping};
 pub use regs::PtRegs;

@@ -917,6 +917,7 @@ fn code_handlers_run_straight_from_the_hook_with_their_argument() {
         entry,
         arg: Arc::as_ptr(counter) as u64,
         owner: counter.clone(),
+        keeps_vector_registers: false,
     };
     // SAFETY: `code_hooked` is a function of this binary; the handlers do not unwind.
     let on_entry =
