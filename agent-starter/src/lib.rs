@@ -8,12 +8,16 @@
 //! linker's), and LLVM then crashes on uninitialized globals. `dlopen` runs every
 //! initializer of the agent before it returns, so calling in afterwards is safe.
 //! It also keeps what is preloaded into every target tiny.
+//!
+//! It also owns one byte of static TLS for the hooks (see `hook_flag_offset`): the
+//! agent, being `dlopen`ed, could only have dynamic TLS, which its assembly cannot reach.
 
 use std::ffi::{CStr, CString};
 
 /// The agent library, looked for in the starter's own directory.
 const AGENT_LIB: &str = "libbpftime_agent.so";
-/// The agent's entry point: `extern "C" fn()`, run once per process.
+/// The agent's entry point: `extern "C" fn(hook_flag_tp_offset: isize)`, run once per
+/// process.
 const AGENT_ENTRY: &CStr = c"bpftime_agent_start";
 /// Set in a target's environment to keep the agent out of it.
 const DISABLE_ENV: &str = "BPFTIME_AGENT_DISABLE";
@@ -68,6 +72,33 @@ pub static BPFTIME_ATTACH_CONTRACT: u32 = 1;
 #[link_section = ".init_array"]
 static INIT: extern "C" fn() = starter_init;
 
+// The hooks' per-thread flag. Initial-exec access (below) makes the loader place this
+// library's TLS in the static block: for free when preloaded, and in the surplus the
+// loader keeps for such libraries when injected (this library's TLS is about 100 bytes).
+std::arch::global_asm!(
+    ".section .tbss,\"awT\",@nobits",
+    ".p2align 3",
+    ".globl bpftime_starter_hook_flag",
+    ".hidden bpftime_starter_hook_flag",
+    "bpftime_starter_hook_flag:",
+    ".zero 8",
+    ".text",
+);
+
+/// The flag's offset from the thread pointer, the same in every thread.
+fn hook_flag_offset() -> isize {
+    let offset: isize;
+    // SAFETY: reads the GOT slot the loader filled with the variable's TLS offset.
+    unsafe {
+        std::arch::asm!(
+            "mov {}, qword ptr [rip + bpftime_starter_hook_flag@gottpoff]",
+            out(reg) offset,
+            options(nostack, readonly, preserves_flags),
+        )
+    };
+    offset
+}
+
 fn start_agent() -> Result<(), String> {
     let dir = own_directory().ok_or("cannot find the directory of libbpftime_agent_starter.so")?;
     let path = format!("{dir}/{AGENT_LIB}");
@@ -83,10 +114,10 @@ fn start_agent() -> Result<(), String> {
     if sym.is_null() {
         return Err(format!("{path} has no {AGENT_ENTRY:?}: {}", dl_error()));
     }
-    // SAFETY: the agent exports `bpftime_agent_start` as `extern "C" fn()`; the
+    // SAFETY: the agent exports `bpftime_agent_start` as `extern "C" fn(isize)`; the
     // library stays loaded (never dlclose'd), so the code outlives the call.
-    let start: extern "C" fn() = unsafe { std::mem::transmute(sym) };
-    start();
+    let start: extern "C" fn(isize) = unsafe { std::mem::transmute(sym) };
+    start(hook_flag_offset());
     Ok(())
 }
 

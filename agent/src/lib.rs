@@ -8,13 +8,15 @@ mod program;
 mod watch;
 
 /// The entry point the starter calls once the loader has run every initializer
-/// of this library (LLVM's static constructors among them).
+/// of this library (LLVM's static constructors among them). `hook_flag_tp_offset` is
+/// a byte of the starter's static TLS for the hooks (see
+/// `bpftime_attach::use_static_tls_flag`), or 0 for none.
 #[no_mangle]
-pub extern "C" fn bpftime_agent_start() {
+pub extern "C" fn bpftime_agent_start(hook_flag_tp_offset: isize) {
     static STARTED: std::sync::Once = std::sync::Once::new();
     STARTED.call_once(|| {
         // A failing agent must never take the target down with it.
-        if std::panic::catch_unwind(watch::start).is_err() {
+        if std::panic::catch_unwind(|| watch::start(hook_flag_tp_offset)).is_err() {
             eprintln!("bpftime agent: internal error during start; the target runs uninstrumented");
         }
     });

@@ -4,7 +4,7 @@
 use crate::program::{self, Programs, Runtime};
 use bpftime_attach::{
     attach_uprobe, attach_uprobe_code, attach_uretprobe, attach_uretprobe_code, detach,
-    runtime_address, CodeHandler, Handler, HookId, PtRegs,
+    is_function_entry, runtime_address, CodeHandler, Handler, HookAddress, HookId, PtRegs,
 };
 use bpftime_runtime::helpers::{self, ProbeContext};
 use bpftime_runtime::{LinkKind, LinkRecord, ObjectKind, Store};
@@ -19,9 +19,16 @@ struct Agent {
     links: Mutex<HashMap<u32, Option<HookId>>>,
 }
 
-pub(crate) fn start() {
+pub(crate) fn start(hook_flag_tp_offset: isize) {
     bpftime_runtime::init_logging();
     helpers::init_process();
+    if hook_flag_tp_offset != 0 {
+        // SAFETY: the starter's byte of static TLS, zero in every thread and used by
+        // nothing else; nothing is attached yet.
+        if let Err(e) = unsafe { bpftime_attach::use_static_tls_flag(hook_flag_tp_offset) } {
+            tracing::warn!("hooks keep their per-thread flag in dynamic TLS: {e}");
+        }
+    }
     // User stacks read through pending uretprobes, whose trampoline stands in
     // for the caller's return address on the stack, as the kernel's do.
     bpftime_runtime::stack::set_return_address_resolver(bpftime_attach::original_return_address);
@@ -185,16 +192,24 @@ impl Agent {
                         entry,
                         arg: 0,
                         owner: Arc::new((agent.clone(), prog.clone())),
-                        keeps_vector_registers: false,
+                        keeps_vector_registers: jit.keeps_vector_registers(),
                     }
                 });
+        // A uprobe where the binary's symbols say a function starts gets the hook that
+        // skips the dead flags; anywhere else, every flag is kept.
+        let at = if is_function_entry(Path::new(&rec.path), rec.offset).unwrap_or(false) {
+            HookAddress::function_entry(addr)
+        } else {
+            HookAddress::instruction(addr)
+        };
         // SAFETY: `addr` is the file offset the tool asked for, mapped at its runtime
-        // address in this process; the tool vouched it is a function entry, as with
-        // the kernel's uprobes. A program's code is verified and compiled for a pt_regs
-        // context, which is what handlers get.
+        // address in this process, the first byte of an instruction as with the kernel's
+        // uprobes, and a function's when `is_function_entry` says so (uretprobes are
+        // function entries by definition). A program's code is verified and compiled for
+        // a pt_regs context, which is what handlers get.
         let r = unsafe {
             match (rec.kind, code) {
-                (LinkKind::Uprobe, Some(code)) => attach_uprobe_code(addr, code),
+                (LinkKind::Uprobe, Some(code)) => attach_uprobe_code(at, code),
                 (LinkKind::Uretprobe, Some(code)) => attach_uretprobe_code(addr, code),
                 (kind, None) => {
                     let handler: Handler = Arc::new(move |regs: &mut PtRegs| {
@@ -202,7 +217,7 @@ impl Agent {
                         agent.runtime.run(&prog, regs as *mut PtRegs as u64);
                     });
                     match kind {
-                        LinkKind::Uprobe => attach_uprobe(addr, handler),
+                        LinkKind::Uprobe => attach_uprobe(at, handler),
                         LinkKind::Uretprobe => attach_uretprobe(addr, handler),
                     }
                 }

@@ -50,4 +50,6 @@ pub use hook::{
 };
 pub use maps::{parse as parse_proc_maps, Mapping as ProcMapping};
 pub use regs::PtRegs;
-pub use resolve::{resolve_binary, runtime_address, symbol_file_offset, Location, Target};
+pub use resolve::{
+    is_function_entry, resolve_binary, runtime_address, symbol_file_offset, Location, Target,
+};

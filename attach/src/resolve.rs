@@ -7,6 +7,7 @@ use std::str::FromStr;
 
 use goblin::elf::program_header::PT_LOAD;
 use goblin::elf::section_header::SHN_UNDEF;
+use goblin::elf::sym::STT_FUNC;
 use goblin::elf::Elf;
 
 use crate::error::AttachError;
@@ -102,9 +103,11 @@ pub fn resolve_binary(binary: &Path) -> Result<PathBuf, AttachError> {
     })
 }
 
-/// The file offset of `symbol` in `binary`, computed as libbpf does for uprobes: the symbol's
-/// virtual address, moved through the `PT_LOAD` segment that holds it.
-pub fn symbol_file_offset(binary: &Path, symbol: &str) -> Result<u64, AttachError> {
+/// Runs `f` on the parsed ELF file `binary` (found as [`resolve_binary`] does).
+fn with_elf<T>(
+    binary: &Path,
+    f: impl FnOnce(&Path, &Elf<'_>) -> Result<T, AttachError>,
+) -> Result<T, AttachError> {
     let path = resolve_binary(binary)?;
     let read_error = |source| AttachError::Read {
         path: path.clone(),
@@ -119,11 +122,44 @@ pub fn symbol_file_offset(binary: &Path, symbol: &str) -> Result<u64, AttachErro
         path: path.clone(),
         reason: e.to_string(),
     })?;
+    f(&path, &elf)
+}
+
+/// Whether file offset `file_offset` of `binary` is where a function starts: the address a
+/// `PT_LOAD` segment gives it is the value of a function symbol (in `.symtab` or
+/// `.dynsym`). A stripped binary has no such answer past its exported functions, and says
+/// no.
+pub fn is_function_entry(binary: &Path, file_offset: u64) -> Result<bool, AttachError> {
+    with_elf(binary, |_, elf| {
+        let Some(vaddr) = elf
+            .program_headers
+            .iter()
+            .filter(|ph| ph.p_type == PT_LOAD)
+            .find(|ph| file_offset >= ph.p_offset && file_offset - ph.p_offset < ph.p_filesz)
+            .map(|ph| file_offset - ph.p_offset + ph.p_vaddr)
+        else {
+            return Ok(false);
+        };
+        let starts_here = |sym: goblin::elf::Sym| {
+            sym.st_type() == STT_FUNC && sym.st_shndx != SHN_UNDEF as usize && sym.st_value == vaddr
+        };
+        Ok(elf.syms.iter().any(starts_here) || elf.dynsyms.iter().any(starts_here))
+    })
+}
+
+/// The file offset of `symbol` in `binary`, computed as libbpf does for uprobes: the symbol's
+/// virtual address, moved through the `PT_LOAD` segment that holds it.
+pub fn symbol_file_offset(binary: &Path, symbol: &str) -> Result<u64, AttachError> {
+    with_elf(binary, |path, elf| symbol_offset_in(path, elf, symbol))
+}
+
+fn symbol_offset_in(path: &Path, elf: &Elf<'_>, symbol: &str) -> Result<u64, AttachError> {
+    let path = path.to_path_buf();
     let not_found = || AttachError::SymbolNotFound {
         binary: path.clone(),
         symbol: symbol.to_owned(),
     };
-    let vaddr = find_symbol(&elf, symbol).ok_or_else(not_found)?;
+    let vaddr = find_symbol(elf, symbol).ok_or_else(not_found)?;
     elf.program_headers
         .iter()
         .filter(|ph| ph.p_type == PT_LOAD)

@@ -9,8 +9,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use bpftime_attach::{
-    attach_uprobe, attach_uretprobe, detach, runtime_address, symbol_file_offset, AttachError,
-    Location, Target,
+    attach_uprobe, attach_uretprobe, detach, is_function_entry, runtime_address,
+    symbol_file_offset, AttachError, Location, Target,
 };
 
 #[no_mangle]
@@ -45,6 +45,20 @@ fn symbols_of_this_pie_binary_resolve_and_offsets_round_trip() {
     assert_eq!(by_offset.resolve().unwrap(), want);
     assert_eq!(by_offset.to_string().parse::<Target>().unwrap(), by_offset);
     assert_eq!(bpftime_attach_resolve_me(1), 8);
+}
+
+#[test]
+fn function_entries_are_told_from_offsets_inside_functions() {
+    let exe = std::env::current_exe().unwrap();
+    let off = symbol_file_offset(&exe, "bpftime_attach_resolve_me").unwrap();
+    assert!(is_function_entry(&exe, off).unwrap());
+    assert!(!is_function_entry(&exe, off + 1).unwrap());
+    let libc = Path::new("libc.so.6");
+    let malloc = symbol_file_offset(libc, "malloc").unwrap();
+    assert!(is_function_entry(libc, malloc).unwrap());
+    assert!(!is_function_entry(libc, malloc + 4).unwrap());
+    // An offset no segment holds (past the end of the file) is not a function entry.
+    assert!(!is_function_entry(libc, u64::MAX / 2).unwrap());
 }
 
 #[test]

@@ -20,8 +20,9 @@ use std::cell::RefCell;
 use std::collections::HashMap;
 use std::ffi::OsString;
 use std::io::{Read, Seek, SeekFrom, Write};
+use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
-use std::process::ExitCode;
+use std::process::{Command, ExitCode};
 use std::time::Duration;
 
 #[derive(clap::Args)]
@@ -312,15 +313,13 @@ fn load_and_run(store: &str, args: &RunArgs) -> Result<ExitCode, Failure> {
     };
     let mut trace = TraceTail::new(store);
 
-    let mut command = crate::start_command(store, &args.app).map_err(|e| usage(e.0))?;
-    inproc::user_environment(&mut command);
-    let mut child = command
-        .spawn()
-        .map_err(|e| usage(anyhow!("cannot run {}: {e}", app.display())))?;
+    let command = || -> Result<Command, Failure> {
+        let mut command = crate::start_command(store, &args.app).map_err(|e| usage(e.0))?;
+        inproc::user_environment(&mut command);
+        Ok(command)
+    };
+    let (mut child, mut app_maps) = spawn_app(&app, command()?, command)?;
     inproc::forward_signals_to(child.id());
-    // The app has exec'd by now (spawn waits for it); its mappings, needed to
-    // name the frames of user stacks, vanish when it exits.
-    let mut app_maps = AppMaps::new(child.id());
     // A poll interrupted by a signal (Ctrl-C, the app's exit) is not an error:
     // the loop looks at the app again.
     let tick = Duration::from_millis(50);
@@ -364,4 +363,45 @@ fn load_and_run(store: &str, args: &RunArgs) -> Result<ExitCode, Failure> {
         say(&line);
     }
     Ok(inproc::exit_code(status))
+}
+
+/// Runs the app and reads its mappings, which name the frames of user stacks and vanish
+/// when it exits. The app starts traced, as under a debugger, so that it stops right after
+/// its exec: the mappings are read then, and it is let go. Otherwise a short app could
+/// exit before they are read. Where tracing is refused (a seccomp profile, say), `plain`
+/// gives a command that starts it untraced, and the mappings are read as soon as it runs.
+fn spawn_app(
+    app: &Path,
+    mut traced: Command,
+    plain: impl FnOnce() -> Result<Command, Failure>,
+) -> Result<(std::process::Child, AppMaps), Failure> {
+    let cannot_run = |e: std::io::Error| usage(anyhow!("cannot run {}: {e}", app.display()));
+    // SAFETY: the closure runs between fork and exec and only makes one system call.
+    unsafe {
+        traced.pre_exec(|| {
+            if libc::ptrace(libc::PTRACE_TRACEME, 0, 0, 0) == -1 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+    let child = match traced.spawn() {
+        Ok(child) => child,
+        Err(e) if e.raw_os_error() == Some(libc::EPERM) => {
+            let child = plain()?.spawn().map_err(cannot_run)?;
+            let maps = AppMaps::new(child.id());
+            return Ok((child, maps));
+        }
+        Err(e) => return Err(cannot_run(e)),
+    };
+    let pid = child.id() as libc::pid_t;
+    let mut status = 0;
+    // SAFETY: waits for our own child; `status` is a plain int.
+    let stopped = unsafe { libc::waitpid(pid, &mut status, 0) } == pid && libc::WIFSTOPPED(status);
+    let maps = AppMaps::new(child.id());
+    if stopped {
+        // SAFETY: the child is ours, traced and stopped; detaching lets it run on.
+        unsafe { libc::ptrace(libc::PTRACE_DETACH, pid, 0, 0) };
+    }
+    Ok((child, maps))
 }

@@ -209,6 +209,10 @@ impl LoweringTarget for HostTarget<'_> {
             offset,
         })
     }
+
+    fn slow_path_call_wrapper(&self) -> Option<u64> {
+        Some(crate::vectors::call_keeping_vectors())
+    }
 }
 
 /// LLVM's x86 address space for FS-relative addresses, where Linux keeps the thread
@@ -287,6 +291,7 @@ pub fn lifted_ir(insns: &[Insn], env: &dyn JitEnv, opts: &JitOptions) -> Result<
 #[derive(Clone)]
 pub struct JitProgram {
     code: Arc<LoadedCode>,
+    keeps_vector_registers: bool,
 }
 
 impl std::fmt::Debug for JitProgram {
@@ -326,21 +331,34 @@ impl JitProgram {
                 message: e.to_string(),
             })?;
         let code = load(object.as_slice(), DEFAULT_ENTRY_NAME)?;
+        let keeps_vector_registers = lifted.plain_calls == 0 && code.keeps_vector_registers();
         debug!(
             insns = insns.len(),
             code_size = code.size(),
             lift_and_optimize_us = lifted_at.as_micros() as u64,
             total_us = started.elapsed().as_micros() as u64,
+            keeps_vector_registers,
             "compiled eBPF program"
         );
         Ok(JitProgram {
             code: Arc::new(code),
+            keeps_vector_registers,
         })
     }
 
     /// Address of the entry, an [`EntryFn`]; valid while any clone of this program lives.
     pub fn entry_address(&self) -> u64 {
         self.code.entry_address()
+    }
+
+    /// Whether a call of the entry leaves xmm0-15 (and every other vector, MMX and x87
+    /// register) as it found them, on every path: the code uses none, and its only calls
+    /// are the slow paths of inlined map operations, which save them (see
+    /// `LoweringTarget::slow_path_call_wrapper`). A hook running the program may then skip
+    /// saving them. Programs that call helpers otherwise, or that LLVM compiled with
+    /// vector instructions (a large copy, say), say no.
+    pub fn keeps_vector_registers(&self) -> bool {
+        self.keeps_vector_registers
     }
 
     /// Bytes of mapped machine code and constants.

@@ -12,6 +12,7 @@ mod cache;
 mod error;
 mod jit;
 mod loader;
+mod vectors;
 
 pub use bpftime_lifter::{ArrayMapLayout, LiftError, PerCpuCopies};
 pub use cache::JitCache;

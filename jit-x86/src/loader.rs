@@ -8,7 +8,7 @@
 
 use std::collections::BTreeMap;
 
-use goblin::elf::section_header::{SHF_ALLOC, SHF_WRITE, SHT_NOBITS};
+use goblin::elf::section_header::{SHF_ALLOC, SHF_EXECINSTR, SHF_WRITE, SHT_NOBITS};
 use goblin::elf::Elf;
 use memmap2::{Mmap, MmapMut};
 use tracing::trace;
@@ -37,9 +37,25 @@ const STUB_SIZE: usize = 16;
 pub(crate) struct LoadedCode {
     map: Mmap,
     entry: usize,
+    /// Where the instructions are: (offset, size) of each executable section.
+    code: Vec<(usize, usize)>,
+    /// Whether the code calls into libc (memcpy and the like).
+    calls_libc: bool,
 }
 
 impl LoadedCode {
+    /// Whether the code leaves the vector registers as it found them: it uses none, and
+    /// calls nothing outside itself but what the lifter counted in `plain_calls`.
+    pub(crate) fn keeps_vector_registers(&self) -> bool {
+        !self.calls_libc
+            && self.code.iter().all(|&(off, size)| {
+                !crate::vectors::touches_vector_registers(
+                    &self.map[off..off + size],
+                    self.map.as_ptr() as u64 + off as u64,
+                )
+            })
+    }
+
     pub(crate) fn entry_address(&self) -> u64 {
         self.map.as_ptr() as u64 + self.entry as u64
     }
@@ -70,6 +86,7 @@ pub(crate) fn load(obj: &[u8], entry_name: &str) -> Result<LoadedCode, JitError>
 
     // Lay out allocated sections; unwind tables are left out since nothing registers them.
     let mut offsets: BTreeMap<usize, usize> = BTreeMap::new();
+    let mut code = Vec::new();
     let mut cursor = 0usize;
     for (idx, sh) in elf.section_headers.iter().enumerate() {
         let name = elf.shdr_strtab.get_at(sh.sh_name).unwrap_or("");
@@ -83,6 +100,9 @@ pub(crate) fn load(obj: &[u8], entry_name: &str) -> Result<LoadedCode, JitError>
         }
         let off = align_up(cursor, (sh.sh_addralign as usize).max(1));
         offsets.insert(idx, off);
+        if sh.sh_flags & u64::from(SHF_EXECINSTR) != 0 {
+            code.push((off, sh.sh_size as usize));
+        }
         cursor = off + sh.sh_size as usize;
     }
 
@@ -233,5 +253,10 @@ pub(crate) fn load(obj: &[u8], entry_name: &str) -> Result<LoadedCode, JitError>
         })?;
 
     let map = map.make_exec().map_err(|source| JitError::Map { source })?;
-    Ok(LoadedCode { map, entry })
+    Ok(LoadedCode {
+        map,
+        entry,
+        code,
+        calls_libc: !externals.is_empty(),
+    })
 }

@@ -755,6 +755,143 @@ fn array_updates_inline_as_copies_and_leave_the_rest_to_the_helper() {
     }
 }
 
+// Calls `entry(r1, r2, 0)` with xmm_i = i + 1 for i in 0..16, and stores into `*changed`
+// how many of them came back different.
+std::arch::global_asm!(
+    ".text",
+    ".globl bpftime_test_call_counting_vector_changes",
+    "bpftime_test_call_counting_vector_changes:",
+    "push rbx",
+    "push r12",
+    "push r13",
+    "mov rbx, rcx",
+    "mov rax, rdi",
+    "mov rdi, rsi",
+    "mov rsi, rdx",
+    "xor edx, edx",
+    ".irp i, 0,1,2,3,4,5,6,7,8,9,10,11,12,13,14,15",
+    "mov r12d, \\i + 1",
+    "movq xmm\\i, r12",
+    ".endr",
+    "call rax",
+    "xor r13d, r13d",
+    ".irp i, 0,1,2,3,4,5,6,7,8,9,10,11,12,13,14,15",
+    "movq r12, xmm\\i",
+    "cmp r12, \\i + 1",
+    "setne cl",
+    "movzx ecx, cl",
+    "add r13, rcx",
+    ".endr",
+    "mov [rbx], r13",
+    "pop r13",
+    "pop r12",
+    "pop rbx",
+    "ret",
+);
+
+extern "C" {
+    fn bpftime_test_call_counting_vector_changes(
+        entry: u64,
+        r1: u64,
+        r2: u64,
+        changed: *mut u64,
+    ) -> u64;
+}
+
+/// Runs `prog` and answers its r0 and how many of xmm0-15 it changed.
+fn run_counting_vector_changes(prog: &JitProgram, r1: u64, r2: u64) -> (u64, u64) {
+    let mut changed = 0;
+    // SAFETY: the shim takes the entry and its two arguments, and writes one word.
+    let r0 = unsafe {
+        bpftime_test_call_counting_vector_changes(prog.entry_address(), r1, r2, &mut changed)
+    };
+    (r0, changed)
+}
+
+/// A helper that changes every vector register, as any Rust or C function may.
+extern "C" fn clobbering_lookup(_: u64, _: u64, _: u64, _: u64, _: u64) -> u64 {
+    // SAFETY: only writes registers it declares.
+    unsafe {
+        std::arch::asm!(
+            ".irp i, 0,1,2,3,4,5,6,7,8,9,10,11,12,13,14,15",
+            "pcmpeqd xmm\\i, xmm\\i",
+            ".endr",
+            out("xmm0") _, out("xmm1") _, out("xmm2") _, out("xmm3") _,
+            out("xmm4") _, out("xmm5") _, out("xmm6") _, out("xmm7") _,
+            out("xmm8") _, out("xmm9") _, out("xmm10") _, out("xmm11") _,
+            out("xmm12") _, out("xmm13") _, out("xmm14") _, out("xmm15") _,
+        )
+    };
+    &SLOW_PATH_VALUE as *const u64 as u64
+}
+
+struct ClobberingEnv {
+    cpu_offset: u64,
+}
+
+impl JitEnv for ClobberingEnv {
+    fn helper(&self, id: u32) -> Option<u64> {
+        match id {
+            1 => Some(addr(clobbering_lookup)),
+            5 => Some(addr(clobbering_lookup)),
+            _ => None,
+        }
+    }
+
+    fn array_map(&self, map: u64) -> Option<ArrayMapLayout> {
+        PerCpuEnv {
+            cpu_offset: self.cpu_offset,
+        }
+        .array_map(map)
+    }
+
+    fn cpu_number_offset(&self) -> Option<u64> {
+        Some(self.cpu_offset)
+    }
+}
+
+#[test]
+fn programs_whose_map_accesses_all_inline_keep_the_vector_registers() {
+    // A per-CPU lookup, as bpftrace's count() does, with the helper only on the slow path.
+    let lookup = asm("
+        stxw [%r10-4], %r1
+        lddw %r1, 0xabc
+        mov %r2, %r10
+        add %r2, -4
+        call 1
+        jne %r0, 0, found
+        mov %r0, 1000
+    found:
+        exit");
+    let with_helper = asm("
+        call 5
+        exit");
+    let env = ClobberingEnv {
+        cpu_offset: fake_cpu_offset(),
+    };
+    let base = std::ptr::addr_of!(PER_CPU) as u64;
+    for opts in [JitOptions::default(), JitOptions::optimized()] {
+        let prog = JitProgram::compile_with(&lookup, &env, &opts).unwrap();
+        assert!(prog.keeps_vector_registers(), "{opts:?}");
+        FAKE_CPU.with(|c| c.set(1));
+        assert_eq!(run_counting_vector_changes(&prog, 0, 0), (base + 16, 0));
+        // A CPU without a copy: the helper runs, through the wrapper that saves them.
+        FAKE_CPU.with(|c| c.set(3));
+        assert_eq!(
+            run_counting_vector_changes(&prog, 0, 0),
+            (&SLOW_PATH_VALUE as *const u64 as u64, 0)
+        );
+
+        let prog = JitProgram::compile_with(&with_helper, &env, &opts).unwrap();
+        assert!(!prog.keeps_vector_registers(), "a plain helper call");
+        let (_, changed) = run_counting_vector_changes(&prog, 0, 0);
+        assert_eq!(
+            changed, 16,
+            "the helper did change them, as the answer warns"
+        );
+    }
+}
+
 #[test]
 fn dense_branch_chains_become_tables_in_rodata() {
     // SimplifyCFG turns this into a switch, lowered to a lookup or jump table: the loader

@@ -27,6 +27,11 @@ const TAIL_CALL_FAILED: u64 = (-2i64) as u64;
 pub struct Lifted<'ctx> {
     pub module: Module<'ctx>,
     pub entry: FunctionValue<'ctx>,
+    /// Calls out of the program other than those on the slow paths of inlined map
+    /// operations made through [`LoweringTarget::slow_path_call_wrapper`]: helper calls,
+    /// `callx` dispatches and tail calls. 0 means the program's own code is all there is
+    /// to look at to know what it touches.
+    pub plain_calls: usize,
 }
 
 impl std::fmt::Debug for Lifted<'_> {
@@ -34,6 +39,7 @@ impl std::fmt::Debug for Lifted<'_> {
         f.debug_struct("Lifted")
             .field("module", &self.module.get_name())
             .field("entry", &self.entry.get_name())
+            .field("plain_calls", &self.plain_calls)
             .finish()
     }
 }
@@ -83,6 +89,7 @@ pub fn lift<'ctx>(
         helper_ty: i64t.fn_type(&[i64t.into(); 5], false),
         entry_ty,
         stack_ty: context.struct_type(&vec![context.i8_type().into(); STACK_SIZE], true),
+        plain_calls: Cell::new(0),
     };
     for (i, &start) in starts.iter().enumerate() {
         let end = starts.get(i + 1).copied().unwrap_or(insns.len());
@@ -97,7 +104,13 @@ pub fn lift<'ctx>(
         "lifted program"
     );
     let entry = functions[&0];
-    Ok(Lifted { module, entry })
+    let plain_calls = lifter.plain_calls.get();
+    drop(lifter);
+    Ok(Lifted {
+        module,
+        entry,
+        plain_calls,
+    })
 }
 
 /// Runs an LLVM new-pass-manager pipeline (`"default<O2>"`, say) over a lifted module
@@ -151,6 +164,8 @@ struct Lifter<'a, 'ctx> {
     /// A packed struct of single bytes: field `k` is byte `k`, so frame accesses become
     /// constant struct GEPs that SROA can split, without unchecked pointer arithmetic.
     stack_ty: StructType<'ctx>,
+    /// See [`Lifted::plain_calls`].
+    plain_calls: Cell<usize>,
 }
 
 /// How one memory access is emitted.
@@ -922,7 +937,7 @@ impl<'ctx> Lifter<'_, 'ctx> {
         b.build_unconditional_branch(join)?;
         b.position_at_end(call);
         let args = self.args(f, pc)?;
-        let r0_call = self.call_helper(lowering, id, &args)?;
+        let r0_call = self.call_helper_on_slow_path(lowering, id, args)?;
         b.build_unconditional_branch(join)?;
         b.position_at_end(join);
         let r0 = b.build_phi(self.i64t, "r0")?;
@@ -990,6 +1005,32 @@ impl<'ctx> Lifter<'_, 'ctx> {
         })
     }
 
+    /// A helper call on the slow path of an inlined map operation: through the target's
+    /// wrapper, when it has one, as `wrapper(r1, .., r5, helper)`.
+    fn call_helper_on_slow_path(
+        &self,
+        lowering: &HelperLowering,
+        id: u32,
+        mut args: Vec<BasicMetadataValueEnum<'ctx>>,
+    ) -> Result<IntValue<'ctx>> {
+        let (Some(wrapper), HelperLowering::Address(helper)) =
+            (self.target.slow_path_call_wrapper(), lowering)
+        else {
+            return self.call_helper(lowering, id, &args);
+        };
+        args.push(self.i64t.const_int(*helper, false).into());
+        let ty = self.i64t.fn_type(&[self.i64t.into(); 6], false);
+        let p = self.constant_pointer(wrapper)?;
+        self.builder
+            .build_indirect_call(ty, p, &args, &format!("slow_helper{id}"))?
+            .try_as_basic_value()
+            .basic()
+            .map(|v| v.into_int_value())
+            .ok_or_else(|| LiftError::InvalidIr {
+                message: format!("wrapped helper {id} returns void"),
+            })
+    }
+
     fn call_helper(
         &self,
         lowering: &HelperLowering,
@@ -997,6 +1038,7 @@ impl<'ctx> Lifter<'_, 'ctx> {
         args: &[BasicMetadataValueEnum<'ctx>],
     ) -> Result<IntValue<'ctx>> {
         let b = &self.builder;
+        self.plain_calls.set(self.plain_calls.get() + 1);
         let call = match lowering {
             HelperLowering::Address(addr) => {
                 let p = self.constant_pointer(*addr)?;

@@ -93,6 +93,16 @@ pub trait LoweringTarget {
         None
     }
 
+    /// The address of a function through which the helper calls on the slow paths of
+    /// inlined map operations go, as `r0 = wrapper(r1, r2, r3, r4, r5, helper)` with the
+    /// helper's address last, or `None` to call those helpers directly. Only for
+    /// [`HelperLowering::Address`] helpers. The x86 JIT's keeps the vector registers
+    /// across the call, so that a program whose map accesses are all inlined leaves them
+    /// as it found them whichever path it takes.
+    fn slow_path_call_wrapper(&self) -> Option<u64> {
+        None
+    }
+
     /// Symbol name of the entry function.
     fn entry_name(&self) -> &str {
         crate::DEFAULT_ENTRY_NAME
