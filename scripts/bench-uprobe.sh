@@ -27,7 +27,16 @@ wait_links() {
     echo "no link appeared" >&2; exit 1
 }
 
-stop() { kill -INT "$1" 2>/dev/null; while kill -0 "$1" 2>/dev/null; do sleep 0.05; done; }
+# SIGINT, as a user stops a tool; the kernel's bpftrace 0.17 sometimes ignores it for
+# minutes, so after 10 s it gets SIGTERM, then SIGKILL (its probes go with its fds).
+stop() {
+    kill -INT "$1" 2>/dev/null
+    for sig in TERM KILL; do
+        for _ in $(seq 200); do kill -0 "$1" 2>/dev/null || return 0; sleep 0.05; done
+        kill -"$sig" "$1" 2>/dev/null
+    done
+    while kill -0 "$1" 2>/dev/null; do sleep 0.05; done
+}
 
 plain=$("$T" "$N_FAST" | ns)
 

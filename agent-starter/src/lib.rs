@@ -72,32 +72,9 @@ pub static BPFTIME_ATTACH_CONTRACT: u32 = 1;
 #[link_section = ".init_array"]
 static INIT: extern "C" fn() = starter_init;
 
-// The hooks' per-thread flag. Initial-exec access (below) makes the loader place this
-// library's TLS in the static block: for free when preloaded, and in the surplus the
-// loader keeps for such libraries when injected (this library's TLS is about 100 bytes).
-std::arch::global_asm!(
-    ".section .tbss,\"awT\",@nobits",
-    ".p2align 3",
-    ".globl bpftime_starter_hook_flag",
-    ".hidden bpftime_starter_hook_flag",
-    "bpftime_starter_hook_flag:",
-    ".zero 8",
-    ".text",
-);
-
-/// The flag's offset from the thread pointer, the same in every thread.
-fn hook_flag_offset() -> isize {
-    let offset: isize;
-    // SAFETY: reads the GOT slot the loader filled with the variable's TLS offset.
-    unsafe {
-        std::arch::asm!(
-            "mov {}, qword ptr [rip + bpftime_starter_hook_flag@gottpoff]",
-            out(reg) offset,
-            options(nostack, readonly, preserves_flags),
-        )
-    };
-    offset
-}
+// The hooks' per-thread flag, in this library's TLS: for free when preloaded, and from the
+// loader's surplus for such libraries when injected (this library's TLS is about 100 bytes).
+bpftime_attach::static_tls_flag!(fn hook_flag_offset, "bpftime_starter_hook_flag");
 
 fn start_agent() -> Result<(), String> {
     let dir = own_directory().ok_or("cannot find the directory of libbpftime_agent_starter.so")?;

@@ -53,3 +53,39 @@ pub use regs::PtRegs;
 pub use resolve::{
     is_function_entry, resolve_binary, runtime_address, symbol_file_offset, Location, Target,
 };
+
+/// Defines a byte of static TLS for [`use_static_tls_flag`] in the crate that invokes it,
+/// and `fn $name() -> isize` answering its offset from the thread pointer. `$symbol` names
+/// the variable (hidden, so each library has its own). The access is initial-exec, which
+/// makes the loader give the defining library's TLS a place in the static block: free for
+/// an executable or a preloaded library, taken from the loader's surplus for a `dlopen`ed
+/// one (which fails to load if none is left).
+#[macro_export]
+macro_rules! static_tls_flag {
+    ($vis:vis fn $name:ident, $symbol:literal) => {
+        ::std::arch::global_asm!(
+            ".pushsection .tbss,\"awT\",@nobits",
+            ".p2align 3",
+            concat!(".globl ", $symbol),
+            concat!(".hidden ", $symbol),
+            concat!($symbol, ":"),
+            ".zero 8",
+            ".popsection",
+        );
+
+        /// The offset of this library's hook flag from the thread pointer, the same in
+        /// every thread.
+        $vis fn $name() -> isize {
+            let offset: isize;
+            // SAFETY: reads the GOT slot the loader filled with the variable's TLS offset.
+            unsafe {
+                ::std::arch::asm!(
+                    concat!("mov {}, qword ptr [rip + ", $symbol, "@gottpoff]"),
+                    out(reg) offset,
+                    options(nostack, readonly, preserves_flags),
+                )
+            };
+            offset
+        }
+    };
+}

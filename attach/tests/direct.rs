@@ -12,29 +12,7 @@ use bpftime_attach::{
 };
 
 // The flag byte, in this executable's static TLS, as the agent's starter library has one.
-std::arch::global_asm!(
-    ".section .tbss,\"awT\",@nobits",
-    ".p2align 3",
-    ".globl bpftime_test_hook_flag",
-    ".hidden bpftime_test_hook_flag",
-    "bpftime_test_hook_flag:",
-    ".zero 8",
-    ".text",
-);
-
-fn flag_offset() -> isize {
-    let offset: isize;
-    // SAFETY: reads the GOT slot the linker filled with the variable's offset from the
-    // thread pointer; no memory is written.
-    unsafe {
-        std::arch::asm!(
-            "mov {}, qword ptr [rip + bpftime_test_hook_flag@gottpoff]",
-            out(reg) offset,
-            options(nostack, readonly, preserves_flags),
-        )
-    };
-    offset
-}
+bpftime_attach::static_tls_flag!(fn flag_offset, "bpftime_test_hook_flag");
 
 fn with_flag() {
     static SET: Once = Once::new();
