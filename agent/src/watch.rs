@@ -21,7 +21,7 @@ struct Agent {
 
 pub(crate) fn start(hook_flag_tp_offset: isize) {
     bpftime_runtime::init_logging();
-    helpers::init_process();
+    // First: a thread masked from handlers before the switch would not stay masked.
     if hook_flag_tp_offset != 0 {
         // SAFETY: the starter's byte of static TLS, zero in every thread and used by
         // nothing else; nothing is attached yet.
@@ -29,6 +29,7 @@ pub(crate) fn start(hook_flag_tp_offset: isize) {
             tracing::warn!("hooks keep their per-thread flag in dynamic TLS: {e}");
         }
     }
+    helpers::init_process();
     // User stacks read through pending uretprobes, whose trampoline stands in
     // for the caller's return address on the stack, as the kernel's do.
     bpftime_runtime::stack::set_return_address_resolver(bpftime_attach::original_return_address);

@@ -609,13 +609,37 @@ extern "C" fn slow_update(_: u64, _: u64, _: u64, _: u64, _: u64) -> u64 {
     7
 }
 
+/// r0 = address of this CPU's copy of key r1 in map 0xabc, or 1000 when NULL.
+const PER_CPU_LOOKUP: &str = "
+    stxw [%r10-4], %r1
+    lddw %r1, 0xabc
+    mov %r2, %r10
+    add %r2, -4
+    call 1
+    jne %r0, 0, found
+    mov %r0, 1000
+found:
+    exit";
+
 struct PerCpuEnv {
     cpu_offset: u64,
+    /// Helpers 1 (lookup) and 5 change every vector register.
+    clobbering: bool,
+}
+
+impl PerCpuEnv {
+    fn new(clobbering: bool) -> PerCpuEnv {
+        PerCpuEnv {
+            cpu_offset: fake_cpu_offset(),
+            clobbering,
+        }
+    }
 }
 
 impl JitEnv for PerCpuEnv {
     fn helper(&self, id: u32) -> Option<u64> {
         match id {
+            1 | 5 if self.clobbering => Some(addr(clobbering_lookup)),
             1 => Some(addr(slow_lookup)),
             2 => Some(addr(slow_update)),
             _ => None,
@@ -652,20 +676,8 @@ impl JitEnv for PerCpuEnv {
 
 #[test]
 fn per_cpu_lookups_inline_to_the_running_cpus_copy() {
-    // r0 = address of this CPU's copy of key r1, or 1000 when NULL.
-    let p = asm("
-        stxw [%r10-4], %r1
-        lddw %r1, 0xabc
-        mov %r2, %r10
-        add %r2, -4
-        call 1
-        jne %r0, 0, found
-        mov %r0, 1000
-    found:
-        exit");
-    let env = PerCpuEnv {
-        cpu_offset: fake_cpu_offset(),
-    };
+    let p = asm(PER_CPU_LOOKUP);
+    let env = PerCpuEnv::new(false);
     let base = std::ptr::addr_of!(PER_CPU) as u64;
     for opts in [JitOptions::default(), JitOptions::optimized()] {
         let prog = JitProgram::compile_with(&p, &env, &opts).unwrap();
@@ -715,9 +727,7 @@ fn array_updates_inline_as_copies_and_leave_the_rest_to_the_helper() {
         lddw %r1, 0xabc
         call 2
         exit");
-    let env = PerCpuEnv {
-        cpu_offset: fake_cpu_offset(),
-    };
+    let env = PerCpuEnv::new(false);
     let per_cpu = std::ptr::addr_of_mut!(PER_CPU).cast::<u64>();
     let plain = std::ptr::addr_of_mut!(UPDATED).cast::<u64>();
     let read = |words: *mut u64, i: usize| unsafe { words.add(i).read_volatile() };
@@ -825,50 +835,14 @@ extern "C" fn clobbering_lookup(_: u64, _: u64, _: u64, _: u64, _: u64) -> u64 {
     &SLOW_PATH_VALUE as *const u64 as u64
 }
 
-struct ClobberingEnv {
-    cpu_offset: u64,
-}
-
-impl JitEnv for ClobberingEnv {
-    fn helper(&self, id: u32) -> Option<u64> {
-        match id {
-            1 => Some(addr(clobbering_lookup)),
-            5 => Some(addr(clobbering_lookup)),
-            _ => None,
-        }
-    }
-
-    fn array_map(&self, map: u64) -> Option<ArrayMapLayout> {
-        PerCpuEnv {
-            cpu_offset: self.cpu_offset,
-        }
-        .array_map(map)
-    }
-
-    fn cpu_number_offset(&self) -> Option<u64> {
-        Some(self.cpu_offset)
-    }
-}
-
 #[test]
 fn programs_whose_map_accesses_all_inline_keep_the_vector_registers() {
     // A per-CPU lookup, as bpftrace's count() does, with the helper only on the slow path.
-    let lookup = asm("
-        stxw [%r10-4], %r1
-        lddw %r1, 0xabc
-        mov %r2, %r10
-        add %r2, -4
-        call 1
-        jne %r0, 0, found
-        mov %r0, 1000
-    found:
-        exit");
+    let lookup = asm(PER_CPU_LOOKUP);
     let with_helper = asm("
         call 5
         exit");
-    let env = ClobberingEnv {
-        cpu_offset: fake_cpu_offset(),
-    };
+    let env = PerCpuEnv::new(true);
     let base = std::ptr::addr_of!(PER_CPU) as u64;
     for opts in [JitOptions::default(), JitOptions::optimized()] {
         let prog = JitProgram::compile_with(&lookup, &env, &opts).unwrap();
