@@ -123,22 +123,9 @@ macro_rules! save_registers {
 macro_rules! save_vectors {
     () => {
         "
-        movups [rbx + 168], xmm0
-        movups [rbx + 184], xmm1
-        movups [rbx + 200], xmm2
-        movups [rbx + 216], xmm3
-        movups [rbx + 232], xmm4
-        movups [rbx + 248], xmm5
-        movups [rbx + 264], xmm6
-        movups [rbx + 280], xmm7
-        movups [rbx + 296], xmm8
-        movups [rbx + 312], xmm9
-        movups [rbx + 328], xmm10
-        movups [rbx + 344], xmm11
-        movups [rbx + 360], xmm12
-        movups [rbx + 376], xmm13
-        movups [rbx + 392], xmm14
-        movups [rbx + 408], xmm15
+        .irp i, 0,1,2,3,4,5,6,7,8,9,10,11,12,13,14,15
+        movups [rbx + 168 + 16 * \\i], xmm\\i
+        .endr
         "
     };
 }
@@ -146,22 +133,9 @@ macro_rules! save_vectors {
 macro_rules! restore_vectors {
     () => {
         "
-        movups xmm0, [rsp + 168]
-        movups xmm1, [rsp + 184]
-        movups xmm2, [rsp + 200]
-        movups xmm3, [rsp + 216]
-        movups xmm4, [rsp + 232]
-        movups xmm5, [rsp + 248]
-        movups xmm6, [rsp + 264]
-        movups xmm7, [rsp + 280]
-        movups xmm8, [rsp + 296]
-        movups xmm9, [rsp + 312]
-        movups xmm10, [rsp + 328]
-        movups xmm11, [rsp + 344]
-        movups xmm12, [rsp + 360]
-        movups xmm13, [rsp + 376]
-        movups xmm14, [rsp + 392]
-        movups xmm15, [rsp + 408]
+        .irp i, 0,1,2,3,4,5,6,7,8,9,10,11,12,13,14,15
+        movups xmm\\i, [rsp + 168 + 16 * \\i]
+        .endr
         "
     };
 }
@@ -206,8 +180,9 @@ macro_rules! restore_registers {
     };
 }
 
-// An entry stub's body, between saving the flags and restoring them. r12 holds the
-// handler list and rbx the frame across calls (both callee-saved, both already in PtRegs).
+// An entry stub's body, between saving the flags and restoring them. Across calls, r12
+// holds the handler list, r13 the flag's offset and rbx the frame (callee-saved, and
+// already in PtRegs).
 // The list is never freed, so reading it again after the call is safe even if it was
 // replaced meanwhile.
 macro_rules! dispatch {
@@ -223,15 +198,15 @@ macro_rules! dispatch {
         test r12, r12
         jz 7f
         mov rbx, rsp
-        mov rcx, qword ptr [rip + {flag}]
+        mov r13, qword ptr [rip + {flag}]
         mov rax, [r12]
         test rax, rax
         jz 5f
-        test rcx, rcx
+        test r13, r13
         jz 5f
-        cmp byte ptr fs:[rcx], 0
+        cmp byte ptr fs:[r13], 0
         jne 7f
-        mov byte ptr fs:[rcx], 1
+        mov byte ptr fs:[r13], 1
         cmp qword ptr [r12 + 16], 0
         je 4f
         ",
@@ -244,8 +219,7 @@ macro_rules! dispatch {
         and rsp, -16
         call rax
         mov rsp, rbx
-        mov rcx, qword ptr [rip + {flag}]
-        mov byte ptr fs:[rcx], 0
+        mov byte ptr fs:[r13], 0
         cmp qword ptr [r12 + 16], 0
         je 7f
         jmp 6f
