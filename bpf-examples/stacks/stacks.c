@@ -161,8 +161,14 @@ int main(int argc, char **argv)
 		goto out;
 	}
 
-	/* No SA_RESTART: a signal makes ring_buffer__poll() return -EINTR. */
+	/*
+	 * SA_RESTART, or a Ctrl-C that lands while printf() waits on a slow
+	 * reader makes write() fail with EINTR, and stdio drops the buffer it
+	 * was writing: events lost. epoll_wait() is never restarted, so
+	 * ring_buffer__poll() still returns -EINTR and the loop below ends.
+	 */
 	sa.sa_handler = on_signal;
+	sa.sa_flags = SA_RESTART;
 	sigaction(SIGINT, &sa, NULL);
 	sigaction(SIGTERM, &sa, NULL);
 

@@ -7,7 +7,8 @@ pub mod bpf;
 use std::io::{BufRead, BufReader, Read};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::sync::mpsc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{mpsc, Arc};
 use std::time::{Duration, Instant};
 
 /// Directory of the build that holds `bpftime` and its libraries
@@ -172,6 +173,9 @@ pub struct Tool {
     lines: mpsc::Receiver<String>,
     pub seen: Vec<String>,
     stderr: Option<std::thread::JoinHandle<String>>,
+    /// While set, nothing reads the tool's stdout: its pipe fills and its writes
+    /// block, as behind a slow reader such as `less`.
+    output_held: Arc<AtomicBool>,
 }
 
 impl Tool {
@@ -188,8 +192,13 @@ impl Tool {
         let out = child.stdout.take().expect("stdout");
         let mut err = child.stderr.take().expect("stderr");
         let (tx, lines) = mpsc::channel();
+        let output_held = Arc::new(AtomicBool::new(false));
+        let held = output_held.clone();
         std::thread::spawn(move || {
             for l in BufReader::new(out).lines().map_while(Result::ok) {
+                while held.load(Ordering::Acquire) {
+                    std::thread::sleep(Duration::from_millis(5));
+                }
                 if tx.send(l).is_err() {
                     break;
                 }
@@ -205,6 +214,7 @@ impl Tool {
             lines,
             seen: Vec::new(),
             stderr,
+            output_held,
         };
         t.wait_for_line(line, Duration::from_secs(30));
         t
@@ -248,6 +258,7 @@ impl Tool {
     pub fn stop(mut self) -> (i32, Vec<String>, String) {
         // SAFETY: sends SIGINT to our own child.
         unsafe { libc::kill(self.child.id() as i32, libc::SIGINT) };
+        self.output_held.store(false, Ordering::Release);
         let end = Instant::now() + Duration::from_secs(60);
         let status = loop {
             if let Some(s) = self.child.try_wait().expect("wait") {
@@ -279,6 +290,34 @@ impl Tool {
 
     pub fn pid(&self) -> u32 {
         self.child.id()
+    }
+
+    /// Stops reading the tool's stdout until `stop` (see `output_held`).
+    pub fn hold_output(&self) {
+        self.output_held.store(true, Ordering::Release);
+    }
+
+    /// Waits until the tool's main thread is blocked writing to its stdout pipe,
+    /// which `hold_output` has let fill up.
+    pub fn wait_until_blocked_writing(&mut self, timeout: Duration) {
+        let proc = format!("/proc/{}", self.pid());
+        let end = Instant::now() + timeout;
+        loop {
+            let syscall = std::fs::read_to_string(format!("{proc}/syscall")).unwrap_or_default();
+            let wchan = std::fs::read_to_string(format!("{proc}/wchan")).unwrap_or_default();
+            // x86-64 write(2) is syscall 1; its first argument, fd 1.
+            if syscall.starts_with("1 0x1 ") && wchan.contains("pipe_write") {
+                return;
+            }
+            if Instant::now() > end {
+                let err = self.kill_and_take_stderr();
+                panic!(
+                    "the tool never blocked writing its output (syscall {syscall:?}, \
+                     wchan {wchan:?}); stderr: {err}"
+                );
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
     }
 
     pub fn kill(mut self) {

@@ -191,7 +191,7 @@ fn ringbuf_events_c_loader_streams_every_event() {
 
 /// Runs `calls FULL_CALLS` while the loader is stopped (so nothing is consumed),
 /// then lets it drain: returns (events, dropped, the event arguments in order).
-fn with_stopped_consumer(loader: Tool, target: Command) -> (u64, u64, Vec<i64>) {
+fn with_stopped_consumer(mut loader: Tool, target: Command) -> (u64, u64, Vec<i64>) {
     // SAFETY: signals to our own child.
     unsafe { libc::kill(loader.pid() as i32, libc::SIGSTOP) };
     // kill() returns before the stop takes effect; a consumer still running would
@@ -209,8 +209,12 @@ fn with_stopped_consumer(loader: Tool, target: Command) -> (u64, u64, Vec<i64>) 
     }
     let out = run_with_timeout(target, Duration::from_secs(60));
     assert!(out.status.success(), "target failed: {out:?}");
+    // Ctrl-C while the tool waits on a slow reader of its output must cost no
+    // event: the interrupted write is not allowed to lose what stdio held.
+    loader.hold_output();
     // SAFETY: as above.
     unsafe { libc::kill(loader.pid() as i32, libc::SIGCONT) };
+    loader.wait_until_blocked_writing(Duration::from_secs(30));
     let (code, lines, err) = loader.stop();
     assert_eq!(code, 0, "loader failed: {err}");
     let args = lines
@@ -266,12 +270,13 @@ fn a_full_ringbuf_drops_and_counts_without_corrupting_what_it_kept() {
     let loader = Tool::spawn(c);
     let mut target = Command::new(&kt);
     target.arg(FULL_CALLS.to_string());
-    let (k_events, k_dropped, _) = with_stopped_consumer(loader, target);
+    let (k_events, k_dropped, k_args) = with_stopped_consumer(loader, target);
     assert_eq!(
         (events, dropped),
         (k_events, k_dropped),
         "the kernel's ring holds as many records"
     );
+    assert_eq!(k_args, args, "the kernel's loader printed the same events");
 }
 
 #[test]
