@@ -444,16 +444,20 @@ mod tests {
     /// The disassembly of `elf`, or `None` (with the reason on stderr) where
     /// llvm-objdump-19 is not installed.
     fn disassemble(elf: &[u8], arch: AmdGpuArch) -> Option<String> {
+        // One file per call: tests run in parallel threads of one process.
+        static CALLS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+        let call = CALLS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let dir = std::env::temp_dir().join(format!("bpftime-amdgcn-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
-        let path = dir.join(format!("{}.o", arch.name()));
+        let path = dir.join(format!("{}-{call}.o", arch.name()));
         std::fs::write(&path, elf).unwrap();
-        let out = match std::process::Command::new(OBJDUMP)
+        let out = std::process::Command::new(OBJDUMP)
             .arg("-d")
             .arg(format!("--mcpu={}", arch.name()))
             .arg(&path)
-            .output()
-        {
+            .output();
+        let _ = std::fs::remove_file(&path);
+        let out = match out {
             Ok(out) => out,
             Err(e) => {
                 eprintln!(
