@@ -9,6 +9,11 @@
 #                               run everything, print a summary and write it to
 #                               $OUT/gpu-conformance.txt ($OUT defaults to results/)
 #
+# The GPU machine is also a quiet 16-core host for the CPU uprobe bench: `bpftime run`
+# with a counting program, and with uprobe + uretprobe (funclatency), on bench_calls,
+# against the plain call (median ns per call of 5 runs each; no kernel comparison there,
+# as the machine has no bpftrace). Its lines go to $OUT/uprobe-bench.txt.
+#
 # The GPU machine needs the NVIDIA driver (libcuda.so.1) and nothing else: no Rust, no
 # LLVM, no CUDA toolkit. Exit status: 0 when everything passed, 1 on a failure, 2 when
 # something is missing.
@@ -17,6 +22,9 @@ cd "$(dirname "$0")/.."
 
 carry=device-carry/gpu
 bins=(bpftime-gpu-conformance bpf-conformance-plugin)
+# bpftime and the libraries it finds beside itself, for the uprobe bench.
+cpu_bins=(bpftime libbpftime_syscall_shim.so libbpftime_agent.so libbpftime_agent_starter.so)
+cpu_inputs=(bench_calls globals.bpf.o funclatency.bpf.o)
 
 build() {
     local target=${CARGO_TARGET_DIR:-target}
@@ -33,6 +41,16 @@ build() {
         xz -T0 -6 -f "$carry/$b"
     done
     cp "$suite"/*.data "$carry/conformance/"
+    cargo build --release --workspace --bins --lib
+    make -s -C bpf-examples
+    mkdir -p "$carry/cpu"
+    for b in "${cpu_bins[@]}"; do
+        strip -o "$carry/cpu/$b" "$target/release/$b"
+        xz -T0 -6 -f "$carry/cpu/$b"
+    done
+    for f in "${cpu_inputs[@]}"; do
+        cp "bpf-examples/build/$f" "$carry/cpu/"
+    done
     du -sh "$carry"
     echo "gpu.sh: carry $carry to the GPU machine and run: bash scripts/gpu.sh --on-device"
 }
@@ -70,10 +88,45 @@ on_device() {
         status=$?
     echo "plugin --engine gpu: $([ "$plugin_ok" = 1 ] && echo pass || echo FAIL)" >>"$out/gpu-conformance.txt"
     rm -rf "$bin"
+    uprobe_bench "$out" || status=1
     if [ "$status" -eq 0 ] && [ "$plugin_ok" = 0 ]; then
         status=1
     fi
     exit "$status"
+}
+
+# Median of the ns_per_call lines on stdin.
+median() {
+    sort -g | awk '{v[NR] = $1} END {print (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2}'
+}
+
+uprobe_bench() {
+    local out=$1 dir b f
+    dir=$(mktemp -d)
+    for b in "${cpu_bins[@]}"; do
+        xz -dc "$carry/cpu/$b.xz" >"$dir/$b"
+    done
+    chmod +x "$dir/bpftime"
+    for f in "${cpu_inputs[@]}"; do
+        cp "$carry/cpu/$f" "$dir/"
+    done
+    local n=2000000 runs=5 plain count both ns
+    local bt=("$dir/bpftime" --store "gpu-sh-bench-$$")
+    ns() { grep -o 'ns_per_call=[0-9.]*' | cut -d= -f2; }
+    plain=$(for _ in $(seq $runs); do "$dir/bench_calls" $n | ns; done | median)
+    count=$(for _ in $(seq $runs); do "${bt[@]}" run "$dir/globals.bpf.o" -- "$dir/bench_calls" $n | ns; done | median)
+    both=$(for _ in $(seq $runs); do "${bt[@]}" run "$dir/funclatency.bpf.o" -- "$dir/bench_calls" $n | ns; done | median)
+    rm -rf "$dir"
+    if [ -z "$plain" ] || [ -z "$count" ] || [ -z "$both" ]; then
+        echo "uprobe bench: FAIL (plain '$plain', count '$count', uprobe+uretprobe '$both')" | tee "$out/uprobe-bench.txt"
+        return 1
+    fi
+    {
+        echo "uprobe bench on $(nproc) x $(lscpu | sed -n 's/^Model name: *//p'), kernel $(uname -r):"
+        echo "  plain call: $plain ns (median of $runs runs of bench_calls $n)"
+        echo "  counting uprobe (globals.bpf.o: call count, sum and last argument in globals): $count ns per call, $(awk "BEGIN {printf \"%.1f\", $count - $plain}") ns added"
+        echo "  uprobe + uretprobe (funclatency.bpf.o): $both ns per call, $(awk "BEGIN {printf \"%.1f\", $both - $plain}") ns added"
+    } | tee "$out/uprobe-bench.txt"
 }
 
 case "${1:-}" in
