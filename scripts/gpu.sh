@@ -113,10 +113,14 @@ uprobe_bench() {
     local n=2000000 runs=5 plain count both ns
     local bt=("$dir/bpftime" --store "gpu-sh-bench-$$")
     ns() { grep -o 'ns_per_call=[0-9.]*' | cut -d= -f2; }
-    plain=$(for _ in $(seq $runs); do "$dir/bench_calls" $n | ns; done | median)
-    count=$(for _ in $(seq $runs); do "${bt[@]}" run "$dir/globals.bpf.o" -- "$dir/bench_calls" $n | ns; done | median)
-    both=$(for _ in $(seq $runs); do "${bt[@]}" run "$dir/funclatency.bpf.o" -- "$dir/bench_calls" $n | ns; done | median)
+    local plain_runs count_runs both_runs
+    plain_runs=$(for _ in $(seq $runs); do "$dir/bench_calls" $n | ns; done)
+    count_runs=$(for _ in $(seq $runs); do "${bt[@]}" run "$dir/globals.bpf.o" -- "$dir/bench_calls" $n | ns; done)
+    both_runs=$(for _ in $(seq $runs); do "${bt[@]}" run "$dir/funclatency.bpf.o" -- "$dir/bench_calls" $n | ns; done)
     rm -rf "$dir"
+    plain=$(median <<<"$plain_runs")
+    count=$(median <<<"$count_runs")
+    both=$(median <<<"$both_runs")
     if [ -z "$plain" ] || [ -z "$count" ] || [ -z "$both" ]; then
         echo "uprobe bench: FAIL (plain '$plain', count '$count', uprobe+uretprobe '$both')" | tee "$out/uprobe-bench.txt"
         return 1
@@ -126,6 +130,7 @@ uprobe_bench() {
         echo "  plain call: $plain ns (median of $runs runs of bench_calls $n)"
         echo "  counting uprobe (globals.bpf.o: call count, sum and last argument in globals): $count ns per call, $(awk "BEGIN {printf \"%.1f\", $count - $plain}") ns added"
         echo "  uprobe + uretprobe (funclatency.bpf.o): $both ns per call, $(awk "BEGIN {printf \"%.1f\", $both - $plain}") ns added"
+        echo "  every run, ns per call: plain" $plain_runs "| counting" $count_runs "| uprobe + uretprobe" $both_runs
     } | tee "$out/uprobe-bench.txt"
 }
 
