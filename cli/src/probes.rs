@@ -123,17 +123,9 @@ pub fn find_library(name: &str) -> Option<PathBuf> {
     if let Some(p) = from_env.iter().map(|d| d.join(name)).find(|p| p.is_file()) {
         return Some(p);
     }
-    if let Ok(maps) = std::fs::read_to_string("/proc/self/maps") {
-        let loaded = maps
-            .lines()
-            .filter_map(|l| l.find('/').map(|i| &l[i..]))
-            .find(|path| {
-                path.rsplit('/')
-                    .next()
-                    .is_some_and(|base| base == name || base.starts_with(&format!("{name}.")))
-            });
-        if let Some(p) = loaded {
-            return Some(PathBuf::from(p));
+    if !name.contains('/') {
+        if let Ok(p) = bpftime_attach::resolve_binary(Path::new(name)) {
+            return Some(p);
         }
     }
     const SYSTEM_DIRS: &[&str] = &[
