@@ -7,6 +7,7 @@ use std::path::{Path, PathBuf};
 pub struct Mapping {
     pub start: usize,
     pub end: usize,
+    pub writable: bool,
     pub exec: bool,
     pub offset: u64,
     pub dev: (u32, u32),
@@ -16,6 +17,16 @@ pub struct Mapping {
 }
 
 impl Mapping {
+    pub fn contains(&self, addr: usize) -> bool {
+        (self.start..self.end).contains(&addr)
+    }
+
+    /// The file name without directories or a ` (deleted)` suffix.
+    pub fn file_name(&self) -> &str {
+        let p = self.path.strip_suffix(" (deleted)").unwrap_or(&self.path);
+        p.rsplit('/').next().unwrap_or(p)
+    }
+
     pub fn file_path(&self) -> Option<&Path> {
         self.path.starts_with('/').then(|| Path::new(&self.path))
     }
@@ -44,6 +55,7 @@ fn parse_line(line: &str) -> Option<Mapping> {
     Some(Mapping {
         start: usize::from_str_radix(start, 16).ok()?,
         end: usize::from_str_radix(end, 16).ok()?,
+        writable: perms.as_bytes().get(1) == Some(&b'w'),
         exec: perms.as_bytes().get(2) == Some(&b'x'),
         offset: u64::from_str_radix(offset, 16).ok()?,
         dev: (
@@ -108,6 +120,16 @@ mod tests {
         assert_eq!(maps[2].file_path(), None);
         assert_eq!(maps[3].path, "");
         assert_eq!(maps[6].path, "/tmp/dir with space/libz-1.2.so (deleted)");
+        assert_eq!(maps[6].file_name(), "libz-1.2.so");
+        assert_eq!(maps[5].file_name(), "libc.so.6");
+        assert!(maps[2].writable && maps[3].writable);
+        assert!(!maps[1].writable && !maps[4].writable);
+        assert!(maps[2].contains(0x55d0c1000000) && maps[2].contains(0x55d0c1020fff));
+        assert!(!maps[2].contains(0x55d0c1021000));
+        // Columns padded with several spaces before the path.
+        let padded = parse("7f00a000-7f00b000 r-xp 00002000 fd:01 1234     /tmp/a dir/libx.so\n");
+        assert_eq!(padded[0].path, "/tmp/a dir/libx.so");
+        assert_eq!(padded[0].file_name(), "libx.so");
     }
 
     #[test]

@@ -64,70 +64,13 @@ fn parse_status(text: &str) -> Status {
     s
 }
 
-/// One line of /proc/PID/maps.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct Mapping {
-    pub start: u64,
-    pub end: u64,
-    pub perms: String,
-    pub offset: u64,
-    pub dev_major: u32,
-    pub dev_minor: u32,
-    pub inode: u64,
-    /// File or pseudo-name (`[stack]`); empty for anonymous memory.
-    pub path: String,
-}
-
-impl Mapping {
-    pub fn contains(&self, addr: u64) -> bool {
-        (self.start..self.end).contains(&addr)
-    }
-
-    pub fn writable(&self) -> bool {
-        self.perms.as_bytes().get(1) == Some(&b'w')
-    }
-
-    /// The file name without directories or a ` (deleted)` suffix.
-    pub fn file_name(&self) -> &str {
-        let p = self.path.strip_suffix(" (deleted)").unwrap_or(&self.path);
-        p.rsplit('/').next().unwrap_or(p)
-    }
-}
+/// One line of /proc/PID/maps, as the attach crate parses it for its own process.
+pub(crate) use bpftime_attach::ProcMapping as Mapping;
 
 /// The maps of /proc/PID or /proc/PID/task/TID (`dir`).
 pub(crate) fn read_maps(dir: &str) -> io::Result<Vec<Mapping>> {
     let text = std::fs::read_to_string(format!("{dir}/maps"))?;
-    Ok(text.lines().filter_map(parse_map_line).collect())
-}
-
-fn parse_map_line(line: &str) -> Option<Mapping> {
-    // start-end perms offset major:minor inode   path (may hold spaces)
-    let mut rest = line;
-    let mut field = || {
-        let r = rest.trim_start();
-        let end = r.find(' ').unwrap_or(r.len());
-        let (f, tail) = r.split_at(end);
-        rest = tail;
-        f
-    };
-    let range = field();
-    let perms = field().to_string();
-    let offset = u64::from_str_radix(field(), 16).ok()?;
-    let dev = field();
-    let inode = field().parse().ok()?;
-    let path = rest.trim_start().to_string();
-    let (start, end) = range.split_once('-')?;
-    let (major, minor) = dev.split_once(':')?;
-    Some(Mapping {
-        start: u64::from_str_radix(start, 16).ok()?,
-        end: u64::from_str_radix(end, 16).ok()?,
-        perms,
-        offset,
-        dev_major: u32::from_str_radix(major, 16).ok()?,
-        dev_minor: u32::from_str_radix(minor, 16).ok()?,
-        inode,
-        path,
-    })
+    Ok(bpftime_attach::parse_proc_maps(&text))
 }
 
 /// `kernel.yama.ptrace_scope`, when the Yama security module is present.
@@ -225,24 +168,5 @@ mod tests {
         );
         // This test's own executable is x86-64.
         assert_eq!(foreign_architecture("/proc/self").unwrap(), None);
-    }
-
-    #[test]
-    fn map_lines_with_spaces_in_paths() {
-        let m = parse_map_line(
-            "7f00a000-7f00b000 r-xp 00002000 fd:01 1234     /tmp/a dir/libx.so (deleted)",
-        )
-        .unwrap();
-        assert_eq!(m.start, 0x7f00a000);
-        assert_eq!(m.end, 0x7f00b000);
-        assert!(!m.writable());
-        assert_eq!(m.offset, 0x2000);
-        assert_eq!((m.dev_major, m.dev_minor), (0xfd, 1));
-        assert_eq!(m.inode, 1234);
-        assert_eq!(m.path, "/tmp/a dir/libx.so (deleted)");
-        assert_eq!(m.file_name(), "libx.so");
-        let anon = parse_map_line("7ffd0000-7ffd1000 rw-p 00000000 00:00 0 ").unwrap();
-        assert_eq!(anon.path, "");
-        assert!(anon.writable());
     }
 }

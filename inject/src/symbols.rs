@@ -148,7 +148,7 @@ impl MappedElf {
                     .iter()
                     .filter(|ph| ph.p_type == PT_LOAD)
                     .find(|ph| ph.p_offset & !(PAGE - 1) == m.offset)
-                    .map(|ph| m.start.wrapping_sub(ph.p_vaddr & !(PAGE - 1)))
+                    .map(|ph| (m.start as u64).wrapping_sub(ph.p_vaddr & !(PAGE - 1)))
             })
             .ok_or_else(|| elf_err("no mapping matches its loadable segments".into()))?;
         Ok(Some(MappedElf {

@@ -376,7 +376,7 @@ impl Target {
             let in_syscall = regs.orig_rax as i64 >= 0;
             let inside = maps
                 .iter()
-                .find(|m| m.contains(regs.rip))
+                .find(|m| m.contains(regs.rip as usize))
                 .map(|m| m.file_name())
                 .unwrap_or("");
             let loader = inside.starts_with("ld-linux");
@@ -462,10 +462,7 @@ impl Call<'_> {
     fn run(&mut self, library: &Path, meta: &std::fs::Metadata, maps: &[Mapping]) -> Result<u64> {
         let pid = self.pid();
         let dev = (libc::major(meta.dev()), libc::minor(meta.dev()));
-        if maps
-            .iter()
-            .any(|m| m.inode == meta.ino() && (m.dev_major, m.dev_minor) == dev)
-        {
+        if maps.iter().any(|m| m.inode == meta.ino() && m.dev == dev) {
             return Err(InjectError::AlreadyLoaded {
                 pid,
                 library: library.to_path_buf(),
@@ -481,8 +478,8 @@ impl Call<'_> {
         let path_addr = (sp - RED_ZONE - 64 - path.len() as u64) & !15;
         // At a function's entry rsp + 8 is 16-byte aligned.
         self.frame = ((path_addr - 64) & !15) - 8;
-        let stack = maps.iter().find(|m| m.contains(self.frame));
-        if !stack.is_some_and(|m| m.writable() && m.contains(sp - 1)) {
+        let stack = maps.iter().find(|m| m.contains(self.frame as usize));
+        if !stack.is_some_and(|m| m.writable && m.contains(sp as usize - 1)) {
             return Err(InjectError::BadStack {
                 pid,
                 tid: self.target.tid,
