@@ -36,7 +36,7 @@ extern "C" fn starter_init() {
         let spawned = std::thread::Builder::new()
             .name("bpftime-start".into())
             .spawn(move || {
-                if let Err(why) = start_agent() {
+                if let Err(why) = start_agent(true) {
                     eprintln!("bpftime agent: {why}; the target runs uninstrumented");
                     report_to_attach(&hint, &why);
                 }
@@ -46,7 +46,7 @@ extern "C" fn starter_init() {
         }
         return;
     }
-    if let Err(why) = start_agent() {
+    if let Err(why) = start_agent(false) {
         eprintln!("bpftime agent: {why}; the target runs uninstrumented");
     }
 }
@@ -76,7 +76,8 @@ static INIT: extern "C" fn() = starter_init;
 // loader's surplus for such libraries when injected (this library's TLS is about 100 bytes).
 bpftime_attach::static_tls_flag!(fn hook_flag_offset, "bpftime_starter_hook_flag");
 
-fn start_agent() -> Result<(), String> {
+/// `on_own_thread`: called on a thread this library made, not one of the application's.
+fn start_agent(on_own_thread: bool) -> Result<(), String> {
     let dir = own_directory().ok_or("cannot find the directory of libbpftime_agent_starter.so")?;
     let path = format!("{dir}/{AGENT_LIB}");
     let c_path = CString::new(path.clone()).map_err(|_| format!("bad agent path {path}"))?;
@@ -91,10 +92,11 @@ fn start_agent() -> Result<(), String> {
     if sym.is_null() {
         return Err(format!("{path} has no {AGENT_ENTRY:?}: {}", dl_error()));
     }
-    // SAFETY: the agent exports `bpftime_agent_start` as `extern "C" fn(isize)`; the
-    // library stays loaded (never dlclose'd), so the code outlives the call.
-    let start: extern "C" fn(isize) = unsafe { std::mem::transmute(sym) };
-    start(hook_flag_offset());
+    // SAFETY: the agent exports `bpftime_agent_start` as `extern "C" fn(isize, bool)`
+    // (built with this library, from the same directory); the library stays loaded
+    // (never dlclose'd), so the code outlives the call.
+    let start: extern "C" fn(isize, bool) = unsafe { std::mem::transmute(sym) };
+    start(hook_flag_offset(), on_own_thread);
     Ok(())
 }
 

@@ -10,13 +10,15 @@ mod watch;
 /// The entry point the starter calls once the loader has run every initializer
 /// of this library (LLVM's static constructors among them). `hook_flag_tp_offset` is
 /// a byte of the starter's static TLS for the hooks (see
-/// `bpftime_attach::use_static_tls_flag`), or 0 for none.
+/// `bpftime_attach::use_static_tls_flag`), or 0 for none. `on_starter_thread` says the
+/// caller is a thread the starter made for this call (injection), not the application's.
 #[no_mangle]
-pub extern "C" fn bpftime_agent_start(hook_flag_tp_offset: isize) {
+pub extern "C" fn bpftime_agent_start(hook_flag_tp_offset: isize, on_starter_thread: bool) {
     static STARTED: std::sync::Once = std::sync::Once::new();
     STARTED.call_once(|| {
         // A failing agent must never take the target down with it.
-        if std::panic::catch_unwind(|| watch::start(hook_flag_tp_offset)).is_err() {
+        let start = || watch::start(hook_flag_tp_offset, on_starter_thread);
+        if std::panic::catch_unwind(start).is_err() {
             eprintln!("bpftime agent: internal error during start; the target runs uninstrumented");
         }
     });

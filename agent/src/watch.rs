@@ -19,7 +19,7 @@ struct Agent {
     links: Mutex<HashMap<u32, Option<HookId>>>,
 }
 
-pub(crate) fn start(hook_flag_tp_offset: isize) {
+pub(crate) fn start(hook_flag_tp_offset: isize, on_starter_thread: bool) {
     bpftime_runtime::init_logging();
     // First: a thread masked from handlers before the switch would not stay masked.
     if hook_flag_tp_offset != 0 {
@@ -28,6 +28,11 @@ pub(crate) fn start(hook_flag_tp_offset: isize) {
         if let Err(e) = unsafe { bpftime_attach::use_static_tls_flag(hook_flag_tp_offset) } {
             tracing::warn!("hooks keep their per-thread flag in dynamic TLS: {e}");
         }
+    }
+    // The starter's thread runs on (frees, exits) once probes are live; the kernel
+    // would never see those calls, so neither may the tools.
+    if on_starter_thread {
+        bpftime_attach::never_run_handlers_on_this_thread();
     }
     helpers::init_process();
     // User stacks read through pending uretprobes, whose trampoline stands in
