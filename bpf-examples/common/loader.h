@@ -173,6 +173,32 @@ static inline int resolve_library(const char *name, char *buf, size_t len)
 	return err;
 }
 
+/* Set by SIGINT or SIGTERM once catch_exit_signals() has run. */
+static volatile sig_atomic_t exit_requested __attribute__((unused));
+
+static inline void on_exit_signal(int sig)
+{
+	(void)sig;
+	exit_requested = 1;
+}
+
+/*
+ * For loaders that poll a ring buffer until SIGINT/SIGTERM. SA_RESTART, or a
+ * Ctrl-C that lands while printf() waits on a slow reader makes write() fail
+ * with EINTR, and stdio drops the buffer it was writing: events lost.
+ * epoll_wait() is never restarted, so ring_buffer__poll() still returns
+ * -EINTR and the polling loop gets to test exit_requested.
+ */
+static inline void catch_exit_signals(void)
+{
+	struct sigaction sa = { .sa_handler = on_exit_signal,
+				.sa_flags = SA_RESTART };
+
+	sigemptyset(&sa.sa_mask);
+	sigaction(SIGINT, &sa, NULL);
+	sigaction(SIGTERM, &sa, NULL);
+}
+
 /*
  * Block SIGINT and SIGTERM so they stay pending until wait_for_signal()
  * collects them; call this before attaching so no signal is lost.

@@ -30,14 +30,7 @@ static const char usage[] =
 	"Prints an event line for every call of NAME in BINARY until\n"
 	"SIGINT/SIGTERM, then the number of events.\n";
 
-static volatile sig_atomic_t exiting;
 static unsigned long long event_count;
-
-static void on_signal(int sig)
-{
-	(void)sig;
-	exiting = 1;
-}
 
 /* Called by libbpf for every record in the ring buffer. */
 static int handle_event(void *ctx, void *data, size_t size)
@@ -63,7 +56,6 @@ int main(int argc, char **argv)
 	struct ring_buffer *rb = NULL;
 	struct bpf_map *events, *dropped;
 	struct bpf_link *link = NULL;
-	struct sigaction sa = {};
 	struct bpf_object *obj;
 	__u32 slot = DROPPED_SLOT;
 	__u64 lost = 0;
@@ -106,16 +98,7 @@ int main(int argc, char **argv)
 		goto out;
 	}
 
-	/*
-	 * SA_RESTART, or a Ctrl-C that lands while printf() waits on a slow
-	 * reader makes write() fail with EINTR, and stdio drops the buffer it
-	 * was writing: events lost. epoll_wait() is never restarted, so
-	 * ring_buffer__poll() still returns -EINTR and the loop below ends.
-	 */
-	sa.sa_handler = on_signal;
-	sa.sa_flags = SA_RESTART;
-	sigaction(SIGINT, &sa, NULL);
-	sigaction(SIGTERM, &sa, NULL);
+	catch_exit_signals();
 
 	link = attach_uprobe(obj, "on_call", target, args.func, false);
 	if (!link) {
@@ -124,7 +107,7 @@ int main(int argc, char **argv)
 	}
 	announce_ready();
 
-	while (!exiting) {
+	while (!exit_requested) {
 		err = ring_buffer__poll(rb, 100 /* ms */);
 		if (err < 0 && err != -EINTR) {
 			fprintf(stderr, "ring_buffer__poll: %s\n",

@@ -34,13 +34,6 @@ static const char usage[] =
 	"until SIGINT/SIGTERM, then the stack trace maps. Each --outer CALLER\n"
 	"gets a uretprobe too, pending while NAME runs.\n";
 
-static volatile sig_atomic_t exiting;
-
-static void on_signal(int sig)
-{
-	(void)sig;
-	exiting = 1;
-}
 
 static void print_frames(const __u64 *frames, int n)
 {
@@ -121,7 +114,6 @@ int main(int argc, char **argv)
 	struct bpf_link *entry = NULL, *ret = NULL;
 	struct bpf_link *outer[LOADER_MAX_OUTER] = {};
 	struct ring_buffer *rb = NULL;
-	struct sigaction sa = {};
 	struct bpf_map *events, *results;
 	struct bpf_object *obj;
 	int err;
@@ -161,16 +153,7 @@ int main(int argc, char **argv)
 		goto out;
 	}
 
-	/*
-	 * SA_RESTART, or a Ctrl-C that lands while printf() waits on a slow
-	 * reader makes write() fail with EINTR, and stdio drops the buffer it
-	 * was writing: events lost. epoll_wait() is never restarted, so
-	 * ring_buffer__poll() still returns -EINTR and the loop below ends.
-	 */
-	sa.sa_handler = on_signal;
-	sa.sa_flags = SA_RESTART;
-	sigaction(SIGINT, &sa, NULL);
-	sigaction(SIGTERM, &sa, NULL);
+	catch_exit_signals();
 
 	entry = attach_uprobe(obj, "on_entry", target, args.func, false);
 	ret = attach_uprobe(obj, "on_return", target, args.func, true);
@@ -188,7 +171,7 @@ int main(int argc, char **argv)
 	}
 	announce_ready();
 
-	while (!exiting) {
+	while (!exit_requested) {
 		err = ring_buffer__poll(rb, 100 /* ms */);
 		if (err < 0 && err != -EINTR) {
 			fprintf(stderr, "ring_buffer__poll: %s\n", strerror(-err));

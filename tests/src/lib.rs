@@ -137,6 +137,19 @@ impl Session {
         Tool::spawn(c)
     }
 
+    /// Runs a one-probe bpftrace script under `bpftime load`; returns once its probe
+    /// is attached and it can take a SIGINT.
+    pub fn load_bpftrace(&self, script: &str) -> Tool {
+        let mut c = self.bpftime();
+        c.args(["load", "bpftrace", "-e", script]);
+        let tool = Tool::spawn_until(c, "Attaching 1 probe...");
+        self.wait_for_links(1);
+        // bpftrace prints no line once it is ready; a SIGINT in the last part of its
+        // start-up is lost (on the kernel too), so give it the time the kernel run gets.
+        std::thread::sleep(Duration::from_secs(2));
+        tool
+    }
+
     /// Waits until the store holds at least `n` links (a loader that prints no
     /// `ready` line, like bpftrace, has attached).
     pub fn wait_for_links(&self, n: usize) {
@@ -165,6 +178,18 @@ impl Drop for Session {
         let _ = std::fs::remove_dir_all(bpftime_runtime::Store::dir_for(&self.store));
         let _ = std::fs::remove_dir_all(&self.tmp);
     }
+}
+
+/// Panics with the way out when bpftrace is missing (the setup script installs it).
+pub fn require_bpftrace() {
+    let installed = Command::new("bpftrace")
+        .arg("--version")
+        .output()
+        .is_ok_and(|o| o.status.success());
+    assert!(
+        installed,
+        "bpftrace is not installed: run scripts/setup.sh (Debian package bpftrace)"
+    );
 }
 
 /// A loader running in the background.

@@ -404,27 +404,10 @@ fn attached_agent_counts_every_call_of_a_running_target() {
 /// of their calls.
 #[test]
 fn attached_agent_runs_no_probe_on_its_own_threads() {
-    let have_bpftrace = Command::new("bpftrace")
-        .arg("--version")
-        .output()
-        .is_ok_and(|o| o.status.success());
-    assert!(
-        have_bpftrace,
-        "bpftrace is not installed: run scripts/setup.sh (Debian package bpftrace)"
-    );
+    bpftime_tests::require_bpftrace();
     let s = Session::new("attach-own-threads");
     let exe = s.target_copy(examples::CALLS);
-    let mut c = s.bpftime();
-    c.args([
-        "load",
-        "bpftrace",
-        "-e",
-        "uprobe:libc:free { @[comm] = count(); }",
-    ]);
-    let tool = bpftime_tests::Tool::spawn_until(c, "Attaching 1 probe...");
-    s.wait_for_links(1);
-    // bpftrace prints nothing once ready; a SIGINT late in its start-up is lost.
-    std::thread::sleep(Duration::from_secs(2));
+    let tool = s.load_bpftrace("uprobe:libc:free { @[comm] = count(); }");
     let t = Target::spawn(&s, &exe, 100, &[]);
     let out = attach(&s, t.pid(), &[]);
     assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));

@@ -1,27 +1,14 @@
 //! bpftrace (Debian's 0.17) under `bpftime load`: one-liners print what they
 //! print on the kernel.
 
-use bpftime_tests::{examples, kernel_unavailable, Session, Tool};
+use bpftime_tests::{examples, kernel_unavailable, require_bpftrace, Session, Tool};
 use std::process::Command;
 use std::time::Duration;
 
 const N: u64 = 200;
 
-fn have_bpftrace() -> bool {
-    Command::new("bpftrace")
-        .arg("--version")
-        .output()
-        .is_ok_and(|o| o.status.success())
-}
-
 fn ours(s: &Session, script: &str, target: &str, last: Option<&str>) -> Vec<String> {
-    let mut c = s.bpftime();
-    c.args(["load", "bpftrace", "-e", script]);
-    let mut tool = Tool::spawn_until(c, "Attaching 1 probe...");
-    s.wait_for_links(1);
-    // bpftrace prints no line once it is ready; a SIGINT in the last part of its
-    // start-up is lost (on the kernel too), so give it the time the kernel run gets.
-    std::thread::sleep(Duration::from_secs(2));
+    let mut tool = s.load_bpftrace(script);
     let out = s.start(&[target, &N.to_string()]);
     assert!(out.status.success());
     // Printed events arrive through the perf buffer; let the last one in, as a
@@ -73,9 +60,7 @@ fn nonempty(lines: Vec<String>) -> Vec<String> {
 
 #[test]
 fn count_and_printf_one_liners_match_the_kernel() {
-    if !have_bpftrace() {
-        panic!("bpftrace is not installed: run scripts/setup.sh (Debian package bpftrace)");
-    }
+    require_bpftrace();
     let s = Session::new("bpftrace");
     let t = s.target_copy(examples::CALLS);
     let t = t.to_str().unwrap();
@@ -115,9 +100,7 @@ fn count_and_printf_one_liners_match_the_kernel() {
 /// histograms, sum, avg, min, max and stats of `work`'s return value (4 * arg + 6).
 #[test]
 fn aggregations_at_a_uretprobe_match_the_kernel() {
-    if !have_bpftrace() {
-        panic!("bpftrace is not installed: run scripts/setup.sh (Debian package bpftrace)");
-    }
+    require_bpftrace();
     let s = Session::new("bpftrace-agg");
     let t = s.target_copy(examples::CALLS);
     let t = t.to_str().unwrap();
@@ -189,9 +172,7 @@ fn exits_by_itself(tool: Tool, run_target: impl FnOnce()) -> (Vec<String>, Strin
 
 #[test]
 fn exit_ends_bpftrace_with_its_maps_printed_like_the_kernel() {
-    if !have_bpftrace() {
-        panic!("bpftrace is not installed: run scripts/setup.sh (Debian package bpftrace)");
-    }
+    require_bpftrace();
     // The last call triggers exit(), so no call happens between exit() and
     // bpftrace's detach, on the kernel and here alike.
     const CALLS: u64 = 10;
@@ -261,9 +242,7 @@ fn blocks(lines: Vec<String>) -> Vec<Vec<String>> {
 
 #[test]
 fn ustack_keys_are_the_kernels_frames() {
-    if !have_bpftrace() {
-        panic!("bpftrace is not installed: run scripts/setup.sh (Debian package bpftrace)");
-    }
+    require_bpftrace();
     let s = Session::new("bpftrace-ustack");
     let t = s.target_copy(examples::STACK_TARGET);
     let t = t.to_str().unwrap();
@@ -290,9 +269,7 @@ fn ustack_keys_are_the_kernels_frames() {
 /// serves in bpftrace's own process.
 #[test]
 fn begin_and_end_probes_run_like_on_the_kernel() {
-    if !have_bpftrace() {
-        panic!("bpftrace is not installed: run scripts/setup.sh (Debian package bpftrace)");
-    }
+    require_bpftrace();
     let s = Session::new("bpftrace-begin");
     let t = s.target_copy(examples::CALLS);
     let t = t.to_str().unwrap();

@@ -159,10 +159,9 @@ fn malloc_count_libbpf_rs_loader_with_static_libbpf() {
     assert_eq!(malloc_figures(&ours, None).2, N, "{ours:?}");
 }
 
-fn check_events(lines: &[String]) {
-    assert_eq!(field(lines, "events=", "events"), Some(N), "{lines:?}");
-    assert_eq!(field(lines, "dropped=", "dropped"), Some(0));
-    let args: Vec<i64> = lines
+/// The `arg=` of every `event` line ringbuf_events printed, in order.
+fn event_args(lines: &[String]) -> Vec<i64> {
+    lines
         .iter()
         .filter(|l| l.starts_with("event "))
         .filter_map(|l| {
@@ -170,9 +169,14 @@ fn check_events(lines: &[String]) {
                 .find_map(|w| w.strip_prefix("arg="))
                 .and_then(|v| v.parse().ok())
         })
-        .collect();
+        .collect()
+}
+
+fn check_events(lines: &[String]) {
+    assert_eq!(field(lines, "events=", "events"), Some(N), "{lines:?}");
+    assert_eq!(field(lines, "dropped=", "dropped"), Some(0));
     assert_eq!(
-        args,
+        event_args(lines),
         (0..N as i64).collect::<Vec<_>>(),
         "every argument once, in order"
     );
@@ -217,19 +221,10 @@ fn with_stopped_consumer(mut loader: Tool, target: Command) -> (u64, u64, Vec<i6
     loader.wait_until_blocked_writing(Duration::from_secs(30));
     let (code, lines, err) = loader.stop();
     assert_eq!(code, 0, "loader failed: {err}");
-    let args = lines
-        .iter()
-        .filter(|l| l.starts_with("event "))
-        .filter_map(|l| {
-            l.split_whitespace()
-                .find_map(|w| w.strip_prefix("arg="))
-                .and_then(|v| v.parse().ok())
-        })
-        .collect();
     (
         field(&lines, "events=", "events").expect("events= line"),
         field(&lines, "dropped=", "dropped").expect("dropped= line"),
-        args,
+        event_args(&lines),
     )
 }
 
