@@ -15,7 +15,7 @@ use tracing::debug;
 
 use crate::gpu::{
     build_module, call_int, demote_stack_atomics, extern_functions, intrinsic, Axis, Dimension,
-    GpuBackend, GpuEnv, OptLevel, SpecialRegister,
+    GpuBackend, GpuEnv, GpuModule, OptLevel, SpecialRegister,
 };
 use crate::CompileError;
 
@@ -265,16 +265,28 @@ pub fn lifted_ir(
     opts.check()?;
     let context = Context::create();
     let machine = nvptx_machine(opts)?;
+    let gpu = optimized_module(&context, &machine, insns, env, opts)?;
+    Ok(gpu.module.print_to_string().to_string())
+}
+
+/// The lifted module of `insns`, optimized for `machine`: what PTX is emitted from.
+fn optimized_module<'ctx>(
+    context: &'ctx Context,
+    machine: &TargetMachine,
+    insns: &[Insn],
+    env: &dyn GpuEnv,
+    opts: &PtxOptions,
+) -> Result<GpuModule<'ctx>, CompileError> {
     let gpu = build_module(
-        &context,
+        context,
         insns,
         env,
-        &Nvptx::for_machine(&machine),
+        &Nvptx::for_machine(machine),
         &opts.symbol,
     )?;
-    optimize(&gpu.module, &machine, opts.opt_level.pipeline())?;
+    optimize(&gpu.module, machine, opts.opt_level.pipeline())?;
     demote_stack_atomics(&gpu.module)?;
-    Ok(gpu.module.print_to_string().to_string())
+    Ok(gpu)
 }
 
 /// Compiles `insns` to a PTX module with the helpers, maps and library `env` gives.
@@ -287,15 +299,7 @@ pub fn compile(
     let started = Instant::now();
     let context = Context::create();
     let machine = nvptx_machine(opts)?;
-    let gpu = build_module(
-        &context,
-        insns,
-        env,
-        &Nvptx::for_machine(&machine),
-        &opts.symbol,
-    )?;
-    optimize(&gpu.module, &machine, opts.opt_level.pipeline())?;
-    demote_stack_atomics(&gpu.module)?;
+    let gpu = optimized_module(&context, &machine, insns, env, opts)?;
     let externs = extern_functions(&gpu.module);
     let buffer = machine
         .write_to_memory_buffer(&gpu.module, FileType::Assembly)
