@@ -29,6 +29,21 @@ const ARTIFACTS: &[&str] = &[
     "ticker",
     "stack_target",
     "rejected.bpf.o",
+    "gpu_probes",
+];
+
+/// GPU objects, built too: only bpftime loads them (GPU helpers, or `cuda:`
+/// sections that libbpf takes only with bpftime's handler), so they stay out
+/// of `ARTIFACTS`, every object of which the kernel accepts.
+const GPU_ARTIFACTS: &[&str] = &[
+    "gpu_probes.bpf.o",
+    "gpu_block_count.bpf.o",
+    "cuda_counter.bpf.o",
+    "threadhist.bpf.o",
+    "kernelretsnoop.bpf.o",
+    "bench_empty.bpf.o",
+    "bench_count.bpf.o",
+    "bench_exit_time.bpf.o",
 ];
 
 /// Inputs whose change must rebuild the examples.
@@ -43,6 +58,12 @@ const SOURCES: &[&str] = &[
     "stacks",
     "printk",
     "rejected",
+    "gpu_probes",
+    "gpu_block_count",
+    "cuda_counter",
+    "threadhist",
+    "kernelretsnoop",
+    "gpu_bench",
 ];
 
 fn fail(message: &str) -> ! {
@@ -126,7 +147,7 @@ fn main() {
         "cargo:rustc-env=BPF_EXAMPLES_BUILD_DIR={}",
         out_dir.display()
     );
-    for artifact in ARTIFACTS {
+    for artifact in ARTIFACTS.iter().chain(GPU_ARTIFACTS) {
         let path = out_dir.join(artifact);
         if !path.exists() {
             fail(&format!("make did not produce {}", path.display()));

@@ -44,9 +44,18 @@ lat=$(run_tool "$tmp/lat" "$B/funclatency" --target "$B/calls" --func work)
 kill -INT "$lat"
 while kill -0 "$lat" 2>/dev/null; do sleep 0.1; done
 cat "$tmp/lat"
-if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then
-    echo "== a GPU is present, but GPU attach (cuda: probes) is not built yet: the GPU demo is skipped"
+# The GPU demo: eBPF inside a CUDA kernel. cuda_counter counts every thread of vectorAdd
+# at entry and exit and times it; the CUDA program is built here with nvcc.
+nvcc=$(command -v nvcc || ls /usr/local/cuda/bin/nvcc 2>/dev/null || true)
+if ! { command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; }; then
+    echo "== no GPU here (nvidia-smi finds none): the GPU demo is skipped"
+elif [ -z "$nvcc" ]; then
+    echo "== a GPU is present but no nvcc (PATH, /usr/local/cuda/bin) to build the CUDA demo: skipped"
 else
-    echo "== no GPU here: the GPU demo is skipped"
+    echo "== bpftime run cuda_counter.bpf.o -- vec_add 1048576 10 (every thread of vectorAdd, on the GPU):"
+    make -s -C bpf-examples gpu
+    make -s -C bpf-examples/cuda OUT="$tmp/cuda" NVCC="$nvcc" "$tmp/cuda/vec_add"
+    "$bpftime" --store "$store" run "$B/cuda_counter.bpf.o" -- "$tmp/cuda/vec_add" 1048576 10 |
+        grep -v '^starts\['
 fi
 rm -rf "$tmp"

@@ -1,5 +1,7 @@
 #!/usr/bin/env bash
-# The GPU tests: the bpf_conformance suite and the GPU helper checks on an NVIDIA GPU.
+# The GPU tests: the bpf_conformance suite, the GPU helper checks, the GPU examples
+# (eBPF inside the kernels of real CUDA programs) and the GPU overhead benchmark, on an
+# NVIDIA GPU.
 #
 #   scripts/gpu.sh              here (no GPU needed): build the release binaries the GPU
 #                               machine runs, stripped and xz-compressed (LLVM is linked in
@@ -8,6 +10,10 @@
 #   scripts/gpu.sh --on-device  on the GPU machine, from the repository root: unpack them,
 #                               run everything, print a summary and write it to
 #                               $OUT/gpu-conformance.txt ($OUT defaults to results/)
+#
+# The examples (scripts/gpu-examples.sh) and the overhead benchmark (scripts/gpu-bench.sh)
+# build their CUDA programs there with its nvcc; their results go to
+# $OUT/gpu-examples.txt and $OUT/gpu-bench.txt.
 #
 # The GPU machine is also a quiet 16-core host for the CPU uprobe bench: `bpftime run`
 # with a counting program, and with uprobe + uretprobe (funclatency), on bench_calls,
@@ -25,6 +31,9 @@ bins=(bpftime-gpu-conformance bpf-conformance-plugin)
 # bpftime and the libraries it finds beside itself, for the uprobe bench.
 cpu_bins=(bpftime libbpftime_syscall_shim.so libbpftime_agent.so libbpftime_agent_starter.so)
 cpu_inputs=(bench_calls globals.bpf.o funclatency.bpf.o)
+# The GPU examples' and benchmark's objects.
+gpu_inputs=(cuda_counter.bpf.o threadhist.bpf.o kernelretsnoop.bpf.o bench_empty.bpf.o
+    bench_count.bpf.o bench_exit_time.bpf.o)
 
 build() {
     local target=${CARGO_TARGET_DIR:-target}
@@ -45,10 +54,17 @@ build() {
     make -s -C bpf-examples
     mkdir -p "$carry/cpu"
     for b in "${cpu_bins[@]}"; do
-        strip -o "$carry/cpu/$b" "$target/release/$b"
+        # bpftime keeps its symbol table: the shim finds the statically linked libbpf's
+        # functions there to register the `cuda:` section handler.
+        if [ "$b" = bpftime ]; then
+            strip --strip-debug -o "$carry/cpu/$b" "$target/release/$b"
+        else
+            strip -o "$carry/cpu/$b" "$target/release/$b"
+        fi
         xz -T0 -6 -f "$carry/cpu/$b"
     done
-    for f in "${cpu_inputs[@]}"; do
+    make -s -C bpf-examples gpu
+    for f in "${cpu_inputs[@]}" "${gpu_inputs[@]}"; do
         cp "bpf-examples/build/$f" "$carry/cpu/"
     done
     du -sh "$carry"
@@ -89,6 +105,7 @@ on_device() {
     echo "plugin --engine gpu: $([ "$plugin_ok" = 1 ] && echo pass || echo FAIL)" >>"$out/gpu-conformance.txt"
     rm -rf "$bin"
     uprobe_bench "$out" || status=1
+    gpu_examples "$out" || status=1
     if [ "$status" -eq 0 ] && [ "$plugin_ok" = 0 ]; then
         status=1
     fi
@@ -98,6 +115,26 @@ on_device() {
 # Median of the ns_per_call lines on stdin.
 median() {
     sort -g | awk '{v[NR] = $1} END {print (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2}'
+}
+
+# The GPU examples and the overhead benchmark, with bpftime and its libraries unpacked.
+gpu_examples() {
+    local out=$1 dir b f
+    export PATH=/usr/local/cuda/bin:$PATH
+    dir=$(mktemp -d)
+    for b in "${cpu_bins[@]}"; do
+        xz -dc "$carry/cpu/$b.xz" >"$dir/$b"
+    done
+    chmod +x "$dir/bpftime"
+    for f in "${gpu_inputs[@]}"; do
+        cp "$carry/cpu/$f" "$dir/"
+    done
+    local status=0
+    bash scripts/gpu-examples.sh "$dir/bpftime" "$dir" "$out/gpu-examples.txt" || status=1
+    make -s -C bpf-examples/cuda OUT="$dir/cuda" NVCC=nvcc >/dev/null 2>&1
+    bash scripts/gpu-bench.sh "$dir/bpftime" "$dir/cuda" "$dir" "$out/gpu-bench.txt" || status=1
+    rm -rf "$dir"
+    return $status
 }
 
 uprobe_bench() {

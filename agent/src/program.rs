@@ -42,7 +42,7 @@ impl Programs {
         }
     }
 
-    fn map(&self, store: &Store, id: u32) -> Result<Arc<Map>, String> {
+    pub(crate) fn map(&self, store: &Store, id: u32) -> Result<Arc<Map>, String> {
         let mut maps = self.maps.lock().unwrap_or_else(|p| p.into_inner());
         if let Some(m) = maps.get(&id) {
             return Ok(m.clone());
@@ -98,6 +98,16 @@ impl Programs {
     /// is verified again here, against the context the agent gives it (a uprobe's
     /// `pt_regs`), before it runs.
     fn verify(&self, store: &Store, rec: &ProgramRecord) -> Result<(), String> {
+        self.verify_with(store, rec, false)
+    }
+
+    /// [`verify`](Self::verify) under the GPU rules, for a program spliced into CUDA
+    /// kernels (its context is kprobe-shaped too).
+    pub(crate) fn verify_for_gpu(&self, store: &Store, rec: &ProgramRecord) -> Result<(), String> {
+        self.verify_with(store, rec, true)
+    }
+
+    fn verify_with(&self, store: &Store, rec: &ProgramRecord, gpu: bool) -> Result<(), String> {
         let mut descs = HashMap::new();
         for &m in &rec.map_ids {
             let map = self.map(store, m)?;
@@ -115,7 +125,7 @@ impl Programs {
         let info = ProgramInfo {
             insns: &rec.insns,
             prog_type: prog_type::KPROBE,
-            gpu: false,
+            gpu,
             maps: &|imm: i32| descs.get(&(imm as u32)).copied(),
             mem_len: 0,
         };

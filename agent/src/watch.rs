@@ -76,6 +76,7 @@ pub(crate) fn start(hook_flag_tp_offset: isize, on_starter_thread: bool) {
         programs: Programs::new(use_jit),
     });
     runtime.activate();
+    crate::gpu::start();
     let agent = Arc::new(Agent {
         runtime,
         links: Mutex::new(HashMap::new()),
@@ -128,6 +129,7 @@ impl Agent {
             })
             .collect();
         for id in gone {
+            crate::gpu::detach(id);
             if let Some(Some(hook)) = links.remove(&id) {
                 match detach(hook) {
                     Ok(()) => tracing::info!(link = id, "detached"),
@@ -158,6 +160,14 @@ impl Agent {
     }
 
     fn attach(self: &Arc<Self>, rec: &LinkRecord) -> Option<HookId> {
+        let retprobe = match rec.kind {
+            LinkKind::Uprobe => false,
+            LinkKind::Uretprobe => true,
+            LinkKind::GpuEntry | LinkKind::GpuExit | LinkKind::GpuLaunch => {
+                crate::gpu::attach(self.store(), &self.runtime.programs, rec);
+                return None;
+            }
+        };
         let me = std::process::id() as i32;
         if rec.pid != -1 && rec.pid != me {
             return None;
@@ -214,17 +224,18 @@ impl Agent {
         // function entries by definition). A program's code is verified and compiled for
         // a pt_regs context, which is what handlers get.
         let r = unsafe {
-            match (rec.kind, code) {
-                (LinkKind::Uprobe, Some(code)) => attach_uprobe_code(at, code),
-                (LinkKind::Uretprobe, Some(code)) => attach_uretprobe_code(addr, code),
-                (kind, None) => {
+            match (retprobe, code) {
+                (false, Some(code)) => attach_uprobe_code(at, code),
+                (true, Some(code)) => attach_uretprobe_code(addr, code),
+                (retprobe, None) => {
                     let handler: Handler = Arc::new(move |regs: &mut PtRegs| {
                         helpers::set_probe_context(ctx);
                         agent.runtime.run(&prog, regs as *mut PtRegs as u64);
                     });
-                    match kind {
-                        LinkKind::Uprobe => attach_uprobe(at, handler),
-                        LinkKind::Uretprobe => attach_uretprobe(addr, handler),
+                    if retprobe {
+                        attach_uretprobe(addr, handler)
+                    } else {
+                        attach_uprobe(at, handler)
                     }
                 }
             }

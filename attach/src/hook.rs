@@ -229,8 +229,19 @@ fn current(site: &Site) -> List {
     unsafe { p.as_ref() }.cloned().unwrap_or_default()
 }
 
+/// Whether a hook site exists at `addr` (attached now or before).
+pub(crate) fn is_hooked(addr: usize) -> bool {
+    registry().sites.contains_key(&addr)
+}
+
 fn attach(at: HookAddress, kind: Kind, action: Action) -> Result<HookId, AttachError> {
     let addr = at.addr;
+    if crate::detour::is_detoured(addr) {
+        return Err(AttachError::Unhookable {
+            addr,
+            reason: "the function is detoured (replaced by bpftime's GPU attach)".into(),
+        });
+    }
     let machinery = [
         stubs::entry_stub(),
         stubs::function_entry_stub(),

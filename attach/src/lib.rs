@@ -34,6 +34,7 @@
 #[cfg(not(all(target_arch = "x86_64", target_os = "linux")))]
 compile_error!("bpftime-attach supports x86-64 Linux only");
 
+mod detour;
 mod error;
 mod hook;
 mod maps;
@@ -42,6 +43,7 @@ mod regs;
 mod resolve;
 mod stubs;
 
+pub use detour::{detour, remove_detour, Detour};
 pub use error::AttachError;
 pub use hook::{
     attach_uprobe, attach_uprobe_code, attach_uretprobe, attach_uretprobe_code, detach,

@@ -124,11 +124,15 @@ pub(crate) struct Trampoline {
 //   stub_slot: dq entry stub
 const HEAD_LEN: usize = 25;
 
-pub(crate) fn build_trampoline(
-    addr: usize,
-    site: usize,
-    stub: usize,
-) -> Result<Trampoline, AttachError> {
+/// What a jump at `addr` replaces: the instructions, decoded, and their first bytes.
+struct Prologue {
+    stolen: Vec<Instruction>,
+    original: [u8; JMP_LEN],
+    /// The process's mappings when it was read, for placing the trampoline.
+    maps: Vec<maps::Mapping>,
+}
+
+fn prologue(addr: usize) -> Result<Prologue, AttachError> {
     let maps = maps::read_self().map_err(|source| AttachError::Memory {
         action: "read /proc/self/maps",
         addr,
@@ -150,20 +154,29 @@ pub(crate) fn build_trampoline(
         })?;
     let stolen =
         steal(addr as u64, &code).map_err(|reason| AttachError::Unhookable { addr, reason })?;
+    let mut original = [0u8; JMP_LEN];
+    original.copy_from_slice(&code[..JMP_LEN]);
+    Ok(Prologue {
+        stolen,
+        original,
+        maps,
+    })
+}
+
+/// Appends to `buf` (which will live at `page`) the stolen prologue relocated, then a jump
+/// back to the rest of the function at `addr`.
+fn append_relocated(
+    buf: &mut Vec<u8>,
+    page: usize,
+    addr: usize,
+    stolen: &[Instruction],
+) -> Result<(), AttachError> {
     let stolen_len: usize = stolen.iter().map(|i| i.len()).sum();
-    let page = alloc_near(addr, &maps)?;
     let (relocated, falls_through) =
-        relocate(&stolen, (page + HEAD_LEN) as u64).map_err(|e| AttachError::Unhookable {
+        relocate(stolen, (page + buf.len()) as u64).map_err(|e| AttachError::Unhookable {
             addr,
             reason: format!("cannot relocate the prologue: {e}"),
         })?;
-
-    let mut buf = Vec::with_capacity(128);
-    buf.extend_from_slice(&[0x48, 0x8d, 0x64, 0x24, 0x80]);
-    buf.extend_from_slice(&[0xff, 0x35, 0, 0, 0, 0]);
-    buf.extend_from_slice(&[0xff, 0x15, 0, 0, 0, 0]);
-    buf.extend_from_slice(&[0x48, 0x8d, 0xa4, 0x24, 0x88, 0, 0, 0]);
-    debug_assert_eq!(buf.len(), HEAD_LEN);
     buf.extend_from_slice(&relocated);
     let back = addr + stolen_len;
     let jmp_at = page + buf.len();
@@ -178,23 +191,17 @@ pub(crate) fn build_trampoline(
             buf.extend_from_slice(&(back as u64).to_le_bytes());
         }
     }
-    while buf.len() % 8 != 0 {
-        buf.push(0xcc);
-    }
-    let site_slot = buf.len();
-    buf.extend_from_slice(&(site as u64).to_le_bytes());
-    let stub_slot = buf.len();
-    buf.extend_from_slice(&(stub as u64).to_le_bytes());
-    // rip-relative displacements: from the end of each 6-byte instruction to its slot.
-    buf[7..11].copy_from_slice(&((site_slot - 11) as i32).to_le_bytes());
-    buf[13..17].copy_from_slice(&((stub_slot - 17) as i32).to_le_bytes());
+    Ok(())
+}
+
+/// Copies `buf` into the fresh RW `page` and makes it RX for good.
+fn seal(page: usize, buf: &[u8], addr: usize) -> Result<(), AttachError> {
     if buf.len() > PAGE {
         return Err(AttachError::Unhookable {
             addr,
             reason: "relocated prologue does not fit a page".into(),
         });
     }
-
     // SAFETY: `page` is a fresh private RW mapping of PAGE bytes that nothing else knows yet.
     unsafe { std::ptr::copy_nonoverlapping(buf.as_ptr(), page as *mut u8, buf.len()) };
     // SAFETY: flips our own mapping from RW to RX; it is never writable again.
@@ -212,16 +219,79 @@ pub(crate) fn build_trampoline(
             source: io::Error::last_os_error(),
         });
     }
-    let mut original = [0u8; JMP_LEN];
-    original.copy_from_slice(&code[..JMP_LEN]);
+    Ok(())
+}
+
+pub(crate) fn build_trampoline(
+    addr: usize,
+    site: usize,
+    stub: usize,
+) -> Result<Trampoline, AttachError> {
+    let Prologue {
+        stolen,
+        original,
+        maps,
+    } = prologue(addr)?;
+    let page = alloc_near(addr, &maps)?;
+    let mut buf = Vec::with_capacity(128);
+    buf.extend_from_slice(&[0x48, 0x8d, 0x64, 0x24, 0x80]);
+    buf.extend_from_slice(&[0xff, 0x35, 0, 0, 0, 0]);
+    buf.extend_from_slice(&[0xff, 0x15, 0, 0, 0, 0]);
+    buf.extend_from_slice(&[0x48, 0x8d, 0xa4, 0x24, 0x88, 0, 0, 0]);
+    debug_assert_eq!(buf.len(), HEAD_LEN);
+    append_relocated(&mut buf, page, addr, &stolen)?;
+    while buf.len() % 8 != 0 {
+        buf.push(0xcc);
+    }
+    let site_slot = buf.len();
+    buf.extend_from_slice(&(site as u64).to_le_bytes());
+    let stub_slot = buf.len();
+    buf.extend_from_slice(&(stub as u64).to_le_bytes());
+    // rip-relative displacements: from the end of each 6-byte instruction to its slot.
+    buf[7..11].copy_from_slice(&((site_slot - 11) as i32).to_le_bytes());
+    buf[13..17].copy_from_slice(&((stub_slot - 17) as i32).to_le_bytes());
+    seal(page, &buf, addr)?;
     tracing::debug!(
         addr = format_args!("{addr:#x}"),
         trampoline = format_args!("{page:#x}"),
-        stolen_len,
         "built trampoline"
     );
     Ok(Trampoline {
         entry: page,
+        original,
+    })
+}
+
+/// The code of a detour, in a page of its own near the function, never unmapped.
+pub(crate) struct DetourCode {
+    /// `jmp [rip+0]; dq replacement`: where the patched function jumps.
+    pub thunk: usize,
+    /// The function as it was: its relocated prologue, then a jump to the rest of it.
+    pub original_entry: usize,
+    pub original: [u8; JMP_LEN],
+}
+
+// Layout, from the page's start:
+//   thunk:    jmp qword [rip+0]; dq replacement       (14 bytes, padded to 16)
+//   original: <relocated prologue>; jmp <function + stolen length>
+const THUNK_LEN: usize = 16;
+
+pub(crate) fn build_detour(addr: usize, replacement: usize) -> Result<DetourCode, AttachError> {
+    let Prologue {
+        stolen,
+        original,
+        maps,
+    } = prologue(addr)?;
+    let page = alloc_near(addr, &maps)?;
+    let mut buf = Vec::with_capacity(128);
+    buf.extend_from_slice(&[0xff, 0x25, 0, 0, 0, 0]);
+    buf.extend_from_slice(&(replacement as u64).to_le_bytes());
+    buf.resize(THUNK_LEN, 0xcc);
+    append_relocated(&mut buf, page, addr, &stolen)?;
+    seal(page, &buf, addr)?;
+    Ok(DetourCode {
+        thunk: page,
+        original_entry: page + THUNK_LEN,
         original,
     })
 }

@@ -59,6 +59,19 @@ pub const TICKER: &str = env!("BPF_EXAMPLES_TICKER");
 /// Test target `stack_target N`: fixed call chains (no PIE, frame pointers).
 pub const STACK_TARGET: &str = env!("BPF_EXAMPLES_STACK_TARGET");
 
+/// `gpu_probes` loader (C, shared libbpf): attaches every program of an object
+/// where its section says (`--obj FILE`), prints `ready`, waits for SIGINT.
+pub const GPU_PROBES: &str = env!("BPF_EXAMPLES_GPU_PROBES");
+/// GPU probes in every spelling (`cuda:` sections, a `cuda__*` kprobe); not in
+/// [`ARTIFACTS`]: the kernel's libbpf does not take `cuda:` sections.
+pub const GPU_PROBES_BPF_O: &str = env!("BPF_EXAMPLES_GPU_PROBES_BPF_O");
+/// A GPU probe with bpftime's GPU helpers; not in [`ARTIFACTS`] either.
+pub const GPU_BLOCK_COUNT_BPF_O: &str = env!("BPF_EXAMPLES_GPU_BLOCK_COUNT_BPF_O");
+/// `threadhist`: exits of the CUDA kernel vectorAdd by threadIdx.x (`cuda:` exit probe).
+pub const THREADHIST_BPF_O: &str = env!("BPF_EXAMPLES_THREADHIST_BPF_O");
+/// Directory of the CUDA programs the GPU examples trace (sources; built with nvcc).
+pub const CUDA_SOURCES: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/cuda");
+
 /// Size that `calls` passes to each of its N `malloc` calls.
 pub const CALLS_MALLOC_SIZE: u64 = 7919;
 
@@ -82,6 +95,7 @@ pub const ARTIFACTS: &[&str] = &[
     "ticker",
     "stack_target",
     "rejected.bpf.o",
+    "gpu_probes",
 ];
 
 /// Path of a built artifact, by its file name (one of [`ARTIFACTS`]).
@@ -105,6 +119,9 @@ mod tests {
     fn every_artifact_exists() {
         for name in ARTIFACTS {
             assert!(artifact(name).is_file(), "{name} missing");
+        }
+        for path in [GPU_PROBES_BPF_O, GPU_BLOCK_COUNT_BPF_O] {
+            assert!(Path::new(path).is_file(), "{path} missing");
         }
         assert_eq!(artifact("calls"), Path::new(CALLS));
         assert_eq!(

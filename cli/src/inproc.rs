@@ -130,6 +130,7 @@ pub fn run_with_shim(store: &str, args: &[OsString]) -> Result<ExitStatus> {
 /// In the loader: checks that the shim serves this process (so nothing
 /// reaches the kernel), and gives programs we start the user's `LD_PRELOAD`.
 pub fn enter_loader() -> Result<()> {
+    keep_libbpf_handler_api();
     let maps = std::fs::read_to_string("/proc/self/maps").unwrap_or_default();
     if !maps.contains(crate::SHIM_LIB) {
         bail!("this is an internal command of `bpftime run` and `bpftime verify`; use those");
@@ -144,6 +145,17 @@ pub fn enter_loader() -> Result<()> {
         std::env::remove_var(QUIET_MARK_ENV);
     }
     Ok(())
+}
+
+/// The shim registers its `cuda:` section handler in this executable's static
+/// libbpf, found in our symbol table, before `main`. bpftime never calls these
+/// two functions itself, and the linker drops what nothing refers to: this
+/// reference keeps them, so that `run` and `verify` take `cuda:` sections.
+fn keep_libbpf_handler_api() {
+    std::hint::black_box([
+        libbpf_rs::libbpf_sys::libbpf_register_prog_handler as *const () as usize,
+        libbpf_rs::libbpf_sys::bpf_program__set_type as *const () as usize,
+    ]);
 }
 
 /// Gives a program the loader starts the environment the user gave bpftime.

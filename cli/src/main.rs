@@ -2,7 +2,8 @@
 
 use anyhow::{bail, Context, Result};
 use bpftime_runtime::{
-    LinkRecord, Map, ObjectKind, ProgramRecord, Store, DEFAULT_STORE_NAME, STORE_ENV,
+    LinkRecord, Map, ObjectKind, PerfEventKind, PerfEventRecord, ProgramRecord, Store,
+    DEFAULT_STORE_NAME, STORE_ENV,
 };
 use clap::{Parser, Subcommand};
 use std::ffi::OsString;
@@ -228,16 +229,57 @@ fn list(store: &str, clean: bool) -> Result<()> {
     for id in store.ids(ObjectKind::Link) {
         match LinkRecord::read(&store, id) {
             Ok(l) => println!(
-                "link {id:>5}  prog {:<5} {:?} {}:{:#x} pid {} {}",
+                "link {id:>5}  prog {:<5} {} {}",
                 l.prog_id,
-                l.kind,
-                l.path,
-                l.offset,
-                l.pid,
+                link_target(&l),
                 owner(ObjectKind::Link, id)
             ),
             Err(e) => println!("link {id:>5}  unreadable: {e}"),
         }
     }
+    for id in store.ids(ObjectKind::PerfEvent) {
+        match PerfEventRecord::read(&store, id) {
+            Ok(e) => println!(
+                "perf {id:>5}  {} {}",
+                perf_event_target(&e),
+                owner(ObjectKind::PerfEvent, id)
+            ),
+            Err(e) => println!("perf {id:>5}  unreadable: {e}"),
+        }
+    }
     Ok(())
+}
+
+/// `uprobe /path/bin:0x1139 pid -1`, or `gpu-exit vectorAdd` for a CUDA kernel.
+fn link_target(l: &LinkRecord) -> String {
+    if l.kind.is_gpu() {
+        format!("{} {}", l.kind.label(), l.path)
+    } else {
+        format!(
+            "{} {}:{:#x} pid {}",
+            l.kind.label(),
+            l.path,
+            l.offset,
+            l.pid
+        )
+    }
+}
+
+/// What a perf event is on: `uprobe /path/bin:0x1139 pid -1`, `kprobe vectorAdd`,
+/// `bpf-output cpu 0`.
+fn perf_event_target(e: &PerfEventRecord) -> String {
+    let label = e.kind.label();
+    match e.kind {
+        PerfEventKind::Uprobe | PerfEventKind::Uretprobe => {
+            format!("{label} {}:{:#x} pid {}", e.path, e.offset, e.pid)
+        }
+        PerfEventKind::Kprobe | PerfEventKind::Kretprobe | PerfEventKind::GpuLaunch => {
+            if e.offset == 0 {
+                format!("{label} {}", e.path)
+            } else {
+                format!("{label} {}+{:#x}", e.path, e.offset)
+            }
+        }
+        PerfEventKind::BpfOutput => format!("{label} cpu {}", e.cpu),
+    }
 }

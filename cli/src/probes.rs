@@ -61,17 +61,6 @@ pub fn uprobe_section(section: &str) -> Option<(bool, &str)> {
     }
 }
 
-/// The CUDA kernel a GPU program probes, when its section and name make it
-/// one: bpftime's `kprobe/<kernel>` or `kretprobe/<kernel>` for a program
-/// named `cuda__*`, or our own `cuda:<kernel>[:entry|exit|ldst]`.
-pub fn gpu_probe<'a>(prog: &str, section: &'a str) -> Option<&'a str> {
-    if let Some(rest) = section.strip_prefix("cuda:") {
-        return Some(rest.split(':').next().unwrap_or(rest));
-    }
-    let (kind, kernel) = section.split_once('/')?;
-    (matches!(kind, "kprobe" | "kretprobe") && prog.starts_with("cuda__")).then_some(kernel)
-}
-
 fn parse_number(s: &str) -> Option<u64> {
     match s.strip_prefix("0x").or_else(|| s.strip_prefix("0X")) {
         Some(hex) => u64::from_str_radix(hex, 16).ok(),
@@ -259,20 +248,6 @@ mod tests {
         );
         assert_eq!(uprobe_section("kprobe/do_sys_open"), None);
         assert_eq!(uprobe_section("uprobes/x"), None);
-    }
-
-    #[test]
-    fn gpu_probes_are_told_apart() {
-        assert_eq!(
-            gpu_probe("cuda__count", "kprobe/vectorAdd"),
-            Some("vectorAdd")
-        );
-        assert_eq!(gpu_probe("cuda__count", "kretprobe/k"), Some("k"));
-        assert_eq!(gpu_probe("count", "cuda:vectorAdd:exit"), Some("vectorAdd"));
-        assert_eq!(gpu_probe("count", "cuda:vectorAdd"), Some("vectorAdd"));
-        // A CPU kprobe, and a cuda__ program on a uprobe, are not GPU probes.
-        assert_eq!(gpu_probe("count", "kprobe/do_sys_open"), None);
-        assert_eq!(gpu_probe("cuda__count", "uprobe/work"), None);
     }
 
     #[test]

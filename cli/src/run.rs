@@ -3,16 +3,22 @@
 //! program is attached where its section says, the app runs with the agent,
 //! events print as they arrive, and every map prints when the app exits.
 //!
+//! GPU probes (`cuda:` sections, `cuda__*` kprobes and kretprobes) attach as
+//! in any libbpf tool under the shim: libbpf's attach, through the shim's
+//! `cuda:` handler or libbpf's own kprobe one, makes a kprobe perf event on the
+//! kernel's name, which the shim turns into a GPU link for the agent.
+//!
 //! Exit status: the app's own; 1 when the object does not load (a rejected
-//! program: libbpf prints the verifier's log); 2 for usage errors (a missing
-//! object, app, target file or function, a program with no target, a GPU
-//! probe, which only a later version attaches).
+//! program: libbpf prints the verifier's log) or a probe does not attach; 2
+//! for usage errors (a missing object, app, target file or function, a
+//! program with no target, a GPU memory-access probe).
 
 use crate::inproc;
-use crate::probes::{self, Attachment, TargetSpec};
+use crate::probes::{self, Attachment};
 use crate::show::{self, Types};
 use crate::symbolize::AppMaps;
 use anyhow::anyhow;
+use bpftime_runtime::{GpuProbe, GpuProbeKind};
 use libbpf_rs::{
     MapCore, MapType, ObjectBuilder, PerfBufferBuilder, RingBufferBuilder, UprobeOpts,
 };
@@ -29,6 +35,7 @@ use std::time::Duration;
 pub struct RunArgs {
     /// Attach program PROG at TARGET instead of where its section says.
     /// TARGET is [PATH:]FUNC[+OFFSET] or PATH:0xOFFSET; with no PATH, the app.
+    /// For a GPU probe, TARGET is the CUDA kernel's name or a glob.
     #[arg(short, long = "attach", value_name = "PROG=TARGET")]
     attach: Vec<String>,
     /// Show libbpf's debug messages.
@@ -36,7 +43,8 @@ pub struct RunArgs {
     verbose: bool,
     /// The eBPF object (`clang -target bpf -g -c prog.bpf.c`). Sections name
     /// the probes: SEC("uprobe/FUNC") for a function of the app,
-    /// SEC("uprobe//PATH:FUNC") or SEC("uretprobe/LIB.so:FUNC") for others.
+    /// SEC("uprobe//PATH:FUNC") or SEC("uretprobe/LIB.so:FUNC") for others,
+    /// SEC("cuda:KERNEL[:entry|exit|launch]") for a CUDA kernel.
     object: PathBuf,
     /// The app and its arguments (after `--`).
     #[arg(required = true, trailing_var_arg = true, allow_hyphen_values = true)]
@@ -115,18 +123,45 @@ pub fn loader_main(store: &str, args: RunArgs) -> ExitCode {
     }
 }
 
-fn overrides(attach: &[String]) -> Result<HashMap<String, TargetSpec>, Failure> {
+/// `--attach PROG=TARGET`, by program; TARGET is read once the program's kind is known.
+fn overrides(attach: &[String]) -> Result<HashMap<String, String>, Failure> {
     attach
         .iter()
         .map(|a| {
             let (prog, target) = a.split_once('=').ok_or_else(|| {
-                usage(anyhow!("--attach {a}: expected PROG=[PATH:]FUNC[+OFFSET]"))
+                usage(anyhow!(
+                    "--attach {a}: expected PROG=[PATH:]FUNC[+OFFSET] (or PROG=KERNEL for a GPU probe)"
+                ))
             })?;
-            let spec =
-                probes::parse_target(target).map_err(|e| usage(anyhow!("--attach {a}: {e}")))?;
-            Ok((prog.to_string(), spec))
+            Ok((prog.to_string(), target.to_string()))
         })
         .collect()
+}
+
+/// A GPU probe to attach: where its section says (`kernel` None), or on the
+/// kernel `--attach` names.
+struct GpuAttachment {
+    prog: String,
+    probe: GpuProbe,
+    kernel: Option<String>,
+}
+
+impl GpuAttachment {
+    fn describe(&self) -> String {
+        let kind = match self.probe.kind {
+            GpuProbeKind::Entry => "gpu-entry",
+            GpuProbeKind::Exit => "gpu-exit",
+            GpuProbeKind::Launch => "gpu-launch",
+        };
+        let kernel = self.kernel.as_deref().unwrap_or(&self.probe.kernel);
+        format!("{} ({kind}) -> CUDA kernel {kernel}", self.prog)
+    }
+}
+
+/// Where the autoloaded programs of an object attach.
+struct Plan {
+    uprobes: Vec<Attachment>,
+    gpu: Vec<GpuAttachment>,
 }
 
 /// Where each autoloaded program of `open` attaches, checked against the files.
@@ -135,7 +170,7 @@ fn plan(
     object: &Path,
     attach: &[String],
     app: &Path,
-) -> Result<Vec<Attachment>, Failure> {
+) -> Result<Plan, Failure> {
     let mut forced = overrides(attach)?;
     let names: Vec<String> = open
         .progs()
@@ -148,26 +183,49 @@ fn plan(
             names.join(", ")
         )));
     }
-    let mut plans = Vec::new();
+    let mut plans = Plan {
+        uprobes: Vec::new(),
+        gpu: Vec::new(),
+    };
     for p in open.progs() {
         if !p.autoload() {
             continue;
         }
         let name = p.name().to_string_lossy().into_owned();
         let section = p.section().to_string_lossy().into_owned();
-        if let Some(kernel) = probes::gpu_probe(&name, &section) {
-            return Err(usage(anyhow!(
-                "program `{name}`: SEC(\"{section}\") is a GPU probe (on the CUDA kernel `{kernel}`), and bpftime run cannot attach GPU probes yet: it attaches CPU uprobes and uretprobes only. `bpftime verify {}` checks it under the GPU rules",
-                object.display()
-            )));
+        match bpftime_runtime::gpu_probe(&name, &section) {
+            Some(Err(e)) => return Err(usage(anyhow!("program `{name}`: {e}"))),
+            Some(Ok(probe)) => {
+                let kernel = match forced.remove(&name) {
+                    Some(k) if k.is_empty() => {
+                        return Err(usage(anyhow!(
+                            "--attach {name}=: name the CUDA kernel (a name or a glob)"
+                        )))
+                    }
+                    k => k,
+                };
+                plans.gpu.push(GpuAttachment {
+                    prog: name,
+                    probe,
+                    kernel,
+                });
+                continue;
+            }
+            None => {}
         }
         let Some((retprobe, rest)) = probes::uprobe_section(&section) else {
+            let hint = if section.starts_with("kprobe") || section.starts_with("kretprobe") {
+                " (a kprobe probes a CUDA kernel when its program is named cuda__*, or write SEC(\"cuda:KERNEL\"))".to_string()
+            } else {
+                String::new()
+            };
             return Err(usage(anyhow!(
-                "program `{name}`: section `{section}` is not a uprobe or a uretprobe; bpftime run attaches SEC(\"uprobe/...\") and SEC(\"uretprobe/...\") programs"
+                "program `{name}`: section `{section}` is not a uprobe, a uretprobe or a GPU probe; bpftime run attaches SEC(\"uprobe/...\"), SEC(\"uretprobe/...\") and SEC(\"cuda:...\") programs{hint}"
             )));
         };
         let spec = match forced.remove(&name) {
-            Some(spec) => spec,
+            Some(target) => probes::parse_target(&target)
+                .map_err(|e| usage(anyhow!("--attach {name}={target}: {e}")))?,
             None if rest.is_empty() => {
                 return Err(usage(anyhow!(
                     "program `{name}`: SEC(\"{section}\") names no target; write SEC(\"{section}/FUNC\") for a function of the app, SEC(\"{section}//PATH:FUNC\") for another binary, or pass --attach {name}=[PATH:]FUNC"
@@ -177,15 +235,82 @@ fn plan(
                 usage(anyhow!("program `{name}`: section `{section}`: {e}"))
             })?,
         };
-        plans.push(probes::resolve(&name, retprobe, &spec, app).map_err(Failure::Usage)?);
+        plans
+            .uprobes
+            .push(probes::resolve(&name, retprobe, &spec, app).map_err(Failure::Usage)?);
     }
-    if plans.is_empty() {
+    if plans.uprobes.is_empty() && plans.gpu.is_empty() {
         return Err(usage(anyhow!(
             "{} has no program to attach",
             object.display()
         )));
     }
     Ok(plans)
+}
+
+/// Attaches a GPU probe. Where its section says, through libbpf's own attach
+/// (the shim's `cuda:` handler, or libbpf's kprobe handler for `cuda__*`
+/// programs), as in any tool; on another kernel, through the same perf-event
+/// path: a kprobe or kretprobe on the kernel's name, or a launch event.
+fn attach_gpu(
+    prog: &libbpf_rs::ProgramMut<'_>,
+    a: &GpuAttachment,
+) -> anyhow::Result<libbpf_rs::Link> {
+    let Some(kernel) = &a.kernel else {
+        return Ok(prog.attach()?);
+    };
+    match a.probe.kind {
+        GpuProbeKind::Entry => Ok(prog.attach_kprobe(false, kernel)?),
+        GpuProbeKind::Exit => Ok(prog.attach_kprobe(true, kernel)?),
+        GpuProbeKind::Launch => {
+            let pfd = launch_event(kernel)?;
+            prog.attach_perf_event(pfd).map_err(|e| {
+                // SAFETY: our own fd, which the failed attach did not take.
+                unsafe { libc::close(pfd) };
+                e.into()
+            })
+        }
+    }
+}
+
+/// A launch event on `kernel`: a perf event of the kprobe PMU (which the shim
+/// serves) with bpftime's launch bit set.
+fn launch_event(kernel: &str) -> anyhow::Result<i32> {
+    let pmu_type: u32 = std::fs::read_to_string("/sys/bus/event_source/devices/kprobe/type")
+        .map_err(|e| anyhow!("cannot read the kprobe PMU's type: {e}"))?
+        .trim()
+        .parse()
+        .map_err(|e| anyhow!("the kprobe PMU's type: {e}"))?;
+    let name = std::ffi::CString::new(kernel)
+        .map_err(|_| anyhow!("the kernel name `{kernel}` holds a NUL byte"))?;
+    // struct perf_event_attr: type, size, config, ..., config1 (at 56), config2 (at 64).
+    let mut attr = [0u8; 128];
+    attr[0..4].copy_from_slice(&pmu_type.to_ne_bytes());
+    let size = attr.len() as u32;
+    attr[4..8].copy_from_slice(&size.to_ne_bytes());
+    let config = 1u64 << bpftime_runtime::GPU_LAUNCH_CONFIG_BIT;
+    attr[8..16].copy_from_slice(&config.to_ne_bytes());
+    attr[56..64].copy_from_slice(&(name.as_ptr() as u64).to_ne_bytes());
+    const PERF_FLAG_FD_CLOEXEC: libc::c_long = 8;
+    // SAFETY: a perf_event_attr of the size it declares, whose config1 points to
+    // `name`, alive across the call.
+    let fd = unsafe {
+        libc::syscall(
+            libc::SYS_perf_event_open,
+            attr.as_ptr(),
+            -1 as libc::c_long,
+            0 as libc::c_long,
+            -1 as libc::c_long,
+            PERF_FLAG_FD_CLOEXEC,
+        )
+    };
+    if fd < 0 {
+        return Err(anyhow!(
+            "cannot open a launch event on `{kernel}`: {}",
+            std::io::Error::last_os_error()
+        ));
+    }
+    Ok(fd as i32)
 }
 
 /// Follows the store's `bpf_trace_printk` output from where it was when we started.
@@ -243,7 +368,17 @@ fn load_and_run(store: &str, args: &RunArgs) -> Result<ExitCode, Failure> {
     })?;
 
     let mut links = Vec::new();
-    for a in &plans {
+    for a in &plans.gpu {
+        let prog = obj
+            .progs_mut()
+            .find(|p| p.name().to_string_lossy() == a.prog)
+            .ok_or_else(|| Failure::Load(anyhow!("program `{}` vanished after load", a.prog)))?;
+        let link = attach_gpu(&prog, a)
+            .map_err(|e| Failure::Load(anyhow!("cannot attach {}: {e:#}", a.describe())))?;
+        eprintln!("bpftime run: attached {}", a.describe());
+        links.push(link);
+    }
+    for a in &plans.uprobes {
         let prog = obj
             .progs_mut()
             .find(|p| p.name().to_string_lossy() == a.prog)

@@ -47,32 +47,6 @@ fn scratch(tag: &str) -> PathBuf {
     dir
 }
 
-/// ptxas from pip's `nvidia-cuda-nvcc` wheel (under `nvidia/cu13/bin` in CUDA 13's
-/// wheels, `nvidia/cuda_nvcc/bin` in older ones).
-fn pip_ptxas() -> Option<PathBuf> {
-    let out = Command::new("python3")
-        .args(["-c", "import nvidia; print('\\n'.join(nvidia.__path__))"])
-        .output()
-        .ok()?;
-    String::from_utf8_lossy(&out.stdout)
-        .lines()
-        .flat_map(|dir| {
-            ["cu13/bin/ptxas", "cuda_nvcc/bin/ptxas"].map(|sub| Path::new(dir).join(sub))
-        })
-        .find(|p| p.is_file())
-}
-
-fn find_ptxas() -> Option<PathBuf> {
-    if let Some(p) = std::env::var_os("PTXAS") {
-        return Some(PathBuf::from(p));
-    }
-    let on_path = Command::new("ptxas").arg("--version").output();
-    if on_path.is_ok_and(|o| o.status.success()) {
-        return Some(PathBuf::from("ptxas"));
-    }
-    pip_ptxas()
-}
-
 /// ptxas, or `None` (with the reason on stderr) when BPFTIME_NO_PTXAS is set.
 fn ptxas() -> Option<PathBuf> {
     if let Some(why) = std::env::var_os("BPFTIME_NO_PTXAS") {
@@ -82,7 +56,7 @@ fn ptxas() -> Option<PathBuf> {
         );
         return None;
     }
-    let ptxas = find_ptxas().unwrap_or_else(|| {
+    let ptxas = bpftime_gpu_attach::toolchain::find_ptxas().unwrap_or_else(|| {
         panic!(
             "ptxas not found (tried $PTXAS, PATH and pip's nvidia-cuda-nvcc); run \
              scripts/setup.sh, which installs it with pip, or set PTXAS=/path/to/ptxas \
@@ -107,22 +81,7 @@ fn ptxas() -> Option<PathBuf> {
 /// Runs ptxas on `file` for sm_90; `relocatable` (`-c`) when the PTX calls device
 /// functions that the runtime links later. Returns ptxas's complaint on failure.
 fn run_ptxas(ptxas: &Path, file: &Path, relocatable: bool) -> Result<(), String> {
-    let mut cmd = Command::new(ptxas);
-    cmd.arg("-arch=sm_90");
-    if relocatable {
-        cmd.arg("-c");
-    }
-    let out = cmd
-        .arg(file)
-        .arg("-o")
-        .arg(file.with_extension("cubin"))
-        .output()
-        .map_err(|e| format!("ptxas does not run: {e}"))?;
-    if out.status.success() {
-        Ok(())
-    } else {
-        Err(String::from_utf8_lossy(&out.stderr).trim().to_string())
-    }
+    bpftime_gpu_attach::toolchain::run_ptxas(ptxas, file, 90, relocatable)
 }
 
 #[test]
@@ -217,7 +176,10 @@ fn gpu_programs(object: &Path) -> Vec<GpuProgram> {
     let mut programs = Vec::new();
     for (index, header) in elf.section_headers.iter().enumerate() {
         let name = section_name(index);
-        if !(name.starts_with("kprobe/") || name.starts_with("kretprobe/")) {
+        if !(name.starts_with("kprobe/")
+            || name.starts_with("kretprobe/")
+            || name.starts_with("cuda:"))
+        {
             continue;
         }
         let start = header.sh_offset as usize;
@@ -295,7 +257,7 @@ fn gpu_examples_and_the_helper_probe_pass_ptxas_and_build_for_amd() {
             .unwrap()
             .to_string_lossy()
             .replace(".bpf.o", "");
-        assert!(!programs.is_empty(), "{stem}: no kprobe/ sections");
+        assert!(!programs.is_empty(), "{stem}: no kprobe/ or cuda: sections");
         for (i, prog) in programs.iter().enumerate() {
             let what = format!("{stem} {}", prog.section);
             let p = compile(&prog.insns, &StandardGpuEnv, &PtxOptions::default())

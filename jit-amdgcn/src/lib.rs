@@ -395,7 +395,15 @@ pub fn compile(
             .to_string_lossy()
             .into_owned(),
     };
-    let gpu = build_module(&context, insns, env, &backend, &opts.symbol)?;
+    let gpu = build_module(
+        &context,
+        insns,
+        env,
+        &backend,
+        &opts.symbol,
+        true,
+        &bpftime_jit_ptx::gpu::ProbeAbi::Context,
+    )?;
     optimize(&gpu.module, &machine, opts.opt_level.pipeline())?;
     demote_stack_atomics(&gpu.module)?;
     let externs = extern_functions(&gpu.module);
@@ -416,7 +424,7 @@ pub fn compile(
         elf,
         arch: opts.arch,
         func: gpu.func,
-        kernel: gpu.kernel,
+        kernel: gpu.kernel.unwrap_or_default(),
         clock_offset: gpu.clock_offset,
         externs,
     })

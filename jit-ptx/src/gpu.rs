@@ -274,14 +274,28 @@ pub trait GpuBackend {
     }
 }
 
+/// How an instrumented kernel hands a probe its context.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Hash)]
+pub enum ProbeAbi {
+    /// `u64 probe(void *ctx)`: a pointer to a context the caller built.
+    #[default]
+    Context,
+    /// `u64 probe(u64 a0, ..)`: the probe builds a zeroed context of `size` bytes on its
+    /// own stack with argument `i` at `offsets[i]` (the kprobe `pt_regs` slots of the
+    /// kernel's parameters). Reads the program makes at constant offsets then become the
+    /// arguments themselves, and a context it never reads costs nothing: a context built
+    /// by the caller in local memory costs every thread its size in stores.
+    Arguments { size: u32, offsets: Vec<u32> },
+}
+
 /// A lifted GPU module before optimization and code generation.
 #[derive(Debug)]
 pub struct GpuModule<'ctx> {
     pub module: Module<'ctx>,
     /// Name of the probe function, `u64 func(void *ctx)`.
     pub func: String,
-    /// Name of the kernel, `kernel(void *mem, u64 len, u64 *result)`.
-    pub kernel: String,
+    /// Name of the kernel, `kernel(void *mem, u64 len, u64 *result)`, when one was asked for.
+    pub kernel: Option<String>,
     /// The global `i64` that `ktime_get_ns` adds to the global timer, when the program
     /// calls it: the runtime writes (host `CLOCK_MONOTONIC` − global timer), in
     /// nanoseconds, after loading the module and before launching.
@@ -378,14 +392,16 @@ fn nounwind(context: &Context) -> Attribute {
 }
 
 /// Lifts `insns` into a module for `backend`: builtins defined, the library linked, the
-/// probe function `symbol` and the kernel `<symbol>_kernel` added, everything else
-/// internal and prefixed with `symbol`.
+/// probe function `symbol` and, `with_kernel`, the kernel `<symbol>_kernel` added,
+/// everything else internal and prefixed with `symbol`.
 pub fn build_module<'ctx>(
     context: &'ctx Context,
     insns: &[Insn],
     env: &dyn GpuEnv,
     backend: &dyn GpuBackend,
     symbol: &str,
+    with_kernel: bool,
+    abi: &ProbeAbi,
 ) -> Result<GpuModule<'ctx>, CompileError> {
     if !is_valid_symbol(symbol) {
         return Err(CompileError::InvalidOption {
@@ -473,23 +489,104 @@ pub fn build_module<'ctx>(
     let zero = i64t.const_zero();
 
     // The probe function: r1 = ctx.
-    let func = module.add_function(
-        symbol,
-        i64t.fn_type(&[ptr.into()], false),
-        Some(Linkage::External),
-    );
-    func.add_attribute(AttributeLoc::Function, nounwind(context));
-    builder.position_at_end(context.append_basic_block(func, "entry"));
-    let ctx = builder.build_ptr_to_int(param_ptr(func, 0)?, i64t, "ctx")?;
-    let r0 = call_int(
-        &builder,
-        body,
-        &[ctx.into(), zero.into(), zero.into()],
-        "r0",
-    )?;
-    builder.build_return(Some(&r0))?;
+    let func = match abi {
+        ProbeAbi::Context => {
+            let func = module.add_function(
+                symbol,
+                i64t.fn_type(&[ptr.into()], false),
+                Some(Linkage::External),
+            );
+            func.add_attribute(AttributeLoc::Function, nounwind(context));
+            builder.position_at_end(context.append_basic_block(func, "entry"));
+            let ctx = builder.build_ptr_to_int(param_ptr(func, 0)?, i64t, "ctx")?;
+            let r0 = call_int(
+                &builder,
+                body,
+                &[ctx.into(), zero.into(), zero.into()],
+                "r0",
+            )?;
+            builder.build_return(Some(&r0))?;
+            func
+        }
+        ProbeAbi::Arguments { size, offsets } => {
+            if offsets.iter().any(|&o| o % 8 != 0 || o + 8 > *size) {
+                return Err(CompileError::InvalidOption {
+                    message: format!(
+                        "probe argument offsets {offsets:?} must be 8-byte slots inside {size} bytes"
+                    ),
+                });
+            }
+            let args: Vec<_> = offsets.iter().map(|_| i64t.into()).collect();
+            let func =
+                module.add_function(symbol, i64t.fn_type(&args, false), Some(Linkage::External));
+            func.add_attribute(AttributeLoc::Function, nounwind(context));
+            builder.position_at_end(context.append_basic_block(func, "entry"));
+            let slots = i64t.array_type(size.div_ceil(8));
+            let ctx = builder.build_alloca(slots, "ctx")?;
+            builder.build_store(ctx, slots.const_zero())?;
+            for (i, &offset) in offsets.iter().enumerate() {
+                let arg = func
+                    .get_nth_param(i as u32)
+                    .ok_or_else(|| CompileError::InvalidIr {
+                        message: format!("probe argument {i} is missing"),
+                    })?;
+                // SAFETY: (for LLVM) the offset is inside the alloca, checked above.
+                let at = unsafe {
+                    builder.build_in_bounds_gep(
+                        slots,
+                        ctx,
+                        &[i64t.const_zero(), i64t.const_int(offset as u64 / 8, false)],
+                        "slot",
+                    )?
+                };
+                builder.build_store(at, arg)?;
+            }
+            let ctx = builder.build_ptr_to_int(ctx, i64t, "ctx")?;
+            let r0 = call_int(
+                &builder,
+                body,
+                &[ctx.into(), zero.into(), zero.into()],
+                "r0",
+            )?;
+            builder.build_return(Some(&r0))?;
+            func
+        }
+    };
+    let _ = func;
 
-    // The kernel: r1 = mem, r2 = len, *result = r0.
+    let kernel_name = if with_kernel {
+        Some(add_kernel(
+            context, &module, &builder, backend, body, symbol,
+        )?)
+    } else {
+        None
+    };
+
+    backend.finish(&module)?;
+    module.verify().map_err(|e| CompileError::InvalidIr {
+        message: e.to_string(),
+    })?;
+    Ok(GpuModule {
+        module,
+        func: symbol.to_string(),
+        kernel: kernel_name,
+        clock_offset: reads_clock_offset.then_some(clock_offset),
+    })
+}
+
+/// Adds `<symbol>_kernel(mem, len, result)`, which runs `body` with r1 = mem, r2 = len
+/// and stores r0 to `*result`.
+fn add_kernel<'ctx>(
+    context: &'ctx Context,
+    module: &Module<'ctx>,
+    builder: &Builder<'ctx>,
+    backend: &dyn GpuBackend,
+    body: FunctionValue<'ctx>,
+    symbol: &str,
+) -> Result<String, CompileError> {
+    let i64t = context.i64_type();
+    let ptr = context.ptr_type(AddressSpace::default());
+    let zero = i64t.const_zero();
     let kernel_name = format!("{symbol}_kernel");
     let kernel = module.add_function(
         &kernel_name,
@@ -507,21 +604,11 @@ pub fn build_module<'ctx>(
         .ok_or_else(|| CompileError::InvalidIr {
             message: "kernel lost its length parameter".into(),
         })?;
-    let r0 = call_int(&builder, body, &[mem.into(), len.into(), zero.into()], "r0")?;
+    let r0 = call_int(builder, body, &[mem.into(), len.into(), zero.into()], "r0")?;
     builder.build_store(param_ptr(kernel, 2)?, r0)?;
     builder.build_return(None)?;
-    backend.mark_kernel(&module, kernel)?;
-
-    backend.finish(&module)?;
-    module.verify().map_err(|e| CompileError::InvalidIr {
-        message: e.to_string(),
-    })?;
-    Ok(GpuModule {
-        module,
-        func: symbol.to_string(),
-        kernel: kernel_name,
-        clock_offset: reads_clock_offset.then_some(clock_offset),
-    })
+    backend.mark_kernel(module, kernel)?;
+    Ok(kernel_name)
 }
 
 fn param_ptr<'ctx>(
@@ -721,6 +808,88 @@ pub fn demote_stack_atomics(module: &Module<'_>) -> Result<usize, CompileError> 
                 })?;
                 atomic.replace_all_uses_with(&replacement);
                 atomic.erase_from_basic_block();
+                rewritten += 1;
+            }
+        }
+    }
+    Ok(rewritten)
+}
+
+/// Turns the probe context back into pointer arithmetic: eBPF registers are integers,
+/// so after inlining, the program's context reads are `inttoptr (ptrtoint %ctx + C)`,
+/// which hides the context's stack slot from SROA. Each becomes a GEP from the slot,
+/// after which SROA turns the reads at constant offsets into the values stored there
+/// (the probe's arguments). Returns how many it rewrote.
+pub fn fold_stack_pointer_casts<'ctx>(module: &Module<'ctx>) -> Result<usize, CompileError> {
+    use inkwell::values::{AnyValue, BasicValue, BasicValueEnum, InstructionOpcode as Op, Operand};
+    let context = module.get_context();
+    let builder = context.create_builder();
+    let i8t = context.i8_type();
+    let mut rewritten = 0;
+    fn value_of(i: inkwell::values::InstructionValue<'_>, n: u32) -> Option<BasicValueEnum<'_>> {
+        match i.get_operand(n) {
+            Some(Operand::Value(v)) => Some(v),
+            _ => None,
+        }
+    }
+    // The alloca behind `v` when `v` is `ptrtoint %alloca`.
+    let cast_alloca = |v: BasicValueEnum<'ctx>| {
+        let i = v.as_instruction_value()?;
+        if i.get_opcode() != Op::PtrToInt {
+            return None;
+        }
+        let p = value_of(i, 0)?;
+        let a = p.as_instruction_value()?;
+        (a.get_opcode() == Op::Alloca).then(|| p.into_pointer_value())
+    };
+    for f in module.get_functions() {
+        for bb in f.get_basic_block_iter() {
+            let casts: Vec<_> = bb
+                .get_instructions()
+                .filter(|i| i.get_opcode() == Op::IntToPtr)
+                .collect();
+            for cast in casts {
+                let Some(int) = value_of(cast, 0) else {
+                    continue;
+                };
+                let (base, offset) = if let Some(base) = cast_alloca(int) {
+                    (base, 0i64)
+                } else {
+                    let Some(add) = int.as_instruction_value() else {
+                        continue;
+                    };
+                    if add.get_opcode() != Op::Add {
+                        continue;
+                    }
+                    let (Some(a), Some(b)) = (value_of(add, 0), value_of(add, 1)) else {
+                        continue;
+                    };
+                    let constant = |v: BasicValueEnum<'ctx>| {
+                        v.is_int_value()
+                            .then(|| v.into_int_value())
+                            .filter(|c| c.is_const())
+                            .and_then(|c| c.get_sign_extended_constant())
+                    };
+                    match (cast_alloca(a), constant(b), cast_alloca(b), constant(a)) {
+                        (Some(base), Some(c), _, _) | (_, _, Some(base), Some(c)) => (base, c),
+                        _ => continue,
+                    }
+                };
+                builder.position_before(&cast);
+                // SAFETY: (for LLVM) a byte offset from the slot; an out-of-bounds one is
+                // as undefined as the integer arithmetic it replaces, and the verifier
+                // keeps context reads inside the context.
+                let gep = unsafe {
+                    builder.build_gep(
+                        i8t,
+                        base,
+                        &[context.i64_type().const_int(offset as u64, true)],
+                        "ctx_field",
+                    )?
+                };
+                let old = cast.as_any_value_enum().into_pointer_value();
+                old.replace_all_uses_with(gep);
+                cast.erase_from_basic_block();
                 rewritten += 1;
             }
         }

@@ -21,7 +21,7 @@ mod ptx;
 
 pub use bpftime_lifter::{ArrayMapLayout, LiftError, PerCpuCopies};
 pub use error::CompileError;
-pub use gpu::{GpuEnv, GpuHelper, OptLevel, StandardGpuEnv, EXTERN_HELPERS};
+pub use gpu::{GpuEnv, GpuHelper, OptLevel, ProbeAbi, StandardGpuEnv, EXTERN_HELPERS};
 pub use ptx::{compile, lifted_ir, PtxOptions, PtxProgram, PtxVersion};
 
 #[cfg(test)]
@@ -69,7 +69,7 @@ mod tests {
         // r0 = *(u32 *)(r1 + 4) + r2: the kernel passes mem and len, the probe ctx and 0.
         let p = ptx("ldxw %r0, [%r1+4]\nadd %r0, %r2\nexit");
         assert_eq!(p.func, "bpf_prog");
-        assert_eq!(p.kernel, "bpf_prog_kernel");
+        assert_eq!(p.kernel.as_deref(), Some("bpf_prog_kernel"));
         assert!(p.externs.is_empty());
         let func = body(
             &p.ptx,
@@ -385,5 +385,67 @@ mod tests {
         // The raw timer (502) needs no offset, and a program without clocks has none.
         assert_eq!(ptx("call 502\nexit").clock_offset, None);
         assert_eq!(ptx("mov %r0, 1\nexit").clock_offset, None);
+    }
+}
+
+#[cfg(test)]
+mod probe_abi_tests {
+    use super::*;
+    use bpftime_isa::asm::assemble;
+
+    fn args_abi() -> PtxOptions {
+        PtxOptions {
+            kernel: false,
+            probe_abi: ProbeAbi::Arguments {
+                size: 168,
+                offsets: vec![112, 104, 96, 88, 72, 64],
+            },
+            ..PtxOptions::default()
+        }
+    }
+
+    #[test]
+    fn context_reads_become_arguments_and_leave_no_local_memory() {
+        // r0 = PARM1 + PARM4 (di at 112, cx at 88) + the ip slot (128), which is 0.
+        let prog = assemble(
+            "ldxdw %r0, [%r1+112]\nldxdw %r2, [%r1+88]\nadd %r0, %r2\nldxdw %r2, [%r1+128]\n\
+             add %r0, %r2\nexit",
+        )
+        .unwrap();
+        let p = compile(&prog, &StandardGpuEnv, &args_abi()).unwrap();
+        assert!(p.kernel.is_none());
+        assert!(!p.ptx.contains(".local"), "{}", p.ptx);
+        assert!(!p.ptx.contains(".entry"), "{}", p.ptx);
+        let func = &p.ptx[p.ptx.find(".visible .func").unwrap()..];
+        assert_eq!(
+            func.matches(".param .b64 bpf_prog_param_").count(),
+            6,
+            "{func}"
+        );
+        // An empty probe is an empty function.
+        let p = compile(
+            &assemble("mov %r0, 0\nexit").unwrap(),
+            &StandardGpuEnv,
+            &args_abi(),
+        )
+        .unwrap();
+        assert!(
+            !p.ptx.contains(".local") && !p.ptx.contains("st.local"),
+            "{}",
+            p.ptx
+        );
+        let bad = PtxOptions {
+            probe_abi: ProbeAbi::Arguments {
+                size: 16,
+                offsets: vec![12],
+            },
+            ..args_abi()
+        };
+        assert!(compile(
+            &assemble("mov %r0, 0\nexit").unwrap(),
+            &StandardGpuEnv,
+            &bad
+        )
+        .is_err());
     }
 }

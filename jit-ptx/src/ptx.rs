@@ -14,8 +14,8 @@ use inkwell::values::{FunctionValue, IntValue};
 use tracing::debug;
 
 use crate::gpu::{
-    build_module, call_int, demote_stack_atomics, extern_functions, intrinsic, Axis, Dimension,
-    GpuBackend, GpuEnv, GpuModule, OptLevel, SpecialRegister,
+    build_module, call_int, demote_stack_atomics, extern_functions, fold_stack_pointer_casts,
+    intrinsic, Axis, Dimension, GpuBackend, GpuEnv, GpuModule, OptLevel, ProbeAbi, SpecialRegister,
 };
 use crate::CompileError;
 
@@ -81,6 +81,11 @@ pub struct PtxOptions {
     pub opt_level: OptLevel,
     /// Name of the probe function; the kernel is `<symbol>_kernel`.
     pub symbol: String,
+    /// Also write the stand-alone kernel (the conformance runner's way in); a probe
+    /// spliced into someone else's kernel needs only the function.
+    pub kernel: bool,
+    /// How the probe function takes its context.
+    pub probe_abi: ProbeAbi,
 }
 
 impl Default for PtxOptions {
@@ -90,6 +95,8 @@ impl Default for PtxOptions {
             ptx_version: PtxVersion::DEFAULT,
             opt_level: OptLevel::default(),
             symbol: "bpf_prog".to_string(),
+            kernel: true,
+            probe_abi: ProbeAbi::Context,
         }
     }
 }
@@ -132,9 +139,9 @@ pub struct PtxProgram {
     pub ptx: String,
     /// The probe function: `.visible .func (.param .b64 r0) func(.param .b64 ctx)`.
     pub func: String,
-    /// The kernel: `.visible .entry kernel(.param .u64 mem, .param .u64 len, .param
-    /// .u64 result)`.
-    pub kernel: String,
+    /// The kernel, when [`PtxOptions::kernel`] asked for it: `.visible .entry
+    /// kernel(.param .u64 mem, .param .u64 len, .param .u64 result)`.
+    pub kernel: Option<String>,
     /// Device functions the PTX calls but does not define (`.extern .func`), which the
     /// GPU runtime must link; while any remain, `ptxas` needs `-c` and the driver
     /// needs a link step.
@@ -283,8 +290,19 @@ fn optimized_module<'ctx>(
         env,
         &Nvptx::for_machine(machine),
         &opts.symbol,
+        opts.kernel,
+        &opts.probe_abi,
     )?;
     optimize(&gpu.module, machine, opts.opt_level.pipeline())?;
+    if matches!(opts.probe_abi, ProbeAbi::Arguments { .. })
+        && fold_stack_pointer_casts(&gpu.module)? > 0
+    {
+        optimize(
+            &gpu.module,
+            machine,
+            "function(sroa,early-cse,instcombine<no-verify-fixpoint>,simplifycfg,adce)",
+        )?;
+    }
     demote_stack_atomics(&gpu.module)?;
     Ok(gpu)
 }

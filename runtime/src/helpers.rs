@@ -441,6 +441,12 @@ unsafe extern "C" fn trace_vprintk(
     emit_trace_line(&format_printk(f, &args))
 }
 
+/// Appends `text` to the trace pipe as a `bpf_trace_printk` line of this thread (the
+/// GPU's lines go out this way from the thread that drains them).
+pub fn emit_trace(text: &str) {
+    let _ = emit_trace_line(text);
+}
+
 /// Appends one trace pipe record, laid out as the kernel's trace pipe shows a
 /// `bpf_trace_printk` event: task name and thread id, CPU, the latency flags
 /// (none apply in user space), seconds on CLOCK_MONOTONIC, then the message.

@@ -7,7 +7,7 @@ use std::sync::atomic::{AtomicU32, AtomicU64};
 pub const PAGE_SIZE: usize = 4096;
 
 /// Bumped whenever any layout in this module changes.
-pub const STORE_VERSION: u32 = 1;
+pub const STORE_VERSION: u32 = 2;
 
 pub const OBJECT_MAGIC: u32 = 0x4250_4654; // "BPFT"
 
@@ -109,6 +109,11 @@ pub struct MapHeader {
     /// Ring buffers: a wake-up byte is in the notification FIFO.
     pub wakeup_pending: AtomicU32,
     pub _pad2: u32,
+    /// Bumped by every hash map insert, replace and delete and every array update made
+    /// through `bpf()` or the update helper (not by stores through a looked-up value or
+    /// a memory-mapped array), so that a replica (the GPU's) can tell it is stale without
+    /// reading every element.
+    pub updates: AtomicU64,
 }
 
 const _: () = assert!(std::mem::size_of::<MapHeader>() <= PAGE_SIZE);

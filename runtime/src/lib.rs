@@ -11,6 +11,7 @@
 //! handles over the shared files.
 
 mod error;
+mod gpu_probe;
 pub mod helpers;
 mod layout;
 mod mapping;
@@ -21,6 +22,10 @@ pub mod stack;
 mod store;
 
 pub use error::{Error, Result};
+pub use gpu_probe::{
+    gpu_probe, parse_cuda_section, GpuProbe, GpuProbeKind, GpuSectionError, CUDA_PROGRAM_PREFIX,
+    CUDA_SECTION_PREFIX, GPU_LAUNCH_CONFIG_BIT,
+};
 
 /// Sends logs of the shim or the agent to stderr, filtered by `BPFTIME_LOG`
 /// (default: warnings). Safe to call more than once.

@@ -140,6 +140,15 @@ pub enum PerfEventKind {
     Uretprobe,
     /// A `PERF_COUNT_SW_BPF_OUTPUT` event: the ring a perf event array writes into.
     BpfOutput,
+    /// A kprobe by function name. Kernel functions do not exist in userspace:
+    /// in bpftime the name is a CUDA kernel's, and a program attached here is a
+    /// GPU entry probe.
+    Kprobe,
+    /// A kretprobe by function name: a GPU exit probe.
+    Kretprobe,
+    /// Each launch of a CUDA kernel (bpftime's own event, see
+    /// [`crate::GPU_LAUNCH_CONFIG_BIT`]).
+    GpuLaunch,
 }
 
 impl PerfEventKind {
@@ -148,6 +157,9 @@ impl PerfEventKind {
             PerfEventKind::Uprobe => 1,
             PerfEventKind::Uretprobe => 2,
             PerfEventKind::BpfOutput => 3,
+            PerfEventKind::Kprobe => 4,
+            PerfEventKind::Kretprobe => 5,
+            PerfEventKind::GpuLaunch => 6,
         }
     }
     fn from_u32(v: u32) -> Option<Self> {
@@ -155,19 +167,49 @@ impl PerfEventKind {
             1 => Some(PerfEventKind::Uprobe),
             2 => Some(PerfEventKind::Uretprobe),
             3 => Some(PerfEventKind::BpfOutput),
+            4 => Some(PerfEventKind::Kprobe),
+            5 => Some(PerfEventKind::Kretprobe),
+            6 => Some(PerfEventKind::GpuLaunch),
             _ => None,
         }
     }
+
+    /// The kind as `bpftime list` shows it.
+    pub fn label(self) -> &'static str {
+        match self {
+            PerfEventKind::Uprobe => "uprobe",
+            PerfEventKind::Uretprobe => "uretprobe",
+            PerfEventKind::BpfOutput => "bpf-output",
+            PerfEventKind::Kprobe => "kprobe",
+            PerfEventKind::Kretprobe => "kretprobe",
+            PerfEventKind::GpuLaunch => "gpu-launch",
+        }
+    }
+
+    /// The link a program attached to such an event makes; `None` for a
+    /// BPF output ring, which takes no program.
+    pub fn link_kind(self) -> Option<LinkKind> {
+        Some(match self {
+            PerfEventKind::Uprobe => LinkKind::Uprobe,
+            PerfEventKind::Uretprobe => LinkKind::Uretprobe,
+            PerfEventKind::Kprobe => LinkKind::GpuEntry,
+            PerfEventKind::Kretprobe => LinkKind::GpuExit,
+            PerfEventKind::GpuLaunch => LinkKind::GpuLaunch,
+            PerfEventKind::BpfOutput => return None,
+        })
+    }
 }
 
-/// What `perf_event_open` created: a uprobe point, or a BPF output ring.
+/// What `perf_event_open` created: a uprobe point, a kprobe (a CUDA kernel),
+/// or a BPF output ring.
 #[derive(Debug, Clone, PartialEq)]
 pub struct PerfEventRecord {
     pub id: u32,
     pub kind: PerfEventKind,
-    /// Binary of a uprobe.
+    /// Binary of a uprobe; for a kprobe or a launch event, the function name
+    /// exactly as the loader gave it (a CUDA kernel's name or pattern).
     pub path: String,
-    /// File offset of a uprobe in `path`.
+    /// File offset of a uprobe in `path`; a kprobe's offset into the function.
     pub offset: u64,
     /// Process filter, -1 for every process.
     pub pid: i32,
@@ -219,6 +261,55 @@ impl PerfEventRecord {
 pub enum LinkKind {
     Uprobe,
     Uretprobe,
+    /// At the entry of a CUDA kernel, on the GPU; `path` is the kernel name
+    /// pattern (mangled, demangled, or a glob such as `*gemm*`), `offset` 0.
+    GpuEntry,
+    /// At the exit of a CUDA kernel, on the GPU; `path` as for `GpuEntry`.
+    GpuExit,
+    /// At each launch of a CUDA kernel, on the CPU; `path` as for `GpuEntry`.
+    GpuLaunch,
+}
+
+impl LinkKind {
+    fn to_u32(self) -> u32 {
+        match self {
+            LinkKind::Uprobe => 1,
+            LinkKind::Uretprobe => 2,
+            LinkKind::GpuEntry => 3,
+            LinkKind::GpuExit => 4,
+            LinkKind::GpuLaunch => 5,
+        }
+    }
+
+    fn from_u32(v: u32) -> Option<Self> {
+        Some(match v {
+            1 => LinkKind::Uprobe,
+            2 => LinkKind::Uretprobe,
+            3 => LinkKind::GpuEntry,
+            4 => LinkKind::GpuExit,
+            5 => LinkKind::GpuLaunch,
+            _ => return None,
+        })
+    }
+
+    /// The kind as `bpftime list` shows it.
+    pub fn label(self) -> &'static str {
+        match self {
+            LinkKind::Uprobe => "uprobe",
+            LinkKind::Uretprobe => "uretprobe",
+            LinkKind::GpuEntry => "gpu-entry",
+            LinkKind::GpuExit => "gpu-exit",
+            LinkKind::GpuLaunch => "gpu-launch",
+        }
+    }
+
+    /// Whether the link names a CUDA kernel rather than a place in a binary.
+    pub fn is_gpu(self) -> bool {
+        matches!(
+            self,
+            LinkKind::GpuEntry | LinkKind::GpuExit | LinkKind::GpuLaunch
+        )
+    }
 }
 
 /// A program attached to a point. Agents run the program at the point while the
@@ -230,7 +321,9 @@ pub struct LinkRecord {
     /// The perf event the link was made through (0 for none).
     pub perf_event_id: u32,
     pub kind: LinkKind,
+    /// Binary of a uprobe; the CUDA kernel name pattern of a GPU link.
     pub path: String,
+    /// File offset of a uprobe in `path`; 0 for a GPU link.
     pub offset: u64,
     pub pid: i32,
     pub cookie: u64,
@@ -242,10 +335,7 @@ impl LinkRecord {
         let mut w = Writer::new(ObjectKind::Link, self.id);
         w.u32(self.prog_id)
             .u32(self.perf_event_id)
-            .u32(match self.kind {
-                LinkKind::Uprobe => 1,
-                LinkKind::Uretprobe => 2,
-            })
+            .u32(self.kind.to_u32())
             .u64(self.offset)
             .u32(self.pid as u32)
             .u64(self.cookie)
@@ -261,16 +351,13 @@ impl LinkRecord {
         let mut r = Reader::new(&bytes, path.clone());
         let prog_id = r.u32()?;
         let perf_event_id = r.u32()?;
-        let kind = match r.u32()? {
-            1 => LinkKind::Uprobe,
-            2 => LinkKind::Uretprobe,
-            k => {
-                return Err(Error::invalid(
-                    libc::EINVAL,
-                    format!("{}: unknown link kind {k}", path.display()),
-                ))
-            }
-        };
+        let k = r.u32()?;
+        let kind = LinkKind::from_u32(k).ok_or_else(|| {
+            Error::invalid(
+                libc::EINVAL,
+                format!("{}: unknown link kind {k}", path.display()),
+            )
+        })?;
         let offset = r.u64()?;
         let pid = r.u32()? as i32;
         let cookie = r.u64()?;
@@ -301,4 +388,97 @@ pub fn read_btf(store: &Store, id: u32) -> Result<Vec<u8>> {
     let bytes = store.read_object(ObjectKind::Btf, id)?;
     let mut r = Reader::new(&bytes, store.path(ObjectKind::Btf, id));
     Ok(r.bytes()?.to_vec())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    struct TempStore(Option<Store>, String);
+
+    impl TempStore {
+        fn new(tag: &str) -> Self {
+            let name = format!("unit-objects-{tag}-{}", std::process::id());
+            let _ = std::fs::remove_dir_all(Store::dir_for(&name));
+            TempStore(Some(Store::create_or_open(&name).unwrap()), name)
+        }
+    }
+
+    impl Drop for TempStore {
+        fn drop(&mut self) {
+            drop(self.0.take());
+            let _ = std::fs::remove_dir_all(Store::dir_for(&self.1));
+        }
+    }
+
+    /// The numbers on disk are the format agents read: existing ones must not move.
+    #[test]
+    fn kind_codes_are_stable() {
+        let links = [
+            (LinkKind::Uprobe, 1),
+            (LinkKind::Uretprobe, 2),
+            (LinkKind::GpuEntry, 3),
+            (LinkKind::GpuExit, 4),
+            (LinkKind::GpuLaunch, 5),
+        ];
+        for (k, code) in links {
+            assert_eq!(k.to_u32(), code);
+            assert_eq!(LinkKind::from_u32(code), Some(k));
+        }
+        let events = [
+            (PerfEventKind::Uprobe, 1),
+            (PerfEventKind::Uretprobe, 2),
+            (PerfEventKind::BpfOutput, 3),
+            (PerfEventKind::Kprobe, 4),
+            (PerfEventKind::Kretprobe, 5),
+            (PerfEventKind::GpuLaunch, 6),
+        ];
+        for (k, code) in events {
+            assert_eq!(k.to_u32(), code);
+            assert_eq!(PerfEventKind::from_u32(code), Some(k));
+        }
+        assert_eq!(LinkKind::from_u32(6), None);
+        assert_eq!(PerfEventKind::from_u32(7), None);
+    }
+
+    #[test]
+    fn gpu_links_and_kprobe_events_round_trip() {
+        let t = TempStore::new("gpu");
+        let store = t.0.as_ref().unwrap();
+        for (i, kind) in [LinkKind::GpuEntry, LinkKind::GpuExit, LinkKind::GpuLaunch]
+            .into_iter()
+            .enumerate()
+        {
+            let rec = LinkRecord {
+                id: store.alloc_id(),
+                prog_id: 7,
+                perf_event_id: 9,
+                kind,
+                path: ["ns::kern", "*gemm*", "_Z9vectorAddPKfS0_Pfi"][i].into(),
+                offset: 0,
+                pid: -1,
+                cookie: 42,
+                owner_pid: std::process::id(),
+            };
+            rec.publish(store).unwrap();
+            assert_eq!(LinkRecord::read(store, rec.id).unwrap(), rec);
+        }
+        for kind in [
+            PerfEventKind::Kprobe,
+            PerfEventKind::Kretprobe,
+            PerfEventKind::GpuLaunch,
+        ] {
+            let rec = PerfEventRecord {
+                id: store.alloc_id(),
+                kind,
+                path: "vectorAdd".into(),
+                offset: 16,
+                pid: -1,
+                cpu: 0,
+                owner_pid: std::process::id(),
+            };
+            rec.publish(store).unwrap();
+            assert_eq!(PerfEventRecord::read(store, rec.id).unwrap(), rec);
+        }
+    }
 }

@@ -1,11 +1,11 @@
 use crate::attr::{self, write_back_u32, Attr};
-use crate::perf::UprobePmu;
+use crate::perf::{KprobePmu, UprobePmu};
 use bpftime_isa::uapi::cmd;
 use bpftime_runtime::{
     LinkKind, LinkRecord, Map, MapSpec, ObjectKind, PerfEventKind, PerfEventRecord, ProgramRecord,
     Store,
 };
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::ffi::CString;
 use std::os::fd::RawFd;
 use std::sync::Arc;
@@ -44,6 +44,17 @@ pub struct Shim {
     store: Store,
     fds: HashMap<RawFd, ObjectRef>,
     pub(crate) pmu: UprobePmu,
+    pub(crate) kprobe_pmu: KprobePmu,
+    /// Program names (as `BPF_PROG_LOAD` carries them, 15 bytes at most) that
+    /// libbpf's `cuda:` handler announced: they run on the GPU.
+    gpu_names: HashSet<String>,
+    /// Programs that passed the GPU rules, at load or at a first GPU attach.
+    gpu_verified: HashSet<u32>,
+    /// Programs the GPU rules refused at attach; their log was printed once.
+    gpu_rejected: HashSet<u32>,
+    /// Source lines of kprobe programs verified for the CPU at load, for the
+    /// log of a GPU check at attach.
+    source_lines: HashMap<u32, Vec<bpftime_verifier::SourceLine>>,
     /// Rings registered on each epoll instance: (FIFO fd, the loader's fd, the ring).
     pub(crate) epolls: HashMap<RawFd, Vec<(RawFd, RawFd, crate::perf::Waker)>>,
     /// Programs run here by `BPF_PROG_TEST_RUN`, verified and relocated once.
@@ -85,6 +96,11 @@ impl Shim {
             store,
             fds: HashMap::new(),
             pmu: UprobePmu::detect(),
+            kprobe_pmu: KprobePmu::get(),
+            gpu_names: HashSet::new(),
+            gpu_verified: HashSet::new(),
+            gpu_rejected: HashSet::new(),
+            source_lines: HashMap::new(),
             epolls: HashMap::new(),
             test_runs: HashMap::new(),
         }
@@ -92,6 +108,18 @@ impl Shim {
 
     pub fn store(&self) -> &Store {
         &self.store
+    }
+
+    /// Tells `BPF_PROG_LOAD` that the kprobe program called `name` runs on the
+    /// GPU, so it is verified under the GPU rules with the log in the loader's
+    /// buffer (libbpf's `cuda:` handler calls this before each load).
+    pub fn expect_gpu_program(&mut self, name: &str) {
+        // BPF_PROG_LOAD carries BPF_OBJ_NAME_LEN - 1 bytes of the name.
+        let mut end = name.len().min(15);
+        while !name.is_char_boundary(end) {
+            end -= 1;
+        }
+        self.gpu_names.insert(name[..end].to_string());
     }
 
     /// The object behind `fd`, if `fd` is one of ours and still refers to it.
@@ -529,8 +557,14 @@ impl Shim {
         let source_lines = unsafe { self.source_lines(a, insn_cnt) };
         let lookup = |id: u32| maps.get(&id).map(|m| crate::program::desc(m));
         // bpftime's GPU programs: a kprobe whose name starts with `cuda__` probes a
-        // CUDA kernel (DESIGN.md, compatibility contract).
-        let gpu = prog_type == bpftime_isa::uapi::prog_type::KPROBE && name.starts_with("cuda__");
+        // CUDA kernel (DESIGN.md, compatibility contract), and so does one from a
+        // `cuda:` section (libbpf's handler names it before the load). Any other
+        // kprobe is checked for the GPU when it is attached to a CUDA kernel.
+        let kprobe = prog_type == bpftime_isa::uapi::prog_type::KPROBE;
+        let gpu = kprobe
+            && (name.starts_with(bpftime_runtime::CUDA_PROGRAM_PREFIX)
+                || self.gpu_names.contains(&name));
+        let kept_lines = (kprobe && !gpu).then(|| source_lines.clone());
         let checked = crate::program::check_program_with_lines(
             &insns,
             prog_type,
@@ -564,6 +598,14 @@ impl Shim {
             owner_pid: std::process::id(),
         };
         rec.publish(&self.store).map_err(|e| e.errno())?;
+        if gpu {
+            self.gpu_verified.insert(id);
+            // Announced for this load; libbpf loads again only after a failure.
+            self.gpu_names.remove(&rec.name);
+        }
+        if let Some(lines) = kept_lines.filter(|l| !l.is_empty()) {
+            self.source_lines.insert(id, lines);
+        }
         self.open_fd(ObjectKind::Program, id, Object::Program(Arc::new(rec)))
             .map(|fd| fd as i64)
     }
@@ -646,7 +688,7 @@ impl Shim {
         if attach_type != bpftime_isa::uapi::attach_type::PERF_EVENT {
             return Err(refuse(
                 libc::EINVAL,
-                format_args!("BPF_LINK_CREATE with attach type {attach_type}: bpftime links programs to uprobe perf events only"),
+                format_args!("BPF_LINK_CREATE with attach type {attach_type}: bpftime links programs to uprobe and kprobe (CUDA kernel) perf events only"),
             ));
         }
         let prog = self.program(a.u32(f::PROG_FD))?;
@@ -667,19 +709,31 @@ impl Shim {
         ev: &PerfEventRecord,
         cookie: u64,
     ) -> SysResult<u32> {
-        let kind = match ev.kind {
-            PerfEventKind::Uprobe => LinkKind::Uprobe,
-            PerfEventKind::Uretprobe => LinkKind::Uretprobe,
-            PerfEventKind::BpfOutput => return Err(libc::EINVAL),
-        };
+        let kind = ev.kind.link_kind().ok_or(libc::EINVAL)?;
         if prog.prog_type != bpftime_isa::uapi::prog_type::KPROBE {
             return Err(refuse(
                 libc::EINVAL,
                 format_args!(
-                    "program `{}` has type {}; uprobes take kprobe programs",
+                    "program `{}` has type {}; uprobes and CUDA kernel probes take kprobe programs",
                     prog.name, prog.prog_type
                 ),
             ));
+        }
+        if kind.is_gpu() {
+            if ev.offset != 0 {
+                tracing::info!(
+                    prog = %prog.name,
+                    kernel = %ev.path,
+                    offset = ev.offset,
+                    "refused (errno {}): CUDA kernel probes attach at a kernel's entry, exit or launch, not at an offset into it",
+                    libc::EINVAL
+                );
+                return Err(libc::EINVAL);
+            }
+            // A launch program runs on the CPU, under the rules it was loaded with.
+            if kind != LinkKind::GpuLaunch {
+                self.check_for_gpu(prog, &ev.path)?;
+            }
         }
         let id = self.store.alloc_id();
         let rec = LinkRecord {
@@ -694,8 +748,54 @@ impl Shim {
             owner_pid: std::process::id(),
         };
         rec.publish(&self.store).map_err(|e| e.errno())?;
-        tracing::info!(link = id, prog = %prog.name, path = %ev.path, offset = ev.offset, "attached");
+        tracing::info!(link = id, prog = %prog.name, kind = kind.label(), path = %ev.path, offset = ev.offset, "attached");
         Ok(id)
+    }
+
+    /// Checks a kprobe program attached to a CUDA kernel under the GPU rules,
+    /// unless it passed them at load. A refusal is the user's to act on, and
+    /// libbpf and bcc report a failed attach without the reason: the verifier's
+    /// log goes to stderr, once per program.
+    fn check_for_gpu(&mut self, prog: &ProgramRecord, kernel: &str) -> SysResult<()> {
+        if self.gpu_verified.contains(&prog.id) {
+            return Ok(());
+        }
+        if self.gpu_rejected.contains(&prog.id) {
+            return Err(libc::EINVAL);
+        }
+        let mut maps = HashMap::new();
+        for &id in &prog.map_ids {
+            let m = Map::open(&self.store, id).map_err(|e| e.errno())?;
+            maps.insert(id, crate::program::desc(&m));
+        }
+        let lookup = |id: u32| maps.get(&id).copied();
+        let lines = self.source_lines.get(&prog.id).cloned().unwrap_or_default();
+        let checked = crate::program::check_program_with_lines(
+            &prog.insns,
+            prog.prog_type,
+            &lookup,
+            1,
+            lines,
+            true,
+        );
+        match checked {
+            Ok(_) => {
+                tracing::info!(prog = %prog.name, kernel, "program passes the GPU rules");
+                self.gpu_verified.insert(prog.id);
+                self.source_lines.remove(&prog.id);
+                Ok(())
+            }
+            Err((_, log)) => {
+                self.gpu_rejected.insert(prog.id);
+                self.source_lines.remove(&prog.id);
+                eprintln!(
+                    "bpftime: program `{}` cannot be attached to the CUDA kernel `{kernel}`: the verifier rejects it under the GPU rules (every kprobe is a GPU probe in bpftime):\n{}",
+                    prog.name,
+                    log.trim_end()
+                );
+                Err(libc::EINVAL)
+            }
+        }
     }
 
     pub(crate) fn register_perf_event(&mut self, record: PerfEventRecord) -> SysResult<RawFd> {

@@ -10,6 +10,8 @@
 mod attr;
 mod core;
 mod info;
+#[cfg(feature = "preload")]
+mod libbpf_handler;
 mod perf;
 #[cfg(feature = "preload")]
 mod preload;
@@ -21,5 +23,5 @@ mod program;
 mod test_run;
 
 pub use crate::core::{Object, ObjectRef, Shim};
-pub use perf::UprobePmu;
+pub use perf::{KprobePmu, UprobePmu};
 pub use program::{check_program, check_program_with_lines, source_lines, Rejection};

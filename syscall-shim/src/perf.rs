@@ -1,9 +1,14 @@
-//! `perf_event_open` for uprobes, the perf `ioctl`s, and the file-descriptor
-//! calls (`mmap`, `epoll_ctl`) a consumer makes on ring buffers.
+//! `perf_event_open` for uprobes and kprobes, the perf `ioctl`s, and the
+//! file-descriptor calls (`mmap`, `epoll_ctl`) a consumer makes on ring buffers.
+//!
+//! Kernel functions do not exist in userspace, so every kprobe served here is
+//! a CUDA kernel probe: the kprobe PMU's function name is the kernel's name
+//! (or pattern), a kprobe its entry, a kretprobe its exit.
 
 use crate::attr::Attr;
 use crate::core::{refuse, Object, Shim, SysResult};
 use bpftime_runtime::{Map, PerfEventKind, PerfEventRecord, PerfRing, PAGE_SIZE};
+use std::ffi::CStr;
 use std::os::fd::RawFd;
 use std::sync::Arc;
 
@@ -47,12 +52,122 @@ impl UprobePmu {
     }
 }
 
+const PMU_DIR: &str = "/sys/bus/event_source/devices";
+
+thread_local! {
+    /// Set while this thread looks for the kprobe PMU.
+    static DETECTING: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// Reads a PMU's `config:N` format file.
+fn config_bit(path: &str) -> Option<u32> {
+    std::fs::read_to_string(path)
+        .ok()?
+        .trim()
+        .strip_prefix("config:")?
+        .parse()
+        .ok()
+}
+
+/// The kprobe PMU as loaders find it in sysfs. Where the kernel has none (built
+/// without kprobes, or hidden in a container), the shim answers for it: loaders
+/// then take the PMU path, which is the one it serves, instead of writing to
+/// tracefs's `kprobe_events`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct KprobePmu {
+    pub type_: u32,
+    pub retprobe_bit: u32,
+    /// Whether the kernel lacks the PMU and the shim serves its sysfs files.
+    pub served: bool,
+}
+
+impl KprobePmu {
+    /// The type the kernel gives the kprobe PMU when it has one.
+    const DEFAULT_TYPE: u32 = 6;
+    const TYPE_FILE: &'static str = "/sys/bus/event_source/devices/kprobe/type";
+    const RETPROBE_FILE: &'static str = "/sys/bus/event_source/devices/kprobe/format/retprobe";
+
+    pub fn detect() -> KprobePmu {
+        let real = std::fs::read_to_string(Self::TYPE_FILE)
+            .ok()
+            .and_then(|s| s.trim().parse().ok());
+        match real {
+            Some(type_) => KprobePmu {
+                type_,
+                retprobe_bit: config_bit(Self::RETPROBE_FILE).unwrap_or(0),
+                served: false,
+            },
+            None => KprobePmu {
+                type_: Self::free_type(),
+                retprobe_bit: 0,
+                served: true,
+            },
+        }
+    }
+
+    /// The kernel's usual kprobe type, unless another PMU has it here: a type
+    /// we answer for must never capture another PMU's events.
+    fn free_type() -> u32 {
+        let mut taken: Vec<u32> = std::fs::read_dir(PMU_DIR)
+            .map(|d| {
+                d.filter_map(|e| {
+                    let t = std::fs::read_to_string(e.ok()?.path().join("type")).ok()?;
+                    t.trim().parse().ok()
+                })
+                .collect()
+            })
+            .unwrap_or_default();
+        // The uprobe PMU's own default, which the shim may be answering for.
+        taken.push(UprobePmu::detect().type_);
+        (Self::DEFAULT_TYPE..)
+            .find(|t| !taken.contains(t))
+            .unwrap_or(Self::DEFAULT_TYPE)
+    }
+
+    /// The process's answer, computed once.
+    pub fn get() -> KprobePmu {
+        static PMU: std::sync::OnceLock<KprobePmu> = std::sync::OnceLock::new();
+        *PMU.get_or_init(|| {
+            DETECTING.with(|d| d.set(true));
+            let pmu = KprobePmu::detect();
+            DETECTING.with(|d| d.set(false));
+            pmu
+        })
+    }
+
+    /// What the sysfs file at `path` reads when the shim serves the PMU; None
+    /// for other files, and while the PMU is being looked for (its sysfs reads
+    /// come back here through the preloaded `open`).
+    pub fn served(path: &[u8]) -> Option<String> {
+        if DETECTING.with(|d| d.get()) {
+            return None;
+        }
+        Self::get().served_file(path)
+    }
+
+    /// What a sysfs file of the PMU reads, when the shim serves the PMU.
+    pub fn served_file(&self, path: &[u8]) -> Option<String> {
+        if !self.served {
+            return None;
+        }
+        if path == Self::TYPE_FILE.as_bytes() {
+            Some(format!("{}\n", self.type_))
+        } else if path == Self::RETPROBE_FILE.as_bytes() {
+            Some(format!("config:{}\n", self.retprobe_bit))
+        } else {
+            None
+        }
+    }
+}
+
 impl Shim {
-    /// Serves `perf_event_open` for uprobe events; None leaves the call to the kernel.
+    /// Serves `perf_event_open` for uprobe and kprobe events and BPF output
+    /// rings; None leaves the call to the kernel.
     ///
     /// # Safety
     /// `attr` must point to a `struct perf_event_attr` of the size it declares,
-    /// and `config1` of a uprobe event to a NUL-terminated path.
+    /// and `config1` of a uprobe event to a NUL-terminated path, of a kprobe
+    /// event to a NUL-terminated function name or be 0.
     pub unsafe fn perf_event_open(
         &mut self,
         attr: *const u8,
@@ -80,6 +195,16 @@ impl Shim {
                 owner_pid: std::process::id(),
             };
             return Some(self.register_perf_event(record));
+        }
+        if a.u32(0) == self.kprobe_pmu.type_ {
+            let name = a.u64(56) as *const libc::c_char;
+            let name = if name.is_null() {
+                None
+            } else {
+                // SAFETY: caller obligation: config1 is the kprobe's function name.
+                Some(unsafe { CStr::from_ptr(name) })
+            };
+            return Some(self.kprobe_event(a.u64(8), name, a.u64(64), pid, cpu));
         }
         if a.u32(0) != self.pmu.type_ {
             return None;
@@ -118,6 +243,62 @@ impl Shim {
             owner_pid: std::process::id(),
         };
         Some(self.register_perf_event(record))
+    }
+
+    /// A kprobe perf event: `config` carries the retprobe bit (or bpftime's
+    /// launch bit), `name` the function (`config1`), `offset` the offset into
+    /// it, or the address when there is no name (`config2`).
+    pub(crate) fn kprobe_event(
+        &mut self,
+        config: u64,
+        name: Option<&CStr>,
+        offset: u64,
+        pid: i32,
+        cpu: i32,
+    ) -> SysResult<RawFd> {
+        let Some(name) = name.filter(|n| !n.is_empty()) else {
+            tracing::info!(
+                address = offset,
+                "kprobe by address refused (errno {}): bpftime serves kprobes only as CUDA kernel probes, by name",
+                libc::EINVAL
+            );
+            return Err(libc::EINVAL);
+        };
+        let name = name.to_string_lossy().into_owned();
+        let launch = (config >> bpftime_runtime::GPU_LAUNCH_CONFIG_BIT) & 1 == 1;
+        let retprobe = (config >> self.kprobe_pmu.retprobe_bit) & 1 == 1;
+        let kind = match (launch, retprobe) {
+            (false, false) => PerfEventKind::Kprobe,
+            (false, true) => PerfEventKind::Kretprobe,
+            (true, false) => PerfEventKind::GpuLaunch,
+            (true, true) => {
+                tracing::info!(kernel = %name, "a CUDA launch event cannot be a retprobe (errno {})", libc::EINVAL);
+                return Err(libc::EINVAL);
+            }
+        };
+        tracing::info!(kernel = %name, kind = kind.label(), "perf event on a CUDA kernel");
+        let record = PerfEventRecord {
+            id: self.store().alloc_id(),
+            kind,
+            path: name,
+            offset,
+            pid,
+            cpu,
+            owner_pid: std::process::id(),
+        };
+        self.register_perf_event(record)
+    }
+
+    /// A launch event on the CUDA kernels `kernel` names, as `perf_event_open`
+    /// with bpftime's launch bit makes it (for loaders that hold no attribute).
+    pub fn gpu_launch_event(&mut self, kernel: &CStr) -> SysResult<RawFd> {
+        self.kprobe_event(
+            1 << bpftime_runtime::GPU_LAUNCH_CONFIG_BIT,
+            Some(kernel),
+            0,
+            -1,
+            0,
+        )
     }
 
     /// Serves an `ioctl` on one of our perf events; None when `fd` is not ours.
@@ -403,5 +584,234 @@ impl Shim {
 
     pub fn has_epoll(&self, epfd: RawFd) -> bool {
         self.epolls.contains_key(&epfd)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use bpftime_isa::uapi::{attach_type, cmd, prog_type};
+    use bpftime_runtime::{LinkKind, LinkRecord, ObjectKind, Store};
+
+    struct TempShim(Option<Shim>, String);
+
+    impl TempShim {
+        fn new(tag: &str) -> TempShim {
+            let name = format!("unit-perf-{tag}-{}", std::process::id());
+            let _ = std::fs::remove_dir_all(Store::dir_for(&name));
+            TempShim(Some(Shim::new(Store::create_or_open(&name).unwrap())), name)
+        }
+
+        fn shim(&mut self) -> &mut Shim {
+            self.0.as_mut().unwrap()
+        }
+
+        fn bpf(&mut self, command: u32, attr: &mut [u8; 128]) -> SysResult {
+            // SAFETY: attr is 128 writable bytes whose pointers point at live buffers.
+            unsafe { self.shim().bpf(command, attr.as_mut_ptr(), 128) }
+        }
+
+        /// Loads a kprobe program named `name`.
+        fn load(&mut self, name: &str, src: &str) -> SysResult<RawFd> {
+            let code = bpftime_isa::encode(&bpftime_isa::asm::assemble(src).unwrap());
+            let mut a = [0u8; 128];
+            a[0..4].copy_from_slice(&prog_type::KPROBE.to_ne_bytes());
+            a[4..8].copy_from_slice(&((code.len() / 8) as u32).to_ne_bytes());
+            a[8..16].copy_from_slice(&(code.as_ptr() as u64).to_ne_bytes());
+            a[16..24].copy_from_slice(&(c"GPL".as_ptr() as u64).to_ne_bytes());
+            let n = name.len().min(15);
+            a[48..48 + n].copy_from_slice(&name.as_bytes()[..n]);
+            self.bpf(cmd::PROG_LOAD, &mut a).map(|fd| fd as RawFd)
+        }
+
+        /// `perf_event_open` on the kprobe PMU, with `name` in config1 (0 for None).
+        fn kprobe(&mut self, config: u64, name: Option<&CStr>, offset: u64) -> SysResult<RawFd> {
+            let mut a = [0u8; 128];
+            let pmu = self.shim().kprobe_pmu.type_;
+            a[0..4].copy_from_slice(&pmu.to_ne_bytes());
+            a[4..8].copy_from_slice(&128u32.to_ne_bytes());
+            a[8..16].copy_from_slice(&config.to_ne_bytes());
+            let ptr = name.map_or(0, |n| n.as_ptr() as u64);
+            a[56..64].copy_from_slice(&ptr.to_ne_bytes());
+            a[64..72].copy_from_slice(&offset.to_ne_bytes());
+            // SAFETY: a perf_event_attr of the size it declares; config1 is NULL or
+            // a NUL-terminated name alive across the call.
+            unsafe { self.shim().perf_event_open(a.as_ptr(), -1, 0) }.expect("served here")
+        }
+
+        fn retprobe_config(&mut self) -> u64 {
+            1 << self.shim().kprobe_pmu.retprobe_bit
+        }
+
+        fn link_create(&mut self, prog: RawFd, event: RawFd) -> SysResult {
+            let mut a = [0u8; 128];
+            a[0..4].copy_from_slice(&(prog as u32).to_ne_bytes());
+            a[4..8].copy_from_slice(&(event as u32).to_ne_bytes());
+            a[8..12].copy_from_slice(&attach_type::PERF_EVENT.to_ne_bytes());
+            self.bpf(cmd::LINK_CREATE, &mut a)
+        }
+
+        fn links(&mut self) -> Vec<LinkRecord> {
+            let store = self.shim().store();
+            store
+                .ids(ObjectKind::Link)
+                .into_iter()
+                .map(|id| LinkRecord::read(store, id).unwrap())
+                .collect()
+        }
+    }
+
+    impl Drop for TempShim {
+        fn drop(&mut self) {
+            drop(self.0.take());
+            let _ = std::fs::remove_dir_all(Store::dir_for(&self.1));
+        }
+    }
+
+    const SET_BPF: u64 = PERF_EVENT_IOC_SET_BPF;
+    const ACCEPTED: &str = "mov %r0, 0\nexit";
+    /// bpf_get_current_comm: fine on the CPU, not on the GPU.
+    const CPU_ONLY: &str = "mov %r1, %r10\nadd %r1, -16\nmov %r2, 16\ncall 16\nmov %r0, 0\nexit";
+
+    #[test]
+    fn kprobes_by_name_become_gpu_links_through_ioctl_and_link_create() {
+        let mut t = TempShim::new("kprobe");
+        let prog = t.load("count", ACCEPTED).unwrap();
+        // A kprobe, attached with PERF_EVENT_IOC_SET_BPF (bcc, older libbpf).
+        let entry = t.kprobe(0, Some(c"vectorAdd"), 0).unwrap();
+        let ev = match &t.shim().object(entry).unwrap().object {
+            Object::PerfEvent { record, .. } => record.clone(),
+            o => panic!("{o:?}"),
+        };
+        assert_eq!(
+            (ev.kind, ev.path.as_str(), ev.offset),
+            (PerfEventKind::Kprobe, "vectorAdd", 0)
+        );
+        assert_eq!(t.shim().ioctl(entry, SET_BPF, prog as u64), Some(Ok(0)));
+        // A kretprobe on a demangled name, attached with BPF_LINK_CREATE.
+        let config = t.retprobe_config();
+        let exit = t.kprobe(config, Some(c"ns::kern"), 0).unwrap();
+        let exit_link = t.link_create(prog, exit).unwrap();
+        // A launch event on a glob.
+        let launch = t
+            .kprobe(
+                1 << bpftime_runtime::GPU_LAUNCH_CONFIG_BIT,
+                Some(c"*gemm*"),
+                0,
+            )
+            .unwrap();
+        t.link_create(prog, launch).unwrap();
+        let mut got: Vec<(LinkKind, String, u64)> = t
+            .links()
+            .into_iter()
+            .map(|l| (l.kind, l.path, l.offset))
+            .collect();
+        got.sort_by_key(|l| l.0.label());
+        assert_eq!(
+            got,
+            vec![
+                (LinkKind::GpuEntry, "vectorAdd".into(), 0),
+                (LinkKind::GpuExit, "ns::kern".into(), 0),
+                (LinkKind::GpuLaunch, "*gemm*".into(), 0),
+            ]
+        );
+        // Closing detaches, as for uprobes.
+        assert!(t.shim().close(exit_link as RawFd));
+        assert!(t.shim().close(entry));
+        let left: Vec<LinkKind> = t.links().into_iter().map(|l| l.kind).collect();
+        assert_eq!(left, vec![LinkKind::GpuLaunch]);
+    }
+
+    #[test]
+    fn kprobes_by_address_and_odd_requests_are_refused() {
+        let mut t = TempShim::new("kprobe-refused");
+        assert_eq!(t.kprobe(0, None, 0xffff_ffff_8100_0000), Err(libc::EINVAL));
+        assert_eq!(t.kprobe(0, Some(c""), 0), Err(libc::EINVAL));
+        let both = t.retprobe_config() | 1 << bpftime_runtime::GPU_LAUNCH_CONFIG_BIT;
+        assert_eq!(t.kprobe(both, Some(c"k"), 0), Err(libc::EINVAL));
+        // An offset into a CUDA kernel is recorded, but nothing attaches there.
+        let prog = t.load("count", ACCEPTED).unwrap();
+        let ev = t.kprobe(0, Some(c"vectorAdd"), 16).unwrap();
+        assert_eq!(t.link_create(prog, ev), Err(libc::EINVAL));
+        assert!(t.links().is_empty());
+    }
+
+    #[test]
+    fn gpu_rules_apply_to_every_program_that_runs_on_a_gpu() {
+        let mut t = TempShim::new("kprobe-rules");
+        // Named cuda__: checked for the GPU at load.
+        assert_eq!(t.load("cuda__comm", CPU_ONLY), Err(libc::EACCES));
+        // Named by libbpf's cuda: handler (BPF_PROG_LOAD carries 15 bytes of it).
+        t.shim().expect_gpu_program("comm_in_a_cuda_section");
+        assert_eq!(
+            t.load("comm_in_a_cuda_section", CPU_ONLY),
+            Err(libc::EACCES)
+        );
+        // Any other kprobe loads under the CPU rules...
+        let prog = t.load("comm", CPU_ONLY).unwrap();
+        // ...and is checked for the GPU when it is attached to a CUDA kernel,
+        // through either attach path, and fails the same way every time.
+        let entry = t.kprobe(0, Some(c"vectorAdd"), 0).unwrap();
+        assert_eq!(
+            t.shim().ioctl(entry, SET_BPF, prog as u64),
+            Some(Err(libc::EINVAL))
+        );
+        let config = t.retprobe_config();
+        let exit = t.kprobe(config, Some(c"vectorAdd"), 0).unwrap();
+        assert_eq!(t.link_create(prog, exit), Err(libc::EINVAL));
+        assert!(t.links().is_empty());
+        // A launch program runs on the CPU: it keeps the CPU rules.
+        let launch = t
+            .kprobe(
+                1 << bpftime_runtime::GPU_LAUNCH_CONFIG_BIT,
+                Some(c"vectorAdd"),
+                0,
+            )
+            .unwrap();
+        t.link_create(prog, launch).unwrap();
+        // An announcement holds for one successful load, not for every later
+        // program of the name.
+        t.shim().expect_gpu_program("once");
+        t.load("once", ACCEPTED).unwrap();
+        t.load("once", CPU_ONLY).unwrap();
+        // A program that passes the GPU rules attaches.
+        let ok = t.load("fine", ACCEPTED).unwrap();
+        t.link_create(ok, exit).unwrap();
+        let kinds: Vec<LinkKind> = t.links().into_iter().map(|l| l.kind).collect();
+        assert_eq!(kinds.len(), 2, "{kinds:?}");
+        assert!(kinds.contains(&LinkKind::GpuLaunch) && kinds.contains(&LinkKind::GpuExit));
+    }
+
+    #[test]
+    fn a_missing_kprobe_pmu_is_answered_for_and_a_real_one_is_not() {
+        let served = KprobePmu {
+            type_: 6,
+            retprobe_bit: 0,
+            served: true,
+        };
+        assert_eq!(
+            served.served_file(b"/sys/bus/event_source/devices/kprobe/type"),
+            Some("6\n".into())
+        );
+        assert_eq!(
+            served.served_file(b"/sys/bus/event_source/devices/kprobe/format/retprobe"),
+            Some("config:0\n".into())
+        );
+        assert_eq!(
+            served.served_file(b"/sys/bus/event_source/devices/uprobe/type"),
+            None
+        );
+        let real = KprobePmu {
+            served: false,
+            ..served
+        };
+        assert_eq!(
+            real.served_file(b"/sys/bus/event_source/devices/kprobe/type"),
+            None
+        );
+        // Whatever this machine has, the kprobe type never captures the uprobe PMU's.
+        assert_ne!(KprobePmu::get().type_, UprobePmu::detect().type_);
+        let here = std::path::Path::new("/sys/bus/event_source/devices/kprobe/type").exists();
+        assert_eq!(KprobePmu::get().served, !here);
     }
 }

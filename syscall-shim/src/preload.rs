@@ -55,7 +55,7 @@ fn set_errno(e: i32) {
 
 /// Runs `f` on the shim with the re-entry guard set; None when re-entered or
 /// when the store cannot be opened (the reason is logged once).
-fn with_shim<R>(f: impl FnOnce(&mut Shim) -> R) -> Option<R> {
+pub(crate) fn with_shim<R>(f: impl FnOnce(&mut Shim) -> R) -> Option<R> {
     if IN_SHIM.with(|g| g.replace(true)) {
         return None;
     }
@@ -432,33 +432,142 @@ pub unsafe extern "C" fn setrlimit64(resource: c_int, rlim: *const libc::rlimit6
     }
 }
 
-/// The tracefs files that list legacy (text-defined) uprobes. Probes made here
-/// are never legacy ones, so where tracefs is not mounted (containers, or a
-/// system that never mounted it) the list bpftime can vouch for is empty.
-const UPROBE_EVENTS: [&[u8]; 2] = [
+/// The tracefs files that list legacy (text-defined) uprobes and kprobes.
+/// Probes made here are never legacy ones, so where tracefs is not mounted
+/// (containers, or a system that never mounted it) the list bpftime can vouch
+/// for is empty.
+const PROBE_EVENTS: [&[u8]; 4] = [
     b"/sys/kernel/tracing/uprobe_events",
     b"/sys/kernel/debug/tracing/uprobe_events",
+    b"/sys/kernel/tracing/kprobe_events",
+    b"/sys/kernel/debug/tracing/kprobe_events",
 ];
 
-/// `fopen(3)`: bcc (under bpftrace) reads `uprobe_events` when it detaches a
-/// uprobe, to remove a legacy probe of the same name, and reports an error
-/// when tracefs is missing. For reading, an empty list is the true answer.
+/// The directory of the kprobe PMU's sysfs files, which the shim answers for
+/// where the kernel has no kprobe PMU (see [`crate::KprobePmu`]).
+const KPROBE_PMU_DIR: &[u8] = b"/sys/bus/event_source/devices/kprobe/";
+
+/// What a missing kprobe PMU file reads, when the shim serves the PMU.
+fn served_pmu_file(path: &std::ffi::CStr) -> Option<String> {
+    if !path.to_bytes().starts_with(KPROBE_PMU_DIR) {
+        return None;
+    }
+    let served = crate::KprobePmu::served(path.to_bytes());
+    if served.is_some() {
+        tracing::debug!(path = %path.to_string_lossy(), "the kernel has no kprobe PMU; bpftime answers for it (kprobes are CUDA kernel probes)");
+    }
+    served
+}
+
+/// A read-only file descriptor holding `content`, for an `open` the shim answers.
+fn memory_file(content: &str, flags: c_int) -> Option<c_int> {
+    let cloexec = if flags & libc::O_CLOEXEC != 0 {
+        libc::MFD_CLOEXEC
+    } else {
+        0
+    };
+    // SAFETY: a NUL-terminated name; the fd is ours until returned.
+    let fd = unsafe { libc::memfd_create(c"bpftime-sysfs".as_ptr(), cloexec) };
+    if fd < 0 {
+        return None;
+    }
+    // SAFETY: writes `content` into our own memfd, then rewinds it for the reader.
+    let ok = unsafe {
+        libc::write(fd, content.as_ptr().cast(), content.len()) == content.len() as isize
+            && libc::lseek(fd, 0, libc::SEEK_SET) == 0
+    };
+    if !ok {
+        // SAFETY: our own fd.
+        unsafe { libc::close(fd) };
+        return None;
+    }
+    Some(fd)
+}
+
+/// After a failed `open`: the file the shim answers for in its place, if any.
 ///
 /// # Safety
-/// As `fopen(3)`.
+/// `path` must be NULL or a NUL-terminated string.
+unsafe fn open_missing(path: *const libc::c_char, flags: c_int) -> Option<c_int> {
+    let saved = std::io::Error::last_os_error().raw_os_error().unwrap_or(0);
+    if path.is_null() || saved != libc::ENOENT || flags & libc::O_ACCMODE != libc::O_RDONLY {
+        return None;
+    }
+    // SAFETY: caller obligation.
+    let p = unsafe { std::ffi::CStr::from_ptr(path) };
+    let fd = served_pmu_file(p).and_then(|c| memory_file(&c, flags));
+    if fd.is_none() {
+        set_errno(saved);
+    }
+    fd
+}
+
+/// `open(2)`: bcc (under bpftrace) finds the kprobe PMU by reading its sysfs
+/// files with `open` and `read`. The mode argument is read as a plain third
+/// argument, which is where the variadic one is on the platforms we build for.
+///
+/// # Safety
+/// As `open(2)`.
 #[no_mangle]
-pub unsafe extern "C" fn fopen(
+pub unsafe extern "C" fn open(
+    path: *const libc::c_char,
+    flags: c_int,
+    mode: libc::c_uint,
+) -> c_int {
+    let real = real!(
+        "open",
+        unsafe extern "C" fn(*const libc::c_char, c_int, libc::c_uint) -> c_int
+    );
+    // SAFETY: forwards unchanged.
+    let fd = unsafe { real(path, flags, mode) };
+    if fd >= 0 {
+        return fd;
+    }
+    // SAFETY: forwarded caller obligation.
+    unsafe { open_missing(path, flags) }.unwrap_or(fd)
+}
+
+/// `open64(2)`: as `open`, for callers built with large-file support.
+///
+/// # Safety
+/// As `open(2)`.
+#[no_mangle]
+pub unsafe extern "C" fn open64(
+    path: *const libc::c_char,
+    flags: c_int,
+    mode: libc::c_uint,
+) -> c_int {
+    let real = real!(
+        "open64",
+        unsafe extern "C" fn(*const libc::c_char, c_int, libc::c_uint) -> c_int
+    );
+    // SAFETY: forwards unchanged.
+    let fd = unsafe { real(path, flags, mode) };
+    if fd >= 0 {
+        return fd;
+    }
+    // SAFETY: forwarded caller obligation.
+    unsafe { open_missing(path, flags) }.unwrap_or(fd)
+}
+
+type FopenFn = unsafe extern "C" fn(*const libc::c_char, *const libc::c_char) -> *mut libc::FILE;
+
+/// After a failed `fopen`: the stream the shim answers with in its place, if any.
+///
+/// bcc (under bpftrace) reads `uprobe_events` or `kprobe_events` when it
+/// detaches a probe, to remove a legacy probe of the same name, and reports an
+/// error when tracefs is missing: for reading, an empty list is the true
+/// answer. libbpf finds the kprobe PMU with `fopen`.
+///
+/// # Safety
+/// `path` and `mode` must be NULL or NUL-terminated strings; `real` is libc's `fopen`.
+unsafe fn fopen_missing(
+    real: FopenFn,
     path: *const libc::c_char,
     mode: *const libc::c_char,
 ) -> *mut libc::FILE {
-    let real = real!(
-        "fopen",
-        unsafe extern "C" fn(*const libc::c_char, *const libc::c_char) -> *mut libc::FILE
-    );
-    // SAFETY: forwards unchanged.
-    let f = unsafe { real(path, mode) };
-    if !f.is_null() || path.is_null() || mode.is_null() {
-        return f;
+    if path.is_null() || mode.is_null() {
+        return std::ptr::null_mut();
     }
     let saved = std::io::Error::last_os_error().raw_os_error().unwrap_or(0);
     // SAFETY: both are NUL-terminated strings (fopen's contract).
@@ -469,11 +578,65 @@ pub unsafe extern "C" fn fopen(
         )
     };
     let read_only = m.to_bytes().first() == Some(&b'r') && !m.to_bytes().contains(&b'+');
-    if saved == libc::ENOENT && read_only && UPROBE_EVENTS.contains(&p.to_bytes()) {
-        tracing::debug!(path = %p.to_string_lossy(), "tracefs is not mounted; serving an empty list of legacy uprobes");
-        // SAFETY: NUL-terminated literals.
-        return unsafe { real(c"/dev/null".as_ptr(), c"r".as_ptr()) };
+    if saved == libc::ENOENT && read_only {
+        if PROBE_EVENTS.contains(&p.to_bytes()) {
+            tracing::debug!(path = %p.to_string_lossy(), "tracefs is not mounted; serving an empty list of legacy probes");
+            // SAFETY: NUL-terminated literals.
+            return unsafe { real(c"/dev/null".as_ptr(), c"r".as_ptr()) };
+        }
+        let flags = if m.to_bytes().contains(&b'e') {
+            libc::O_CLOEXEC
+        } else {
+            0
+        };
+        if let Some(fd) = served_pmu_file(p).and_then(|c| memory_file(&c, flags)) {
+            // SAFETY: our own fresh fd, handed over to the stream.
+            let f = unsafe { libc::fdopen(fd, c"r".as_ptr()) };
+            if !f.is_null() {
+                return f;
+            }
+            // SAFETY: our own fd, which fdopen did not take.
+            unsafe { libc::close(fd) };
+        }
     }
     set_errno(saved);
-    f
+    std::ptr::null_mut()
+}
+
+/// `fopen(3)`; see [`fopen_missing`] for the files the shim answers for.
+///
+/// # Safety
+/// As `fopen(3)`.
+#[no_mangle]
+pub unsafe extern "C" fn fopen(
+    path: *const libc::c_char,
+    mode: *const libc::c_char,
+) -> *mut libc::FILE {
+    let real = real!("fopen", FopenFn);
+    // SAFETY: forwards unchanged.
+    let f = unsafe { real(path, mode) };
+    if !f.is_null() {
+        return f;
+    }
+    // SAFETY: forwarded caller obligation.
+    unsafe { fopen_missing(real, path, mode) }
+}
+
+/// `fopen64(3)`: as `fopen`, for callers built with large-file support (libbpf).
+///
+/// # Safety
+/// As `fopen(3)`.
+#[no_mangle]
+pub unsafe extern "C" fn fopen64(
+    path: *const libc::c_char,
+    mode: *const libc::c_char,
+) -> *mut libc::FILE {
+    let real = real!("fopen64", FopenFn);
+    // SAFETY: forwards unchanged.
+    let f = unsafe { real(path, mode) };
+    if !f.is_null() {
+        return f;
+    }
+    // SAFETY: forwarded caller obligation.
+    unsafe { fopen_missing(real, path, mode) }
 }

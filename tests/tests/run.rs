@@ -426,41 +426,6 @@ fn run_stacks_prints_stack_trace_maps_as_symbolized_user_frames() {
 }
 
 #[test]
-fn run_refuses_a_gpu_program_and_says_why() {
-    let s = Session::new("run-gpu");
-    let object = Path::new(examples::BUILD_DIR).join("gpu_block_count.bpf.o");
-    let out = run_on_calls(&s, object.to_str().unwrap(), &[]);
-    assert_eq!(out.code, Some(2), "{}", out.context());
-    assert!(
-        out.stderr.contains(
-            "program `cuda__block_starts`: SEC(\"kprobe/vectorAdd\") is a GPU probe (on the CUDA kernel `vectorAdd`), and bpftime run cannot attach GPU probes yet"
-        ),
-        "{}",
-        out.context()
-    );
-    assert!(
-        !out.stderr.contains("exited"),
-        "the app must not run: {}",
-        out.context()
-    );
-    assert!(out.stdout.is_empty(), "{}", out.context());
-    // Our own `cuda:` attach points are GPU probes too.
-    let Some(obj) = compile(&s, "cuda", &program_in_section("cuda:vectorAdd:exit")) else {
-        return;
-    };
-    let out = run_on_calls(&s, obj.to_str().unwrap(), &[]);
-    assert_eq!(out.code, Some(2), "{}", out.context());
-    assert!(
-        out.stderr.contains(
-            "program `probe`: SEC(\"cuda:vectorAdd:exit\") is a GPU probe (on the CUDA kernel `vectorAdd`)"
-        ),
-        "{}",
-        out.context()
-    );
-    assert_store_removed(&s);
-}
-
-#[test]
 fn run_passes_the_apps_exit_status_on() {
     let s = Session::new("run-status");
     let out = bpftime(

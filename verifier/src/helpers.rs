@@ -116,7 +116,7 @@ pub fn proto(id: u32) -> Option<Proto> {
         h::PROBE_READ => p("bpf_probe_read", PROBE_READ, Integer, true),
         h::KTIME_GET_NS => p("bpf_ktime_get_ns", &[], Integer, true),
         h::TRACE_PRINTK => p("bpf_trace_printk", &[Mem, Size], Integer, true),
-        h::GET_PRANDOM_U32 => p("bpf_get_prandom_u32", &[], Integer, false),
+        h::GET_PRANDOM_U32 => p("bpf_get_prandom_u32", &[], Integer, true),
         h::GET_SMP_PROCESSOR_ID => p("bpf_get_smp_processor_id", &[], Integer, true),
         h::TAIL_CALL => p(
             "bpf_tail_call",
@@ -124,7 +124,7 @@ pub fn proto(id: u32) -> Option<Proto> {
             Void,
             false,
         ),
-        h::GET_CURRENT_PID_TGID => p("bpf_get_current_pid_tgid", &[], Integer, false),
+        h::GET_CURRENT_PID_TGID => p("bpf_get_current_pid_tgid", &[], Integer, true),
         h::GET_CURRENT_UID_GID => p("bpf_get_current_uid_gid", &[], Integer, false),
         h::GET_CURRENT_COMM => p("bpf_get_current_comm", &[MemOut, Size], Integer, false),
         h::PERF_EVENT_OUTPUT => p(

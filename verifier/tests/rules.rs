@@ -788,6 +788,8 @@ fn gpu(src: &str) -> Result<bpftime_verifier::Verified, bpftime_verifier::Reject
 
 #[test]
 fn gpu_allows_gpu_helpers_and_maps() {
+    // The host process's pid and tgid, and random numbers, are GPU helpers too.
+    gpu("call 14\ncall 7\nmov %r0, 0\nexit").unwrap();
     gpu("call 505\nmov %r0, 0\nexit").unwrap_err(); // 505 needs three pointers
     gpu("stdw [%r10-8], 0\nstdw [%r10-16], 0\nstdw [%r10-24], 0\nmov %r1, %r10\nadd %r1, -8\nmov %r2, %r10\nadd %r2, -16\nmov %r3, %r10\nadd %r3, -24\ncall 505\ncall 506\ncall 502\nmov %r0, 0\nexit")
         .unwrap();
@@ -796,9 +798,10 @@ fn gpu_allows_gpu_helpers_and_maps() {
 
 #[test]
 fn gpu_rejects_cpu_only_helpers_and_maps() {
-    let e = gpu("call 14\nmov %r0, 0\nexit").unwrap_err();
+    // get_current_comm: the GPU has no task to name.
+    let e = gpu("mov %r1, %r10\nadd %r1, -16\nmov %r2, 16\ncall 16\nmov %r0, 0\nexit").unwrap_err();
     assert!(
-        matches!(e.kind, RejectKind::HelperNotOnGpu { id: 14, .. }),
+        matches!(e.kind, RejectKind::HelperNotOnGpu { id: 16, .. }),
         "{}",
         e.log()
     );

@@ -65,6 +65,9 @@ pub(super) fn update(map: &Map, key: &[u8], value: &[u8], flags: u64) -> Result<
         // SAFETY: one slot of value_size bytes.
         unsafe { std::ptr::copy_nonoverlapping(value.as_ptr(), dst, map.value_size() as usize) };
     }
+    map.header()
+        .updates
+        .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     Ok(())
 }
 
@@ -104,6 +107,9 @@ pub(super) fn prog_update(
     }
     // SAFETY: the program's value holds value_size bytes (verified); dst is one value slot.
     unsafe { std::ptr::copy_nonoverlapping(value, dst, map.value_size() as usize) };
+    map.header()
+        .updates
+        .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     Ok(())
 }
 

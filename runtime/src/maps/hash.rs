@@ -341,6 +341,7 @@ pub(super) fn update(
             unsafe { std::ptr::copy_nonoverlapping(value, dst, vsize) };
         }
     };
+    v.h.updates.fetch_add(1, Ordering::Relaxed);
     if old != 0 && percpu {
         // The kernel updates per-CPU values in place.
         write_values(v.value_ptr(old), false);
@@ -396,6 +397,7 @@ pub(super) fn delete(map: &Map, key: *const u8) -> Result<()> {
     v.unlink(idx);
     v.push_free(idx);
     v.h.count.fetch_sub(1, Ordering::Relaxed);
+    v.h.updates.fetch_add(1, Ordering::Relaxed);
     Ok(())
 }
 
@@ -416,6 +418,7 @@ pub(super) fn lookup_and_delete(map: &Map, key: &[u8], value: &mut [u8]) -> Resu
     v.unlink(idx);
     v.push_free(idx);
     v.h.count.fetch_sub(1, Ordering::Relaxed);
+    v.h.updates.fetch_add(1, Ordering::Relaxed);
     Ok(())
 }
 

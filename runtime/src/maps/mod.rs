@@ -264,6 +264,7 @@ impl Map {
                 dropped: Default::default(),
                 wakeup_pending: Default::default(),
                 _pad2: 0,
+                updates: Default::default(),
             };
             // SAFETY: the file is at least one page long, page aligned, and private to us until published.
             unsafe { std::ptr::write(bytes.as_mut_ptr().cast::<MapHeader>(), header) };
@@ -389,6 +390,21 @@ impl Map {
     pub fn path(&self) -> &std::path::Path {
         &self.path
     }
+    /// Counts `n` records as dropped (by a producer elsewhere: the GPU's ring).
+    pub fn count_dropped(&self, n: u64) {
+        self.header()
+            .dropped
+            .fetch_add(n, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// How many times the map's elements were inserted, replaced or deleted through
+    /// `bpf()` or the update and delete helpers (see `MapHeader::updates`).
+    pub fn updates(&self) -> u64 {
+        self.header()
+            .updates
+            .load(std::sync::atomic::Ordering::Relaxed)
+    }
+
     /// Records dropped by a full ring buffer.
     pub fn dropped(&self) -> u64 {
         self.header()

@@ -1,0 +1,223 @@
+//! GPU links: programs on CUDA kernels, handed to `bpftime-gpu-attach` once this process
+//! has loaded the CUDA driver.
+//!
+//! GPU attach starts when libcuda is in the process: at the agent's start for a program
+//! linked against it, or on the return of the `dlopen` that loads it (cudart, PyTorch and
+//! CuPy load it that way), before the first module load. A process that never loads
+//! libcuda gets nothing intercepted but `dlopen` (watched only, never changed), and never
+//! loads libcuda because of us.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, OnceLock};
+
+use bpftime_attach::{attach_uretprobe, HookId, PtRegs};
+use bpftime_gpu_attach::{GpuAttach, GpuProbe, ProbePoint};
+use bpftime_runtime::{LinkKind, LinkRecord, Map, ProgramRecord, Store};
+
+use crate::program::Programs;
+
+/// GPU probes waiting for CUDA, and whether GPU attach is on.
+pub(crate) struct GpuLinks {
+    pending: Mutex<HashMap<u32, GpuProbe>>,
+    attached: Mutex<Vec<u32>>,
+    dlopen_watch: OnceLock<Option<HookId>>,
+}
+
+static LINKS: OnceLock<Arc<GpuLinks>> = OnceLock::new();
+
+fn links() -> &'static Arc<GpuLinks> {
+    LINKS.get_or_init(|| {
+        Arc::new(GpuLinks {
+            pending: Mutex::new(HashMap::new()),
+            attached: Mutex::new(Vec::new()),
+            dlopen_watch: OnceLock::new(),
+        })
+    })
+}
+
+/// Starts GPU attach if CUDA is loaded already, else watches `dlopen` for it.
+pub(crate) fn start() {
+    if bpftime_gpu_attach::cuda_loaded() {
+        start_gpu_attach();
+    } else {
+        watch_dlopen();
+    }
+}
+
+fn session() -> Option<&'static GpuAttach> {
+    bpftime_gpu_attach::cuda_loaded()
+        .then(bpftime_gpu_attach::install)
+        .and_then(|r| r.ok())
+}
+
+fn start_gpu_attach() {
+    match bpftime_gpu_attach::install() {
+        Ok(s) => {
+            let pending: Vec<GpuProbe> = links()
+                .pending
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .drain()
+                .map(|(_, p)| p)
+                .collect();
+            let mut attached = links().attached.lock().unwrap_or_else(|e| e.into_inner());
+            for p in pending {
+                attached.push(p.link_id);
+                s.add_probe(p);
+            }
+        }
+        Err(e) => {
+            tracing::warn!("GPU attach cannot start: {e}");
+            eprintln!("bpftime: GPU probes are off in this process: {e}");
+        }
+    }
+}
+
+fn watch_dlopen() {
+    links().dlopen_watch.get_or_init(|| {
+        let addr = {
+            // SAFETY: dlsym with a NUL-terminated name; `dlopen` is libc's (both of its
+            // symbol versions are one function).
+            let p = unsafe { libc::dlsym(libc::RTLD_DEFAULT, c"dlopen".as_ptr()) };
+            p as usize
+        };
+        if addr == 0 {
+            tracing::warn!(
+                "no dlopen to watch: GPU probes work only in programs linked against libcuda"
+            );
+            return None;
+        }
+        let handler = Arc::new(|_: &mut PtRegs| {
+            if bpftime_gpu_attach::cuda_loaded() {
+                start_gpu_attach();
+            }
+        });
+        // SAFETY: dlopen is a whole libc function; the handler only looks at which
+        // libraries are loaded and, once libcuda is, starts GPU attach.
+        match unsafe { attach_uretprobe(addr, handler) } {
+            Ok(h) => Some(h),
+            Err(e) => {
+                tracing::warn!("cannot watch dlopen for CUDA: {e}");
+                None
+            }
+        }
+    });
+}
+
+/// Attaches a GPU link: verified under the GPU rules, then handed to GPU attach (now, or
+/// when CUDA is loaded). Returns whether it is attached or waiting.
+pub(crate) fn attach(store: &Store, programs: &Programs, rec: &LinkRecord) -> bool {
+    let point = match rec.kind {
+        LinkKind::GpuEntry => ProbePoint::Entry,
+        LinkKind::GpuExit => ProbePoint::Exit,
+        LinkKind::GpuLaunch => {
+            tracing::warn!(link = rec.id, kernel = %rec.path, "launch probes (cuda:KERNEL:launch) are not run yet");
+            return false;
+        }
+        LinkKind::Uprobe | LinkKind::Uretprobe => return false,
+    };
+    let me = std::process::id() as i32;
+    if rec.pid != -1 && rec.pid != me {
+        return false;
+    }
+    let prog = match ProgramRecord::read(store, rec.prog_id) {
+        Ok(p) => p,
+        Err(e) => {
+            tracing::error!(link = rec.id, "cannot read the program: {e}");
+            return false;
+        }
+    };
+    let maps: Vec<Arc<Map>> = match prog
+        .map_ids
+        .iter()
+        .map(|&id| programs.map(store, id))
+        .collect::<Result<_, _>>()
+    {
+        Ok(m) => m,
+        Err(e) => {
+            tracing::error!(link = rec.id, "cannot open the program's maps: {e}");
+            return false;
+        }
+    };
+    if let Err(e) = programs.verify_for_gpu(store, &prog) {
+        eprintln!(
+            "bpftime: GPU probe {} on {} is not attached: {e}",
+            prog.name, rec.path
+        );
+        return false;
+    }
+    let probe = GpuProbe {
+        link_id: rec.id,
+        name: prog.name.clone(),
+        insns: prog.insns.clone(),
+        maps,
+        point,
+        pattern: rec.path.clone(),
+    };
+    tracing::info!(link = rec.id, program = %prog.name, kernel = %rec.path, ?point, "GPU probe");
+    match session() {
+        Some(s) => {
+            links()
+                .attached
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .push(rec.id);
+            s.add_probe(probe);
+        }
+        None => {
+            links()
+                .pending
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .insert(rec.id, probe);
+            watch_dlopen();
+            report_pending_at_exit();
+        }
+    }
+    true
+}
+
+/// At exit, one line if GPU probes waited for a CUDA driver that never came.
+fn report_pending_at_exit() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    extern "C" fn report() {
+        let Some(links) = LINKS.get() else { return };
+        let Ok(pending) = links.pending.try_lock() else {
+            return;
+        };
+        if pending.is_empty() || bpftime_gpu_attach::cuda_loaded() {
+            return;
+        }
+        let mut names: Vec<String> = pending
+            .values()
+            .map(|p| format!("{} on {}", p.name, p.pattern))
+            .collect();
+        names.sort();
+        eprintln!(
+            "bpftime: GPU probes never ran ({}): this process did not load the CUDA driver \
+             (libcuda.so.1); it ran as it would without bpftime",
+            names.join(", ")
+        );
+    }
+    // SAFETY: registers a plain function that only reads our own state and writes stderr.
+    ONCE.call_once(|| unsafe {
+        libc::atexit(report);
+    });
+}
+
+/// Detaches the GPU link `id`, if it is one.
+pub(crate) fn detach(id: u32) {
+    links()
+        .pending
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .remove(&id);
+    let mut attached = links().attached.lock().unwrap_or_else(|e| e.into_inner());
+    if let Some(i) = attached.iter().position(|&l| l == id) {
+        attached.remove(i);
+        if let Some(s) = session() {
+            s.remove_probe(id);
+            tracing::info!(link = id, "GPU probe detached");
+        }
+    }
+}

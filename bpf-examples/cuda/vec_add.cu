@@ -1,0 +1,73 @@
+// vectorAdd: c = a + b over N floats, launched ITERS times; the result is checked and
+// each launch is timed with CUDA events. The target of the GPU examples.
+//
+//   vec_add [N] [ITERS] [BLOCK]     defaults: 1<<20 elements, 10 launches, 256 threads
+//
+// Prints one line per run: `vec_add n=N iters=I block=B grid=G threads=T ms_per_launch=X
+// ms_max=Y check=ok` (the median and the longest launch), and exits 1 if any element is
+// wrong or a CUDA call fails.
+#include <cstdio>
+#include <cstdlib>
+#include <vector>
+#include <algorithm>
+#include <cuda_runtime.h>
+
+#define CHECK(call)                                                                    \
+    do {                                                                               \
+        cudaError_t e_ = (call);                                                       \
+        if (e_ != cudaSuccess) {                                                       \
+            fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #call,              \
+                    cudaGetErrorString(e_));                                           \
+            exit(1);                                                                   \
+        }                                                                              \
+    } while (0)
+
+__global__ void vectorAdd(const float *a, const float *b, float *c, int n) {
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) c[i] = a[i] + b[i];
+}
+
+int main(int argc, char **argv) {
+    long n = argc > 1 ? strtol(argv[1], 0, 0) : 1 << 20;
+    int iters = argc > 2 ? atoi(argv[2]) : 10;
+    int block = argc > 3 ? atoi(argv[3]) : 256;
+    int grid = (int)((n + block - 1) / block);
+    std::vector<float> a(n), b(n), c(n, -1.0f);
+    srand(42);
+    for (long i = 0; i < n; i++) {
+        a[i] = (float)rand() / RAND_MAX;
+        b[i] = (float)rand() / RAND_MAX;
+    }
+    float *da, *db, *dc;
+    CHECK(cudaMalloc(&da, n * sizeof(float)));
+    CHECK(cudaMalloc(&db, n * sizeof(float)));
+    CHECK(cudaMalloc(&dc, n * sizeof(float)));
+    CHECK(cudaMemcpy(da, a.data(), n * sizeof(float), cudaMemcpyHostToDevice));
+    CHECK(cudaMemcpy(db, b.data(), n * sizeof(float), cudaMemcpyHostToDevice));
+    CHECK(cudaMemset(dc, 0xff, n * sizeof(float)));
+    cudaEvent_t start, stop;
+    CHECK(cudaEventCreate(&start));
+    CHECK(cudaEventCreate(&stop));
+    std::vector<float> ms(iters);
+    for (int it = 0; it < iters; it++) {
+        CHECK(cudaEventRecord(start));
+        vectorAdd<<<grid, block>>>(da, db, dc, (int)n);
+        CHECK(cudaGetLastError());
+        CHECK(cudaEventRecord(stop));
+        CHECK(cudaEventSynchronize(stop));
+        CHECK(cudaEventElapsedTime(&ms[it], start, stop));
+    }
+    CHECK(cudaMemcpy(c.data(), dc, n * sizeof(float), cudaMemcpyDeviceToHost));
+    long wrong = 0;
+    for (long i = 0; i < n; i++)
+        if (c[i] != a[i] + b[i]) wrong++;
+    std::sort(ms.begin(), ms.end());
+    printf("vec_add n=%ld iters=%d block=%d grid=%d threads=%ld ms_per_launch=%.4f "
+           "ms_max=%.4f check=%s\n",
+           n, iters, block, grid, (long)grid * block, iters ? ms[iters / 2] : 0.0f,
+           iters ? ms[iters - 1] : 0.0f, wrong ? "FAIL" : "ok");
+    CHECK(cudaFree(da));
+    CHECK(cudaFree(db));
+    CHECK(cudaFree(dc));
+    return wrong ? 1 : 0;
+}

@@ -1,0 +1,493 @@
+/*
+ * The device half of bpftime's GPU runtime: the helpers a probe spliced into a CUDA
+ * kernel calls, on the device replicas of its maps (DESIGN.md item 5: map traffic stays
+ * on the GPU; the host syncs the store with these replicas).
+ *
+ * Compiled by build.rs with clang-19 for nvptx64 into LLVM IR, which bpftime-jit-ptx
+ * links into every probe before optimization (GpuEnv::library), so these functions
+ * inline into the probe and become internal to it. No globals: every probe of a module
+ * carries its own copy of this code, and everything a helper needs is reached through a
+ * map descriptor (the value a probe's `lddw map` loads) or the per-context values that
+ * `config()` functions answer, which the host fills in when it builds the library text.
+ *
+ * The layouts below are mirrored in src/device_maps.rs (`#[repr(C)]`); change both.
+ */
+
+typedef unsigned long long u64;
+typedef long long s64;
+typedef unsigned int u32;
+typedef unsigned char u8;
+
+#define BPF_MAP_TYPE_HASH 1
+#define BPF_MAP_TYPE_ARRAY 2
+#define BPF_MAP_TYPE_PERF_EVENT_ARRAY 4
+#define BPF_MAP_TYPE_PERCPU_HASH 5
+#define BPF_MAP_TYPE_PERCPU_ARRAY 6
+#define BPF_MAP_TYPE_RINGBUF 27
+#define BPF_MAP_TYPE_GPU_HASH 1501
+#define BPF_MAP_TYPE_GPU_ARRAY 1503
+#define BPF_MAP_TYPE_GPU_RINGBUF 1527
+
+#define BPF_ANY 0
+#define BPF_NOEXIST 1
+#define BPF_EXIST 2
+
+#define E2BIG 7
+#define ENOENT 2
+#define EEXIST 17
+#define EINVAL 22
+#define ENOSPC 28
+#define EFAULT 14
+
+/* Hash slot states. A slot goes EMPTY -> BUSY -> FULL (-> DELETED) and never back on
+ * the device: every inserter of a key walks the same probe sequence and stops at the
+ * first EMPTY slot, so concurrent inserts of one key meet there, one wins, and the others
+ * wait for it to become FULL and find the key. The host rebuilds the table (tombstones
+ * gone) when it pushes a change. */
+#define SLOT_EMPTY 0u
+#define SLOT_BUSY 1u
+#define SLOT_FULL 2u
+#define SLOT_DELETED 3u
+
+/* A ring record's header: the length of the data, flags in the top bits, and the low 32
+ * bits of the record's position, so that a header left from an earlier lap of the ring
+ * never reads as committed. */
+#define RECORD_DISCARD (1u << 31)
+/* A trace record whose text is printed as it is, not as a format (bpftime's puts). */
+#define RECORD_RAW (1u << 30)
+#define RECORD_HEADER 8u
+
+struct ring {
+    u64 data;      /* device address of `size` bytes */
+    u64 size;      /* a power of two */
+    u64 head;      /* producers' position (bytes ever reserved) */
+    u64 tail;      /* the host's position: bytes it has consumed */
+    u64 dropped;   /* records refused for lack of space */
+};
+
+struct gpu_map {
+    u32 map_type;
+    u32 key_size;
+    u32 value_size;
+    u32 max_entries;
+    u32 key_stride;    /* round8(key_size) */
+    u32 value_stride;  /* round8(value_size) */
+    u32 copies;        /* values per key: 1, or the SM count of a per-CPU map */
+    u32 capacity;      /* hash slots, a power of two */
+    u64 values;        /* array: max_entries * copies values; hash: capacity * copies */
+    u64 keys;          /* hash: capacity keys */
+    u64 states;        /* hash: capacity u32 states */
+    u64 count;         /* hash: the u32 number of FULL slots */
+    u64 ring;          /* ringbuf and perf_event_array: a struct ring */
+};
+
+/* Every atomic here is relaxed, with explicit fences where order matters: LLVM 19's
+ * NVPTX backend selects relaxed atomics everywhere, and aborts the process on some
+ * ordered ones (an atomic store with release ordering, for one). */
+
+/* Per-context values the host writes into the library text before compiling. */
+extern u64 bpftime_gpu_config_pid_tgid(void);
+extern u64 bpftime_gpu_config_trace_ring(void);
+
+static inline u32 sm_id(void) { return __nvvm_read_ptx_sreg_smid(); }
+
+static inline u64 volatile_load64(const u64 *p) { return *(const volatile u64 *)p; }
+static inline u32 volatile_load32(const u32 *p) { return *(const volatile u32 *)p; }
+
+static void copy_bytes(u8 *dst, const u8 *src, u64 n)
+{
+    if ((((u64)dst | (u64)src | n) & 7) == 0) {
+        for (u64 i = 0; i < n; i += 8)
+            *(u64 *)(dst + i) = *(const u64 *)(src + i);
+        return;
+    }
+    for (u64 i = 0; i < n; i++)
+        dst[i] = src[i];
+}
+
+static int equal_bytes(const u8 *a, const u8 *b, u32 n)
+{
+    for (u32 i = 0; i < n; i++)
+        if (a[i] != b[i])
+            return 0;
+    return 1;
+}
+
+/* FNV-1a over the key; src/device_maps.rs computes the same when it rebuilds a table. */
+static u32 hash_key(const u8 *key, u32 n)
+{
+    u32 h = 2166136261u;
+    for (u32 i = 0; i < n; i++) {
+        h ^= key[i];
+        h *= 16777619u;
+    }
+    return h;
+}
+
+static u32 copy_index(const struct gpu_map *m)
+{
+    return m->copies > 1 ? sm_id() % m->copies : 0;
+}
+
+static u8 *array_value(const struct gpu_map *m, const u8 *key)
+{
+    u32 index = *(const u32 *)key;
+    if (index >= m->max_entries)
+        return 0;
+    u64 at = ((u64)index * m->copies + copy_index(m)) * m->value_stride;
+    return (u8 *)m->values + at;
+}
+
+/* The slot holding `key`, or -1; stops at the first EMPTY slot of its sequence. */
+static s64 hash_find(const struct gpu_map *m, const u8 *key)
+{
+    u32 *states = (u32 *)m->states;
+    u32 mask = m->capacity - 1;
+    u32 at = hash_key(key, m->key_size) & mask;
+    for (u32 n = 0; n < m->capacity; n++, at = (at + 1) & mask) {
+        u32 state = volatile_load32(&states[at]);
+        while (state == SLOT_BUSY)
+            state = volatile_load32(&states[at]);
+        if (state == SLOT_EMPTY)
+            return -1;
+        if (state == SLOT_FULL &&
+            equal_bytes((const u8 *)m->keys + (u64)at * m->key_stride, key, m->key_size))
+            return at;
+    }
+    return -1;
+}
+
+static u8 *hash_value(const struct gpu_map *m, u32 slot)
+{
+    return (u8 *)m->values + ((u64)slot * m->copies + copy_index(m)) * m->value_stride;
+}
+
+static int is_hash(u32 t)
+{
+    return t == BPF_MAP_TYPE_HASH || t == BPF_MAP_TYPE_PERCPU_HASH || t == BPF_MAP_TYPE_GPU_HASH;
+}
+
+static int is_array(u32 t)
+{
+    return t == BPF_MAP_TYPE_ARRAY || t == BPF_MAP_TYPE_PERCPU_ARRAY || t == BPF_MAP_TYPE_GPU_ARRAY;
+}
+
+u64 bpftime_gpu_map_lookup_elem(u64 map, u64 key, u64 r3, u64 r4, u64 r5)
+{
+    const struct gpu_map *m = (const struct gpu_map *)map;
+    if (is_array(m->map_type))
+        return (u64)array_value(m, (const u8 *)key);
+    if (is_hash(m->map_type)) {
+        s64 slot = hash_find(m, (const u8 *)key);
+        return slot < 0 ? 0 : (u64)hash_value(m, (u32)slot);
+    }
+    return 0;
+}
+
+/* Inserts `key` with every copy of its value zeroed (the kernel's per-CPU semantics for
+ * copies other than this SM's), or finds it if another thread got there first. Returns
+ * the slot, -E2BIG when full, or -EEXIST (slot in *found) when the key exists. */
+static s64 hash_insert(const struct gpu_map *m, const u8 *key, s64 *found)
+{
+    u32 *states = (u32 *)m->states;
+    u32 mask = m->capacity - 1;
+    u32 at = hash_key(key, m->key_size) & mask;
+    for (u32 n = 0; n < m->capacity; n++, at = (at + 1) & mask) {
+        u32 state = volatile_load32(&states[at]);
+        if (state == SLOT_EMPTY) {
+            u32 *count = (u32 *)m->count;
+            if (__atomic_fetch_add(count, 1, __ATOMIC_RELAXED) >= m->max_entries) {
+                __atomic_fetch_sub(count, 1, __ATOMIC_RELAXED);
+                return -E2BIG;
+            }
+            u32 expected = SLOT_EMPTY;
+            if (__atomic_compare_exchange_n(&states[at], &expected, SLOT_BUSY, 0,
+                                            __ATOMIC_RELAXED, __ATOMIC_RELAXED)) {
+                copy_bytes((u8 *)m->keys + (u64)at * m->key_stride, key, m->key_size);
+                u8 *values = (u8 *)m->values + (u64)at * m->copies * m->value_stride;
+                for (u64 i = 0; i < (u64)m->copies * m->value_stride; i += 8)
+                    *(u64 *)(values + i) = 0;
+                return at;
+            }
+            __atomic_fetch_sub(count, 1, __ATOMIC_RELAXED);
+            state = expected;
+        }
+        while (state == SLOT_BUSY)
+            state = volatile_load32(&states[at]);
+        if (state == SLOT_FULL &&
+            equal_bytes((const u8 *)m->keys + (u64)at * m->key_stride, key, m->key_size)) {
+            *found = at;
+            return -EEXIST;
+        }
+    }
+    return -E2BIG;
+}
+
+/* A fence, then a plain volatile store: LLVM 19's NVPTX backend cannot select an
+ * atomic store with release ordering (it aborts), and the fence gives the same order. */
+static void publish_slot(const struct gpu_map *m, u32 slot)
+{
+    __nvvm_membar_gl();
+    *(volatile u32 *)&((u32 *)m->states)[slot] = SLOT_FULL;
+}
+
+u64 bpftime_gpu_map_update_elem(u64 map, u64 key, u64 value, u64 flags, u64 r5)
+{
+    const struct gpu_map *m = (const struct gpu_map *)map;
+    if (flags > BPF_EXIST)
+        return (u64)-EINVAL;
+    if (is_array(m->map_type)) {
+        u8 *slot = array_value(m, (const u8 *)key);
+        if (!slot)
+            return (u64)-E2BIG;
+        if (flags == BPF_NOEXIST)
+            return (u64)-EEXIST;
+        copy_bytes(slot, (const u8 *)value, m->value_size);
+        return 0;
+    }
+    if (!is_hash(m->map_type))
+        return (u64)-EINVAL;
+    s64 slot = hash_find(m, (const u8 *)key);
+    if (slot >= 0) {
+        if (flags == BPF_NOEXIST)
+            return (u64)-EEXIST;
+        copy_bytes(hash_value(m, (u32)slot), (const u8 *)value, m->value_size);
+        return 0;
+    }
+    if (flags == BPF_EXIST)
+        return (u64)-ENOENT;
+    s64 found = -1;
+    slot = hash_insert(m, (const u8 *)key, &found);
+    if (slot == -EEXIST) {
+        if (flags == BPF_NOEXIST)
+            return (u64)-EEXIST;
+        copy_bytes(hash_value(m, (u32)found), (const u8 *)value, m->value_size);
+        return 0;
+    }
+    if (slot < 0)
+        return (u64)slot;
+    copy_bytes(hash_value(m, (u32)slot), (const u8 *)value, m->value_size);
+    publish_slot(m, (u32)slot);
+    return 0;
+}
+
+u64 bpftime_gpu_map_delete_elem(u64 map, u64 key, u64 r3, u64 r4, u64 r5)
+{
+    const struct gpu_map *m = (const struct gpu_map *)map;
+    if (is_array(m->map_type))
+        return (u64)-EINVAL;
+    if (!is_hash(m->map_type))
+        return (u64)-EINVAL;
+    s64 slot = hash_find(m, (const u8 *)key);
+    if (slot < 0)
+        return (u64)-ENOENT;
+    u32 expected = SLOT_FULL;
+    if (!__atomic_compare_exchange_n(&((u32 *)m->states)[slot], &expected, SLOT_DELETED, 0,
+                                     __ATOMIC_RELAXED, __ATOMIC_RELAXED))
+        return (u64)-ENOENT;
+    __atomic_fetch_sub((u32 *)m->count, 1, __ATOMIC_RELAXED);
+    return 0;
+}
+
+/* Reserves `len` bytes of record data; returns the data address or 0 (dropped). */
+static u8 *ring_reserve(struct ring *r, u32 len, u64 *pos_out)
+{
+    u64 total = (RECORD_HEADER + (u64)len + 7) & ~7ull;
+    if (total > r->size / 2) {
+        __atomic_fetch_add(&r->dropped, 1, __ATOMIC_RELAXED);
+        return 0;
+    }
+    u64 head = volatile_load64(&r->head);
+    for (;;) {
+        u64 tail = volatile_load64(&r->tail);
+        if (head + total - tail > r->size) {
+            __atomic_fetch_add(&r->dropped, 1, __ATOMIC_RELAXED);
+            return 0;
+        }
+        /* A record never wraps: pad to the end of the ring with a discarded record. */
+        u64 offset = head & (r->size - 1);
+        u64 room = r->size - offset;
+        u64 take = room < total ? room + total : total;
+        if (head + take - tail > r->size) {
+            __atomic_fetch_add(&r->dropped, 1, __ATOMIC_RELAXED);
+            return 0;
+        }
+        if (__atomic_compare_exchange_n(&r->head, &head, head + take, 0, __ATOMIC_RELAXED,
+                                        __ATOMIC_RELAXED)) {
+            u8 *data = (u8 *)r->data;
+            if (take != total) {
+                u32 *pad = (u32 *)(data + offset);
+                pad[1] = (u32)head;
+                __nvvm_membar_gl();
+                *(volatile u32 *)pad = (u32)(room - RECORD_HEADER) | RECORD_DISCARD;
+                head += room;
+                offset = 0;
+            }
+            *pos_out = head;
+            return data + offset + RECORD_HEADER;
+        }
+    }
+}
+
+static void ring_commit(struct ring *r, u64 pos, u32 len, u32 flags)
+{
+    u32 *header = (u32 *)((u8 *)r->data + (pos & (r->size - 1)));
+    header[1] = (u32)pos;
+    __nvvm_membar_gl();
+    *(volatile u32 *)header = len | flags;
+}
+
+static u64 ring_output(struct ring *r, const u8 *data, u64 size)
+{
+    if (size == 0 || size > 0x7fffffffull)
+        return (u64)-EINVAL;
+    u64 pos;
+    u8 *to = ring_reserve(r, (u32)size, &pos);
+    if (!to)
+        return (u64)-ENOSPC;
+    copy_bytes(to, data, size);
+    ring_commit(r, pos, (u32)size, 0);
+    return 0;
+}
+
+u64 bpftime_gpu_ringbuf_output(u64 map, u64 data, u64 size, u64 flags, u64 r5)
+{
+    const struct gpu_map *m = (const struct gpu_map *)map;
+    if (m->map_type != BPF_MAP_TYPE_RINGBUF && m->map_type != BPF_MAP_TYPE_GPU_RINGBUF)
+        return (u64)-EINVAL;
+    return ring_output((struct ring *)m->ring, (const u8 *)data, size);
+}
+
+/* A perf record goes into the map's ring with the perf event flags (the CPU index) in
+ * front of it; the host writes it to the store's perf buffer of that CPU. */
+u64 bpftime_gpu_perf_event_output(u64 ctx, u64 map, u64 flags, u64 data, u64 size)
+{
+    const struct gpu_map *m = (const struct gpu_map *)map;
+    if (m->map_type != BPF_MAP_TYPE_PERF_EVENT_ARRAY || size == 0 || size > 0x7fff0000ull)
+        return (u64)-EINVAL;
+    struct ring *r = (struct ring *)m->ring;
+    u64 pos;
+    u8 *to = ring_reserve(r, (u32)size + 8, &pos);
+    if (!to)
+        return (u64)-ENOSPC;
+    *(u64 *)to = flags;
+    copy_bytes(to + 8, (const u8 *)data, size);
+    ring_commit(r, pos, (u32)size + 8, 0);
+    return 0;
+}
+
+/* bpf_trace_printk: the format (up to 256 bytes) and three arguments go into the
+ * context's trace ring, formatted on the host: a GPU thread never waits for the host. */
+u64 bpftime_gpu_trace_printk(u64 fmt, u64 fmt_size, u64 a, u64 b, u64 c)
+{
+    struct ring *r = (struct ring *)bpftime_gpu_config_trace_ring();
+    if (!r)
+        return (u64)-EINVAL;
+    if (fmt_size == 0 || fmt_size > 256)
+        return (u64)-EINVAL;
+    u64 pos;
+    u32 len = 24 + (u32)fmt_size;
+    u8 *to = ring_reserve(r, len, &pos);
+    if (!to)
+        return (u64)-ENOSPC;
+    u64 *args = (u64 *)to;
+    args[0] = a;
+    args[1] = b;
+    args[2] = c;
+    copy_bytes(to + 24, (const u8 *)fmt, fmt_size);
+    ring_commit(r, pos, len, 0);
+    return fmt_size;
+}
+
+/* bpftime's helper 501: a NUL-terminated string, printed like trace_printk("%s"). */
+u64 bpftime_gpu_puts(u64 str, u64 r2, u64 r3, u64 r4, u64 r5)
+{
+    const u8 *s = (const u8 *)str;
+    u64 n = 0;
+    while (n < 255 && s[n])
+        n++;
+    struct ring *r = (struct ring *)bpftime_gpu_config_trace_ring();
+    if (!r)
+        return (u64)-EINVAL;
+    u64 pos;
+    u32 len = 24 + (u32)n + 1;
+    u8 *to = ring_reserve(r, len, &pos);
+    if (!to)
+        return (u64)-ENOSPC;
+    u64 *args = (u64 *)to;
+    args[0] = 0;
+    args[1] = 0;
+    args[2] = 0;
+    copy_bytes(to + 24, s, n);
+    to[24 + n] = 0;
+    ring_commit(r, pos, len, RECORD_RAW);
+    return 0;
+}
+
+/* Device memory is all one address space to a probe: reads go straight through. A bad
+ * address faults the kernel as the application's own bad access would; the verifier's
+ * GPU rules are what keep probes from making one up. */
+static u64 probe_read(u64 dst, u64 size, u64 src)
+{
+    if (!src && size) {
+        for (u64 i = 0; i < size; i++)
+            ((u8 *)dst)[i] = 0;
+        return (u64)-EFAULT;
+    }
+    copy_bytes((u8 *)dst, (const u8 *)src, size);
+    return 0;
+}
+
+static u64 probe_read_str(u64 dst, u64 size, u64 src)
+{
+    u8 *d = (u8 *)dst;
+    const u8 *s = (const u8 *)src;
+    if (!size)
+        return 0;
+    if (!s) {
+        d[0] = 0;
+        return (u64)-EFAULT;
+    }
+    u64 n = 0;
+    while (n + 1 < size && s[n]) {
+        d[n] = s[n];
+        n++;
+    }
+    d[n] = 0;
+    return n + 1;
+}
+
+u64 bpftime_gpu_probe_read(u64 dst, u64 size, u64 src, u64 r4, u64 r5) { return probe_read(dst, size, src); }
+u64 bpftime_gpu_probe_read_user(u64 dst, u64 size, u64 src, u64 r4, u64 r5) { return probe_read(dst, size, src); }
+u64 bpftime_gpu_probe_read_kernel(u64 dst, u64 size, u64 src, u64 r4, u64 r5) { return probe_read(dst, size, src); }
+u64 bpftime_gpu_probe_read_str(u64 dst, u64 size, u64 src, u64 r4, u64 r5) { return probe_read_str(dst, size, src); }
+u64 bpftime_gpu_probe_read_user_str(u64 dst, u64 size, u64 src, u64 r4, u64 r5) { return probe_read_str(dst, size, src); }
+u64 bpftime_gpu_probe_read_kernel_str(u64 dst, u64 size, u64 src, u64 r4, u64 r5) { return probe_read_str(dst, size, src); }
+
+/* bpftime's helper 507: the thread stops here. */
+u64 bpftime_gpu_exit(u64 r1, u64 r2, u64 r3, u64 r4, u64 r5)
+{
+    __asm__ volatile("exit;");
+    return 0;
+}
+
+u64 bpftime_gpu_get_current_pid_tgid(u64 r1, u64 r2, u64 r3, u64 r4, u64 r5)
+{
+    return bpftime_gpu_config_pid_tgid();
+}
+
+/* A 32-bit value from the global timer, the thread's place and a counter-free mix
+ * (splitmix64): different in every thread and every call a thread makes at another
+ * time. Not for cryptography, like the kernel's. */
+u64 bpftime_gpu_get_prandom_u32(u64 r1, u64 r2, u64 r3, u64 r4, u64 r5)
+{
+    u64 x = __nvvm_read_ptx_sreg_globaltimer();
+    x ^= (u64)__nvvm_read_ptx_sreg_clock() << 32;
+    x ^= ((u64)__nvvm_read_ptx_sreg_ctaid_x() << 40) ^ ((u64)__nvvm_read_ptx_sreg_tid_x() << 20) ^
+         ((u64)__nvvm_read_ptx_sreg_ctaid_y() << 8) ^ __nvvm_read_ptx_sreg_tid_y();
+    x += 0x9e3779b97f4a7c15ull;
+    x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+    x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+    x ^= x >> 31;
+    return (u32)x;
+}

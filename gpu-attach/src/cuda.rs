@@ -1,0 +1,234 @@
+//! The slice of the CUDA driver API that GPU attach calls, resolved from the libcuda this
+//! process already loaded (never loading one: a process that does not use CUDA never gets
+//! it from us).
+//!
+//! Results and enums stay plain integers and handles plain addresses: a code this table
+//! did not expect must not become an invalid Rust enum. For the entry points GPU attach
+//! detours, the session's [`Api`] holds the originals, so that our own calls never come
+//! back through our replacements.
+
+use std::ffi::{c_char, c_int, c_uint, c_void, CStr};
+
+/// `CUresult`.
+pub type CuResult = c_uint;
+pub const CUDA_SUCCESS: CuResult = 0;
+pub const CUDA_ERROR_NOT_READY: CuResult = 600;
+
+/// Opaque driver handles: `CUcontext`, `CUmodule`, `CUlibrary`, `CUfunction`, `CUkernel`,
+/// `CUstream`, `CUevent`.
+pub type Handle = usize;
+/// `CUdeviceptr`.
+pub type DevicePtr = u64;
+
+/// The per-thread default stream, `CU_STREAM_PER_THREAD`.
+pub const STREAM_PER_THREAD: Handle = 0x2;
+pub const STREAM_NON_BLOCKING: c_uint = 0x1;
+pub const EVENT_DISABLE_TIMING: c_uint = 0x2;
+
+pub const ATTR_MULTIPROCESSOR_COUNT: c_int = 16;
+pub const ATTR_COMPUTE_CAPABILITY_MAJOR: c_int = 75;
+pub const ATTR_COMPUTE_CAPABILITY_MINOR: c_int = 76;
+
+/// `CUlaunchConfig`.
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct LaunchConfig {
+    pub grid: [c_uint; 3],
+    pub block: [c_uint; 3],
+    pub shared_mem_bytes: c_uint,
+    pub stream: Handle,
+    pub attrs: *mut c_void,
+    pub num_attrs: c_uint,
+}
+
+/// Why a driver call failed, with the driver's own words for the code.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{call} failed: {name} ({code})")]
+pub struct CudaError {
+    pub call: &'static str,
+    pub code: CuResult,
+    pub name: String,
+}
+
+macro_rules! api {
+    ($( $field:ident: $symbol:literal fn($($arg:ty),*) ;)*) => {
+        /// Driver entry points, resolved by name.
+        #[derive(Clone, Copy)]
+        pub struct Api {
+            $( pub $field: unsafe extern "C" fn($($arg),*) -> CuResult, )*
+            /// `cuFuncGetName` (CUDA 12.3 and newer drivers).
+            pub func_get_name: Option<unsafe extern "C" fn(*mut *const c_char, Handle) -> CuResult>,
+            /// `cuKernelGetName` (CUDA 12.3 and newer drivers).
+            pub kernel_get_name: Option<unsafe extern "C" fn(*mut *const c_char, Handle) -> CuResult>,
+        }
+
+        impl Api {
+            /// Resolves every entry point in `lib` (a `dlopen` handle).
+            ///
+            /// # Safety
+            /// `lib` must be a live handle of the CUDA driver library.
+            unsafe fn resolve(lib: *mut c_void) -> Result<Api, String> {
+                Ok(Api {
+                    $( $field: {
+                        // SAFETY: the driver exports this symbol with this signature
+                        // (cuda.h of CUDA 12 and 13).
+                        let p = unsafe { symbol(lib, $symbol) }
+                            .ok_or_else(|| format!("the CUDA driver has no {}", $symbol))?;
+                        // SAFETY: as above.
+                        unsafe { std::mem::transmute::<*mut c_void, unsafe extern "C" fn($($arg),*) -> CuResult>(p) }
+                    }, )*
+                    // SAFETY: as above, where the driver has them.
+                    func_get_name: unsafe { symbol(lib, "cuFuncGetName") }
+                        .map(|p| unsafe { std::mem::transmute::<*mut c_void, unsafe extern "C" fn(*mut *const c_char, Handle) -> CuResult>(p) }),
+                    // SAFETY: as above.
+                    kernel_get_name: unsafe { symbol(lib, "cuKernelGetName") }
+                        .map(|p| unsafe { std::mem::transmute::<*mut c_void, unsafe extern "C" fn(*mut *const c_char, Handle) -> CuResult>(p) }),
+                })
+            }
+        }
+    };
+}
+
+api! {
+    get_error_name: "cuGetErrorName" fn(CuResult, *mut *const c_char);
+    driver_get_version: "cuDriverGetVersion" fn(*mut c_int);
+    ctx_get_current: "cuCtxGetCurrent" fn(*mut Handle);
+    ctx_set_current: "cuCtxSetCurrent" fn(Handle);
+    ctx_get_device: "cuCtxGetDevice" fn(*mut c_int);
+    primary_ctx_get_state: "cuDevicePrimaryCtxGetState" fn(c_int, *mut c_uint, *mut c_int);
+    device_get_attribute: "cuDeviceGetAttribute" fn(*mut c_int, c_int, c_int);
+    module_load_data: "cuModuleLoadData" fn(*mut Handle, *const c_void);
+    module_get_function: "cuModuleGetFunction" fn(*mut Handle, Handle, *const c_char);
+    module_get_global: "cuModuleGetGlobal_v2" fn(*mut DevicePtr, *mut usize, Handle, *const c_char);
+    mem_alloc: "cuMemAlloc_v2" fn(*mut DevicePtr, usize);
+    memcpy_htod_async: "cuMemcpyHtoDAsync_v2" fn(DevicePtr, *const c_void, usize, Handle);
+    memcpy_dtoh_async: "cuMemcpyDtoHAsync_v2" fn(*mut c_void, DevicePtr, usize, Handle);
+    memset_d8_async: "cuMemsetD8Async" fn(DevicePtr, u8, usize, Handle);
+    stream_create: "cuStreamCreate" fn(*mut Handle, c_uint);
+    stream_synchronize: "cuStreamSynchronize" fn(Handle);
+    event_create: "cuEventCreate" fn(*mut Handle, c_uint);
+    event_record: "cuEventRecord" fn(Handle, Handle);
+    event_query: "cuEventQuery" fn(Handle);
+    event_synchronize: "cuEventSynchronize" fn(Handle);
+    launch_kernel: "cuLaunchKernel" fn(Handle, c_uint, c_uint, c_uint, c_uint, c_uint, c_uint, c_uint, Handle, *mut *mut c_void, *mut *mut c_void);
+    library_get_kernel: "cuLibraryGetKernel" fn(*mut Handle, Handle, *const c_char);
+    get_proc_address: "cuGetProcAddress_v2" fn(*const c_char, *mut *mut c_void, c_int, u64, *mut c_int);
+}
+
+/// The driver library's name, as the loader finds it.
+pub const LIBCUDA: &str = "libcuda.so.1";
+
+/// `dlsym`, or `None`.
+///
+/// # Safety
+/// `lib` must be a live `dlopen` handle.
+unsafe fn symbol(lib: *mut c_void, name: &str) -> Option<*mut c_void> {
+    let name = std::ffi::CString::new(name).ok()?;
+    // SAFETY: a live handle and a NUL-terminated name.
+    let p = unsafe { libc::dlsym(lib, name.as_ptr()) };
+    (!p.is_null()).then_some(p)
+}
+
+/// The driver library's handle if this process has loaded it, without loading it.
+pub fn loaded_libcuda() -> Option<*mut c_void> {
+    // SAFETY: RTLD_NOLOAD only looks: it returns the handle of an already-loaded library
+    // (taking a reference, which we keep for good) or NULL.
+    let h = unsafe {
+        libc::dlopen(
+            c"libcuda.so.1".as_ptr(),
+            libc::RTLD_NOW | libc::RTLD_NOLOAD | libc::RTLD_GLOBAL,
+        )
+    };
+    (!h.is_null()).then_some(h)
+}
+
+/// Resolves the entry points from the loaded driver `lib` (from [`loaded_libcuda`]); an
+/// error names an entry point the driver lacks.
+pub(crate) fn api_from(lib: *mut c_void) -> Result<Api, String> {
+    // SAFETY: `lib` is the loaded driver's handle, which is never closed.
+    unsafe { Api::resolve(lib) }
+}
+
+impl Api {
+    /// The driver's name for `code` (`CUDA_ERROR_INVALID_PTX`, ...).
+    pub fn error_name(&self, code: CuResult) -> String {
+        let mut name: *const c_char = std::ptr::null();
+        // SAFETY: writes a pointer to a static string, or fails.
+        let r = unsafe { (self.get_error_name)(code, &mut name) };
+        if r != CUDA_SUCCESS || name.is_null() {
+            return format!("CUDA error {code}");
+        }
+        // SAFETY: the driver's static, NUL-terminated string.
+        unsafe { CStr::from_ptr(name) }
+            .to_string_lossy()
+            .into_owned()
+    }
+
+    /// `Ok(())` for success, else the error with its name.
+    pub fn check(&self, call: &'static str, code: CuResult) -> Result<(), CudaError> {
+        if code == CUDA_SUCCESS {
+            Ok(())
+        } else {
+            Err(CudaError {
+                call,
+                code,
+                name: self.error_name(code),
+            })
+        }
+    }
+
+    /// The current context (0 for none).
+    pub fn current_context(&self) -> Handle {
+        let mut ctx = 0;
+        // SAFETY: writes one handle.
+        let r = unsafe { (self.ctx_get_current)(&mut ctx) };
+        if r == CUDA_SUCCESS {
+            ctx
+        } else {
+            0
+        }
+    }
+
+    /// An attribute of the current context's device.
+    pub fn device_attribute(&self, attr: c_int) -> Result<i32, CudaError> {
+        let mut dev = 0;
+        // SAFETY: writes one int.
+        self.check("cuCtxGetDevice", unsafe { (self.ctx_get_device)(&mut dev) })?;
+        let mut v = 0;
+        // SAFETY: writes one int.
+        self.check("cuDeviceGetAttribute", unsafe {
+            (self.device_get_attribute)(&mut v, attr, dev)
+        })?;
+        Ok(v)
+    }
+
+    /// The driver's CUDA version: 13000 for 13.0.
+    pub fn driver_version(&self) -> Result<i32, CudaError> {
+        let mut v = 0;
+        // SAFETY: writes one int.
+        self.check("cuDriverGetVersion", unsafe {
+            (self.driver_get_version)(&mut v)
+        })?;
+        Ok(v)
+    }
+
+    /// The name the driver gives a function or kernel handle, where it can.
+    pub fn function_name(&self, f: Handle) -> Option<String> {
+        for get in [self.func_get_name, self.kernel_get_name]
+            .into_iter()
+            .flatten()
+        {
+            let mut name: *const c_char = std::ptr::null();
+            // SAFETY: writes a pointer to a string the driver owns, or fails.
+            if unsafe { get(&mut name, f) } == CUDA_SUCCESS && !name.is_null() {
+                // SAFETY: NUL-terminated, valid while the module is loaded.
+                return Some(
+                    unsafe { CStr::from_ptr(name) }
+                        .to_string_lossy()
+                        .into_owned(),
+                );
+            }
+        }
+        None
+    }
+}

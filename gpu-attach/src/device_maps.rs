@@ -1,0 +1,426 @@
+//! The layouts the device runtime (device/runtime.c) works on, and the host-side logic of
+//! keeping them in step with the store: building a device hash table from the store's
+//! entries, reading one back, deciding which values changed on which side, and reading the
+//! records the device wrote into a ring. Everything here is plain data, checked without a
+//! GPU; `session` moves the bytes.
+
+use bpftime_isa::uapi::map_type;
+
+/// Hash slot states, as runtime.c names them.
+pub const SLOT_EMPTY: u32 = 0;
+pub const SLOT_BUSY: u32 = 1;
+pub const SLOT_FULL: u32 = 2;
+pub const SLOT_DELETED: u32 = 3;
+
+/// Ring record header flags and size, as runtime.c writes them.
+pub const RECORD_DISCARD: u32 = 1 << 31;
+pub const RECORD_RAW: u32 = 1 << 30;
+pub const RECORD_HEADER: u64 = 8;
+
+/// `struct gpu_map` of runtime.c: what a probe's `lddw map` points at on the device.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct GpuMapDesc {
+    pub map_type: u32,
+    pub key_size: u32,
+    pub value_size: u32,
+    pub max_entries: u32,
+    pub key_stride: u32,
+    pub value_stride: u32,
+    pub copies: u32,
+    pub capacity: u32,
+    pub values: u64,
+    pub keys: u64,
+    pub states: u64,
+    pub count: u64,
+    pub ring: u64,
+}
+
+/// `struct ring` of runtime.c.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct DeviceRing {
+    pub data: u64,
+    pub size: u64,
+    pub head: u64,
+    pub tail: u64,
+    pub dropped: u64,
+}
+
+const _: () = assert!(std::mem::size_of::<GpuMapDesc>() == 72);
+const _: () = assert!(std::mem::size_of::<DeviceRing>() == 40);
+
+/// Byte offsets of the ring's fields, for the host's partial copies.
+pub const RING_HEAD: u64 = 16;
+pub const RING_TAIL: u64 = 24;
+pub const RING_DROPPED: u64 = 32;
+
+pub fn round8(v: u32) -> u32 {
+    (v + 7) & !7
+}
+
+/// How a store map lives on the device.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DeviceKind {
+    /// Values at `values + (key * copies + copy) * value_stride`.
+    Array,
+    /// An open-addressing table of `capacity` slots.
+    Hash,
+    /// Records in a ring the host drains into the store's ring buffer.
+    Ringbuf,
+    /// Records (each led by the perf flags) the host writes to the store's perf buffers.
+    PerfEventArray,
+}
+
+/// The device kind of a map type, or why it has none.
+pub fn device_kind(map_type: u32) -> Result<DeviceKind, String> {
+    Ok(match map_type {
+        map_type::ARRAY | map_type::PERCPU_ARRAY | map_type::GPU_ARRAY => DeviceKind::Array,
+        map_type::HASH | map_type::PERCPU_HASH | map_type::GPU_HASH => DeviceKind::Hash,
+        map_type::RINGBUF | map_type::GPU_RINGBUF => DeviceKind::Ringbuf,
+        map_type::PERF_EVENT_ARRAY => DeviceKind::PerfEventArray,
+        other => {
+            return Err(format!(
+                "map type {other} has no GPU replica (GPU probes use array, hash, per-CPU \
+                 array and hash, ringbuf and perf_event_array maps)"
+            ))
+        }
+    })
+}
+
+/// Whether a map type keeps one value per CPU: on the device, one per SM.
+pub fn is_per_cpu(map_type: u32) -> bool {
+    matches!(map_type, map_type::PERCPU_ARRAY | map_type::PERCPU_HASH)
+}
+
+/// Slots of a device hash table for `max_entries`: at least twice as many, a power of
+/// two, so that probe sequences stay short and always meet an empty slot.
+pub fn hash_capacity(max_entries: u32) -> u32 {
+    (max_entries.max(1) as u64 * 2)
+        .next_power_of_two()
+        .min(1 << 31) as u32
+}
+
+/// FNV-1a, as runtime.c's `hash_key`.
+pub fn hash_key(key: &[u8]) -> u32 {
+    let mut h: u32 = 2_166_136_261;
+    for &b in key {
+        h ^= b as u32;
+        h = h.wrapping_mul(16_777_619);
+    }
+    h
+}
+
+/// A device hash table's three arrays, as host bytes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HashImage {
+    pub states: Vec<u32>,
+    pub keys: Vec<u8>,
+    pub values: Vec<u8>,
+}
+
+/// The shape of a device hash table.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct HashShape {
+    pub key_size: u32,
+    pub value_size: u32,
+    pub capacity: u32,
+    pub copies: u32,
+}
+
+impl HashShape {
+    pub fn key_stride(&self) -> usize {
+        round8(self.key_size) as usize
+    }
+    pub fn value_stride(&self) -> usize {
+        round8(self.value_size) as usize
+    }
+    /// Bytes of all copies of one slot's value.
+    pub fn slot_values(&self) -> usize {
+        self.value_stride() * self.copies as usize
+    }
+
+    /// A table holding `entries` (key, the value's copies one after the other, each
+    /// `value_size` bytes), placed as the device would place them. Fails if they do
+    /// not fit (more entries than slots).
+    pub fn build(&self, entries: &[(Vec<u8>, Vec<u8>)]) -> Result<HashImage, String> {
+        let cap = self.capacity as usize;
+        let mut image = HashImage {
+            states: vec![SLOT_EMPTY; cap],
+            keys: vec![0; cap * self.key_stride()],
+            values: vec![0; cap * self.slot_values()],
+        };
+        if entries.len() > cap {
+            return Err(format!("{} entries do not fit {cap} slots", entries.len()));
+        }
+        for (key, value) in entries {
+            let mut at = hash_key(key) as usize & (cap - 1);
+            while image.states[at] != SLOT_EMPTY {
+                at = (at + 1) & (cap - 1);
+            }
+            image.states[at] = SLOT_FULL;
+            let k = at * self.key_stride();
+            image.keys[k..k + key.len()].copy_from_slice(key);
+            let vs = self.value_size as usize;
+            for copy in 0..self.copies as usize {
+                let from = copy * vs;
+                let to = at * self.slot_values() + copy * self.value_stride();
+                if let Some(src) = value.get(from..from + vs) {
+                    image.values[to..to + vs].copy_from_slice(src);
+                }
+            }
+        }
+        Ok(image)
+    }
+
+    /// The entries of a table the device wrote: every FULL slot's key and value copies
+    /// (`value_size` bytes each, back to back), in slot order.
+    pub fn read(&self, image: &HashImage) -> Vec<(Vec<u8>, Vec<u8>)> {
+        let vs = self.value_size as usize;
+        image
+            .states
+            .iter()
+            .enumerate()
+            .filter(|(_, &s)| s == SLOT_FULL)
+            .map(|(at, _)| {
+                let k = at * self.key_stride();
+                let key = image.keys[k..k + self.key_size as usize].to_vec();
+                let mut value = Vec::with_capacity(vs * self.copies as usize);
+                for copy in 0..self.copies as usize {
+                    let from = at * self.slot_values() + copy * self.value_stride();
+                    value.extend_from_slice(&image.values[from..from + vs]);
+                }
+                (key, value)
+            })
+            .collect()
+    }
+}
+
+/// What a sync must do for one value, given what the host and the device hold and what
+/// both held at the last sync (the shadow).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Merge {
+    Same,
+    /// Only the device changed it: the store takes the device's value.
+    ToHost,
+    /// Only the host changed it: the device takes the host's value before the next launch.
+    ToDevice,
+    /// Both changed it since the last sync. The device's write is the later one as far as
+    /// anything can tell (it ran after the last push), so the store takes it.
+    Both,
+}
+
+pub fn merge(host: &[u8], device: &[u8], shadow: &[u8]) -> Merge {
+    match (host == shadow, device == shadow) {
+        (true, true) => Merge::Same,
+        (true, false) => Merge::ToHost,
+        (false, true) => Merge::ToDevice,
+        (false, false) if host == device => Merge::Same,
+        (false, false) => Merge::Both,
+    }
+}
+
+/// A record the device committed to a ring.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RingRecord {
+    pub data: Vec<u8>,
+    /// Printed as it is rather than as a format (bpftime's puts).
+    pub raw: bool,
+}
+
+/// Reads the committed records of a device ring of `size` bytes (a power of two) from
+/// `tail` up to `head`, out of `ring`, a copy of its data. Stops at the first record not
+/// yet committed (a header from an earlier lap, or none). Returns the records and the new
+/// tail.
+pub fn drain_ring(ring: &[u8], size: u64, tail: u64, head: u64) -> (Vec<RingRecord>, u64) {
+    let mut records = Vec::new();
+    let mut pos = tail;
+    while pos < head && head - pos >= RECORD_HEADER {
+        let at = (pos & (size - 1)) as usize;
+        let Some(header) = ring.get(at..at + 8) else {
+            break;
+        };
+        let word = u32::from_le_bytes(header[0..4].try_into().expect("4 bytes"));
+        let stamp = u32::from_le_bytes(header[4..8].try_into().expect("4 bytes"));
+        if stamp != pos as u32 || word == 0 {
+            break;
+        }
+        let len = (word & !(RECORD_DISCARD | RECORD_RAW)) as u64;
+        let total = (RECORD_HEADER + len + 7) & !7;
+        if total > size || pos + total > head {
+            break;
+        }
+        if word & RECORD_DISCARD == 0 {
+            let start = at + RECORD_HEADER as usize;
+            let Some(data) = ring.get(start..start + len as usize) else {
+                break;
+            };
+            records.push(RingRecord {
+                data: data.to_vec(),
+                raw: word & RECORD_RAW != 0,
+            });
+        }
+        pos += total;
+    }
+    (records, pos)
+}
+
+/// The per-context values runtime.c asks `bpftime_gpu_config_*` for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct RuntimeConfig {
+    /// What `bpf_get_current_pid_tgid` answers: the host process.
+    pub pid_tgid: u64,
+    /// Device address of the context's trace ring (`bpf_trace_printk`), 0 for none.
+    pub trace_ring: u64,
+}
+
+/// The device runtime's LLVM IR, as build.rs compiled it from device/runtime.c.
+const RUNTIME_IR: &str = include_str!(concat!(env!("OUT_DIR"), "/runtime.ll"));
+
+/// The device runtime as LLVM IR with `config`'s values filled in: the IR a probe's
+/// `GpuEnv::library` gives.
+pub fn library_ir(config: &RuntimeConfig) -> String {
+    let values = [
+        ("bpftime_gpu_config_pid_tgid", config.pid_tgid),
+        ("bpftime_gpu_config_trace_ring", config.trace_ring),
+    ];
+    RUNTIME_IR
+        .lines()
+        .map(|line| {
+            for (name, value) in values {
+                if line.starts_with("declare") && line.contains(&format!("@{name}(")) {
+                    return format!("define i64 @{name}() {{\n  ret i64 {value}\n}}");
+                }
+            }
+            line.to_string()
+        })
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn shape(copies: u32) -> HashShape {
+        HashShape {
+            key_size: 5,
+            value_size: 12,
+            capacity: hash_capacity(6),
+            copies,
+        }
+    }
+
+    fn entry(k: u8, copies: u32) -> (Vec<u8>, Vec<u8>) {
+        let key = vec![k, 1, 2, 3, k];
+        let value = (0..12 * copies)
+            .map(|i| k.wrapping_mul(3).wrapping_add(i as u8))
+            .collect();
+        (key, value)
+    }
+
+    #[test]
+    fn hash_tables_read_back_what_was_built_with_collisions() {
+        assert_eq!(hash_capacity(6), 16);
+        assert_eq!(hash_capacity(0), 2);
+        for copies in [1, 3] {
+            let s = shape(copies);
+            let entries: Vec<_> = (0..6).map(|k| entry(k, copies)).collect();
+            let image = s.build(&entries).unwrap();
+            assert_eq!(image.states.iter().filter(|&&x| x == SLOT_FULL).count(), 6);
+            let mut back = s.read(&image);
+            back.sort();
+            let mut want = entries.clone();
+            want.sort();
+            assert_eq!(back, want);
+        }
+        // Every key where the device's lookup would look first, or after it.
+        let s = shape(1);
+        let image = s.build(&[entry(9, 1)]).unwrap();
+        let home = hash_key(&entry(9, 1).0) as usize & 15;
+        assert_eq!(image.states[home], SLOT_FULL);
+        let too_many: Vec<_> = (0..17).map(|k| entry(k, 1)).collect();
+        assert!(s.build(&too_many).is_err());
+    }
+
+    #[test]
+    fn fnv1a_matches_the_reference_values() {
+        // FNV-1a 32-bit test vectors.
+        assert_eq!(hash_key(b""), 0x811c_9dc5);
+        assert_eq!(hash_key(b"a"), 0xe40c_292c);
+        assert_eq!(hash_key(b"foobar"), 0xbf9c_f968);
+    }
+
+    #[test]
+    fn merges_take_each_side_s_changes() {
+        assert_eq!(merge(b"a", b"a", b"a"), Merge::Same);
+        assert_eq!(merge(b"a", b"b", b"a"), Merge::ToHost);
+        assert_eq!(merge(b"c", b"a", b"a"), Merge::ToDevice);
+        assert_eq!(merge(b"c", b"b", b"a"), Merge::Both);
+        assert_eq!(merge(b"c", b"c", b"a"), Merge::Same);
+    }
+
+    /// Writes a record as runtime.c commits one.
+    fn put(ring: &mut [u8], size: u64, pos: u64, data: &[u8], flags: u32) -> u64 {
+        let at = (pos & (size - 1)) as usize;
+        ring[at..at + 4].copy_from_slice(&(data.len() as u32 | flags).to_le_bytes());
+        ring[at + 4..at + 8].copy_from_slice(&(pos as u32).to_le_bytes());
+        ring[at + 8..at + 8 + data.len()].copy_from_slice(data);
+        pos + ((8 + data.len() as u64 + 7) & !7)
+    }
+
+    #[test]
+    fn rings_drain_in_order_across_laps_and_stop_at_uncommitted_records() {
+        let size = 64u64;
+        let mut ring = vec![0u8; 64];
+        // A lap already consumed up to 40, then three records, the second wrapping with
+        // a discarded pad to the end.
+        let mut pos = 40;
+        let first = put(&mut ring, size, pos, b"abc", 0);
+        assert_eq!(first, 56);
+        // The pad: 8 bytes left at 56.
+        ring[56..60].copy_from_slice(&RECORD_DISCARD.to_le_bytes());
+        ring[60..64].copy_from_slice(&(first as u32).to_le_bytes());
+        pos = put(&mut ring, size, 64, b"0123456789", 0);
+        let head = put(&mut ring, size, pos, b"hi", RECORD_RAW);
+        let (records, tail) = drain_ring(&ring, size, 40, head);
+        let data: Vec<&[u8]> = records.iter().map(|r| r.data.as_slice()).collect();
+        assert_eq!(data, [&b"abc"[..], b"0123456789", b"hi"]);
+        assert_eq!(
+            records.iter().map(|r| r.raw).collect::<Vec<_>>(),
+            [false, false, true]
+        );
+        assert_eq!(tail, head);
+        // A reserved record whose header is still from an earlier lap stops the drain.
+        let mut stale = ring.clone();
+        stale[0..8].copy_from_slice(&[3, 0, 0, 0, 0xff, 0, 0, 0]);
+        let (records, tail) = drain_ring(&stale, size, 40, head);
+        assert_eq!(records.len(), 1);
+        assert_eq!(tail, 64);
+        // Nothing past head is read.
+        let (records, tail) = drain_ring(&ring, size, 40, first);
+        assert_eq!((records.len(), tail), (1, first));
+    }
+
+    #[test]
+    fn library_ir_fills_in_the_configuration() {
+        let ir = library_ir(&RuntimeConfig {
+            pid_tgid: (42 << 32) | 42,
+            trace_ring: 0x7000_0000,
+        });
+        assert!(ir.contains("define i64 @bpftime_gpu_config_pid_tgid() {\n  ret i64 180388626474"));
+        assert!(ir.contains(&format!("ret i64 {}", 0x7000_0000u64)));
+        assert!(!ir.contains("declare dso_local i64 @bpftime_gpu_config"));
+        for helper in bpftime_jit_ptx::EXTERN_HELPERS {
+            assert!(
+                ir.contains(&format!("@{}(", helper.1)),
+                "{} missing",
+                helper.1
+            );
+        }
+        assert!(
+            !ir.contains("target-cpu"),
+            "CPU attributes stop inlining into probes"
+        );
+    }
+}

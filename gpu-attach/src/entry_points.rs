@@ -1,0 +1,616 @@
+//! The CUDA driver entry points GPU attach replaces, and their replacements.
+//!
+//! Interception is at the driver (DESIGN.md item 6), so it works whatever the application
+//! is built with: cudart (static or shared) resolves these through `cuGetProcAddress`,
+//! driver-API programs call them through the PLT, CuPy and PyTorch through either. Each
+//! entry point is detoured where libcuda exports it and also at any other address
+//! `cuGetProcAddress` hands out for it (per-thread-stream variants, versioned ABIs).
+//!
+//! Module and library loads are passed through and their PTX noted; function and kernel
+//! lookups are noted; launches are passed through, to the instrumented kernel when a
+//! probe names it (`session`). A replacement never fails a call the driver would have
+//! served: whatever goes wrong on our side, the application's call goes through as made.
+
+use std::ffi::{c_char, c_int, c_uint, c_void, CStr};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+
+use bpftime_attach::{detour, Detour};
+
+use crate::cuda::{Api, CuResult, Handle, LaunchConfig, CUDA_SUCCESS, STREAM_PER_THREAD};
+use crate::fatbin::ModulePtx;
+use crate::session::{session, Owner};
+
+/// How many addresses one entry point can be detoured at.
+const SLOTS: usize = 4;
+
+macro_rules! entry_point {
+    (
+        $name:ident, $symbols:expr,
+        fn($($arg:ident: $ty:ty),* $(,)?),
+        |$orig:ident, $per_thread:ident| $body:block
+    ) => {
+        pub(crate) mod $name {
+            use super::*;
+
+            pub(crate) type Fn = unsafe extern "C" fn($($ty),*) -> CuResult;
+            pub(crate) const SYMBOLS: &[&str] = $symbols;
+            pub(crate) static ORIGINAL: [AtomicUsize; SLOTS] =
+                [const { AtomicUsize::new(0) }; SLOTS];
+            /// Whether the slot's address serves the per-thread default stream.
+            pub(crate) static PER_THREAD: [AtomicBool; SLOTS] =
+                [const { AtomicBool::new(false) }; SLOTS];
+
+            #[allow(clippy::too_many_arguments)]
+            unsafe fn body(slot: usize, $($arg: $ty),*) -> CuResult {
+                // SAFETY: the slot holds the original of the address it was detoured at,
+                // written before the detour went live.
+                let $orig: Fn = unsafe {
+                    std::mem::transmute::<usize, Fn>(ORIGINAL[slot].load(Ordering::Acquire))
+                };
+                let $per_thread = PER_THREAD[slot].load(Ordering::Relaxed);
+                $body
+            }
+
+            #[allow(clippy::too_many_arguments)]
+            unsafe extern "C" fn r0($($arg: $ty),*) -> CuResult { unsafe { body(0, $($arg),*) } }
+            #[allow(clippy::too_many_arguments)]
+            unsafe extern "C" fn r1($($arg: $ty),*) -> CuResult { unsafe { body(1, $($arg),*) } }
+            #[allow(clippy::too_many_arguments)]
+            unsafe extern "C" fn r2($($arg: $ty),*) -> CuResult { unsafe { body(2, $($arg),*) } }
+            #[allow(clippy::too_many_arguments)]
+            unsafe extern "C" fn r3($($arg: $ty),*) -> CuResult { unsafe { body(3, $($arg),*) } }
+
+            pub(crate) const REPLACEMENTS: [Fn; SLOTS] = [r0, r1, r2, r3];
+
+            /// The original of the first address detoured, for our own calls.
+            #[allow(dead_code)]
+            pub(crate) fn original() -> Option<Fn> {
+                let p = ORIGINAL[0].load(Ordering::Acquire);
+                // SAFETY: a detour's original, with the entry point's signature.
+                (p != 0).then(|| unsafe { std::mem::transmute::<usize, Fn>(p) })
+            }
+        }
+    };
+}
+
+/// Notes an image, never failing the load it came with.
+///
+/// # Safety
+/// `image` must be what the driver just loaded successfully.
+unsafe fn note_image(handle: Handle, owner: Owner, image: *const c_void) {
+    if handle == 0 || image.is_null() {
+        return;
+    }
+    // SAFETY: the driver accepted it, so it is a well-formed image.
+    let ptx = unsafe { ModulePtx::from_image_ptr(image.cast()) };
+    if let Some(s) = session() {
+        s.note_image(handle, owner, ptx);
+    }
+}
+
+fn note_file(handle: Handle, owner: Owner, path: *const c_char) {
+    if handle == 0 || path.is_null() {
+        return;
+    }
+    // SAFETY: the driver just opened this NUL-terminated path.
+    let path = unsafe { CStr::from_ptr(path) }
+        .to_string_lossy()
+        .into_owned();
+    let ptx = std::fs::read(&path)
+        .map_err(|e| crate::fatbin::FatbinError::Decompress {
+            what: "module file",
+            arch: 0,
+            reason: format!("{path}: {e}"),
+        })
+        .and_then(|bytes| ModulePtx::from_bytes(&bytes));
+    if let Some(s) = session() {
+        s.note_image(handle, owner, ptx);
+    }
+}
+
+entry_point!(
+    module_load_data,
+    &["cuModuleLoadData"],
+    fn(module: *mut Handle, image: *const c_void),
+    |original, _per_thread| {
+        // SAFETY: the caller's arguments, passed as given.
+        let r = unsafe { original(module, image) };
+        if r == CUDA_SUCCESS && !module.is_null() {
+            // SAFETY: the driver wrote the handle; the image is what it loaded.
+            unsafe { note_image(*module, Owner::Module, image) };
+        }
+        r
+    }
+);
+
+entry_point!(
+    module_load_data_ex,
+    &["cuModuleLoadDataEx"],
+    fn(
+        module: *mut Handle,
+        image: *const c_void,
+        n: c_uint,
+        options: *mut c_void,
+        values: *mut *mut c_void,
+    ),
+    |original, _per_thread| {
+        // SAFETY: the caller's arguments, passed as given.
+        let r = unsafe { original(module, image, n, options, values) };
+        if r == CUDA_SUCCESS && !module.is_null() {
+            // SAFETY: as for cuModuleLoadData.
+            unsafe { note_image(*module, Owner::Module, image) };
+        }
+        r
+    }
+);
+
+entry_point!(
+    module_load_fat_binary,
+    &["cuModuleLoadFatBinary"],
+    fn(module: *mut Handle, image: *const c_void),
+    |original, _per_thread| {
+        // SAFETY: the caller's arguments, passed as given.
+        let r = unsafe { original(module, image) };
+        if r == CUDA_SUCCESS && !module.is_null() {
+            // SAFETY: as for cuModuleLoadData.
+            unsafe { note_image(*module, Owner::Module, image) };
+        }
+        r
+    }
+);
+
+entry_point!(
+    module_load,
+    &["cuModuleLoad"],
+    fn(module: *mut Handle, path: *const c_char),
+    |original, _per_thread| {
+        // SAFETY: the caller's arguments, passed as given.
+        let r = unsafe { original(module, path) };
+        if r == CUDA_SUCCESS && !module.is_null() {
+            // SAFETY: the driver wrote the handle.
+            note_file(unsafe { *module }, Owner::Module, path);
+        }
+        r
+    }
+);
+
+entry_point!(
+    library_load_data,
+    &["cuLibraryLoadData"],
+    fn(
+        library: *mut Handle,
+        code: *const c_void,
+        jit_options: *mut c_void,
+        jit_values: *mut *mut c_void,
+        n_jit: c_uint,
+        lib_options: *mut c_void,
+        lib_values: *mut *mut c_void,
+        n_lib: c_uint,
+    ),
+    |original, _per_thread| {
+        // SAFETY: the caller's arguments, passed as given.
+        let r = unsafe {
+            original(
+                library,
+                code,
+                jit_options,
+                jit_values,
+                n_jit,
+                lib_options,
+                lib_values,
+                n_lib,
+            )
+        };
+        if r == CUDA_SUCCESS && !library.is_null() {
+            // SAFETY: as for cuModuleLoadData.
+            unsafe { note_image(*library, Owner::Library, code) };
+        }
+        r
+    }
+);
+
+entry_point!(
+    library_load_from_file,
+    &["cuLibraryLoadFromFile"],
+    fn(
+        library: *mut Handle,
+        path: *const c_char,
+        jit_options: *mut c_void,
+        jit_values: *mut *mut c_void,
+        n_jit: c_uint,
+        lib_options: *mut c_void,
+        lib_values: *mut *mut c_void,
+        n_lib: c_uint,
+    ),
+    |original, _per_thread| {
+        // SAFETY: the caller's arguments, passed as given.
+        let r = unsafe {
+            original(
+                library,
+                path,
+                jit_options,
+                jit_values,
+                n_jit,
+                lib_options,
+                lib_values,
+                n_lib,
+            )
+        };
+        if r == CUDA_SUCCESS && !library.is_null() {
+            // SAFETY: the driver wrote the handle.
+            note_file(unsafe { *library }, Owner::Library, path);
+        }
+        r
+    }
+);
+
+entry_point!(
+    module_get_function,
+    &["cuModuleGetFunction"],
+    fn(function: *mut Handle, module: Handle, name: *const c_char),
+    |original, _per_thread| {
+        // SAFETY: the caller's arguments, passed as given.
+        let r = unsafe { original(function, module, name) };
+        if r == CUDA_SUCCESS && !function.is_null() && !name.is_null() {
+            if let Some(s) = session() {
+                // SAFETY: the driver wrote the handle and found the NUL-terminated name.
+                s.note_function(unsafe { *function }, module, unsafe {
+                    CStr::from_ptr(name)
+                });
+            }
+        }
+        r
+    }
+);
+
+entry_point!(
+    library_get_kernel,
+    &["cuLibraryGetKernel"],
+    fn(kernel: *mut Handle, library: Handle, name: *const c_char),
+    |original, _per_thread| {
+        // SAFETY: the caller's arguments, passed as given.
+        let r = unsafe { original(kernel, library, name) };
+        if r == CUDA_SUCCESS && !kernel.is_null() && !name.is_null() {
+            if let Some(s) = session() {
+                // SAFETY: as for cuModuleGetFunction.
+                s.note_function(unsafe { *kernel }, library, unsafe { CStr::from_ptr(name) });
+            }
+        }
+        r
+    }
+);
+
+entry_point!(
+    kernel_get_function,
+    &["cuKernelGetFunction"],
+    fn(function: *mut Handle, kernel: Handle),
+    |original, _per_thread| {
+        // SAFETY: the caller's arguments, passed as given.
+        let r = unsafe { original(function, kernel) };
+        if r == CUDA_SUCCESS && !function.is_null() {
+            if let Some(s) = session() {
+                // SAFETY: the driver wrote the handle.
+                s.note_alias(unsafe { *function }, kernel);
+            }
+        }
+        r
+    }
+);
+
+entry_point!(
+    library_get_module,
+    &["cuLibraryGetModule"],
+    fn(module: *mut Handle, library: Handle),
+    |original, _per_thread| {
+        // SAFETY: the caller's arguments, passed as given.
+        let r = unsafe { original(module, library) };
+        if r == CUDA_SUCCESS && !module.is_null() {
+            if let Some(s) = session() {
+                // SAFETY: the driver wrote the handle.
+                s.note_owner_alias(unsafe { *module }, library);
+            }
+        }
+        r
+    }
+);
+
+entry_point!(
+    module_unload,
+    &["cuModuleUnload"],
+    fn(module: Handle),
+    |original, _per_thread| {
+        if let Some(s) = session() {
+            s.forget(module);
+        }
+        // SAFETY: the caller's argument, passed as given.
+        unsafe { original(module) }
+    }
+);
+
+entry_point!(
+    library_unload,
+    &["cuLibraryUnload"],
+    fn(library: Handle),
+    |original, _per_thread| {
+        if let Some(s) = session() {
+            s.forget(library);
+        }
+        // SAFETY: the caller's argument, passed as given.
+        unsafe { original(library) }
+    }
+);
+
+/// Runs a context teardown (`call`) with the context's GPU work synced before it and
+/// our state for it dropped after it.
+fn around_teardown(
+    ctx: Option<Handle>,
+    device: Option<c_int>,
+    call: impl FnOnce() -> CuResult,
+) -> CuResult {
+    if let Some(s) = session() {
+        s.before_context_teardown(ctx, device);
+    }
+    let r = call();
+    if r == CUDA_SUCCESS {
+        if let Some(s) = session() {
+            s.after_context_teardown(ctx, device);
+        }
+    }
+    r
+}
+
+entry_point!(
+    ctx_destroy,
+    &["cuCtxDestroy_v2", "cuCtxDestroy"],
+    fn(ctx: Handle),
+    |original, _per_thread| {
+        // SAFETY: the caller's argument, passed as given.
+        around_teardown(Some(ctx), None, || unsafe { original(ctx) })
+    }
+);
+
+entry_point!(
+    primary_ctx_release,
+    &["cuDevicePrimaryCtxRelease_v2", "cuDevicePrimaryCtxRelease"],
+    fn(device: c_int),
+    |original, _per_thread| {
+        // SAFETY: the caller's argument, passed as given.
+        around_teardown(None, Some(device), || unsafe { original(device) })
+    }
+);
+
+entry_point!(
+    primary_ctx_reset,
+    &["cuDevicePrimaryCtxReset_v2", "cuDevicePrimaryCtxReset"],
+    fn(device: c_int),
+    |original, _per_thread| {
+        // SAFETY: the caller's argument, passed as given.
+        around_teardown(None, Some(device), || unsafe { original(device) })
+    }
+);
+
+/// The stream a launch's own work goes on: the per-thread default stream for a NULL
+/// stream given to a `_ptsz` entry point.
+fn launch_stream(stream: Handle, per_thread: bool) -> Handle {
+    if stream == 0 && per_thread {
+        STREAM_PER_THREAD
+    } else {
+        stream
+    }
+}
+
+entry_point!(
+    launch_kernel,
+    &["cuLaunchKernel", "cuLaunchKernel_ptsz"],
+    fn(
+        f: Handle,
+        gx: c_uint,
+        gy: c_uint,
+        gz: c_uint,
+        bx: c_uint,
+        by: c_uint,
+        bz: c_uint,
+        shared: c_uint,
+        stream: Handle,
+        params: *mut *mut c_void,
+        extra: *mut *mut c_void,
+    ),
+    |original, per_thread| {
+        let Some(s) = session() else {
+            // SAFETY: the caller's arguments, passed as given.
+            return unsafe { original(f, gx, gy, gz, bx, by, bz, shared, stream, params, extra) };
+        };
+        let launch = s.before_launch(f, launch_stream(stream, per_thread));
+        // SAFETY: the caller's arguments; an instrumented function takes the same
+        // parameters as the one it stands for.
+        let r = unsafe {
+            original(
+                launch.function,
+                gx,
+                gy,
+                gz,
+                bx,
+                by,
+                bz,
+                shared,
+                stream,
+                params,
+                extra,
+            )
+        };
+        s.after_launch(launch, r);
+        r
+    }
+);
+
+entry_point!(
+    launch_kernel_ex,
+    &["cuLaunchKernelEx", "cuLaunchKernelEx_ptsz"],
+    fn(config: *const LaunchConfig, f: Handle, params: *mut *mut c_void, extra: *mut *mut c_void),
+    |original, per_thread| {
+        let Some(s) = session().filter(|_| !config.is_null()) else {
+            // SAFETY: the caller's arguments, passed as given.
+            return unsafe { original(config, f, params, extra) };
+        };
+        // SAFETY: the caller's config, valid for the call.
+        let stream = unsafe { (*config).stream };
+        let launch = s.before_launch(f, launch_stream(stream, per_thread));
+        // SAFETY: as for cuLaunchKernel.
+        let r = unsafe { original(config, launch.function, params, extra) };
+        s.after_launch(launch, r);
+        r
+    }
+);
+
+entry_point!(
+    launch_cooperative_kernel,
+    &[
+        "cuLaunchCooperativeKernel",
+        "cuLaunchCooperativeKernel_ptsz"
+    ],
+    fn(
+        f: Handle,
+        gx: c_uint,
+        gy: c_uint,
+        gz: c_uint,
+        bx: c_uint,
+        by: c_uint,
+        bz: c_uint,
+        shared: c_uint,
+        stream: Handle,
+        params: *mut *mut c_void,
+    ),
+    |original, per_thread| {
+        let Some(s) = session() else {
+            // SAFETY: the caller's arguments, passed as given.
+            return unsafe { original(f, gx, gy, gz, bx, by, bz, shared, stream, params) };
+        };
+        let launch = s.before_launch(f, launch_stream(stream, per_thread));
+        // SAFETY: as for cuLaunchKernel.
+        let r = unsafe {
+            original(
+                launch.function,
+                gx,
+                gy,
+                gz,
+                bx,
+                by,
+                bz,
+                shared,
+                stream,
+                params,
+            )
+        };
+        s.after_launch(launch, r);
+        r
+    }
+);
+
+/// One entry point's detouring: its symbols, replacements and slots.
+struct Table {
+    symbols: &'static [&'static str],
+    replacements: Vec<usize>,
+    originals: &'static [AtomicUsize; SLOTS],
+    per_thread: &'static [AtomicBool; SLOTS],
+}
+
+macro_rules! table {
+    ($($m:ident),*) => {
+        vec![$(Table {
+            symbols: $m::SYMBOLS,
+            replacements: $m::REPLACEMENTS.iter().map(|f| *f as usize).collect(),
+            originals: &$m::ORIGINAL,
+            per_thread: &$m::PER_THREAD,
+        }),*]
+    };
+}
+
+/// The CUDA versions whose ABIs `cuGetProcAddress` is asked about: an entry point whose
+/// address differs by version (or for the per-thread stream) is detoured at each.
+const ABI_VERSIONS: &[i32] = &[11000, 12000, 12040, 12080, 13000];
+const PROC_FLAGS: &[(u64, bool)] = &[(0, false), (2, true)];
+
+/// Detours every entry point at every address the driver hands out for it. Entry
+/// points the driver lacks are skipped (older drivers); a detour that fails is logged and
+/// the rest go on, since each alone is enough for what it intercepts.
+///
+/// # Safety
+/// `lib` is the loaded driver's handle and `api` resolved from it.
+pub(crate) unsafe fn install(lib: *mut c_void, api: &Api) -> Vec<Detour> {
+    let tables = table!(
+        module_load_data,
+        module_load_data_ex,
+        module_load_fat_binary,
+        module_load,
+        library_load_data,
+        library_load_from_file,
+        module_get_function,
+        library_get_kernel,
+        kernel_get_function,
+        library_get_module,
+        module_unload,
+        library_unload,
+        launch_kernel,
+        launch_kernel_ex,
+        launch_cooperative_kernel,
+        ctx_destroy,
+        primary_ctx_release,
+        primary_ctx_reset
+    );
+    let mut installed = Vec::new();
+    for t in &tables {
+        // (address, serves the per-thread stream)
+        let mut addrs: Vec<(usize, bool)> = Vec::new();
+        for sym in t.symbols {
+            let name = std::ffi::CString::new(*sym).expect("no NUL");
+            // SAFETY: a live handle and a NUL-terminated name.
+            let p = unsafe { libc::dlsym(lib, name.as_ptr()) } as usize;
+            if p != 0 && !addrs.iter().any(|(a, _)| *a == p) {
+                addrs.push((p, sym.ends_with("_ptsz")));
+            }
+            if sym.ends_with("_ptsz") {
+                continue;
+            }
+            for &version in ABI_VERSIONS {
+                for &(flags, per_thread) in PROC_FLAGS {
+                    let mut pfn: *mut c_void = std::ptr::null_mut();
+                    let mut status = 0;
+                    // SAFETY: writes a function pointer and a status.
+                    let r = unsafe {
+                        (api.get_proc_address)(name.as_ptr(), &mut pfn, version, flags, &mut status)
+                    };
+                    let p = pfn as usize;
+                    if r == CUDA_SUCCESS && p != 0 && !addrs.iter().any(|(a, _)| *a == p) {
+                        addrs.push((p, per_thread));
+                    }
+                }
+            }
+        }
+        if addrs.len() > SLOTS {
+            tracing::warn!(
+                entry_point = t.symbols[0],
+                addresses = addrs.len(),
+                "more addresses than detour slots; calls through the last ones are not seen"
+            );
+            addrs.truncate(SLOTS);
+        }
+        for (slot, (addr, per_thread)) in addrs.into_iter().enumerate() {
+            t.per_thread[slot].store(per_thread, Ordering::Relaxed);
+            // SAFETY: `addr` is a driver entry point with the replacement's signature;
+            // replacements are functions of this library, which is never unloaded.
+            match unsafe { detour(addr, t.replacements[slot], &t.originals[slot]) } {
+                Ok(d) => {
+                    tracing::debug!(
+                        entry_point = t.symbols[0],
+                        slot,
+                        addr = format_args!("{addr:#x}"),
+                        "detoured"
+                    );
+                    installed.push(d);
+                }
+                Err(e) => tracing::warn!(entry_point = t.symbols[0], "not intercepted: {e}"),
+            }
+        }
+    }
+    installed
+}

@@ -1,0 +1,28 @@
+//! eBPF inside CUDA kernels: the GPU half of bpftime's attach (DESIGN.md decision 11).
+//!
+//! - [`fatbin`] reads the device code a program hands the driver and picks the PTX that
+//!   fits the device; [`ptx`] splices probe calls into its kernels; [`names`] says which
+//!   kernels a probe's pattern names.
+//! - [`device_maps`] holds the layouts the device runtime (device/runtime.c, compiled into
+//!   every probe) works on, and the host-side logic of keeping them in step with the store.
+//! - The session (`install`, [`GpuAttach`]) intercepts the CUDA driver in a target
+//!   process, builds instrumented modules, keeps map replicas on each device in sync and
+//!   anchors the GPU clock to the host's ([`clock`]).
+//! - [`runner`] runs a program as a kernel of its own (the conformance suite's GPU engine),
+//!   and [`toolchain`] finds NVIDIA's compilers for the tests.
+
+pub mod clock;
+mod cuda;
+pub mod device_maps;
+mod entry_points;
+pub mod fatbin;
+pub mod names;
+pub mod probe;
+pub mod ptx;
+mod replica;
+pub mod runner;
+mod session;
+pub mod toolchain;
+
+pub use ptx::ProbePoint;
+pub use session::{cuda_loaded, install, GpuAttach, GpuProbe, InstallError};

@@ -1,0 +1,734 @@
+//! PTX modules: reading the kernels of an application's module and splicing probe calls
+//! into them.
+//!
+//! One splicer serves every probe kind: [`Splice`] lists, per kernel, the probe functions
+//! to call at each [`ProbePoint`], and [`PtxModule::splice`] writes the new module. A new
+//! kind of probe (loads and stores, say) is a new `ProbePoint` and the code that finds its
+//! sites, not a second splicer.
+//!
+//! What the splice does to a kernel:
+//! - each probe is called with the kernel's first six parameters: scalars widened to 64
+//!   bits (signed ones sign-extended), a parameter passed by value as an array (a struct)
+//!   as the generic address of its bytes, 0 for missing ones ([`PROBE_ARGS`]). The probe
+//!   lays them out as the kernel's `struct pt_regs` on x86-64 ([`CTX_SIZE`] bytes, the
+//!   slots of `di`, `si`, `dx`, `cx`, `r8`, `r9` at [`ARG_OFFSETS`], the rest 0), so
+//!   `PT_REGS_PARM1(ctx)`..`PT_REGS_PARM6(ctx)` read the kernel's arguments, and a probe
+//!   that reads none of them costs no memory traffic.
+//! - at entry, a call of each entry probe;
+//! - before every `ret` and `exit` of the kernel's own body (predicated ones under the same
+//!   predicate, labelled ones after their label, so jumps to the label run the probe too),
+//!   a call of each exit probe.
+//!
+//! Everything else is kept as written: the directives between the parameter list and the
+//! body (`.maxnreg`, `.maxntid`, `.reqntid`, `.minnctapersm`, ...), other kernels and
+//! functions, debug sections. The probe functions go in front of the first definition, so
+//! they are declared before any kernel calls them; their names must not clash with the
+//! module's (the caller prefixes them).
+
+use thiserror::Error;
+
+/// Bytes of the probe context: `struct pt_regs` on x86-64.
+pub const CTX_SIZE: usize = 168;
+
+/// Offsets in `struct pt_regs` of the registers that carry the first six arguments on
+/// x86-64: di, si, dx, cx, r8, r9.
+pub const ARG_OFFSETS: [usize; 6] = [112, 104, 96, 88, 72, 64];
+
+#[derive(Debug, Error, PartialEq, Eq)]
+pub enum PtxError {
+    #[error("the PTX module has no `.version` directive")]
+    NoVersion,
+    #[error("the PTX module has no `.target` directive")]
+    NoTarget,
+    #[error("PTX ends inside {0}")]
+    Unterminated(&'static str),
+    #[error("kernel `{kernel}`: cannot read its parameter list: {reason}")]
+    BadParams { kernel: String, reason: String },
+    #[error("no kernel `{0}` in the module")]
+    NoSuchKernel(String),
+    #[error("the module needs PTX ISA {needed}, newer than the {limit} the driver accepts")]
+    VersionTooNew { needed: String, limit: String },
+}
+
+/// A PTX ISA version.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct Version {
+    pub major: u32,
+    pub minor: u32,
+}
+
+impl Version {
+    pub const fn new(major: u32, minor: u32) -> Self {
+        Version { major, minor }
+    }
+
+    /// The newest PTX ISA a driver of CUDA version `cuda` (as `cuDriverGetVersion`
+    /// answers: 13000 for 13.0) accepts.
+    pub fn newest_for_driver(cuda: i32) -> Version {
+        let (major, minor) = (cuda / 1000, (cuda % 1000) / 10);
+        match (major, minor) {
+            (13.., _) => Version::new(9, minor.min(9) as u32),
+            (12, m) => Version::new(8, m.min(9) as u32),
+            (11, m) => Version::new(7, m.min(8) as u32),
+            _ => Version::new(6, 0),
+        }
+    }
+}
+
+impl std::fmt::Display for Version {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}.{}", self.major, self.minor)
+    }
+}
+
+/// How a kernel parameter is declared.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ParamType {
+    /// `.u32`, `.s64`, `.f32`, `.b16`...: the type letter and the width in bits.
+    Scalar { class: char, bits: u32 },
+    /// `.align A .b8 name[N]`: a struct or array passed by value.
+    Bytes { align: u32, len: u32 },
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Param {
+    pub name: String,
+    pub ty: ParamType,
+}
+
+/// Where in a kernel an exit happens.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct ExitSite {
+    /// The statement, from its predicate (or opcode) to its `;` inclusive.
+    start: usize,
+    end: usize,
+    /// `@p` or `@!p`, as written.
+    guard: Option<String>,
+    /// `ret`, `ret.uni` or `exit`, as written.
+    opcode: String,
+}
+
+/// A kernel (`.entry`) with a body.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Kernel {
+    pub name: String,
+    pub params: Vec<Param>,
+    /// Byte offset of the `.entry` directive (or the linkage before it) in the module.
+    start: usize,
+    /// Byte offsets of the body's `{` and its matching `}`.
+    body_open: usize,
+    body_close: usize,
+    exits: Vec<ExitSite>,
+}
+
+impl Kernel {
+    /// How many `ret`/`exit` statements end the kernel's body.
+    pub fn exit_count(&self) -> usize {
+        self.exits.len()
+    }
+}
+
+/// The probe points a splice can add a call at.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum ProbePoint {
+    Entry,
+    Exit,
+}
+
+/// A probe function to call in a kernel: `.func (.param .b64 r) symbol(.param .b64 a0, ..
+/// .param .b64 a5)` (see [`PROBE_ARGS`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ProbeCall {
+    pub point: ProbePoint,
+    pub symbol: String,
+}
+
+/// What to splice into a module.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Splice {
+    /// PTX definitions (functions, globals) added to the module, without header
+    /// directives; see [`strip_header`].
+    pub definitions: String,
+    /// The PTX ISA version and `sm_XY` target those definitions need.
+    pub needs_version: Option<Version>,
+    pub needs_sm: Option<u32>,
+    /// The calls, per kernel name (as the module spells it).
+    pub calls: Vec<(String, Vec<ProbeCall>)>,
+}
+
+/// A parsed PTX module.
+#[derive(Debug, Clone)]
+pub struct PtxModule {
+    text: String,
+    pub version: Version,
+    /// The `sm_XY` of `.target`, as `XY`; `None` for a target without one.
+    pub sm: Option<u32>,
+    /// Byte range of the `.version` line's number, and of the `.target` line's value.
+    version_span: (usize, usize),
+    target_span: (usize, usize),
+    /// Where definitions can go: after the header directives.
+    header_end: usize,
+    pub kernels: Vec<Kernel>,
+}
+
+/// A lexical token of PTX with its byte span.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Tok {
+    /// Identifiers, directives, opcodes with their modifiers, numbers, registers.
+    Word,
+    Punct(u8),
+    Str,
+}
+
+struct Lexer<'a> {
+    s: &'a [u8],
+    i: usize,
+}
+
+fn is_word_byte(b: u8) -> bool {
+    b.is_ascii_alphanumeric() || matches!(b, b'_' | b'$' | b'%' | b'.')
+}
+
+impl Iterator for Lexer<'_> {
+    type Item = Result<(Tok, usize, usize), PtxError>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        let s = self.s;
+        loop {
+            while self.i < s.len() && s[self.i].is_ascii_whitespace() {
+                self.i += 1;
+            }
+            if self.i >= s.len() {
+                return None;
+            }
+            if s[self.i..].starts_with(b"//") {
+                while self.i < s.len() && s[self.i] != b'\n' {
+                    self.i += 1;
+                }
+                continue;
+            }
+            if s[self.i..].starts_with(b"/*") {
+                match find(s, self.i + 2, b"*/") {
+                    Some(end) => self.i = end + 2,
+                    None => return Some(Err(PtxError::Unterminated("a comment"))),
+                }
+                continue;
+            }
+            break;
+        }
+        let start = self.i;
+        let b = s[start];
+        if b == b'"' {
+            let mut j = start + 1;
+            while j < s.len() && s[j] != b'"' {
+                j += if s[j] == b'\\' { 2 } else { 1 };
+            }
+            if j >= s.len() {
+                return Some(Err(PtxError::Unterminated("a string")));
+            }
+            self.i = j + 1;
+            return Some(Ok((Tok::Str, start, self.i)));
+        }
+        if is_word_byte(b) {
+            let mut j = start;
+            while j < s.len() && is_word_byte(s[j]) {
+                j += 1;
+            }
+            self.i = j;
+            return Some(Ok((Tok::Word, start, j)));
+        }
+        self.i += 1;
+        Some(Ok((Tok::Punct(b), start, start + 1)))
+    }
+}
+
+fn find(s: &[u8], from: usize, needle: &[u8]) -> Option<usize> {
+    s[from..]
+        .windows(needle.len())
+        .position(|w| w == needle)
+        .map(|p| p + from)
+}
+
+fn tokens(text: &str) -> Result<Vec<(Tok, usize, usize)>, PtxError> {
+    Lexer {
+        s: text.as_bytes(),
+        i: 0,
+    }
+    .collect()
+}
+
+impl PtxModule {
+    pub fn parse(text: &str) -> Result<PtxModule, PtxError> {
+        let toks = tokens(text)?;
+        let mut version = None;
+        let mut target = None;
+        let mut header_end = 0;
+        let mut kernels = Vec::new();
+        let mut depth = 0usize;
+        // Start of the current top-level declaration (its first token).
+        let mut decl_start: Option<usize> = None;
+        let mut k = 0;
+        while k < toks.len() {
+            let (tok, a, b) = toks[k];
+            match tok {
+                Tok::Punct(b'{') => depth += 1,
+                Tok::Punct(b'}') => {
+                    depth = depth.saturating_sub(1);
+                    if depth == 0 {
+                        decl_start = None;
+                    }
+                }
+                Tok::Punct(b';') if depth == 0 => decl_start = None,
+                Tok::Word if depth == 0 => {
+                    if decl_start.is_none() {
+                        decl_start = Some(a);
+                    }
+                    match &text[a..b] {
+                        ".version" => {
+                            let (_, va, vb) = *toks.get(k + 1).ok_or(PtxError::NoVersion)?;
+                            version = Some((parse_version(&text[va..vb])?, (va, vb)));
+                            header_end = header_end.max(line_end(text, vb));
+                            decl_start = None;
+                        }
+                        ".target" => {
+                            // The value runs to the end of the line: `sm_90a, texmode_unified`.
+                            let end = text[b..].find('\n').map_or(text.len(), |n| b + n);
+                            let value = (
+                                b + (text[b..end].len() - text[b..end].trim_start().len()),
+                                end,
+                            );
+                            target = Some(value);
+                            header_end = header_end.max(end);
+                            decl_start = None;
+                            // Skip the words of the value.
+                            while k + 1 < toks.len() && toks[k + 1].1 < end {
+                                k += 1;
+                            }
+                        }
+                        ".address_size" => {
+                            let (_, _, vb) = *toks.get(k + 1).ok_or(PtxError::NoTarget)?;
+                            header_end = header_end.max(line_end(text, vb));
+                            decl_start = None;
+                            k += 1;
+                        }
+                        ".entry" => {
+                            let start = decl_start.unwrap_or(a);
+                            let (kernel, next) = parse_kernel(text, &toks, k, start)?;
+                            if let Some(kernel) = kernel {
+                                kernels.push(kernel);
+                            }
+                            decl_start = None;
+                            k = next;
+                            continue;
+                        }
+                        _ => {}
+                    }
+                }
+                _ => {}
+            }
+            k += 1;
+        }
+        let (version, version_span) = version.ok_or(PtxError::NoVersion)?;
+        let target_span = target.ok_or(PtxError::NoTarget)?;
+        let sm = text[target_span.0..target_span.1]
+            .split(',')
+            .find_map(|t| t.trim().strip_prefix("sm_"))
+            .and_then(|v| {
+                v.trim_end_matches(|c: char| c.is_ascii_alphabetic())
+                    .parse()
+                    .ok()
+            });
+        Ok(PtxModule {
+            text: text.to_string(),
+            version,
+            sm,
+            version_span,
+            target_span,
+            header_end,
+            kernels,
+        })
+    }
+
+    pub fn text(&self) -> &str {
+        &self.text
+    }
+
+    pub fn kernel(&self, name: &str) -> Option<&Kernel> {
+        self.kernels.iter().find(|k| k.name == name)
+    }
+
+    /// Writes the module with `splice` applied. `driver_limit` is the newest PTX ISA the
+    /// driver accepts: the module's `.version` is raised to what the definitions need, never
+    /// past it.
+    pub fn splice(&self, splice: &Splice, driver_limit: Version) -> Result<String, PtxError> {
+        for (name, _) in &splice.calls {
+            if self.kernel(name).is_none() {
+                return Err(PtxError::NoSuchKernel(name.clone()));
+            }
+        }
+        let version = splice
+            .needs_version
+            .map_or(self.version, |v| v.max(self.version));
+        if version > driver_limit {
+            return Err(PtxError::VersionTooNew {
+                needed: version.to_string(),
+                limit: driver_limit.to_string(),
+            });
+        }
+        // (offset, bytes removed, text inserted), applied back to front.
+        let mut edits: Vec<(usize, usize, String)> = Vec::new();
+        if version != self.version {
+            let (a, b) = self.version_span;
+            edits.push((a, b - a, version.to_string()));
+        }
+        if let (Some(need), Some(have)) = (splice.needs_sm, self.sm) {
+            if need > have {
+                let (a, b) = self.target_span;
+                let rest: Vec<&str> = self.text[a..b]
+                    .split(',')
+                    .map(str::trim)
+                    .filter(|t| !t.starts_with("sm_"))
+                    .collect();
+                let mut value = format!("sm_{need}");
+                for r in rest {
+                    value.push_str(", ");
+                    value.push_str(r);
+                }
+                edits.push((a, b - a, value));
+            }
+        }
+        if !splice.definitions.is_empty() {
+            let at = self
+                .kernels
+                .iter()
+                .map(|k| k.start)
+                .min()
+                .unwrap_or(self.text.len())
+                .min(first_definition(&self.text, self.header_end));
+            edits.push((
+                at,
+                0,
+                format!("\n// bpftime probes\n{}\n", splice.definitions.trim()),
+            ));
+        }
+        for (name, calls) in &splice.calls {
+            let kernel = self.kernel(name).expect("checked above");
+            edits.extend(kernel_edits(kernel, calls));
+        }
+        edits.sort_by(|x, y| y.0.cmp(&x.0).then(y.1.cmp(&x.1)));
+        let mut out = self.text.clone();
+        for (at, removed, inserted) in edits {
+            out.replace_range(at..at + removed, &inserted);
+        }
+        Ok(out)
+    }
+}
+
+fn line_end(text: &str, from: usize) -> usize {
+    text[from..].find('\n').map_or(text.len(), |n| from + n)
+}
+
+/// The first byte after the header where a top-level declaration begins (a line that is
+/// not blank, a comment, or a header directive); `header_end` when there is none.
+fn first_definition(text: &str, header_end: usize) -> usize {
+    let mut at = header_end;
+    for line in text[header_end..].split_inclusive('\n') {
+        let t = line.trim();
+        if !(t.is_empty() || t.starts_with("//")) {
+            return at;
+        }
+        at += line.len();
+    }
+    header_end
+}
+
+fn parse_version(v: &str) -> Result<Version, PtxError> {
+    let (major, minor) = v.split_once('.').ok_or(PtxError::NoVersion)?;
+    Ok(Version::new(
+        major.parse().map_err(|_| PtxError::NoVersion)?,
+        minor.parse().map_err(|_| PtxError::NoVersion)?,
+    ))
+}
+
+/// Parses the `.entry` at token `k`; returns the kernel (none for a declaration without
+/// a body) and the token index after it.
+fn parse_kernel(
+    text: &str,
+    toks: &[(Tok, usize, usize)],
+    k: usize,
+    start: usize,
+) -> Result<(Option<Kernel>, usize), PtxError> {
+    let w = |i: usize| match toks.get(i) {
+        Some(&(Tok::Word, a, b)) => Some(&text[a..b]),
+        _ => None,
+    };
+    let name = w(k + 1)
+        .ok_or(PtxError::Unterminated("a kernel's name"))?
+        .to_string();
+    let mut i = k + 2;
+    let mut params = Vec::new();
+    if matches!(toks.get(i), Some((Tok::Punct(b'('), _, _))) {
+        let close = (i..toks.len())
+            .find(|&j| matches!(toks[j].0, Tok::Punct(b')')))
+            .ok_or(PtxError::Unterminated("a kernel's parameter list"))?;
+        for decl in toks[i + 1..close].split(|t| matches!(t.0, Tok::Punct(b','))) {
+            if decl.is_empty() {
+                continue;
+            }
+            params.push(
+                parse_param(text, decl).map_err(|reason| PtxError::BadParams {
+                    kernel: name.clone(),
+                    reason,
+                })?,
+            );
+        }
+        i = close + 1;
+    }
+    // Performance directives, then the body or a `;`.
+    while i < toks.len() && !matches!(toks[i].0, Tok::Punct(b'{') | Tok::Punct(b';')) {
+        i += 1;
+    }
+    match toks.get(i) {
+        Some(&(Tok::Punct(b';'), _, _)) => return Ok((None, i + 1)),
+        None => return Err(PtxError::Unterminated("a kernel")),
+        _ => {}
+    }
+    let body_open = toks[i].1;
+    let mut depth = 0usize;
+    let mut exits = Vec::new();
+    // The current statement's first token (after any labels).
+    let mut stmt: Option<usize> = None;
+    let mut j = i;
+    let body_close = loop {
+        let Some(&(tok, a, _)) = toks.get(j) else {
+            return Err(PtxError::Unterminated("a kernel's body"));
+        };
+        match tok {
+            Tok::Punct(b'{') => {
+                depth += 1;
+                stmt = None;
+            }
+            Tok::Punct(b'}') => {
+                depth -= 1;
+                stmt = None;
+                if depth == 0 {
+                    break a;
+                }
+            }
+            Tok::Punct(b';') => {
+                if let Some(s) = stmt.take() {
+                    if let Some(site) = exit_site(text, &toks[s..=j]) {
+                        exits.push(site);
+                    }
+                }
+            }
+            Tok::Punct(b':') if stmt.is_some_and(|s| s + 1 == j) => {
+                // `LABEL:` ends a label, not a statement.
+                stmt = None;
+            }
+            _ => {
+                if stmt.is_none() {
+                    stmt = Some(j);
+                }
+            }
+        }
+        j += 1;
+    };
+    Ok((
+        Some(Kernel {
+            name,
+            params,
+            start,
+            body_open,
+            body_close,
+            exits,
+        }),
+        j + 1,
+    ))
+}
+
+/// `ret`, `ret.uni` or `exit`, with an optional guard, as one statement's tokens (ending
+/// with its `;`).
+fn exit_site(text: &str, stmt: &[(Tok, usize, usize)]) -> Option<ExitSite> {
+    let word = |t: &(Tok, usize, usize)| (t.0 == Tok::Word).then(|| &text[t.1..t.2]);
+    let (guard, rest) = match stmt {
+        [(Tok::Punct(b'@'), a, _), (Tok::Punct(b'!'), _, _), reg, rest @ ..] => {
+            (Some((*a, reg.2)), rest)
+        }
+        [(Tok::Punct(b'@'), a, _), reg, rest @ ..] => (Some((*a, reg.2)), rest),
+        _ => (None, stmt),
+    };
+    let [op, (Tok::Punct(b';'), _, end)] = rest else {
+        return None;
+    };
+    let opcode = word(op)?;
+    if !matches!(opcode, "ret" | "ret.uni" | "exit") {
+        return None;
+    }
+    Some(ExitSite {
+        start: stmt[0].1,
+        end: *end,
+        guard: guard.map(|(a, b)| text[a..b].split_whitespace().collect::<String>()),
+        opcode: opcode.to_string(),
+    })
+}
+
+fn parse_param(text: &str, decl: &[(Tok, usize, usize)]) -> Result<Param, String> {
+    let words: Vec<&str> = decl
+        .iter()
+        .filter(|t| t.0 == Tok::Word)
+        .map(|t| &text[t.1..t.2])
+        .collect();
+    if words.first() != Some(&".param") {
+        return Err(format!("`{}` is not a `.param`", words.join(" ")));
+    }
+    let is_array = decl.iter().any(|t| t.0 == Tok::Punct(b'['));
+    let name_index = words
+        .iter()
+        .rposition(|w| !w.starts_with('.') && !w.chars().all(|c| c.is_ascii_digit()))
+        .ok_or("a parameter without a name")?;
+    let name = words[name_index].to_string();
+    let types: Vec<&str> = words[1..name_index].to_vec();
+    let scalar = types.iter().rev().find_map(|t| {
+        let t = t.strip_prefix('.')?;
+        let class = t.chars().next()?;
+        let bits: u32 = t[1..].parse().ok()?;
+        matches!(class, 'u' | 's' | 'b' | 'f').then_some((class, bits))
+    });
+    let (class, bits) = scalar.ok_or_else(|| format!("`{name}` has no scalar type"))?;
+    if is_array {
+        let align = types
+            .iter()
+            .position(|t| *t == ".align")
+            .and_then(|p| words.get(p + 2))
+            .and_then(|a| a.parse().ok())
+            .unwrap_or(bits / 8);
+        let count: u32 = words
+            .get(name_index + 1)
+            .and_then(|n| n.parse().ok())
+            .ok_or_else(|| format!("`{name}` is an array without a length"))?;
+        return Ok(Param {
+            name,
+            ty: ParamType::Bytes {
+                align,
+                len: count * (bits / 8).max(1),
+            },
+        });
+    }
+    Ok(Param {
+        name,
+        ty: ParamType::Scalar { class, bits },
+    })
+}
+
+/// The probe function's ABI that spliced calls use: the kernel's first six parameters,
+/// widened, as `.param .b64` arguments; the probe builds its `pt_regs`-shaped context from
+/// them (`bpftime_jit_ptx::ProbeAbi::Arguments` with [`CTX_SIZE`] and [`ARG_OFFSETS`]).
+pub const PROBE_ARGS: usize = 6;
+
+fn kernel_edits(kernel: &Kernel, calls: &[ProbeCall]) -> Vec<(usize, usize, String)> {
+    let of = |point| -> Vec<&str> {
+        calls
+            .iter()
+            .filter(|c| c.point == point)
+            .map(|c| c.symbol.as_str())
+            .collect()
+    };
+    let (entry, exit) = (of(ProbePoint::Entry), of(ProbePoint::Exit));
+    let mut edits = Vec::new();
+    if !entry.is_empty() {
+        edits.push((
+            kernel.body_open + 1,
+            0,
+            format!("\n{}", probe_calls(&kernel.params, &entry, None)),
+        ));
+    }
+    if !exit.is_empty() {
+        for site in &kernel.exits {
+            let mut code = String::from("\n");
+            code.push_str(&probe_calls(&kernel.params, &exit, site.guard.as_deref()));
+            let original = match &site.guard {
+                Some(g) => format!("{g} {};", site.opcode),
+                None => format!("{};", site.opcode),
+            };
+            code.push_str(&original);
+            edits.push((site.start, site.end - site.start, code));
+        }
+    }
+    edits
+}
+
+/// A block that loads the kernel's first six parameters, widened to 64 bits (0 for the
+/// ones it lacks), and calls each of `symbols` with them, under `guard` if any.
+fn probe_calls(params: &[Param], symbols: &[&str], guard: Option<&str>) -> String {
+    let mut s =
+        format!("{{\n.reg .b64 %__bta<{PROBE_ARGS}>;\n.reg .b32 %__bth;\n.reg .b16 %__bts;\n");
+    for i in 0..PROBE_ARGS {
+        let to = format!("%__bta{i}");
+        let Some(p) = params.get(i) else {
+            s.push_str(&format!("mov.u64 {to}, 0;\n"));
+            continue;
+        };
+        let name = &p.name;
+        match p.ty {
+            ParamType::Scalar { bits: 64, .. } => {
+                s.push_str(&format!("ld.param.b64 {to}, [{name}];\n"));
+            }
+            ParamType::Scalar { class, bits: 32 } => {
+                let cvt = if class == 's' {
+                    "cvt.s64.s32"
+                } else {
+                    "cvt.u64.u32"
+                };
+                s.push_str(&format!(
+                    "ld.param.b32 %__bth, [{name}];\n{cvt} {to}, %__bth;\n"
+                ));
+            }
+            ParamType::Scalar { class, bits } if bits == 16 || bits == 8 => {
+                // Sub-word loads need a 16-bit or wider destination, which the load
+                // extends; the conversion widens those 16 bits.
+                let (load, cvt) = if class == 's' {
+                    (format!("ld.param.s{bits}"), "cvt.s64.s16")
+                } else {
+                    (format!("ld.param.u{bits}"), "cvt.u64.u16")
+                };
+                s.push_str(&format!("{load} %__bts, [{name}];\n{cvt} {to}, %__bts;\n"));
+            }
+            ParamType::Scalar { .. } | ParamType::Bytes { .. } => {
+                s.push_str(&format!(
+                    "mov.u64 {to}, {name};\ncvta.param.u64 {to}, {to};\n"
+                ));
+            }
+        }
+    }
+    for i in 0..PROBE_ARGS {
+        s.push_str(&format!(
+            ".param .b64 __bt_a{i};\nst.param.b64 [__bt_a{i}], %__bta{i};\n"
+        ));
+    }
+    s.push_str(".param .b64 __bt_ret;\n");
+    let args: Vec<String> = (0..PROBE_ARGS).map(|i| format!("__bt_a{i}")).collect();
+    let guard = guard.map(|g| format!("{g} ")).unwrap_or_default();
+    for symbol in symbols {
+        s.push_str(&format!(
+            "{guard}call (__bt_ret), {symbol}, ({});\n",
+            args.join(", ")
+        ));
+    }
+    s.push_str("}\n");
+    s
+}
+
+/// Drops the header directives (`.version`, `.target`, `.address_size`) of a module
+/// written by `bpftime-jit-ptx`, leaving its definitions for a [`Splice`].
+pub fn strip_header(ptx: &str) -> String {
+    ptx.lines()
+        .filter(|l| {
+            let t = l.trim_start();
+            !(t.starts_with(".version")
+                || t.starts_with(".target")
+                || t.starts_with(".address_size"))
+        })
+        .collect::<Vec<_>>()
+        .join("\n")
+}

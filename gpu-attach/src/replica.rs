@@ -1,0 +1,574 @@
+//! Device replicas of store maps, one per map per CUDA context (DESIGN.md item 5): probes
+//! read and write the replica in device memory; the host pushes what the CPU changed
+//! before a launch and pulls what the GPU changed once a launch completes (and drains
+//! rings while kernels run). The decisions are `device_maps`'s; this module moves bytes.
+
+use std::collections::HashMap;
+use std::ffi::c_void;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+
+use bpftime_jit_ptx::ArrayMapLayout;
+use bpftime_runtime::Map;
+
+use crate::cuda::{Api, CudaError, DevicePtr, Handle};
+use crate::device_maps::{
+    device_kind, drain_ring, hash_capacity, is_per_cpu, merge, round8, DeviceKind, DeviceRing,
+    GpuMapDesc, HashImage, HashShape, Merge, RingRecord, RING_DROPPED, RING_HEAD, RING_TAIL,
+};
+
+/// Why a replica could not be made or synced.
+#[derive(Debug, thiserror::Error)]
+pub enum ReplicaError {
+    #[error("map {name} (id {id}): {reason}")]
+    Unsupported {
+        id: u32,
+        name: String,
+        reason: String,
+    },
+    #[error(transparent)]
+    Cuda(#[from] CudaError),
+}
+
+/// Device memory and a stream of our own in one context, for moving bytes.
+pub(crate) struct Mover<'a> {
+    pub api: &'a Api,
+    /// A non-blocking stream of GPU attach's own in the current context.
+    pub stream: Handle,
+}
+
+impl Mover<'_> {
+    pub fn alloc(&self, bytes: usize) -> Result<DevicePtr, CudaError> {
+        let mut p = 0;
+        // SAFETY: writes one device pointer.
+        self.api.check("cuMemAlloc", unsafe {
+            (self.api.mem_alloc)(&mut p, bytes.max(8))
+        })?;
+        Ok(p)
+    }
+
+    /// Copies `bytes` to `dst` and waits for it.
+    pub fn put(&self, dst: DevicePtr, bytes: &[u8]) -> Result<(), CudaError> {
+        if bytes.is_empty() {
+            return Ok(());
+        }
+        // SAFETY: `bytes` stays borrowed until the copy is waited for below.
+        self.api.check("cuMemcpyHtoDAsync", unsafe {
+            (self.api.memcpy_htod_async)(dst, bytes.as_ptr().cast(), bytes.len(), self.stream)
+        })?;
+        self.wait()
+    }
+
+    /// Copies `out.len()` bytes from `src` and waits for them.
+    pub fn get(&self, src: DevicePtr, out: &mut [u8]) -> Result<(), CudaError> {
+        if out.is_empty() {
+            return Ok(());
+        }
+        // SAFETY: `out` stays borrowed until the copy is waited for below.
+        self.api.check("cuMemcpyDtoHAsync", unsafe {
+            (self.api.memcpy_dtoh_async)(
+                out.as_mut_ptr().cast::<c_void>(),
+                src,
+                out.len(),
+                self.stream,
+            )
+        })?;
+        self.wait()
+    }
+
+    pub fn zero(&self, dst: DevicePtr, bytes: usize) -> Result<(), CudaError> {
+        // SAFETY: a device range we allocated.
+        self.api.check("cuMemsetD8Async", unsafe {
+            (self.api.memset_d8_async)(dst, 0, bytes, self.stream)
+        })?;
+        self.wait()
+    }
+
+    fn wait(&self) -> Result<(), CudaError> {
+        // SAFETY: our own stream.
+        self.api.check("cuStreamSynchronize", unsafe {
+            (self.api.stream_synchronize)(self.stream)
+        })
+    }
+}
+
+fn as_bytes<T: Copy>(v: &T) -> &[u8] {
+    // SAFETY: a plain `#[repr(C)]` value of integers, read as its bytes.
+    unsafe { std::slice::from_raw_parts((v as *const T).cast::<u8>(), std::mem::size_of::<T>()) }
+}
+
+fn u32s_as_bytes(v: &[u32]) -> &[u8] {
+    // SAFETY: u32s read as bytes.
+    unsafe { std::slice::from_raw_parts(v.as_ptr().cast::<u8>(), v.len() * 4) }
+}
+
+enum SyncState {
+    Array {
+        /// The values both sides held at the last sync, in the device's layout.
+        shadow: Vec<u8>,
+    },
+    Hash {
+        shape: HashShape,
+        shadow: HashMap<Vec<u8>, Vec<u8>>,
+        /// The store map's update count the device table was last built from or merged
+        /// into.
+        seen_updates: u64,
+    },
+    Ring {
+        ring: DevicePtr,
+        size: u64,
+        tail: u64,
+        dropped: u64,
+    },
+}
+
+/// One map's replica in one context.
+pub(crate) struct Replica {
+    pub map: Arc<Map>,
+    pub kind: DeviceKind,
+    /// Device address of its [`GpuMapDesc`]: what the probe's `lddw map` loads.
+    pub desc_addr: DevicePtr,
+    pub desc: GpuMapDesc,
+    /// The store map's update count at the last push of a large array, read without
+    /// the lock: a launch must not wait for a pull just to learn that nothing changed.
+    seen_updates: AtomicU64,
+    state: Mutex<SyncState>,
+}
+
+/// Default size of the device ring of a perf event array (the kernel's rings are per
+/// CPU, sized by the consumer; ours is one ring the host splits by CPU index).
+const PERF_RING_BYTES: u64 = 1 << 20;
+
+impl Replica {
+    /// Makes the replica of `map` with the store's current contents.
+    pub fn new(mover: &Mover<'_>, map: Arc<Map>) -> Result<Replica, ReplicaError> {
+        let unsupported = |reason: String| ReplicaError::Unsupported {
+            id: map.id(),
+            name: map.name(),
+            reason,
+        };
+        let kind = device_kind(map.map_type()).map_err(unsupported)?;
+        if is_per_cpu(map.map_type()) {
+            return Err(unsupported(
+                "per-CPU maps are not replicated on the GPU yet; use an array or hash map".into(),
+            ));
+        }
+        let mut desc = GpuMapDesc {
+            map_type: map.map_type(),
+            key_size: map.key_size(),
+            value_size: map.value_size(),
+            max_entries: map.max_entries(),
+            key_stride: round8(map.key_size()),
+            value_stride: round8(map.value_size()),
+            copies: 1,
+            ..GpuMapDesc::default()
+        };
+        let state = match kind {
+            DeviceKind::Array => {
+                let bytes = desc.max_entries as usize * desc.value_stride as usize;
+                desc.values = mover.alloc(bytes)?;
+                let shadow = host_array(&map, &desc);
+                mover.put(desc.values, &shadow)?;
+                SyncState::Array { shadow }
+            }
+            DeviceKind::Hash => {
+                let shape = HashShape {
+                    key_size: desc.key_size,
+                    value_size: desc.value_size,
+                    capacity: hash_capacity(desc.max_entries),
+                    copies: 1,
+                };
+                desc.capacity = shape.capacity;
+                let cap = shape.capacity as usize;
+                desc.states = mover.alloc(cap * 4)?;
+                desc.keys = mover.alloc(cap * shape.key_stride())?;
+                desc.values = mover.alloc(cap * shape.slot_values())?;
+                desc.count = mover.alloc(8)?;
+                let mut state = SyncState::Hash {
+                    shape,
+                    shadow: HashMap::new(),
+                    seen_updates: u64::MAX,
+                };
+                push_hash(mover, &map, &desc, &mut state)?;
+                state
+            }
+            DeviceKind::Ringbuf | DeviceKind::PerfEventArray => {
+                let size = if kind == DeviceKind::Ringbuf {
+                    (map.max_entries() as u64).next_power_of_two().max(4096)
+                } else {
+                    PERF_RING_BYTES
+                };
+                let data = mover.alloc(size as usize)?;
+                mover.zero(data, size as usize)?;
+                let ring = mover.alloc(std::mem::size_of::<DeviceRing>())?;
+                mover.put(
+                    ring,
+                    as_bytes(&DeviceRing {
+                        data,
+                        size,
+                        ..DeviceRing::default()
+                    }),
+                )?;
+                desc.ring = ring;
+                SyncState::Ring {
+                    ring,
+                    size,
+                    tail: 0,
+                    dropped: 0,
+                }
+            }
+        };
+        let desc_addr = mover.alloc(std::mem::size_of::<GpuMapDesc>())?;
+        mover.put(desc_addr, as_bytes(&desc))?;
+        Ok(Replica {
+            seen_updates: AtomicU64::new(map.updates()),
+            map,
+            kind,
+            desc_addr,
+            desc,
+            state: Mutex::new(state),
+        })
+    }
+
+    /// How a probe inlines lookups of an array replica.
+    pub fn array_layout(&self) -> Option<ArrayMapLayout> {
+        (self.kind == DeviceKind::Array).then_some(ArrayMapLayout {
+            values: self.desc.values,
+            key_stride: self.desc.value_stride,
+            max_entries: self.desc.max_entries,
+            update_size: self.desc.value_size,
+            per_cpu: None,
+        })
+    }
+
+    /// Device address of the first value of an array replica (global data sections).
+    pub fn values_addr(&self) -> Option<DevicePtr> {
+        (self.kind == DeviceKind::Array).then_some(self.desc.values)
+    }
+
+    /// Before a launch: writes what the CPU changed since the last sync.
+    pub fn push(&self, mover: &Mover<'_>) -> Result<(), CudaError> {
+        // A large array is compared value by value only when an update went through
+        // bpf() or the helper; a small one always, which also catches stores through
+        // looked-up pointers and memory-mapped writes.
+        let large = self.kind == DeviceKind::Array
+            && self.desc.max_entries as usize * self.desc.value_stride as usize
+                > ALWAYS_COMPARED_ARRAY;
+        let updates = self.map.updates();
+        if large && self.seen_updates.load(Ordering::Acquire) == updates {
+            return Ok(());
+        }
+        let mut state = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        match &mut *state {
+            SyncState::Array { shadow } => {
+                self.seen_updates.store(updates, Ordering::Release);
+                let Some(host) = HostArray::of(&self.map, &self.desc) else {
+                    return Ok(());
+                };
+                let stride = self.desc.value_stride as usize;
+                let size = self.desc.value_size as usize;
+                for (k, s) in shadow.chunks_mut(stride).enumerate() {
+                    let h = host.value(k);
+                    if h != &s[..size] {
+                        mover.put(self.desc.values + (k * stride) as u64, h)?;
+                        s[..size].copy_from_slice(h);
+                    }
+                }
+                Ok(())
+            }
+            hash @ SyncState::Hash { .. } => push_hash(mover, &self.map, &self.desc, hash),
+            SyncState::Ring { .. } => Ok(()),
+        }
+    }
+
+    /// After a launch completed (or while a long one runs): brings what the GPU changed
+    /// into the store, and the records it wrote into the store's ring. Returns the records
+    /// of a trace ring, for the caller to print.
+    pub fn pull(&self, mover: &Mover<'_>) -> Result<(), CudaError> {
+        let mut state = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        match &mut *state {
+            SyncState::Array { shadow } => {
+                let mut device = vec![0u8; shadow.len()];
+                mover.get(self.desc.values, &mut device)?;
+                if device == *shadow {
+                    return Ok(());
+                }
+                let Some(host) = HostArray::of(&self.map, &self.desc) else {
+                    return Ok(());
+                };
+                let stride = self.desc.value_stride as usize;
+                let size = self.desc.value_size as usize;
+                if host.equals(shadow, stride) {
+                    // Nothing changed on the CPU side: the device's values are the news.
+                    host.write_all(&device, stride);
+                    *shadow = device;
+                    return Ok(());
+                }
+                for (k, (d, s)) in device
+                    .chunks(stride)
+                    .zip(shadow.chunks_mut(stride))
+                    .enumerate()
+                {
+                    if d == s {
+                        continue;
+                    }
+                    match merge(host.value(k), &d[..size], &s[..size]) {
+                        Merge::ToHost | Merge::Both => {
+                            host.write(k, &d[..size]);
+                            s.copy_from_slice(d);
+                        }
+                        Merge::Same | Merge::ToDevice => {}
+                    }
+                }
+                Ok(())
+            }
+            SyncState::Hash {
+                shape,
+                shadow,
+                seen_updates,
+            } => {
+                let cap = shape.capacity as usize;
+                let mut states = vec![0u32; cap];
+                // SAFETY: u32s written as bytes by the copy.
+                let states_bytes = unsafe {
+                    std::slice::from_raw_parts_mut(states.as_mut_ptr().cast::<u8>(), cap * 4)
+                };
+                mover.get(self.desc.states, states_bytes)?;
+                let mut image = HashImage {
+                    states,
+                    keys: vec![0; cap * shape.key_stride()],
+                    values: vec![0; cap * shape.slot_values()],
+                };
+                mover.get(self.desc.keys, &mut image.keys)?;
+                mover.get(self.desc.values, &mut image.values)?;
+                let device: HashMap<Vec<u8>, Vec<u8>> = shape.read(&image).into_iter().collect();
+                let before = self.map.updates();
+                let mut writes = 0u64;
+                for (k, v) in &device {
+                    if shadow.get(k) != Some(v) && self.map.update(k, v, 0).is_ok() {
+                        writes += 1;
+                    }
+                }
+                for k in shadow.keys() {
+                    if !device.contains_key(k) && self.map.delete(k).is_ok() {
+                        writes += 1;
+                    }
+                }
+                let after = self.map.updates();
+                // Our own writes do not make the device stale; anyone else's does.
+                if *seen_updates == before && after - before == writes {
+                    *seen_updates = after;
+                }
+                *shadow = device;
+                Ok(())
+            }
+            SyncState::Ring {
+                ring,
+                size,
+                tail,
+                dropped,
+            } => {
+                let mut head = [0u8; 8];
+                mover.get(*ring + RING_HEAD, &mut head)?;
+                let head = u64::from_le_bytes(head);
+                let mut counter = [0u8; 8];
+                mover.get(*ring + RING_DROPPED, &mut counter)?;
+                let device_dropped = u64::from_le_bytes(counter);
+                if device_dropped > *dropped {
+                    self.map.count_dropped(device_dropped - *dropped);
+                    *dropped = device_dropped;
+                }
+                if head == *tail {
+                    return Ok(());
+                }
+                let records = read_ring(mover, *ring, *size, *tail, head)?;
+                let (records, new_tail) = records;
+                for r in records {
+                    self.deliver(&r);
+                }
+                if new_tail != *tail {
+                    *tail = new_tail;
+                    mover.put(*ring + RING_TAIL, &new_tail.to_le_bytes())?;
+                }
+                Ok(())
+            }
+        }
+    }
+
+    fn deliver(&self, record: &RingRecord) {
+        match self.kind {
+            DeviceKind::Ringbuf => {
+                // SAFETY: the record's bytes, readable for their length.
+                let r = unsafe {
+                    self.map
+                        .ringbuf_output(record.data.as_ptr(), record.data.len() as u64, 0)
+                };
+                if r < 0 && crate::session::may_log() {
+                    tracing::debug!(
+                        map = self.map.id(),
+                        "store ring buffer full: GPU record dropped"
+                    );
+                }
+            }
+            DeviceKind::PerfEventArray => {
+                if record.data.len() >= 8 {
+                    let flags = u64::from_le_bytes(record.data[..8].try_into().expect("8 bytes"));
+                    let _ = self.map.perf_event_output(flags, &record.data[8..]);
+                }
+            }
+            DeviceKind::Array | DeviceKind::Hash => {}
+        }
+    }
+}
+
+/// Reads the records of a device ring between `tail` and `head`.
+pub(crate) fn read_ring(
+    mover: &Mover<'_>,
+    ring: DevicePtr,
+    size: u64,
+    tail: u64,
+    head: u64,
+) -> Result<(Vec<RingRecord>, u64), CudaError> {
+    let mut data_ptr = [0u8; 8];
+    mover.get(ring, &mut data_ptr)?;
+    let data = u64::from_le_bytes(data_ptr);
+    // The whole ring: simpler than two pieces, and rings are small.
+    let mut bytes = vec![0u8; size as usize];
+    mover.get(data, &mut bytes)?;
+    Ok(drain_ring(&bytes, size, tail, head))
+}
+
+/// Arrays up to this many bytes are compared with the store before every launch.
+const ALWAYS_COMPARED_ARRAY: usize = 64 << 10;
+
+/// An array map's values where the store keeps them.
+struct HostArray {
+    base: *mut u8,
+    key_stride: usize,
+    value_size: usize,
+    max_entries: usize,
+}
+
+impl HostArray {
+    fn of(map: &Map, desc: &GpuMapDesc) -> Option<HostArray> {
+        let v = map.array_values()?;
+        Some(HostArray {
+            base: v.base,
+            key_stride: v.key_stride as usize,
+            value_size: (desc.value_size as usize).min(v.value_size as usize),
+            max_entries: map.max_entries() as usize,
+        })
+    }
+
+    /// Key `k`'s value (`k` below max_entries).
+    fn value(&self, k: usize) -> &[u8] {
+        assert!(k < self.max_entries);
+        // SAFETY: key k < max_entries holds value_size bytes at base + k * key_stride for
+        // as long as the map handle lives (the replica holds it).
+        unsafe { std::slice::from_raw_parts(self.base.add(k * self.key_stride), self.value_size) }
+    }
+
+    /// Whether every value equals its `stride`-spaced copy in `values`.
+    fn equals(&self, values: &[u8], stride: usize) -> bool {
+        if self.key_stride == stride && self.value_size == stride {
+            // SAFETY: the values are contiguous: max_entries * stride bytes from base.
+            let all = unsafe { std::slice::from_raw_parts(self.base, self.max_entries * stride) };
+            return all == &values[..self.max_entries * stride];
+        }
+        values
+            .chunks(stride)
+            .enumerate()
+            .all(|(k, v)| self.value(k) == &v[..self.value_size])
+    }
+
+    /// Writes every value from its `stride`-spaced copy in `values`.
+    fn write_all(&self, values: &[u8], stride: usize) {
+        if self.key_stride == stride && self.value_size == stride {
+            // SAFETY: as in `equals`.
+            unsafe {
+                std::ptr::copy_nonoverlapping(values.as_ptr(), self.base, self.max_entries * stride)
+            };
+            return;
+        }
+        for (k, v) in values.chunks(stride).enumerate() {
+            self.write(k, &v[..self.value_size]);
+        }
+    }
+
+    fn write(&self, k: usize, value: &[u8]) {
+        assert!(k < self.max_entries);
+        // SAFETY: as in `value`; at most value_size bytes.
+        unsafe {
+            std::ptr::copy_nonoverlapping(
+                value.as_ptr(),
+                self.base.add(k * self.key_stride),
+                value.len().min(self.value_size),
+            )
+        };
+    }
+}
+
+/// An array map's values as the store holds them, laid out as the device does.
+fn host_array(map: &Map, desc: &GpuMapDesc) -> Vec<u8> {
+    let stride = desc.value_stride as usize;
+    let mut out = vec![0u8; desc.max_entries as usize * stride];
+    if let Some(host) = HostArray::of(map, desc) {
+        for (k, chunk) in out.chunks_mut(stride).enumerate() {
+            let v = host.value(k);
+            chunk[..v.len()].copy_from_slice(v);
+        }
+    }
+    out
+}
+
+/// Rebuilds the device table from the store when the store changed since it was last
+/// built or merged.
+fn push_hash(
+    mover: &Mover<'_>,
+    map: &Map,
+    desc: &GpuMapDesc,
+    state: &mut SyncState,
+) -> Result<(), CudaError> {
+    let SyncState::Hash {
+        shape,
+        shadow,
+        seen_updates,
+    } = state
+    else {
+        return Ok(());
+    };
+    let updates = map.updates();
+    if updates == *seen_updates {
+        return Ok(());
+    }
+    let entries = host_hash_entries(map);
+    let image = shape.build(&entries).unwrap_or_else(|_| HashImage {
+        states: vec![0; shape.capacity as usize],
+        keys: vec![0; shape.capacity as usize * shape.key_stride()],
+        values: vec![0; shape.capacity as usize * shape.slot_values()],
+    });
+    mover.put(desc.states, u32s_as_bytes(&image.states))?;
+    mover.put(desc.keys, &image.keys)?;
+    mover.put(desc.values, &image.values)?;
+    mover.put(desc.count, &(entries.len() as u64).to_le_bytes())?;
+    *shadow = entries.into_iter().collect();
+    *seen_updates = updates;
+    Ok(())
+}
+
+fn host_hash_entries(map: &Map) -> Vec<(Vec<u8>, Vec<u8>)> {
+    let mut entries = Vec::new();
+    let mut key = vec![0u8; map.key_size() as usize];
+    let mut prev: Option<Vec<u8>> = None;
+    let mut value = vec![0u8; map.syscall_value_size()];
+    while map.next_key(prev.as_deref(), &mut key).is_ok() {
+        if map.lookup(&key, &mut value).is_ok() {
+            entries.push((key.clone(), value.clone()));
+        }
+        prev = Some(key.clone());
+        if entries.len() > map.max_entries() as usize {
+            break;
+        }
+    }
+    entries
+}

@@ -1,0 +1,1197 @@
+//! GPU attach in one process: the modules the application loaded, the probes tools
+//! attached, the instrumented modules built from both, and the work around each launch.
+//!
+//! A launch of a kernel that a probe names goes to an instrumented copy of the kernel: the
+//! module's PTX with the probes spliced in (`ptx`), loaded next to the original in the
+//! launch's context. The application's own handles (modules, libraries, functions,
+//! kernels) stay the driver's originals and keep working; detaching only stops the
+//! redirection. Anything that fails on our side (no PTX, a program the GPU cannot take, a
+//! module the driver refuses, no device memory) leaves that kernel uninstrumented, with
+//! one line saying which and why.
+
+use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
+use std::ffi::{CStr, CString};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, OnceLock, RwLock};
+use std::time::{Duration, Instant};
+
+use bpftime_isa::Insn;
+use bpftime_jit_ptx::{compile, PtxOptions};
+use bpftime_runtime::Map;
+
+use crate::clock::{self, ClockCalibration};
+use crate::cuda::{
+    self, Api, CuResult, DevicePtr, Handle, ATTR_COMPUTE_CAPABILITY_MAJOR,
+    ATTR_COMPUTE_CAPABILITY_MINOR, ATTR_MULTIPROCESSOR_COUNT, CUDA_ERROR_NOT_READY, CUDA_SUCCESS,
+    EVENT_DISABLE_TIMING, STREAM_NON_BLOCKING,
+};
+use crate::device_maps::{DeviceKind, DeviceRing, RuntimeConfig, RING_HEAD, RING_TAIL};
+use crate::fatbin::{FatbinError, ModulePtx};
+use crate::names;
+use crate::probe::{compile_probe, DeviceMapRef};
+use crate::ptx::{strip_header, ProbeCall, ProbePoint, PtxModule, Splice, Version};
+use crate::replica::{read_ring, Mover, Replica};
+
+/// What kind of handle an image was loaded as.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Owner {
+    Module,
+    Library,
+}
+
+/// A program a tool attached to CUDA kernels.
+pub struct GpuProbe {
+    /// The store link that attached it.
+    pub link_id: u32,
+    pub name: String,
+    /// Verified under the GPU rules; `lddw` map references carry store map ids.
+    pub insns: Vec<Insn>,
+    /// The maps those ids name.
+    pub maps: Vec<Arc<Map>>,
+    pub point: ProbePoint,
+    /// The kernels it probes: a mangled or demangled name, with globs.
+    pub pattern: String,
+}
+
+/// Bytes of each context's trace ring (`bpf_trace_printk` lines on their way out).
+const TRACE_RING_BYTES: u64 = 1 << 20;
+/// How often rings are drained while kernels run, and clocks re-anchored.
+const DRAIN_EVERY: Duration = Duration::from_millis(5);
+const REANCHOR_EVERY: Duration = Duration::from_secs(1);
+
+struct Image {
+    ptx: Result<ModulePtx, String>,
+}
+
+struct FunctionInfo {
+    image: u64,
+    name: Arc<str>,
+}
+
+/// A module of the application, instrumented for one context and one set of probes.
+struct Patched {
+    generation: u64,
+    /// Kernel name → instrumented function; kernels not probed are absent.
+    functions: HashMap<Arc<str>, Handle>,
+    replicas: Vec<Arc<Replica>>,
+}
+
+/// What one context holds for us.
+struct Context {
+    ctx: Handle,
+    device: i32,
+    sm: u32,
+    stream: Handle,
+    replicas: Mutex<HashMap<u32, Arc<Replica>>>,
+    trace: Option<TraceRing>,
+    clock: Mutex<ContextClock>,
+    events: Mutex<Vec<Handle>>,
+}
+
+struct TraceRing {
+    ring: DevicePtr,
+    size: u64,
+    tail: Mutex<u64>,
+}
+
+#[derive(Default)]
+struct ContextClock {
+    calibration: Option<ClockCalibration>,
+    /// The `ktime_get_ns` offsets of loaded probes.
+    globals: Vec<DevicePtr>,
+    timer: Option<(Handle, DevicePtr)>,
+}
+
+#[derive(Default)]
+struct State {
+    images: HashMap<u64, Arc<Image>>,
+    next_image: u64,
+    owners: HashMap<Handle, u64>,
+    functions: HashMap<Handle, FunctionInfo>,
+    probes: BTreeMap<u32, Arc<GpuProbe>>,
+    generation: u64,
+    contexts: HashMap<Handle, Arc<Context>>,
+    patched: HashMap<(Handle, u64), Arc<Patched>>,
+}
+
+/// A launch in flight: the function to launch and what to do once it is queued.
+pub(crate) struct Launch {
+    pub function: Handle,
+    stream: Handle,
+    work: Option<(Arc<Context>, Vec<Arc<Replica>>)>,
+}
+
+struct Completion {
+    context: Arc<Context>,
+    event: Handle,
+    replicas: Vec<Arc<Replica>>,
+}
+
+/// GPU attach for this process.
+pub struct GpuAttach {
+    api: Api,
+    state: RwLock<State>,
+    /// Held while an instrumented module is built, so each is built once.
+    build: Mutex<()>,
+    active: AtomicBool,
+    /// Launches recorded and not yet synced, oldest first.
+    pending: Mutex<VecDeque<Completion>>,
+    pid_tgid: u64,
+    driver_version: i32,
+    /// Notices already given, so each is given once.
+    noticed: Mutex<HashSet<String>>,
+    /// Links whose probe named a kernel this process launched.
+    matched: Mutex<HashSet<u32>>,
+}
+
+static SESSION: OnceLock<GpuAttach> = OnceLock::new();
+
+pub(crate) fn session() -> Option<&'static GpuAttach> {
+    SESSION.get()
+}
+
+/// Why GPU attach could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum InstallError {
+    #[error("{0} is not loaded in this process: nothing to attach to")]
+    NotLoaded(&'static str),
+    #[error("the CUDA driver lacks what GPU attach needs: {0}")]
+    Driver(String),
+}
+
+/// Whether this process has loaded the CUDA driver.
+pub fn cuda_loaded() -> bool {
+    cuda::loaded_libcuda().is_some()
+}
+
+/// Starts GPU attach in this process: resolves the loaded driver and intercepts it. Call
+/// once libcuda is loaded (never loads it); later calls return the same session.
+pub fn install() -> Result<&'static GpuAttach, InstallError> {
+    static INSTALL: Mutex<()> = Mutex::new(());
+    let _once = INSTALL.lock().unwrap_or_else(|e| e.into_inner());
+    if let Some(s) = SESSION.get() {
+        return Ok(s);
+    }
+    let lib = cuda::loaded_libcuda().ok_or(InstallError::NotLoaded(cuda::LIBCUDA))?;
+    let mut api = cuda::api_from(lib).map_err(InstallError::Driver)?;
+    let driver_version = api.driver_version().unwrap_or(0);
+    // The replacements pass calls straight through until the session is in place, so
+    // the detours go in first and our own calls then use the originals they leave.
+    // SAFETY: the driver's handle and the entry points resolved from it.
+    let detours = unsafe { crate::entry_points::install(lib, &api) };
+    if let Some(f) = crate::entry_points::module_load_data::original() {
+        api.module_load_data = f;
+    }
+    if let Some(f) = crate::entry_points::module_get_function::original() {
+        api.module_get_function = f;
+    }
+    if let Some(f) = crate::entry_points::launch_kernel::original() {
+        api.launch_kernel = f;
+    }
+    if let Some(f) = crate::entry_points::library_get_kernel::original() {
+        api.library_get_kernel = f;
+    }
+    // SAFETY: getpid has no preconditions.
+    let pid = unsafe { libc::getpid() } as u64;
+    let s = SESSION.get_or_init(|| GpuAttach {
+        api,
+        state: RwLock::new(State::default()),
+        build: Mutex::new(()),
+        active: AtomicBool::new(false),
+        pending: Mutex::new(VecDeque::new()),
+        pid_tgid: (pid << 32) | pid,
+        driver_version,
+        noticed: Mutex::new(HashSet::new()),
+        matched: Mutex::new(HashSet::new()),
+    });
+    std::thread::Builder::new()
+        .name("bpftime-gpu".into())
+        .spawn(move || {
+            bpftime_attach::never_run_handlers_on_this_thread();
+            s.worker()
+        })
+        .map_err(|e| InstallError::Driver(format!("cannot start the GPU sync thread: {e}")))?;
+    tracing::info!(
+        entry_points = detours.len(),
+        driver = driver_version,
+        "GPU attach: CUDA driver intercepted"
+    );
+    Ok(s)
+}
+
+/// Set once the process is exiting: thread-local state (the log formatter's among it) is
+/// gone by then, so nothing is logged.
+static EXITING: AtomicBool = AtomicBool::new(false);
+
+/// Whether logging is still possible (see [`EXITING`]).
+pub(crate) fn may_log() -> bool {
+    !EXITING.load(Ordering::Relaxed)
+}
+
+extern "C" fn flush_at_exit() {
+    EXITING.store(true, Ordering::Relaxed);
+    if let Some(s) = SESSION.get() {
+        // A panic must not cross into the C runtime's exit.
+        let _ = std::panic::catch_unwind(|| {
+            s.flush();
+            s.report_unmatched();
+        });
+    }
+}
+
+/// Registers the exit-time flush, at the first launch while probes are attached: by then the CUDA
+/// runtime has registered its own teardown, and exit handlers run last-registered first,
+/// so the flush runs while the driver is still up.
+fn flush_at_exit_once() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    // SAFETY: registers a plain function.
+    ONCE.call_once(|| unsafe {
+        libc::atexit(flush_at_exit);
+    });
+}
+
+impl GpuAttach {
+    /// Attaches `probe`; kernels it names are instrumented from their next launch.
+    pub fn add_probe(&self, probe: GpuProbe) {
+        let mut st = self.write();
+        st.probes.insert(probe.link_id, Arc::new(probe));
+        st.generation += 1;
+        self.active.store(true, Ordering::Release);
+    }
+
+    /// Detaches the probe of `link_id`; later launches run without it (the original
+    /// kernel once no probe is left).
+    pub fn remove_probe(&self, link_id: u32) {
+        let mut st = self.write();
+        if st.probes.remove(&link_id).is_some() {
+            st.generation += 1;
+        }
+        self.active.store(!st.probes.is_empty(), Ordering::Release);
+    }
+
+    fn write(&self) -> std::sync::RwLockWriteGuard<'_, State> {
+        self.state.write().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn read(&self) -> std::sync::RwLockReadGuard<'_, State> {
+        self.state.read().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn notice(&self, key: &str, line: impl FnOnce() -> String) {
+        let mut noticed = self.noticed.lock().unwrap_or_else(|e| e.into_inner());
+        if noticed.insert(key.to_string()) {
+            let line = line();
+            tracing::warn!("{line}");
+            eprintln!("bpftime: {line}");
+        }
+    }
+
+    pub(crate) fn note_image(
+        &self,
+        handle: Handle,
+        _owner: Owner,
+        ptx: Result<ModulePtx, FatbinError>,
+    ) {
+        let image = Arc::new(Image {
+            ptx: ptx.map_err(|e| e.to_string()),
+        });
+        let mut st = self.write();
+        let id = st.next_image;
+        st.next_image += 1;
+        st.images.insert(id, image);
+        st.owners.insert(handle, id);
+    }
+
+    pub(crate) fn note_function(&self, function: Handle, owner: Handle, name: &CStr) {
+        let mut st = self.write();
+        if let Some(&image) = st.owners.get(&owner) {
+            let name: Arc<str> = name.to_string_lossy().into();
+            st.functions.insert(function, FunctionInfo { image, name });
+        }
+    }
+
+    pub(crate) fn note_alias(&self, function: Handle, kernel: Handle) {
+        let mut st = self.write();
+        if let Some(info) = st.functions.get(&kernel) {
+            let alias = FunctionInfo {
+                image: info.image,
+                name: info.name.clone(),
+            };
+            st.functions.insert(function, alias);
+        }
+    }
+
+    pub(crate) fn note_owner_alias(&self, module: Handle, library: Handle) {
+        let mut st = self.write();
+        if let Some(&image) = st.owners.get(&library) {
+            st.owners.insert(module, image);
+        }
+    }
+
+    pub(crate) fn forget(&self, owner: Handle) {
+        let mut st = self.write();
+        if let Some(image) = st.owners.remove(&owner) {
+            st.functions.retain(|_, f| f.image != image);
+            st.patched.retain(|(_, i), _| *i != image);
+            st.images.remove(&image);
+        }
+    }
+
+    /// Before a launch of `function` on `stream`: the function to launch instead, with the
+    /// maps it uses pushed to the device.
+    pub(crate) fn before_launch(&self, function: Handle, stream: Handle) -> Launch {
+        let plain = Launch {
+            function,
+            stream,
+            work: None,
+        };
+        if !self.active.load(Ordering::Acquire) {
+            return plain;
+        }
+        flush_at_exit_once();
+        let found = {
+            let st = self.read();
+            st.functions
+                .get(&function)
+                .map(|f| (f.image, f.name.clone()))
+        };
+        let (image, name) = match found {
+            Some(f) => f,
+            None => {
+                // A kernel whose module we did not see load (loaded before we attached).
+                if let Some(name) = self.api.function_name(function) {
+                    if self.any_probe_matches(&name) {
+                        self.notice(&format!("unseen:{name}"), || {
+                            format!(
+                                "kernel {name} runs uninstrumented: its module was loaded \
+                                 before bpftime intercepted CUDA, so its PTX is unknown"
+                            )
+                        });
+                    }
+                }
+                return plain;
+            }
+        };
+        let ctx = self.api.current_context();
+        if ctx == 0 {
+            return plain;
+        }
+        let Some(patched) = self.patched(ctx, image, &name) else {
+            return plain;
+        };
+        let Some(&instrumented) = patched.functions.get(&name) else {
+            return plain;
+        };
+        let Some(context) = self.read().contexts.get(&ctx).cloned() else {
+            return plain;
+        };
+        let mover = Mover {
+            api: &self.api,
+            stream: context.stream,
+        };
+        for r in &patched.replicas {
+            if let Err(e) = r.push(&mover) {
+                tracing::warn!(
+                    map = r.map.id(),
+                    "pushing CPU-written values to the GPU failed: {e}"
+                );
+            }
+        }
+        Launch {
+            function: instrumented,
+            stream,
+            work: Some((context, patched.replicas.clone())),
+        }
+    }
+
+    /// After the launch call returned `result`: once the kernel completes, the worker
+    /// brings the maps back.
+    pub(crate) fn after_launch(&self, launch: Launch, result: CuResult) {
+        let Some((context, replicas)) = launch.work else {
+            return;
+        };
+        if result != CUDA_SUCCESS || replicas.is_empty() {
+            return;
+        }
+        let event = context
+            .events
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .pop()
+            .or_else(|| {
+                let mut e = 0;
+                // SAFETY: writes one event handle.
+                let r = unsafe { (self.api.event_create)(&mut e, EVENT_DISABLE_TIMING) };
+                (r == CUDA_SUCCESS).then_some(e)
+            });
+        let Some(event) = event else { return };
+        // SAFETY: an event of this context, recorded on the launch's stream.
+        if unsafe { (self.api.event_record)(event, launch.stream) } != CUDA_SUCCESS {
+            return;
+        }
+        self.lock_pending().push_back(Completion {
+            context,
+            event,
+            replicas,
+        });
+    }
+
+    fn any_probe_matches(&self, kernel: &str) -> bool {
+        self.read()
+            .probes
+            .values()
+            .any(|p| names::matches(&p.pattern, kernel))
+    }
+
+    /// The instrumented module of `image` in `ctx` for the current probes, built on first
+    /// use. `None` when nothing in it is probed or it cannot be instrumented.
+    fn patched(&self, ctx: Handle, image: u64, kernel: &str) -> Option<Arc<Patched>> {
+        let generation = {
+            let st = self.read();
+            if let Some(p) = st.patched.get(&(ctx, image)) {
+                if p.generation == st.generation {
+                    return Some(p.clone());
+                }
+            }
+            st.generation
+        };
+        let _build = self.build.lock().unwrap_or_else(|e| e.into_inner());
+        let (img, probes) = {
+            let st = self.read();
+            if let Some(p) = st.patched.get(&(ctx, image)) {
+                if p.generation == st.generation {
+                    return Some(p.clone());
+                }
+            }
+            (
+                st.images.get(&image).cloned()?,
+                st.probes.values().cloned().collect::<Vec<_>>(),
+            )
+        };
+        let started = Instant::now();
+        let built = self.build_patched(ctx, &img, &probes, kernel, generation);
+        let patched = Arc::new(built.unwrap_or_else(|| Patched {
+            generation,
+            functions: HashMap::new(),
+            replicas: Vec::new(),
+        }));
+        if !patched.functions.is_empty() {
+            tracing::info!(
+                kernels = patched.functions.len(),
+                ms = started.elapsed().as_secs_f64() * 1e3,
+                "instrumented module ready"
+            );
+        }
+        self.write().patched.insert((ctx, image), patched.clone());
+        Some(patched)
+    }
+
+    fn build_patched(
+        &self,
+        ctx: Handle,
+        image: &Image,
+        probes: &[Arc<GpuProbe>],
+        kernel: &str,
+        generation: u64,
+    ) -> Option<Patched> {
+        let context = match self.context(ctx) {
+            Ok(c) => c,
+            Err(e) => {
+                self.notice(&format!("ctx:{ctx}"), || {
+                    format!("GPU probes are off in this CUDA context: {e}")
+                });
+                return None;
+            }
+        };
+        let ptx = match &image.ptx {
+            Ok(p) => p,
+            Err(e) => {
+                self.notice(&format!("image:{kernel}"), || {
+                    format!(
+                        "kernel {kernel} runs uninstrumented: its module image is unreadable ({e})"
+                    )
+                });
+                return None;
+            }
+        };
+        let text = match ptx.ptx_for(context.sm) {
+            Ok(Some((text, _))) => text,
+            Ok(None) => {
+                for p in probes.iter().filter(|p| names::matches(&p.pattern, kernel)) {
+                    self.lock_matched().insert(p.link_id);
+                }
+                if probes.iter().any(|p| names::matches(&p.pattern, kernel)) {
+                    self.notice(&format!("noptx:{kernel}"), || {
+                        format!(
+                            "kernel {kernel} has no PTX for sm_{} (its module carries only \
+                             machine code): device probes cannot run in it; it gets launch \
+                             events only",
+                            context.sm
+                        )
+                    });
+                }
+                return None;
+            }
+            Err(e) => {
+                self.notice(&format!("ptx:{kernel}"), || {
+                    format!("kernel {kernel} runs uninstrumented: its PTX cannot be read ({e})")
+                });
+                return None;
+            }
+        };
+        let module = match PtxModule::parse(&text) {
+            Ok(m) => m,
+            Err(e) => {
+                self.notice(&format!("parse:{kernel}"), || {
+                    format!("kernel {kernel} runs uninstrumented: its PTX does not parse ({e})")
+                });
+                return None;
+            }
+        };
+        // Which probes go where.
+        let mut calls: Vec<(String, Vec<ProbeCall>)> = Vec::new();
+        let mut used: Vec<Arc<GpuProbe>> = Vec::new();
+        for k in &module.kernels {
+            let mine: Vec<&Arc<GpuProbe>> = probes
+                .iter()
+                .filter(|p| names::matches(&p.pattern, &k.name))
+                .collect();
+            if mine.is_empty() {
+                continue;
+            }
+            calls.push((
+                k.name.clone(),
+                mine.iter()
+                    .map(|p| ProbeCall {
+                        point: p.point,
+                        symbol: probe_symbol(p.link_id),
+                    })
+                    .collect(),
+            ));
+            for p in mine {
+                self.lock_matched().insert(p.link_id);
+                if !used.iter().any(|u| u.link_id == p.link_id) {
+                    used.push(p.clone());
+                }
+            }
+        }
+        if calls.is_empty() {
+            return None;
+        }
+        let probe_sm = module.sm.unwrap_or(context.sm).clamp(70, 90);
+        let mut definitions = String::new();
+        let mut replicas: Vec<Arc<Replica>> = Vec::new();
+        let mut clock_globals = Vec::new();
+        let mut failed: Vec<(u32, String)> = Vec::new();
+        for p in &used {
+            match self.compile_probe(&context, p, probe_sm) {
+                Ok(compiled) => {
+                    definitions.push_str(&strip_header(&compiled.ptx));
+                    definitions.push('\n');
+                    clock_globals.extend(compiled.clock_offset);
+                    for r in compiled.replicas {
+                        if !replicas.iter().any(|x| Arc::ptr_eq(x, &r)) {
+                            replicas.push(r);
+                        }
+                    }
+                }
+                Err(e) => failed.push((p.link_id, e)),
+            }
+        }
+        if !failed.is_empty() {
+            for (link, e) in &failed {
+                let name = used
+                    .iter()
+                    .find(|p| p.link_id == *link)
+                    .map_or("?", |p| p.name.as_str());
+                self.notice(&format!("compile:{link}"), || {
+                    format!("GPU probe {name} cannot run: {e}")
+                });
+            }
+            let failed_symbols: Vec<String> =
+                failed.iter().map(|(l, _)| probe_symbol(*l)).collect();
+            for (_, c) in &mut calls {
+                c.retain(|call| !failed_symbols.contains(&call.symbol));
+            }
+            calls.retain(|(_, c)| !c.is_empty());
+            if calls.is_empty() {
+                return None;
+            }
+        }
+        let splice = Splice {
+            definitions,
+            needs_version: Some(Version::new(7, 8)),
+            needs_sm: Some(probe_sm),
+            calls,
+        };
+        let limit = Version::newest_for_driver(self.driver_version.max(11080));
+        let spliced = match module.splice(&splice, limit) {
+            Ok(s) => s,
+            Err(e) => {
+                self.notice(&format!("splice:{kernel}"), || {
+                    format!("kernel {kernel} runs uninstrumented: {e}")
+                });
+                return None;
+            }
+        };
+        if std::env::var_os("BPFTIME_GPU_DUMP").is_some() {
+            let path = std::env::temp_dir()
+                .join(format!("bpftime-gpu-{}-{kernel}.ptx", std::process::id()));
+            let _ = std::fs::write(&path, &spliced);
+            tracing::info!(path = %path.display(), "instrumented PTX written");
+        }
+        let source = CString::new(spliced).ok()?;
+        let mut handle = 0;
+        // SAFETY: a NUL-terminated PTX module; writes one module handle.
+        let r = unsafe { (self.api.module_load_data)(&mut handle, source.as_ptr().cast()) };
+        if r != CUDA_SUCCESS {
+            let names: Vec<&str> = splice.calls.iter().map(|(k, _)| k.as_str()).collect();
+            let why = self.api.error_name(r);
+            self.notice(&format!("load:{kernel}"), || {
+                format!(
+                    "kernels {} run uninstrumented: the driver refused the instrumented module ({why})",
+                    names.join(", ")
+                )
+            });
+            return None;
+        }
+        let mut functions = HashMap::new();
+        for (k, _) in &splice.calls {
+            let name = CString::new(k.as_str()).ok()?;
+            let mut f = 0;
+            // SAFETY: writes one function handle.
+            let r = unsafe { (self.api.module_get_function)(&mut f, handle, name.as_ptr()) };
+            if r == CUDA_SUCCESS {
+                functions.insert(Arc::<str>::from(k.as_str()), f);
+            }
+        }
+        // The probes' clock offsets, and the context's clock.
+        let mut globals = Vec::new();
+        for g in clock_globals {
+            let name = CString::new(g).ok()?;
+            let (mut ptr, mut size) = (0, 0);
+            // SAFETY: writes a device pointer and a size.
+            if unsafe { (self.api.module_get_global)(&mut ptr, &mut size, handle, name.as_ptr()) }
+                == CUDA_SUCCESS
+            {
+                globals.push(ptr);
+            }
+        }
+        if !globals.is_empty() {
+            let mover = Mover {
+                api: &self.api,
+                stream: context.stream,
+            };
+            let mut clock = context.clock.lock().unwrap_or_else(|e| e.into_inner());
+            if clock.calibration.is_none() {
+                clock.calibration = self.calibrate(&context, &mut clock).ok();
+            }
+            if let Some(c) = clock.calibration {
+                for &g in &globals {
+                    let _ = mover.put(g, &c.offset_ns.to_le_bytes());
+                }
+            }
+            clock.globals.extend(globals);
+        }
+        Some(Patched {
+            generation,
+            functions,
+            replicas,
+        })
+    }
+
+    /// Compiles `probe` for `context`: its PTX, its clock global, its replicas.
+    fn compile_probe(
+        &self,
+        context: &Context,
+        probe: &GpuProbe,
+        sm: u32,
+    ) -> Result<CompiledProbe, String> {
+        let mover = Mover {
+            api: &self.api,
+            stream: context.stream,
+        };
+        let mut replicas: HashMap<u32, Arc<Replica>> = HashMap::new();
+        for m in &probe.maps {
+            let mut all = context.replicas.lock().unwrap_or_else(|e| e.into_inner());
+            let r = match all.get(&m.id()) {
+                Some(r) => r.clone(),
+                None => {
+                    let r = Arc::new(Replica::new(&mover, m.clone()).map_err(|e| e.to_string())?);
+                    all.insert(m.id(), r.clone());
+                    r
+                }
+            };
+            replicas.insert(m.id(), r);
+        }
+        let maps: HashMap<u32, DeviceMapRef> = replicas
+            .iter()
+            .map(|(&id, r)| {
+                (
+                    id,
+                    DeviceMapRef {
+                        desc: r.desc_addr,
+                        values: r.values_addr(),
+                        array: r.array_layout(),
+                    },
+                )
+            })
+            .collect();
+        let config = RuntimeConfig {
+            pid_tgid: self.pid_tgid,
+            trace_ring: context.trace.as_ref().map_or(0, |t| t.ring),
+        };
+        let program = compile_probe(
+            &probe.insns,
+            &maps,
+            &config,
+            sm,
+            &probe_symbol(probe.link_id),
+        )?;
+        Ok(CompiledProbe {
+            ptx: program.ptx,
+            clock_offset: program.clock_offset,
+            replicas: replicas.into_values().collect(),
+        })
+    }
+
+    /// Our state in `ctx` (the current context), made on first use.
+    fn context(&self, ctx: Handle) -> Result<Arc<Context>, String> {
+        if let Some(c) = self.read().contexts.get(&ctx) {
+            return Ok(c.clone());
+        }
+        let api = &self.api;
+        let major = api
+            .device_attribute(ATTR_COMPUTE_CAPABILITY_MAJOR)
+            .map_err(|e| e.to_string())?;
+        let minor = api
+            .device_attribute(ATTR_COMPUTE_CAPABILITY_MINOR)
+            .map_err(|e| e.to_string())?;
+        let _sms = api
+            .device_attribute(ATTR_MULTIPROCESSOR_COUNT)
+            .map_err(|e| e.to_string())?;
+        let mut stream = 0;
+        // SAFETY: writes one stream handle.
+        api.check("cuStreamCreate", unsafe {
+            (api.stream_create)(&mut stream, STREAM_NON_BLOCKING)
+        })
+        .map_err(|e| e.to_string())?;
+        let mover = Mover { api, stream };
+        let trace = (|| -> Result<TraceRing, crate::cuda::CudaError> {
+            let data = mover.alloc(TRACE_RING_BYTES as usize)?;
+            mover.zero(data, TRACE_RING_BYTES as usize)?;
+            let ring = mover.alloc(std::mem::size_of::<DeviceRing>())?;
+            let desc = DeviceRing {
+                data,
+                size: TRACE_RING_BYTES,
+                ..DeviceRing::default()
+            };
+            // SAFETY: a plain repr(C) struct of u64s, read as bytes.
+            let bytes = unsafe {
+                std::slice::from_raw_parts(
+                    (&desc as *const DeviceRing).cast::<u8>(),
+                    std::mem::size_of::<DeviceRing>(),
+                )
+            };
+            mover.put(ring, bytes)?;
+            Ok(TraceRing {
+                ring,
+                size: TRACE_RING_BYTES,
+                tail: Mutex::new(0),
+            })
+        })()
+        .map_err(|e| e.to_string())?;
+        let mut device = 0;
+        // SAFETY: writes one int.
+        api.check("cuCtxGetDevice", unsafe {
+            (api.ctx_get_device)(&mut device)
+        })
+        .map_err(|e| e.to_string())?;
+        let context = Arc::new(Context {
+            ctx,
+            device,
+            sm: (major * 10 + minor) as u32,
+            stream,
+            replicas: Mutex::new(HashMap::new()),
+            trace: Some(trace),
+            clock: Mutex::new(ContextClock::default()),
+            events: Mutex::new(Vec::new()),
+        });
+        self.write().contexts.insert(ctx, context.clone());
+        Ok(context)
+    }
+
+    /// Measures the context's global timer against the host clock with a one-thread
+    /// kernel that reads it, on our own stream.
+    fn calibrate(
+        &self,
+        context: &Context,
+        clock: &mut ContextClock,
+    ) -> Result<ClockCalibration, String> {
+        let api = &self.api;
+        let mover = Mover {
+            api,
+            stream: context.stream,
+        };
+        if clock.timer.is_none() {
+            let prog = bpftime_isa::asm::assemble("call 502\nexit").map_err(|e| e.to_string())?;
+            let program = compile(
+                &prog,
+                &bpftime_jit_ptx::StandardGpuEnv,
+                &PtxOptions {
+                    sm: context.sm.clamp(70, 90),
+                    symbol: "__bpftime_timer".into(),
+                    ..PtxOptions::default()
+                },
+            )
+            .map_err(|e| e.to_string())?;
+            let source = CString::new(program.ptx).map_err(|e| e.to_string())?;
+            let mut module = 0;
+            // SAFETY: NUL-terminated PTX; writes a module handle.
+            api.check("cuModuleLoadData", unsafe {
+                (api.module_load_data)(&mut module, source.as_ptr().cast())
+            })
+            .map_err(|e| e.to_string())?;
+            let name =
+                CString::new(program.kernel.unwrap_or_default()).map_err(|e| e.to_string())?;
+            let mut f = 0;
+            // SAFETY: writes a function handle.
+            api.check("cuModuleGetFunction", unsafe {
+                (api.module_get_function)(&mut f, module, name.as_ptr())
+            })
+            .map_err(|e| e.to_string())?;
+            let result = mover.alloc(8).map_err(|e| e.to_string())?;
+            clock.timer = Some((f, result));
+        }
+        let (f, result) = clock.timer.expect("set above");
+        clock::calibrate(|| -> Result<u64, String> {
+            let mut mem: u64 = 0;
+            let mut len: u64 = 0;
+            let mut out: u64 = result;
+            let mut params = [
+                (&mut mem as *mut u64).cast::<std::ffi::c_void>(),
+                (&mut len as *mut u64).cast(),
+                (&mut out as *mut u64).cast(),
+            ];
+            // SAFETY: the timer kernel takes (mem, len, result) as three u64s; it only
+            // writes the 8-byte result buffer.
+            api.check("cuLaunchKernel", unsafe {
+                (api.launch_kernel)(
+                    f,
+                    1,
+                    1,
+                    1,
+                    1,
+                    1,
+                    1,
+                    0,
+                    context.stream,
+                    params.as_mut_ptr(),
+                    std::ptr::null_mut(),
+                )
+            })
+            .map_err(|e| e.to_string())?;
+            let mut v = [0u8; 8];
+            mover.get(result, &mut v).map_err(|e| e.to_string())?;
+            Ok(u64::from_le_bytes(v))
+        })
+        .map_err(|e| match e {
+            clock::CalibrationError::Read(e) => e,
+            clock::CalibrationError::NoSample => "no clock sample was usable".into(),
+        })
+    }
+
+    /// The sync thread: waits for instrumented launches to complete and brings their maps
+    /// back, drains rings while kernels run, and keeps the clocks anchored.
+    fn worker(&self) {
+        let mut last_drain = Instant::now();
+        let mut last_anchor = Instant::now();
+        loop {
+            std::thread::sleep(Duration::from_millis(1));
+            if !may_log() {
+                // Exiting: the exit-time flush has the last word, and the driver goes
+                // away right after it.
+                return;
+            }
+            self.sync_completed(false);
+            if last_drain.elapsed() >= DRAIN_EVERY {
+                last_drain = Instant::now();
+                self.drain_all();
+            }
+            if last_anchor.elapsed() >= REANCHOR_EVERY {
+                last_anchor = Instant::now();
+                self.reanchor_all();
+            }
+        }
+    }
+
+    fn lock_matched(&self) -> std::sync::MutexGuard<'_, HashSet<u32>> {
+        self.matched.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn lock_pending(&self) -> std::sync::MutexGuard<'_, VecDeque<Completion>> {
+        self.pending.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Syncs the launches that completed; with `wait`, waits for every one first.
+    /// Completions come in launch order per stream; one on another stream may finish
+    /// first, so each pending one is looked at.
+    fn sync_completed(&self, wait: bool) {
+        let mut pending = self.lock_pending();
+        let mut done = Vec::new();
+        let mut i = 0;
+        while i < pending.len() {
+            let c = &pending[i];
+            self.set_context(c.context.ctx);
+            // SAFETY: an event we recorded.
+            let r = unsafe {
+                if wait {
+                    (self.api.event_synchronize)(c.event)
+                } else {
+                    (self.api.event_query)(c.event)
+                }
+            };
+            if r == CUDA_ERROR_NOT_READY {
+                i += 1;
+                continue;
+            }
+            done.push(pending.remove(i).expect("in range"));
+        }
+        drop(pending);
+        // Launches that completed together are synced together: each map once.
+        let mut pulled: Vec<*const Replica> = Vec::new();
+        for c in &done {
+            self.set_context(c.context.ctx);
+            let mover = Mover {
+                api: &self.api,
+                stream: c.context.stream,
+            };
+            for r in &c.replicas {
+                if pulled.contains(&Arc::as_ptr(r)) {
+                    continue;
+                }
+                pulled.push(Arc::as_ptr(r));
+                if let Err(e) = r.pull(&mover) {
+                    if may_log() {
+                        tracing::warn!(
+                            map = r.map.id(),
+                            "reading a map back from the GPU failed: {e}"
+                        );
+                    }
+                }
+            }
+            self.drain_trace(&c.context);
+            c.context
+                .events
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .push(c.event);
+        }
+    }
+
+    /// Before a context goes away (`cuCtxDestroy`, or the primary context of `device`
+    /// released or reset): everything launched in it is waited for and synced.
+    pub(crate) fn before_context_teardown(&self, ctx: Option<Handle>, device: Option<i32>) {
+        let current = self.api.current_context();
+        let hit = |c: &Context| ctx == Some(c.ctx) || device == Some(c.device);
+        if !self.contexts().iter().any(|c| hit(c)) {
+            return;
+        }
+        self.sync_completed(true);
+        for c in self.contexts().into_iter().filter(|c| hit(c)) {
+            self.set_context(c.ctx);
+            let mover = Mover {
+                api: &self.api,
+                stream: c.stream,
+            };
+            let replicas: Vec<Arc<Replica>> = c
+                .replicas
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .values()
+                .cloned()
+                .collect();
+            for r in replicas {
+                let _ = r.pull(&mover);
+            }
+            self.drain_trace(&c);
+        }
+        self.set_context(current);
+    }
+
+    /// After a context went away: its replicas, modules and streams went with it.
+    pub(crate) fn after_context_teardown(&self, ctx: Option<Handle>, device: Option<i32>) {
+        let gone: Vec<Handle> = self
+            .contexts()
+            .iter()
+            .filter(|c| {
+                ctx == Some(c.ctx)
+                    || device.is_some_and(|d| {
+                        c.device == d && {
+                            let (mut flags, mut active) = (0, 0);
+                            // SAFETY: writes two ints.
+                            let r = unsafe {
+                                (self.api.primary_ctx_get_state)(d, &mut flags, &mut active)
+                            };
+                            r != CUDA_SUCCESS || active == 0
+                        }
+                    })
+            })
+            .map(|c| c.ctx)
+            .collect();
+        if gone.is_empty() {
+            return;
+        }
+        let mut st = self.write();
+        for g in &gone {
+            st.contexts.remove(g);
+        }
+        st.patched.retain(|(c, _), _| !gone.contains(c));
+        drop(st);
+        self.lock_pending()
+            .retain(|p| !gone.contains(&p.context.ctx));
+    }
+
+    /// Brings everything the GPU has for the store in: every launch waited for and synced,
+    /// every ring drained. Runs at exit, before the driver tears its contexts down.
+    pub fn flush(&self) {
+        self.sync_completed(true);
+        self.drain_all();
+    }
+
+    /// One line for each probe whose pattern named no kernel the process launched.
+    fn report_unmatched(&self) {
+        let matched = self.lock_matched().clone();
+        for p in self.read().probes.values() {
+            if !matched.contains(&p.link_id) {
+                eprintln!(
+                    "bpftime: GPU probe {} on `{}` never ran: no kernel this process launched \
+                     has that name (a mangled or demangled name, or a glob like `*{}*`)",
+                    p.name, p.pattern, p.pattern
+                );
+            }
+        }
+    }
+
+    fn set_context(&self, ctx: Handle) {
+        // SAFETY: a context the application made; it stays current on this thread only.
+        unsafe { (self.api.ctx_set_current)(ctx) };
+    }
+
+    fn contexts(&self) -> Vec<Arc<Context>> {
+        self.read().contexts.values().cloned().collect()
+    }
+
+    /// Rings (ring buffers, perf buffers, trace lines) drained while kernels run.
+    fn drain_all(&self) {
+        for context in self.contexts() {
+            self.set_context(context.ctx);
+            let mover = Mover {
+                api: &self.api,
+                stream: context.stream,
+            };
+            let rings: Vec<Arc<Replica>> = context
+                .replicas
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .values()
+                .filter(|r| matches!(r.kind, DeviceKind::Ringbuf | DeviceKind::PerfEventArray))
+                .cloned()
+                .collect();
+            for r in rings {
+                let _ = r.pull(&mover);
+            }
+            self.drain_trace(&context);
+        }
+    }
+
+    fn drain_trace(&self, context: &Context) {
+        let Some(trace) = &context.trace else { return };
+        let mover = Mover {
+            api: &self.api,
+            stream: context.stream,
+        };
+        let mut tail = trace.tail.lock().unwrap_or_else(|e| e.into_inner());
+        let mut head = [0u8; 8];
+        if mover.get(trace.ring + RING_HEAD, &mut head).is_err() {
+            return;
+        }
+        let head = u64::from_le_bytes(head);
+        if head == *tail {
+            return;
+        }
+        let Ok((records, new_tail)) = read_ring(&mover, trace.ring, trace.size, *tail, head) else {
+            return;
+        };
+        for r in records {
+            if r.data.len() < 24 {
+                continue;
+            }
+            let text = &r.data[24..];
+            let text = &text[..text.iter().position(|&b| b == 0).unwrap_or(text.len())];
+            let line = if r.raw {
+                String::from_utf8_lossy(text).into_owned()
+            } else {
+                let args: Vec<u64> = r.data[..24]
+                    .chunks(8)
+                    .map(|c| u64::from_le_bytes(c.try_into().expect("8 bytes")))
+                    .collect();
+                bpftime_runtime::helpers::format_printk(text, &args)
+            };
+            bpftime_runtime::helpers::emit_trace(&line);
+        }
+        if new_tail != *tail {
+            *tail = new_tail;
+            let _ = mover.put(trace.ring + RING_TAIL, &new_tail.to_le_bytes());
+        }
+    }
+
+    fn reanchor_all(&self) {
+        for context in self.contexts() {
+            let mut clock = context.clock.lock().unwrap_or_else(|e| e.into_inner());
+            if clock.globals.is_empty() {
+                continue;
+            }
+            self.set_context(context.ctx);
+            match self.calibrate(&context, &mut clock) {
+                Ok(c) => {
+                    let mover = Mover {
+                        api: &self.api,
+                        stream: context.stream,
+                    };
+                    for &g in &clock.globals {
+                        let _ = mover.put(g, &c.offset_ns.to_le_bytes());
+                    }
+                    clock.calibration = Some(c);
+                }
+                Err(e) => tracing::debug!("clock re-anchor failed: {e}"),
+            }
+        }
+    }
+
+    /// The calibration of the current context's clock, with its error bound, once a probe
+    /// that reads the clock has run there.
+    pub fn clock_calibration(&self) -> Vec<ClockCalibration> {
+        self.contexts()
+            .iter()
+            .filter_map(|c| {
+                c.clock
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .calibration
+            })
+            .collect()
+    }
+}
+
+/// A probe compiled for one context.
+struct CompiledProbe {
+    ptx: String,
+    /// Its `ktime_get_ns` offset global, if it reads the clock.
+    clock_offset: Option<String>,
+    replicas: Vec<Arc<Replica>>,
+}
+
+pub(crate) fn probe_symbol(link_id: u32) -> String {
+    format!("__bpftime_probe_{link_id}")
+}

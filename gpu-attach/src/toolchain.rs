@@ -1,0 +1,68 @@
+//! NVIDIA's compilers on a machine without a GPU: `ptxas` checks generated PTX and `nvcc`
+//! builds the CUDA test programs. Both come from the PyPI `nvidia-cuda-nvcc` wheel that
+//! scripts/setup.sh installs, from `PATH`, or from `PTXAS` / `NVCC`.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+/// The `bin` folders of pip's NVIDIA wheels (`nvidia/cu13/bin` in CUDA 13's wheels,
+/// `nvidia/cuda_nvcc/bin` in older ones).
+fn pip_bins() -> Vec<PathBuf> {
+    let Ok(out) = Command::new("python3")
+        .args(["-c", "import nvidia; print('\\n'.join(nvidia.__path__))"])
+        .output()
+    else {
+        return Vec::new();
+    };
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .flat_map(|dir| ["cu13/bin", "cuda_nvcc/bin"].map(|sub| Path::new(dir).join(sub)))
+        .filter(|p| p.is_dir())
+        .collect()
+}
+
+/// `tool` (`ptxas`, `nvcc`) from the environment variable `env`, then `PATH`, then
+/// /usr/local/cuda/bin, then pip's wheel.
+pub fn find(tool: &str, env: &str) -> Option<PathBuf> {
+    if let Some(p) = std::env::var_os(env) {
+        return Some(PathBuf::from(p));
+    }
+    let on_path = Command::new(tool).arg("--version").output();
+    if on_path.is_ok_and(|o| o.status.success()) {
+        return Some(PathBuf::from(tool));
+    }
+    let cuda = Path::new("/usr/local/cuda/bin").join(tool);
+    if cuda.is_file() {
+        return Some(cuda);
+    }
+    pip_bins()
+        .into_iter()
+        .map(|dir| dir.join(tool))
+        .find(|p| p.is_file())
+}
+
+/// `ptxas`, found as [`find`] says.
+pub fn find_ptxas() -> Option<PathBuf> {
+    find("ptxas", "PTXAS")
+}
+
+/// Runs `ptxas` on `file` for `sm_XY`; `relocatable` (`-c`) when the PTX calls device
+/// functions that are linked later. Returns ptxas's complaint on failure.
+pub fn run_ptxas(ptxas: &Path, file: &Path, sm: u32, relocatable: bool) -> Result<(), String> {
+    let mut cmd = Command::new(ptxas);
+    cmd.arg(format!("-arch=sm_{sm}"));
+    if relocatable {
+        cmd.arg("-c");
+    }
+    let out = cmd
+        .arg(file)
+        .arg("-o")
+        .arg(file.with_extension("cubin"))
+        .output()
+        .map_err(|e| format!("{} does not run: {e}", ptxas.display()))?;
+    if out.status.success() {
+        Ok(())
+    } else {
+        Err(String::from_utf8_lossy(&out.stderr).trim().to_string())
+    }
+}

@@ -1,0 +1,518 @@
+//! Fatbins and PTX splicing on real nvcc output (CUDA 13.0, tests/fixtures/make.sh) and
+//! on hand-written PTX with every way a kernel can end, checked by NVIDIA's `ptxas`
+//! without a GPU. ptxas is found as `bpftime_gpu_attach::toolchain` says; without it
+//! these tests fail unless `BPFTIME_NO_PTXAS` is set, which they say.
+
+use std::path::{Path, PathBuf};
+
+use bpftime_gpu_attach::fatbin::{self, EntryKind, FatbinError, Image, FLAG_ZSTD};
+use bpftime_gpu_attach::ptx::{ParamType, ProbeCall, ProbePoint, PtxModule, Splice, Version};
+use bpftime_gpu_attach::toolchain;
+use bpftime_isa::asm::assemble;
+use bpftime_jit_ptx::{compile, PtxOptions, PtxVersion, StandardGpuEnv};
+
+fn fixture(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures")
+        .join(name)
+}
+
+fn read(name: &str) -> Vec<u8> {
+    std::fs::read(fixture(name)).unwrap_or_else(|e| panic!("{name}: {e}"))
+}
+
+fn ptxas() -> Option<PathBuf> {
+    if let Some(why) = std::env::var_os("BPFTIME_NO_PTXAS") {
+        eprintln!(
+            "BPFTIME_NO_PTXAS is set ({}): not checking PTX with ptxas",
+            why.to_string_lossy()
+        );
+        return None;
+    }
+    Some(toolchain::find_ptxas().unwrap_or_else(|| {
+        panic!(
+            "ptxas not found (tried $PTXAS, PATH, /usr/local/cuda/bin and pip's \
+             nvidia-cuda-nvcc); run scripts/setup.sh (BPFTIME_NO_PTXAS=reason skips)"
+        )
+    }))
+}
+
+fn scratch(tag: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("bpftime-splice-{tag}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).expect("scratch directory");
+    dir
+}
+
+fn assert_ptxas_accepts(tag: &str, ptx: &str) {
+    let Some(ptxas) = ptxas() else { return };
+    let dir = scratch(tag);
+    let file = dir.join(format!("{tag}.ptx"));
+    std::fs::write(&file, ptx).expect("writing PTX");
+    if let Err(e) = toolchain::run_ptxas(&ptxas, &file, 90, false) {
+        panic!("ptxas refused the spliced module {tag}: {e}\n{ptx}");
+    }
+}
+
+/// A probe that reads every argument slot of the context and the host clock, and sums
+/// them, so nothing is optimized away: what a `BPF_KPROBE` program touches.
+const PROBE: &str = "
+ldxdw %r2, [%r1+112]
+ldxdw %r3, [%r1+104]
+add %r2, %r3
+ldxdw %r3, [%r1+96]
+add %r2, %r3
+ldxdw %r3, [%r1+88]
+add %r2, %r3
+ldxdw %r3, [%r1+72]
+add %r2, %r3
+ldxdw %r3, [%r1+64]
+add %r2, %r3
+mov %r6, %r2
+call 5
+add %r0, %r6
+exit
+";
+
+/// The probe compiled as a function named `symbol`, for a module targeting `sm`, and
+/// the splice that calls it at `points` of `kernels`.
+fn splice_for(symbol: &str, sm: u32, kernels: &[&str], points: &[ProbePoint]) -> Splice {
+    let opts = PtxOptions {
+        sm: sm.max(70),
+        ptx_version: PtxVersion::DEFAULT,
+        symbol: symbol.to_string(),
+        kernel: false,
+        probe_abi: bpftime_gpu_attach::probe::probe_abi(),
+        ..PtxOptions::default()
+    };
+    let program = compile(&assemble(PROBE).unwrap(), &StandardGpuEnv, &opts).expect("compiles");
+    assert!(
+        !program.ptx.contains(".entry"),
+        "no kernel asked for:\n{}",
+        program.ptx
+    );
+    Splice {
+        definitions: bpftime_gpu_attach::ptx::strip_header(&program.ptx),
+        needs_version: Some(Version::new(7, 8)),
+        needs_sm: Some(opts.sm),
+        calls: kernels
+            .iter()
+            .map(|k| {
+                (
+                    k.to_string(),
+                    points
+                        .iter()
+                        .map(|&point| ProbeCall {
+                            point,
+                            symbol: symbol.to_string(),
+                        })
+                        .collect(),
+                )
+            })
+            .collect(),
+    }
+}
+
+#[test]
+fn nvcc_default_fatbin_has_zstd_ptx_and_a_cubin() {
+    let bytes = read("kernels.fatbin");
+    let entries = fatbin::parse(&bytes).expect("parses");
+    let kinds: Vec<(EntryKind, u32)> = entries.iter().map(|e| (e.kind, e.arch)).collect();
+    assert!(kinds.contains(&(EntryKind::Ptx, 75)), "{kinds:?}");
+    assert!(kinds.contains(&(EntryKind::Cubin, 75)), "{kinds:?}");
+    let ptx = fatbin::select_ptx(&entries, 90).expect("PTX for sm_90");
+    assert_ne!(
+        ptx.flags & FLAG_ZSTD,
+        0,
+        "nvcc 13 compresses PTX by default"
+    );
+    assert_eq!(ptx.ptx_version, (9, 0));
+    let text = ptx.ptx_text().expect("decompresses");
+    assert_eq!(
+        text.len() as u64 + 1,
+        ptx.decompressed_size,
+        "the text and its NUL"
+    );
+    let module = PtxModule::parse(&text).expect("PTX parses");
+    assert_eq!(module.version, Version::new(9, 0));
+    assert_eq!(module.sm, Some(75));
+    let names: Vec<&str> = module.kernels.iter().map(|k| k.name.as_str()).collect();
+    assert_eq!(
+        names,
+        [
+            "_Z9vectorAddPKfS0_Pfi",
+            "_Z6scaledPf5Scaleshx",
+            "_ZN5tiles6matmulILi16EEEvPKfS2_Pfi"
+        ]
+    );
+    // Through a driver-style image: the bytes classify as a fatbin and give the same PTX.
+    let image = Image::from_bytes(&bytes).expect("classifies");
+    let (from_image, arch) = image.ptx_for(90).unwrap().expect("PTX");
+    assert_eq!((from_image.as_str(), arch), (text.as_str(), 75));
+    // An sm_70 device cannot take compute_75 PTX.
+    assert_eq!(image.ptx_for(70).unwrap(), None);
+}
+
+#[test]
+fn multi_arch_fatbin_gives_the_newest_ptx_a_device_can_take() {
+    let bytes = read("kernels-multi.fatbin");
+    let entries = fatbin::parse(&bytes).expect("parses");
+    assert!(
+        entries.iter().all(|e| e.flags & FLAG_ZSTD == 0),
+        "--no-compress"
+    );
+    let archs = |sm| fatbin::select_ptx(&entries, sm).map(|e| e.arch);
+    assert_eq!(archs(90), Some(90));
+    assert_eq!(archs(100), Some(90));
+    assert_eq!(archs(89), Some(80));
+    assert_eq!(archs(80), Some(80));
+    assert_eq!(archs(75), None);
+    let text = fatbin::select_ptx(&entries, 90)
+        .unwrap()
+        .ptx_text()
+        .unwrap();
+    assert_eq!(PtxModule::parse(&text).unwrap().sm, Some(90));
+    assert!(entries
+        .iter()
+        .any(|e| e.kind == EntryKind::Cubin && e.arch == 80));
+}
+
+#[test]
+fn images_classify_from_pointers_as_the_driver_gets_them() {
+    let bytes = read("kernels.fatbin");
+    // A wrapper as nvcc lays it out in .nvFatBinSegment: magic, version, data, unused.
+    let mut wrapper = Vec::new();
+    wrapper.extend_from_slice(&fatbin::WRAPPER_MAGIC.to_le_bytes());
+    wrapper.extend_from_slice(&1u32.to_le_bytes());
+    wrapper.extend_from_slice(&(bytes.as_ptr() as u64).to_le_bytes());
+    wrapper.extend_from_slice(&0u64.to_le_bytes());
+    // SAFETY: the wrapper points at a whole fatbin held by `bytes`.
+    let image = unsafe { Image::from_ptr(wrapper.as_ptr()) }.expect("wrapper");
+    assert_eq!(image, Image::Fatbin(bytes.clone()));
+    // SAFETY: a whole fatbin.
+    assert_eq!(
+        unsafe { Image::from_ptr(bytes.as_ptr()) }.unwrap(),
+        Image::Fatbin(bytes.clone())
+    );
+    let mut ptx = read("kernels.ptx");
+    ptx.push(0);
+    // SAFETY: NUL-terminated PTX.
+    match unsafe { Image::from_ptr(ptx.as_ptr()) }.unwrap() {
+        Image::Ptx(text) => assert!(text.contains(".entry _Z9vectorAddPKfS0_Pfi")),
+        other => panic!("not PTX: {other:?}"),
+    }
+    let junk = b"definitely not a module\0";
+    // SAFETY: NUL-terminated bytes.
+    let err = unsafe { Image::from_ptr(junk.as_ptr()) }.expect_err("junk");
+    assert!(matches!(err, FatbinError::UnknownImage(_)), "{err}");
+}
+
+#[test]
+fn truncated_or_corrupt_fatbins_are_errors_not_panics() {
+    let bytes = read("kernels.fatbin");
+    for len in 0..bytes.len() {
+        let cut = &bytes[..len];
+        // Only trailing zero padding may be dropped without an error.
+        if let Ok(entries) = fatbin::parse(cut) {
+            assert!(
+                cut.iter().all(|&b| b == 0) || entries.len() == 2,
+                "a fatbin cut at {len} parsed as {} entries",
+                entries.len()
+            );
+        }
+    }
+    let mut corrupt = bytes.clone();
+    corrupt[0] ^= 0xff;
+    assert!(matches!(
+        fatbin::parse(&corrupt),
+        Err(FatbinError::BadMagic { .. })
+    ));
+    // A flipped byte inside the compressed PTX fails to decompress, with the reason.
+    let entries = fatbin::parse(&bytes).unwrap();
+    let ptx = fatbin::select_ptx(&entries, 90).unwrap();
+    let offset = ptx.payload.as_ptr() as usize - bytes.as_ptr() as usize;
+    let mut damaged = bytes.clone();
+    for b in &mut damaged[offset + 20..offset + 60] {
+        *b ^= 0x5a;
+    }
+    let entries = fatbin::parse(&damaged).unwrap();
+    let err = fatbin::select_ptx(&entries, 90)
+        .unwrap()
+        .ptx_text()
+        .expect_err("damaged ZSTD");
+    assert!(err.to_string().contains("does not decompress"), "{err}");
+}
+
+#[test]
+fn parameters_are_read_with_their_types() {
+    let text = String::from_utf8(read("kernels.ptx")).unwrap();
+    let module = PtxModule::parse(&text).unwrap();
+    let scaled = module.kernel("_Z6scaledPf5Scaleshx").expect("scaled");
+    let types: Vec<&ParamType> = scaled.params.iter().map(|p| &p.ty).collect();
+    assert_eq!(
+        types,
+        [
+            &ParamType::Scalar {
+                class: 'u',
+                bits: 64
+            },
+            &ParamType::Bytes { align: 8, len: 16 },
+            &ParamType::Scalar {
+                class: 'u',
+                bits: 16
+            },
+            &ParamType::Scalar {
+                class: 'u',
+                bits: 8
+            },
+            &ParamType::Scalar {
+                class: 'u',
+                bits: 64
+            },
+        ]
+    );
+    assert_eq!(scaled.params[1].name, "_Z6scaledPf5Scaleshx_param_1");
+    let exits = PtxModule::parse(&String::from_utf8(read("exits.ptx")).unwrap()).unwrap();
+    let k = exits.kernel("exits").unwrap();
+    assert_eq!(
+        k.params[1].ty,
+        ParamType::Scalar {
+            class: 's',
+            bits: 32
+        }
+    );
+    assert_eq!(
+        k.params[2].ty,
+        ParamType::Scalar {
+            class: 's',
+            bits: 8
+        }
+    );
+    // `@%p1 ret`, `exit`, `@!%p3 ret.uni` in a nested block, the last `ret`; not the
+    // `ret` of the device function `twice`.
+    assert_eq!(k.exit_count(), 4);
+}
+
+#[test]
+fn every_nvcc_kernel_spliced_at_entry_and_exit_passes_ptxas() {
+    for fatbin_name in ["kernels.fatbin", "kernels-multi.fatbin"] {
+        let bytes = read(fatbin_name);
+        let (text, _) = Image::from_bytes(&bytes)
+            .unwrap()
+            .ptx_for(90)
+            .unwrap()
+            .expect("PTX");
+        let module = PtxModule::parse(&text).unwrap();
+        let kernels: Vec<&str> = module.kernels.iter().map(|k| k.name.as_str()).collect();
+        let splice = splice_for(
+            "__bpftime_probe_1",
+            module.sm.unwrap(),
+            &kernels,
+            &[ProbePoint::Entry, ProbePoint::Exit],
+        );
+        let out = module
+            .splice(&splice, Version::newest_for_driver(13000))
+            .expect("splices");
+        // The module keeps its own (newer) version and gains one call per point.
+        assert!(out.contains(".version 9.0"), "{out}");
+        assert_eq!(out.matches("call (__bt_ret), __bpftime_probe_1").count(), 6);
+        assert!(out.contains(".maxntid 128, 1, 1") && out.contains(".minnctapersm 2"));
+        // The struct parameter goes in as an address, the others as values.
+        assert!(out.contains("cvta.param.u64"), "{out}");
+        assert_ptxas_accepts(fatbin_name.trim_end_matches(".fatbin"), &out);
+    }
+}
+
+#[test]
+fn predicated_labelled_and_nested_exits_all_call_the_exit_probe() {
+    let text = String::from_utf8(read("exits.ptx")).unwrap();
+    let module = PtxModule::parse(&text).unwrap();
+    let splice = splice_for("__bpftime_probe_2", 80, &["exits"], &[ProbePoint::Exit]);
+    let out = module
+        .splice(&splice, Version::newest_for_driver(13000))
+        .unwrap();
+    assert_eq!(
+        out.matches("call (__bt_ret), __bpftime_probe_2").count(),
+        4,
+        "{out}"
+    );
+    // Predicated exits call under the same predicate, then exit under it.
+    assert!(
+        out.contains("@%p1 call (__bt_ret), __bpftime_probe_2"),
+        "{out}"
+    );
+    assert!(out.contains("@%p1 ret;"), "{out}");
+    assert!(
+        out.contains("@!%p3 call (__bt_ret), __bpftime_probe_2"),
+        "{out}"
+    );
+    assert!(out.contains("@!%p3 ret.uni;"), "{out}");
+    // The label still leads to the probe and the exit.
+    let five = out.find("$L_five:").unwrap();
+    let probe_after = out[five..].find("__bpftime_probe_2").unwrap();
+    let ret_after = out[five..].find("\nret;").unwrap();
+    assert!(probe_after < ret_after, "{}", &out[five..]);
+    // Directives kept; the module's 8.0 already covers the probe's 7.8.
+    assert!(out.contains(".reqntid 64, 1, 1") && out.contains(".maxnreg 40"));
+    assert!(out.contains(".version 8.0"), "{out}");
+    assert_ptxas_accepts("exits", &out);
+}
+
+#[test]
+fn splicing_refuses_what_the_driver_would() {
+    let text = String::from_utf8(read("exits.ptx")).unwrap();
+    let module = PtxModule::parse(&text).unwrap();
+    let mut splice = splice_for("__bpftime_probe_3", 80, &["exits"], &[ProbePoint::Entry]);
+    splice.needs_version = Some(Version::new(9, 1));
+    let err = module
+        .splice(&splice, Version::newest_for_driver(13000))
+        .expect_err("9.1 is past CUDA 13.0's 9.0");
+    assert!(
+        err.to_string().contains("9.1") && err.to_string().contains("9.0"),
+        "{err}"
+    );
+    splice.needs_version = None;
+    splice.calls[0].0 = "nowhere".into();
+    assert!(module.splice(&splice, Version::new(9, 0)).is_err());
+    assert_eq!(Version::newest_for_driver(12040), Version::new(8, 4));
+    assert_eq!(Version::newest_for_driver(13000), Version::new(9, 0));
+}
+
+/// A probe calling every helper the device runtime serves, on a hash map (id 1), an
+/// array (id 2, inlined), a ring buffer (id 3) and a perf event array (id 4), so that the
+/// whole runtime is compiled into it, as LLVM 19's NVPTX backend takes it, and spliced.
+const EVERY_HELPER: &str = "
+mov %r6, %r1
+stdw [%r10-8], 7
+stdw [%r10-16], 9
+lddw %r1, 1
+mov %r2, %r10
+add %r2, -8
+call 1
+lddw %r1, 1
+mov %r2, %r10
+add %r2, -8
+mov %r3, %r10
+add %r3, -16
+mov %r4, 0
+call 2
+lddw %r1, 1
+mov %r2, %r10
+add %r2, -8
+call 3
+stw [%r10-20], 1
+lddw %r1, 2
+mov %r2, %r10
+add %r2, -20
+call 1
+lddw %r1, 3
+mov %r2, %r10
+add %r2, -16
+mov %r3, 8
+mov %r4, 0
+call 130
+mov %r1, %r6
+lddw %r2, 4
+lddw %r3, 0xffffffff
+mov %r4, %r10
+add %r4, -16
+mov %r5, 8
+call 25
+mov %r1, %r10
+add %r1, -16
+mov %r2, 8
+mov %r3, 1
+call 6
+mov %r1, %r10
+add %r1, -8
+mov %r2, 8
+ldxdw %r3, [%r6+112]
+call 4
+mov %r1, %r10
+add %r1, -8
+mov %r2, 8
+ldxdw %r3, [%r6+104]
+call 45
+mov %r1, %r10
+add %r1, -16
+call 501
+call 14
+call 7
+call 5
+exit
+";
+
+#[test]
+fn a_probe_using_the_whole_device_runtime_compiles_and_splices() {
+    use bpftime_gpu_attach::device_maps::RuntimeConfig;
+    use bpftime_gpu_attach::probe::{compile_probe, DeviceMapRef};
+    use bpftime_jit_ptx::ArrayMapLayout;
+    let mut insns = assemble(EVERY_HELPER).expect("assembles");
+    // The small `lddw` immediates are store map ids, as the shim leaves them.
+    for insn in insns.iter_mut() {
+        if insn.is_lddw() && (1..=4).contains(&insn.imm) {
+            insn.src = bpftime_isa::opcode::PSEUDO_MAP_FD;
+        }
+    }
+    let base = 0x7f00_0000_0000u64;
+    let maps = (1..=4u32)
+        .map(|id| {
+            let desc = base + id as u64 * 0x1000;
+            let array = (id == 2).then_some(ArrayMapLayout {
+                values: desc + 0x100,
+                key_stride: 8,
+                max_entries: 4,
+                update_size: 8,
+                per_cpu: None,
+            });
+            (
+                id,
+                DeviceMapRef {
+                    desc,
+                    values: array.map(|a| a.values),
+                    array,
+                },
+            )
+        })
+        .collect();
+    let config = RuntimeConfig {
+        pid_tgid: (4242 << 32) | 4242,
+        trace_ring: base + 0x9000,
+    };
+    for sm in [75, 90] {
+        let program = compile_probe(&insns, &maps, &config, sm, "__bpftime_probe_9")
+            .unwrap_or_else(|e| panic!("sm_{sm}: {e}"));
+        assert!(program.externs.is_empty(), "{:?}", program.externs);
+        // The hash map's slots are claimed with a compare-and-swap, counters added
+        // atomically, and the array lookup inlined to its device address.
+        assert!(
+            program.ptx.contains("atom") && program.ptx.contains(".cas"),
+            "{}",
+            program.ptx
+        );
+        let text = String::from_utf8(read("kernels.ptx")).unwrap();
+        let module = PtxModule::parse(&text).unwrap();
+        let splice = Splice {
+            definitions: bpftime_gpu_attach::ptx::strip_header(&program.ptx),
+            needs_version: Some(Version::new(7, 8)),
+            needs_sm: Some(sm),
+            calls: vec![(
+                "_Z9vectorAddPKfS0_Pfi".to_string(),
+                vec![
+                    ProbeCall {
+                        point: ProbePoint::Entry,
+                        symbol: "__bpftime_probe_9".into(),
+                    },
+                    ProbeCall {
+                        point: ProbePoint::Exit,
+                        symbol: "__bpftime_probe_9".into(),
+                    },
+                ],
+            )],
+        };
+        let out = module
+            .splice(&splice, Version::newest_for_driver(13000))
+            .unwrap();
+        assert_ptxas_accepts(&format!("every-helper-sm{sm}"), &out);
+    }
+}

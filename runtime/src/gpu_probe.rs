@@ -1,0 +1,281 @@
+//! Which programs are GPU probes, and on which CUDA kernel: the one reading of
+//! section names that the shim (libbpf's `cuda:` handler), `bpftime run` and
+//! `bpftime verify` share.
+//!
+//! Two spellings exist. Ours, `SEC("cuda:KERNEL")` (entry) or
+//! `SEC("cuda:KERNEL:entry|exit|launch")`, where KERNEL is a mangled name, a
+//! demangled one (`ns::kern`, whose `::` is why the kind is only the last
+//! word, and only when it is one of the kind words) or a glob (`*gemm*`). And
+//! bpftime's original convention: a program named `cuda__*` in
+//! `SEC("kprobe/KERNEL")` or `SEC("kretprobe/KERNEL")` probes the entry or the
+//! exit of a CUDA kernel.
+
+use crate::objects::LinkKind;
+use thiserror::Error;
+
+/// The prefix of our own GPU attach points in section names.
+pub const CUDA_SECTION_PREFIX: &str = "cuda:";
+/// The program-name prefix that makes a kprobe or kretprobe program a GPU probe.
+pub const CUDA_PROGRAM_PREFIX: &str = "cuda__";
+/// The CUDA "kernel" whose kprobe means loads and stores (bpftime's convention).
+const MEMCAPTURE: &str = "__memcapture";
+
+/// Bit of a kprobe perf event's `config` that bpftime reserves for launch
+/// events: a CPU-side program run at each launch of the kernel named in
+/// `config1`. No kernel PMU defines it (the kprobe PMU uses bit 0 for
+/// retprobes), so a tool never sets it by accident.
+pub const GPU_LAUNCH_CONFIG_BIT: u32 = 63;
+
+/// Where in a CUDA kernel's life a program runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum GpuProbeKind {
+    /// On the GPU, in every thread, as the kernel starts.
+    Entry,
+    /// On the GPU, in every thread, as the kernel returns.
+    Exit,
+    /// On the CPU, once per launch of the kernel.
+    Launch,
+}
+
+impl GpuProbeKind {
+    /// The kind of link that attaches such a program.
+    pub fn link_kind(self) -> LinkKind {
+        match self {
+            GpuProbeKind::Entry => LinkKind::GpuEntry,
+            GpuProbeKind::Exit => LinkKind::GpuExit,
+            GpuProbeKind::Launch => LinkKind::GpuLaunch,
+        }
+    }
+
+    /// Whether the program runs on the GPU (and so must pass the GPU rules).
+    pub fn on_gpu(self) -> bool {
+        !matches!(self, GpuProbeKind::Launch)
+    }
+}
+
+/// A GPU probe as its section names it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GpuProbe {
+    pub kind: GpuProbeKind,
+    /// The kernel name pattern: mangled, demangled, or a glob.
+    pub kernel: String,
+}
+
+/// A section that is a GPU probe but not one bpftime can attach.
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+pub enum GpuSectionError {
+    #[error("SEC(\"{section}\") names no CUDA kernel; write SEC(\"cuda:KERNEL\") or SEC(\"cuda:KERNEL:entry|exit|launch\")")]
+    NoKernel { section: String },
+    #[error("SEC(\"{section}\") is a GPU memory-access probe (loads and stores of `{kernel}`), which bpftime does not support yet; GPU probes attach at a kernel's entry, exit or launch")]
+    MemoryAccess { section: String, kernel: String },
+}
+
+/// Reads a `cuda:` section name; `None` when `section` is not one.
+pub fn parse_cuda_section(section: &str) -> Option<Result<GpuProbe, GpuSectionError>> {
+    let rest = section.strip_prefix(CUDA_SECTION_PREFIX)?;
+    let (kernel, word) = match rest.rsplit_once(':') {
+        // `ns::kern` splits into `ns:` and `kern`: a word after `::` is part
+        // of the name, not a kind.
+        Some((k, w)) if !k.ends_with(':') => (k, Some(w)),
+        _ => (rest, None),
+    };
+    let (kind, kernel) = match word {
+        Some("entry") => (Some(GpuProbeKind::Entry), kernel),
+        Some("exit") => (Some(GpuProbeKind::Exit), kernel),
+        Some("launch") => (Some(GpuProbeKind::Launch), kernel),
+        Some("ldst") => (None, kernel),
+        _ => (Some(GpuProbeKind::Entry), rest),
+    };
+    if kernel.is_empty() {
+        return Some(Err(GpuSectionError::NoKernel {
+            section: section.to_string(),
+        }));
+    }
+    Some(match kind {
+        Some(kind) => Ok(GpuProbe {
+            kind,
+            kernel: kernel.to_string(),
+        }),
+        None => Err(GpuSectionError::MemoryAccess {
+            section: section.to_string(),
+            kernel: kernel.to_string(),
+        }),
+    })
+}
+
+/// The GPU probe that program `prog` in `section` is, if it is one: a `cuda:`
+/// section, or a `cuda__*` program in `kprobe/KERNEL` or `kretprobe/KERNEL`.
+pub fn gpu_probe(prog: &str, section: &str) -> Option<Result<GpuProbe, GpuSectionError>> {
+    if let Some(r) = parse_cuda_section(section) {
+        return Some(r);
+    }
+    if !prog.starts_with(CUDA_PROGRAM_PREFIX) {
+        return None;
+    }
+    let (kind, kernel) = match section.split_once('/') {
+        Some(("kprobe", k)) => (GpuProbeKind::Entry, k),
+        Some(("kretprobe", k)) => (GpuProbeKind::Exit, k),
+        _ if matches!(section, "kprobe" | "kretprobe") => (GpuProbeKind::Entry, ""),
+        _ => return None,
+    };
+    Some(if kernel.is_empty() {
+        Err(GpuSectionError::NoKernel {
+            section: section.to_string(),
+        })
+    } else if kernel == MEMCAPTURE {
+        Err(GpuSectionError::MemoryAccess {
+            section: section.to_string(),
+            kernel: kernel.to_string(),
+        })
+    } else {
+        Ok(GpuProbe {
+            kind,
+            kernel: kernel.to_string(),
+        })
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn probe(kind: GpuProbeKind, kernel: &str) -> Option<Result<GpuProbe, GpuSectionError>> {
+        Some(Ok(GpuProbe {
+            kind,
+            kernel: kernel.to_string(),
+        }))
+    }
+
+    #[test]
+    fn cuda_sections_name_kernel_and_kind() {
+        use GpuProbeKind::*;
+        assert_eq!(
+            parse_cuda_section("cuda:vectorAdd"),
+            probe(Entry, "vectorAdd")
+        );
+        assert_eq!(
+            parse_cuda_section("cuda:vectorAdd:entry"),
+            probe(Entry, "vectorAdd")
+        );
+        assert_eq!(
+            parse_cuda_section("cuda:vectorAdd:exit"),
+            probe(Exit, "vectorAdd")
+        );
+        assert_eq!(
+            parse_cuda_section("cuda:vectorAdd:launch"),
+            probe(Launch, "vectorAdd")
+        );
+        assert_eq!(
+            parse_cuda_section("cuda:_Z9vectorAddPKfS0_Pfi"),
+            probe(Entry, "_Z9vectorAddPKfS0_Pfi")
+        );
+        assert_eq!(parse_cuda_section("kprobe/vectorAdd"), None);
+        assert_eq!(parse_cuda_section("uprobe/cuda:x"), None);
+    }
+
+    #[test]
+    fn demangled_names_keep_their_colons() {
+        use GpuProbeKind::*;
+        assert_eq!(
+            parse_cuda_section("cuda:ns::kern:exit"),
+            probe(Exit, "ns::kern")
+        );
+        assert_eq!(
+            parse_cuda_section("cuda:ns::kern"),
+            probe(Entry, "ns::kern")
+        );
+        // `exit` after `::` is a function called exit, not a kind.
+        assert_eq!(
+            parse_cuda_section("cuda:ns::exit"),
+            probe(Entry, "ns::exit")
+        );
+        assert_eq!(
+            parse_cuda_section("cuda:a::b::launch:launch"),
+            probe(Launch, "a::b::launch")
+        );
+        // A last word that is not a kind is part of the name.
+        assert_eq!(
+            parse_cuda_section("cuda:void kern<int>(int):entry"),
+            probe(Entry, "void kern<int>(int)")
+        );
+        assert_eq!(parse_cuda_section("cuda:a:b"), probe(Entry, "a:b"));
+    }
+
+    #[test]
+    fn globs_are_kernel_patterns() {
+        use GpuProbeKind::*;
+        assert_eq!(parse_cuda_section("cuda:*gemm*"), probe(Entry, "*gemm*"));
+        assert_eq!(
+            parse_cuda_section("cuda:*gemm*:launch"),
+            probe(Launch, "*gemm*")
+        );
+        assert_eq!(
+            parse_cuda_section("cuda:cutlass::*:exit"),
+            probe(Exit, "cutlass::*")
+        );
+    }
+
+    #[test]
+    fn memory_access_probes_and_empty_names_are_errors() {
+        assert_eq!(
+            parse_cuda_section("cuda:vectorAdd:ldst"),
+            Some(Err(GpuSectionError::MemoryAccess {
+                section: "cuda:vectorAdd:ldst".into(),
+                kernel: "vectorAdd".into()
+            }))
+        );
+        let e = parse_cuda_section("cuda:vectorAdd:ldst")
+            .unwrap()
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("memory-access probe") && e.contains("vectorAdd"),
+            "{e}"
+        );
+        for s in ["cuda:", "cuda::exit", "cuda::launch"] {
+            assert!(
+                matches!(
+                    parse_cuda_section(s),
+                    Some(Err(GpuSectionError::NoKernel { .. }))
+                ),
+                "{s}"
+            );
+        }
+    }
+
+    #[test]
+    fn cuda_named_kprobes_are_gpu_probes() {
+        use GpuProbeKind::*;
+        assert_eq!(
+            gpu_probe("cuda__count", "kprobe/vectorAdd"),
+            probe(Entry, "vectorAdd")
+        );
+        assert_eq!(gpu_probe("cuda__count", "kretprobe/k"), probe(Exit, "k"));
+        assert_eq!(
+            gpu_probe("count", "cuda:vectorAdd:exit"),
+            probe(Exit, "vectorAdd")
+        );
+        assert!(matches!(
+            gpu_probe("cuda__mem", "kprobe/__memcapture"),
+            Some(Err(GpuSectionError::MemoryAccess { .. }))
+        ));
+        assert!(matches!(
+            gpu_probe("cuda__x", "kprobe"),
+            Some(Err(GpuSectionError::NoKernel { .. }))
+        ));
+        // A kprobe of another name, and a cuda__ program on a uprobe, are not GPU probes
+        // by their section (the shim makes every attached kprobe one).
+        assert_eq!(gpu_probe("count", "kprobe/do_sys_open"), None);
+        assert_eq!(gpu_probe("cuda__count", "uprobe/work"), None);
+        assert_eq!(gpu_probe("cuda__count", "kprobe.multi/x"), None);
+    }
+
+    #[test]
+    fn kinds_map_to_links() {
+        assert_eq!(GpuProbeKind::Entry.link_kind(), LinkKind::GpuEntry);
+        assert_eq!(GpuProbeKind::Exit.link_kind(), LinkKind::GpuExit);
+        assert_eq!(GpuProbeKind::Launch.link_kind(), LinkKind::GpuLaunch);
+        assert!(!GpuProbeKind::Launch.on_gpu());
+        assert!(GpuProbeKind::Exit.on_gpu());
+    }
+}

@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# GPU overhead benchmark, on the GPU machine: the median ms per launch (CUDA events in
+# the application) of vectorAdd over 2^26 floats and a tiled 4096^2 matmul, native
+# (sm_90 machine code), under bpftime with GPU attach on but no probe, and with each
+# probe of bpf-examples/gpu_bench. Ratios are against native in the same run.
+#
+#   scripts/gpu-bench.sh BPFTIME CUDA_BUILD_DIR OBJECT_DIR OUT_FILE
+set -uo pipefail
+bt=$1 cuda=$2 objs=$3 out=$4
+store="gpu-bench-$$"
+ms() { grep -o 'ms_per_launch=[0-9.]*' | cut -d= -f2; }
+median() { sort -g | awk '{v[NR]=$1} END {print (NR%2) ? v[(NR+1)/2] : (v[NR/2]+v[NR/2+1])/2}'; }
+runs=3
+bench() {  # bench NAME APP ARGS... (APP is run as given; $wrap prefixes it)
+    local name=$1; shift
+    local vals
+    vals=$(for _ in $(seq $runs); do "$@" 2>/dev/null | ms; done)
+    local m
+    m=$(median <<<"$vals")
+    echo "$name ${m:-FAIL} ($(echo $vals | tr '\n' ' '))"
+}
+{
+    echo "GPU overhead, $(date -u +%Y-%m-%d), $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader)"
+    for target in "vec_add_sm90 67108864 20" "matmul_sm90 4096 5"; do
+        set -- $target
+        app=$1; shift
+        kernel=vectorAdd; [ "$app" = matmul_sm90 ] && kernel=matmul
+        echo "== $app $*"
+        bench "native" "$cuda/$app" "$@"
+        bench "intercepted, no probe" "$bt" --store "$store" start "$cuda/$app" "$@"
+        for p in empty count exit_time; do
+            progs=("$p")
+            [ "$p" = exit_time ] && progs=(exit_time_entry exit_time)
+            attach=()
+            for q in "${progs[@]}"; do attach+=(--attach "$q=$kernel"); done
+            bench "probe $p" "$bt" --store "$store" run "${attach[@]}" "$objs/bench_$p.bpf.o" -- "$cuda/$app" "$@"
+        done
+    done
+} | tee "$out"
+rm -rf "/dev/shm/bpftime-$store"

@@ -1,0 +1,98 @@
+#!/usr/bin/env bash
+# The GPU examples and GPU attach checks, on the GPU machine (scripts/gpu.sh runs it):
+# each example under `bpftime run` on CUDA programs built here with nvcc (static cudart,
+# shared cudart, the driver API loading PTX and a fatbin), checked exactly; then the bad
+# cases. One PASS or FAIL line per check, then `N passed, M failed`.
+#
+#   scripts/gpu-examples.sh BPFTIME OBJECT_DIR OUT_FILE
+set -uo pipefail
+bt=$1 objs=$2 out=$3
+cd "$(dirname "$0")/.."
+export PATH=/usr/local/cuda/bin:$PATH
+work=$(mktemp -d)
+logs=${GPU_EXAMPLES_LOGS:-$work/logs}
+mkdir -p "$logs"
+trap 'rm -rf "$work"' EXIT
+cuda=$work/cuda
+passed=0 failed=0
+result() {  # result NAME OK DETAIL
+    if [ "$2" = 1 ]; then
+        passed=$((passed + 1)); echo "PASS $1${3:+: $3}"
+    else
+        failed=$((failed + 1)); echo "FAIL $1${3:+: $3}"
+    fi
+}
+value() {  # value LOG MAP KEY
+    sed -n "s/^$2\[$3\]: \([0-9]*\)$/\1/p" "$1" | head -1
+}
+field() {  # field LOG NAME (from the app's own line)
+    grep -o "$2=[0-9.]*" "$1" | head -1 | cut -d= -f2
+}
+run() {  # run LOG ARGS... : bpftime run ARGS, output and exit status in LOG.out
+    local log=$1
+    shift
+    timeout 300 "$bt" --store "gpu-ex-$$" run "$@" >"$log.out" 2>&1
+    echo "exit=$?" >>"$log.out"
+    # Kept for a failed check to be looked at.
+    cp "$log.out" "$logs/" 2>/dev/null
+}
+{
+    echo "GPU examples, $(date -u +%Y-%m-%d), $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | head -1), $(nvcc --version | tail -1)"
+    if ! make -s -C bpf-examples/cuda OUT="$cuda" NVCC=nvcc >"$work/make.log" 2>&1; then
+        result "build the CUDA programs" 0 "$(tail -3 "$work/make.log")"
+    fi
+
+    # cuda_counter: every thread counted at entry and exit, on every kind of build.
+    n=1048576 iters=10
+    for app in "vec_add" "vec_add_shared" "vec_add_driver $cuda/vec_add.ptx" "vec_add_driver $cuda/vec_add.fatbin"; do
+        set -- $app
+        log=$work/counter-$1-$(basename "${2:-static}")
+        exe=$cuda/$1; shift
+        run "$log" "$objs/cuda_counter.bpf.o" -- "$exe" "$@" $n $iters
+        entries=$(value "$log.out" counts 0) exits=$(value "$log.out" counts 1)
+        total=$(value "$log.out" counts 2) max=$(value "$log.out" counts 3)
+        ms_max=$(field "$log.out" ms_max)
+        ok=0
+        if grep -q 'check=ok' "$log.out" && grep -q '^exit=0' "$log.out" &&
+            [ "$entries" = $((n * iters)) ] && [ "$exits" = $((n * iters)) ] &&
+            [ "${total:-0}" -gt 0 ] && [ "${max:-0}" -gt 0 ] &&
+            awk -v m="$max" -v l="$ms_max" 'BEGIN { exit !(m <= l * 1e6) }'; then
+            ok=1
+        fi
+        result "cuda_counter on $app" $ok "entries $entries exits $exits (expected $((n * iters)) each), mean thread $(awk -v t="$total" -v e="$exits" 'BEGIN { if (e) printf "%.0f", t / e }') ns, longest $max ns <= longest launch ${ms_max} ms"
+    done
+
+    # threadhist: 256 blocks of 256 threads, 3 launches: 768 exits at every index below 256.
+    log=$work/threadhist
+    run "$log" "$objs/threadhist.bpf.o" -- "$cuda/vec_add" 65536 3 256
+    bad=0
+    for i in $(seq 0 255); do
+        [ "$(value "$log.out" exits_by_thread $i)" = 768 ] || bad=$((bad + 1))
+    done
+    beyond=$(sed -n 's/^exits_by_thread\[\([0-9]*\)\]: .*/\1/p' "$log.out" | awk '$1 >= 256' | wc -l)
+    ok=0; [ $bad = 0 ] && [ "$beyond" = 0 ] && grep -q 'check=ok' "$log.out" && ok=1
+    result "threadhist: exits by threadIdx.x" $ok "$bad of 256 indices off 768, $beyond entries past 255"
+
+    # kernelretsnoop: one ring buffer record per thread, each carrying n (PT_REGS_PARM4).
+    log=$work/kretsnoop
+    run "$log" "$objs/kernelretsnoop.bpf.o" -- "$cuda/vec_add" 4096 2 256
+    events=$(grep -c '^event events 24B' "$log.out")
+    wrong_n=$(grep '^event events 24B' "$log.out" | grep -vc '00 10 00 00\]$')
+    ok=0; [ "$events" = 8192 ] && [ "$wrong_n" = 0 ] && ok=1
+    result "kernelretsnoop: a ring buffer event per thread with the kernel's argument n" $ok "$events events (expected 8192), $wrong_n with n != 4096"
+
+    # Bad input: a kernel that does not exist; a kernel without PTX.
+    log=$work/nokernel
+    run "$log" --attach thread_exit=doesNotExist "$objs/threadhist.bpf.o" -- "$cuda/vec_add" 4096 2 256
+    ok=0; grep -q 'check=ok' "$log.out" && grep -q '^exit=0' "$log.out" &&
+        [ "$(grep -c 'never ran: no kernel this process launched' "$log.out")" = 1 ] && ok=1
+    result "a probe on a kernel that does not exist: one notice, the app runs" $ok
+    log=$work/noptx
+    run "$log" "$objs/threadhist.bpf.o" -- "$cuda/vec_add_noptx" 4096 2 256
+    ok=0; grep -q 'check=ok' "$log.out" && grep -q '^exit=0' "$log.out" &&
+        [ "$(grep -c '^bpftime: kernel .* has no PTX' "$log.out")" = 1 ] && ok=1
+    result "a kernel without PTX: one notice, the app runs" $ok
+
+    echo "$passed passed, $failed failed"
+} | tee "$out"
+grep -q ' 0 failed$' "$out"
