@@ -41,6 +41,7 @@ const GPU_ARTIFACTS: &[&str] = &[
     "cuda_counter.bpf.o",
     "threadhist.bpf.o",
     "kernelretsnoop.bpf.o",
+    "launchlate.bpf.o",
     "bench_empty.bpf.o",
     "bench_count.bpf.o",
     "bench_exit_time.bpf.o",
@@ -63,6 +64,7 @@ const SOURCES: &[&str] = &[
     "cuda_counter",
     "threadhist",
     "kernelretsnoop",
+    "launchlate",
     "gpu_bench",
 ];
 

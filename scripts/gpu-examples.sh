@@ -81,6 +81,21 @@ run() {  # run LOG ARGS... : bpftime run ARGS, output and exit status in LOG.out
     ok=0; [ "$events" = 8192 ] && [ "$wrong_n" = 0 ] && ok=1
     result "kernelretsnoop: a ring buffer event per thread with the kernel's argument n" $ok "$events events (expected 8192), $wrong_n with n != 4096"
 
+    # launchlate: a CPU uprobe and a GPU probe share a map; launch-to-start latency on one
+    # clock, each launch seen on both sides.
+    log=$work/launchlate
+    run "$log" "$objs/launchlate.bpf.o" -- "$cuda/vec_add" 1048576 20
+    cpu=$(value "$log.out" stats 0) gpu=$(value "$log.out" stats 1)
+    sum=$(value "$log.out" stats 2) early=$(value "$log.out" stats 3)
+    ms_max=$(field "$log.out" ms_max)
+    mean=$(awk -v s="${sum:-0}" -v g="${gpu:-0}" -v e="${early:-0}" 'BEGIN { if (g - e > 0) printf "%.0f", s / (g - e); else print 0 }')
+    ok=0
+    [ "$cpu" = 20 ] && [ "$gpu" = 20 ] && [ "${mean:-0}" -gt 0 ] &&
+        awk -v m="$mean" -v l="$ms_max" 'BEGIN { exit !(m <= l * 1e6) }' &&
+        grep -q 'check=ok' "$log.out" && ok=1
+    result "launchlate: CPU uprobe and GPU probe share a map, one clock" $ok "$cpu launches on the CPU, $gpu starts on the GPU (expected 20 each), mean launch-to-start ${mean} ns (<= longest launch ${ms_max} ms), ${early:-?} started before the CPU's stamp (clock error)"
+    grep -A12 '^latency_hist' "$log.out" | sed 's/^/    /'
+
     # Bad input: a kernel that does not exist; a kernel without PTX.
     log=$work/nokernel
     run "$log" --attach thread_exit=doesNotExist "$objs/threadhist.bpf.o" -- "$cuda/vec_add" 4096 2 256
