@@ -16,6 +16,12 @@ fn main() {
             "-target",
             "nvptx64-nvidia-cuda",
             "-march=sm_70",
+            // The warp-level builtins (activemask, match, shuffles) need PTX 7.0; probes
+            // are compiled for 7.8 or newer.
+            "-Xclang",
+            "-target-feature",
+            "-Xclang",
+            "+ptx70",
             "-O2",
             "-S",
             "-emit-llvm",

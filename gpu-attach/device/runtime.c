@@ -289,6 +289,40 @@ u64 bpftime_gpu_map_delete_elem(u64 map, u64 key, u64 r3, u64 r4, u64 r5)
     return 0;
 }
 
+/* An atomic add that many threads make to one address (a counter on every thread), as
+ * bpftime-jit-ptx routes the programs' non-fetching atomic adds here: when the whole warp
+ * adds to the same address, its values are summed across the warp and one lane makes
+ * the one atomic; otherwise each lane adds its own. */
+u64 bpftime_gpu_warp_add_u64(u64 addr, u64 v, u64 r3, u64 r4, u64 r5)
+{
+    unsigned mask = __nvvm_activemask();
+    if (mask == 0xffffffffu && __nvvm_match_any_sync_i64(mask, addr) == mask) {
+        for (int off = 16; off > 0; off >>= 1) {
+            unsigned lo = __nvvm_shfl_sync_bfly_i32(mask, (unsigned)v, off, 0x1f);
+            unsigned hi = __nvvm_shfl_sync_bfly_i32(mask, (unsigned)(v >> 32), off, 0x1f);
+            v += ((u64)hi << 32) | lo;
+        }
+        if (__nvvm_read_ptx_sreg_laneid() != 0)
+            return 0;
+    }
+    __atomic_fetch_add((u64 *)addr, v, __ATOMIC_RELAXED);
+    return 0;
+}
+
+u64 bpftime_gpu_warp_add_u32(u64 addr, u64 v, u64 r3, u64 r4, u64 r5)
+{
+    unsigned mask = __nvvm_activemask();
+    u32 sum = (u32)v;
+    if (mask == 0xffffffffu && __nvvm_match_any_sync_i64(mask, addr) == mask) {
+        for (int off = 16; off > 0; off >>= 1)
+            sum += __nvvm_shfl_sync_bfly_i32(mask, sum, off, 0x1f);
+        if (__nvvm_read_ptx_sreg_laneid() != 0)
+            return 0;
+    }
+    __atomic_fetch_add((u32 *)addr, sum, __ATOMIC_RELAXED);
+    return 0;
+}
+
 /* Reserves `len` bytes of record data; returns the data address or 0 (dropped). */
 static u8 *ring_reserve(struct ring *r, u32 len, u64 *pos_out)
 {

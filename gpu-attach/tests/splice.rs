@@ -516,3 +516,75 @@ fn a_probe_using_the_whole_device_runtime_compiles_and_splices() {
         assert_ptxas_accepts(&format!("every-helper-sm{sm}"), &out);
     }
 }
+
+#[test]
+fn a_counter_on_every_thread_adds_once_per_warp() {
+    use bpftime_gpu_attach::device_maps::RuntimeConfig;
+    use bpftime_gpu_attach::probe::{compile_probe, DeviceMapRef};
+    use bpftime_jit_ptx::ArrayMapLayout;
+    // A non-fetching add on an array value, then one on the stack (which must stay
+    // plain: the GPU has no atomics on local memory).
+    let mut insns = assemble(
+        "stw [%r10-4], 0\nlddw %r1, 2\nmov %r2, %r10\nadd %r2, -4\ncall 1\njeq %r0, 0, +7\n\
+         mov %r1, 1\nlock add [%r0+0], %r1\nstdw [%r10-16], 0\nmov %r3, %r10\nadd %r3, -16\n\
+         lock add [%r3+0], %r1\nldxdw %r0, [%r10-16]\nexit\nmov %r0, 0\nexit",
+    )
+    .expect("assembles");
+    for insn in insns.iter_mut() {
+        if insn.is_lddw() && insn.imm == 2 {
+            insn.src = bpftime_isa::opcode::PSEUDO_MAP_FD;
+        }
+    }
+    let desc = 0x7f00_0000_2000u64;
+    let array = ArrayMapLayout {
+        values: desc + 0x100,
+        key_stride: 8,
+        max_entries: 1,
+        update_size: 8,
+        per_cpu: None,
+    };
+    let maps = [(
+        2u32,
+        DeviceMapRef {
+            desc,
+            values: Some(array.values),
+            array: Some(array),
+        },
+    )]
+    .into_iter()
+    .collect();
+    let p = compile_probe(
+        &insns,
+        &maps,
+        &RuntimeConfig::default(),
+        90,
+        "__bpftime_probe_5",
+    )
+    .expect("compiles");
+    assert!(p.ptx.contains("match.any.sync.b64"), "{}", p.ptx);
+    assert!(p.ptx.contains("shfl.sync.bfly.b32"), "{}", p.ptx);
+    assert_eq!(
+        p.ptx.matches("atom.").count() + p.ptx.matches("red.").count(),
+        1,
+        "{}",
+        p.ptx
+    );
+    let text = String::from_utf8(read("kernels.ptx")).unwrap();
+    let module = PtxModule::parse(&text).unwrap();
+    let splice = Splice {
+        definitions: bpftime_gpu_attach::ptx::strip_header(&p.ptx),
+        needs_version: Some(Version::new(7, 8)),
+        needs_sm: Some(90),
+        calls: vec![(
+            "_Z9vectorAddPKfS0_Pfi".to_string(),
+            vec![ProbeCall {
+                point: ProbePoint::Entry,
+                symbol: "__bpftime_probe_5".into(),
+            }],
+        )],
+    };
+    let out = module
+        .splice(&splice, Version::newest_for_driver(13000))
+        .unwrap();
+    assert_ptxas_accepts("warp-add", &out);
+}

@@ -465,6 +465,8 @@ pub fn build_module<'ctx>(
             )?;
         }
     }
+    // Before the library's functions are renamed into the program's namespace.
+    route_atomic_adds(&module)?;
     let always_inline =
         context.create_enum_attribute(Attribute::get_named_enum_kind_id("alwaysinline"), 0);
     for f in module.get_functions() {
@@ -813,6 +815,81 @@ pub fn demote_stack_atomics(module: &Module<'_>) -> Result<usize, CompileError> 
         }
     }
     Ok(rewritten)
+}
+
+/// The library functions non-fetching atomic adds go through when the library defines
+/// them (GPU attach's device runtime does): `u64 f(u64 addr, u64 value, u64, u64, u64)`,
+/// for 64-bit and 32-bit adds. A counter that every thread of a kernel bumps is one
+/// address for a whole warp; such a function sums the warp's values and makes one
+/// atomic where the hardware would serialize 32.
+pub const WARP_ADD_U64: &str = "bpftime_gpu_warp_add_u64";
+pub const WARP_ADD_U32: &str = "bpftime_gpu_warp_add_u32";
+
+/// Sends each `atomicrmw add` whose result is unused (eBPF's `lock add`, not `lock fetch
+/// add`) through [`WARP_ADD_U64`] or [`WARP_ADD_U32`], where the module defines them.
+/// Adds on the stack become plain again later (`demote_stack_atomics`, after inlining).
+fn route_atomic_adds(module: &Module<'_>) -> Result<usize, CompileError> {
+    use inkwell::values::{AnyValue, InstructionOpcode as Op, Operand};
+    use inkwell::AtomicRMWBinOp as Rmw;
+    let defined = |name| {
+        module
+            .get_function(name)
+            .filter(|f| f.count_basic_blocks() > 0)
+    };
+    let (Some(add64), Some(add32)) = (defined(WARP_ADD_U64), defined(WARP_ADD_U32)) else {
+        return Ok(0);
+    };
+    let context = module.get_context();
+    let builder = context.create_builder();
+    let i64t = context.i64_type();
+    let mut routed = 0;
+    for f in module.get_functions() {
+        if f == add64 || f == add32 {
+            continue;
+        }
+        for bb in f.get_basic_block_iter() {
+            let adds: Vec<_> = bb
+                .get_instructions()
+                .filter(|i| {
+                    i.get_opcode() == Op::AtomicRMW
+                        && i.get_atomic_rmw_bin_op() == Some(Rmw::Add)
+                        && i.get_first_use().is_none()
+                })
+                .collect();
+            for add in adds {
+                let (Some(Operand::Value(ptr)), Some(Operand::Value(value))) =
+                    (add.get_operand(0), add.get_operand(1))
+                else {
+                    continue;
+                };
+                let value = value.into_int_value();
+                let target = match value.get_type().get_bit_width() {
+                    64 => add64,
+                    32 => add32,
+                    _ => continue,
+                };
+                builder.position_before(&add);
+                let addr = builder.build_ptr_to_int(ptr.into_pointer_value(), i64t, "addr")?;
+                let wide = builder.build_int_z_extend_or_bit_cast(value, i64t, "value")?;
+                let zero = i64t.const_zero();
+                builder.build_call(
+                    target,
+                    &[
+                        addr.into(),
+                        wide.into(),
+                        zero.into(),
+                        zero.into(),
+                        zero.into(),
+                    ],
+                    "",
+                )?;
+                let _ = add.as_any_value_enum();
+                add.erase_from_basic_block();
+                routed += 1;
+            }
+        }
+    }
+    Ok(routed)
 }
 
 /// Turns the probe context back into pointer arithmetic: eBPF registers are integers,
