@@ -47,35 +47,8 @@ fn scratch(tag: &str) -> PathBuf {
     dir
 }
 
-/// ptxas, or `None` (with the reason on stderr) when BPFTIME_NO_PTXAS is set.
 fn ptxas() -> Option<PathBuf> {
-    if let Some(why) = std::env::var_os("BPFTIME_NO_PTXAS") {
-        eprintln!(
-            "BPFTIME_NO_PTXAS is set ({}): not checking PTX with ptxas",
-            why.to_string_lossy()
-        );
-        return None;
-    }
-    let ptxas = bpftime_gpu_attach::toolchain::find_ptxas().unwrap_or_else(|| {
-        panic!(
-            "ptxas not found (tried $PTXAS, PATH and pip's nvidia-cuda-nvcc); run \
-             scripts/setup.sh, which installs it with pip, or set PTXAS=/path/to/ptxas \
-             (BPFTIME_NO_PTXAS=reason skips these checks)"
-        )
-    });
-    let version = Command::new(&ptxas)
-        .arg("--version")
-        .output()
-        .unwrap_or_else(|e| panic!("{} does not run: {e}", ptxas.display()));
-    eprintln!(
-        "using {}: {}",
-        ptxas.display(),
-        String::from_utf8_lossy(&version.stdout)
-            .lines()
-            .last()
-            .unwrap_or("")
-    );
-    Some(ptxas)
+    bpftime_gpu_attach::toolchain::ptxas_for_tests()
 }
 
 /// Runs ptxas on `file` for sm_90; `relocatable` (`-c`) when the PTX calls device

@@ -53,7 +53,6 @@ const _: () = assert!(std::mem::size_of::<DeviceRing>() == 40);
 /// Byte offsets of the ring's fields, for the host's partial copies.
 pub const RING_HEAD: u64 = 16;
 pub const RING_TAIL: u64 = 24;
-pub const RING_DROPPED: u64 = 32;
 
 pub fn round8(v: u32) -> u32 {
     (v + 7) & !7

@@ -73,29 +73,39 @@ macro_rules! entry_point {
     };
 }
 
-/// Notes an image, never failing the load it came with.
+/// After a load that wrote a module or library handle into `out`: notes the image the
+/// driver took. The driver's result goes back to the caller as it is.
 ///
 /// # Safety
-/// `image` must be what the driver just loaded successfully.
-unsafe fn note_image(handle: Handle, owner: Owner, image: *const c_void) {
-    if handle == 0 || image.is_null() {
-        return;
+/// `image` must be what the call just gave the driver, and `out` what it wrote through.
+unsafe fn loaded(r: CuResult, out: *mut Handle, owner: Owner, image: *const c_void) -> CuResult {
+    if r != CUDA_SUCCESS || out.is_null() || image.is_null() {
+        return r;
     }
-    // SAFETY: the driver accepted it, so it is a well-formed image.
-    let ptx = unsafe { ModulePtx::from_image_ptr(image.cast()) };
     if let Some(s) = session() {
+        // SAFETY: the driver accepted it, so it is a well-formed image; it wrote `out`.
+        let (handle, ptx) = unsafe { (*out, ModulePtx::from_image_ptr(image.cast())) };
         s.note_image(handle, owner, ptx);
     }
+    r
 }
 
-fn note_file(handle: Handle, owner: Owner, path: *const c_char) {
-    if handle == 0 || path.is_null() {
-        return;
+/// As [`loaded`], for an image the driver read from the file at `path`.
+///
+/// # Safety
+/// `path` must be the NUL-terminated path the call just gave the driver.
+unsafe fn loaded_file(
+    r: CuResult,
+    out: *mut Handle,
+    owner: Owner,
+    path: *const c_char,
+) -> CuResult {
+    if r != CUDA_SUCCESS || out.is_null() || path.is_null() {
+        return r;
     }
-    // SAFETY: the driver just opened this NUL-terminated path.
-    let path = unsafe { CStr::from_ptr(path) }
-        .to_string_lossy()
-        .into_owned();
+    let Some(s) = session() else { return r };
+    // SAFETY: the driver just opened this path and wrote `out`.
+    let (handle, path) = unsafe { (*out, CStr::from_ptr(path).to_string_lossy().into_owned()) };
     let ptx = std::fs::read(&path)
         .map_err(|e| crate::fatbin::FatbinError::Decompress {
             what: "module file",
@@ -103,9 +113,23 @@ fn note_file(handle: Handle, owner: Owner, path: *const c_char) {
             reason: format!("{path}: {e}"),
         })
         .and_then(|bytes| ModulePtx::from_bytes(&bytes));
-    if let Some(s) = session() {
-        s.note_image(handle, owner, ptx);
+    s.note_image(handle, owner, ptx);
+    r
+}
+
+/// After a lookup that wrote a function or kernel handle into `out`: notes its name and
+/// module.
+///
+/// # Safety
+/// `name` must be the NUL-terminated name the call just gave the driver.
+unsafe fn found(r: CuResult, out: *mut Handle, owner: Handle, name: *const c_char) -> CuResult {
+    if r == CUDA_SUCCESS && !out.is_null() && !name.is_null() {
+        if let Some(s) = session() {
+            // SAFETY: the driver wrote the handle and found the name.
+            s.note_function(unsafe { *out }, owner, unsafe { CStr::from_ptr(name) });
+        }
     }
+    r
 }
 
 entry_point!(
@@ -114,12 +138,7 @@ entry_point!(
     fn(module: *mut Handle, image: *const c_void),
     |original, _per_thread| {
         // SAFETY: the caller's arguments, passed as given.
-        let r = unsafe { original(module, image) };
-        if r == CUDA_SUCCESS && !module.is_null() {
-            // SAFETY: the driver wrote the handle; the image is what it loaded.
-            unsafe { note_image(*module, Owner::Module, image) };
-        }
-        r
+        unsafe { loaded(original(module, image), module, Owner::Module, image) }
     }
 );
 
@@ -135,12 +154,10 @@ entry_point!(
     ),
     |original, _per_thread| {
         // SAFETY: the caller's arguments, passed as given.
-        let r = unsafe { original(module, image, n, options, values) };
-        if r == CUDA_SUCCESS && !module.is_null() {
-            // SAFETY: as for cuModuleLoadData.
-            unsafe { note_image(*module, Owner::Module, image) };
+        unsafe {
+            let r = original(module, image, n, options, values);
+            loaded(r, module, Owner::Module, image)
         }
-        r
     }
 );
 
@@ -150,12 +167,7 @@ entry_point!(
     fn(module: *mut Handle, image: *const c_void),
     |original, _per_thread| {
         // SAFETY: the caller's arguments, passed as given.
-        let r = unsafe { original(module, image) };
-        if r == CUDA_SUCCESS && !module.is_null() {
-            // SAFETY: as for cuModuleLoadData.
-            unsafe { note_image(*module, Owner::Module, image) };
-        }
-        r
+        unsafe { loaded(original(module, image), module, Owner::Module, image) }
     }
 );
 
@@ -165,12 +177,7 @@ entry_point!(
     fn(module: *mut Handle, path: *const c_char),
     |original, _per_thread| {
         // SAFETY: the caller's arguments, passed as given.
-        let r = unsafe { original(module, path) };
-        if r == CUDA_SUCCESS && !module.is_null() {
-            // SAFETY: the driver wrote the handle.
-            note_file(unsafe { *module }, Owner::Module, path);
-        }
-        r
+        unsafe { loaded_file(original(module, path), module, Owner::Module, path) }
     }
 );
 
@@ -189,8 +196,8 @@ entry_point!(
     ),
     |original, _per_thread| {
         // SAFETY: the caller's arguments, passed as given.
-        let r = unsafe {
-            original(
+        unsafe {
+            let r = original(
                 library,
                 code,
                 jit_options,
@@ -199,13 +206,9 @@ entry_point!(
                 lib_options,
                 lib_values,
                 n_lib,
-            )
-        };
-        if r == CUDA_SUCCESS && !library.is_null() {
-            // SAFETY: as for cuModuleLoadData.
-            unsafe { note_image(*library, Owner::Library, code) };
+            );
+            loaded(r, library, Owner::Library, code)
         }
-        r
     }
 );
 
@@ -224,8 +227,8 @@ entry_point!(
     ),
     |original, _per_thread| {
         // SAFETY: the caller's arguments, passed as given.
-        let r = unsafe {
-            original(
+        unsafe {
+            let r = original(
                 library,
                 path,
                 jit_options,
@@ -234,13 +237,9 @@ entry_point!(
                 lib_options,
                 lib_values,
                 n_lib,
-            )
-        };
-        if r == CUDA_SUCCESS && !library.is_null() {
-            // SAFETY: the driver wrote the handle.
-            note_file(unsafe { *library }, Owner::Library, path);
+            );
+            loaded_file(r, library, Owner::Library, path)
         }
-        r
     }
 );
 
@@ -250,16 +249,7 @@ entry_point!(
     fn(function: *mut Handle, module: Handle, name: *const c_char),
     |original, _per_thread| {
         // SAFETY: the caller's arguments, passed as given.
-        let r = unsafe { original(function, module, name) };
-        if r == CUDA_SUCCESS && !function.is_null() && !name.is_null() {
-            if let Some(s) = session() {
-                // SAFETY: the driver wrote the handle and found the NUL-terminated name.
-                s.note_function(unsafe { *function }, module, unsafe {
-                    CStr::from_ptr(name)
-                });
-            }
-        }
-        r
+        unsafe { found(original(function, module, name), function, module, name) }
     }
 );
 
@@ -269,14 +259,7 @@ entry_point!(
     fn(kernel: *mut Handle, library: Handle, name: *const c_char),
     |original, _per_thread| {
         // SAFETY: the caller's arguments, passed as given.
-        let r = unsafe { original(kernel, library, name) };
-        if r == CUDA_SUCCESS && !kernel.is_null() && !name.is_null() {
-            if let Some(s) = session() {
-                // SAFETY: as for cuModuleGetFunction.
-                s.note_function(unsafe { *kernel }, library, unsafe { CStr::from_ptr(name) });
-            }
-        }
-        r
+        unsafe { found(original(kernel, library, name), kernel, library, name) }
     }
 );
 
@@ -389,15 +372,31 @@ entry_point!(
     }
 );
 
-/// The stream a launch's own work goes on: the per-thread default stream for a NULL
-/// stream given to a `_ptsz` entry point.
-fn launch_stream(stream: Handle, per_thread: bool) -> Handle {
-    if stream == 0 && per_thread {
+/// Runs a launch of `f` on `stream` (`call` launches the function it is given): the
+/// instrumented function when a probe names the kernel, with its maps synced around it.
+/// A NULL stream given to a `_ptsz` entry point is the per-thread default stream.
+fn launched(
+    f: Handle,
+    stream: Handle,
+    per_thread: bool,
+    call: impl FnOnce(Handle) -> CuResult,
+) -> CuResult {
+    let Some(s) = session() else {
+        return call(f);
+    };
+    let stream = if stream == 0 && per_thread {
         STREAM_PER_THREAD
     } else {
         stream
-    }
+    };
+    let launch = s.before_launch(f, stream);
+    let r = call(launch.function);
+    s.after_launch(launch, r);
+    r
 }
+
+// An instrumented function takes the same parameters as the one it stands for, so the
+// caller's arguments go to it unchanged.
 
 entry_point!(
     launch_kernel,
@@ -416,30 +415,10 @@ entry_point!(
         extra: *mut *mut c_void,
     ),
     |original, per_thread| {
-        let Some(s) = session() else {
-            // SAFETY: the caller's arguments, passed as given.
-            return unsafe { original(f, gx, gy, gz, bx, by, bz, shared, stream, params, extra) };
-        };
-        let launch = s.before_launch(f, launch_stream(stream, per_thread));
-        // SAFETY: the caller's arguments; an instrumented function takes the same
-        // parameters as the one it stands for.
-        let r = unsafe {
-            original(
-                launch.function,
-                gx,
-                gy,
-                gz,
-                bx,
-                by,
-                bz,
-                shared,
-                stream,
-                params,
-                extra,
-            )
-        };
-        s.after_launch(launch, r);
-        r
+        launched(f, stream, per_thread, |f| {
+            // SAFETY: the caller's arguments, the function aside.
+            unsafe { original(f, gx, gy, gz, bx, by, bz, shared, stream, params, extra) }
+        })
     }
 );
 
@@ -448,17 +427,16 @@ entry_point!(
     &["cuLaunchKernelEx", "cuLaunchKernelEx_ptsz"],
     fn(config: *const LaunchConfig, f: Handle, params: *mut *mut c_void, extra: *mut *mut c_void),
     |original, per_thread| {
-        let Some(s) = session().filter(|_| !config.is_null()) else {
-            // SAFETY: the caller's arguments, passed as given.
+        if config.is_null() {
+            // SAFETY: the caller's arguments, passed as given (the driver refuses them).
             return unsafe { original(config, f, params, extra) };
-        };
+        }
         // SAFETY: the caller's config, valid for the call.
         let stream = unsafe { (*config).stream };
-        let launch = s.before_launch(f, launch_stream(stream, per_thread));
-        // SAFETY: as for cuLaunchKernel.
-        let r = unsafe { original(config, launch.function, params, extra) };
-        s.after_launch(launch, r);
-        r
+        launched(f, stream, per_thread, |f| {
+            // SAFETY: the caller's arguments, the function aside.
+            unsafe { original(config, f, params, extra) }
+        })
     }
 );
 
@@ -481,28 +459,10 @@ entry_point!(
         params: *mut *mut c_void,
     ),
     |original, per_thread| {
-        let Some(s) = session() else {
-            // SAFETY: the caller's arguments, passed as given.
-            return unsafe { original(f, gx, gy, gz, bx, by, bz, shared, stream, params) };
-        };
-        let launch = s.before_launch(f, launch_stream(stream, per_thread));
-        // SAFETY: as for cuLaunchKernel.
-        let r = unsafe {
-            original(
-                launch.function,
-                gx,
-                gy,
-                gz,
-                bx,
-                by,
-                bz,
-                shared,
-                stream,
-                params,
-            )
-        };
-        s.after_launch(launch, r);
-        r
+        launched(f, stream, per_thread, |f| {
+            // SAFETY: the caller's arguments, the function aside.
+            unsafe { original(f, gx, gy, gz, bx, by, bz, shared, stream, params) }
+        })
     }
 );
 

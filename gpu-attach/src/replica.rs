@@ -14,7 +14,7 @@ use bpftime_runtime::Map;
 use crate::cuda::{Api, CudaError, DevicePtr, Handle};
 use crate::device_maps::{
     device_kind, drain_ring, hash_capacity, is_per_cpu, merge, round8, DeviceKind, DeviceRing,
-    GpuMapDesc, HashImage, HashShape, Merge, RingRecord, RING_DROPPED, RING_HEAD, RING_TAIL,
+    GpuMapDesc, HashImage, HashShape, Merge, RingRecord, RING_HEAD, RING_TAIL,
 };
 
 /// Why a replica could not be made or synced.
@@ -92,7 +92,7 @@ impl Mover<'_> {
     }
 }
 
-fn as_bytes<T: Copy>(v: &T) -> &[u8] {
+pub(crate) fn as_bytes<T: Copy>(v: &T) -> &[u8] {
     // SAFETY: a plain `#[repr(C)]` value of integers, read as its bytes.
     unsafe { std::slice::from_raw_parts((v as *const T).cast::<u8>(), std::mem::size_of::<T>()) }
 }
@@ -110,16 +110,8 @@ enum SyncState {
     Hash {
         shape: HashShape,
         shadow: HashMap<Vec<u8>, Vec<u8>>,
-        /// The store map's update count the device table was last built from or merged
-        /// into.
-        seen_updates: u64,
     },
-    Ring {
-        ring: DevicePtr,
-        size: u64,
-        tail: u64,
-        dropped: u64,
-    },
+    Ring(RingReader),
 }
 
 /// One map's replica in one context.
@@ -129,8 +121,9 @@ pub(crate) struct Replica {
     /// Device address of its [`GpuMapDesc`]: what the probe's `lddw map` loads.
     pub desc_addr: DevicePtr,
     pub desc: GpuMapDesc,
-    /// The store map's update count at the last push of a large array, read without
-    /// the lock: a launch must not wait for a pull just to learn that nothing changed.
+    /// The store map's update count the device last took in (a push, or a pull that
+    /// only wrote the device's own values), read without the lock: a launch must not
+    /// wait for a pull just to learn that nothing changed.
     seen_updates: AtomicU64,
     state: Mutex<SyncState>,
 }
@@ -148,6 +141,8 @@ impl Replica {
             reason,
         };
         let kind = device_kind(map.map_type()).map_err(unsupported)?;
+        // Read before the store is copied: a change made meanwhile is pushed later.
+        let updates = map.updates();
         if is_per_cpu(map.map_type()) {
             return Err(unsupported(
                 "per-CPU maps are not replicated on the GPU yet; use an array or hash map".into(),
@@ -184,13 +179,9 @@ impl Replica {
                 desc.keys = mover.alloc(cap * shape.key_stride())?;
                 desc.values = mover.alloc(cap * shape.slot_values())?;
                 desc.count = mover.alloc(8)?;
-                let mut state = SyncState::Hash {
-                    shape,
-                    shadow: HashMap::new(),
-                    seen_updates: u64::MAX,
-                };
-                push_hash(mover, &map, &desc, &mut state)?;
-                state
+                let mut shadow = HashMap::new();
+                push_hash(mover, &map, &desc, &shape, &mut shadow)?;
+                SyncState::Hash { shape, shadow }
             }
             DeviceKind::Ringbuf | DeviceKind::PerfEventArray => {
                 let size = if kind == DeviceKind::Ringbuf {
@@ -198,30 +189,15 @@ impl Replica {
                 } else {
                     PERF_RING_BYTES
                 };
-                let data = mover.alloc(size as usize)?;
-                mover.zero(data, size as usize)?;
-                let ring = mover.alloc(std::mem::size_of::<DeviceRing>())?;
-                mover.put(
-                    ring,
-                    as_bytes(&DeviceRing {
-                        data,
-                        size,
-                        ..DeviceRing::default()
-                    }),
-                )?;
-                desc.ring = ring;
-                SyncState::Ring {
-                    ring,
-                    size,
-                    tail: 0,
-                    dropped: 0,
-                }
+                let reader = RingReader::new(mover, size)?;
+                desc.ring = reader.ring;
+                SyncState::Ring(reader)
             }
         };
         let desc_addr = mover.alloc(std::mem::size_of::<GpuMapDesc>())?;
         mover.put(desc_addr, as_bytes(&desc))?;
         Ok(Replica {
-            seen_updates: AtomicU64::new(map.updates()),
+            seen_updates: AtomicU64::new(updates),
             map,
             kind,
             desc_addr,
@@ -248,20 +224,25 @@ impl Replica {
 
     /// Before a launch: writes what the CPU changed since the last sync.
     pub fn push(&self, mover: &Mover<'_>) -> Result<(), CudaError> {
-        // A large array is compared value by value only when an update went through
-        // bpf() or the helper; a small one always, which also catches stores through
+        // Hash maps and large arrays are looked at only when an update went through
+        // bpf() or the helpers; small arrays always, which also catches stores through
         // looked-up pointers and memory-mapped writes.
-        let large = self.kind == DeviceKind::Array
-            && self.desc.max_entries as usize * self.desc.value_stride as usize
-                > ALWAYS_COMPARED_ARRAY;
+        let counted_only = match self.kind {
+            DeviceKind::Array => {
+                self.desc.max_entries as usize * self.desc.value_stride as usize
+                    > ALWAYS_COMPARED_ARRAY
+            }
+            DeviceKind::Hash => true,
+            DeviceKind::Ringbuf | DeviceKind::PerfEventArray => return Ok(()),
+        };
         let updates = self.map.updates();
-        if large && self.seen_updates.load(Ordering::Acquire) == updates {
+        if counted_only && self.seen_updates.load(Ordering::Acquire) == updates {
             return Ok(());
         }
         let mut state = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        self.seen_updates.store(updates, Ordering::Release);
         match &mut *state {
             SyncState::Array { shadow } => {
-                self.seen_updates.store(updates, Ordering::Release);
                 let Some(host) = HostArray::of(&self.map, &self.desc) else {
                     return Ok(());
                 };
@@ -276,14 +257,15 @@ impl Replica {
                 }
                 Ok(())
             }
-            hash @ SyncState::Hash { .. } => push_hash(mover, &self.map, &self.desc, hash),
-            SyncState::Ring { .. } => Ok(()),
+            SyncState::Hash { shape, shadow } => {
+                push_hash(mover, &self.map, &self.desc, shape, shadow)
+            }
+            SyncState::Ring(_) => Ok(()),
         }
     }
 
     /// After a launch completed (or while a long one runs): brings what the GPU changed
-    /// into the store, and the records it wrote into the store's ring. Returns the records
-    /// of a trace ring, for the caller to print.
+    /// into the store, and the records it wrote into the store's ring.
     pub fn pull(&self, mover: &Mover<'_>) -> Result<(), CudaError> {
         let mut state = self.state.lock().unwrap_or_else(|e| e.into_inner());
         match &mut *state {
@@ -322,11 +304,7 @@ impl Replica {
                 }
                 Ok(())
             }
-            SyncState::Hash {
-                shape,
-                shadow,
-                seen_updates,
-            } => {
+            SyncState::Hash { shape, shadow } => {
                 let cap = shape.capacity as usize;
                 let mut states = vec![0u32; cap];
                 // SAFETY: u32s written as bytes by the copy.
@@ -356,39 +334,19 @@ impl Replica {
                 }
                 let after = self.map.updates();
                 // Our own writes do not make the device stale; anyone else's does.
-                if *seen_updates == before && after - before == writes {
-                    *seen_updates = after;
+                if self.seen_updates.load(Ordering::Acquire) == before && after - before == writes {
+                    self.seen_updates.store(after, Ordering::Release);
                 }
                 *shadow = device;
                 Ok(())
             }
-            SyncState::Ring {
-                ring,
-                size,
-                tail,
-                dropped,
-            } => {
-                let mut head = [0u8; 8];
-                mover.get(*ring + RING_HEAD, &mut head)?;
-                let head = u64::from_le_bytes(head);
-                let mut counter = [0u8; 8];
-                mover.get(*ring + RING_DROPPED, &mut counter)?;
-                let device_dropped = u64::from_le_bytes(counter);
-                if device_dropped > *dropped {
-                    self.map.count_dropped(device_dropped - *dropped);
-                    *dropped = device_dropped;
+            SyncState::Ring(reader) => {
+                let (records, dropped) = reader.read(mover)?;
+                if dropped > 0 {
+                    self.map.count_dropped(dropped);
                 }
-                if head == *tail {
-                    return Ok(());
-                }
-                let records = read_ring(mover, *ring, *size, *tail, head)?;
-                let (records, new_tail) = records;
                 for r in records {
                     self.deliver(&r);
-                }
-                if new_tail != *tail {
-                    *tail = new_tail;
-                    mover.put(*ring + RING_TAIL, &new_tail.to_le_bytes())?;
                 }
                 Ok(())
             }
@@ -421,21 +379,75 @@ impl Replica {
     }
 }
 
-/// Reads the records of a device ring between `tail` and `head`.
-pub(crate) fn read_ring(
-    mover: &Mover<'_>,
-    ring: DevicePtr,
+/// A device ring (`struct ring` of runtime.c) and the host's side of reading it.
+pub(crate) struct RingReader {
+    /// Device address of the `struct ring`.
+    pub ring: DevicePtr,
+    data: DevicePtr,
     size: u64,
+    /// How far the host has read, and the device's drop count it has accounted for.
     tail: u64,
-    head: u64,
-) -> Result<(Vec<RingRecord>, u64), CudaError> {
-    let mut data_ptr = [0u8; 8];
-    mover.get(ring, &mut data_ptr)?;
-    let data = u64::from_le_bytes(data_ptr);
-    // The whole ring: simpler than two pieces, and rings are small.
-    let mut bytes = vec![0u8; size as usize];
-    mover.get(data, &mut bytes)?;
-    Ok(drain_ring(&bytes, size, tail, head))
+    dropped: u64,
+    /// The host's copy of the ring, refreshed only where new records are.
+    bytes: Vec<u8>,
+}
+
+impl RingReader {
+    /// An empty ring of `size` bytes (a power of two) in device memory.
+    pub fn new(mover: &Mover<'_>, size: u64) -> Result<RingReader, CudaError> {
+        let data = mover.alloc(size as usize)?;
+        mover.zero(data, size as usize)?;
+        let ring = mover.alloc(std::mem::size_of::<DeviceRing>())?;
+        mover.put(
+            ring,
+            as_bytes(&DeviceRing {
+                data,
+                size,
+                ..DeviceRing::default()
+            }),
+        )?;
+        Ok(RingReader {
+            ring,
+            data,
+            size,
+            tail: 0,
+            dropped: 0,
+            bytes: vec![0; size as usize],
+        })
+    }
+
+    /// The records committed since the last read, in order, and how many the device
+    /// dropped since. Moves the device's tail past what was read, freeing the space.
+    pub fn read(&mut self, mover: &Mover<'_>) -> Result<(Vec<RingRecord>, u64), CudaError> {
+        // head, tail and dropped, in one copy.
+        let mut counters = [0u8; 24];
+        mover.get(self.ring + RING_HEAD, &mut counters)?;
+        let word =
+            |i: usize| u64::from_le_bytes(counters[i * 8..i * 8 + 8].try_into().expect("8 bytes"));
+        let (head, device_dropped) = (word(0), word(2));
+        let dropped = device_dropped.saturating_sub(self.dropped);
+        self.dropped = device_dropped.max(self.dropped);
+        if head == self.tail {
+            return Ok((Vec::new(), dropped));
+        }
+        // Only what was written since the last read: one piece, or two across the end.
+        let start = (self.tail & (self.size - 1)) as usize;
+        let len = (head - self.tail).min(self.size) as usize;
+        let first = len.min(self.size as usize - start);
+        mover.get(
+            self.data + start as u64,
+            &mut self.bytes[start..start + first],
+        )?;
+        if first < len {
+            mover.get(self.data, &mut self.bytes[..len - first])?;
+        }
+        let (records, tail) = drain_ring(&self.bytes, self.size, self.tail, head);
+        if tail != self.tail {
+            self.tail = tail;
+            mover.put(self.ring + RING_TAIL, &tail.to_le_bytes())?;
+        }
+        Ok((records, dropped))
+    }
 }
 
 /// Arrays up to this many bytes are compared with the store before every launch.
@@ -521,26 +533,14 @@ fn host_array(map: &Map, desc: &GpuMapDesc) -> Vec<u8> {
     out
 }
 
-/// Rebuilds the device table from the store when the store changed since it was last
-/// built or merged.
+/// Rebuilds the device table from the store's entries.
 fn push_hash(
     mover: &Mover<'_>,
     map: &Map,
     desc: &GpuMapDesc,
-    state: &mut SyncState,
+    shape: &HashShape,
+    shadow: &mut HashMap<Vec<u8>, Vec<u8>>,
 ) -> Result<(), CudaError> {
-    let SyncState::Hash {
-        shape,
-        shadow,
-        seen_updates,
-    } = state
-    else {
-        return Ok(());
-    };
-    let updates = map.updates();
-    if updates == *seen_updates {
-        return Ok(());
-    }
     let entries = host_hash_entries(map);
     let image = shape.build(&entries).unwrap_or_else(|_| HashImage {
         states: vec![0; shape.capacity as usize],
@@ -552,7 +552,6 @@ fn push_hash(
     mover.put(desc.values, &image.values)?;
     mover.put(desc.count, &(entries.len() as u64).to_le_bytes())?;
     *shadow = entries.into_iter().collect();
-    *seen_updates = updates;
     Ok(())
 }
 

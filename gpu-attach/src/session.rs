@@ -25,12 +25,12 @@ use crate::cuda::{
     ATTR_COMPUTE_CAPABILITY_MINOR, ATTR_MULTIPROCESSOR_COUNT, CUDA_ERROR_NOT_READY, CUDA_SUCCESS,
     EVENT_DISABLE_TIMING, STREAM_NON_BLOCKING,
 };
-use crate::device_maps::{DeviceKind, DeviceRing, RuntimeConfig, RING_HEAD, RING_TAIL};
+use crate::device_maps::{DeviceKind, RuntimeConfig};
 use crate::fatbin::{FatbinError, ModulePtx};
 use crate::names;
 use crate::probe::{compile_probe, DeviceMapRef};
 use crate::ptx::{strip_header, ProbeCall, ProbePoint, PtxModule, Splice, Version};
-use crate::replica::{read_ring, Mover, Replica};
+use crate::replica::{Mover, Replica, RingReader};
 
 /// What kind of handle an image was loaded as.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -64,13 +64,17 @@ struct Image {
 }
 
 struct FunctionInfo {
-    image: u64,
+    /// The image its module or library was loaded from; `None` for a function of a module
+    /// loaded before GPU attach started.
+    image: Option<u64>,
     name: Arc<str>,
 }
 
 /// A module of the application, instrumented for one context and one set of probes.
 struct Patched {
     generation: u64,
+    /// The context it is loaded in; `None` when nothing in it is instrumented.
+    context: Option<Arc<Context>>,
     /// Kernel name → instrumented function; kernels not probed are absent.
     functions: HashMap<Arc<str>, Handle>,
     replicas: Vec<Arc<Replica>>,
@@ -83,15 +87,11 @@ struct Context {
     sm: u32,
     stream: Handle,
     replicas: Mutex<HashMap<u32, Arc<Replica>>>,
-    trace: Option<TraceRing>,
+    /// Device address of the trace ring (`bpf_trace_printk` lines), and its reader.
+    trace_ring: DevicePtr,
+    trace: Mutex<RingReader>,
     clock: Mutex<ContextClock>,
     events: Mutex<Vec<Handle>>,
-}
-
-struct TraceRing {
-    ring: DevicePtr,
-    size: u64,
-    tail: Mutex<u64>,
 }
 
 #[derive(Default)]
@@ -306,7 +306,13 @@ impl GpuAttach {
         let mut st = self.write();
         if let Some(&image) = st.owners.get(&owner) {
             let name: Arc<str> = name.to_string_lossy().into();
-            st.functions.insert(function, FunctionInfo { image, name });
+            st.functions.insert(
+                function,
+                FunctionInfo {
+                    image: Some(image),
+                    name,
+                },
+            );
         }
     }
 
@@ -331,7 +337,10 @@ impl GpuAttach {
     pub(crate) fn forget(&self, owner: Handle) {
         let mut st = self.write();
         if let Some(image) = st.owners.remove(&owner) {
-            st.functions.retain(|_, f| f.image != image);
+            // Handles of an unloaded module may come back for another; so may the
+            // handles of unseen modules, which are forgotten too.
+            st.functions
+                .retain(|_, f| f.image.is_some() && f.image != Some(image));
             st.patched.retain(|(_, i), _| *i != image);
             st.images.remove(&image);
         }
@@ -356,19 +365,23 @@ impl GpuAttach {
                 .map(|f| (f.image, f.name.clone()))
         };
         let (image, name) = match found {
-            Some(f) => f,
+            Some((Some(image), name)) => (image, name),
+            Some((None, _)) => return plain,
             None => {
-                // A kernel whose module we did not see load (loaded before we attached).
-                if let Some(name) = self.api.function_name(function) {
-                    if self.any_probe_matches(&name) {
-                        self.notice(&format!("unseen:{name}"), || {
-                            format!(
-                                "kernel {name} runs uninstrumented: its module was loaded \
-                                 before bpftime intercepted CUDA, so its PTX is unknown"
-                            )
-                        });
-                    }
+                // A kernel whose module we did not see load (loaded before we attached):
+                // named once, remembered as unseen.
+                let name: Arc<str> = self.api.function_name(function).unwrap_or_default().into();
+                if !name.is_empty() && self.any_probe_matches(&name) {
+                    self.notice(&format!("unseen:{name}"), || {
+                        format!(
+                            "kernel {name} runs uninstrumented: its module was loaded \
+                             before bpftime intercepted CUDA, so its PTX is unknown"
+                        )
+                    });
                 }
+                self.write()
+                    .functions
+                    .insert(function, FunctionInfo { image: None, name });
                 return plain;
             }
         };
@@ -379,16 +392,12 @@ impl GpuAttach {
         let Some(patched) = self.patched(ctx, image, &name) else {
             return plain;
         };
-        let Some(&instrumented) = patched.functions.get(&name) else {
+        let (Some(&instrumented), Some(context)) =
+            (patched.functions.get(&name), patched.context.clone())
+        else {
             return plain;
         };
-        let Some(context) = self.read().contexts.get(&ctx).cloned() else {
-            return plain;
-        };
-        let mover = Mover {
-            api: &self.api,
-            stream: context.stream,
-        };
+        let mover = self.mover(&context);
         for r in &patched.replicas {
             if let Err(e) = r.push(&mover) {
                 tracing::warn!(
@@ -472,6 +481,7 @@ impl GpuAttach {
         let built = self.build_patched(ctx, &img, &probes, kernel, generation);
         let patched = Arc::new(built.unwrap_or_else(|| Patched {
             generation,
+            context: None,
             functions: HashMap::new(),
             replicas: Vec::new(),
         }));
@@ -678,10 +688,7 @@ impl GpuAttach {
             }
         }
         if !globals.is_empty() {
-            let mover = Mover {
-                api: &self.api,
-                stream: context.stream,
-            };
+            let mover = self.mover(&context);
             let mut clock = context.clock.lock().unwrap_or_else(|e| e.into_inner());
             if clock.calibration.is_none() {
                 clock.calibration = self.calibrate(&context, &mut clock).ok();
@@ -695,6 +702,7 @@ impl GpuAttach {
         }
         Some(Patched {
             generation,
+            context: Some(context),
             functions,
             replicas,
         })
@@ -707,10 +715,7 @@ impl GpuAttach {
         probe: &GpuProbe,
         sm: u32,
     ) -> Result<CompiledProbe, String> {
-        let mover = Mover {
-            api: &self.api,
-            stream: context.stream,
-        };
+        let mover = self.mover(context);
         let mut replicas: HashMap<u32, Arc<Replica>> = HashMap::new();
         for m in &probe.maps {
             let mut all = context.replicas.lock().unwrap_or_else(|e| e.into_inner());
@@ -739,7 +744,7 @@ impl GpuAttach {
             .collect();
         let config = RuntimeConfig {
             pid_tgid: self.pid_tgid,
-            trace_ring: context.trace.as_ref().map_or(0, |t| t.ring),
+            trace_ring: context.trace_ring,
         };
         let program = compile_probe(
             &probe.insns,
@@ -777,30 +782,7 @@ impl GpuAttach {
         })
         .map_err(|e| e.to_string())?;
         let mover = Mover { api, stream };
-        let trace = (|| -> Result<TraceRing, crate::cuda::CudaError> {
-            let data = mover.alloc(TRACE_RING_BYTES as usize)?;
-            mover.zero(data, TRACE_RING_BYTES as usize)?;
-            let ring = mover.alloc(std::mem::size_of::<DeviceRing>())?;
-            let desc = DeviceRing {
-                data,
-                size: TRACE_RING_BYTES,
-                ..DeviceRing::default()
-            };
-            // SAFETY: a plain repr(C) struct of u64s, read as bytes.
-            let bytes = unsafe {
-                std::slice::from_raw_parts(
-                    (&desc as *const DeviceRing).cast::<u8>(),
-                    std::mem::size_of::<DeviceRing>(),
-                )
-            };
-            mover.put(ring, bytes)?;
-            Ok(TraceRing {
-                ring,
-                size: TRACE_RING_BYTES,
-                tail: Mutex::new(0),
-            })
-        })()
-        .map_err(|e| e.to_string())?;
+        let trace = RingReader::new(&mover, TRACE_RING_BYTES).map_err(|e| e.to_string())?;
         let mut device = 0;
         // SAFETY: writes one int.
         api.check("cuCtxGetDevice", unsafe {
@@ -813,7 +795,8 @@ impl GpuAttach {
             sm: (major * 10 + minor) as u32,
             stream,
             replicas: Mutex::new(HashMap::new()),
-            trace: Some(trace),
+            trace_ring: trace.ring,
+            trace: Mutex::new(trace),
             clock: Mutex::new(ContextClock::default()),
             events: Mutex::new(Vec::new()),
         });
@@ -829,10 +812,7 @@ impl GpuAttach {
         clock: &mut ContextClock,
     ) -> Result<ClockCalibration, String> {
         let api = &self.api;
-        let mover = Mover {
-            api,
-            stream: context.stream,
-        };
+        let mover = self.mover(context);
         if clock.timer.is_none() {
             let prog = bpftime_isa::asm::assemble("call 502\nexit").map_err(|e| e.to_string())?;
             let program = compile(
@@ -962,10 +942,7 @@ impl GpuAttach {
         let mut pulled: Vec<*const Replica> = Vec::new();
         for c in &done {
             self.set_context(c.context.ctx);
-            let mover = Mover {
-                api: &self.api,
-                stream: c.context.stream,
-            };
+            let mover = self.mover(&c.context);
             for r in &c.replicas {
                 if pulled.contains(&Arc::as_ptr(r)) {
                     continue;
@@ -1000,10 +977,7 @@ impl GpuAttach {
         self.sync_completed(true);
         for c in self.contexts().into_iter().filter(|c| hit(c)) {
             self.set_context(c.ctx);
-            let mover = Mover {
-                api: &self.api,
-                stream: c.stream,
-            };
+            let mover = self.mover(&c);
             let replicas: Vec<Arc<Replica>> = c
                 .replicas
                 .lock()
@@ -1078,6 +1052,14 @@ impl GpuAttach {
         unsafe { (self.api.ctx_set_current)(ctx) };
     }
 
+    /// Moves bytes in `context` on its stream of ours.
+    fn mover<'a>(&'a self, context: &Context) -> Mover<'a> {
+        Mover {
+            api: &self.api,
+            stream: context.stream,
+        }
+    }
+
     fn contexts(&self) -> Vec<Arc<Context>> {
         self.read().contexts.values().cloned().collect()
     }
@@ -1086,10 +1068,7 @@ impl GpuAttach {
     fn drain_all(&self) {
         for context in self.contexts() {
             self.set_context(context.ctx);
-            let mover = Mover {
-                api: &self.api,
-                stream: context.stream,
-            };
+            let mover = self.mover(&context);
             let rings: Vec<Arc<Replica>> = context
                 .replicas
                 .lock()
@@ -1106,22 +1085,12 @@ impl GpuAttach {
     }
 
     fn drain_trace(&self, context: &Context) {
-        let Some(trace) = &context.trace else { return };
-        let mover = Mover {
-            api: &self.api,
-            stream: context.stream,
-        };
-        let mut tail = trace.tail.lock().unwrap_or_else(|e| e.into_inner());
-        let mut head = [0u8; 8];
-        if mover.get(trace.ring + RING_HEAD, &mut head).is_err() {
-            return;
-        }
-        let head = u64::from_le_bytes(head);
-        if head == *tail {
-            return;
-        }
-        let Ok((records, new_tail)) = read_ring(&mover, trace.ring, trace.size, *tail, head) else {
-            return;
+        let records = {
+            let mut trace = context.trace.lock().unwrap_or_else(|e| e.into_inner());
+            match trace.read(&self.mover(context)) {
+                Ok((records, _)) => records,
+                Err(_) => return,
+            }
         };
         for r in records {
             if r.data.len() < 24 {
@@ -1140,10 +1109,6 @@ impl GpuAttach {
             };
             bpftime_runtime::helpers::emit_trace(&line);
         }
-        if new_tail != *tail {
-            *tail = new_tail;
-            let _ = mover.put(trace.ring + RING_TAIL, &new_tail.to_le_bytes());
-        }
     }
 
     fn reanchor_all(&self) {
@@ -1155,10 +1120,7 @@ impl GpuAttach {
             self.set_context(context.ctx);
             match self.calibrate(&context, &mut clock) {
                 Ok(c) => {
-                    let mover = Mover {
-                        api: &self.api,
-                        stream: context.stream,
-                    };
+                    let mover = self.mover(&context);
                     for &g in &clock.globals {
                         let _ = mover.put(g, &c.offset_ns.to_le_bytes());
                     }

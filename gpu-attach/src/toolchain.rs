@@ -66,3 +66,36 @@ pub fn run_ptxas(ptxas: &Path, file: &Path, sm: u32, relocatable: bool) -> Resul
         Err(String::from_utf8_lossy(&out.stderr).trim().to_string())
     }
 }
+
+/// `ptxas` for a test that checks PTX: `None` (saying why on stderr) when
+/// `BPFTIME_NO_PTXAS` is set; a panic naming the way out when there is none; otherwise
+/// its path, its version said on stderr.
+pub fn ptxas_for_tests() -> Option<PathBuf> {
+    if let Some(why) = std::env::var_os("BPFTIME_NO_PTXAS") {
+        eprintln!(
+            "BPFTIME_NO_PTXAS is set ({}): not checking PTX with ptxas",
+            why.to_string_lossy()
+        );
+        return None;
+    }
+    let ptxas = find_ptxas().unwrap_or_else(|| {
+        panic!(
+            "ptxas not found (tried $PTXAS, PATH, /usr/local/cuda/bin and pip's \
+             nvidia-cuda-nvcc); run scripts/setup.sh, which installs it with pip, or set \
+             PTXAS=/path/to/ptxas (BPFTIME_NO_PTXAS=reason skips these checks)"
+        )
+    });
+    let version = Command::new(&ptxas)
+        .arg("--version")
+        .output()
+        .unwrap_or_else(|e| panic!("{} does not run: {e}", ptxas.display()));
+    eprintln!(
+        "using {}: {}",
+        ptxas.display(),
+        String::from_utf8_lossy(&version.stdout)
+            .lines()
+            .last()
+            .unwrap_or("")
+    );
+    Some(ptxas)
+}

@@ -22,19 +22,7 @@ fn read(name: &str) -> Vec<u8> {
 }
 
 fn ptxas() -> Option<PathBuf> {
-    if let Some(why) = std::env::var_os("BPFTIME_NO_PTXAS") {
-        eprintln!(
-            "BPFTIME_NO_PTXAS is set ({}): not checking PTX with ptxas",
-            why.to_string_lossy()
-        );
-        return None;
-    }
-    Some(toolchain::find_ptxas().unwrap_or_else(|| {
-        panic!(
-            "ptxas not found (tried $PTXAS, PATH, /usr/local/cuda/bin and pip's \
-             nvidia-cuda-nvcc); run scripts/setup.sh (BPFTIME_NO_PTXAS=reason skips)"
-        )
-    }))
+    toolchain::ptxas_for_tests()
 }
 
 fn scratch(tag: &str) -> PathBuf {

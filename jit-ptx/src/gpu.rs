@@ -491,25 +491,8 @@ pub fn build_module<'ctx>(
     let zero = i64t.const_zero();
 
     // The probe function: r1 = ctx.
-    let func = match abi {
-        ProbeAbi::Context => {
-            let func = module.add_function(
-                symbol,
-                i64t.fn_type(&[ptr.into()], false),
-                Some(Linkage::External),
-            );
-            func.add_attribute(AttributeLoc::Function, nounwind(context));
-            builder.position_at_end(context.append_basic_block(func, "entry"));
-            let ctx = builder.build_ptr_to_int(param_ptr(func, 0)?, i64t, "ctx")?;
-            let r0 = call_int(
-                &builder,
-                body,
-                &[ctx.into(), zero.into(), zero.into()],
-                "r0",
-            )?;
-            builder.build_return(Some(&r0))?;
-            func
-        }
+    let params: Vec<_> = match abi {
+        ProbeAbi::Context => vec![ptr.into()],
         ProbeAbi::Arguments { size, offsets } => {
             if offsets.iter().any(|&o| o % 8 != 0 || o + 8 > *size) {
                 return Err(CompileError::InvalidOption {
@@ -518,11 +501,19 @@ pub fn build_module<'ctx>(
                     ),
                 });
             }
-            let args: Vec<_> = offsets.iter().map(|_| i64t.into()).collect();
-            let func =
-                module.add_function(symbol, i64t.fn_type(&args, false), Some(Linkage::External));
-            func.add_attribute(AttributeLoc::Function, nounwind(context));
-            builder.position_at_end(context.append_basic_block(func, "entry"));
+            offsets.iter().map(|_| i64t.into()).collect()
+        }
+    };
+    let func = module.add_function(
+        symbol,
+        i64t.fn_type(&params, false),
+        Some(Linkage::External),
+    );
+    func.add_attribute(AttributeLoc::Function, nounwind(context));
+    builder.position_at_end(context.append_basic_block(func, "entry"));
+    let ctx = match abi {
+        ProbeAbi::Context => param_ptr(func, 0)?,
+        ProbeAbi::Arguments { size, offsets } => {
             let slots = i64t.array_type(size.div_ceil(8));
             let ctx = builder.build_alloca(slots, "ctx")?;
             builder.build_store(ctx, slots.const_zero())?;
@@ -543,18 +534,17 @@ pub fn build_module<'ctx>(
                 };
                 builder.build_store(at, arg)?;
             }
-            let ctx = builder.build_ptr_to_int(ctx, i64t, "ctx")?;
-            let r0 = call_int(
-                &builder,
-                body,
-                &[ctx.into(), zero.into(), zero.into()],
-                "r0",
-            )?;
-            builder.build_return(Some(&r0))?;
-            func
+            ctx
         }
     };
-    let _ = func;
+    let ctx = builder.build_ptr_to_int(ctx, i64t, "ctx")?;
+    let r0 = call_int(
+        &builder,
+        body,
+        &[ctx.into(), zero.into(), zero.into()],
+        "r0",
+    )?;
+    builder.build_return(Some(&r0))?;
 
     let kernel_name = if with_kernel {
         Some(add_kernel(
