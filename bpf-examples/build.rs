@@ -42,6 +42,7 @@ const GPU_ARTIFACTS: &[&str] = &[
     "threadhist.bpf.o",
     "kernelretsnoop.bpf.o",
     "launchlate.bpf.o",
+    "hashcount.bpf.o",
     "bench_empty.bpf.o",
     "bench_count.bpf.o",
     "bench_exit_time.bpf.o",
@@ -65,6 +66,7 @@ const SOURCES: &[&str] = &[
     "threadhist",
     "kernelretsnoop",
     "launchlate",
+    "hashcount",
     "gpu_bench",
 ];
 

@@ -96,6 +96,14 @@ run() {  # run LOG ARGS... : bpftime run ARGS, output and exit status in LOG.out
     result "launchlate: CPU uprobe and GPU probe share a map, one clock" $ok "$cpu launches on the CPU, $gpu starts on the GPU (expected 20 each), mean launch-to-start ${mean} ns (<= longest launch ${ms_max} ms), ${early:-?} started before the CPU's stamp (clock error)"
     grep -A12 '^latency_hist' "$log.out" | sed 's/^/    /'
 
+    # hashcount: every thread of every launch races to insert the same 64 hash keys.
+    log=$work/hashcount
+    run "$log" "$objs/hashcount.bpf.o" -- "$cuda/vec_add" 1048576 10 256
+    keys=$(grep -c '^by_lane\[' "$log.out")
+    off=$(sed -n 's/^by_lane\[[0-9]*\]: \([0-9]*\)$/\1/p' "$log.out" | grep -vcx 163840)
+    ok=0; [ "$keys" = 64 ] && [ "$off" = 0 ] && grep -q 'check=ok' "$log.out" && ok=1
+    result "hashcount: concurrent inserts of one key make one entry" $ok "$keys keys (expected 64), $off not holding 1048576 / 64 x 10 = 163840"
+
     # Bad input: a kernel that does not exist; a kernel without PTX.
     log=$work/nokernel
     run "$log" --attach thread_exit=doesNotExist "$objs/threadhist.bpf.o" -- "$cuda/vec_add" 4096 2 256

@@ -11,9 +11,10 @@
 #                               run everything, print a summary and write it to
 #                               $OUT/gpu-conformance.txt ($OUT defaults to results/)
 #
-# The examples (scripts/gpu-examples.sh) and the overhead benchmark (scripts/gpu-bench.sh)
-# build their CUDA programs there with its nvcc; their results go to
-# $OUT/gpu-examples.txt and $OUT/gpu-bench.txt.
+# The examples (scripts/gpu-examples.sh), the overhead benchmark (scripts/gpu-bench.sh)
+# and the concurrency stress runs (scripts/gpu-stress.sh, GPU_STRESS_RUNS times, 10 by
+# default) build their CUDA programs there with its nvcc; their results go to
+# $OUT/gpu-examples.txt, $OUT/gpu-bench.txt and $OUT/gpu-stress.txt.
 #
 # The GPU machine is also a quiet 16-core host for the CPU uprobe bench: `bpftime run`
 # with a counting program, and with uprobe + uretprobe (funclatency), on bench_calls,
@@ -32,8 +33,8 @@ bins=(bpftime-gpu-conformance bpf-conformance-plugin)
 cpu_bins=(bpftime libbpftime_syscall_shim.so libbpftime_agent.so libbpftime_agent_starter.so)
 cpu_inputs=(bench_calls globals.bpf.o funclatency.bpf.o)
 # The GPU examples' and benchmark's objects.
-gpu_inputs=(cuda_counter.bpf.o threadhist.bpf.o kernelretsnoop.bpf.o launchlate.bpf.o bench_empty.bpf.o
-    bench_count.bpf.o bench_exit_time.bpf.o)
+gpu_inputs=(cuda_counter.bpf.o threadhist.bpf.o kernelretsnoop.bpf.o launchlate.bpf.o hashcount.bpf.o bench_empty.bpf.o
+    bench_count.bpf.o bench_exit_time.bpf.o gpu_probes.bpf.o)
 
 build() {
     local target=${CARGO_TARGET_DIR:-target}
@@ -64,9 +65,11 @@ build() {
         xz -T0 -6 -f "$carry/cpu/$b"
     done
     make -s -C bpf-examples gpu
-    for f in "${cpu_inputs[@]}" "${gpu_inputs[@]}"; do
+    for f in "${cpu_inputs[@]}" "${gpu_inputs[@]}" gpu_probes; do
         cp "bpf-examples/build/$f" "$carry/cpu/"
     done
+    # The unmodified libbpf C tool of the stress run, with the Debian libbpf it links.
+    cp -L "$(ldconfig -p | sed -n 's/.*libbpf.so.1 .*=> //p' | head -1)" "$carry/cpu/libbpf.so.1"
     du -sh "$carry"
     echo "gpu.sh: carry $carry to the GPU machine and run: bash scripts/gpu.sh --on-device"
 }
@@ -126,13 +129,14 @@ gpu_examples() {
         xz -dc "$carry/cpu/$b.xz" >"$dir/$b"
     done
     chmod +x "$dir/bpftime"
-    for f in "${gpu_inputs[@]}"; do
+    for f in "${gpu_inputs[@]}" gpu_probes libbpf.so.1; do
         cp "$carry/cpu/$f" "$dir/"
     done
     local status=0
     bash scripts/gpu-examples.sh "$dir/bpftime" "$dir" "$out/gpu-examples.txt" || status=1
     make -s -C bpf-examples/cuda OUT="$dir/cuda" NVCC=nvcc >/dev/null 2>&1
     bash scripts/gpu-bench.sh "$dir/bpftime" "$dir/cuda" "$dir" "$out/gpu-bench.txt" || status=1
+    bash scripts/gpu-stress.sh "$dir/bpftime" "$dir" "$dir/cuda" "${GPU_STRESS_RUNS:-10}" "$out/gpu-stress.txt" || status=1
     rm -rf "$dir"
     return $status
 }

@@ -94,6 +94,21 @@ static inline u32 sm_id(void) { return __nvvm_read_ptx_sreg_smid(); }
 static inline u64 volatile_load64(const u64 *p) { return *(const volatile u64 *)p; }
 static inline u32 volatile_load32(const u32 *p) { return *(const volatile u32 *)p; }
 
+/* How long a thread waits for a slot another thread is filling: the filler may be a
+ * lane of the same warp, which runs only when the waiter yields (nanosleep), and a probe
+ * must never hang a kernel, so the wait is bounded; past it, the slot is passed over. */
+#define BUSY_WAITS 100000
+
+static u32 wait_while_busy(const u32 *state)
+{
+    u32 s = volatile_load32(state);
+    for (u32 n = 0; s == SLOT_BUSY && n < BUSY_WAITS; n++) {
+        __nvvm_nanosleep(64);
+        s = volatile_load32(state);
+    }
+    return s;
+}
+
 static void copy_bytes(u8 *dst, const u8 *src, u64 n)
 {
     if ((((u64)dst | (u64)src | n) & 7) == 0) {
@@ -145,9 +160,7 @@ static s64 hash_find(const struct gpu_map *m, const u8 *key)
     u32 mask = m->capacity - 1;
     u32 at = hash_key(key, m->key_size) & mask;
     for (u32 n = 0; n < m->capacity; n++, at = (at + 1) & mask) {
-        u32 state = volatile_load32(&states[at]);
-        while (state == SLOT_BUSY)
-            state = volatile_load32(&states[at]);
+        u32 state = wait_while_busy(&states[at]);
         if (state == SLOT_EMPTY)
             return -1;
         if (state == SLOT_FULL &&
@@ -210,10 +223,8 @@ static s64 hash_insert(const struct gpu_map *m, const u8 *key, s64 *found)
                 return at;
             }
             __atomic_fetch_sub(count, 1, __ATOMIC_RELAXED);
-            state = expected;
         }
-        while (state == SLOT_BUSY)
-            state = volatile_load32(&states[at]);
+        state = wait_while_busy(&states[at]);
         if (state == SLOT_FULL &&
             equal_bytes((const u8 *)m->keys + (u64)at * m->key_stride, key, m->key_size)) {
             *found = at;

@@ -195,28 +195,50 @@ impl HashShape {
     }
 }
 
-/// What a sync must do for one value, given what the host and the device hold and what
-/// both held at the last sync (the shadow).
+/// One change to an array value, as an addition: several writers (the GPUs of several
+/// processes, the CPU) each adding what they changed, atomically, keep every counter
+/// right, where copying values would keep only the last writer's.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Merge {
-    Same,
-    /// Only the device changed it: the store takes the device's value.
-    ToHost,
-    /// Only the host changed it: the device takes the host's value before the next launch.
-    ToDevice,
-    /// Both changed it since the last sync. The device's write is the later one as far as
-    /// anything can tell (it ran after the last push), so the store takes it.
-    Both,
+pub struct WordDelta {
+    /// Byte offset in the value.
+    pub offset: usize,
+    /// 8 or 4 bytes.
+    pub width: u8,
+    /// What to add (wrapping) to go from the old word to the new one.
+    pub delta: u64,
 }
 
-pub fn merge(host: &[u8], device: &[u8], shadow: &[u8]) -> Merge {
-    match (host == shadow, device == shadow) {
-        (true, true) => Merge::Same,
-        (true, false) => Merge::ToHost,
-        (false, true) => Merge::ToDevice,
-        (false, false) if host == device => Merge::Same,
-        (false, false) => Merge::Both,
+/// The changes from `old` to `new` (one value's bytes, the same length) as additions to
+/// 8-byte words, then a 4-byte word; the bytes after those (a value whose size is not a
+/// multiple of 4) as a range to copy, when they changed.
+pub fn value_deltas(old: &[u8], new: &[u8]) -> (Vec<WordDelta>, Option<std::ops::Range<usize>>) {
+    let mut deltas = Vec::new();
+    let mut at = 0;
+    let word = |b: &[u8], at: usize, w: usize| {
+        let mut v = [0u8; 8];
+        v[..w].copy_from_slice(&b[at..at + w]);
+        u64::from_le_bytes(v)
+    };
+    for width in [8usize, 4] {
+        while at + width <= new.len() {
+            let (o, n) = (word(old, at, width), word(new, at, width));
+            if o != n {
+                let delta = if width == 8 {
+                    n.wrapping_sub(o)
+                } else {
+                    (n as u32).wrapping_sub(o as u32) as u64
+                };
+                deltas.push(WordDelta {
+                    offset: at,
+                    width: width as u8,
+                    delta,
+                });
+            }
+            at += width;
+        }
     }
+    let tail = (old[at..] != new[at..]).then_some(at..new.len());
+    (deltas, tail)
 }
 
 /// A record the device committed to a ring.
@@ -351,12 +373,43 @@ mod tests {
     }
 
     #[test]
-    fn merges_take_each_side_s_changes() {
-        assert_eq!(merge(b"a", b"a", b"a"), Merge::Same);
-        assert_eq!(merge(b"a", b"b", b"a"), Merge::ToHost);
-        assert_eq!(merge(b"c", b"a", b"a"), Merge::ToDevice);
-        assert_eq!(merge(b"c", b"b", b"a"), Merge::Both);
-        assert_eq!(merge(b"c", b"c", b"a"), Merge::Same);
+    fn value_changes_become_word_additions() {
+        // Two u64 counters and a u32, the first counter up 5, the u32 wrapped past zero.
+        let mut old = Vec::new();
+        old.extend_from_slice(&10u64.to_le_bytes());
+        old.extend_from_slice(&7u64.to_le_bytes());
+        old.extend_from_slice(&1u32.to_le_bytes());
+        let mut new = old.clone();
+        new[..8].copy_from_slice(&15u64.to_le_bytes());
+        new[16..20].copy_from_slice(&u32::MAX.to_le_bytes());
+        let (deltas, tail) = value_deltas(&old, &new);
+        assert_eq!(
+            deltas,
+            [
+                WordDelta {
+                    offset: 0,
+                    width: 8,
+                    delta: 5
+                },
+                WordDelta {
+                    offset: 16,
+                    width: 4,
+                    delta: u32::MAX as u64 - 1
+                },
+            ]
+        );
+        assert_eq!(tail, None);
+        // Adding the deltas to a value a second writer changed keeps both changes.
+        let other: u64 = 10 + 3;
+        assert_eq!(other.wrapping_add(deltas[0].delta), 18);
+        // A decrease is a wrapping addition too.
+        let (deltas, _) = value_deltas(&15u64.to_le_bytes(), &10u64.to_le_bytes());
+        assert_eq!(15u64.wrapping_add(deltas[0].delta), 10);
+        // Bytes past the last 4-byte word are copied when they changed.
+        let (deltas, tail) = value_deltas(&[1, 2, 3, 4, 5, 6], &[1, 2, 3, 4, 5, 7]);
+        assert!(deltas.is_empty());
+        assert_eq!(tail, Some(4..6));
+        assert_eq!(value_deltas(&[1, 2], &[1, 2]), (vec![], None));
     }
 
     /// Writes a record as runtime.c commits one.

@@ -701,17 +701,21 @@ fn probe_calls(params: &[Param], symbols: &[&str], guard: Option<&str>) -> Strin
             }
         }
     }
-    for i in 0..PROBE_ARGS {
-        s.push_str(&format!(
-            ".param .b64 __bt_a{i};\nst.param.b64 [__bt_a{i}], %__bta{i};\n"
-        ));
-    }
-    s.push_str(".param .b64 __bt_ret;\n");
     let args: Vec<String> = (0..PROBE_ARGS).map(|i| format!("__bt_a{i}")).collect();
     let guard = guard.map(|g| format!("{g} ")).unwrap_or_default();
+    // Each call gets argument storage of its own: a callee may use the space of the
+    // arguments it was passed, so a second call cannot count on finding them there
+    // (seen on an H100: the second of two probes read a constant instead of `n`).
     for symbol in symbols {
+        s.push_str("{\n");
+        for (i, a) in args.iter().enumerate() {
+            s.push_str(&format!(
+                ".param .b64 {a};\nst.param.b64 [{a}], %__bta{i};\n"
+            ));
+        }
+        s.push_str(".param .b64 __bt_ret;\n");
         s.push_str(&format!(
-            "{guard}call (__bt_ret), {symbol}, ({});\n",
+            "{guard}call (__bt_ret), {symbol}, ({});\n}}\n",
             args.join(", ")
         ));
     }

@@ -13,8 +13,8 @@ use bpftime_runtime::Map;
 
 use crate::cuda::{Api, CudaError, DevicePtr, Handle};
 use crate::device_maps::{
-    device_kind, drain_ring, hash_capacity, is_per_cpu, merge, round8, DeviceKind, DeviceRing,
-    GpuMapDesc, HashImage, HashShape, Merge, RingRecord, RING_HEAD, RING_TAIL,
+    device_kind, drain_ring, hash_capacity, is_per_cpu, round8, value_deltas, DeviceKind,
+    DeviceRing, GpuMapDesc, HashImage, HashShape, RingRecord, WordDelta, RING_HEAD, RING_TAIL,
 };
 
 /// Why a replica could not be made or synced.
@@ -223,7 +223,7 @@ impl Replica {
     }
 
     /// Before a launch: writes what the CPU changed since the last sync.
-    pub fn push(&self, mover: &Mover<'_>) -> Result<(), CudaError> {
+    pub fn push(&self, mover: &Mover<'_>) -> Result<Vec<DeviceDelta>, CudaError> {
         // Hash maps and large arrays are looked at only when an update went through
         // bpf() or the helpers; small arrays always, which also catches stores through
         // looked-up pointers and memory-mapped writes.
@@ -233,34 +233,44 @@ impl Replica {
                     > ALWAYS_COMPARED_ARRAY
             }
             DeviceKind::Hash => true,
-            DeviceKind::Ringbuf | DeviceKind::PerfEventArray => return Ok(()),
+            DeviceKind::Ringbuf | DeviceKind::PerfEventArray => return Ok(Vec::new()),
         };
         let updates = self.map.updates();
         if counted_only && self.seen_updates.load(Ordering::Acquire) == updates {
-            return Ok(());
+            return Ok(Vec::new());
         }
         let mut state = self.state.lock().unwrap_or_else(|e| e.into_inner());
         self.seen_updates.store(updates, Ordering::Release);
         match &mut *state {
             SyncState::Array { shadow } => {
+                let mut out = Vec::new();
                 let Some(host) = HostArray::of(&self.map, &self.desc) else {
-                    return Ok(());
+                    return Ok(out);
                 };
                 let stride = self.desc.value_stride as usize;
                 let size = self.desc.value_size as usize;
                 for (k, s) in shadow.chunks_mut(stride).enumerate() {
                     let h = host.value(k);
-                    if h != &s[..size] {
-                        mover.put(self.desc.values + (k * stride) as u64, h)?;
-                        s[..size].copy_from_slice(h);
+                    if h == &s[..size] {
+                        continue;
                     }
+                    // What the CPU changed goes to the device as additions, made in the
+                    // launch's stream order: the device's own changes since the last
+                    // pull stay.
+                    let at = self.desc.values + (k * stride) as u64;
+                    let (deltas, tail) = value_deltas(&s[..size], h);
+                    out.extend(deltas.iter().map(|d| DeviceDelta::of(at, d)));
+                    if let Some(tail) = tail {
+                        mover.put(at + tail.start as u64, &h[tail])?;
+                    }
+                    s[..size].copy_from_slice(h);
                 }
-                Ok(())
+                Ok(out)
             }
             SyncState::Hash { shape, shadow } => {
-                push_hash(mover, &self.map, &self.desc, shape, shadow)
+                push_hash(mover, &self.map, &self.desc, shape, shadow).map(|()| Vec::new())
             }
-            SyncState::Ring(_) => Ok(()),
+            SyncState::Ring(_) => Ok(Vec::new()),
         }
     }
 
@@ -280,12 +290,6 @@ impl Replica {
                 };
                 let stride = self.desc.value_stride as usize;
                 let size = self.desc.value_size as usize;
-                if host.equals(shadow, stride) {
-                    // Nothing changed on the CPU side: the device's values are the news.
-                    host.write_all(&device, stride);
-                    *shadow = device;
-                    return Ok(());
-                }
                 for (k, (d, s)) in device
                     .chunks(stride)
                     .zip(shadow.chunks_mut(stride))
@@ -294,13 +298,14 @@ impl Replica {
                     if d == s {
                         continue;
                     }
-                    match merge(host.value(k), &d[..size], &s[..size]) {
-                        Merge::ToHost | Merge::Both => {
-                            host.write(k, &d[..size]);
-                            s.copy_from_slice(d);
-                        }
-                        Merge::Same | Merge::ToDevice => {}
+                    // What the GPU changed goes into the store as additions: another
+                    // process's GPU, or the CPU, may have changed the value meanwhile.
+                    let (deltas, tail) = value_deltas(&s[..size], &d[..size]);
+                    host.add(k, &deltas);
+                    if let Some(tail) = tail {
+                        host.write_bytes(k, tail.start, &d[tail]);
                     }
+                    s.copy_from_slice(d);
                 }
                 Ok(())
             }
@@ -480,43 +485,55 @@ impl HostArray {
         unsafe { std::slice::from_raw_parts(self.base.add(k * self.key_stride), self.value_size) }
     }
 
-    /// Whether every value equals its `stride`-spaced copy in `values`.
-    fn equals(&self, values: &[u8], stride: usize) -> bool {
-        if self.key_stride == stride && self.value_size == stride {
-            // SAFETY: the values are contiguous: max_entries * stride bytes from base.
-            let all = unsafe { std::slice::from_raw_parts(self.base, self.max_entries * stride) };
-            return all == &values[..self.max_entries * stride];
-        }
-        values
-            .chunks(stride)
-            .enumerate()
-            .all(|(k, v)| self.value(k) == &v[..self.value_size])
-    }
-
-    /// Writes every value from its `stride`-spaced copy in `values`.
-    fn write_all(&self, values: &[u8], stride: usize) {
-        if self.key_stride == stride && self.value_size == stride {
-            // SAFETY: as in `equals`.
-            unsafe {
-                std::ptr::copy_nonoverlapping(values.as_ptr(), self.base, self.max_entries * stride)
-            };
-            return;
-        }
-        for (k, v) in values.chunks(stride).enumerate() {
-            self.write(k, &v[..self.value_size]);
-        }
-    }
-
-    fn write(&self, k: usize, value: &[u8]) {
+    /// Adds `deltas` to key `k`'s value, each word atomically.
+    fn add(&self, k: usize, deltas: &[WordDelta]) {
         assert!(k < self.max_entries);
-        // SAFETY: as in `value`; at most value_size bytes.
+        for d in deltas {
+            assert!(d.offset + d.width as usize <= self.value_size);
+            // SAFETY: a word inside key k's value (checked above), aligned: the store
+            // keeps values 8-byte aligned and the offsets are multiples of the width. The
+            // value is shared memory that other processes update the same way.
+            unsafe {
+                let at = self.base.add(k * self.key_stride + d.offset);
+                if d.width == 8 {
+                    (*at.cast::<AtomicU64>()).fetch_add(d.delta, Ordering::Relaxed);
+                } else {
+                    (*at.cast::<std::sync::atomic::AtomicU32>())
+                        .fetch_add(d.delta as u32, Ordering::Relaxed);
+                }
+            }
+        }
+    }
+
+    /// Writes `bytes` at `offset` in key `k`'s value.
+    fn write_bytes(&self, k: usize, offset: usize, bytes: &[u8]) {
+        assert!(k < self.max_entries && offset + bytes.len() <= self.value_size);
+        // SAFETY: as in `value`; inside the value (checked above).
         unsafe {
             std::ptr::copy_nonoverlapping(
-                value.as_ptr(),
-                self.base.add(k * self.key_stride),
-                value.len().min(self.value_size),
+                bytes.as_ptr(),
+                self.base.add(k * self.key_stride + offset),
+                bytes.len(),
             )
         };
+    }
+}
+
+/// An addition the device must make to one of its words before a launch: the word's
+/// address, with bit 0 set for a 4-byte word, and the value to add. The apply kernel
+/// (`session`) takes them as they are.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct DeviceDelta {
+    pub addr: u64,
+    pub delta: u64,
+}
+
+impl DeviceDelta {
+    fn of(value: DevicePtr, d: &WordDelta) -> DeviceDelta {
+        DeviceDelta {
+            addr: (value + d.offset as u64) | u64::from(d.width == 4),
+            delta: d.delta,
+        }
     }
 }
 

@@ -30,7 +30,7 @@ use crate::fatbin::{FatbinError, ModulePtx};
 use crate::names;
 use crate::probe::{compile_probe, DeviceMapRef};
 use crate::ptx::{strip_header, ProbeCall, ProbePoint, PtxModule, Splice, Version};
-use crate::replica::{Mover, Replica, RingReader};
+use crate::replica::{DeviceDelta, Mover, Replica, RingReader};
 
 /// What kind of handle an image was loaded as.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -52,6 +52,48 @@ pub struct GpuProbe {
     /// The kernels it probes: a mangled or demangled name, with globs.
     pub pattern: String,
 }
+
+/// The kernel that makes the CPU's changes to array values on the device, in a launch's
+/// stream order, as additions (`replica::DeviceDelta`): up to [`DELTAS_PER_LAUNCH`]
+/// (address, value) pairs in its parameters, one thread each. Bit 0 of an address marks
+/// a 4-byte word.
+const APPLY_DELTAS_PTX: &str = "
+.version 7.0
+.target sm_70
+.address_size 64
+
+.visible .entry __bpftime_apply_deltas(
+\t.param .align 8 .b8 __bt_list[1024],
+\t.param .u32 __bt_count
+)
+{
+\t.reg .pred %p<3>;
+\t.reg .b32 %r<4>;
+\t.reg .b64 %rd<8>;
+
+\tmov.u32 %r1, %tid.x;
+\tld.param.u32 %r2, [__bt_count];
+\tsetp.ge.u32 %p1, %r1, %r2;
+\t@%p1 bra DONE;
+\tmov.u64 %rd1, __bt_list;
+\tmul.wide.u32 %rd2, %r1, 16;
+\tadd.u64 %rd3, %rd1, %rd2;
+\tld.param.u64 %rd4, [%rd3];
+\tld.param.u64 %rd5, [%rd3+8];
+\tand.b64 %rd6, %rd4, 1;
+\tsetp.ne.u64 %p2, %rd6, 0;
+\t@%p2 bra WORD32;
+\tred.add.u64 [%rd4], %rd5;
+\tbra DONE;
+WORD32:
+\txor.b64 %rd4, %rd4, 1;
+\tcvt.u32.u64 %r3, %rd5;
+\tred.add.u32 [%rd4], %r3;
+DONE:
+\tret;
+}
+";
+const DELTAS_PER_LAUNCH: usize = 64;
 
 /// Bytes of each context's trace ring (`bpf_trace_printk` lines on their way out).
 const TRACE_RING_BYTES: u64 = 1 << 20;
@@ -90,6 +132,8 @@ struct Context {
     /// Device address of the trace ring (`bpf_trace_printk` lines), and its reader.
     trace_ring: DevicePtr,
     trace: Mutex<RingReader>,
+    /// The kernel that applies the CPU's changes (`APPLY_DELTAS_PTX`).
+    apply_deltas: Handle,
     clock: Mutex<ContextClock>,
     events: Mutex<Vec<Handle>>,
 }
@@ -398,12 +442,19 @@ impl GpuAttach {
             return plain;
         };
         let mover = self.mover(&context);
+        let mut deltas = Vec::new();
         for r in &patched.replicas {
-            if let Err(e) = r.push(&mover) {
-                tracing::warn!(
+            match r.push(&mover) {
+                Ok(d) => deltas.extend(d),
+                Err(e) => tracing::warn!(
                     map = r.map.id(),
                     "pushing CPU-written values to the GPU failed: {e}"
-                );
+                ),
+            }
+        }
+        if !deltas.is_empty() {
+            if let Err(e) = self.apply_deltas(&context, stream, &deltas) {
+                tracing::warn!("applying CPU-written values on the GPU failed: {e}");
             }
         }
         Launch {
@@ -411,6 +462,46 @@ impl GpuAttach {
             stream,
             work: Some((context, patched.replicas.clone())),
         }
+    }
+
+    /// Makes `deltas` on the device in `stream`'s order: after the work queued there so far,
+    /// before the launch that follows.
+    fn apply_deltas(
+        &self,
+        context: &Context,
+        stream: Handle,
+        deltas: &[DeviceDelta],
+    ) -> Result<(), crate::cuda::CudaError> {
+        for chunk in deltas.chunks(DELTAS_PER_LAUNCH) {
+            let mut list = [0u64; 2 * DELTAS_PER_LAUNCH];
+            for (i, d) in chunk.iter().enumerate() {
+                list[2 * i] = d.addr;
+                list[2 * i + 1] = d.delta;
+            }
+            let mut count = chunk.len() as u32;
+            let mut params = [
+                list.as_mut_ptr().cast::<std::ffi::c_void>(),
+                (&mut count as *mut u32).cast(),
+            ];
+            // SAFETY: the apply kernel takes a 1024-byte list and a u32 count, which the
+            // driver copies at the launch; it adds to device words of our replicas.
+            self.api.check("cuLaunchKernel", unsafe {
+                (self.api.launch_kernel)(
+                    context.apply_deltas,
+                    1,
+                    1,
+                    1,
+                    DELTAS_PER_LAUNCH as u32,
+                    1,
+                    1,
+                    0,
+                    stream,
+                    params.as_mut_ptr(),
+                    std::ptr::null_mut(),
+                )
+            })?;
+        }
+        Ok(())
     }
 
     /// After the launch call returned `result`: once the kernel completes, the worker
@@ -789,9 +880,25 @@ impl GpuAttach {
             (api.ctx_get_device)(&mut device)
         })
         .map_err(|e| e.to_string())?;
+        let apply_deltas = {
+            let source = CString::new(APPLY_DELTAS_PTX).map_err(|e| e.to_string())?;
+            let (mut module, mut f) = (0, 0);
+            // SAFETY: NUL-terminated PTX; writes a module handle.
+            api.check("cuModuleLoadData", unsafe {
+                (api.module_load_data)(&mut module, source.as_ptr().cast())
+            })
+            .map_err(|e| e.to_string())?;
+            // SAFETY: writes a function handle.
+            api.check("cuModuleGetFunction", unsafe {
+                (api.module_get_function)(&mut f, module, c"__bpftime_apply_deltas".as_ptr())
+            })
+            .map_err(|e| e.to_string())?;
+            f
+        };
         let context = Arc::new(Context {
             ctx,
             device,
+            apply_deltas,
             sm: (major * 10 + minor) as u32,
             stream,
             replicas: Mutex::new(HashMap::new()),
@@ -1156,4 +1263,27 @@ struct CompiledProbe {
 
 pub(crate) fn probe_symbol(link_id: u32) -> String {
     format!("__bpftime_probe_{link_id}")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_apply_kernel_passes_ptxas() {
+        let Some(ptxas) = crate::toolchain::ptxas_for_tests() else {
+            return;
+        };
+        let dir = std::env::temp_dir().join(format!("bpftime-apply-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let file = dir.join("apply.ptx");
+        std::fs::write(&file, APPLY_DELTAS_PTX).unwrap();
+        // CUDA 13's ptxas starts at sm_75.
+        for sm in [75, 90] {
+            crate::toolchain::run_ptxas(&ptxas, &file, sm, false)
+                .unwrap_or_else(|e| panic!("sm_{sm}: {e}"));
+        }
+        // 64 (address, value) pairs fill the kernel's 1024-byte list.
+        assert!(APPLY_DELTAS_PTX.contains(&format!("__bt_list[{}]", DELTAS_PER_LAUNCH * 16)));
+    }
 }

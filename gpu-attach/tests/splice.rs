@@ -304,6 +304,12 @@ fn every_nvcc_kernel_spliced_at_entry_and_exit_passes_ptxas() {
         // The module keeps its own (newer) version and gains one call per point.
         assert!(out.contains(".version 9.0"), "{out}");
         assert_eq!(out.matches("call (__bt_ret), __bpftime_probe_1").count(), 6);
+        // Every call stores its own arguments.
+        assert_eq!(
+            out.matches("st.param.b64 [__bt_a3], %__bta3;").count(),
+            6,
+            "{out}"
+        );
         assert!(out.contains(".maxntid 128, 1, 1") && out.contains(".minnctapersm 2"));
         // The struct parameter goes in as an address, the others as values.
         assert!(out.contains("cvta.param.u64"), "{out}");
@@ -575,4 +581,28 @@ fn a_counter_on_every_thread_adds_once_per_warp() {
         .splice(&splice, Version::newest_for_driver(13000))
         .unwrap();
     assert_ptxas_accepts("warp-add", &out);
+}
+
+#[test]
+fn two_probes_at_one_point_each_get_their_own_arguments() {
+    let text = String::from_utf8(read("kernels.ptx")).unwrap();
+    let module = PtxModule::parse(&text).unwrap();
+    let mut splice = splice_for(
+        "__bpftime_probe_6",
+        module.sm.unwrap(),
+        &["_Z9vectorAddPKfS0_Pfi"],
+        &[ProbePoint::Entry, ProbePoint::Entry],
+    );
+    splice.calls[0].1.truncate(2);
+    let out = module
+        .splice(&splice, Version::newest_for_driver(13000))
+        .unwrap();
+    assert_eq!(out.matches("call (__bt_ret), __bpftime_probe_6").count(), 2);
+    // A callee may reuse the space of its arguments: the second call stores them again.
+    assert_eq!(
+        out.matches("st.param.b64 [__bt_a3], %__bta3;").count(),
+        2,
+        "{out}"
+    );
+    assert_ptxas_accepts("two-probes", &out);
 }

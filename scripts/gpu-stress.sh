@@ -1,0 +1,60 @@
+#!/usr/bin/env bash
+# GPU attach's concurrent paths, again and again, on the GPU machine: the device hash
+# map's inserts racing across every thread (hashcount), ring buffer records from every
+# thread at once (kernelretsnoop, 131072 per run), and an unmodified libbpf C tool
+# (gpu_probes, Debian's libbpf) under `bpftime load` sharing its maps with two CUDA
+# processes launching at the same time under `bpftime start`. Each run is checked exactly;
+# the last line is `N passed, M failed`.
+#
+#   scripts/gpu-stress.sh BPFTIME OBJECT_DIR CUDA_BUILD_DIR RUNS OUT_FILE
+# OBJECT_DIR holds the .bpf.o files, gpu_probes (the loader) and the libbpf.so.1 it links.
+set -uo pipefail
+bt=$1 objs=$2 cuda=$3 runs=$4 out=$5
+work=$(mktemp -d)
+trap 'rm -rf "$work"; jobs -p | xargs -r kill 2>/dev/null' EXIT
+passed=0 failed=0
+result() {
+    if [ "$2" = 1 ]; then passed=$((passed + 1)); else failed=$((failed + 1)); echo "FAIL run $run: $1: $3"; fi
+}
+value() { sed -n "s/^$2\[$3\]: \([0-9]*\)$/\1/p" "$1" | head -1; }
+{
+    for run in $(seq "$runs"); do
+        store="gpu-stress-$$-$run"
+        # hashcount: 64 keys, each 1048576 / 64 x 10.
+        log=$work/hash
+        timeout 300 "$bt" --store "$store" run "$objs/hashcount.bpf.o" -- "$cuda/vec_add" 1048576 10 256 >"$log" 2>&1
+        keys=$(grep -c '^by_lane\[' "$log")
+        off=$(sed -n 's/^by_lane\[[0-9]*\]: \([0-9]*\)$/\1/p' "$log" | grep -vcx 163840)
+        ok=0; [ "$keys" = 64 ] && [ "$off" = 0 ] && ok=1
+        result hashcount $ok "$keys keys, $off off"
+        # kernelretsnoop: 65536 threads x 2 launches, one record each.
+        log=$work/ring
+        timeout 300 "$bt" --store "$store" run "$objs/kernelretsnoop.bpf.o" -- "$cuda/vec_add" 65536 2 256 >"$log" 2>&1
+        events=$(grep -c '^event events 24B' "$log")
+        ok=0; [ "$events" = 131072 ] && ok=1
+        result kernelretsnoop $ok "$events of 131072 events"
+        # One tool, two CUDA processes at once, one set of maps.
+        log=$work/tool
+        LD_LIBRARY_PATH="$objs" "$bt" --store "$store" load "$objs/gpu_probes" --obj "$objs/gpu_probes.bpf.o" >"$log" 2>&1 &
+        tool=$!
+        for _ in $(seq 200); do grep -qx ready "$log" && break; sleep 0.05; done
+        "$bt" --store "$store" start "$cuda/vec_add" 1048576 10 >"$work/a" 2>&1 &
+        a=$!
+        "$bt" --store "$store" start "$cuda/vec_add" 1048576 10 >"$work/b" 2>&1 &
+        b=$!
+        wait $a; sa=$?
+        wait $b; sb=$?
+        kill -INT $tool; wait $tool
+        entries=$(sed -n 's/^count\[0\]=//p' "$log") exits=$(sed -n 's/^count\[1\]=//p' "$log")
+        elements=$(sed -n 's/^count\[2\]=//p' "$log")
+        ok=0
+        [ "$sa$sb" = 00 ] && grep -q 'check=ok' "$work/a" && grep -q 'check=ok' "$work/b" &&
+            [ "$entries" = 20971520 ] && [ "$exits" = 20971520 ] &&
+            [ "$elements" = $((20971520 * 1048576)) ] && ok=1
+        result "one libbpf tool, two CUDA processes" $ok "apps $sa/$sb, entries $entries exits $exits (expected 20971520 each), sum of n $elements"
+        rm -rf "/dev/shm/bpftime-$store"
+    done
+    echo "GPU stress, $(date -u +%Y-%m-%d), $(nvidia-smi --query-gpu=name --format=csv,noheader | head -1): $runs runs of 3 checks"
+    echo "$passed passed, $failed failed"
+} | tee "$out"
+grep -q ' 0 failed$' "$out"
