@@ -43,6 +43,7 @@ const GPU_ARTIFACTS: &[&str] = &[
     "kernelretsnoop.bpf.o",
     "launchlate.bpf.o",
     "hashcount.bpf.o",
+    "launchsnoop.bpf.o",
     "bench_empty.bpf.o",
     "bench_count.bpf.o",
     "bench_exit_time.bpf.o",
@@ -67,6 +68,7 @@ const SOURCES: &[&str] = &[
     "kernelretsnoop",
     "launchlate",
     "hashcount",
+    "launchsnoop",
     "gpu_bench",
 ];
 

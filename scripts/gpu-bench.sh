@@ -10,7 +10,7 @@ bt=$1 cuda=$2 objs=$3 out=$4
 store="gpu-bench-$$"
 ms() { grep -o 'ms_per_launch=[0-9.]*' | cut -d= -f2; }
 median() { sort -g | awk '{v[NR]=$1} END {print (NR%2) ? v[(NR+1)/2] : (v[NR/2]+v[NR/2+1])/2}'; }
-runs=3
+runs=5
 bench() {  # bench NAME APP ARGS... (APP is run as given; $wrap prefixes it)
     local name=$1; shift
     local vals
@@ -21,7 +21,7 @@ bench() {  # bench NAME APP ARGS... (APP is run as given; $wrap prefixes it)
 }
 {
     echo "GPU overhead, $(date -u +%Y-%m-%d), $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader)"
-    for target in "vec_add_sm90 67108864 20" "matmul_sm90 4096 5"; do
+    for target in "vec_add_sm90 67108864 50" "matmul_sm90 4096 5"; do
         set -- $target
         app=$1; shift
         kernel=vectorAdd; [ "$app" = matmul_sm90 ] && kernel=matmul
@@ -35,6 +35,7 @@ bench() {  # bench NAME APP ARGS... (APP is run as given; $wrap prefixes it)
             for q in "${progs[@]}"; do attach+=(--attach "$q=$kernel"); done
             bench "probe $p" "$bt" --store "$store" run "${attach[@]}" "$objs/bench_$p.bpf.o" -- "$cuda/$app" "$@"
         done
+        bench "launch events (launchsnoop)" "$bt" --store "$store" run "$objs/launchsnoop.bpf.o" -- "$cuda/$app" "$@"
     done
 } | tee "$out"
 rm -rf "/dev/shm/bpftime-$store"

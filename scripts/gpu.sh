@@ -10,6 +10,8 @@
 #   scripts/gpu.sh --on-device  on the GPU machine, from the repository root: unpack them,
 #                               run everything, print a summary and write it to
 #                               $OUT/gpu-conformance.txt ($OUT defaults to results/)
+#   scripts/gpu.sh --on-device examples|bench|stress
+#                               only that part (a quick look while working on it)
 #
 # The examples (scripts/gpu-examples.sh), the overhead benchmark (scripts/gpu-bench.sh)
 # and the concurrency stress runs (scripts/gpu-stress.sh, GPU_STRESS_RUNS times, 10 by
@@ -33,7 +35,7 @@ bins=(bpftime-gpu-conformance bpf-conformance-plugin)
 cpu_bins=(bpftime libbpftime_syscall_shim.so libbpftime_agent.so libbpftime_agent_starter.so)
 cpu_inputs=(bench_calls globals.bpf.o funclatency.bpf.o)
 # The GPU examples' and benchmark's objects.
-gpu_inputs=(cuda_counter.bpf.o threadhist.bpf.o kernelretsnoop.bpf.o launchlate.bpf.o hashcount.bpf.o bench_empty.bpf.o
+gpu_inputs=(cuda_counter.bpf.o threadhist.bpf.o kernelretsnoop.bpf.o launchlate.bpf.o hashcount.bpf.o launchsnoop.bpf.o bench_empty.bpf.o
     bench_count.bpf.o bench_exit_time.bpf.o gpu_probes.bpf.o)
 
 build() {
@@ -75,8 +77,12 @@ build() {
 }
 
 on_device() {
-    local out=${OUT:-results}
+    local out=${OUT:-results} part=${1:-all}
     mkdir -p "$out"
+    if [ "$part" != all ]; then
+        gpu_examples "$out" "$part"
+        exit $?
+    fi
     for b in "${bins[@]}"; do
         if [ ! -f "$carry/$b.xz" ]; then
             echo "gpu.sh: $carry/$b.xz is missing; run scripts/gpu.sh here first and carry $carry" >&2
@@ -122,7 +128,7 @@ median() {
 
 # The GPU examples and the overhead benchmark, with bpftime and its libraries unpacked.
 gpu_examples() {
-    local out=$1 dir b f
+    local out=$1 part=${2:-all} dir b f
     export PATH=/usr/local/cuda/bin:$PATH
     dir=$(mktemp -d)
     for b in "${cpu_bins[@]}"; do
@@ -133,10 +139,16 @@ gpu_examples() {
         cp "$carry/cpu/$f" "$dir/"
     done
     local status=0
-    bash scripts/gpu-examples.sh "$dir/bpftime" "$dir" "$out/gpu-examples.txt" || status=1
+    if [ "$part" = all ] || [ "$part" = examples ]; then
+        bash scripts/gpu-examples.sh "$dir/bpftime" "$dir" "$out/gpu-examples.txt" || status=1
+    fi
     make -s -C bpf-examples/cuda OUT="$dir/cuda" NVCC=nvcc >/dev/null 2>&1
-    bash scripts/gpu-bench.sh "$dir/bpftime" "$dir/cuda" "$dir" "$out/gpu-bench.txt" || status=1
-    bash scripts/gpu-stress.sh "$dir/bpftime" "$dir" "$dir/cuda" "${GPU_STRESS_RUNS:-10}" "$out/gpu-stress.txt" || status=1
+    if [ "$part" = all ] || [ "$part" = bench ]; then
+        bash scripts/gpu-bench.sh "$dir/bpftime" "$dir/cuda" "$dir" "$out/gpu-bench.txt" || status=1
+    fi
+    if [ "$part" = all ] || [ "$part" = stress ]; then
+        bash scripts/gpu-stress.sh "$dir/bpftime" "$dir" "$dir/cuda" "${GPU_STRESS_RUNS:-10}" "$out/gpu-stress.txt" || status=1
+    fi
     rm -rf "$dir"
     return $status
 }
@@ -177,9 +189,9 @@ uprobe_bench() {
 
 case "${1:-}" in
 "") build ;;
---on-device) on_device ;;
+--on-device) on_device "${2:-all}" ;;
 *)
-    echo "usage: scripts/gpu.sh [--on-device]" >&2
+    echo "usage: scripts/gpu.sh [--on-device [all|examples|bench|stress]]" >&2
     exit 2
     ;;
 esac

@@ -11,14 +11,37 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex, OnceLock};
 
 use bpftime_attach::{attach_uretprobe, HookId, PtRegs};
-use bpftime_gpu_attach::{GpuAttach, GpuProbe, ProbePoint};
+use bpftime_gpu_attach::{GpuAttach, GpuProbe, LaunchContext, LaunchProbe, ProbePoint};
+use bpftime_runtime::helpers::{self, ProbeContext};
 use bpftime_runtime::{LinkKind, LinkRecord, Map, ProgramRecord, Store};
 
-use crate::program::Programs;
+use crate::program::Runtime;
+
+/// A probe waiting for CUDA: a program for inside kernels, or one for their launches.
+enum Pending {
+    Device(GpuProbe),
+    Launch(LaunchProbe),
+}
+
+impl Pending {
+    fn describe(&self) -> String {
+        match self {
+            Pending::Device(p) => format!("{} on {}", p.name, p.pattern),
+            Pending::Launch(p) => format!("{} on {}:launch", p.name, p.pattern),
+        }
+    }
+
+    fn add_to(self, s: &GpuAttach) {
+        match self {
+            Pending::Device(p) => s.add_probe(p),
+            Pending::Launch(p) => s.add_launch_probe(p),
+        }
+    }
+}
 
 /// GPU probes waiting for CUDA, and whether GPU attach is on.
 pub(crate) struct GpuLinks {
-    pending: Mutex<HashMap<u32, GpuProbe>>,
+    pending: Mutex<HashMap<u32, Pending>>,
     attached: Mutex<Vec<u32>>,
     dlopen_watch: OnceLock<Option<HookId>>,
 }
@@ -53,17 +76,16 @@ fn session() -> Option<&'static GpuAttach> {
 fn start_gpu_attach() {
     match bpftime_gpu_attach::install() {
         Ok(s) => {
-            let pending: Vec<GpuProbe> = links()
+            let pending: Vec<(u32, Pending)> = links()
                 .pending
                 .lock()
                 .unwrap_or_else(|e| e.into_inner())
                 .drain()
-                .map(|(_, p)| p)
                 .collect();
             let mut attached = links().attached.lock().unwrap_or_else(|e| e.into_inner());
-            for p in pending {
-                attached.push(p.link_id);
-                s.add_probe(p);
+            for (id, p) in pending {
+                attached.push(id);
+                p.add_to(s);
             }
         }
         Err(e) => {
@@ -104,22 +126,21 @@ fn watch_dlopen() {
     });
 }
 
-/// Attaches a GPU link: verified under the GPU rules, then handed to GPU attach (now, or
-/// when CUDA is loaded). Returns whether it is attached or waiting.
-pub(crate) fn attach(store: &Store, programs: &Programs, rec: &LinkRecord) -> bool {
-    let point = match rec.kind {
-        LinkKind::GpuEntry => ProbePoint::Entry,
-        LinkKind::GpuExit => ProbePoint::Exit,
-        LinkKind::GpuLaunch => {
-            tracing::warn!(link = rec.id, kernel = %rec.path, "launch probes (cuda:KERNEL:launch) are not run yet");
-            return false;
-        }
-        LinkKind::Uprobe | LinkKind::Uretprobe => return false,
-    };
+/// Attaches a GPU link: a device probe verified under the GPU rules, or a launch program
+/// verified as CPU code, handed to GPU attach (now, or when CUDA is loaded). Returns
+/// whether it is attached or waiting.
+pub(crate) fn attach(store: &Store, runtime: &Arc<Runtime>, rec: &LinkRecord) -> bool {
     let me = std::process::id() as i32;
     if rec.pid != -1 && rec.pid != me {
         return false;
     }
+    let point = match rec.kind {
+        LinkKind::GpuEntry => ProbePoint::Entry,
+        LinkKind::GpuExit => ProbePoint::Exit,
+        LinkKind::GpuLaunch => return attach_launch(store, runtime, rec),
+        LinkKind::Uprobe | LinkKind::Uretprobe => return false,
+    };
+    let programs = &runtime.programs;
     let prog = match ProgramRecord::read(store, rec.prog_id) {
         Ok(p) => p,
         Err(e) => {
@@ -155,26 +176,67 @@ pub(crate) fn attach(store: &Store, programs: &Programs, rec: &LinkRecord) -> bo
         pattern: rec.path.clone(),
     };
     tracing::info!(link = rec.id, program = %prog.name, kernel = %rec.path, ?point, "GPU probe");
+    hand_over(rec.id, Pending::Device(probe));
+    true
+}
+
+/// A launch program: CPU code, run on the launch's context (`LaunchContext`) at each launch
+/// of the kernels it names and again once each completed.
+fn attach_launch(store: &Store, runtime: &Arc<Runtime>, rec: &LinkRecord) -> bool {
+    let prog = match runtime.programs.load(store, rec.prog_id) {
+        Ok(p) => p,
+        Err(e) => {
+            eprintln!(
+                "bpftime: launch program on {} is not attached: {e}",
+                rec.path
+            );
+            return false;
+        }
+    };
+    let name = prog.name.clone();
+    let rt = runtime.clone();
+    let cookie = rec.cookie;
+    let run = Arc::new(move |ctx: &mut LaunchContext| {
+        helpers::set_probe_context(ProbeContext {
+            func_ip: ctx.function,
+            cookie,
+        });
+        rt.run(&prog, ctx as *mut LaunchContext as u64);
+    });
+    tracing::info!(link = rec.id, program = %name, kernel = %rec.path, "launch program");
+    hand_over(
+        rec.id,
+        Pending::Launch(LaunchProbe {
+            link_id: rec.id,
+            name,
+            pattern: rec.path.clone(),
+            run,
+        }),
+    );
+    true
+}
+
+/// Gives a probe to GPU attach, or keeps it until CUDA is loaded.
+fn hand_over(id: u32, probe: Pending) {
     match session() {
         Some(s) => {
             links()
                 .attached
                 .lock()
                 .unwrap_or_else(|e| e.into_inner())
-                .push(rec.id);
-            s.add_probe(probe);
+                .push(id);
+            probe.add_to(s);
         }
         None => {
             links()
                 .pending
                 .lock()
                 .unwrap_or_else(|e| e.into_inner())
-                .insert(rec.id, probe);
+                .insert(id, probe);
             watch_dlopen();
             report_pending_at_exit();
         }
     }
-    true
 }
 
 /// At exit, one line if GPU probes waited for a CUDA driver that never came.
@@ -188,10 +250,7 @@ fn report_pending_at_exit() {
         if pending.is_empty() || bpftime_gpu_attach::cuda_loaded() {
             return;
         }
-        let mut names: Vec<String> = pending
-            .values()
-            .map(|p| format!("{} on {}", p.name, p.pattern))
-            .collect();
+        let mut names: Vec<String> = pending.values().map(Pending::describe).collect();
         names.sort();
         eprintln!(
             "bpftime: GPU probes never ran ({}): this process did not load the CUDA driver \

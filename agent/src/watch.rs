@@ -164,7 +164,7 @@ impl Agent {
             LinkKind::Uprobe => false,
             LinkKind::Uretprobe => true,
             LinkKind::GpuEntry | LinkKind::GpuExit | LinkKind::GpuLaunch => {
-                crate::gpu::attach(self.store(), &self.runtime.programs, rec);
+                crate::gpu::attach(self.store(), &self.runtime, rec);
                 return None;
             }
         };

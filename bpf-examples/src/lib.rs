@@ -69,6 +69,10 @@ pub const GPU_PROBES_BPF_O: &str = env!("BPF_EXAMPLES_GPU_PROBES_BPF_O");
 pub const GPU_BLOCK_COUNT_BPF_O: &str = env!("BPF_EXAMPLES_GPU_BLOCK_COUNT_BPF_O");
 /// `threadhist`: exits of the CUDA kernel vectorAdd by threadIdx.x (`cuda:` exit probe).
 pub const THREADHIST_BPF_O: &str = env!("BPF_EXAMPLES_THREADHIST_BPF_O");
+/// `launchsnoop`: a launch program (`cuda:*:launch`, CPU code) on every CUDA kernel.
+pub const LAUNCHSNOOP_BPF_O: &str = env!("BPF_EXAMPLES_LAUNCHSNOOP_BPF_O");
+/// The header of launch programs' context, `struct bpftime_cuda_launch`.
+pub const CUDA_LAUNCH_H: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/common/cuda_launch.h");
 /// Directory of the CUDA programs the GPU examples trace (sources; built with nvcc).
 pub const CUDA_SOURCES: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/cuda");
 

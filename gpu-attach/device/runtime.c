@@ -81,6 +81,18 @@ struct gpu_map {
     u64 ring;          /* ringbuf and perf_event_array: a struct ring */
 };
 
+/* Per-SM shards of small arrays (DESIGN.md item 5: a GPU's SM is what a CPU is to
+ * per-CPU maps). A non-fetching atomic add into a value of a sharded array goes to the
+ * adding SM's copy of it (one region of copies for 8-byte adds, one for 4-byte adds); a
+ * fold kernel, queued in the launch's stream right after each instrumented kernel, adds
+ * the copies into the array and zeroes them, so every later reader (a later launch, the
+ * host) sees the sums. Contention on one counter becomes contention on one counter per
+ * SM, in different cache lines. Which arrays are sharded, and where their copies are,
+ * the host writes into the library text as constants (device_maps.rs, `library_ir`):
+ * `bpftime_gpu_shard_address(addr, wide, sm)` answers where an add of 8 (`wide`) or 4
+ * bytes at `addr` from SM `sm` goes, `addr` itself when it is in no sharded array. */
+extern u64 bpftime_gpu_shard_address(u64 addr, u64 wide, u64 sm);
+
 /* Every atomic here is relaxed, with explicit fences where order matters: LLVM 19's
  * NVPTX backend selects relaxed atomics everywhere, and aborts the process on some
  * ordered ones (an atomic store with release ordering, for one). */
@@ -303,9 +315,17 @@ u64 bpftime_gpu_map_delete_elem(u64 map, u64 key, u64 r3, u64 r4, u64 r5)
 /* An atomic add that many threads make to one address (a counter on every thread), as
  * bpftime-jit-ptx routes the programs' non-fetching atomic adds here: when the whole warp
  * adds to the same address, its values are summed across the warp and one lane makes
- * the one atomic; otherwise each lane adds its own. */
+ * the one atomic; otherwise each lane adds its own. Always inlined, so that a constant
+ * address or value (a counter's) lets the match and the shuffles fold away
+ * (`fold_uniform_warp_ops` in bpftime-jit-ptx). */
+__attribute__((always_inline))
 u64 bpftime_gpu_warp_add_u64(u64 addr, u64 v, u64 r3, u64 r4, u64 r5)
 {
+    /* A thread's stack: the same address in every lane names 32 different slots. */
+    if (__nvvm_isspacep_local((void *)addr)) {
+        *(u64 *)addr += v;
+        return 0;
+    }
     unsigned mask = __nvvm_activemask();
     if (mask == 0xffffffffu && __nvvm_match_any_sync_i64(mask, addr) == mask) {
         for (int off = 16; off > 0; off >>= 1) {
@@ -316,12 +336,17 @@ u64 bpftime_gpu_warp_add_u64(u64 addr, u64 v, u64 r3, u64 r4, u64 r5)
         if (__nvvm_read_ptx_sreg_laneid() != 0)
             return 0;
     }
-    __atomic_fetch_add((u64 *)addr, v, __ATOMIC_RELAXED);
+    __atomic_fetch_add((u64 *)bpftime_gpu_shard_address(addr, 1, sm_id()), v, __ATOMIC_RELAXED);
     return 0;
 }
 
+__attribute__((always_inline))
 u64 bpftime_gpu_warp_add_u32(u64 addr, u64 v, u64 r3, u64 r4, u64 r5)
 {
+    if (__nvvm_isspacep_local((void *)addr)) {
+        *(u32 *)addr += (u32)v;
+        return 0;
+    }
     unsigned mask = __nvvm_activemask();
     u32 sum = (u32)v;
     if (mask == 0xffffffffu && __nvvm_match_any_sync_i64(mask, addr) == mask) {
@@ -330,7 +355,8 @@ u64 bpftime_gpu_warp_add_u32(u64 addr, u64 v, u64 r3, u64 r4, u64 r5)
         if (__nvvm_read_ptx_sreg_laneid() != 0)
             return 0;
     }
-    __atomic_fetch_add((u32 *)addr, sum, __ATOMIC_RELAXED);
+    __atomic_fetch_add((u32 *)bpftime_gpu_shard_address(addr, 0, sm_id()), sum,
+                       __ATOMIC_RELAXED);
     return 0;
 }
 

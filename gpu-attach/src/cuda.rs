@@ -23,6 +23,7 @@ pub type DevicePtr = u64;
 /// The per-thread default stream, `CU_STREAM_PER_THREAD`.
 pub const STREAM_PER_THREAD: Handle = 0x2;
 pub const STREAM_NON_BLOCKING: c_uint = 0x1;
+pub const EVENT_DEFAULT: c_uint = 0x0;
 pub const EVENT_DISABLE_TIMING: c_uint = 0x2;
 
 pub const ATTR_MULTIPROCESSOR_COUNT: c_int = 16;
@@ -60,6 +61,10 @@ macro_rules! api {
             pub func_get_name: Option<unsafe extern "C" fn(*mut *const c_char, Handle) -> CuResult>,
             /// `cuKernelGetName` (CUDA 12.3 and newer drivers).
             pub kernel_get_name: Option<unsafe extern "C" fn(*mut *const c_char, Handle) -> CuResult>,
+            /// `cuFuncLoad` (CUDA 12.4 and newer drivers).
+            pub func_load: Option<unsafe extern "C" fn(Handle) -> CuResult>,
+            /// `cuKernelGetFunction`.
+            pub kernel_get_function: Option<unsafe extern "C" fn(*mut Handle, Handle) -> CuResult>,
         }
 
         impl Api {
@@ -83,6 +88,12 @@ macro_rules! api {
                     // SAFETY: as above.
                     kernel_get_name: unsafe { symbol(lib, "cuKernelGetName") }
                         .map(|p| unsafe { std::mem::transmute::<*mut c_void, unsafe extern "C" fn(*mut *const c_char, Handle) -> CuResult>(p) }),
+                    // SAFETY: as above.
+                    func_load: unsafe { symbol(lib, "cuFuncLoad") }
+                        .map(|p| unsafe { std::mem::transmute::<*mut c_void, unsafe extern "C" fn(Handle) -> CuResult>(p) }),
+                    // SAFETY: as above.
+                    kernel_get_function: unsafe { symbol(lib, "cuKernelGetFunction") }
+                        .map(|p| unsafe { std::mem::transmute::<*mut c_void, unsafe extern "C" fn(*mut Handle, Handle) -> CuResult>(p) }),
                 })
             }
         }
@@ -110,6 +121,8 @@ api! {
     event_record: "cuEventRecord" fn(Handle, Handle);
     event_query: "cuEventQuery" fn(Handle);
     event_synchronize: "cuEventSynchronize" fn(Handle);
+    event_elapsed_time: "cuEventElapsedTime" fn(*mut f32, Handle, Handle);
+    stream_is_capturing: "cuStreamIsCapturing" fn(Handle, *mut c_int);
     launch_kernel: "cuLaunchKernel" fn(Handle, c_uint, c_uint, c_uint, c_uint, c_uint, c_uint, c_uint, Handle, *mut *mut c_void, *mut *mut c_void);
     library_get_kernel: "cuLibraryGetKernel" fn(*mut Handle, Handle, *const c_char);
     get_proc_address: "cuGetProcAddress_v2" fn(*const c_char, *mut *mut c_void, c_int, u64, *mut c_int);
@@ -210,6 +223,44 @@ impl Api {
             (self.driver_get_version)(&mut v)
         })?;
         Ok(v)
+    }
+
+    /// Whether `stream` is being captured into a CUDA graph (its launches do not run
+    /// now); unknown counts as captured.
+    pub fn stream_capturing(&self, stream: Handle) -> bool {
+        let mut status = 0;
+        // SAFETY: writes one int.
+        let r = unsafe { (self.stream_is_capturing)(stream, &mut status) };
+        r != CUDA_SUCCESS || status != 0
+    }
+
+    /// Milliseconds from `start` to `end`, two completed timing events of one context.
+    pub fn elapsed_ms(&self, start: Handle, end: Handle) -> Result<f32, CudaError> {
+        let mut ms = 0f32;
+        // SAFETY: writes one float.
+        self.check("cuEventElapsedTime", unsafe {
+            (self.event_elapsed_time)(&mut ms, start, end)
+        })?;
+        Ok(ms)
+    }
+
+    /// Loads a function's code into the current context now, where lazy loading
+    /// (`CUDA_MODULE_LOADING=LAZY`, the default) would load it inside its first launch
+    /// call. `f` may be a `CUkernel` used as a function. Whether it worked.
+    pub fn load_function(&self, f: Handle) -> bool {
+        let Some(load) = self.func_load else {
+            return false;
+        };
+        // SAFETY: a handle the application launches.
+        if unsafe { load(f) } == CUDA_SUCCESS {
+            return true;
+        }
+        let Some(get) = self.kernel_get_function else {
+            return false;
+        };
+        let mut function = 0;
+        // SAFETY: writes one handle; the driver refuses what is not a kernel.
+        unsafe { get(&mut function, f) == CUDA_SUCCESS && load(function) == CUDA_SUCCESS }
     }
 
     /// The name the driver gives a function or kernel handle, where it can.

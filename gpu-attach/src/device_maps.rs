@@ -36,6 +36,66 @@ pub struct GpuMapDesc {
     pub ring: u64,
 }
 
+/// The largest array (its values' bytes) that is sharded per SM: the fold after each
+/// launch reads every copy of it.
+pub const SHARDED_ARRAY_MAX: u64 = 4 << 10;
+
+/// A sharded array: its values and its per-SM copies on the device (runtime.c's
+/// `bpftime_gpu_shard_address`, the fold kernel's parameters).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ShardEntry {
+    /// The array's values.
+    pub base: u64,
+    /// Their bytes, a multiple of 8.
+    pub len: u64,
+    /// SM k's copy of the 8-byte adds is at `shards64 + k * stride`.
+    pub shards64: u64,
+    /// SM k's copy of the 4-byte adds is at `shards32 + k * stride`.
+    pub shards32: u64,
+    pub stride: u64,
+    /// How many copies: the SM count.
+    pub copies: u32,
+}
+
+impl ShardEntry {
+    /// Bytes between two SMs' copies of `len` bytes of values: whole 256-byte blocks, so
+    /// that no two SMs add into one cache line.
+    pub fn stride_for(len: u64) -> u64 {
+        len.div_ceil(256) * 256
+    }
+
+    /// Bytes of both regions of copies for `copies` SMs.
+    pub fn shard_bytes(len: u64, copies: u32) -> u64 {
+        2 * Self::stride_for(len) * copies as u64
+    }
+}
+
+/// `bpftime_gpu_shard_address` for `shards`, as LLVM IR: a compare per array, with
+/// every address a constant.
+fn shard_address_ir(shards: &[ShardEntry]) -> String {
+    let mut ir = String::from(
+        "define i64 @bpftime_gpu_shard_address(i64 %addr, i64 %wide, i64 %sm) {\nentry:\n  br label %e0\n",
+    );
+    for (i, s) in shards.iter().enumerate() {
+        let copies = s.copies.max(1);
+        ir.push_str(&format!(
+            "e{i}:\n  %off{i} = sub i64 %addr, {base}\n  %in{i} = icmp ult i64 %off{i}, {len}\n  \
+             br i1 %in{i}, label %hit{i}, label %e{next}\nhit{i}:\n  %k{i} = urem i64 %sm, {copies}\n  \
+             %w{i} = icmp ne i64 %wide, 0\n  %r{i} = select i1 %w{i}, i64 {s64}, i64 {s32}\n  \
+             %p{i} = mul i64 %k{i}, {stride}\n  %q{i} = add i64 %r{i}, %p{i}\n  \
+             %a{i} = add i64 %q{i}, %off{i}\n  ret i64 %a{i}\n",
+            base = s.base,
+            len = s.len,
+            next = i + 1,
+            s64 = s.shards64,
+            s32 = s.shards32,
+            stride = s.stride,
+        ));
+    }
+    ir.push_str(&format!("e{}:\n  ret i64 %addr\n}}", shards.len()));
+    ir
+}
+
 /// `struct ring` of runtime.c.
 #[repr(C)]
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -48,6 +108,7 @@ pub struct DeviceRing {
 }
 
 const _: () = assert!(std::mem::size_of::<GpuMapDesc>() == 72);
+
 const _: () = assert!(std::mem::size_of::<DeviceRing>() == 40);
 
 /// Byte offsets of the ring's fields, for the host's partial copies.
@@ -287,12 +348,14 @@ pub fn drain_ring(ring: &[u8], size: u64, tail: u64, head: u64) -> (Vec<RingReco
 }
 
 /// The per-context values runtime.c asks `bpftime_gpu_config_*` for.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct RuntimeConfig {
     /// What `bpf_get_current_pid_tgid` answers: the host process.
     pub pid_tgid: u64,
     /// Device address of the context's trace ring (`bpf_trace_printk`), 0 for none.
     pub trace_ring: u64,
+    /// The sharded arrays among the probe's maps.
+    pub shards: Vec<ShardEntry>,
 }
 
 /// The device runtime's LLVM IR, as build.rs compiled it from device/runtime.c.
@@ -312,6 +375,9 @@ pub fn library_ir(config: &RuntimeConfig) -> String {
                 if line.starts_with("declare") && line.contains(&format!("@{name}(")) {
                     return format!("define i64 @{name}() {{\n  ret i64 {value}\n}}");
                 }
+            }
+            if line.starts_with("declare") && line.contains("@bpftime_gpu_shard_address(") {
+                return shard_address_ir(&config.shards);
             }
             line.to_string()
         })
@@ -456,12 +522,28 @@ mod tests {
 
     #[test]
     fn library_ir_fills_in_the_configuration() {
+        let shard = ShardEntry {
+            base: 0x7100_0000,
+            len: 16,
+            shards64: 0x7200_0000,
+            shards32: 0x7200_0000 + 256 * 132,
+            stride: 256,
+            copies: 132,
+        };
         let ir = library_ir(&RuntimeConfig {
             pid_tgid: (42 << 32) | 42,
             trace_ring: 0x7000_0000,
+            shards: vec![shard],
         });
         assert!(ir.contains("define i64 @bpftime_gpu_config_pid_tgid() {\n  ret i64 180388626474"));
         assert!(ir.contains(&format!("ret i64 {}", 0x7000_0000u64)));
+        assert!(ir.contains(&format!("sub i64 %addr, {}", 0x7100_0000u64)));
+        assert!(ir.contains(&format!(
+            "i64 {}, i64 {}",
+            0x7200_0000u64,
+            0x7200_0000u64 + 256 * 132
+        )));
+        assert!(!ir.contains("declare dso_local i64 @bpftime_gpu_shard_address"));
         assert!(!ir.contains("declare dso_local i64 @bpftime_gpu_config"));
         for helper in bpftime_jit_ptx::EXTERN_HELPERS {
             assert!(

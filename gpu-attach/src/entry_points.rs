@@ -18,6 +18,7 @@ use bpftime_attach::{detour, Detour};
 
 use crate::cuda::{Api, CuResult, Handle, LaunchConfig, CUDA_SUCCESS, STREAM_PER_THREAD};
 use crate::fatbin::ModulePtx;
+use crate::launch::Geometry;
 use crate::session::{session, Owner};
 
 /// How many addresses one entry point can be detoured at.
@@ -373,12 +374,14 @@ entry_point!(
 );
 
 /// Runs a launch of `f` on `stream` (`call` launches the function it is given): the
-/// instrumented function when a probe names the kernel, with its maps synced around it.
-/// A NULL stream given to a `_ptsz` entry point is the per-thread default stream.
+/// instrumented function when a probe names the kernel, with its maps synced around it,
+/// and the launch programs that watch it. A NULL stream given to a `_ptsz` entry point is
+/// the per-thread default stream.
 fn launched(
     f: Handle,
     stream: Handle,
     per_thread: bool,
+    geometry: Geometry,
     call: impl FnOnce(Handle) -> CuResult,
 ) -> CuResult {
     let Some(s) = session() else {
@@ -389,9 +392,16 @@ fn launched(
     } else {
         stream
     };
+    let called = crate::clock::host_monotonic_ns();
     let launch = s.before_launch(f, stream);
+    // The start event goes last before the launch: after the work of building an
+    // instrumented module and of pushing map values, which is not the kernel's.
+    let observed = s.observe_launch(f, stream, geometry, called);
     let r = call(launch.function);
     s.after_launch(launch, r);
+    if let Some(o) = observed {
+        s.after_observed_launch(o, r);
+    }
     r
 }
 
@@ -415,7 +425,12 @@ entry_point!(
         extra: *mut *mut c_void,
     ),
     |original, per_thread| {
-        launched(f, stream, per_thread, |f| {
+        let geometry = Geometry {
+            grid: [gx, gy, gz],
+            block: [bx, by, bz],
+            shared_mem_bytes: shared,
+        };
+        launched(f, stream, per_thread, geometry, |f| {
             // SAFETY: the caller's arguments, the function aside.
             unsafe { original(f, gx, gy, gz, bx, by, bz, shared, stream, params, extra) }
         })
@@ -432,8 +447,13 @@ entry_point!(
             return unsafe { original(config, f, params, extra) };
         }
         // SAFETY: the caller's config, valid for the call.
-        let stream = unsafe { (*config).stream };
-        launched(f, stream, per_thread, |f| {
+        let c = unsafe { *config };
+        let geometry = Geometry {
+            grid: c.grid,
+            block: c.block,
+            shared_mem_bytes: c.shared_mem_bytes,
+        };
+        launched(f, c.stream, per_thread, geometry, |f| {
             // SAFETY: the caller's arguments, the function aside.
             unsafe { original(config, f, params, extra) }
         })
@@ -459,7 +479,12 @@ entry_point!(
         params: *mut *mut c_void,
     ),
     |original, per_thread| {
-        launched(f, stream, per_thread, |f| {
+        let geometry = Geometry {
+            grid: [gx, gy, gz],
+            block: [bx, by, bz],
+            shared_mem_bytes: shared,
+        };
+        launched(f, stream, per_thread, geometry, |f| {
             // SAFETY: the caller's arguments, the function aside.
             unsafe { original(f, gx, gy, gz, bx, by, bz, shared, stream, params) }
         })

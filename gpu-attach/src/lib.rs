@@ -8,6 +8,8 @@
 //! - The session (`install`, [`GpuAttach`]) intercepts the CUDA driver in a target
 //!   process, builds instrumented modules, keeps map replicas on each device in sync and
 //!   anchors the GPU clock to the host's ([`clock`]).
+//! - [`launch`] runs CPU programs at each launch of the kernels they name, and again with
+//!   the launch's GPU times once it completed, for every kernel, PTX or not.
 //! - [`runner`] runs a program as a kernel of its own (the conformance suite's GPU engine),
 //!   and [`toolchain`] finds NVIDIA's compilers for the tests.
 
@@ -16,6 +18,7 @@ mod cuda;
 pub mod device_maps;
 mod entry_points;
 pub mod fatbin;
+pub mod launch;
 pub mod names;
 pub mod probe;
 pub mod ptx;
@@ -24,5 +27,6 @@ pub mod runner;
 mod session;
 pub mod toolchain;
 
+pub use launch::{LaunchContext, LaunchProbe, PHASE_COMPLETED, PHASE_LAUNCHED};
 pub use ptx::ProbePoint;
 pub use session::{cuda_loaded, install, GpuAttach, GpuProbe, InstallError};

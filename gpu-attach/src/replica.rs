@@ -14,7 +14,8 @@ use bpftime_runtime::Map;
 use crate::cuda::{Api, CudaError, DevicePtr, Handle};
 use crate::device_maps::{
     device_kind, drain_ring, hash_capacity, is_per_cpu, round8, value_deltas, DeviceKind,
-    DeviceRing, GpuMapDesc, HashImage, HashShape, RingRecord, WordDelta, RING_HEAD, RING_TAIL,
+    DeviceRing, GpuMapDesc, HashImage, HashShape, RingRecord, ShardEntry, WordDelta, RING_HEAD,
+    RING_TAIL, SHARDED_ARRAY_MAX,
 };
 
 /// Why a replica could not be made or synced.
@@ -121,6 +122,8 @@ pub(crate) struct Replica {
     /// Device address of its [`GpuMapDesc`]: what the probe's `lddw map` loads.
     pub desc_addr: DevicePtr,
     pub desc: GpuMapDesc,
+    /// Its per-SM copies, for a sharded array.
+    pub shards: Option<ShardEntry>,
     /// The store map's update count the device last took in (a push, or a pull that
     /// only wrote the device's own values), read without the lock: a launch must not
     /// wait for a pull just to learn that nothing changed.
@@ -133,8 +136,13 @@ pub(crate) struct Replica {
 const PERF_RING_BYTES: u64 = 1 << 20;
 
 impl Replica {
-    /// Makes the replica of `map` with the store's current contents.
-    pub fn new(mover: &Mover<'_>, map: Arc<Map>) -> Result<Replica, ReplicaError> {
+    /// Makes the replica of `map` with the store's current contents; an array of at most
+    /// [`SHARDED_ARRAY_MAX`] bytes gets `shard_copies` per-SM copies (none for 1).
+    pub fn new(
+        mover: &Mover<'_>,
+        map: Arc<Map>,
+        shard_copies: u32,
+    ) -> Result<Replica, ReplicaError> {
         let unsupported = |reason: String| ReplicaError::Unsupported {
             id: map.id(),
             name: map.name(),
@@ -196,7 +204,25 @@ impl Replica {
         };
         let desc_addr = mover.alloc(std::mem::size_of::<GpuMapDesc>())?;
         mover.put(desc_addr, as_bytes(&desc))?;
+        let len = desc.max_entries as u64 * desc.value_stride as u64;
+        let shards = if kind == DeviceKind::Array && shard_copies > 1 && len <= SHARDED_ARRAY_MAX {
+            let bytes = ShardEntry::shard_bytes(len, shard_copies);
+            let copies = mover.alloc(bytes as usize)?;
+            mover.zero(copies, bytes as usize)?;
+            let stride = ShardEntry::stride_for(len);
+            Some(ShardEntry {
+                base: desc.values,
+                len,
+                shards64: copies,
+                shards32: copies + stride * shard_copies as u64,
+                stride,
+                copies: shard_copies,
+            })
+        } else {
+            None
+        };
         Ok(Replica {
+            shards,
             seen_updates: AtomicU64::new(updates),
             map,
             kind,

@@ -11,7 +11,7 @@
 
 use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
 use std::ffi::{CStr, CString};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, RwLock};
 use std::time::{Duration, Instant};
 
@@ -23,10 +23,13 @@ use crate::clock::{self, ClockCalibration};
 use crate::cuda::{
     self, Api, CuResult, DevicePtr, Handle, ATTR_COMPUTE_CAPABILITY_MAJOR,
     ATTR_COMPUTE_CAPABILITY_MINOR, ATTR_MULTIPROCESSOR_COUNT, CUDA_ERROR_NOT_READY, CUDA_SUCCESS,
-    EVENT_DISABLE_TIMING, STREAM_NON_BLOCKING,
+    EVENT_DEFAULT, EVENT_DISABLE_TIMING, STREAM_NON_BLOCKING,
 };
 use crate::device_maps::{DeviceKind, RuntimeConfig};
 use crate::fatbin::{FatbinError, ModulePtx};
+use crate::launch::{
+    EventClock, Geometry, LaunchContext, LaunchProbe, PHASE_COMPLETED, PHASE_LAUNCHED,
+};
 use crate::names;
 use crate::probe::{compile_probe, DeviceMapRef};
 use crate::ptx::{strip_header, ProbeCall, ProbePoint, PtxModule, Splice, Version};
@@ -95,11 +98,91 @@ DONE:
 ";
 const DELTAS_PER_LAUNCH: usize = 64;
 
+/// The kernel that folds a sharded array's per-SM copies into it (runtime.c's
+/// `struct shard_entry`), queued in a launch's stream after each instrumented kernel whose
+/// probes use one: a thread per (copy, word), for the 8-byte then the 4-byte copies; a
+/// word that is not zero is taken (exchanged with 0) and added to the array.
+const FOLD_SHARDS_PTX: &str = "
+.version 7.0
+.target sm_70
+.address_size 64
+
+.visible .entry __bpftime_fold_shards(
+\t.param .u64 __bt_base,
+\t.param .u64 __bt_len,
+\t.param .u64 __bt_shards64,
+\t.param .u64 __bt_shards32,
+\t.param .u64 __bt_stride,
+\t.param .u32 __bt_copies
+)
+{
+\t.reg .pred %p<4>;
+\t.reg .b32 %r<8>;
+\t.reg .b64 %rd<24>;
+
+\tmov.u32 %r1, %ctaid.x;
+\tmov.u32 %r2, %ntid.x;
+\tmov.u32 %r3, %tid.x;
+\tmad.wide.u32 %rd1, %r1, %r2, 0;
+\tcvt.u64.u32 %rd2, %r3;
+\tadd.u64 %rd1, %rd1, %rd2;
+\tld.param.u64 %rd3, [__bt_base];
+\tld.param.u64 %rd4, [__bt_len];
+\tld.param.u64 %rd5, [__bt_shards64];
+\tld.param.u64 %rd6, [__bt_shards32];
+\tld.param.u64 %rd7, [__bt_stride];
+\tld.param.u32 %r4, [__bt_copies];
+\tcvt.u64.u32 %rd8, %r4;
+\tshr.u64 %rd9, %rd4, 3;
+\tmul.lo.u64 %rd10, %rd9, %rd8;
+\tsetp.ge.u64 %p1, %rd1, %rd10;
+\t@%p1 bra WORD32;
+\tdiv.u64 %rd11, %rd1, %rd9;
+\trem.u64 %rd12, %rd1, %rd9;
+\tshl.b64 %rd12, %rd12, 3;
+\tmad.lo.u64 %rd13, %rd11, %rd7, %rd5;
+\tadd.u64 %rd13, %rd13, %rd12;
+\tld.volatile.global.u64 %rd14, [%rd13];
+\tsetp.eq.u64 %p2, %rd14, 0;
+\t@%p2 bra DONE;
+\tmov.u64 %rd15, 0;
+\tatom.global.exch.b64 %rd14, [%rd13], %rd15;
+\tadd.u64 %rd16, %rd3, %rd12;
+\tred.global.add.u64 [%rd16], %rd14;
+\tbra DONE;
+WORD32:
+\tsub.u64 %rd1, %rd1, %rd10;
+\tshr.u64 %rd9, %rd4, 2;
+\tmul.lo.u64 %rd10, %rd9, %rd8;
+\tsetp.ge.u64 %p1, %rd1, %rd10;
+\t@%p1 bra DONE;
+\tdiv.u64 %rd11, %rd1, %rd9;
+\trem.u64 %rd12, %rd1, %rd9;
+\tshl.b64 %rd12, %rd12, 2;
+\tmad.lo.u64 %rd13, %rd11, %rd7, %rd6;
+\tadd.u64 %rd13, %rd13, %rd12;
+\tld.volatile.global.u32 %r5, [%rd13];
+\tsetp.eq.u32 %p3, %r5, 0;
+\t@%p3 bra DONE;
+\tmov.u32 %r6, 0;
+\tatom.global.exch.b32 %r5, [%rd13], %r6;
+\tadd.u64 %rd16, %rd3, %rd12;
+\tred.global.add.u32 [%rd16], %r5;
+DONE:
+\tret;
+}
+";
+/// Threads per block of the fold kernel.
+const FOLD_THREADS: u32 = 256;
+
 /// Bytes of each context's trace ring (`bpf_trace_printk` lines on their way out).
 const TRACE_RING_BYTES: u64 = 1 << 20;
 /// How often rings are drained while kernels run, and clocks re-anchored.
 const DRAIN_EVERY: Duration = Duration::from_millis(5);
 const REANCHOR_EVERY: Duration = Duration::from_secs(1);
+/// Launches whose GPU times are awaited at most; beyond, launches get only their first run
+/// (counted, and said once) until the GPU catches up.
+const TIMINGS_IN_FLIGHT: usize = 1 << 16;
 
 struct Image {
     ptx: Result<ModulePtx, String>,
@@ -134,8 +217,15 @@ struct Context {
     trace: Mutex<RingReader>,
     /// The kernel that applies the CPU's changes (`APPLY_DELTAS_PTX`).
     apply_deltas: Handle,
+    /// The kernel that folds per-SM copies into sharded arrays (`FOLD_SHARDS_PTX`).
+    fold_shards: Handle,
+    /// The device's SM count: copies of a sharded array.
+    sm_count: u32,
     clock: Mutex<ContextClock>,
     events: Mutex<Vec<Handle>>,
+    /// Timing events (launch events' start and end), ready for reuse.
+    timing_events: Mutex<Vec<Handle>>,
+    event_clock: Mutex<Option<EventClock>>,
 }
 
 #[derive(Default)]
@@ -171,6 +261,42 @@ struct Completion {
     replicas: Vec<Arc<Replica>>,
 }
 
+/// The launch programs attached, and a count that moves at each change.
+#[derive(Default)]
+struct LaunchProbes {
+    generation: u64,
+    probes: BTreeMap<u32, Arc<LaunchProbe>>,
+}
+
+/// The launch programs watching one kernel.
+type Watchers = Arc<[Arc<LaunchProbe>]>;
+
+/// The launch programs watching one function, for the generation they were found in.
+struct LaunchMatch {
+    generation: u64,
+    name: Arc<str>,
+    probes: Watchers,
+}
+
+/// A launch that launch programs watch, between the call and its first run.
+pub(crate) struct Observed {
+    context: Arc<Context>,
+    probes: Watchers,
+    info: LaunchContext,
+    /// Start and end timing events; `None` when the launch is not timed (a stream being
+    /// captured into a graph).
+    events: Option<(Handle, Handle)>,
+}
+
+/// A launch whose GPU times are awaited.
+struct Timing {
+    context: Arc<Context>,
+    probes: Watchers,
+    info: LaunchContext,
+    start: Handle,
+    end: Handle,
+}
+
 /// GPU attach for this process.
 pub struct GpuAttach {
     api: Api,
@@ -180,12 +306,24 @@ pub struct GpuAttach {
     active: AtomicBool,
     /// Launches recorded and not yet synced, oldest first.
     pending: Mutex<VecDeque<Completion>>,
+    /// Held through each sync pass (completions, timings, rings), so that the exit-time
+    /// flush waits for a pass the worker is in the middle of: what the worker took off
+    /// the queues is then in the store before the process goes.
+    syncing: Mutex<()>,
     pid_tgid: u64,
     driver_version: i32,
     /// Notices already given, so each is given once.
     noticed: Mutex<HashSet<String>>,
     /// Links whose probe named a kernel this process launched.
     matched: Mutex<HashSet<u32>>,
+    launch: RwLock<LaunchProbes>,
+    launch_active: AtomicBool,
+    launch_matches: Mutex<HashMap<Handle, LaunchMatch>>,
+    next_launch_id: AtomicU64,
+    /// Launches whose GPU times are awaited, oldest first.
+    timings: Mutex<VecDeque<Timing>>,
+    /// Launches that went untimed because too many were awaited.
+    untimed: AtomicU64,
 }
 
 static SESSION: OnceLock<GpuAttach> = OnceLock::new();
@@ -243,10 +381,17 @@ pub fn install() -> Result<&'static GpuAttach, InstallError> {
         build: Mutex::new(()),
         active: AtomicBool::new(false),
         pending: Mutex::new(VecDeque::new()),
+        syncing: Mutex::new(()),
         pid_tgid: (pid << 32) | pid,
         driver_version,
         noticed: Mutex::new(HashSet::new()),
         matched: Mutex::new(HashSet::new()),
+        launch: RwLock::new(LaunchProbes::default()),
+        launch_active: AtomicBool::new(false),
+        launch_matches: Mutex::new(HashMap::new()),
+        next_launch_id: AtomicU64::new(1),
+        timings: Mutex::new(VecDeque::new()),
+        untimed: AtomicU64::new(0),
     });
     std::thread::Builder::new()
         .name("bpftime-gpu".into())
@@ -303,14 +448,30 @@ impl GpuAttach {
         self.active.store(true, Ordering::Release);
     }
 
-    /// Detaches the probe of `link_id`; later launches run without it (the original
-    /// kernel once no probe is left).
+    /// Attaches a launch program; launches of kernels it names run it from now on.
+    pub fn add_launch_probe(&self, probe: LaunchProbe) {
+        let mut l = self.launch.write().unwrap_or_else(|e| e.into_inner());
+        l.probes.insert(probe.link_id, Arc::new(probe));
+        l.generation += 1;
+        self.launch_active.store(true, Ordering::Release);
+    }
+
+    /// Detaches the probe of `link_id` (a device or a launch probe); later launches run
+    /// without it (the original kernel once no device probe is left). A launch already
+    /// made still gets its completion run.
     pub fn remove_probe(&self, link_id: u32) {
         let mut st = self.write();
         if st.probes.remove(&link_id).is_some() {
             st.generation += 1;
         }
         self.active.store(!st.probes.is_empty(), Ordering::Release);
+        drop(st);
+        let mut l = self.launch.write().unwrap_or_else(|e| e.into_inner());
+        if l.probes.remove(&link_id).is_some() {
+            l.generation += 1;
+        }
+        self.launch_active
+            .store(!l.probes.is_empty(), Ordering::Release);
     }
 
     fn write(&self) -> std::sync::RwLockWriteGuard<'_, State> {
@@ -387,6 +548,12 @@ impl GpuAttach {
                 .retain(|_, f| f.image.is_some() && f.image != Some(image));
             st.patched.retain(|(_, i), _| *i != image);
             st.images.remove(&image);
+            drop(st);
+            // Its function handles may come back for other kernels.
+            self.launch_matches
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .clear();
         }
     }
 
@@ -513,6 +680,11 @@ impl GpuAttach {
         if result != CUDA_SUCCESS || replicas.is_empty() {
             return;
         }
+        if let Err(e) = self.fold_shards(&context, launch.stream, &replicas) {
+            if may_log() {
+                tracing::warn!("folding per-SM counters on the GPU failed: {e}");
+            }
+        }
         let event = context
             .events
             .lock()
@@ -534,6 +706,321 @@ impl GpuAttach {
             event,
             replicas,
         });
+    }
+
+    /// The launch programs watching `function`, with its name; `None` when none does.
+    /// Cached per function and set of launch programs, since a pattern match demangles.
+    fn launch_probes_for(&self, function: Handle) -> Option<(Arc<str>, Watchers)> {
+        let generation = self
+            .launch
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .generation;
+        let mut cache = self
+            .launch_matches
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        if let Some(m) = cache.get(&function) {
+            if m.generation == generation {
+                return (!m.probes.is_empty()).then(|| (m.name.clone(), m.probes.clone()));
+            }
+        }
+        let known = self.read().functions.get(&function).map(|f| f.name.clone());
+        let name: Arc<str> = known
+            .or_else(|| self.api.function_name(function).map(Into::into))
+            .unwrap_or_else(|| "".into());
+        let probes: Watchers = if name.is_empty() {
+            Arc::new([])
+        } else {
+            self.launch
+                .read()
+                .unwrap_or_else(|e| e.into_inner())
+                .probes
+                .values()
+                .filter(|p| names::matches(&p.pattern, &name))
+                .cloned()
+                .collect()
+        };
+        self.lock_matched().extend(probes.iter().map(|p| p.link_id));
+        if !probes.is_empty() {
+            // Lazy loading would load the kernel inside its first launch call, after the
+            // start event: that launch's GPU time would count the load.
+            let loaded = self.api.load_function(function);
+            tracing::debug!(kernel = %name, loaded, "launch events watch a kernel");
+        }
+        cache.insert(
+            function,
+            LaunchMatch {
+                generation,
+                name: name.clone(),
+                probes: probes.clone(),
+            },
+        );
+        (!probes.is_empty()).then_some((name, probes))
+    }
+
+    /// Before a launch call: when launch programs watch the kernel, its launch context, and
+    /// the start of its timing recorded on `stream`.
+    /// `cpu_ns` is when the application made the call.
+    pub(crate) fn observe_launch(
+        &self,
+        function: Handle,
+        stream: Handle,
+        geometry: Geometry,
+        cpu_ns: u64,
+    ) -> Option<Observed> {
+        if !self.launch_active.load(Ordering::Acquire) {
+            return None;
+        }
+        let (name, probes) = self.launch_probes_for(function)?;
+        flush_at_exit_once();
+        let ctx = self.api.current_context();
+        if ctx == 0 {
+            return None;
+        }
+        let context = match self.context(ctx) {
+            Ok(c) => c,
+            Err(e) => {
+                self.notice(&format!("ctx:{ctx}"), || {
+                    format!("launch events are off in this CUDA context: {e}")
+                });
+                return None;
+            }
+        };
+        if self.api.stream_capturing(stream) {
+            self.notice(&format!("capture:{name}"), || {
+                format!(
+                    "launches of {name} captured into a CUDA graph get no launch events: \
+                     the graph's launches are not seen"
+                )
+            });
+            return None;
+        }
+        let mut info = LaunchContext::new(&name, geometry, stream as u64, context.device);
+        info.function = function as u64;
+        info.cpu_ns = cpu_ns;
+        let in_flight = self.lock_timings().len();
+        let events = if in_flight >= TIMINGS_IN_FLIGHT {
+            self.untimed.fetch_add(1, Ordering::Relaxed);
+            self.notice("untimed", || {
+                format!(
+                    "more than {TIMINGS_IN_FLIGHT} launches await their GPU times: later \
+                     launches get only their launch-time run until the GPU catches up"
+                )
+            });
+            None
+        } else {
+            self.timing_event(&context)
+                .zip(self.timing_event(&context))
+                .and_then(|(start, end)| {
+                    // SAFETY: an event of the current context, recorded on the caller's stream.
+                    if unsafe { (self.api.event_record)(start, stream) } == CUDA_SUCCESS {
+                        Some((start, end))
+                    } else {
+                        self.recycle_timing_events(&context, &[start, end]);
+                        None
+                    }
+                })
+        };
+        Some(Observed {
+            context,
+            probes,
+            info,
+            events,
+        })
+    }
+
+    /// After a watched launch call returned `result`: the end of its timing recorded, its
+    /// programs run, and its completion awaited.
+    pub(crate) fn after_observed_launch(&self, observed: Observed, result: CuResult) {
+        let Observed {
+            context,
+            probes,
+            mut info,
+            events,
+        } = observed;
+        info.result = result;
+        info.phase = PHASE_LAUNCHED;
+        info.launch_id = self.next_launch_id.fetch_add(1, Ordering::Relaxed);
+        let timed = events.and_then(|(start, end)| {
+            // SAFETY: an event of the current context, on the stream the launch went to.
+            let recorded = result == CUDA_SUCCESS
+                && unsafe { (self.api.event_record)(end, info.stream as Handle) } == CUDA_SUCCESS;
+            if recorded {
+                Some((start, end))
+            } else {
+                self.recycle_timing_events(&context, &[start, end]);
+                None
+            }
+        });
+        for p in probes.iter() {
+            let mut c = info;
+            (p.run)(&mut c);
+        }
+        // Queued after the first run, so the completion run never comes first.
+        if let Some((start, end)) = timed {
+            self.lock_timings().push_back(Timing {
+                context,
+                probes,
+                info,
+                start,
+                end,
+            });
+        }
+    }
+
+    fn lock_timings(&self) -> std::sync::MutexGuard<'_, VecDeque<Timing>> {
+        self.timings.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// A timing event of `context` (the current context), reused or made.
+    fn timing_event(&self, context: &Context) -> Option<Handle> {
+        if let Some(e) = context
+            .timing_events
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .pop()
+        {
+            return Some(e);
+        }
+        let mut e = 0;
+        // SAFETY: writes one event handle.
+        let r = unsafe { (self.api.event_create)(&mut e, EVENT_DEFAULT) };
+        (r == CUDA_SUCCESS).then_some(e)
+    }
+
+    fn recycle_timing_events(&self, context: &Context, events: &[Handle]) {
+        context
+            .timing_events
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .extend_from_slice(events);
+    }
+
+    /// Runs the completion of every timed launch that completed (with `wait`, of every
+    /// one). A stream completes its launches in order, so a stream's first launch not yet
+    /// complete stands for the rest of that stream.
+    fn sync_timings(&self, wait: bool) {
+        let _pass = self.lock_syncing();
+        let ready: Vec<(Timing, CuResult)> = {
+            let mut timings = self.lock_timings();
+            if timings.is_empty() {
+                return;
+            }
+            let mut waiting: HashSet<(Handle, Handle)> = HashSet::new();
+            let mut ready = Vec::new();
+            let mut left = VecDeque::with_capacity(timings.len());
+            for t in timings.drain(..) {
+                let key = (t.context.ctx, t.info.stream as Handle);
+                if waiting.contains(&key) {
+                    left.push_back(t);
+                    continue;
+                }
+                self.set_context(t.context.ctx);
+                // SAFETY: an event we recorded.
+                let r = unsafe {
+                    if wait {
+                        (self.api.event_synchronize)(t.end)
+                    } else {
+                        (self.api.event_query)(t.end)
+                    }
+                };
+                if r == CUDA_ERROR_NOT_READY {
+                    waiting.insert(key);
+                    left.push_back(t);
+                } else {
+                    ready.push((t, r));
+                }
+            }
+            *timings = left;
+            ready
+        };
+        for (mut t, r) in ready {
+            self.set_context(t.context.ctx);
+            let times = (r == CUDA_SUCCESS)
+                .then(|| self.event_clock(&t.context))
+                .and_then(|c| c.ok())
+                .and_then(|c| {
+                    let start = self.api.elapsed_ms(c.base, t.start).ok()?;
+                    let end = self.api.elapsed_ms(c.base, t.end).ok()?;
+                    Some((c.host_ns(start), c.host_ns(end), c.bound_ns()))
+                });
+            self.recycle_timing_events(&t.context, &[t.start, t.end]);
+            let Some((start, end, bound)) = times else {
+                if may_log() {
+                    tracing::warn!(
+                        kernel = %t.info.name(),
+                        "a launch's GPU times are unreadable ({}): no completion run",
+                        self.api.error_name(r)
+                    );
+                }
+                continue;
+            };
+            t.info.gpu_start_ns = start;
+            t.info.gpu_end_ns = end;
+            t.info.clock_error_ns = bound;
+            t.info.phase = PHASE_COMPLETED;
+            for p in t.probes.iter() {
+                let mut c = t.info;
+                (p.run)(&mut c);
+            }
+        }
+    }
+
+    /// The event clock of `context` (current), calibrated on first use and again once it
+    /// is [`REANCHOR_EVERY`] old: an event recorded and waited for on our stream, bracketed
+    /// by host readings, the tightest of [`clock::CLOCK_SAMPLES`].
+    fn event_clock(&self, context: &Context) -> Result<EventClock, String> {
+        let mut slot = context
+            .event_clock
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        if let Some(c) = *slot {
+            if c.taken.elapsed() < REANCHOR_EVERY {
+                return Ok(c);
+            }
+        }
+        let api = &self.api;
+        let (Some(base), Some(probe)) = (self.timing_event(context), self.timing_event(context))
+        else {
+            return Err("no CUDA event could be made".into());
+        };
+        let record_and_wait = |e: Handle| -> Result<(), String> {
+            // SAFETY: an event of this context, on our own stream.
+            api.check("cuEventRecord", unsafe {
+                (api.event_record)(e, context.stream)
+            })
+            .map_err(|e| e.to_string())?;
+            // SAFETY: as above.
+            api.check("cuEventSynchronize", unsafe { (api.event_synchronize)(e) })
+                .map_err(|e| e.to_string())
+        };
+        let calibrated = record_and_wait(base).and_then(|()| {
+            clock::calibrate(|| -> Result<u64, String> {
+                record_and_wait(probe)?;
+                let ms = api.elapsed_ms(base, probe).map_err(|e| e.to_string())?;
+                Ok((ms.max(0.0) as f64 * 1e6).round() as u64)
+            })
+            .map_err(|e| e.either("no clock sample was usable".into()))
+        });
+        self.recycle_timing_events(context, &[probe]);
+        let c = match calibrated {
+            Ok(c) => c,
+            Err(e) => {
+                self.recycle_timing_events(context, &[base]);
+                return Err(e);
+            }
+        };
+        let clock = EventClock {
+            base,
+            offset_ns: c.offset_ns,
+            error_ns: c.error_ns,
+            taken: c.taken,
+        };
+        if let Some(old) = slot.replace(clock) {
+            self.recycle_timing_events(context, &[old.base]);
+        }
+        Ok(clock)
     }
 
     fn any_probe_matches(&self, kernel: &str) -> bool {
@@ -680,12 +1167,16 @@ impl GpuAttach {
             return None;
         }
         let probe_sm = module.sm.unwrap_or(context.sm).clamp(70, 90);
+        let compile_started = Instant::now();
         let mut definitions = String::new();
         let mut replicas: Vec<Arc<Replica>> = Vec::new();
         let mut clock_globals = Vec::new();
         let mut failed: Vec<(u32, String)> = Vec::new();
-        for p in &used {
-            match self.compile_probe(&context, p, probe_sm) {
+        for (p, compiled) in used
+            .iter()
+            .zip(self.compile_probes(&context, &used, probe_sm))
+        {
+            match compiled {
                 Ok(compiled) => {
                     definitions.push_str(&strip_header(&compiled.ptx));
                     definitions.push('\n');
@@ -741,10 +1232,13 @@ impl GpuAttach {
             let _ = std::fs::write(&path, &spliced);
             tracing::info!(path = %path.display(), "instrumented PTX written");
         }
+        let compile_ms = compile_started.elapsed().as_secs_f64() * 1e3;
         let source = CString::new(spliced).ok()?;
         let mut handle = 0;
+        let load_started = Instant::now();
         // SAFETY: a NUL-terminated PTX module; writes one module handle.
         let r = unsafe { (self.api.module_load_data)(&mut handle, source.as_ptr().cast()) };
+        let load_ms = load_started.elapsed().as_secs_f64() * 1e3;
         if r != CUDA_SUCCESS {
             let names: Vec<&str> = splice.calls.iter().map(|(k, _)| k.as_str()).collect();
             let why = self.api.error_name(r);
@@ -766,6 +1260,12 @@ impl GpuAttach {
                 functions.insert(Arc::<str>::from(k.as_str()), f);
             }
         }
+        tracing::info!(
+            kernel,
+            probes_and_splice_ms = compile_ms,
+            driver_load_ms = load_ms,
+            "instrumented module built"
+        );
         // The probes' clock offsets, and the context's clock.
         let mut globals = Vec::new();
         for g in clock_globals {
@@ -799,21 +1299,19 @@ impl GpuAttach {
         })
     }
 
-    /// Compiles `probe` for `context`: its PTX, its clock global, its replicas.
-    fn compile_probe(
-        &self,
-        context: &Context,
-        probe: &GpuProbe,
-        sm: u32,
-    ) -> Result<CompiledProbe, String> {
-        let mover = self.mover(context);
+    /// What compiling `probe` for `context` needs: its maps' replicas there (made on
+    /// first use, in the current context) and the device runtime's configuration.
+    fn probe_inputs(&self, context: &Context, probe: &GpuProbe) -> Result<ProbeInputs, String> {
         let mut replicas: HashMap<u32, Arc<Replica>> = HashMap::new();
         for m in &probe.maps {
             let mut all = context.replicas.lock().unwrap_or_else(|e| e.into_inner());
             let r = match all.get(&m.id()) {
                 Some(r) => r.clone(),
                 None => {
-                    let r = Arc::new(Replica::new(&mover, m.clone()).map_err(|e| e.to_string())?);
+                    let r = Arc::new(
+                        Replica::new(&self.mover(context), m.clone(), context.sm_count)
+                            .map_err(|e| e.to_string())?,
+                    );
                     all.insert(m.id(), r.clone());
                     r
                 }
@@ -836,19 +1334,115 @@ impl GpuAttach {
         let config = RuntimeConfig {
             pid_tgid: self.pid_tgid,
             trace_ring: context.trace_ring,
+            shards: replicas.values().filter_map(|r| r.shards).collect(),
         };
-        let program = compile_probe(
-            &probe.insns,
-            &maps,
-            &config,
-            sm,
-            &probe_symbol(probe.link_id),
-        )?;
-        Ok(CompiledProbe {
-            ptx: program.ptx,
-            clock_offset: program.clock_offset,
+        Ok(ProbeInputs {
+            maps,
+            config,
             replicas: replicas.into_values().collect(),
         })
+    }
+
+    /// Compiles `probes` for `context` (LLVM, one thread each: a module's probes are
+    /// ready when the slowest is): each one's PTX, clock global and replicas, or why not.
+    fn compile_probes(
+        &self,
+        context: &Context,
+        probes: &[Arc<GpuProbe>],
+        sm: u32,
+    ) -> Vec<Result<CompiledProbe, String>> {
+        let inputs: Vec<Result<ProbeInputs, String>> = probes
+            .iter()
+            .map(|p| self.probe_inputs(context, p))
+            .collect();
+        let compile = |probe: &GpuProbe, inputs: ProbeInputs| -> Result<CompiledProbe, String> {
+            let program = compile_probe(
+                &probe.insns,
+                &inputs.maps,
+                &inputs.config,
+                sm,
+                &probe_symbol(probe.link_id),
+            )?;
+            Ok(CompiledProbe {
+                ptx: program.ptx,
+                clock_offset: program.clock_offset,
+                replicas: inputs.replicas,
+            })
+        };
+        std::thread::scope(|scope| {
+            let running: Vec<_> = probes
+                .iter()
+                .zip(inputs)
+                .map(|(probe, inputs)| {
+                    inputs.map(|inputs| {
+                        std::thread::Builder::new()
+                            .name("bpftime-gpu-jit".into())
+                            .spawn_scoped(scope, move || {
+                                bpftime_attach::never_run_handlers_on_this_thread();
+                                compile(probe, inputs)
+                            })
+                    })
+                })
+                .collect();
+            running
+                .into_iter()
+                .map(|r| match r {
+                    Ok(Ok(handle)) => handle
+                        .join()
+                        .unwrap_or_else(|_| Err("the probe's compilation panicked".into())),
+                    Ok(Err(e)) => Err(format!("no thread to compile it: {e}")),
+                    Err(e) => Err(e),
+                })
+                .collect()
+        })
+    }
+
+    /// Folds the per-SM copies of `replicas`' sharded arrays into them, in `stream`'s
+    /// order (after the launch just queued there).
+    fn fold_shards(
+        &self,
+        context: &Context,
+        stream: Handle,
+        replicas: &[Arc<Replica>],
+    ) -> Result<(), crate::cuda::CudaError> {
+        for entry in replicas.iter().filter_map(|r| r.shards) {
+            let pairs = (entry.len / 8 + entry.len / 4) * entry.copies as u64;
+            let blocks = pairs.div_ceil(FOLD_THREADS as u64) as u32;
+            let (mut base, mut len, mut s64, mut s32, mut stride, mut copies) = (
+                entry.base,
+                entry.len,
+                entry.shards64,
+                entry.shards32,
+                entry.stride,
+                entry.copies,
+            );
+            let mut params = [
+                (&mut base as *mut u64).cast::<std::ffi::c_void>(),
+                (&mut len as *mut u64).cast(),
+                (&mut s64 as *mut u64).cast(),
+                (&mut s32 as *mut u64).cast(),
+                (&mut stride as *mut u64).cast(),
+                (&mut copies as *mut u32).cast(),
+            ];
+            // SAFETY: the fold kernel takes five u64s and a u32, copied at the launch; it
+            // touches only the replica's values and copies.
+            self.api.check("cuLaunchKernel", unsafe {
+                (self.api.launch_kernel)(
+                    context.fold_shards,
+                    blocks,
+                    1,
+                    1,
+                    FOLD_THREADS,
+                    1,
+                    1,
+                    0,
+                    stream,
+                    params.as_mut_ptr(),
+                    std::ptr::null_mut(),
+                )
+            })?;
+        }
+        Ok(())
     }
 
     /// Our state in `ctx` (the current context), made on first use.
@@ -863,9 +1457,10 @@ impl GpuAttach {
         let minor = api
             .device_attribute(ATTR_COMPUTE_CAPABILITY_MINOR)
             .map_err(|e| e.to_string())?;
-        let _sms = api
+        let sms = api
             .device_attribute(ATTR_MULTIPROCESSOR_COUNT)
-            .map_err(|e| e.to_string())?;
+            .map_err(|e| e.to_string())?
+            .max(1) as u32;
         let mut stream = 0;
         // SAFETY: writes one stream handle.
         api.check("cuStreamCreate", unsafe {
@@ -880,8 +1475,8 @@ impl GpuAttach {
             (api.ctx_get_device)(&mut device)
         })
         .map_err(|e| e.to_string())?;
-        let apply_deltas = {
-            let source = CString::new(APPLY_DELTAS_PTX).map_err(|e| e.to_string())?;
+        let load_kernel = |ptx: &str, name: &CStr| -> Result<Handle, String> {
+            let source = CString::new(ptx).map_err(|e| e.to_string())?;
             let (mut module, mut f) = (0, 0);
             // SAFETY: NUL-terminated PTX; writes a module handle.
             api.check("cuModuleLoadData", unsafe {
@@ -890,15 +1485,20 @@ impl GpuAttach {
             .map_err(|e| e.to_string())?;
             // SAFETY: writes a function handle.
             api.check("cuModuleGetFunction", unsafe {
-                (api.module_get_function)(&mut f, module, c"__bpftime_apply_deltas".as_ptr())
+                (api.module_get_function)(&mut f, module, name.as_ptr())
             })
             .map_err(|e| e.to_string())?;
-            f
+            Ok(f)
         };
+        let apply_deltas = load_kernel(APPLY_DELTAS_PTX, c"__bpftime_apply_deltas")?;
+        let fold_shards = load_kernel(FOLD_SHARDS_PTX, c"__bpftime_fold_shards")?;
+
         let context = Arc::new(Context {
             ctx,
             device,
             apply_deltas,
+            fold_shards,
+            sm_count: sms,
             sm: (major * 10 + minor) as u32,
             stream,
             replicas: Mutex::new(HashMap::new()),
@@ -906,6 +1506,8 @@ impl GpuAttach {
             trace: Mutex::new(trace),
             clock: Mutex::new(ContextClock::default()),
             events: Mutex::new(Vec::new()),
+            timing_events: Mutex::new(Vec::new()),
+            event_clock: Mutex::new(None),
         });
         self.write().contexts.insert(ctx, context.clone());
         Ok(context)
@@ -1001,6 +1603,7 @@ impl GpuAttach {
                 return;
             }
             self.sync_completed(false);
+            self.sync_timings(false);
             if last_drain.elapsed() >= DRAIN_EVERY {
                 last_drain = Instant::now();
                 self.drain_all();
@@ -1016,6 +1619,10 @@ impl GpuAttach {
         self.matched.lock().unwrap_or_else(|e| e.into_inner())
     }
 
+    fn lock_syncing(&self) -> std::sync::MutexGuard<'_, ()> {
+        self.syncing.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
     fn lock_pending(&self) -> std::sync::MutexGuard<'_, VecDeque<Completion>> {
         self.pending.lock().unwrap_or_else(|e| e.into_inner())
     }
@@ -1024,6 +1631,7 @@ impl GpuAttach {
     /// Completions come in launch order per stream; one on another stream may finish
     /// first, so each pending one is looked at.
     fn sync_completed(&self, wait: bool) {
+        let _pass = self.lock_syncing();
         let mut pending = self.lock_pending();
         let mut done = Vec::new();
         let mut i = 0;
@@ -1082,6 +1690,15 @@ impl GpuAttach {
             return;
         }
         self.sync_completed(true);
+        self.sync_timings(true);
+        self.pull_all(hit);
+        self.set_context(current);
+    }
+
+    /// Every replica of the contexts `hit` picks, pulled whatever launched (a CUDA graph's
+    /// launches, say, which are not seen one by one), and their trace lines drained.
+    fn pull_all(&self, hit: impl Fn(&Context) -> bool) {
+        let _pass = self.lock_syncing();
         for c in self.contexts().into_iter().filter(|c| hit(c)) {
             self.set_context(c.ctx);
             let mover = self.mover(&c);
@@ -1097,7 +1714,6 @@ impl GpuAttach {
             }
             self.drain_trace(&c);
         }
-        self.set_context(current);
     }
 
     /// After a context went away: its replicas, modules and streams went with it.
@@ -1131,26 +1747,50 @@ impl GpuAttach {
         drop(st);
         self.lock_pending()
             .retain(|p| !gone.contains(&p.context.ctx));
+        self.lock_timings()
+            .retain(|t| !gone.contains(&t.context.ctx));
     }
 
     /// Brings everything the GPU has for the store in: every launch waited for and synced,
     /// every ring drained. Runs at exit, before the driver tears its contexts down.
     pub fn flush(&self) {
         self.sync_completed(true);
-        self.drain_all();
+        self.sync_timings(true);
+        self.pull_all(|_| true);
     }
 
     /// One line for each probe whose pattern named no kernel the process launched.
     fn report_unmatched(&self) {
         let matched = self.lock_matched().clone();
-        for p in self.read().probes.values() {
-            if !matched.contains(&p.link_id) {
-                eprintln!(
-                    "bpftime: GPU probe {} on `{}` never ran: no kernel this process launched \
-                     has that name (a mangled or demangled name, or a glob like `*{}*`)",
-                    p.name, p.pattern, p.pattern
-                );
-            }
+        let mut unmatched: Vec<(String, String)> = self
+            .read()
+            .probes
+            .values()
+            .filter(|p| !matched.contains(&p.link_id))
+            .map(|p| (p.name.clone(), p.pattern.clone()))
+            .collect();
+        unmatched.extend(
+            self.launch
+                .read()
+                .unwrap_or_else(|e| e.into_inner())
+                .probes
+                .values()
+                .filter(|p| !matched.contains(&p.link_id))
+                .map(|p| (p.name.clone(), p.pattern.clone())),
+        );
+        for (name, pattern) in unmatched {
+            eprintln!(
+                "bpftime: GPU probe {name} on `{pattern}` never ran: no kernel this process \
+                 launched has that name (a mangled or demangled name, or a glob like \
+                 `*{pattern}*`)"
+            );
+        }
+        let untimed = self.untimed.load(Ordering::Relaxed);
+        if untimed > 0 {
+            eprintln!(
+                "bpftime: {untimed} launches got no completion run (their GPU times): more \
+                 than {TIMINGS_IN_FLIGHT} were awaited at once"
+            );
         }
     }
 
@@ -1173,6 +1813,7 @@ impl GpuAttach {
 
     /// Rings (ring buffers, perf buffers, trace lines) drained while kernels run.
     fn drain_all(&self) {
+        let _pass = self.lock_syncing();
         for context in self.contexts() {
             self.set_context(context.ctx);
             let mover = self.mover(&context);
@@ -1253,6 +1894,13 @@ impl GpuAttach {
     }
 }
 
+/// What a probe is compiled with in one context.
+struct ProbeInputs {
+    maps: HashMap<u32, DeviceMapRef>,
+    config: RuntimeConfig,
+    replicas: Vec<Arc<Replica>>,
+}
+
 /// A probe compiled for one context.
 struct CompiledProbe {
     ptx: String,
@@ -1285,5 +1933,20 @@ mod tests {
         }
         // 64 (address, value) pairs fill the kernel's 1024-byte list.
         assert!(APPLY_DELTAS_PTX.contains(&format!("__bt_list[{}]", DELTAS_PER_LAUNCH * 16)));
+    }
+
+    #[test]
+    fn the_fold_kernel_passes_ptxas() {
+        let Some(ptxas) = crate::toolchain::ptxas_for_tests() else {
+            return;
+        };
+        let dir = std::env::temp_dir().join(format!("bpftime-fold-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let file = dir.join("fold.ptx");
+        std::fs::write(&file, FOLD_SHARDS_PTX).unwrap();
+        for sm in [75, 90] {
+            crate::toolchain::run_ptxas(&ptxas, &file, sm, false)
+                .unwrap_or_else(|e| panic!("sm_{sm}: {e}"));
+        }
     }
 }

@@ -472,6 +472,7 @@ fn a_probe_using_the_whole_device_runtime_compiles_and_splices() {
     let config = RuntimeConfig {
         pid_tgid: (4242 << 32) | 4242,
         trace_ring: base + 0x9000,
+        shards: vec![],
     };
     for sm in [75, 90] {
         let program = compile_probe(&insns, &maps, &config, sm, "__bpftime_probe_9")
@@ -547,7 +548,21 @@ fn a_counter_on_every_thread_adds_once_per_warp() {
     )]
     .into_iter()
     .collect();
-    let p = compile_probe(
+    // Unsharded, then with the array sharded per SM: the one atomic then goes to the
+    // SM's copy, found by comparing with constants (no table in memory).
+    let shard = bpftime_gpu_attach::device_maps::ShardEntry {
+        base: array.values,
+        len: 8,
+        shards64: 0x7f00_0010_0000,
+        shards32: 0x7f00_0010_0000 + 256 * 132,
+        stride: 256,
+        copies: 132,
+    };
+    let sharded = RuntimeConfig {
+        shards: vec![shard],
+        ..RuntimeConfig::default()
+    };
+    let plain = compile_probe(
         &insns,
         &maps,
         &RuntimeConfig::default(),
@@ -555,14 +570,19 @@ fn a_counter_on_every_thread_adds_once_per_warp() {
         "__bpftime_probe_5",
     )
     .expect("compiles");
-    assert!(p.ptx.contains("match.any.sync.b64"), "{}", p.ptx);
-    assert!(p.ptx.contains("shfl.sync.bfly.b32"), "{}", p.ptx);
-    assert_eq!(
-        p.ptx.matches("atom.").count() + p.ptx.matches("red.").count(),
-        1,
-        "{}",
-        p.ptx
-    );
+    assert!(!plain.ptx.contains("%smid"), "{}", plain.ptx);
+    let p = compile_probe(&insns, &maps, &sharded, 90, "__bpftime_probe_5").expect("compiles");
+    assert!(p.ptx.contains("%smid"), "{}", p.ptx);
+    assert!(p.ptx.contains(&shard.shards64.to_string()), "{}", p.ptx);
+    for p in [&plain, &p] {
+        // The counter's add is the one atomic; the stack's stays a plain store.
+        assert_eq!(
+            p.ptx.matches("atom.").count() + p.ptx.matches("red.").count(),
+            1,
+            "{}",
+            p.ptx
+        );
+    }
     let text = String::from_utf8(read("kernels.ptx")).unwrap();
     let module = PtxModule::parse(&text).unwrap();
     let splice = Splice {
@@ -581,6 +601,69 @@ fn a_counter_on_every_thread_adds_once_per_warp() {
         .splice(&splice, Version::newest_for_driver(13000))
         .unwrap();
     assert_ptxas_accepts("warp-add", &out);
+}
+
+/// A counter of a constant at a constant address (an array value with a constant key)
+/// is the commonest probe: its warp add folds to one atomic of 32 by lane 0, with no
+/// match and no shuffles. A sum of a value that differs by thread keeps its shuffles.
+#[test]
+fn a_constant_counter_needs_no_warp_shuffles() {
+    use bpftime_gpu_attach::device_maps::RuntimeConfig;
+    use bpftime_gpu_attach::probe::{compile_probe, DeviceMapRef};
+    use bpftime_jit_ptx::ArrayMapLayout;
+    let desc = 0x7f00_0000_2000u64;
+    let array = ArrayMapLayout {
+        values: desc + 0x100,
+        key_stride: 8,
+        max_entries: 2,
+        update_size: 8,
+        per_cpu: None,
+    };
+    let maps = [(
+        2u32,
+        DeviceMapRef {
+            desc,
+            values: Some(array.values),
+            array: Some(array),
+        },
+    )]
+    .into_iter()
+    .collect();
+    let compile = |add: &str| {
+        let mut insns = assemble(&format!(
+            "stw [%r10-4], 0\nlddw %r1, 2\nmov %r2, %r10\nadd %r2, -4\ncall 1\n\
+             jeq %r0, 0, +3\nmov %r6, %r0\n{add}\nexit\nmov %r0, 0\nexit"
+        ))
+        .expect("assembles");
+        for insn in insns.iter_mut() {
+            if insn.is_lddw() && insn.imm == 2 {
+                insn.src = bpftime_isa::opcode::PSEUDO_MAP_FD;
+            }
+        }
+        compile_probe(
+            &insns,
+            &maps,
+            &RuntimeConfig::default(),
+            90,
+            "__bpftime_probe_7",
+        )
+        .expect("compiles")
+        .ptx
+    };
+    let count = compile("mov %r1, 1\nlock add [%r6+0], %r1\nmov %r0, 0");
+    assert!(!count.contains("match.any"), "{count}");
+    assert!(!count.contains("shfl"), "{count}");
+    assert!(
+        count.contains("%laneid") && count.contains(", 32;"),
+        "{count}"
+    );
+    assert_eq!(
+        count.matches("atom.").count() + count.matches("red.").count(),
+        1
+    );
+    let sum = compile("call 5\nlock add [%r6+0], %r0\nmov %r0, 0");
+    assert!(!sum.contains("match.any"), "{sum}");
+    assert!(sum.contains("shfl.sync.bfly"), "{sum}");
 }
 
 #[test]

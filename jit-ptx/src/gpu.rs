@@ -882,6 +882,85 @@ fn route_atomic_adds(module: &Module<'_>) -> Result<usize, CompileError> {
     Ok(routed)
 }
 
+/// Folds warp-wide operations on values every lane holds alike (constants, after
+/// inlining): a `match.any.sync` of one value is its member mask, and a `shfl.sync` of
+/// one value is that value; and `isspacep.local` is true of the eBPF stack and false of
+/// a constant address. A counter's add then needs no match and no shuffles: the
+/// device runtime's warp-aggregated add of a constant to a constant address reduces to
+/// one atomic of 32 times the constant by the first lane. Returns how many it folded.
+pub fn fold_uniform_warp_ops(module: &Module<'_>) -> Result<usize, CompileError> {
+    use inkwell::values::{AnyValue, InstructionOpcode as Op, Operand};
+    let mut folded = 0;
+    for f in module.get_functions() {
+        for bb in f.get_basic_block_iter() {
+            let calls: Vec<_> = bb
+                .get_instructions()
+                .filter(|i| i.get_opcode() == Op::Call)
+                .collect();
+            for call in calls {
+                let n = call.get_num_operands();
+                let Some(Operand::Value(callee)) = call.get_operand(n.saturating_sub(1)) else {
+                    continue;
+                };
+                let name = callee.get_name().to_string_lossy().into_owned();
+                if name == "llvm.nvvm.isspacep.local" {
+                    // A constant address is a relocated map's: device memory, never a
+                    // thread's stack (eBPF cannot make up pointers). The stack is seen
+                    // through the casts from its slot.
+                    let Some(Operand::Value(ptr)) = call.get_operand(0) else {
+                        continue;
+                    };
+                    let this = call.as_any_value_enum();
+                    if !ptr.is_pointer_value() || !this.is_int_value() {
+                        continue;
+                    }
+                    let p = ptr.into_pointer_value();
+                    let answer = if is_stack_address(ptr, 0) {
+                        1
+                    } else if p.is_const() && !p.is_null() {
+                        0
+                    } else {
+                        continue;
+                    };
+                    let int = this.into_int_value();
+                    int.replace_all_uses_with(int.get_type().const_int(answer, false));
+                    call.erase_from_basic_block();
+                    folded += 1;
+                    continue;
+                }
+                // (intrinsic, operand that becomes the result)
+                let keep = if name.starts_with("llvm.nvvm.match.any.sync.") {
+                    0
+                } else if name.starts_with("llvm.nvvm.shfl.sync.") && !name.ends_with(".p") {
+                    1
+                } else {
+                    continue;
+                };
+                let (Some(Operand::Value(value)), Some(Operand::Value(result))) =
+                    (call.get_operand(1), call.get_operand(keep))
+                else {
+                    continue;
+                };
+                if !(value.is_int_value() && value.into_int_value().is_const()) {
+                    continue;
+                }
+                let this = call.as_any_value_enum();
+                if !this.is_int_value() || !result.is_int_value() {
+                    continue;
+                }
+                if this.into_int_value().get_type() != result.into_int_value().get_type() {
+                    continue;
+                }
+                this.into_int_value()
+                    .replace_all_uses_with(result.into_int_value());
+                call.erase_from_basic_block();
+                folded += 1;
+            }
+        }
+    }
+    Ok(folded)
+}
+
 /// Turns the probe context back into pointer arithmetic: eBPF registers are integers,
 /// so after inlining, the program's context reads are `inttoptr (ptrtoint %ctx + C)`,
 /// which hides the context's stack slot from SROA. Each becomes a GEP from the slot,

@@ -15,7 +15,8 @@ use tracing::debug;
 
 use crate::gpu::{
     build_module, call_int, demote_stack_atomics, extern_functions, fold_stack_pointer_casts,
-    intrinsic, Axis, Dimension, GpuBackend, GpuEnv, GpuModule, OptLevel, ProbeAbi, SpecialRegister,
+    fold_uniform_warp_ops, intrinsic, Axis, Dimension, GpuBackend, GpuEnv, GpuModule, OptLevel,
+    ProbeAbi, SpecialRegister,
 };
 use crate::CompileError;
 
@@ -293,6 +294,9 @@ fn optimized_module<'ctx>(
         opts.kernel,
         &opts.probe_abi,
     )?;
+    // The linked device runtime's unused functions go first, so the pipeline never
+    // looks at them.
+    optimize(&gpu.module, machine, "globaldce")?;
     optimize(&gpu.module, machine, opts.opt_level.pipeline())?;
     if matches!(opts.probe_abi, ProbeAbi::Arguments { .. })
         && fold_stack_pointer_casts(&gpu.module)? > 0
@@ -301,6 +305,18 @@ fn optimized_module<'ctx>(
             &gpu.module,
             machine,
             "function(sroa,early-cse,instcombine<no-verify-fixpoint>,simplifycfg,adce)",
+        )?;
+    }
+    // Each round's folding makes the next shuffle's operand a constant (a warp sum of a
+    // constant doubles at every step), so it goes round until nothing is left to fold.
+    for _ in 0..8 {
+        if fold_uniform_warp_ops(&gpu.module)? == 0 {
+            break;
+        }
+        optimize(
+            &gpu.module,
+            machine,
+            "function(instcombine<no-verify-fixpoint>,simplifycfg,adce)",
         )?;
     }
     demote_stack_atomics(&gpu.module)?;

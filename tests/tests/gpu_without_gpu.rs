@@ -89,3 +89,97 @@ fn a_cuda_app_without_a_gpu_runs_as_without_bpftime_with_one_notice() {
         notices[0]
     );
 }
+
+/// A launch program reads `struct bpftime_cuda_launch` from cuda_launch.h; the agent hands
+/// it a `LaunchContext`. The C compiler's layout of the header and Rust's must agree field
+/// by field, or a tool reads the grid where the stream is.
+#[test]
+fn the_launch_context_header_matches_what_the_agent_passes() {
+    use bpftime_gpu_attach::LaunchContext;
+    use std::mem::{offset_of, size_of};
+    let s = Session::new("launchctx");
+    let src = s.tmp.join("layout.c");
+    let fields = [
+        "launch_id",
+        "function",
+        "stream",
+        "grid",
+        "block",
+        "shared_mem_bytes",
+        "device",
+        "cpu_ns",
+        "gpu_start_ns",
+        "gpu_end_ns",
+        "clock_error_ns",
+        "phase",
+        "result",
+        "name_len",
+        "name",
+    ];
+    let mut c = format!(
+        "#include <stdio.h>\n#include <stddef.h>\n#include \"{}\"\nint main(void) {{\n\
+         printf(\"size %zu\\n\", sizeof(struct bpftime_cuda_launch));\n",
+        examples::CUDA_LAUNCH_H
+    );
+    for f in fields {
+        c.push_str(&format!(
+            "printf(\"{f} %zu\\n\", offsetof(struct bpftime_cuda_launch, {f}));\n"
+        ));
+    }
+    c.push_str("printf(\"phases %d %d\\n\", BPFTIME_LAUNCH_CALLED, BPFTIME_LAUNCH_COMPLETED);\nreturn 0;\n}\n");
+    std::fs::write(&src, c).unwrap();
+    let exe = s.tmp.join("layout");
+    let o = Command::new("gcc")
+        .arg("-o")
+        .arg(&exe)
+        .arg(&src)
+        .output()
+        .expect("run gcc");
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let out = Command::new(&exe).output().expect("run the layout program");
+    let c_layout = String::from_utf8_lossy(&out.stdout).into_owned();
+    let rust_offsets = [
+        offset_of!(LaunchContext, launch_id),
+        offset_of!(LaunchContext, function),
+        offset_of!(LaunchContext, stream),
+        offset_of!(LaunchContext, grid),
+        offset_of!(LaunchContext, block),
+        offset_of!(LaunchContext, shared_mem_bytes),
+        offset_of!(LaunchContext, device),
+        offset_of!(LaunchContext, cpu_ns),
+        offset_of!(LaunchContext, gpu_start_ns),
+        offset_of!(LaunchContext, gpu_end_ns),
+        offset_of!(LaunchContext, clock_error_ns),
+        offset_of!(LaunchContext, phase),
+        offset_of!(LaunchContext, result),
+        offset_of!(LaunchContext, name_len),
+        offset_of!(LaunchContext, name),
+    ];
+    let mut rust_layout = format!("size {}\n", size_of::<LaunchContext>());
+    for (f, off) in fields.iter().zip(rust_offsets) {
+        rust_layout.push_str(&format!("{f} {off}\n"));
+    }
+    rust_layout.push_str(&format!(
+        "phases {} {}\n",
+        bpftime_gpu_attach::PHASE_LAUNCHED,
+        bpftime_gpu_attach::PHASE_COMPLETED
+    ));
+    assert_eq!(c_layout, rust_layout);
+}
+
+/// A launch program is CPU code: `bpftime verify` checks it against the launch context
+/// (168 bytes, a kprobe's), not under the GPU rules.
+#[test]
+fn a_launch_program_verifies_as_cpu_code() {
+    let s = Session::new("launchverify");
+    let mut c = s.bpftime();
+    c.arg("verify").arg(examples::LAUNCHSNOOP_BPF_O);
+    let o = run_with_timeout(c, Duration::from_secs(60));
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert!(
+        o.status.success(),
+        "{out}{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    assert!(out.contains("launch: ok"), "{out}");
+}
