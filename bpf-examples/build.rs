@@ -44,6 +44,8 @@ const GPU_ARTIFACTS: &[&str] = &[
     "launchlate.bpf.o",
     "hashcount.bpf.o",
     "launchsnoop.bpf.o",
+    "gpu_printk.bpf.o",
+    "smcount.bpf.o",
     "bench_empty.bpf.o",
     "bench_count.bpf.o",
     "bench_exit_time.bpf.o",
@@ -69,6 +71,8 @@ const SOURCES: &[&str] = &[
     "launchlate",
     "hashcount",
     "launchsnoop",
+    "gpu_printk",
+    "smcount",
     "gpu_bench",
 ];
 

@@ -104,6 +104,16 @@ run() {  # run LOG ARGS... : bpftime run ARGS, output and exit status in LOG.out
     ok=0; [ "$keys" = 64 ] && [ "$off" = 0 ] && grep -q 'check=ok' "$log.out" && ok=1
     result "hashcount: concurrent inserts of one key make one entry" $ok "$keys keys (expected 64), $off not holding 1048576 / 64 x 10 = 163840"
 
+    # smcount: a per-CPU array on the GPU (a value per SM), summed over CPUs by the tool,
+    # against an array indexed by SM id.
+    log=$work/smcount
+    run "$log" "$objs/smcount.bpf.o" -- "$cuda/vec_add" 1048576 10 256
+    total=$(value "$log.out" exits 0)
+    by_sm=$(sed -n 's/^by_sm\[[0-9]*\]: \([0-9]*\)$/\1/p' "$log.out" | awk '{ s += $1 } END { print s + 0 }')
+    sms=$(sed -n 's/^by_sm\[[0-9]*\]: \([0-9]*\)$/\1/p' "$log.out" | grep -vc '^0$')
+    ok=0; [ "$total" = 10485760 ] && [ "$by_sm" = 10485760 ] && [ "$sms" -gt 1 ] && grep -q 'check=ok' "$log.out" && ok=1
+    result "smcount: a per-CPU array keeps a value per SM, summed over CPUs" $ok "per-CPU sum $total, by SM $by_sm (expected 10485760 each), over $sms SMs"
+
     # launchsnoop: a launch program on every kernel, run at each launch call and again
     # once the kernel completed, with its GPU start and end on the host clock; on each
     # kind of build and on a kernel without PTX. GPU times are bracketed by the
@@ -134,6 +144,28 @@ run() {  # run LOG ARGS... : bpftime run ARGS, output and exit status in LOG.out
         result "launchsnoop on $app" $ok "$calls calls, $done completed (expected $iters each), $threads threads (expected $((n * iters))), $events events naming vectorAdd: $named; GPU time mean $mean ns, longest $max ns vs the app's CUDA events: median $ms ms, longest $ms_max ms; clock bound $bound ns; $early before their call, $orphan completions without a call run"
     done
 
+    # CuPy's RawKernel (NVRTC at run time, cuModuleLoadData). CuPy 14 loads a cubin, so by
+    # default the kernel gets one notice (naming CuPy's switch) and runs as it is; with
+    # CUPY_COMPILE_WITH_PTX=1 it carries PTX, and threadhist's exit probe counts it:
+    # 256 blocks of 256 threads, 3 launches, 768 exits at every index.
+    if python3 -c 'import cupy' 2>/dev/null; then
+        log=$work/cupy-cubin
+        run "$log" "$objs/threadhist.bpf.o" -- python3 bpf-examples/cuda/cupy_add.py 65536 3
+        notices=$(grep -c '^bpftime: kernel vectorAdd has no PTX.*CUPY_COMPILE_WITH_PTX=1' "$log.out")
+        ok=0; grep -q 'check=ok' "$log.out" && grep -q '^exit=0' "$log.out" && [ "$notices" = 1 ] && ok=1
+        result "CuPy RawKernel as a cubin: one notice naming the switch, the app runs" $ok "$notices notices"
+        log=$work/cupy-ptx
+        CUPY_COMPILE_WITH_PTX=1 run "$log" "$objs/threadhist.bpf.o" -- python3 bpf-examples/cuda/cupy_add.py 65536 3
+        bad=0
+        for i in $(seq 0 255); do
+            [ "$(value "$log.out" exits_by_thread $i)" = 768 ] || bad=$((bad + 1))
+        done
+        ok=0; [ $bad = 0 ] && grep -q 'check=ok' "$log.out" && grep -q '^exit=0' "$log.out" && ok=1
+        result "CuPy RawKernel with PTX: threadhist inside a kernel NVRTC compiled" $ok "$bad of 256 indices off 768"
+    else
+        result "CuPy RawKernel" 0 "no CuPy on this machine"
+    fi
+
     # launchsnoop on a PyTorch training loop (the stock wheel: no PTX anywhere): a launch
     # event for every kernel torch.profiler (CUPTI) saw in the same run, each completed,
     # GPU times summing to the profiler's within launch overheads, and the same loss as
@@ -158,17 +190,37 @@ run() {  # run LOG ARGS... : bpftime run ARGS, output and exit status in LOG.out
         result "launchsnoop on PyTorch (no PTX)" 0 "no PyTorch with CUDA on this machine"
     fi
 
-    # From a module's first probed launch to its instrumented module ready, per kernel.
+    # gpu_printk: a bpf_printk line from inside vectorAdd (one thread, at its exit) per
+    # launch, with the GPU's clock in it; the trace pipe stamps when the line got there.
+    log=$work/gpu_printk
+    run "$log" "$objs/gpu_printk.bpf.o" -- "$cuda/vec_add" 1048576 20
+    lines=$(grep -c 'bpf_trace_printk: vectorAdd n=1048576 exit_ns=' "$log.out")
+    lat=$(grep 'bpf_trace_printk: vectorAdd n=1048576 exit_ns=' "$log.out" |
+        sed 's/.* \([0-9]*\)\.\([0-9]*\): bpf_trace_printk: .*exit_ns=\([0-9]*\).*/\1 \2 \3/' |
+        awk '{ printf "%.0f\n", ($1 * 1e9 + $2 * 1e3) - $3 }' | sort -n)
+    median=$(awk '{ v[NR] = $1 } END { if (NR) print v[int((NR + 1) / 2)]; else print "" }' <<<"$lat")
+    worst=$(tail -1 <<<"$lat")
+    best=$(head -1 <<<"$lat")
+    ok=0
+    [ "$lines" = 20 ] && grep -q 'check=ok' "$log.out" && [ -n "$median" ] &&
+        [ "$best" -ge -10000 ] && [ "$median" -le 1000000 ] && ok=1
+    result "gpu_printk: a trace line from inside a kernel per launch, fire-and-forget" $ok "$lines lines (expected 20); from the GPU's printk to the line in the trace pipe: median $median ns, best $best ns, worst $worst ns (goal: median <= 1 ms; the pipe's stamp has microseconds)"
+
+    # From a module's first probed launch to its instrumented module ready, per kernel,
+    # with threadhist (an exit probe, one array): the maps' device copies, the probes'
+    # compilation (LLVM), the splice, the driver's load of the module (its JIT), and the
+    # clock's calibration.
     for app in "vec_add 1048576 2" "matmul 1024 2"; do
         set -- $app
         log=$work/ready-$1
         exe=$cuda/$1; shift
         kernel=vectorAdd; [ "$(basename "$exe")" = matmul ] && kernel=matmul
-        BPFTIME_LOG=info run "$log" --attach kernel_entry="$kernel" --attach kernel_exit="$kernel" "$objs/cuda_counter.bpf.o" -- "$exe" "$@"
-        built=$(grep 'instrumented module built' "$log.out" | head -1 | sed 's/\x1b\[[0-9;]*m//g')
-        ready=$(grep 'instrumented module ready' "$log.out" | head -1 | sed 's/\x1b\[[0-9;]*m//g' | grep -o 'ms=[0-9.]*' | cut -d= -f2)
+        BPFTIME_LOG=info run "$log" --attach thread_exit="$kernel" "$objs/threadhist.bpf.o" -- "$exe" "$@"
+        plain=$(sed 's/\x1b\[[0-9;]*m//g' "$log.out")
+        ready=$(grep 'instrumented module ready' <<<"$plain" | head -1 | grep -o 'ms=[0-9.]*' | cut -d= -f2)
+        parts=$(grep -E 'probes compiled|instrumented module built' <<<"$plain" | grep -o '[a-z_]*_ms=[0-9.]*' | tr '\n' ' ')
         ok=0; [ -n "$ready" ] && grep -q 'check=ok' "$log.out" && ok=1
-        result "module load to instrumented module ready, $kernel" $ok "$ready ms (goal <= 20 ms): $(grep -o 'probes_and_splice_ms=[0-9.]*\|driver_load_ms=[0-9.]*' <<<"$built" | tr '\n' ' ')"
+        result "module load to instrumented module ready, $kernel" $ok "$ready ms (goal <= 20 ms): $parts"
     done
 
     # Bad input: a kernel that does not exist; a kernel without PTX.
@@ -182,6 +234,46 @@ run() {  # run LOG ARGS... : bpftime run ARGS, output and exit status in LOG.out
     ok=0; grep -q 'check=ok' "$log.out" && grep -q '^exit=0' "$log.out" &&
         [ "$(grep -c '^bpftime: kernel .* has no PTX' "$log.out")" = 1 ] && ok=1
     result "a kernel without PTX: one notice, the app runs" $ok
+
+    # A tool that exits while the target's kernels run: the unmodified libbpf tool is
+    # killed (SIGKILL, no goodbye) two seconds into 100000 launches; its probes are detached
+    # from the next launches on, and the application finishes with correct results.
+    store=gpu-ex-$$-kill
+    LD_LIBRARY_PATH="$objs" "$bt" --store "$store" load "$objs/gpu_probes" --obj "$objs/gpu_probes.bpf.o" >"$work/tool.out" 2>&1 &
+    tool=$!
+    for _ in $(seq 200); do grep -qx ready "$work/tool.out" && break; sleep 0.05; done
+    BPFTIME_LOG=info timeout 300 "$bt" --store "$store" start "$cuda/vec_add" 1048576 100000 >"$work/app.out" 2>&1 &
+    app=$!
+    sleep 2
+    kill -KILL $tool
+    wait $tool 2>/dev/null
+    wait $app; status=$?
+    detached=$(grep -c 'GPU probe detached' "$work/app.out")
+    ok=0; [ $status = 0 ] && grep -q 'check=ok' "$work/app.out" && [ "$detached" -ge 3 ] && ok=1
+    result "a tool killed while kernels run: probes detached, the app's results correct" $ok "app exit $status, $detached device probes detached, $(grep -o 'check=[a-z]*' "$work/app.out")"
+    grep -v '^starts\[' "$work/app.out" | tail -20 >"$logs/tool-killed.out" 2>/dev/null
+    rm -rf "/dev/shm/bpftime-$store"
+
+    # A target killed while instrumented kernels run: the tool sees it go, does not hang,
+    # and keeps what completed launches brought back (each launch adds 4096 exits at every
+    # index, so every value is a multiple of 4096, however the last sync went).
+    log=$work/target-killed
+    timeout 120 "$bt" --store "gpu-ex-$$" run "$objs/threadhist.bpf.o" -- "$cuda/vec_add" 1048576 100000 256 >"$log.out" 2>&1 &
+    runner=$!
+    sleep 3
+    # The application itself, not `bpftime run` (whose command line names it too).
+    pkill -KILL -f "^$cuda/vec_add 1048576 100000 256" 2>/dev/null
+    started=$(date +%s)
+    wait $runner; status=$?
+    took=$(($(date +%s) - started))
+    values=$(sed -n 's/^exits_by_thread\[[0-9]*\]: \([0-9]*\)$/\1/p' "$log.out")
+    counted=$(grep -c . <<<"$values")
+    odd=$(awk '$1 % 4096 != 0' <<<"$values" | wc -l)
+    ok=0
+    [ $status != 124 ] && [ "$took" -le 30 ] && grep -q 'signal: 9' "$log.out" &&
+        [ "$counted" -ge 1 ] && [ "$odd" = 0 ] && ok=1
+    result "a target killed mid-kernel: the tool reports it and keeps the synced counts" $ok "bpftime run exit $status after ${took}s, $counted indices with counts, $odd not a multiple of 4096"
+    grep -v '^starts\[' "$log.out" | tail -20 >"$logs/target-killed.out" 2>/dev/null
 
     echo "$passed passed, $failed failed"
 } | tee "$out"

@@ -3,8 +3,10 @@
 # map's inserts racing across every thread (hashcount), ring buffer records from every
 # thread at once (kernelretsnoop, 131072 per run), and an unmodified libbpf C tool
 # (gpu_probes, Debian's libbpf) under `bpftime load` sharing its maps with two CUDA
-# processes launching at the same time under `bpftime start`. Each run is checked exactly;
-# the last line is `N passed, M failed`.
+# processes launching at the same time under `bpftime start`; and one process launching
+# from 8 host threads at once, each on its own stream, traced by a launch program
+# (launchsnoop: both runs of every launch, in order) and by entry and exit probes
+# (cuda_counter). Each run is checked exactly; the last line is `N passed, M failed`.
 #
 #   scripts/gpu-stress.sh BPFTIME OBJECT_DIR CUDA_BUILD_DIR RUNS OUT_FILE
 # OBJECT_DIR holds the .bpf.o files, gpu_probes (the loader) and the libbpf.so.1 it links.
@@ -52,9 +54,26 @@ value() { sed -n "s/^$2\[$3\]: \([0-9]*\)$/\1/p" "$1" | head -1; }
             [ "$entries" = 20971520 ] && [ "$exits" = 20971520 ] &&
             [ "$elements" = $((20971520 * 1048576)) ] && ok=1
         result "one libbpf tool, two CUDA processes" $ok "apps $sa/$sb, entries $entries exits $exits (expected 20971520 each), sum of n $elements"
+        # Launches from 8 threads at once: 8 x 200 launches, each seen at its call and
+        # once completed, the completion never before the call.
+        log=$work/threads-launch
+        timeout 300 "$bt" --store "$store" run "$objs/launchsnoop.bpf.o" -- "$cuda/vec_add_threads" 65536 200 8 >"$log" 2>&1
+        calls=$(value "$log" stats 0) done=$(value "$log" stats 1) orphan=$(value "$log" stats 8)
+        early=$(value "$log" stats 5) events=$(grep -c '^event events ' "$log")
+        ok=0
+        grep -q 'check=ok' "$log" && [ "$calls" = 1600 ] && [ "$done" = 1600 ] && [ "$events" = 1600 ] &&
+            [ "$orphan" = 0 ] && [ "$early" = 0 ] && ok=1
+        result "launch events from 8 threads" $ok "$calls calls, $done completed, $events events (expected 1600 each), $orphan completions without their call, $early before their call"
+        # The same launches, every thread of every one counted at entry and exit.
+        log=$work/threads-count
+        timeout 300 "$bt" --store "$store" run "$objs/cuda_counter.bpf.o" -- "$cuda/vec_add_threads" 65536 200 8 >"$log" 2>&1
+        entries=$(value "$log" counts 0) exits=$(value "$log" counts 1)
+        ok=0
+        grep -q 'check=ok' "$log" && [ "$entries" = 104857600 ] && [ "$exits" = 104857600 ] && ok=1
+        result "device probes on launches from 8 threads" $ok "entries $entries exits $exits (expected 104857600 each)"
         rm -rf "/dev/shm/bpftime-$store"
     done
-    echo "GPU stress, $(date -u +%Y-%m-%d), $(nvidia-smi --query-gpu=name --format=csv,noheader | head -1): $runs runs of 3 checks"
+    echo "GPU stress, $(date -u +%Y-%m-%d), $(nvidia-smi --query-gpu=name --format=csv,noheader | head -1): $runs runs of 5 checks"
     echo "$passed passed, $failed failed"
 } | tee "$out"
 grep -q ' 0 failed$' "$out"

@@ -7,7 +7,8 @@
  * - SEC("kprobe/KERNEL") in a program named cuda__*: bpftime's convention for
  *   a GPU entry probe; libbpf attaches it as any kprobe.
  * - SEC("cuda:MANGLED"): the entry of the kernel by its mangled name.
- * - SEC("cuda:KERNEL:launch"): on the CPU, at each launch of the kernel.
+ * - SEC("cuda:KERNEL:launch"): on the CPU, at each launch of the kernel (and again
+ *   when it completed, see ../common/cuda_launch.h).
  *
  * The context of a GPU probe is kprobe-shaped: PT_REGS_PARM4 is vectorAdd's
  * fourth parameter, `n`.
@@ -18,6 +19,7 @@
 #include <bpf/bpf_tracing.h>
 
 #include "gpu_probes.h"
+#include "../common/cuda_launch.h"
 
 struct {
 	__uint(type, BPF_MAP_TYPE_ARRAY);
@@ -56,9 +58,11 @@ int mangled_entry(struct pt_regs *ctx)
 }
 
 SEC("cuda:vectorAdd:launch")
-int vector_add_launch(struct pt_regs *ctx)
+int vector_add_launch(struct bpftime_cuda_launch *ctx)
 {
-	count(SLOT_LAUNCHES, 1);
+	/* Once per launch: the program runs again when the launch completed. */
+	if (ctx->phase == BPFTIME_LAUNCH_CALLED)
+		count(SLOT_LAUNCHES, 1);
 	return 0;
 }
 

@@ -172,6 +172,16 @@ fn gpu_programs(object: &Path) -> Vec<GpuProgram> {
             for r in relocs.iter() {
                 let sym = elf.syms.get(r.r_sym).expect("relocation symbol");
                 let target = section_name(sym.st_shndx);
+                let slot = r.r_offset as usize / 8;
+                if target.starts_with(".rodata") {
+                    // Global data (bpf_printk's format): where its map's value would be,
+                    // plus the offset the instruction holds.
+                    let addr = 0x7e00_0000_0000 + insns[slot].imm as u32 as u64;
+                    insns[slot].src = 0;
+                    insns[slot].imm = addr as u32 as i32;
+                    insns[slot + 1].imm = (addr >> 32) as u32 as i32;
+                    continue;
+                }
                 assert_eq!(target, ".maps", "{name}: relocation against {target}");
                 let map = elf.strtab.get_at(sym.st_name).unwrap_or("").to_string();
                 let next = 0x7f00_0000_0000 + 0x100_0000 * maps.len() as u64;
@@ -182,7 +192,6 @@ fn gpu_programs(object: &Path) -> Vec<GpuProgram> {
                         next
                     }
                 };
-                let slot = r.r_offset as usize / 8;
                 assert!(insns[slot].is_lddw(), "{name}: map reference at {slot}");
                 insns[slot].src = 0;
                 insns[slot].imm = addr as u32 as i32;

@@ -302,6 +302,22 @@ pub fn value_deltas(old: &[u8], new: &[u8]) -> (Vec<WordDelta>, Option<std::ops:
     (deltas, tail)
 }
 
+/// Makes `deltas` (from [`value_deltas`]) on a copy of the value they came from.
+pub fn add_deltas(value: &mut [u8], deltas: &[WordDelta]) {
+    for d in deltas {
+        let w = d.width as usize;
+        let word = &mut value[d.offset..d.offset + w];
+        if w == 8 {
+            let v = u64::from_le_bytes(word.try_into().expect("8 bytes")).wrapping_add(d.delta);
+            word.copy_from_slice(&v.to_le_bytes());
+        } else {
+            let v =
+                u32::from_le_bytes(word.try_into().expect("4 bytes")).wrapping_add(d.delta as u32);
+            word.copy_from_slice(&v.to_le_bytes());
+        }
+    }
+}
+
 /// A record the device committed to a ring.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RingRecord {
@@ -518,6 +534,34 @@ mod tests {
         // Nothing past head is read.
         let (records, tail) = drain_ring(&ring, size, 40, first);
         assert_eq!((records.len(), tail), (1, first));
+    }
+
+    #[test]
+    fn deltas_replay_a_change_on_a_copy() {
+        // 8-byte word, 4-byte word, then 2 tail bytes; one word wraps.
+        let old: Vec<u8> = [
+            5u64.to_le_bytes().as_slice(),
+            &u32::MAX.to_le_bytes(),
+            &[1, 2],
+        ]
+        .concat();
+        let new: Vec<u8> = [9u64.to_le_bytes().as_slice(), &3u32.to_le_bytes(), &[1, 2]].concat();
+        let (deltas, tail) = value_deltas(&old, &new);
+        assert_eq!(tail, None);
+        // Another copy of the value that moved on meanwhile gets the same change.
+        let mut other: Vec<u8> = [
+            100u64.to_le_bytes().as_slice(),
+            &10u32.to_le_bytes(),
+            &[7, 7],
+        ]
+        .concat();
+        add_deltas(&mut other, &deltas);
+        assert_eq!(&other[..8], &104u64.to_le_bytes());
+        assert_eq!(&other[8..12], &14u32.to_le_bytes());
+        assert_eq!(&other[12..], &[7, 7]);
+        let mut same = old.clone();
+        add_deltas(&mut same, &deltas);
+        assert_eq!(same, new);
     }
 
     #[test]

@@ -13,9 +13,9 @@ use bpftime_runtime::Map;
 
 use crate::cuda::{Api, CudaError, DevicePtr, Handle};
 use crate::device_maps::{
-    device_kind, drain_ring, hash_capacity, is_per_cpu, round8, value_deltas, DeviceKind,
-    DeviceRing, GpuMapDesc, HashImage, HashShape, RingRecord, ShardEntry, WordDelta, RING_HEAD,
-    RING_TAIL, SHARDED_ARRAY_MAX,
+    add_deltas, device_kind, drain_ring, hash_capacity, is_per_cpu, round8, value_deltas,
+    DeviceKind, DeviceRing, GpuMapDesc, HashImage, HashShape, RingRecord, ShardEntry, WordDelta,
+    RING_HEAD, RING_TAIL, SHARDED_ARRAY_MAX,
 };
 
 /// Why a replica could not be made or synced.
@@ -108,6 +108,16 @@ enum SyncState {
         /// The values both sides held at the last sync, in the device's layout.
         shadow: Vec<u8>,
     },
+    /// A per-CPU array: a value per key and SM on the device, per key and CPU in the
+    /// store; SM `s`'s changes go to CPU `s % cpus`, CPU `c`'s to SM `c % sms`.
+    PerCpuArray {
+        /// The device's values at the last sync, in its layout (key-major, SM-minor).
+        device: Vec<u8>,
+        /// The store's values at the last sync, key-major, CPU-minor, `value_stride`
+        /// apart.
+        host: Vec<u8>,
+        cpus: usize,
+    },
     Hash {
         shape: HashShape,
         shadow: HashMap<Vec<u8>, Vec<u8>>,
@@ -136,13 +146,10 @@ pub(crate) struct Replica {
 const PERF_RING_BYTES: u64 = 1 << 20;
 
 impl Replica {
-    /// Makes the replica of `map` with the store's current contents; an array of at most
-    /// [`SHARDED_ARRAY_MAX`] bytes gets `shard_copies` per-SM copies (none for 1).
-    pub fn new(
-        mover: &Mover<'_>,
-        map: Arc<Map>,
-        shard_copies: u32,
-    ) -> Result<Replica, ReplicaError> {
+    /// Makes the replica of `map` with the store's current contents, for a device of
+    /// `sm_count` SMs: a per-CPU array keeps a value per SM, and an array of at most
+    /// [`SHARDED_ARRAY_MAX`] bytes gets per-SM copies for its adds (none for 1 SM).
+    pub fn new(mover: &Mover<'_>, map: Arc<Map>, sm_count: u32) -> Result<Replica, ReplicaError> {
         let unsupported = |reason: String| ReplicaError::Unsupported {
             id: map.id(),
             name: map.name(),
@@ -151,9 +158,12 @@ impl Replica {
         let kind = device_kind(map.map_type()).map_err(unsupported)?;
         // Read before the store is copied: a change made meanwhile is pushed later.
         let updates = map.updates();
-        if is_per_cpu(map.map_type()) {
+        let per_cpu = is_per_cpu(map.map_type());
+        if per_cpu && kind == DeviceKind::Hash {
             return Err(unsupported(
-                "per-CPU maps are not replicated on the GPU yet; use an array or hash map".into(),
+                "per-CPU hash maps are not replicated on the GPU yet; use a per-CPU array, \
+                 or a hash map"
+                    .into(),
             ));
         }
         let mut desc = GpuMapDesc {
@@ -167,6 +177,36 @@ impl Replica {
             ..GpuMapDesc::default()
         };
         let state = match kind {
+            DeviceKind::Array if per_cpu => {
+                desc.copies = sm_count.max(1);
+                let host = HostArray::of(&map, &desc).ok_or_else(|| {
+                    unsupported("the store keeps no values for this array".into())
+                })?;
+                let (copies, cpus) = (desc.copies as usize, host.cpus);
+                let stride = desc.value_stride as usize;
+                let size = host.value_size;
+                let entries = desc.max_entries as usize;
+                let mut device = vec![0u8; entries * copies * stride];
+                let mut host_shadow = vec![0u8; entries * cpus * stride];
+                for k in 0..entries {
+                    for c in 0..cpus {
+                        host_shadow[(k * cpus + c) * stride..][..size]
+                            .copy_from_slice(host.value_on(k, c));
+                    }
+                    // Each SM starts from the value of the CPU it reports to.
+                    for sm in 0..copies {
+                        device[(k * copies + sm) * stride..][..size]
+                            .copy_from_slice(host.value_on(k, sm % cpus));
+                    }
+                }
+                desc.values = mover.alloc(device.len())?;
+                mover.put(desc.values, &device)?;
+                SyncState::PerCpuArray {
+                    device,
+                    host: host_shadow,
+                    cpus,
+                }
+            }
             DeviceKind::Array => {
                 let bytes = desc.max_entries as usize * desc.value_stride as usize;
                 desc.values = mover.alloc(bytes)?;
@@ -205,7 +245,12 @@ impl Replica {
         let desc_addr = mover.alloc(std::mem::size_of::<GpuMapDesc>())?;
         mover.put(desc_addr, as_bytes(&desc))?;
         let len = desc.max_entries as u64 * desc.value_stride as u64;
-        let shards = if kind == DeviceKind::Array && shard_copies > 1 && len <= SHARDED_ARRAY_MAX {
+        let shard_copies = sm_count;
+        let shards = if kind == DeviceKind::Array
+            && !per_cpu
+            && shard_copies > 1
+            && len <= SHARDED_ARRAY_MAX
+        {
             let bytes = ShardEntry::shard_bytes(len, shard_copies);
             let copies = mover.alloc(bytes as usize)?;
             mover.zero(copies, bytes as usize)?;
@@ -233,8 +278,9 @@ impl Replica {
     }
 
     /// How a probe inlines lookups of an array replica.
+    /// Lookups of a per-CPU array go through the runtime, which picks the SM's value.
     pub fn array_layout(&self) -> Option<ArrayMapLayout> {
-        (self.kind == DeviceKind::Array).then_some(ArrayMapLayout {
+        (self.kind == DeviceKind::Array && self.desc.copies == 1).then_some(ArrayMapLayout {
             values: self.desc.values,
             key_stride: self.desc.value_stride,
             max_entries: self.desc.max_entries,
@@ -245,7 +291,7 @@ impl Replica {
 
     /// Device address of the first value of an array replica (global data sections).
     pub fn values_addr(&self) -> Option<DevicePtr> {
-        (self.kind == DeviceKind::Array).then_some(self.desc.values)
+        (self.kind == DeviceKind::Array && self.desc.copies == 1).then_some(self.desc.values)
     }
 
     /// Before a launch: writes what the CPU changed since the last sync.
@@ -255,7 +301,9 @@ impl Replica {
         // looked-up pointers and memory-mapped writes.
         let counted_only = match self.kind {
             DeviceKind::Array => {
-                self.desc.max_entries as usize * self.desc.value_stride as usize
+                self.desc.max_entries as usize
+                    * self.desc.copies as usize
+                    * self.desc.value_stride as usize
                     > ALWAYS_COMPARED_ARRAY
             }
             DeviceKind::Hash => true,
@@ -290,6 +338,39 @@ impl Replica {
                         mover.put(at + tail.start as u64, &h[tail])?;
                     }
                     s[..size].copy_from_slice(h);
+                }
+                Ok(out)
+            }
+            SyncState::PerCpuArray { device, host, cpus } => {
+                let mut out = Vec::new();
+                let Some(store) = HostArray::of(&self.map, &self.desc) else {
+                    return Ok(out);
+                };
+                let stride = self.desc.value_stride as usize;
+                let copies = self.desc.copies as usize;
+                let size = store.value_size;
+                for k in 0..self.desc.max_entries as usize {
+                    for c in 0..*cpus {
+                        let h = store.value_on(k, c);
+                        let seen = &mut host[(k * *cpus + c) * stride..][..size];
+                        if h == &seen[..] {
+                            continue;
+                        }
+                        // CPU c's change goes to the SM that reports to it, as additions
+                        // (the device's own changes since the last pull stay).
+                        let sm = c % copies;
+                        let at_byte = (k * copies + sm) * stride;
+                        let at = self.desc.values + at_byte as u64;
+                        let (deltas, tail) = value_deltas(seen, h);
+                        out.extend(deltas.iter().map(|d| DeviceDelta::of(at, d)));
+                        let dev = &mut device[at_byte..][..size];
+                        add_deltas(dev, &deltas);
+                        if let Some(tail) = tail {
+                            mover.put(at + tail.start as u64, &h[tail.clone()])?;
+                            dev[tail.clone()].copy_from_slice(&h[tail]);
+                        }
+                        seen.copy_from_slice(h);
+                    }
                 }
                 Ok(out)
             }
@@ -330,6 +411,41 @@ impl Replica {
                     host.add(k, &deltas);
                     if let Some(tail) = tail {
                         host.write_bytes(k, tail.start, &d[tail]);
+                    }
+                    s.copy_from_slice(d);
+                }
+                Ok(())
+            }
+            SyncState::PerCpuArray { device, host, cpus } => {
+                let mut now = vec![0u8; device.len()];
+                mover.get(self.desc.values, &mut now)?;
+                if now == *device {
+                    return Ok(());
+                }
+                let Some(store) = HostArray::of(&self.map, &self.desc) else {
+                    return Ok(());
+                };
+                let stride = self.desc.value_stride as usize;
+                let copies = self.desc.copies as usize;
+                let size = store.value_size;
+                for (i, (d, s)) in now
+                    .chunks(stride)
+                    .zip(device.chunks_mut(stride))
+                    .enumerate()
+                {
+                    if d == s {
+                        continue;
+                    }
+                    // SM `sm`'s changes reach the store as additions to CPU `sm % cpus`.
+                    let (k, sm) = (i / copies, i % copies);
+                    let cpu = sm % *cpus;
+                    let (deltas, tail) = value_deltas(&s[..size], &d[..size]);
+                    store.add_on(k, cpu, &deltas);
+                    let seen = &mut host[(k * *cpus + cpu) * stride..][..size];
+                    add_deltas(seen, &deltas);
+                    if let Some(tail) = tail {
+                        store.write_bytes_on(k, cpu, tail.start, &d[tail.clone()]);
+                        seen[tail.clone()].copy_from_slice(&d[tail]);
                     }
                     s.copy_from_slice(d);
                 }
@@ -484,43 +600,66 @@ impl RingReader {
 /// Arrays up to this many bytes are compared with the store before every launch.
 const ALWAYS_COMPARED_ARRAY: usize = 64 << 10;
 
-/// An array map's values where the store keeps them.
+/// An array map's values where the store keeps them: one per key, or for a per-CPU
+/// array one per key and CPU.
 struct HostArray {
     base: *mut u8,
     key_stride: usize,
     value_size: usize,
     max_entries: usize,
+    /// Values per key (1, or the possible CPUs of a per-CPU array), `cpu_stride` apart.
+    cpus: usize,
+    cpu_stride: usize,
 }
 
 impl HostArray {
     fn of(map: &Map, desc: &GpuMapDesc) -> Option<HostArray> {
         let v = map.array_values()?;
+        let (cpus, cpu_stride) = v.per_cpu.map_or((1, 0), |(n, s)| (n as usize, s as usize));
         Some(HostArray {
             base: v.base,
             key_stride: v.key_stride as usize,
             value_size: (desc.value_size as usize).min(v.value_size as usize),
             max_entries: map.max_entries() as usize,
+            cpus: cpus.max(1),
+            cpu_stride,
         })
+    }
+
+    fn offset(&self, k: usize, cpu: usize) -> usize {
+        assert!(k < self.max_entries && cpu < self.cpus);
+        k * self.key_stride + cpu * self.cpu_stride
     }
 
     /// Key `k`'s value (`k` below max_entries).
     fn value(&self, k: usize) -> &[u8] {
-        assert!(k < self.max_entries);
-        // SAFETY: key k < max_entries holds value_size bytes at base + k * key_stride for
-        // as long as the map handle lives (the replica holds it).
-        unsafe { std::slice::from_raw_parts(self.base.add(k * self.key_stride), self.value_size) }
+        self.value_on(k, 0)
+    }
+
+    /// Key `k`'s value of CPU `cpu`.
+    fn value_on(&self, k: usize, cpu: usize) -> &[u8] {
+        let at = self.offset(k, cpu);
+        // SAFETY: key k < max_entries holds value_size bytes for each of its CPUs at base
+        // + k * key_stride + cpu * cpu_stride (checked in `offset`) for as long as the
+        // map handle lives (the replica holds it).
+        unsafe { std::slice::from_raw_parts(self.base.add(at), self.value_size) }
     }
 
     /// Adds `deltas` to key `k`'s value, each word atomically.
     fn add(&self, k: usize, deltas: &[WordDelta]) {
-        assert!(k < self.max_entries);
+        self.add_on(k, 0, deltas)
+    }
+
+    /// Adds `deltas` to key `k`'s value of CPU `cpu`, each word atomically.
+    fn add_on(&self, k: usize, cpu: usize, deltas: &[WordDelta]) {
+        let value = self.offset(k, cpu);
         for d in deltas {
             assert!(d.offset + d.width as usize <= self.value_size);
             // SAFETY: a word inside key k's value (checked above), aligned: the store
             // keeps values 8-byte aligned and the offsets are multiples of the width. The
             // value is shared memory that other processes update the same way.
             unsafe {
-                let at = self.base.add(k * self.key_stride + d.offset);
+                let at = self.base.add(value + d.offset);
                 if d.width == 8 {
                     (*at.cast::<AtomicU64>()).fetch_add(d.delta, Ordering::Relaxed);
                 } else {
@@ -533,12 +672,18 @@ impl HostArray {
 
     /// Writes `bytes` at `offset` in key `k`'s value.
     fn write_bytes(&self, k: usize, offset: usize, bytes: &[u8]) {
-        assert!(k < self.max_entries && offset + bytes.len() <= self.value_size);
-        // SAFETY: as in `value`; inside the value (checked above).
+        self.write_bytes_on(k, 0, offset, bytes)
+    }
+
+    /// Writes `bytes` at `offset` in key `k`'s value of CPU `cpu`.
+    fn write_bytes_on(&self, k: usize, cpu: usize, offset: usize, bytes: &[u8]) {
+        let value = self.offset(k, cpu);
+        assert!(offset + bytes.len() <= self.value_size);
+        // SAFETY: as in `value_on`; inside the value (checked above).
         unsafe {
             std::ptr::copy_nonoverlapping(
                 bytes.as_ptr(),
-                self.base.add(k * self.key_stride + offset),
+                self.base.add(value + offset),
                 bytes.len(),
             )
         };

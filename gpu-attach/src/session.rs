@@ -177,6 +177,10 @@ const FOLD_THREADS: u32 = 256;
 
 /// Bytes of each context's trace ring (`bpf_trace_printk` lines on their way out).
 const TRACE_RING_BYTES: u64 = 1 << 20;
+/// How often the sync thread looks for completed launches, while some are awaited and
+/// while none is.
+const AWAITED_POLL: Duration = Duration::from_micros(100);
+const IDLE_POLL: Duration = Duration::from_millis(1);
 /// How often rings are drained while kernels run, and clocks re-anchored.
 const DRAIN_EVERY: Duration = Duration::from_millis(5);
 const REANCHOR_EVERY: Duration = Duration::from_secs(1);
@@ -322,6 +326,8 @@ pub struct GpuAttach {
     next_launch_id: AtomicU64,
     /// Launches whose GPU times are awaited, oldest first.
     timings: Mutex<VecDeque<Timing>>,
+    /// The sync thread, woken when a launch is queued for it while it idles.
+    worker: OnceLock<std::thread::Thread>,
     /// Launches that went untimed because too many were awaited.
     untimed: AtomicU64,
 }
@@ -392,14 +398,16 @@ pub fn install() -> Result<&'static GpuAttach, InstallError> {
         next_launch_id: AtomicU64::new(1),
         timings: Mutex::new(VecDeque::new()),
         untimed: AtomicU64::new(0),
+        worker: OnceLock::new(),
     });
-    std::thread::Builder::new()
+    let worker = std::thread::Builder::new()
         .name("bpftime-gpu".into())
         .spawn(move || {
             bpftime_attach::never_run_handlers_on_this_thread();
             s.worker()
         })
         .map_err(|e| InstallError::Driver(format!("cannot start the GPU sync thread: {e}")))?;
+    let _ = s.worker.set(worker.thread().clone());
     tracing::info!(
         entry_points = detours.len(),
         driver = driver_version,
@@ -486,7 +494,9 @@ impl GpuAttach {
         let mut noticed = self.noticed.lock().unwrap_or_else(|e| e.into_inner());
         if noticed.insert(key.to_string()) {
             let line = line();
-            tracing::warn!("{line}");
+            // The user's line is the one below; the log keeps it at debug level, so that
+            // the default log level does not print it twice.
+            tracing::debug!("{line}");
             eprintln!("bpftime: {line}");
         }
     }
@@ -677,7 +687,8 @@ impl GpuAttach {
         let Some((context, replicas)) = launch.work else {
             return;
         };
-        if result != CUDA_SUCCESS || replicas.is_empty() {
+        // Tracked even without maps: its trace lines are drained when it completes.
+        if result != CUDA_SUCCESS {
             return;
         }
         if let Err(e) = self.fold_shards(&context, launch.stream, &replicas) {
@@ -701,11 +712,17 @@ impl GpuAttach {
         if unsafe { (self.api.event_record)(event, launch.stream) } != CUDA_SUCCESS {
             return;
         }
-        self.lock_pending().push_back(Completion {
+        let mut pending = self.lock_pending();
+        let was_idle = pending.is_empty();
+        pending.push_back(Completion {
             context,
             event,
             replicas,
         });
+        drop(pending);
+        if was_idle {
+            self.wake_worker();
+        }
     }
 
     /// The launch programs watching `function`, with its name; `None` when none does.
@@ -859,13 +876,26 @@ impl GpuAttach {
         }
         // Queued after the first run, so the completion run never comes first.
         if let Some((start, end)) = timed {
-            self.lock_timings().push_back(Timing {
+            let mut timings = self.lock_timings();
+            let was_idle = timings.is_empty();
+            timings.push_back(Timing {
                 context,
                 probes,
                 info,
                 start,
                 end,
             });
+            drop(timings);
+            if was_idle {
+                self.wake_worker();
+            }
+        }
+    }
+
+    /// Wakes the sync thread from its idle wait: a launch is queued for it.
+    fn wake_worker(&self) {
+        if let Some(t) = self.worker.get() {
+            t.unpark();
         }
     }
 
@@ -1113,7 +1143,8 @@ impl GpuAttach {
                         format!(
                             "kernel {kernel} has no PTX for sm_{} (its module carries only \
                              machine code): device probes cannot run in it; it gets launch \
-                             events only",
+                             events only (build it with PTX: nvcc -gencode \
+                             arch=compute_XX,code=compute_XX; CuPy: CUPY_COMPILE_WITH_PTX=1)",
                             context.sm
                         )
                     });
@@ -1351,10 +1382,13 @@ impl GpuAttach {
         probes: &[Arc<GpuProbe>],
         sm: u32,
     ) -> Vec<Result<CompiledProbe, String>> {
+        let started = Instant::now();
         let inputs: Vec<Result<ProbeInputs, String>> = probes
             .iter()
             .map(|p| self.probe_inputs(context, p))
             .collect();
+        let replicas_ms = started.elapsed().as_secs_f64() * 1e3;
+        let started = Instant::now();
         let compile = |probe: &GpuProbe, inputs: ProbeInputs| -> Result<CompiledProbe, String> {
             let program = compile_probe(
                 &probe.insns,
@@ -1384,7 +1418,7 @@ impl GpuAttach {
                     })
                 })
                 .collect();
-            running
+            let compiled = running
                 .into_iter()
                 .map(|r| match r {
                     Ok(Ok(handle)) => handle
@@ -1393,7 +1427,14 @@ impl GpuAttach {
                     Ok(Err(e)) => Err(format!("no thread to compile it: {e}")),
                     Err(e) => Err(e),
                 })
-                .collect()
+                .collect();
+            tracing::info!(
+                probes = probes.len(),
+                replicas_ms,
+                compile_ms = started.elapsed().as_secs_f64() * 1e3,
+                "probes compiled"
+            );
+            compiled
         })
     }
 
@@ -1596,7 +1637,16 @@ impl GpuAttach {
         let mut last_drain = Instant::now();
         let mut last_anchor = Instant::now();
         loop {
-            std::thread::sleep(Duration::from_millis(1));
+            // Polled often while launches are awaited (a trace line, a completion run,
+            // a map's values reach the host within a fraction of a millisecond of the
+            // kernel's end), seldom when the GPU has nothing of ours.
+            let awaited = !self.lock_pending().is_empty() || !self.lock_timings().is_empty();
+            if awaited {
+                std::thread::sleep(AWAITED_POLL);
+            } else {
+                // Woken early by the next launch queued (`wake_worker`).
+                std::thread::park_timeout(IDLE_POLL);
+            }
             if !may_log() {
                 // Exiting: the exit-time flush has the last word, and the driver goes
                 // away right after it.
