@@ -314,6 +314,8 @@ pub struct GpuAttach {
     /// flush waits for a pass the worker is in the middle of: what the worker took off
     /// the queues is then in the store before the process goes.
     syncing: Mutex<()>,
+    /// Held through each clock re-anchor, which the exit-time flush waits for.
+    anchoring: Mutex<()>,
     pid_tgid: u64,
     driver_version: i32,
     /// Notices already given, so each is given once.
@@ -388,6 +390,7 @@ pub fn install() -> Result<&'static GpuAttach, InstallError> {
         active: AtomicBool::new(false),
         pending: Mutex::new(VecDeque::new()),
         syncing: Mutex::new(()),
+        anchoring: Mutex::new(()),
         pid_tgid: (pid << 32) | pid,
         driver_version,
         noticed: Mutex::new(HashSet::new()),
@@ -408,6 +411,13 @@ pub fn install() -> Result<&'static GpuAttach, InstallError> {
         })
         .map_err(|e| InstallError::Driver(format!("cannot start the GPU sync thread: {e}")))?;
     let _ = s.worker.set(worker.thread().clone());
+    std::thread::Builder::new()
+        .name("bpftime-gpu-clock".into())
+        .spawn(move || {
+            bpftime_attach::never_run_handlers_on_this_thread();
+            s.clock_keeper()
+        })
+        .map_err(|e| InstallError::Driver(format!("cannot start the GPU clock thread: {e}")))?;
     tracing::info!(
         entry_points = detours.len(),
         driver = driver_version,
@@ -1631,11 +1641,23 @@ impl GpuAttach {
         })
     }
 
+    /// The clock thread: re-anchors the contexts' clocks every [`REANCHOR_EVERY`], off the
+    /// sync thread, whose trace lines and completion runs must not wait for it.
+    fn clock_keeper(&self) {
+        loop {
+            std::thread::sleep(REANCHOR_EVERY);
+            let _anchoring = self.anchoring.lock().unwrap_or_else(|e| e.into_inner());
+            if !may_log() {
+                return;
+            }
+            self.reanchor_all();
+        }
+    }
+
     /// The sync thread: waits for instrumented launches to complete and brings their maps
-    /// back, drains rings while kernels run, and keeps the clocks anchored.
+    /// back, and drains rings while kernels run.
     fn worker(&self) {
         let mut last_drain = Instant::now();
-        let mut last_anchor = Instant::now();
         loop {
             // Polled often while launches are awaited (a trace line, a completion run,
             // a map's values reach the host within a fraction of a millisecond of the
@@ -1657,10 +1679,6 @@ impl GpuAttach {
             if last_drain.elapsed() >= DRAIN_EVERY {
                 last_drain = Instant::now();
                 self.drain_all();
-            }
-            if last_anchor.elapsed() >= REANCHOR_EVERY {
-                last_anchor = Instant::now();
-                self.reanchor_all();
             }
         }
     }
@@ -1804,6 +1822,8 @@ impl GpuAttach {
     /// Brings everything the GPU has for the store in: every launch waited for and synced,
     /// every ring drained. Runs at exit, before the driver tears its contexts down.
     pub fn flush(&self) {
+        // A re-anchor under way finishes first; none starts once the process is exiting.
+        let _anchoring = self.anchoring.lock().unwrap_or_else(|e| e.into_inner());
         self.sync_completed(true);
         self.sync_timings(true);
         self.pull_all(|_| true);
