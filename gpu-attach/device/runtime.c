@@ -371,6 +371,12 @@ static u8 *ring_reserve(struct ring *r, u32 len, u64 *pos_out)
     u64 head = volatile_load64(&r->head);
     for (;;) {
         u64 tail = volatile_load64(&r->tail);
+        if (tail > head) {
+            /* Our head is older than the host's tail: the host read records reserved
+             * after we looked. The ring is not full; look again. */
+            head = volatile_load64(&r->head);
+            continue;
+        }
         if (head + total - tail > r->size) {
             __atomic_fetch_add(&r->dropped, 1, __ATOMIC_RELAXED);
             return 0;

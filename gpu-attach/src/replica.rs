@@ -511,6 +511,7 @@ impl Replica {
                 if r < 0 && crate::session::may_log() {
                     tracing::debug!(
                         map = self.map.id(),
+                        error = r,
                         "store ring buffer full: GPU record dropped"
                     );
                 }
@@ -589,6 +590,17 @@ impl RingReader {
             mover.get(self.data, &mut self.bytes[..len - first])?;
         }
         let (records, tail) = drain_ring(&self.bytes, self.size, self.tail, head);
+        if crate::session::may_log() && (dropped > 0 || tail != head) {
+            tracing::debug!(
+                ring = self.ring,
+                dropped,
+                from = self.tail,
+                to = tail,
+                head,
+                records = records.len(),
+                "device ring read"
+            );
+        }
         if tail != self.tail {
             self.tail = tail;
             mover.put(self.ring + RING_TAIL, &tail.to_le_bytes())?;
