@@ -309,11 +309,18 @@ impl Replica {
             DeviceKind::Hash => true,
             DeviceKind::Ringbuf | DeviceKind::PerfEventArray => return Ok(Vec::new()),
         };
+        if counted_only && self.seen_updates.load(Ordering::Acquire) == self.map.updates() {
+            return Ok(Vec::new());
+        }
+        let mut state = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        // Again under the lock: a pull in progress writes the device's values into the
+        // store, moving the count, and says so only when it is done. Read before it was,
+        // the count looks like someone else's change, and rebuilding the device's table
+        // from the store would drop what a running launch added since that pull.
         let updates = self.map.updates();
         if counted_only && self.seen_updates.load(Ordering::Acquire) == updates {
             return Ok(Vec::new());
         }
-        let mut state = self.state.lock().unwrap_or_else(|e| e.into_inner());
         self.seen_updates.store(updates, Ordering::Release);
         match &mut *state {
             SyncState::Array { shadow } => {
