@@ -17,6 +17,7 @@ const ARTIFACTS: &[&str] = &[
     "funclatency.bpf.o",
     "ringbuf_events",
     "ringbuf_events.bpf.o",
+    "ringbuf_sparse.bpf.o",
     "calls",
     "calls-nopie",
     "bench_calls",

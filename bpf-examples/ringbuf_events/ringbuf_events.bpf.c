@@ -16,10 +16,24 @@
 
 #include "ringbuf_events.h"
 
+#ifndef RING_BYTES
+#define RING_BYTES (256 * 1024)
+#endif
+
 struct {
 	__uint(type, BPF_MAP_TYPE_RINGBUF);
-	__uint(max_entries, 256 * 1024); /* bytes; a power of 2 pages */
+	__uint(max_entries, RING_BYTES); /* bytes; a power of 2 pages */
 } events SEC(".maps");
+
+#ifdef EVERY
+/* Built with -DEVERY=K (ringbuf_sparse.bpf.o): only one call in K is an event. */
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, __u64);
+} calls SEC(".maps");
+#endif
 
 struct {
 	__uint(type, BPF_MAP_TYPE_ARRAY);
@@ -44,6 +58,13 @@ int BPF_KPROBE(on_call, long arg)
 {
 	__u64 id = bpf_get_current_pid_tgid();
 	struct event *e, copy = {};
+#ifdef EVERY
+	__u32 zero = 0;
+	__u64 *n = bpf_map_lookup_elem(&calls, &zero);
+
+	if (!n || __sync_fetch_and_add(n, 1) % EVERY)
+		return 0;
+#endif
 
 	if ((arg & 1) == 0) {
 		/* Zero-copy path: reserve space, fill it, submit it. */

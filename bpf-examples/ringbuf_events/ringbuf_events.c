@@ -117,10 +117,16 @@ int main(int argc, char **argv)
 		}
 	}
 
-	/* Stop producing, then drain what is still in the ring. */
+	/* Stop producing, then drain what is still in the ring: with
+	 * RINGBUF_EVENTS_FINAL_POLL set, by one more poll with timeout 0, as many
+	 * tools do (it finds whatever the ring holds, since the kernel's rings are
+	 * readable whenever they hold data); else by ring_buffer__consume(). */
 	bpf_link__destroy(link);
 	link = NULL;
-	err = ring_buffer__consume(rb);
+	if (getenv("RINGBUF_EVENTS_FINAL_POLL"))
+		err = ring_buffer__poll(rb, 0);
+	else
+		err = ring_buffer__consume(rb);
 	if (err < 0) {
 		fprintf(stderr, "ring_buffer__consume: %s\n", strerror(-err));
 		err = 1;

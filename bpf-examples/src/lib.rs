@@ -30,6 +30,9 @@ pub const RINGBUF_EVENTS: &str = env!("BPF_EXAMPLES_RINGBUF_EVENTS");
 /// BPF object loaded by `ringbuf_events`.
 pub const RINGBUF_EVENTS_BPF_O: &str = env!("BPF_EXAMPLES_RINGBUF_EVENTS_BPF_O");
 /// Test target `calls N`, position-independent executable.
+/// ringbuf_events' program submitting one call in 1000 into a 64 KiB ring (the
+/// loader takes it with `--obj`).
+pub const RINGBUF_SPARSE_BPF_O: &str = env!("BPF_EXAMPLES_RINGBUF_SPARSE_BPF_O");
 pub const CALLS: &str = env!("BPF_EXAMPLES_CALLS");
 /// Test target `calls N`, built with `-no-pie`.
 pub const CALLS_NOPIE: &str = env!("BPF_EXAMPLES_CALLS_NOPIE");

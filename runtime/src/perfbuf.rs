@@ -193,7 +193,13 @@ impl PerfRing {
         }
     }
 
-    /// Clears the pending wake-up (consumers, before draining the FIFO).
+    /// Whether records are written that the consumer has not read.
+    pub fn has_unread(&self) -> bool {
+        self.meta_u64(DATA_HEAD).load(Ordering::Acquire)
+            != self.meta_u64(DATA_TAIL).load(Ordering::Acquire)
+    }
+
+    /// Clears the pending wake-up (consumers, after draining the FIFO).
     pub fn clear_wakeup(&self) {
         self.control().wakeup_pending.store(0, Ordering::SeqCst);
     }

@@ -566,19 +566,45 @@ impl Shim {
     }
 
     /// After `epoll_wait` returns: clears the wake-up state of the rings watched
-    /// by `epfd`, so their producers wake it again for the next record.
+    /// by `epfd`, so their producers wake it again for the next record. The FIFO is
+    /// emptied first and the pending flag cleared after: the other way round, a record
+    /// committed between the two would write its wake-up byte only for the drain to
+    /// eat it, and with the flag left set no producer would write another (every later
+    /// record waiting for the poll's timeout, or lost at a final zero-timeout poll).
+    /// A record committed after the drain and before the clear wrote no byte, but it is
+    /// in the ring, which the consumer reads right after this returns.
     pub fn epoll_drained(&mut self, epfd: RawFd) {
         let Some(list) = self.epolls.get(&epfd) else {
             return;
         };
         for (fifo, _, waker) in list {
+            let mut buf = [0u8; 64];
+            // SAFETY: reads into a local buffer from our own non-blocking FIFO.
+            while unsafe { libc::read(*fifo, buf.as_mut_ptr().cast(), buf.len()) } > 0 {}
             match waker {
                 Waker::Ring(m) => m.ringbuf_clear_wakeup(),
                 Waker::Perf(r) => r.clear_wakeup(),
             }
-            let mut buf = [0u8; 64];
-            // SAFETY: reads into a local buffer from our own non-blocking FIFO.
-            while unsafe { libc::read(*fifo, buf.as_mut_ptr().cast(), buf.len()) } > 0 {}
+        }
+    }
+
+    /// Before `epoll_wait`: a ring watched by `epfd` that holds unread data is made
+    /// readable, as the kernel's rings are (level-triggered), whatever became of the
+    /// wake-ups that announced the data.
+    pub fn epoll_arm_ready(&self, epfd: RawFd) {
+        let Some(list) = self.epolls.get(&epfd) else {
+            return;
+        };
+        for (fifo, _, waker) in list {
+            let unread = match waker {
+                Waker::Ring(m) => m.ringbuf_query(bpftime_isa::uapi::ringbuf::AVAIL_DATA) > 0,
+                Waker::Perf(r) => r.has_unread(),
+            };
+            if unread {
+                // SAFETY: one byte from a local buffer to our own non-blocking FIFO (a
+                // full FIFO is readable already).
+                unsafe { libc::write(*fifo, [1u8].as_ptr().cast(), 1) };
+            }
         }
     }
 

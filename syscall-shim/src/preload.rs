@@ -274,6 +274,14 @@ pub unsafe extern "C" fn epoll_ctl(
     unsafe { real(epfd, op, fd, event) }
 }
 
+fn before_wait(epfd: c_int) {
+    if has_bit(&EPOLL_FDS, epfd) {
+        let saved = std::io::Error::last_os_error().raw_os_error().unwrap_or(0);
+        with_shim(|s| s.epoll_arm_ready(epfd));
+        set_errno(saved);
+    }
+}
+
 fn after_wait(epfd: c_int, n: c_int) -> c_int {
     if n > 0 && has_bit(&EPOLL_FDS, epfd) {
         let saved = std::io::Error::last_os_error().raw_os_error().unwrap_or(0);
@@ -296,6 +304,7 @@ pub unsafe extern "C" fn epoll_wait(
         "epoll_wait",
         unsafe extern "C" fn(c_int, *mut libc::epoll_event, c_int, c_int) -> c_int
     );
+    before_wait(epfd);
     // SAFETY: forwards unchanged.
     after_wait(epfd, unsafe { real(epfd, events, max, timeout) })
 }
@@ -320,6 +329,7 @@ pub unsafe extern "C" fn epoll_pwait(
             *const libc::sigset_t,
         ) -> c_int
     );
+    before_wait(epfd);
     // SAFETY: forwards unchanged.
     after_wait(epfd, unsafe { real(epfd, events, max, timeout, sigmask) })
 }

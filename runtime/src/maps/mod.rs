@@ -604,7 +604,8 @@ impl Map {
     }
 
     /// Clears the pending wake-up flag of a ring buffer; a consumer calls this
-    /// before draining the FIFO, so no record published after it goes unnoticed.
+    /// after draining the FIFO, so that a producer's byte written after the clear is
+    /// never drained unseen.
     pub fn ringbuf_clear_wakeup(&self) {
         self.header()
             .wakeup_pending
