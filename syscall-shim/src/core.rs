@@ -74,8 +74,10 @@ fn stat_fd(fd: RawFd) -> Option<(u64, u64)> {
     Some((st.st_dev, st.st_ino))
 }
 
+/// Says why a call is refused (at `info`: the tool gets the errno, as from the kernel,
+/// which prints nothing into the tool's terminal; `BPFTIME_LOG=info` shows the reason).
 pub(crate) fn refuse(errno: i32, what: std::fmt::Arguments) -> i32 {
-    tracing::warn!("refused: {what} (errno {errno})");
+    tracing::info!("refused: {what} (errno {errno})");
     errno
 }
 
@@ -576,7 +578,9 @@ impl Shim {
         let log = match checked {
             Ok(log) => log,
             Err((errno, log)) => {
-                tracing::warn!(program = %name, "program rejected:\n{log}");
+                // The log goes back to the tool, whose loader prints it (libbpf does);
+                // feature probes that expect a rejection print nothing, as on the kernel.
+                tracing::info!(program = %name, "program rejected:\n{log}");
                 // SAFETY: caller obligation for log_buf.
                 unsafe { write_log(log_buf, log_size, &log, attr, size) };
                 return Err(errno);

@@ -934,3 +934,20 @@ fn verify_accepts_the_gpu_example_under_gpu_rules() {
         out.context()
     );
 }
+
+/// The shim prints nothing of its own into the tool's terminal for what the kernel
+/// answers silently: where libbpf probes a command bpftime does not serve (on the GPU
+/// machine's 6.18 kernel it asks for BPF_TOKEN_CREATE, command 36, and the shim printed
+/// a WARN line into every `bpftime run`), it gets the kernel's errno back and stderr
+/// stays clean; `BPFTIME_LOG=info` shows the refusals.
+#[test]
+fn run_prints_nothing_for_refused_feature_probes() {
+    let s = Session::new("run-quiet");
+    let out = run_on_calls(&s, examples::RINGBUF_EVENTS_BPF_O, &[]);
+    assert_eq!(out.code, Some(0), "{}", out.context());
+    assert!(
+        !out.stderr.contains("WARN") && !out.stderr.contains("refused"),
+        "the shim wrote into the tool's terminal:\n{}",
+        out.stderr
+    );
+}
