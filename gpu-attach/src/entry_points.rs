@@ -392,7 +392,13 @@ fn launched(
     } else {
         stream
     };
-    let called = crate::clock::host_monotonic_ns();
+    // The call's time only where launch programs will read it: a clock read per launch
+    // otherwise.
+    let called = if s.watches_launches() {
+        crate::clock::host_monotonic_ns()
+    } else {
+        0
+    };
     let launch = s.before_launch(f, stream);
     // The start event goes last before the launch: after the work of building an
     // instrumented module and of pushing map values, which is not the kernel's.

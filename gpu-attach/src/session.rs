@@ -788,6 +788,11 @@ impl GpuAttach {
 
     /// Before a launch call: when launch programs watch the kernel, its launch context, and
     /// the start of its timing recorded on `stream`.
+    /// Whether launch programs are attached (before the call: whether to note its time).
+    pub(crate) fn watches_launches(&self) -> bool {
+        self.launch_active.load(Ordering::Acquire)
+    }
+
     /// `cpu_ns` is when the application made the call.
     pub(crate) fn observe_launch(
         &self,
@@ -796,9 +801,15 @@ impl GpuAttach {
         geometry: Geometry,
         cpu_ns: u64,
     ) -> Option<Observed> {
-        if !self.launch_active.load(Ordering::Acquire) {
+        if !self.watches_launches() {
             return None;
         }
+        // Attached between the caller's look and ours: the time is taken now.
+        let cpu_ns = if cpu_ns == 0 {
+            clock::host_monotonic_ns()
+        } else {
+            cpu_ns
+        };
         let (name, probes) = self.launch_probes_for(function)?;
         flush_at_exit_once();
         let ctx = self.api.current_context();
@@ -880,10 +891,7 @@ impl GpuAttach {
                 None
             }
         });
-        for p in probes.iter() {
-            let mut c = info;
-            (p.run)(&mut c);
-        }
+        run_watchers(&probes, info);
         // Queued after the first run, so the completion run never comes first.
         if let Some((start, end)) = timed {
             let mut timings = self.lock_timings();
@@ -1000,10 +1008,7 @@ impl GpuAttach {
             t.info.gpu_end_ns = end;
             t.info.clock_error_ns = bound;
             t.info.phase = PHASE_COMPLETED;
-            for p in t.probes.iter() {
-                let mut c = t.info;
-                (p.run)(&mut c);
-            }
+            run_watchers(&t.probes, t.info);
         }
     }
 
@@ -1766,6 +1771,12 @@ impl GpuAttach {
     /// Every replica of the contexts `hit` picks, pulled whatever launched (a CUDA graph's
     /// launches, say, which are not seen one by one), and their trace lines drained.
     fn pull_all(&self, hit: impl Fn(&Context) -> bool) {
+        self.pull_replicas(hit, |_| true);
+    }
+
+    /// Pulls the replicas `which` picks in the contexts `hit` picks, and drains those
+    /// contexts' trace lines: one sync pass.
+    fn pull_replicas(&self, hit: impl Fn(&Context) -> bool, which: impl Fn(&Replica) -> bool) {
         let _pass = self.lock_syncing();
         for c in self.contexts().into_iter().filter(|c| hit(c)) {
             self.set_context(c.ctx);
@@ -1775,6 +1786,7 @@ impl GpuAttach {
                 .lock()
                 .unwrap_or_else(|e| e.into_inner())
                 .values()
+                .filter(|r| which(r))
                 .cloned()
                 .collect();
             for r in replicas {
@@ -1883,23 +1895,10 @@ impl GpuAttach {
 
     /// Rings (ring buffers, perf buffers, trace lines) drained while kernels run.
     fn drain_all(&self) {
-        let _pass = self.lock_syncing();
-        for context in self.contexts() {
-            self.set_context(context.ctx);
-            let mover = self.mover(&context);
-            let rings: Vec<Arc<Replica>> = context
-                .replicas
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .values()
-                .filter(|r| matches!(r.kind, DeviceKind::Ringbuf | DeviceKind::PerfEventArray))
-                .cloned()
-                .collect();
-            for r in rings {
-                let _ = r.pull(&mover);
-            }
-            self.drain_trace(&context);
-        }
+        self.pull_replicas(
+            |_| true,
+            |r| matches!(r.kind, DeviceKind::Ringbuf | DeviceKind::PerfEventArray),
+        );
     }
 
     fn drain_trace(&self, context: &Context) {
@@ -1977,6 +1976,14 @@ struct CompiledProbe {
     /// Its `ktime_get_ns` offset global, if it reads the clock.
     clock_offset: Option<String>,
     replicas: Vec<Arc<Replica>>,
+}
+
+/// Runs each launch program on its own copy of the launch's context.
+fn run_watchers(probes: &Watchers, info: LaunchContext) {
+    for p in probes.iter() {
+        let mut ctx = info;
+        (p.run)(&mut ctx);
+    }
 }
 
 pub(crate) fn probe_symbol(link_id: u32) -> String {

@@ -512,11 +512,34 @@ fn a_probe_using_the_whole_device_runtime_compiles_and_splices() {
     }
 }
 
+/// Map id 2 as an array of `max_entries` 8-byte values at a made-up device address, as
+/// a probe's relocated `lddw` sees it.
+fn one_array_map(
+    max_entries: u32,
+) -> (
+    bpftime_jit_ptx::ArrayMapLayout,
+    std::collections::HashMap<u32, bpftime_gpu_attach::probe::DeviceMapRef>,
+) {
+    let desc = 0x7f00_0000_2000u64;
+    let array = bpftime_jit_ptx::ArrayMapLayout {
+        values: desc + 0x100,
+        key_stride: 8,
+        max_entries,
+        update_size: 8,
+        per_cpu: None,
+    };
+    let map = bpftime_gpu_attach::probe::DeviceMapRef {
+        desc,
+        values: Some(array.values),
+        array: Some(array),
+    };
+    (array, [(2u32, map)].into_iter().collect())
+}
+
 #[test]
 fn a_counter_on_every_thread_adds_once_per_warp() {
     use bpftime_gpu_attach::device_maps::RuntimeConfig;
-    use bpftime_gpu_attach::probe::{compile_probe, DeviceMapRef};
-    use bpftime_jit_ptx::ArrayMapLayout;
+    use bpftime_gpu_attach::probe::compile_probe;
     // A non-fetching add on an array value, then one on the stack (which must stay
     // plain: the GPU has no atomics on local memory).
     let mut insns = assemble(
@@ -530,24 +553,7 @@ fn a_counter_on_every_thread_adds_once_per_warp() {
             insn.src = bpftime_isa::opcode::PSEUDO_MAP_FD;
         }
     }
-    let desc = 0x7f00_0000_2000u64;
-    let array = ArrayMapLayout {
-        values: desc + 0x100,
-        key_stride: 8,
-        max_entries: 1,
-        update_size: 8,
-        per_cpu: None,
-    };
-    let maps = [(
-        2u32,
-        DeviceMapRef {
-            desc,
-            values: Some(array.values),
-            array: Some(array),
-        },
-    )]
-    .into_iter()
-    .collect();
+    let (array, maps) = one_array_map(1);
     // Unsharded, then with the array sharded per SM: the one atomic then goes to the
     // SM's copy, found by comparing with constants (no table in memory).
     let shard = bpftime_gpu_attach::device_maps::ShardEntry {
@@ -609,26 +615,8 @@ fn a_counter_on_every_thread_adds_once_per_warp() {
 #[test]
 fn a_constant_counter_needs_no_warp_shuffles() {
     use bpftime_gpu_attach::device_maps::RuntimeConfig;
-    use bpftime_gpu_attach::probe::{compile_probe, DeviceMapRef};
-    use bpftime_jit_ptx::ArrayMapLayout;
-    let desc = 0x7f00_0000_2000u64;
-    let array = ArrayMapLayout {
-        values: desc + 0x100,
-        key_stride: 8,
-        max_entries: 2,
-        update_size: 8,
-        per_cpu: None,
-    };
-    let maps = [(
-        2u32,
-        DeviceMapRef {
-            desc,
-            values: Some(array.values),
-            array: Some(array),
-        },
-    )]
-    .into_iter()
-    .collect();
+    use bpftime_gpu_attach::probe::compile_probe;
+    let (_, maps) = one_array_map(2);
     let compile = |add: &str| {
         let mut insns = assemble(&format!(
             "stw [%r10-4], 0\nlddw %r1, 2\nmov %r2, %r10\nadd %r2, -4\ncall 1\n\

@@ -720,6 +720,20 @@ fn is_stack_address(v: inkwell::values::BasicValueEnum<'_>, depth: u32) -> bool 
     }
 }
 
+/// Every instruction of `module` that `keep` picks, in order; collected before a pass
+/// rewrites or erases any of them.
+fn instructions_where<'ctx>(
+    module: &Module<'ctx>,
+    keep: impl Fn(inkwell::values::InstructionValue<'ctx>) -> bool,
+) -> Vec<inkwell::values::InstructionValue<'ctx>> {
+    module
+        .get_functions()
+        .flat_map(|f| f.get_basic_block_iter())
+        .flat_map(|bb| bb.get_instructions())
+        .filter(|&i| keep(i))
+        .collect()
+}
+
 /// Rewrites atomic operations on the eBPF stack as plain loads and stores.
 ///
 /// The stack is private to its thread, so nothing can observe the difference, and
@@ -745,64 +759,54 @@ pub fn demote_stack_atomics(module: &Module<'_>) -> Result<usize, CompileError> 
             }),
         }
     }
-    for f in module.get_functions() {
-        for bb in f.get_basic_block_iter() {
-            let atomics: Vec<_> = bb
-                .get_instructions()
-                .filter(|i| matches!(i.get_opcode(), Op::AtomicRMW | Op::AtomicCmpXchg))
-                .filter(|i| matches!(i.get_operand(0), Some(Operand::Value(p)) if is_stack_address(p, 0)))
-                .collect();
-            for atomic in atomics {
-                builder.position_before(&atomic);
-                let ptr = operand(atomic, 0)?.into_pointer_value();
-                let replacement = if atomic.get_opcode() == Op::AtomicRMW {
-                    let value = operand(atomic, 1)?.into_int_value();
-                    let old = builder
-                        .build_load(value.get_type(), ptr, "old")?
-                        .into_int_value();
-                    let new = match atomic.get_atomic_rmw_bin_op() {
-                        Some(Rmw::Add) => builder.build_int_add(old, value, "new")?,
-                        Some(Rmw::Sub) => builder.build_int_sub(old, value, "new")?,
-                        Some(Rmw::And) => builder.build_and(old, value, "new")?,
-                        Some(Rmw::Or) => builder.build_or(old, value, "new")?,
-                        Some(Rmw::Xor) => builder.build_xor(old, value, "new")?,
-                        Some(Rmw::Xchg) => value,
-                        other => {
-                            return Err(CompileError::InvalidIr {
-                                message: format!("unexpected atomic operation {other:?}"),
-                            })
-                        }
-                    };
-                    builder.build_store(ptr, new)?;
-                    old.as_instruction()
-                } else {
-                    let expected = operand(atomic, 1)?.into_int_value();
-                    let new = operand(atomic, 2)?.into_int_value();
-                    let ty = expected.get_type();
-                    let old = builder.build_load(ty, ptr, "old")?.into_int_value();
-                    let equal = builder.build_int_compare(
-                        inkwell::IntPredicate::EQ,
-                        old,
-                        expected,
-                        "equal",
-                    )?;
-                    let stored = builder.build_select(equal, new, old, "stored")?;
-                    builder.build_store(ptr, stored)?;
-                    // cmpxchg yields { old, success }.
-                    let pair = context.struct_type(&[ty.into(), context.bool_type().into()], false);
-                    let with_old =
-                        builder.build_insert_value(pair.get_poison(), old, 0, "with_old")?;
-                    let result = builder.build_insert_value(with_old, equal, 1, "result")?;
-                    result.into_struct_value().as_instruction()
-                };
-                let replacement = replacement.ok_or_else(|| CompileError::InvalidIr {
-                    message: "stack atomic replacement folded to a constant".into(),
-                })?;
-                atomic.replace_all_uses_with(&replacement);
-                atomic.erase_from_basic_block();
-                rewritten += 1;
-            }
-        }
+    let on_stack = |i: inkwell::values::InstructionValue<'_>| {
+        matches!(i.get_opcode(), Op::AtomicRMW | Op::AtomicCmpXchg)
+            && matches!(i.get_operand(0), Some(Operand::Value(p)) if is_stack_address(p, 0))
+    };
+    for atomic in instructions_where(module, on_stack) {
+        builder.position_before(&atomic);
+        let ptr = operand(atomic, 0)?.into_pointer_value();
+        let replacement = if atomic.get_opcode() == Op::AtomicRMW {
+            let value = operand(atomic, 1)?.into_int_value();
+            let old = builder
+                .build_load(value.get_type(), ptr, "old")?
+                .into_int_value();
+            let new = match atomic.get_atomic_rmw_bin_op() {
+                Some(Rmw::Add) => builder.build_int_add(old, value, "new")?,
+                Some(Rmw::Sub) => builder.build_int_sub(old, value, "new")?,
+                Some(Rmw::And) => builder.build_and(old, value, "new")?,
+                Some(Rmw::Or) => builder.build_or(old, value, "new")?,
+                Some(Rmw::Xor) => builder.build_xor(old, value, "new")?,
+                Some(Rmw::Xchg) => value,
+                other => {
+                    return Err(CompileError::InvalidIr {
+                        message: format!("unexpected atomic operation {other:?}"),
+                    })
+                }
+            };
+            builder.build_store(ptr, new)?;
+            old.as_instruction()
+        } else {
+            let expected = operand(atomic, 1)?.into_int_value();
+            let new = operand(atomic, 2)?.into_int_value();
+            let ty = expected.get_type();
+            let old = builder.build_load(ty, ptr, "old")?.into_int_value();
+            let equal =
+                builder.build_int_compare(inkwell::IntPredicate::EQ, old, expected, "equal")?;
+            let stored = builder.build_select(equal, new, old, "stored")?;
+            builder.build_store(ptr, stored)?;
+            // cmpxchg yields { old, success }.
+            let pair = context.struct_type(&[ty.into(), context.bool_type().into()], false);
+            let with_old = builder.build_insert_value(pair.get_poison(), old, 0, "with_old")?;
+            let result = builder.build_insert_value(with_old, equal, 1, "result")?;
+            result.into_struct_value().as_instruction()
+        };
+        let replacement = replacement.ok_or_else(|| CompileError::InvalidIr {
+            message: "stack atomic replacement folded to a constant".into(),
+        })?;
+        atomic.replace_all_uses_with(&replacement);
+        atomic.erase_from_basic_block();
+        rewritten += 1;
     }
     Ok(rewritten)
 }
@@ -833,51 +837,45 @@ fn route_atomic_adds(module: &Module<'_>) -> Result<usize, CompileError> {
     let builder = context.create_builder();
     let i64t = context.i64_type();
     let mut routed = 0;
-    for f in module.get_functions() {
-        if f == add64 || f == add32 {
+    // The warp adds themselves make plain atomics.
+    let routable = |i: inkwell::values::InstructionValue<'_>| {
+        i.get_opcode() == Op::AtomicRMW
+            && i.get_atomic_rmw_bin_op() == Some(Rmw::Add)
+            && i.get_first_use().is_none()
+            && i.get_parent()
+                .and_then(|bb| bb.get_parent())
+                .is_some_and(|f| f != add64 && f != add32)
+    };
+    for add in instructions_where(module, routable) {
+        let (Some(Operand::Value(ptr)), Some(Operand::Value(value))) =
+            (add.get_operand(0), add.get_operand(1))
+        else {
             continue;
-        }
-        for bb in f.get_basic_block_iter() {
-            let adds: Vec<_> = bb
-                .get_instructions()
-                .filter(|i| {
-                    i.get_opcode() == Op::AtomicRMW
-                        && i.get_atomic_rmw_bin_op() == Some(Rmw::Add)
-                        && i.get_first_use().is_none()
-                })
-                .collect();
-            for add in adds {
-                let (Some(Operand::Value(ptr)), Some(Operand::Value(value))) =
-                    (add.get_operand(0), add.get_operand(1))
-                else {
-                    continue;
-                };
-                let value = value.into_int_value();
-                let target = match value.get_type().get_bit_width() {
-                    64 => add64,
-                    32 => add32,
-                    _ => continue,
-                };
-                builder.position_before(&add);
-                let addr = builder.build_ptr_to_int(ptr.into_pointer_value(), i64t, "addr")?;
-                let wide = builder.build_int_z_extend_or_bit_cast(value, i64t, "value")?;
-                let zero = i64t.const_zero();
-                builder.build_call(
-                    target,
-                    &[
-                        addr.into(),
-                        wide.into(),
-                        zero.into(),
-                        zero.into(),
-                        zero.into(),
-                    ],
-                    "",
-                )?;
-                let _ = add.as_any_value_enum();
-                add.erase_from_basic_block();
-                routed += 1;
-            }
-        }
+        };
+        let value = value.into_int_value();
+        let target = match value.get_type().get_bit_width() {
+            64 => add64,
+            32 => add32,
+            _ => continue,
+        };
+        builder.position_before(&add);
+        let addr = builder.build_ptr_to_int(ptr.into_pointer_value(), i64t, "addr")?;
+        let wide = builder.build_int_z_extend_or_bit_cast(value, i64t, "value")?;
+        let zero = i64t.const_zero();
+        builder.build_call(
+            target,
+            &[
+                addr.into(),
+                wide.into(),
+                zero.into(),
+                zero.into(),
+                zero.into(),
+            ],
+            "",
+        )?;
+        let _ = add.as_any_value_enum();
+        add.erase_from_basic_block();
+        routed += 1;
     }
     Ok(routed)
 }
@@ -891,72 +889,64 @@ fn route_atomic_adds(module: &Module<'_>) -> Result<usize, CompileError> {
 pub fn fold_uniform_warp_ops(module: &Module<'_>) -> Result<usize, CompileError> {
     use inkwell::values::{AnyValue, InstructionOpcode as Op, Operand};
     let mut folded = 0;
-    for f in module.get_functions() {
-        for bb in f.get_basic_block_iter() {
-            let calls: Vec<_> = bb
-                .get_instructions()
-                .filter(|i| i.get_opcode() == Op::Call)
-                .collect();
-            for call in calls {
-                let n = call.get_num_operands();
-                let Some(Operand::Value(callee)) = call.get_operand(n.saturating_sub(1)) else {
-                    continue;
-                };
-                let name = callee.get_name().to_string_lossy().into_owned();
-                if name == "llvm.nvvm.isspacep.local" {
-                    // A constant address is a relocated map's: device memory, never a
-                    // thread's stack (eBPF cannot make up pointers). The stack is seen
-                    // through the casts from its slot.
-                    let Some(Operand::Value(ptr)) = call.get_operand(0) else {
-                        continue;
-                    };
-                    let this = call.as_any_value_enum();
-                    if !ptr.is_pointer_value() || !this.is_int_value() {
-                        continue;
-                    }
-                    let p = ptr.into_pointer_value();
-                    let answer = if is_stack_address(ptr, 0) {
-                        1
-                    } else if p.is_const() && !p.is_null() {
-                        0
-                    } else {
-                        continue;
-                    };
-                    let int = this.into_int_value();
-                    int.replace_all_uses_with(int.get_type().const_int(answer, false));
-                    call.erase_from_basic_block();
-                    folded += 1;
-                    continue;
-                }
-                // (intrinsic, operand that becomes the result)
-                let keep = if name.starts_with("llvm.nvvm.match.any.sync.") {
-                    0
-                } else if name.starts_with("llvm.nvvm.shfl.sync.") && !name.ends_with(".p") {
-                    1
-                } else {
-                    continue;
-                };
-                let (Some(Operand::Value(value)), Some(Operand::Value(result))) =
-                    (call.get_operand(1), call.get_operand(keep))
-                else {
-                    continue;
-                };
-                if !(value.is_int_value() && value.into_int_value().is_const()) {
-                    continue;
-                }
-                let this = call.as_any_value_enum();
-                if !this.is_int_value() || !result.is_int_value() {
-                    continue;
-                }
-                if this.into_int_value().get_type() != result.into_int_value().get_type() {
-                    continue;
-                }
-                this.into_int_value()
-                    .replace_all_uses_with(result.into_int_value());
-                call.erase_from_basic_block();
-                folded += 1;
+    for call in instructions_where(module, |i| i.get_opcode() == Op::Call) {
+        let n = call.get_num_operands();
+        let Some(Operand::Value(callee)) = call.get_operand(n.saturating_sub(1)) else {
+            continue;
+        };
+        let name = callee.get_name().to_string_lossy().into_owned();
+        if name == "llvm.nvvm.isspacep.local" {
+            // A constant address is a relocated map's: device memory, never a
+            // thread's stack (eBPF cannot make up pointers). The stack is seen
+            // through the casts from its slot.
+            let Some(Operand::Value(ptr)) = call.get_operand(0) else {
+                continue;
+            };
+            let this = call.as_any_value_enum();
+            if !ptr.is_pointer_value() || !this.is_int_value() {
+                continue;
             }
+            let p = ptr.into_pointer_value();
+            let answer = if is_stack_address(ptr, 0) {
+                1
+            } else if p.is_const() && !p.is_null() {
+                0
+            } else {
+                continue;
+            };
+            let int = this.into_int_value();
+            int.replace_all_uses_with(int.get_type().const_int(answer, false));
+            call.erase_from_basic_block();
+            folded += 1;
+            continue;
         }
+        // (intrinsic, operand that becomes the result)
+        let keep = if name.starts_with("llvm.nvvm.match.any.sync.") {
+            0
+        } else if name.starts_with("llvm.nvvm.shfl.sync.") && !name.ends_with(".p") {
+            1
+        } else {
+            continue;
+        };
+        let (Some(Operand::Value(value)), Some(Operand::Value(result))) =
+            (call.get_operand(1), call.get_operand(keep))
+        else {
+            continue;
+        };
+        if !(value.is_int_value() && value.into_int_value().is_const()) {
+            continue;
+        }
+        let this = call.as_any_value_enum();
+        if !this.is_int_value() || !result.is_int_value() {
+            continue;
+        }
+        if this.into_int_value().get_type() != result.into_int_value().get_type() {
+            continue;
+        }
+        this.into_int_value()
+            .replace_all_uses_with(result.into_int_value());
+        call.erase_from_basic_block();
+        folded += 1;
     }
     Ok(folded)
 }
@@ -988,57 +978,49 @@ pub fn fold_stack_pointer_casts<'ctx>(module: &Module<'ctx>) -> Result<usize, Co
         let a = p.as_instruction_value()?;
         (a.get_opcode() == Op::Alloca).then(|| p.into_pointer_value())
     };
-    for f in module.get_functions() {
-        for bb in f.get_basic_block_iter() {
-            let casts: Vec<_> = bb
-                .get_instructions()
-                .filter(|i| i.get_opcode() == Op::IntToPtr)
-                .collect();
-            for cast in casts {
-                let Some(int) = value_of(cast, 0) else {
-                    continue;
-                };
-                let (base, offset) = if let Some(base) = cast_alloca(int) {
-                    (base, 0i64)
-                } else {
-                    let Some(add) = int.as_instruction_value() else {
-                        continue;
-                    };
-                    if add.get_opcode() != Op::Add {
-                        continue;
-                    }
-                    let (Some(a), Some(b)) = (value_of(add, 0), value_of(add, 1)) else {
-                        continue;
-                    };
-                    let constant = |v: BasicValueEnum<'ctx>| {
-                        v.is_int_value()
-                            .then(|| v.into_int_value())
-                            .filter(|c| c.is_const())
-                            .and_then(|c| c.get_sign_extended_constant())
-                    };
-                    match (cast_alloca(a), constant(b), cast_alloca(b), constant(a)) {
-                        (Some(base), Some(c), _, _) | (_, _, Some(base), Some(c)) => (base, c),
-                        _ => continue,
-                    }
-                };
-                builder.position_before(&cast);
-                // SAFETY: (for LLVM) a byte offset from the slot; an out-of-bounds one is
-                // as undefined as the integer arithmetic it replaces, and the verifier
-                // keeps context reads inside the context.
-                let gep = unsafe {
-                    builder.build_gep(
-                        i8t,
-                        base,
-                        &[context.i64_type().const_int(offset as u64, true)],
-                        "ctx_field",
-                    )?
-                };
-                let old = cast.as_any_value_enum().into_pointer_value();
-                old.replace_all_uses_with(gep);
-                cast.erase_from_basic_block();
-                rewritten += 1;
+    for cast in instructions_where(module, |i| i.get_opcode() == Op::IntToPtr) {
+        let Some(int) = value_of(cast, 0) else {
+            continue;
+        };
+        let (base, offset) = if let Some(base) = cast_alloca(int) {
+            (base, 0i64)
+        } else {
+            let Some(add) = int.as_instruction_value() else {
+                continue;
+            };
+            if add.get_opcode() != Op::Add {
+                continue;
             }
-        }
+            let (Some(a), Some(b)) = (value_of(add, 0), value_of(add, 1)) else {
+                continue;
+            };
+            let constant = |v: BasicValueEnum<'ctx>| {
+                v.is_int_value()
+                    .then(|| v.into_int_value())
+                    .filter(|c| c.is_const())
+                    .and_then(|c| c.get_sign_extended_constant())
+            };
+            match (cast_alloca(a), constant(b), cast_alloca(b), constant(a)) {
+                (Some(base), Some(c), _, _) | (_, _, Some(base), Some(c)) => (base, c),
+                _ => continue,
+            }
+        };
+        builder.position_before(&cast);
+        // SAFETY: (for LLVM) a byte offset from the slot; an out-of-bounds one is
+        // as undefined as the integer arithmetic it replaces, and the verifier
+        // keeps context reads inside the context.
+        let gep = unsafe {
+            builder.build_gep(
+                i8t,
+                base,
+                &[context.i64_type().const_int(offset as u64, true)],
+                "ctx_field",
+            )?
+        };
+        let old = cast.as_any_value_enum().into_pointer_value();
+        old.replace_all_uses_with(gep);
+        cast.erase_from_basic_block();
+        rewritten += 1;
     }
     Ok(rewritten)
 }
