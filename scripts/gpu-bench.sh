@@ -2,7 +2,9 @@
 # GPU overhead benchmark, on the GPU machine: the median ms per launch (CUDA events in
 # the application) of vectorAdd over 2^26 floats and a tiled 4096^2 matmul, native
 # (sm_90 machine code), under bpftime with GPU attach on but no probe, and with each
-# probe of bpf-examples/gpu_bench. Ratios are against native in the same run.
+# probe of bpf-examples/gpu_bench, and with the GPU flame graph on; the native kernel
+# built as PTX only (the driver JITs it at load, as ours is re-JITted once instrumented)
+# is a second baseline. Ratios are against native in the same run.
 #
 #   scripts/gpu-bench.sh BPFTIME CUDA_BUILD_DIR OBJECT_DIR OUT_FILE
 set -uo pipefail
@@ -17,8 +19,12 @@ bench() {  # bench NAME APP ARGS... (APP is run as given; $wrap prefixes it)
     vals=$(for _ in $(seq $runs); do "$@" 2>/dev/null | ms; done)
     local m
     m=$(median <<<"$vals")
-    echo "$name ${m:-FAIL} ($(echo $vals | tr '\n' ' '))"
+    [ "$name" = native ] && base=$m
+    local ratio
+    ratio=$(awk -v m="${m:-0}" -v b="${base:-0}" 'BEGIN { if (m > 0 && b > 0) printf "%.3fx", m / b; else print "-" }')
+    echo "$name ${m:-FAIL} $ratio ($(echo $vals | tr '\n' ' '))"
 }
+flames=$(mktemp -d)
 {
     echo "GPU overhead, $(date -u +%Y-%m-%d), $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader)"
     for target in "vec_add_sm90 67108864 50" "matmul_sm90 4096 5"; do
@@ -26,7 +32,9 @@ bench() {  # bench NAME APP ARGS... (APP is run as given; $wrap prefixes it)
         app=$1; shift
         kernel=vectorAdd; [ "$app" = matmul_sm90 ] && kernel=matmul
         echo "== $app $*"
+        base=""
         bench "native" "$cuda/$app" "$@"
+        bench "native, PTX only (driver JIT)" "$cuda/${app%_sm90}_ptx90" "$@"
         bench "intercepted, no probe" "$bt" --store "$store" start "$cuda/$app" "$@"
         for p in empty count exit_time; do
             progs=("$p")
@@ -36,6 +44,7 @@ bench() {  # bench NAME APP ARGS... (APP is run as given; $wrap prefixes it)
             bench "probe $p" "$bt" --store "$store" run "${attach[@]}" "$objs/bench_$p.bpf.o" -- "$cuda/$app" "$@"
         done
         bench "launch events (launchsnoop)" "$bt" --store "$store" run "$objs/launchsnoop.bpf.o" -- "$cuda/$app" "$@"
+        bench "GPU flame graph" "$bt" --store "$store" start --gpu-flamegraph "$flames/$app" "$cuda/$app" "$@"
     done
 } | tee "$out"
-rm -rf "/dev/shm/bpftime-$store"
+rm -rf "/dev/shm/bpftime-$store" "$flames"

@@ -8,14 +8,91 @@
 //! loads libcuda because of us.
 
 use std::collections::HashMap;
+use std::path::PathBuf;
 use std::sync::{Arc, Mutex, OnceLock};
 
 use bpftime_attach::{attach_uretprobe, HookId, PtRegs};
 use bpftime_gpu_attach::{GpuAttach, GpuProbe, LaunchContext, LaunchProbe, ProbePoint};
+use bpftime_gpu_profile::LaunchStacks;
 use bpftime_runtime::helpers::{self, ProbeContext};
+use bpftime_runtime::GPU_FLAMEGRAPH_ENV;
 use bpftime_runtime::{LinkKind, LinkRecord, Map, ProgramRecord, Store};
 
 use crate::program::Runtime;
+
+/// Not a store link: the launch watcher behind `--gpu-flamegraph`.
+const FLAMEGRAPH_LINK: u32 = u32::MAX;
+
+/// Records the CPU stack of every kernel launch with the launch's GPU time, and writes the
+/// flame graph (`PATH.folded`, `PATH.svg`) at exit.
+fn start_flamegraph(path: PathBuf) {
+    let own = own_object();
+    // The agent's frames and the driver's sit on top of every launch stack; the
+    // application's begin below them.
+    let stacks = Arc::new(LaunchStacks::new(vec![own, "libcuda.so".into()]));
+    let recorder = stacks.clone();
+    hand_over(
+        FLAMEGRAPH_LINK,
+        Pending::Launch(LaunchProbe {
+            link_id: FLAMEGRAPH_LINK,
+            name: "gpu-flamegraph".into(),
+            pattern: "*".into(),
+            run: Arc::new(move |ctx: &mut LaunchContext, kernel: &str| {
+                recorder.record(ctx, kernel)
+            }),
+        }),
+    );
+    let pid = std::process::id();
+    bpftime_gpu_attach::after_exit_flush(move || {
+        // A child forked from this process inherits the recorder, not the graph.
+        if std::process::id() != pid {
+            return;
+        }
+        if !bpftime_gpu_attach::cuda_loaded() {
+            eprintln!(
+                "bpftime: no GPU flame graph: this process did not load the CUDA driver \
+                 (libcuda.so.1), so it launched no kernel"
+            );
+            return;
+        }
+        match stacks.write(&path) {
+            Ok(w) => {
+                let awaiting = stacks.awaiting();
+                let untimed = if awaiting > 0 {
+                    format!("; {awaiting} launches had no GPU times and are not in it")
+                } else {
+                    String::new()
+                };
+                eprintln!(
+                    "bpftime: GPU flame graph of {} launches ({:.3} ms of GPU time, {} stacks) \
+                     in {} and {}{untimed}",
+                    w.launches,
+                    w.gpu_ns as f64 / 1e6,
+                    w.lines,
+                    w.svg.display(),
+                    w.folded.display()
+                );
+            }
+            Err(e) => eprintln!("bpftime: no GPU flame graph: {e}"),
+        }
+    });
+}
+
+/// The path of the object this code is in (the agent's library).
+fn own_object() -> String {
+    // SAFETY: `Dl_info` is plain data that dladdr fills in.
+    let mut info: libc::Dl_info = unsafe { std::mem::zeroed() };
+    let here = own_object as *const () as *const libc::c_void;
+    // SAFETY: dladdr reads the loader's tables; its file name lives as long as the object.
+    unsafe {
+        if libc::dladdr(here, &mut info) == 0 || info.dli_fname.is_null() {
+            return "libbpftime_agent.so".into();
+        }
+        std::ffi::CStr::from_ptr(info.dli_fname)
+            .to_string_lossy()
+            .into_owned()
+    }
+}
 
 /// A probe waiting for CUDA: a program for inside kernels, or one for their launches.
 enum Pending {
@@ -60,6 +137,13 @@ fn links() -> &'static Arc<GpuLinks> {
 
 /// Starts GPU attach if CUDA is loaded already, else watches `dlopen` for it.
 pub(crate) fn start() {
+    if let Some(path) = std::env::var_os(GPU_FLAMEGRAPH_ENV).filter(|p| !p.is_empty()) {
+        // The graph is this process's: programs it runs would write over the same file.
+        // The agent starts before the application's own threads (`start` and `run` set
+        // the variable; `attach` never does), so nothing reads the environment meanwhile.
+        std::env::remove_var(GPU_FLAMEGRAPH_ENV);
+        start_flamegraph(PathBuf::from(path));
+    }
     if bpftime_gpu_attach::cuda_loaded() {
         start_gpu_attach();
     } else {
@@ -196,7 +280,7 @@ fn attach_launch(store: &Store, runtime: &Arc<Runtime>, rec: &LinkRecord) -> boo
     let name = prog.name.clone();
     let rt = runtime.clone();
     let cookie = rec.cookie;
-    let run = Arc::new(move |ctx: &mut LaunchContext| {
+    let run = Arc::new(move |ctx: &mut LaunchContext, _kernel: &str| {
         helpers::set_probe_context(ProbeContext {
             func_ip: ctx.function,
             cookie,
@@ -250,7 +334,15 @@ fn report_pending_at_exit() {
         if pending.is_empty() || bpftime_gpu_attach::cuda_loaded() {
             return;
         }
-        let mut names: Vec<String> = pending.values().map(Pending::describe).collect();
+        // The flame graph says for itself why it has nothing.
+        let mut names: Vec<String> = pending
+            .iter()
+            .filter(|(&id, _)| id != FLAMEGRAPH_LINK)
+            .map(|(_, p)| p.describe())
+            .collect();
+        if names.is_empty() {
+            return;
+        }
         names.sort();
         eprintln!(
             "bpftime: GPU probes never ran ({}): this process did not load the CUDA driver \

@@ -4,9 +4,11 @@
 #
 #   python3 train.py [STEPS]
 #
-# Prints `train steps=S kernels=K kernel_us=T loss=L check=ok`: the kernels the profiler
-# saw, the sum of their GPU times in microseconds, and the final loss (the same with and
-# without a tool attached: seeded, and cuBLAS is deterministic for one configuration).
+# Prints `train steps=S kernels=K kernel_us=T span_us=W loss=L check=ok`: the kernels the
+# profiler saw, the sum of their GPU times in microseconds, the GPU time from before the
+# first kernel to after the last (CUDA events: every kernel's time lies inside it, as they
+# run one after the other on one stream), and the final loss (the same with and without a
+# tool attached: seeded, and cuBLAS is deterministic for one configuration).
 import sys
 
 import torch
@@ -14,7 +16,10 @@ from torch.profiler import ProfilerActivity, profile
 
 steps = int(sys.argv[1]) if len(sys.argv) > 1 else 20
 torch.manual_seed(0)
+torch.cuda.init()
+began, ended = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
 with profile(activities=[ProfilerActivity.CUDA]) as prof:
+    began.record()
     model = torch.nn.Sequential(
         torch.nn.Linear(256, 512), torch.nn.ReLU(), torch.nn.Linear(512, 10)
     ).cuda()
@@ -30,7 +35,9 @@ with profile(activities=[ProfilerActivity.CUDA]) as prof:
         if first is None:
             first = loss.item()
     final = loss.item()
+    ended.record()
     torch.cuda.synchronize()
+span_us = began.elapsed_time(ended) * 1e3
 
 kernels = [
     e
@@ -42,6 +49,6 @@ kernel_us = sum(e.time_range.elapsed_us() for e in kernels)
 ok = final == final and final < first
 print(
     f"train steps={steps} kernels={len(kernels)} kernel_us={kernel_us:.1f} "
-    f"loss={final:.6f} check={'ok' if ok else 'FAIL'}"
+    f"span_us={span_us:.1f} loss={final:.6f} check={'ok' if ok else 'FAIL'}"
 )
 sys.exit(0 if ok else 1)

@@ -52,6 +52,8 @@ enum Cmd {
     },
     /// Run a target with the agent, which runs the programs attached to it.
     Start {
+        #[command(flatten)]
+        profiling: Profiling,
         /// The target and its arguments.
         #[arg(required = true, trailing_var_arg = true, allow_hyphen_values = true)]
         app: Vec<OsString>,
@@ -78,6 +80,32 @@ enum Cmd {
     VerifyLoader(verify::VerifyArgs),
 }
 
+/// What the agent records in the target besides running programs.
+#[derive(clap::Args, Default, Clone)]
+pub struct Profiling {
+    /// Write a GPU flame graph at the target's exit: the CPU stack of every kernel launch,
+    /// weighted by that launch's GPU time, to PATH.svg and PATH.folded (folded stacks that
+    /// flamegraph.pl and inferno read). Works for kernels without PTX too.
+    #[arg(long, value_name = "PATH")]
+    pub gpu_flamegraph: Option<PathBuf>,
+}
+
+impl Profiling {
+    /// The same options as arguments, paths made absolute (the target may change directory).
+    pub fn to_args(&self) -> Result<Vec<OsString>> {
+        let mut args = Vec::new();
+        if let Some(p) = &self.gpu_flamegraph {
+            args.push("--gpu-flamegraph".into());
+            args.push(absolute(p)?.into_os_string());
+        }
+        Ok(args)
+    }
+}
+
+fn absolute(path: &Path) -> Result<PathBuf> {
+    std::path::absolute(path).with_context(|| format!("cannot resolve {}", path.display()))
+}
+
 /// Usage and environment errors exit 2; the traced thing failing exits 1.
 struct UsageError(anyhow::Error);
 
@@ -85,7 +113,9 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     let r = match cli.command {
         Cmd::Load { tool } => exec_with(&cli.store, SHIM_LIB, &tool),
-        Cmd::Start { app } => start_command(&cli.store, &app).and_then(|c| exec(c, &app)),
+        Cmd::Start { profiling, app } => {
+            start_command(&cli.store, &app, &profiling).and_then(|c| exec(c, &app))
+        }
         Cmd::Attach(args) => return attach::main(&cli.store, args),
         Cmd::Run(args) => return run::main(&cli.store, args),
         Cmd::Verify(args) => return verify::main(args),
@@ -145,9 +175,24 @@ fn exec(mut command: Command, argv: &[OsString]) -> Result<(), UsageError> {
 
 /// What `bpftime start` runs: `app` with the agent's starter preloaded, in
 /// `store` (also used by `bpftime run`, which starts the app itself).
-fn start_command(store: &str, app: &[OsString]) -> Result<Command, UsageError> {
+fn start_command(
+    store: &str,
+    app: &[OsString],
+    profiling: &Profiling,
+) -> Result<Command, UsageError> {
     library(AGENT_LIB).map_err(UsageError)?;
-    preload_command(store, AGENT_STARTER_LIB, app)
+    let mut command = preload_command(store, AGENT_STARTER_LIB, app)?;
+    if let Some(p) = &profiling.gpu_flamegraph {
+        let p = absolute(p).map_err(UsageError)?;
+        if let Some(dir) = p.parent().filter(|d| !d.is_dir()) {
+            return Err(UsageError(anyhow::anyhow!(
+                "--gpu-flamegraph: the directory {} does not exist",
+                dir.display()
+            )));
+        }
+        command.env(bpftime_runtime::GPU_FLAMEGRAPH_ENV, p);
+    }
+    Ok(command)
 }
 
 /// `argv` with `lib` preloaded and `store` named in its environment.

@@ -41,6 +41,8 @@ pub struct RunArgs {
     /// Show libbpf's debug messages.
     #[arg(short, long)]
     verbose: bool,
+    #[command(flatten)]
+    profiling: crate::Profiling,
     /// The eBPF object (`clang -target bpf -g -c prog.bpf.c`). Sections name
     /// the probes: SEC("uprobe/FUNC") for a function of the app,
     /// SEC("uprobe//PATH:FUNC") or SEC("uretprobe/LIB.so:FUNC") for others,
@@ -89,6 +91,13 @@ pub fn main(store: &str, args: RunArgs) -> ExitCode {
     }
     if args.verbose {
         argv.push("--verbose".into());
+    }
+    match args.profiling.to_args() {
+        Ok(a) => argv.extend(a),
+        Err(e) => {
+            eprintln!("bpftime run: {e:#}");
+            return ExitCode::from(2);
+        }
     }
     argv.push(args.object.into_os_string());
     argv.push("--".into());
@@ -449,7 +458,8 @@ fn load_and_run(store: &str, args: &RunArgs) -> Result<ExitCode, Failure> {
     let mut trace = TraceTail::new(store);
 
     let command = || -> Result<Command, Failure> {
-        let mut command = crate::start_command(store, &args.app).map_err(|e| usage(e.0))?;
+        let mut command =
+            crate::start_command(store, &args.app, &args.profiling).map_err(|e| usage(e.0))?;
         inproc::user_environment(&mut command);
         Ok(command)
     };

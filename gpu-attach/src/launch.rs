@@ -12,7 +12,8 @@
 //!
 //! GPU times come from two CUDA events recorded on the launch's stream around the launch,
 //! as an application times its kernels, related to the host clock by a calibration of the
-//! context's event clock (`EventClock`).
+//! context's event clock (`EventClock`). The start is never earlier than the launch call:
+//! on an idle GPU the start event completes before the launch has reached the GPU.
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -91,8 +92,9 @@ impl LaunchContext {
     }
 }
 
-/// Runs a tool's program on a launch's context.
-pub type LaunchHandler = Arc<dyn Fn(&mut LaunchContext) + Send + Sync>;
+/// Runs a tool's program on a launch's context; the `&str` is the kernel's whole mangled
+/// name, which the context carries cut at [`LAUNCH_NAME_BYTES`].
+pub type LaunchHandler = Arc<dyn Fn(&mut LaunchContext, &str) + Send + Sync>;
 
 /// A program on `cuda:KERNEL:launch`.
 pub struct LaunchProbe {

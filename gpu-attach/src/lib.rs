@@ -29,4 +29,4 @@ pub mod toolchain;
 
 pub use launch::{LaunchContext, LaunchProbe, PHASE_COMPLETED, PHASE_LAUNCHED};
 pub use ptx::ProbePoint;
-pub use session::{cuda_loaded, install, GpuAttach, GpuProbe, InstallError};
+pub use session::{after_exit_flush, cuda_loaded, install, GpuAttach, GpuProbe, InstallError};

@@ -286,19 +286,28 @@ struct LaunchMatch {
 pub(crate) struct Observed {
     context: Arc<Context>,
     probes: Watchers,
+    /// The kernel's whole name (the context carries it cut).
+    kernel: Arc<str>,
     info: LaunchContext,
     /// Start and end timing events; `None` when the launch is not timed (a stream being
     /// captured into a graph).
     events: Option<(Handle, Handle)>,
+    /// The host time once the start event was recorded, just before the launch call.
+    submitted_ns: u64,
 }
 
 /// A launch whose GPU times are awaited.
 struct Timing {
     context: Arc<Context>,
     probes: Watchers,
+    kernel: Arc<str>,
     info: LaunchContext,
     start: Handle,
     end: Handle,
+    /// No kernel starts before its launch call: on an idle GPU the start event completes
+    /// as soon as it is recorded, before the launch reaches the GPU, and the time between
+    /// is not the kernel's.
+    submitted_ns: u64,
 }
 
 /// GPU attach for this process.
@@ -307,6 +316,8 @@ pub struct GpuAttach {
     state: RwLock<State>,
     /// Held while an instrumented module is built, so each is built once.
     build: Mutex<()>,
+    /// Held while a context's resources are made, so each is made once.
+    making_context: Mutex<()>,
     active: AtomicBool,
     /// Launches recorded and not yet synced, oldest first.
     pending: Mutex<VecDeque<Completion>>,
@@ -387,6 +398,7 @@ pub fn install() -> Result<&'static GpuAttach, InstallError> {
         api,
         state: RwLock::new(State::default()),
         build: Mutex::new(()),
+        making_context: Mutex::new(()),
         active: AtomicBool::new(false),
         pending: Mutex::new(VecDeque::new()),
         syncing: Mutex::new(()),
@@ -443,6 +455,36 @@ extern "C" fn flush_at_exit() {
             s.flush();
             s.report_unmatched();
         });
+    }
+    let _ = std::panic::catch_unwind(run_exit_hooks);
+}
+
+type ExitHook = Box<dyn FnOnce() + Send>;
+
+static EXIT_HOOKS: Mutex<Vec<ExitHook>> = Mutex::new(Vec::new());
+
+/// Runs `hook` at exit once everything the GPU had is in: right after the exit-time flush,
+/// or, in a process that made no watched launch (no flush), among the last exit handlers.
+/// A hook must not call CUDA, which may be torn down by the time the second case runs.
+pub fn after_exit_flush(hook: impl FnOnce() + Send + 'static) {
+    EXIT_HOOKS
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .push(Box::new(hook));
+    extern "C" fn last_chance() {
+        let _ = std::panic::catch_unwind(run_exit_hooks);
+    }
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    // SAFETY: registers a plain function.
+    ONCE.call_once(|| unsafe {
+        libc::atexit(last_chance);
+    });
+}
+
+fn run_exit_hooks() {
+    let hooks = std::mem::take(&mut *EXIT_HOOKS.lock().unwrap_or_else(|e| e.into_inner()));
+    for hook in hooks {
+        hook();
     }
 }
 
@@ -512,7 +554,7 @@ impl GpuAttach {
     }
 
     pub(crate) fn note_image(
-        &self,
+        &'static self,
         handle: Handle,
         _owner: Owner,
         ptx: Result<ModulePtx, FatbinError>,
@@ -520,11 +562,60 @@ impl GpuAttach {
         let image = Arc::new(Image {
             ptx: ptx.map_err(|e| e.to_string()),
         });
-        let mut st = self.write();
-        let id = st.next_image;
-        st.next_image += 1;
-        st.images.insert(id, image);
-        st.owners.insert(handle, id);
+        let (id, probed) = {
+            let mut st = self.write();
+            let id = st.next_image;
+            st.next_image += 1;
+            st.images.insert(id, image.clone());
+            st.owners.insert(handle, id);
+            (id, !st.probes.is_empty())
+        };
+        if probed {
+            self.build_ahead(id, image);
+        }
+    }
+
+    /// Builds the instrumented module of an image just loaded, on a thread of ours, when a
+    /// probe names one of its kernels and a context is current: the time between a load
+    /// and the first launch (allocations, copies, other loads) is then spent building, and
+    /// the first launch waits only for what is left, if anything.
+    fn build_ahead(&'static self, id: u64, image: Arc<Image>) {
+        let ctx = self.api.current_context();
+        if ctx == 0 {
+            return;
+        }
+        let build = move || {
+            bpftime_attach::never_run_handlers_on_this_thread();
+            self.set_context(ctx);
+            let Ok(ptx) = &image.ptx else { return };
+            let sm = match (
+                self.api.device_attribute(ATTR_COMPUTE_CAPABILITY_MAJOR),
+                self.api.device_attribute(ATTR_COMPUTE_CAPABILITY_MINOR),
+            ) {
+                (Ok(major), Ok(minor)) => (major * 10 + minor) as u32,
+                _ => return,
+            };
+            let Ok(Some((text, _))) = ptx.ptx_for(sm) else {
+                return;
+            };
+            let Ok(module) = PtxModule::parse(&text) else {
+                return;
+            };
+            let probed = module
+                .kernels
+                .iter()
+                .find(|k| self.any_probe_matches(&k.name));
+            if let Some(kernel) = probed {
+                tracing::info!(kernel = %kernel.name, "building an instrumented module ahead of its launch");
+                self.patched(ctx, id, &kernel.name);
+            }
+        };
+        if let Err(e) = std::thread::Builder::new()
+            .name("bpftime-gpu-build".into())
+            .spawn(build)
+        {
+            tracing::debug!("no thread to build ahead ({e}): the first launch builds");
+        }
     }
 
     pub(crate) fn note_function(&self, function: Handle, owner: Handle, name: &CStr) {
@@ -620,7 +711,17 @@ impl GpuAttach {
         if ctx == 0 {
             return plain;
         }
-        let Some(patched) = self.patched(ctx, image, &name) else {
+        let asked = Instant::now();
+        let patched = self.patched(ctx, image, &name);
+        let waited = asked.elapsed();
+        if waited > Duration::from_micros(200) {
+            tracing::info!(
+                kernel = %name,
+                ms = waited.as_secs_f64() * 1e3,
+                "a launch waited for its instrumented module"
+            );
+        }
+        let Some(patched) = patched else {
             return plain;
         };
         let (Some(&instrumented), Some(context)) =
@@ -860,11 +961,18 @@ impl GpuAttach {
                     }
                 })
         };
+        let submitted_ns = if events.is_some() {
+            clock::host_monotonic_ns()
+        } else {
+            0
+        };
         Some(Observed {
             context,
             probes,
+            kernel: name,
             info,
             events,
+            submitted_ns,
         })
     }
 
@@ -874,8 +982,10 @@ impl GpuAttach {
         let Observed {
             context,
             probes,
+            kernel,
             mut info,
             events,
+            submitted_ns,
         } = observed;
         info.result = result;
         info.phase = PHASE_LAUNCHED;
@@ -891,7 +1001,7 @@ impl GpuAttach {
                 None
             }
         });
-        run_watchers(&probes, info);
+        run_watchers(&probes, &kernel, info);
         // Queued after the first run, so the completion run never comes first.
         if let Some((start, end)) = timed {
             let mut timings = self.lock_timings();
@@ -899,9 +1009,11 @@ impl GpuAttach {
             timings.push_back(Timing {
                 context,
                 probes,
+                kernel,
                 info,
                 start,
                 end,
+                submitted_ns,
             });
             drop(timings);
             if was_idle {
@@ -990,8 +1102,9 @@ impl GpuAttach {
                 .and_then(|c| c.ok())
                 .and_then(|c| {
                     let start = self.api.elapsed_ms(c.base, t.start).ok()?;
-                    let end = self.api.elapsed_ms(c.base, t.end).ok()?;
-                    Some((c.host_ns(start), c.host_ns(end), c.bound_ns()))
+                    let end = c.host_ns(self.api.elapsed_ms(c.base, t.end).ok()?);
+                    let start = c.host_ns(start).max(t.submitted_ns).min(end);
+                    Some((start, end, c.bound_ns()))
                 });
             self.recycle_timing_events(&t.context, &[t.start, t.end]);
             let Some((start, end, bound)) = times else {
@@ -1008,7 +1121,7 @@ impl GpuAttach {
             t.info.gpu_end_ns = end;
             t.info.clock_error_ns = bound;
             t.info.phase = PHASE_COMPLETED;
-            run_watchers(&t.probes, t.info);
+            run_watchers(&t.probes, &t.kernel, t.info);
         }
     }
 
@@ -1506,6 +1619,14 @@ impl GpuAttach {
         if let Some(c) = self.read().contexts.get(&ctx) {
             return Ok(c.clone());
         }
+        // One thread makes a context's resources; another asking meanwhile gets them.
+        let _making = self
+            .making_context
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        if let Some(c) = self.read().contexts.get(&ctx) {
+            return Ok(c.clone());
+        }
         let api = &self.api;
         let major = api
             .device_attribute(ATTR_COMPUTE_CAPABILITY_MAJOR)
@@ -1979,10 +2100,10 @@ struct CompiledProbe {
 }
 
 /// Runs each launch program on its own copy of the launch's context.
-fn run_watchers(probes: &Watchers, info: LaunchContext) {
+fn run_watchers(probes: &Watchers, kernel: &str, info: LaunchContext) {
     for p in probes.iter() {
         let mut ctx = info;
-        (p.run)(&mut ctx);
+        (p.run)(&mut ctx, kernel);
     }
 }
 

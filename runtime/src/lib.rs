@@ -46,3 +46,7 @@ pub use objects::{
 };
 pub use perfbuf::{fifo_path as perf_fifo_path, ring_path as perf_ring_path, PerfRing};
 pub use store::{owner_alive, ObjectInfo, Store, DEFAULT_STORE_NAME, STORE_ENV};
+
+/// Set by `bpftime start --gpu-flamegraph PATH` (and `run`): the agent writes the GPU flame
+/// graph of the target's kernel launches to `PATH.svg` and `PATH.folded` at exit.
+pub const GPU_FLAMEGRAPH_ENV: &str = "BPFTIME_GPU_FLAMEGRAPH";

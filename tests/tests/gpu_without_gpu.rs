@@ -183,3 +183,66 @@ fn a_launch_program_verifies_as_cpu_code() {
     );
     assert!(out.contains("launch: ok"), "{out}");
 }
+
+/// `--gpu-flamegraph` on a CUDA application without a GPU: the application runs as it
+/// would without bpftime, no graph is written, and one line says why.
+#[test]
+fn a_gpu_flame_graph_without_a_gpu_says_why_there_is_none() {
+    if bpftime_gpu_attach::runner::check_libcuda().is_ok() {
+        eprintln!("skipped: this machine has the CUDA driver; the no-GPU path needs one without (scripts/gpu.sh tests the GPU path)");
+        return;
+    }
+    let s = Session::new("nogpuflame");
+    let app = vec_add(&s.tmp);
+    let plain = run_with_timeout(
+        {
+            let mut c = Command::new(&app);
+            c.args(["4096", "1"]);
+            c
+        },
+        Duration::from_secs(60),
+    );
+    let graph = s.tmp.join("graph");
+    let mut c = s.bpftime();
+    c.arg("start")
+        .arg("--gpu-flamegraph")
+        .arg(&graph)
+        .arg(&app)
+        .args(["4096", "1"]);
+    let traced = run_with_timeout(c, Duration::from_secs(60));
+    let traced_err = String::from_utf8_lossy(&traced.stderr);
+    assert_eq!(traced.status.code(), plain.status.code(), "{traced_err}");
+    assert_eq!(
+        traced_err
+            .matches("no GPU flame graph: this process did not load the CUDA driver")
+            .count(),
+        1,
+        "{traced_err}"
+    );
+    // One line for the graph, not a second one for the recorder behind it.
+    assert!(!traced_err.contains("GPU probes never ran"), "{traced_err}");
+    assert!(!graph.with_extension("svg").exists());
+    assert!(!graph.with_extension("folded").exists());
+}
+
+/// A graph asked for in a directory that does not exist is a usage error before the
+/// target runs: the target would otherwise run to its end for nothing.
+#[test]
+fn a_gpu_flame_graph_into_a_missing_directory_is_refused_up_front() {
+    let s = Session::new("flamedir");
+    let marker = s.tmp.join("ran");
+    let mut c = s.bpftime();
+    c.arg("start")
+        .arg("--gpu-flamegraph")
+        .arg(s.tmp.join("no/such/dir/graph"))
+        .arg("touch")
+        .arg(&marker);
+    let out = run_with_timeout(c, Duration::from_secs(60));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(
+        err.contains("--gpu-flamegraph: the directory") && err.contains("does not exist"),
+        "{err}"
+    );
+    assert!(!marker.exists(), "the target ran");
+}
