@@ -80,17 +80,13 @@ fn start_flamegraph(path: PathBuf) {
 
 /// The path of the object this code is in (the agent's library).
 fn own_object() -> String {
-    // SAFETY: `Dl_info` is plain data that dladdr fills in.
-    let mut info: libc::Dl_info = unsafe { std::mem::zeroed() };
-    let here = own_object as *const () as *const libc::c_void;
-    // SAFETY: dladdr reads the loader's tables; its file name lives as long as the object.
-    unsafe {
-        if libc::dladdr(here, &mut info) == 0 || info.dli_fname.is_null() {
-            return "libbpftime_agent.so".into();
-        }
-        std::ffi::CStr::from_ptr(info.dli_fname)
-            .to_string_lossy()
-            .into_owned()
+    // One past the start, as a return address into it would be.
+    let here = own_object as *const () as usize + 1;
+    let (path, _) = bpftime_gpu_profile::containing_object(here);
+    if path.is_empty() {
+        "libbpftime_agent.so".into()
+    } else {
+        path
     }
 }
 

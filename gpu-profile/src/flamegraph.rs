@@ -302,8 +302,9 @@ fn basename(path: &str) -> &str {
     }
 }
 
-/// The path of the object `ip` lies in and the exported symbol covering it, if any.
-fn containing_object(ip: usize) -> (String, Option<String>) {
+/// The path of the object the code at `ip` (a return address) lies in, and the exported
+/// symbol covering it, if any.
+pub fn containing_object(ip: usize) -> (String, Option<String>) {
     // SAFETY: `Dl_info` is plain data that dladdr fills in.
     let mut info: libc::Dl_info = unsafe { std::mem::zeroed() };
     // A return address may be one past its function's last byte: look up the call.

@@ -6,4 +6,4 @@
 
 pub mod flamegraph;
 
-pub use flamegraph::{FlameGraphError, LaunchStacks, Written};
+pub use flamegraph::{containing_object, FlameGraphError, LaunchStacks, Written};
