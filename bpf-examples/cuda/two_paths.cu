@@ -11,16 +11,7 @@
 #include <cstdlib>
 #include <vector>
 #include <cuda_runtime.h>
-
-#define CHECK(call)                                                                    \
-    do {                                                                               \
-        cudaError_t e_ = (call);                                                       \
-        if (e_ != cudaSuccess) {                                                       \
-            fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #call,              \
-                    cudaGetErrorString(e_));                                           \
-            exit(1);                                                                   \
-        }                                                                              \
-    } while (0)
+#include "check.h"
 
 // Each element is scaled `reps` times, so that a launch is long against its launch cost.
 __global__ void scale(float *x, float f, int n, int reps) {

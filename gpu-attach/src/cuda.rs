@@ -215,6 +215,13 @@ impl Api {
         Ok(v)
     }
 
+    /// The current context's device's compute capability as `XY` (90 for sm_90).
+    pub fn device_sm(&self) -> Result<u32, CudaError> {
+        let major = self.device_attribute(ATTR_COMPUTE_CAPABILITY_MAJOR)?;
+        let minor = self.device_attribute(ATTR_COMPUTE_CAPABILITY_MINOR)?;
+        Ok((major * 10 + minor) as u32)
+    }
+
     /// The driver's CUDA version: 13000 for 13.0.
     pub fn driver_version(&self) -> Result<i32, CudaError> {
         let mut v = 0;

@@ -21,9 +21,8 @@ use bpftime_runtime::Map;
 
 use crate::clock::{self, ClockCalibration};
 use crate::cuda::{
-    self, Api, CuResult, DevicePtr, Handle, ATTR_COMPUTE_CAPABILITY_MAJOR,
-    ATTR_COMPUTE_CAPABILITY_MINOR, ATTR_MULTIPROCESSOR_COUNT, CUDA_ERROR_NOT_READY, CUDA_SUCCESS,
-    EVENT_DEFAULT, EVENT_DISABLE_TIMING, STREAM_NON_BLOCKING,
+    self, Api, CuResult, DevicePtr, Handle, ATTR_MULTIPROCESSOR_COUNT, CUDA_ERROR_NOT_READY,
+    CUDA_SUCCESS, EVENT_DEFAULT, EVENT_DISABLE_TIMING, STREAM_NON_BLOCKING,
 };
 use crate::device_maps::{DeviceKind, RuntimeConfig};
 use crate::fatbin::{FatbinError, ModulePtx};
@@ -588,13 +587,7 @@ impl GpuAttach {
             bpftime_attach::never_run_handlers_on_this_thread();
             self.set_context(ctx);
             let Ok(ptx) = &image.ptx else { return };
-            let sm = match (
-                self.api.device_attribute(ATTR_COMPUTE_CAPABILITY_MAJOR),
-                self.api.device_attribute(ATTR_COMPUTE_CAPABILITY_MINOR),
-            ) {
-                (Ok(major), Ok(minor)) => (major * 10 + minor) as u32,
-                _ => return,
-            };
+            let Ok(sm) = self.api.device_sm() else { return };
             let Ok(Some((text, _))) = ptx.ptx_for(sm) else {
                 return;
             };
@@ -1628,12 +1621,7 @@ impl GpuAttach {
             return Ok(c.clone());
         }
         let api = &self.api;
-        let major = api
-            .device_attribute(ATTR_COMPUTE_CAPABILITY_MAJOR)
-            .map_err(|e| e.to_string())?;
-        let minor = api
-            .device_attribute(ATTR_COMPUTE_CAPABILITY_MINOR)
-            .map_err(|e| e.to_string())?;
+        let sm = api.device_sm().map_err(|e| e.to_string())?;
         let sms = api
             .device_attribute(ATTR_MULTIPROCESSOR_COUNT)
             .map_err(|e| e.to_string())?
@@ -1676,7 +1664,7 @@ impl GpuAttach {
             apply_deltas,
             fold_shards,
             sm_count: sms,
-            sm: (major * 10 + minor) as u32,
+            sm,
             stream,
             replicas: Mutex::new(HashMap::new()),
             trace_ring: trace.ring,

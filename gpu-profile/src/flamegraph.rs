@@ -10,7 +10,7 @@
 //! from `_start` down to the launch call, then the kernel as a leaf frame, weighted by the
 //! nanoseconds of GPU time its launches from that stack took.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::ffi::{c_void, CStr};
 use std::io::Write as _;
 use std::path::{Path, PathBuf};
@@ -61,7 +61,7 @@ struct Recorded {
     /// Distinct stacks, as return addresses innermost first.
     stacks: Vec<Box<[usize]>>,
     stack_ids: HashMap<Box<[usize]>, u32>,
-    kernels: HashMap<String, Arc<str>>,
+    kernels: HashSet<Arc<str>>,
     /// Launches between their call and their completion: their stack.
     in_flight: HashMap<u64, u32>,
     totals: HashMap<(u32, Arc<str>), Total>,
@@ -123,7 +123,7 @@ impl LaunchStacks {
                     Some(k) => k.clone(),
                     None => {
                         let k: Arc<str> = kernel.into();
-                        r.kernels.insert(kernel.to_string(), k.clone());
+                        r.kernels.insert(k.clone());
                         k
                     }
                 };
