@@ -2,7 +2,8 @@
 # GPU overhead benchmark, on the GPU machine: the median ms per launch (CUDA events in
 # the application) of vectorAdd over 2^26 floats and a tiled 4096^2 matmul, native
 # (sm_90 machine code), under bpftime with GPU attach on but no probe, and with each
-# probe of bpf-examples/gpu_bench, and with the GPU flame graph on; the native kernel
+# probe of bpf-examples/gpu_bench (memory-access probes counting on the GPU and sending
+# every access to the host), with memtrace, and with the GPU flame graph on; the native kernel
 # built as PTX only (the driver JITs it at load, as ours is re-JITted once instrumented)
 # is a second baseline. Ratios are against native in the same run.
 #
@@ -43,8 +44,24 @@ flames=$(mktemp -d)
             for q in "${progs[@]}"; do attach+=(--attach "$q=$kernel"); done
             bench "probe $p" "$bt" --store "$store" run "${attach[@]}" "$objs/bench_$p.bpf.o" -- "$cuda/$app" "$@"
         done
+        bench "memory-access probe ldst_count" timeout 120 "$bt" --store "$store" run --attach "ldst_count=$kernel" "$objs/bench_ldst_count.bpf.o" -- "$cuda/$app" "$@"
+        bench "memtrace (aggregated, sampled timeline)" timeout 120 "$bt" --store "$store" run --out "$flames/out" "$objs/memtrace.bpf.o" -- "$cuda/$app" "$@"
         bench "launch events (launchsnoop)" "$bt" --store "$store" run "$objs/launchsnoop.bpf.o" -- "$cuda/$app" "$@"
         bench "GPU flame graph" "$bt" --store "$store" start --gpu-flamegraph "$flames/$app" "$cuda/$app" "$@"
+    done
+    # An event per access through one ring buffer: every access of every thread contends
+    # for the ring's head, so this runs at smaller sizes, once each, against native at
+    # the same size.
+    runs=1
+    for target in "vec_add_sm90 4194304 3" "matmul_sm90 512 3"; do
+        set -- $target
+        app=$1; shift
+        kernel=vectorAdd; [ "$app" = matmul_sm90 ] && kernel=matmul
+        echo "== per-access ring events, $app $*"
+        base=""
+        bench "native" "$cuda/$app" "$@"
+        bench "memory-access probe ldst_ring" timeout 200 "$bt" --store "$store" run --out "$flames/out" --attach "ldst_ring=$kernel" "$objs/bench_ldst_ring.bpf.o" -- "$cuda/$app" "$@"
+        grep -h '^accesses (ringbuf)' "$flames/out/maps.txt" 2>/dev/null
     done
 } | tee "$out"
 rm -rf "/dev/shm/bpftime-$store" "$flames"

@@ -114,6 +114,60 @@ run() {  # run LOG ARGS... : bpftime run ARGS, output and exit status in LOG.out
     ok=0; [ "$total" = 10485760 ] && [ "$by_sm" = 10485760 ] && [ "$sms" -gt 1 ] && grep -q 'check=ok' "$log.out" && ok=1
     result "smcount: a per-CPU array keeps a value per SM, summed over CPUs" $ok "per-CPU sum $total, by SM $by_sm (expected 10485760 each), over $sms SMs"
 
+    # Memory-access probes (`cuda:KERNEL:ldst`), exact against a count by hand:
+    # vectorAdd over n elements loads n floats from a and n from b and stores n into c;
+    # the tiled matmul loads n^3/16 from each of a and b (one per tile step per thread)
+    # and stores n^2; nothing falls outside the three buffers, every access is 4 bytes.
+    ldst() {  # ldst NAME MAP LOADS STORES ARGS...
+        local name=$1 map=$2 loads=$3 stores=$4
+        shift 4
+        log=$work/ldst-$name
+        run "$log" "$objs/access_check.bpf.o" -- "$@"
+        local la lb sc other outside size all
+        la=$(value "$log.out" "$map" 0) lb=$(value "$log.out" "$map" 1) sc=$(value "$log.out" "$map" 2)
+        other=$(value "$log.out" "$map" 3) outside=$(value "$log.out" "$map" 4)
+        size=$(value "$log.out" "$map" 5) all=$(value "$log.out" "$map" 6)
+        ok=0
+        if grep -q 'check=ok' "$log.out" && grep -q '^exit=0' "$log.out" &&
+            [ "$la" = "$loads" ] && [ "$lb" = "$loads" ] && [ "$sc" = "$stores" ] &&
+            [ "$other" = 0 ] && [ "$outside" = 0 ] && [ "$size" = 0 ] &&
+            [ "$all" = $((2 * loads + stores)) ]; then
+            ok=1
+        fi
+        result "memory-access probe on $name, exact" $ok "loads a $la b $lb (expected $loads each), stores c $sc (expected $stores), elsewhere $outside, other kinds $other, not 4 bytes $size"
+    }
+    n=1048576
+    ldst "vectorAdd (static cudart)" vector_add $((n * 3)) $((n * 3)) "$cuda/vec_add" $n 3
+    ldst "vectorAdd (driver API, PTX)" vector_add $((n * 3)) $((n * 3)) "$cuda/vec_add_driver" "$cuda/vec_add.ptx" $n 3
+    n=512
+    ldst "matmul" matmul $((n * n * n / 16 * 2)) $((n * n * 2)) "$cuda/matmul" $n 2
+
+    # memtrace: counts per kernel and kind, offsets within each buffer as log2
+    # histograms, and a timeline PNG of sampled accesses (kept beside the results).
+    keep=$(dirname "$out")
+    memtrace() {  # memtrace NAME LOADS STORES APP ARGS...
+        local name=$1 loads=$2 stores=$3
+        shift 3
+        log=$work/memtrace-$name
+        run "$log" --out "$work/memtrace-$name.d" "$objs/memtrace.bpf.o" -- "$@"
+        cp "$work/memtrace-$name.d/timeline.png" "$keep/memtrace-$name.png" 2>/dev/null
+        cp "$work/memtrace-$name.d/maps.txt" "$keep/memtrace-$name.maps.txt" 2>/dev/null
+        local slot got_loads got_stores
+        # accesses[128 * kind + slot] (loads kind 0, stores 1); kernels[slot] names it.
+        slot=$(sed -n 's/^kernels\[\([0-9]*\)\]: .*name=.*/\1/p' "$log.out" | head -1)
+        got_loads=$(value "$log.out" accesses "${slot:-x}")
+        got_stores=$(value "$log.out" accesses "$((128 + ${slot:-0}))")
+        ok=0
+        if grep -q 'check=ok' "$log.out" && grep -q '^exit=0' "$log.out" &&
+            [ "$got_loads" = "$loads" ] && [ "$got_stores" = "$stores" ] &&
+            [ -s "$work/memtrace-$name.d/timeline.png" ] && [ "$(value "$log.out" collisions 0)" = 0 ]; then
+            ok=1
+        fi
+        result "memtrace on $name" $ok "loads $got_loads (expected $loads), stores $got_stores (expected $stores); $(grep -o 'timeline.png ([0-9]* sampled[^)]*' "$log.out" | cut -c15-)"
+    }
+    memtrace vectorAdd $((2 * 16777216)) 16777216 "$cuda/vec_add" 16777216 1
+    memtrace matmul $((2 * 1024 * 1024 * 1024 / 16)) $((1024 * 1024)) "$cuda/matmul" 1024 1
+
     # launchsnoop: a launch program on every kernel, run at each launch call and again
     # once the kernel completed, with its GPU start and end on the host clock; on each
     # kind of build and on a kernel without PTX. GPU times are bracketed by the

@@ -217,6 +217,7 @@ pub(crate) fn attach(store: &Store, runtime: &Arc<Runtime>, rec: &LinkRecord) ->
     let point = match rec.kind {
         LinkKind::GpuEntry => ProbePoint::Entry,
         LinkKind::GpuExit => ProbePoint::Exit,
+        LinkKind::GpuAccess => ProbePoint::Access,
         LinkKind::GpuLaunch => return attach_launch(store, runtime, rec),
         LinkKind::Uprobe | LinkKind::Uretprobe => return false,
     };

@@ -163,7 +163,7 @@ impl Agent {
         let retprobe = match rec.kind {
             LinkKind::Uprobe => false,
             LinkKind::Uretprobe => true,
-            LinkKind::GpuEntry | LinkKind::GpuExit | LinkKind::GpuLaunch => {
+            LinkKind::GpuEntry | LinkKind::GpuExit | LinkKind::GpuLaunch | LinkKind::GpuAccess => {
                 crate::gpu::attach(self.store(), &self.runtime, rec);
                 return None;
             }

@@ -23,7 +23,7 @@
 
 #define BPFTIME_LAUNCH_CALLED 0
 #define BPFTIME_LAUNCH_COMPLETED 1
-#define BPFTIME_LAUNCH_NAME_BYTES 72
+#define BPFTIME_LAUNCH_NAME_BYTES 68
 
 struct bpftime_cuda_launch {
 	__u64 launch_id;	/* unique in the process */
@@ -40,7 +40,8 @@ struct bpftime_cuda_launch {
 	__u32 phase;		/* BPFTIME_LAUNCH_CALLED or BPFTIME_LAUNCH_COMPLETED */
 	__u32 result;		/* CUresult of the launch call */
 	__u32 name_len;		/* bytes before the name's NUL */
-	char name[BPFTIME_LAUNCH_NAME_BYTES]; /* mangled, cut to 71 bytes, NUL-terminated */
+	__u32 kernel_id;	/* FNV-1a of the whole mangled name: struct bpftime_gpu_access's */
+	char name[BPFTIME_LAUNCH_NAME_BYTES]; /* mangled, cut to 67 bytes, NUL-terminated */
 };
 
 #endif

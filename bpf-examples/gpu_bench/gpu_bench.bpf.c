@@ -7,10 +7,15 @@
  *   count        every thread adds 1 to one counter (an array value)
  *   exit_time    every thread adds its entry-to-exit time to a total; the entry time
  *                waits in a hash map keyed by the thread's global index
+ *   ldst_count   a memory-access probe: every global load and store adds 1 to the
+ *                counter of its kind (aggregated on the GPU, as memtrace's maps are)
+ *   ldst_ring    a memory-access probe: every global load and store sends its address,
+ *                size and kind to the host through a ring buffer (full rings drop)
  */
 #include <linux/bpf.h>
 #include <bpf/bpf_helpers.h>
 #include "../common/gpu_helpers.h"
+#include "../common/gpu_access.h"
 
 struct {
 	__uint(type, BPF_MAP_TYPE_ARRAY);
@@ -68,6 +73,51 @@ int exit_time(void *ctx)
 
 	if (start && total)
 		__sync_fetch_and_add(total, bpf_ktime_get_ns() - *start);
+	return 0;
+}
+#endif
+
+#ifdef BENCH_LDST_COUNT
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, 5);
+	__type(key, __u32);
+	__type(value, __u64);
+} kinds SEC(".maps");
+
+SEC("cuda:vectorAdd:ldst")
+int ldst_count(void *ctx)
+{
+	__u32 kind = bpftime_gpu_access(ctx)->kind;
+	__u64 *n = bpf_map_lookup_elem(&kinds, &kind);
+
+	if (n)
+		__sync_fetch_and_add(n, 1);
+	return 0;
+}
+#endif
+
+#ifdef BENCH_LDST_RING
+struct access_event {
+	__u64 addr;
+	__u32 size;
+	__u32 kind;
+};
+
+const struct access_event *access_event_type __attribute__((unused));
+
+struct {
+	__uint(type, BPF_MAP_TYPE_RINGBUF);
+	__uint(max_entries, 1 << 24);
+} accesses SEC(".maps");
+
+SEC("cuda:vectorAdd:ldst")
+int ldst_ring(void *ctx)
+{
+	const struct bpftime_gpu_access *a = bpftime_gpu_access(ctx);
+	struct access_event e = { .addr = a->addr, .size = a->size, .kind = a->kind };
+
+	bpf_ringbuf_output(&accesses, &e, sizeof(e), 0);
 	return 0;
 }
 #endif

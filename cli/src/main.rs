@@ -18,6 +18,7 @@ mod probes;
 mod run;
 mod show;
 mod symbolize;
+mod timeline;
 mod trace_pipe;
 mod verify;
 
@@ -318,7 +319,10 @@ fn perf_event_target(e: &PerfEventRecord) -> String {
         PerfEventKind::Uprobe | PerfEventKind::Uretprobe => {
             format!("{label} {}:{:#x} pid {}", e.path, e.offset, e.pid)
         }
-        PerfEventKind::Kprobe | PerfEventKind::Kretprobe | PerfEventKind::GpuLaunch => {
+        PerfEventKind::Kprobe
+        | PerfEventKind::Kretprobe
+        | PerfEventKind::GpuLaunch
+        | PerfEventKind::GpuAccess => {
             if e.offset == 0 {
                 format!("{label} {}", e.path)
             } else {

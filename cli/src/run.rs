@@ -11,7 +11,7 @@
 //! Exit status: the app's own; 1 when the object does not load (a rejected
 //! program: libbpf prints the verifier's log) or a probe does not attach; 2
 //! for usage errors (a missing object, app, target file or function, a
-//! program with no target, a GPU memory-access probe).
+//! program with no target).
 
 use crate::inproc;
 use crate::probes::{self, Attachment};
@@ -41,12 +41,19 @@ pub struct RunArgs {
     /// Show libbpf's debug messages.
     #[arg(short, long)]
     verbose: bool,
+    /// Write what the run gathers into DIR (made if missing) instead of printing
+    /// each event: every map as at exit (DIR/maps.txt, printed too), every ring
+    /// buffer and perf buffer record (DIR/events.txt), and, for records with
+    /// `time_ns` and `addr` fields (memtrace's), a memory-access timeline
+    /// (DIR/MAP.png: time across, address down, density as colour).
+    #[arg(long, value_name = "DIR")]
+    out: Option<PathBuf>,
     #[command(flatten)]
     profiling: crate::Profiling,
     /// The eBPF object (`clang -target bpf -g -c prog.bpf.c`). Sections name
     /// the probes: SEC("uprobe/FUNC") for a function of the app,
     /// SEC("uprobe//PATH:FUNC") or SEC("uretprobe/LIB.so:FUNC") for others,
-    /// SEC("cuda:KERNEL[:entry|exit|launch]") for a CUDA kernel.
+    /// SEC("cuda:KERNEL[:entry|exit|launch|ldst]") for a CUDA kernel.
     object: PathBuf,
     /// The app and its arguments (after `--`).
     #[arg(required = true, trailing_var_arg = true, allow_hyphen_values = true)]
@@ -91,6 +98,18 @@ pub fn main(store: &str, args: RunArgs) -> ExitCode {
     }
     if args.verbose {
         argv.push("--verbose".into());
+    }
+    if let Some(dir) = &args.out {
+        match std::fs::create_dir_all(dir).and_then(|()| dir.canonicalize()) {
+            Ok(dir) => {
+                argv.push("--out".into());
+                argv.push(dir.into_os_string());
+            }
+            Err(e) => {
+                eprintln!("bpftime run: --out {}: {e}", dir.display());
+                return ExitCode::from(2);
+            }
+        }
     }
     match args.profiling.to_args() {
         Ok(a) => argv.extend(a),
@@ -161,6 +180,7 @@ impl GpuAttachment {
             GpuProbeKind::Entry => "gpu-entry",
             GpuProbeKind::Exit => "gpu-exit",
             GpuProbeKind::Launch => "gpu-launch",
+            GpuProbeKind::Access => "gpu-ldst",
         };
         let kernel = self.kernel.as_deref().unwrap_or(&self.probe.kernel);
         format!("{} ({kind}) -> CUDA kernel {kernel}", self.prog)
@@ -271,8 +291,13 @@ fn attach_gpu(
     match a.probe.kind {
         GpuProbeKind::Entry => Ok(prog.attach_kprobe(false, kernel)?),
         GpuProbeKind::Exit => Ok(prog.attach_kprobe(true, kernel)?),
-        GpuProbeKind::Launch => {
-            let pfd = launch_event(kernel)?;
+        GpuProbeKind::Launch | GpuProbeKind::Access => {
+            let bit = if a.probe.kind == GpuProbeKind::Launch {
+                bpftime_runtime::GPU_LAUNCH_CONFIG_BIT
+            } else {
+                bpftime_runtime::GPU_ACCESS_CONFIG_BIT
+            };
+            let pfd = gpu_event(kernel, bit)?;
             prog.attach_perf_event(pfd).map_err(|e| {
                 // SAFETY: our own fd, which the failed attach did not take.
                 unsafe { libc::close(pfd) };
@@ -282,9 +307,9 @@ fn attach_gpu(
     }
 }
 
-/// A launch event on `kernel`: a perf event of the kprobe PMU (which the shim
-/// serves) with bpftime's launch bit set.
-fn launch_event(kernel: &str) -> anyhow::Result<i32> {
+/// A launch or memory-access event on `kernel`: a perf event of the kprobe PMU
+/// (which the shim serves) with bpftime's `config_bit` set.
+fn gpu_event(kernel: &str, config_bit: u32) -> anyhow::Result<i32> {
     let pmu_type: u32 = std::fs::read_to_string("/sys/bus/event_source/devices/kprobe/type")
         .map_err(|e| anyhow!("cannot read the kprobe PMU's type: {e}"))?
         .trim()
@@ -297,7 +322,7 @@ fn launch_event(kernel: &str) -> anyhow::Result<i32> {
     attr[0..4].copy_from_slice(&pmu_type.to_ne_bytes());
     let size = attr.len() as u32;
     attr[4..8].copy_from_slice(&size.to_ne_bytes());
-    let config = 1u64 << bpftime_runtime::GPU_LAUNCH_CONFIG_BIT;
+    let config = 1u64 << config_bit;
     attr[8..16].copy_from_slice(&config.to_ne_bytes());
     attr[56..64].copy_from_slice(&(name.as_ptr() as u64).to_ne_bytes());
     const PERF_FLAG_FD_CLOEXEC: libc::c_long = 8;
@@ -315,7 +340,7 @@ fn launch_event(kernel: &str) -> anyhow::Result<i32> {
     };
     if fd < 0 {
         return Err(anyhow!(
-            "cannot open a launch event on `{kernel}`: {}",
+            "cannot open a GPU event on `{kernel}`: {}",
             std::io::Error::last_os_error()
         ));
     }
@@ -406,6 +431,18 @@ fn load_and_run(store: &str, args: &RunArgs) -> Result<ExitCode, Failure> {
 
     let types = Types::new(obj.btf().ok().flatten());
     let events: RefCell<HashMap<String, u64>> = RefCell::new(HashMap::new());
+    let out = args
+        .out
+        .as_deref()
+        .map(OutDir::create)
+        .transpose()
+        .map_err(usage)?;
+    let out = RefCell::new(out);
+    // Prints an event, or writes it to DIR/events.txt and keeps what a timeline needs.
+    let record = |name: &str, data: &[u8]| match out.borrow_mut().as_mut() {
+        Some(o) => o.event(&types, name, data),
+        None => say(&show::event_line(&types, name, data)),
+    };
     let maps: Vec<libbpf_rs::Map<'_>> = obj.maps().collect();
     let mut rings = RingBufferBuilder::new();
     let mut have_rings = false;
@@ -414,10 +451,10 @@ fn load_and_run(store: &str, args: &RunArgs) -> Result<ExitCode, Failure> {
         let name = m.name().to_string_lossy().into_owned();
         match m.map_type() {
             MapType::RingBuf => {
-                let (types, events) = (&types, &events);
+                let (record, events) = (&record, &events);
                 rings
                     .add(m, move |data: &[u8]| {
-                        say(&show::event_line(types, &name, data));
+                        record(&name, data);
                         *events.borrow_mut().entry(name.clone()).or_default() += 1;
                         0
                     })
@@ -427,11 +464,11 @@ fn load_and_run(store: &str, args: &RunArgs) -> Result<ExitCode, Failure> {
                 have_rings = true;
             }
             MapType::PerfEventArray => {
-                let (types, events) = (&types, &events);
+                let (record, events) = (&record, &events);
                 let lost_name = name.clone();
                 let buf = PerfBufferBuilder::new(m)
                     .sample_cb(move |_cpu: i32, data: &[u8]| {
-                        say(&show::event_line(types, &name, data));
+                        record(&name, data);
                         *events.borrow_mut().entry(name.clone()).or_default() += 1;
                     })
                     .lost_cb(move |cpu: i32, count: u64| {
@@ -504,10 +541,68 @@ fn load_and_run(store: &str, args: &RunArgs) -> Result<ExitCode, Failure> {
         args.object.display()
     );
     let mut frame = |ip| app_maps.describe(ip);
-    for line in show::dump_maps(&obj, &types, &events.borrow(), &mut frame) {
-        say(&line);
+    let lines = show::dump_maps(&obj, &types, &events.borrow(), &mut frame);
+    for line in &lines {
+        say(line);
+    }
+    if let Some(o) = out.borrow_mut().take() {
+        for written in o
+            .finish(&lines)
+            .map_err(|e| Failure::Load(anyhow!("{e:#}")))?
+        {
+            eprintln!("bpftime run: wrote {written}");
+        }
     }
     Ok(inproc::exit_code(status))
+}
+
+/// Where `--out DIR` puts a run's results.
+struct OutDir {
+    dir: PathBuf,
+    events: std::io::BufWriter<std::fs::File>,
+    /// Per ring or perf buffer whose records have `time_ns` and `addr`: (time, address).
+    timelines: HashMap<String, Vec<(u64, u64)>>,
+}
+
+impl OutDir {
+    fn create(dir: &Path) -> anyhow::Result<OutDir> {
+        let path = dir.join("events.txt");
+        let file = std::fs::File::create(&path)
+            .map_err(|e| anyhow!("cannot write {}: {e}", path.display()))?;
+        Ok(OutDir {
+            dir: dir.to_path_buf(),
+            events: std::io::BufWriter::new(file),
+            timelines: HashMap::new(),
+        })
+    }
+
+    fn event(&mut self, types: &Types<'_>, map: &str, data: &[u8]) {
+        let _ = writeln!(self.events, "{}", show::event_line(types, map, data));
+        if let Some([t, a]) = types.record_fields(data, ["time_ns", "addr"]) {
+            self.timelines
+                .entry(map.to_string())
+                .or_default()
+                .push((t, a));
+        }
+    }
+
+    /// Writes the maps and the timelines; says what it wrote.
+    fn finish(mut self, maps: &[String]) -> anyhow::Result<Vec<String>> {
+        self.events.flush()?;
+        let mut written = vec![self.dir.join("events.txt").display().to_string()];
+        let path = self.dir.join("maps.txt");
+        std::fs::write(&path, maps.join("\n") + "\n")
+            .map_err(|e| anyhow!("cannot write {}: {e}", path.display()))?;
+        written.push(path.display().to_string());
+        let mut names: Vec<&String> = self.timelines.keys().collect();
+        names.sort();
+        for name in names {
+            let path = self.dir.join(format!("{name}.png"));
+            let summary = crate::timeline::write_png(&self.timelines[name], &path)?;
+            written.push(format!("{} ({summary})", path.display()));
+        }
+        Ok(written)
+    }
 }
 
 /// Runs the app and reads its mappings, which name the frames of user stacks and vanish

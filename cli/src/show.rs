@@ -364,6 +364,30 @@ impl<'obj> Types<'obj> {
     }
 }
 
+impl Types<'_> {
+    /// The unsigned integer fields `names` of a record (its type found as
+    /// [`Types::record_type`] finds it); `None` unless it has them all.
+    pub fn record_fields<const N: usize>(&self, data: &[u8], names: [&str; N]) -> Option<[u64; N]> {
+        let id = self.record_type(data.len())?;
+        let t = self.ty(id)?.skip_mods_and_typedefs();
+        let c = types::Composite::try_from(t).ok()?;
+        let mut out = [0u64; N];
+        for (slot, want) in out.iter_mut().zip(names) {
+            let m = (0..c.len())
+                .filter_map(|i| c.get(i))
+                .find(|m| m.name.is_some_and(|n| n.to_string_lossy() == want))?;
+            let types::MemberAttr::Normal { offset } = m.attr else {
+                return None;
+            };
+            let mt = self.ty(m.ty.into())?;
+            let size = Self::size_of(mt)?;
+            let start = offset as usize / 8;
+            *slot = self.as_uint(m.ty.into(), data.get(start..start + size)?)?;
+        }
+        Some(out)
+    }
+}
+
 /// One line per ring buffer or perf buffer record.
 pub fn event_line(types: &Types<'_>, map: &str, data: &[u8]) -> String {
     let typed = types.record_type(data.len()).and_then(|id| {

@@ -23,7 +23,7 @@ pub const PHASE_LAUNCHED: u32 = 0;
 /// `phase` of the run once the launch completed, with GPU times.
 pub const PHASE_COMPLETED: u32 = 1;
 /// Bytes of the kernel name carried in the context, NUL included; longer names are cut.
-pub const LAUNCH_NAME_BYTES: usize = 72;
+pub const LAUNCH_NAME_BYTES: usize = 68;
 
 /// What a launch program's context points to: `struct bpftime_cuda_launch` of
 /// `bpf-examples/common/cuda_launch.h`. 168 bytes, the size of the kprobe context the
@@ -54,6 +54,8 @@ pub struct LaunchContext {
     pub result: u32,
     /// Bytes of the name before its NUL (at most `LAUNCH_NAME_BYTES - 1`).
     pub name_len: u32,
+    /// The kernel's id as memory-access probes see it ([`crate::ptx::kernel_id`]).
+    pub kernel_id: u32,
     /// The kernel's (mangled) name, NUL-terminated.
     pub name: [u8; LAUNCH_NAME_BYTES],
 }
@@ -77,6 +79,7 @@ impl LaunchContext {
             phase: PHASE_LAUNCHED,
             result: 0,
             name_len: 0,
+            kernel_id: crate::ptx::kernel_id(name),
             name: [0; LAUNCH_NAME_BYTES],
         };
         let bytes = name.as_bytes();
@@ -164,7 +167,8 @@ mod tests {
         assert_eq!(offset_of!(LaunchContext, phase), 84);
         assert_eq!(offset_of!(LaunchContext, result), 88);
         assert_eq!(offset_of!(LaunchContext, name_len), 92);
-        assert_eq!(offset_of!(LaunchContext, name), 96);
+        assert_eq!(offset_of!(LaunchContext, kernel_id), 96);
+        assert_eq!(offset_of!(LaunchContext, name), 100);
     }
 
     #[test]
@@ -181,6 +185,7 @@ mod tests {
         assert_eq!(c.name(), "k".repeat(LAUNCH_NAME_BYTES - 1));
         let c = LaunchContext::new("_Z9vectorAddPKfS0_Pfi", g, 7, 1);
         assert_eq!(c.name(), "_Z9vectorAddPKfS0_Pfi");
+        assert_eq!(c.kernel_id, crate::ptx::kernel_id("_Z9vectorAddPKfS0_Pfi"));
         assert_eq!(
             (c.grid, c.block, c.stream, c.device),
             ([4096, 1, 1], [256, 1, 1], 7, 1)

@@ -10,7 +10,7 @@ use bpftime_jit_ptx::{
 
 use crate::cuda::DevicePtr;
 use crate::device_maps::{library_ir, RuntimeConfig};
-use crate::ptx::{ARG_OFFSETS, CTX_SIZE};
+use crate::ptx::{ProbePoint, ACCESS_OFFSETS, ARG_OFFSETS, CTX_SIZE};
 
 /// Where one of a probe's maps lives on the device.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -24,18 +24,25 @@ pub struct DeviceMapRef {
     pub array: Option<ArrayMapLayout>,
 }
 
-/// The ABI spliced calls use (see `ptx`): six arguments, laid out as `pt_regs`.
-pub fn probe_abi() -> ProbeAbi {
+/// The ABI spliced calls at `point` use (see `ptx`): the kernel's six arguments, and an
+/// access probe's five more, laid out as `pt_regs`.
+pub fn probe_abi(point: ProbePoint) -> ProbeAbi {
+    let extra: &[usize] = match point {
+        ProbePoint::Entry | ProbePoint::Exit => &[],
+        ProbePoint::Access => &ACCESS_OFFSETS,
+    };
     ProbeAbi::Arguments {
         size: CTX_SIZE as u32,
-        offsets: ARG_OFFSETS.iter().map(|&o| o as u32).collect(),
+        offsets: ARG_OFFSETS.iter().chain(extra).map(|&o| o as u32).collect(),
     }
 }
 
 /// Compiles `insns` (store map ids in `lddw`s, as `maps` keys) into a PTX probe function
-/// `symbol(ctx)` for `sm_XY`, with the device runtime of `config` inlined. Fails, saying
-/// why, when the program needs something the GPU runtime does not have.
+/// `symbol(..)` called at `point`, for `sm_XY`, with the device runtime of `config`
+/// inlined. Fails, saying why, when the program needs something the GPU runtime does not
+/// have.
 pub fn compile_probe(
+    point: ProbePoint,
     insns: &[Insn],
     maps: &HashMap<u32, DeviceMapRef>,
     config: &RuntimeConfig,
@@ -55,7 +62,7 @@ pub fn compile_probe(
         ptx_version: PtxVersion::DEFAULT,
         symbol: symbol.to_string(),
         kernel: false,
-        probe_abi: probe_abi(),
+        probe_abi: probe_abi(point),
         ..PtxOptions::default()
     };
     let program = compile(&insns, &env, &opts).map_err(|e| e.to_string())?;

@@ -18,6 +18,13 @@
 //! - before every `ret` and `exit` of the kernel's own body (predicated ones under the same
 //!   predicate, labelled ones after their label, so jumps to the label run the probe too),
 //!   a call of each exit probe.
+//! - before every load, store, atomic and reduction in global memory (`ld.global`,
+//!   `ldu.global`, `st.global`, `atom.global`, `red.global`, vector forms included, and the
+//!   generic-address forms, whose calls run only when `isspacep.global` says the address
+//!   is global), a call of each access probe with five more arguments ([`ACCESS_ARGS`]):
+//!   the address, the first 16 bytes of the value written (0 for loads), the size and kind
+//!   ([`AccessKind`]), and the kernel's id ([`kernel_id`]) with the access's index in the
+//!   kernel. Shared, local, constant and parameter memory are left out.
 //!
 //! Everything else is kept as written: the directives between the parameter list and the
 //! body (`.maxnreg`, `.maxntid`, `.reqntid`, `.minnctapersm`, ...), other kernels and
@@ -33,6 +40,35 @@ pub const CTX_SIZE: usize = 168;
 /// Offsets in `struct pt_regs` of the registers that carry the first six arguments on
 /// x86-64: di, si, dx, cx, r8, r9.
 pub const ARG_OFFSETS: [usize; 6] = [112, 104, 96, 88, 72, 64];
+
+/// How many arguments an access probe gets after the kernel's six.
+pub const ACCESS_ARGS: usize = 5;
+
+/// Where an access probe's own arguments land in its `pt_regs`-shaped context, the slots
+/// no kernel argument uses (`struct bpftime_gpu_access` of `bpf-examples/common/gpu_access.h`):
+/// r15 the address, r14 and r13 the value's low and high 8 bytes, r12 the size (low 32
+/// bits) and kind (high), bp the kernel id (low) and the access's index (high).
+pub const ACCESS_OFFSETS: [usize; ACCESS_ARGS] = [0, 8, 16, 24, 32];
+
+/// What a global memory access does, as an access probe's context says it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[repr(u32)]
+pub enum AccessKind {
+    Load = 1,
+    Store = 2,
+    /// `atom`: reads and writes, returning the old value.
+    Atomic = 3,
+    /// `red`: an atomic update that returns nothing.
+    Reduction = 4,
+}
+
+/// A kernel's id in access probes' contexts and launch contexts: FNV-1a over its mangled
+/// name, so that a CPU program can name what a GPU program counted.
+pub fn kernel_id(mangled: &str) -> u32 {
+    mangled.bytes().fold(0x811c_9dc5u32, |h, b| {
+        (h ^ u32::from(b)).wrapping_mul(0x0100_0193)
+    })
+}
 
 #[derive(Debug, Error, PartialEq, Eq)]
 pub enum PtxError {
@@ -108,6 +144,21 @@ struct ExitSite {
     opcode: String,
 }
 
+/// A global memory access in a kernel, with the PTX that computes its probe arguments.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct AccessSite {
+    /// Where the statement (its guard included) begins: the probe calls go before it.
+    start: usize,
+    guard: Option<String>,
+    /// A generic address: the calls run only where it is a global one.
+    generic: bool,
+    kind: AccessKind,
+    /// Bytes accessed.
+    size: u32,
+    /// PTX setting `%__bta6` to the address and `%__bta7`/`%__bta8` to the value written.
+    prepare: String,
+}
+
 /// A kernel (`.entry`) with a body.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Kernel {
@@ -119,12 +170,35 @@ pub struct Kernel {
     body_open: usize,
     body_close: usize,
     exits: Vec<ExitSite>,
+    accesses: Vec<AccessSite>,
+    /// Memory statements an access probe cannot see, with why (one line each).
+    pub unseen_accesses: Vec<String>,
 }
 
 impl Kernel {
     /// How many `ret`/`exit` statements end the kernel's body.
     pub fn exit_count(&self) -> usize {
         self.exits.len()
+    }
+
+    /// How many global memory accesses (generic ones included) access probes see, by kind.
+    pub fn access_counts(&self) -> Vec<(AccessKind, usize)> {
+        let mut counts: Vec<(AccessKind, usize)> = Vec::new();
+        for a in &self.accesses {
+            match counts.iter_mut().find(|c| c.0 == a.kind) {
+                Some(c) => c.1 += 1,
+                None => counts.push((a.kind, 1)),
+            }
+        }
+        counts
+    }
+
+    /// The sizes in bytes of the accesses probes see, in the order they are written.
+    pub fn access_sizes(&self) -> Vec<(AccessKind, u32, bool)> {
+        self.accesses
+            .iter()
+            .map(|a| (a.kind, a.size, a.generic))
+            .collect()
     }
 }
 
@@ -133,6 +207,18 @@ impl Kernel {
 pub enum ProbePoint {
     Entry,
     Exit,
+    /// Every global load, store, atomic and reduction (`cuda:KERNEL:ldst`).
+    Access,
+}
+
+impl ProbePoint {
+    /// How many `.param .b64` arguments the probe function takes.
+    pub fn arg_count(self) -> usize {
+        match self {
+            ProbePoint::Entry | ProbePoint::Exit => PROBE_ARGS,
+            ProbePoint::Access => PROBE_ARGS + ACCESS_ARGS,
+        }
+    }
 }
 
 /// A probe function to call in a kernel: `.func (.param .b64 r) symbol(.param .b64 a0, ..
@@ -496,6 +582,10 @@ fn parse_kernel(
     let body_open = toks[i].1;
     let mut depth = 0usize;
     let mut exits = Vec::new();
+    let mut accesses = Vec::new();
+    let mut unseen_accesses = Vec::new();
+    let mut regs = Registers::default();
+    let mut vector = 0usize;
     // The current statement's first token (after any labels).
     let mut stmt: Option<usize> = None;
     let mut j = i;
@@ -504,6 +594,9 @@ fn parse_kernel(
             return Err(PtxError::Unterminated("a kernel's body"));
         };
         match tok {
+            // Inside a statement, braces hold a vector operand: `{%f1, %f2}`.
+            Tok::Punct(b'{') if stmt.is_some() => vector += 1,
+            Tok::Punct(b'}') if vector > 0 => vector -= 1,
             Tok::Punct(b'{') => {
                 depth += 1;
                 stmt = None;
@@ -517,12 +610,24 @@ fn parse_kernel(
             }
             Tok::Punct(b';') => {
                 if let Some(s) = stmt.take() {
-                    if let Some(site) = exit_site(text, &toks[s..=j]) {
+                    let statement = &toks[s..=j];
+                    if let Some(site) = exit_site(text, statement) {
                         exits.push(site);
+                    } else if regs.declare(text, statement) {
+                    } else {
+                        match access_site(text, statement, &regs) {
+                            Some(Ok(site)) => accesses.push(site),
+                            Some(Err(why)) => unseen_accesses.push(why),
+                            None => {}
+                        }
                     }
                 }
             }
-            Tok::Punct(b':') if stmt.is_some_and(|s| s + 1 == j) => {
+            // (Identifiers have no dots: `ld.global.L1::evict_last` is no label.)
+            Tok::Punct(b':')
+                if stmt
+                    .is_some_and(|s| s + 1 == j && !text[toks[s].1..toks[s].2].contains('.')) =>
+            {
                 // `LABEL:` ends a label, not a statement.
                 stmt = None;
             }
@@ -542,6 +647,8 @@ fn parse_kernel(
             body_open,
             body_close,
             exits,
+            accesses,
+            unseen_accesses,
         }),
         j + 1,
     ))
@@ -571,6 +678,320 @@ fn exit_site(text: &str, stmt: &[(Tok, usize, usize)]) -> Option<ExitSite> {
         guard: guard.map(|(a, b)| text[a..b].split_whitespace().collect::<String>()),
         opcode: opcode.to_string(),
     })
+}
+
+/// The widths of a kernel's registers, from its `.reg` declarations (`.reg .b64 %rd<12>;`
+/// declares `%rd0`..`%rd11`; `.reg .f32 %f, %g;` names them one by one).
+#[derive(Debug, Default)]
+struct Registers {
+    /// `%rd` of `%rd<12>`, and its width.
+    ranges: Vec<(String, u32)>,
+    names: Vec<(String, u32)>,
+}
+
+impl Registers {
+    /// Takes a `.reg` statement; false for any other.
+    fn declare(&mut self, text: &str, stmt: &[(Tok, usize, usize)]) -> bool {
+        let words: Vec<&str> = stmt
+            .iter()
+            .filter(|t| t.0 == Tok::Word)
+            .map(|t| &text[t.1..t.2])
+            .collect();
+        if words.first() != Some(&".reg") {
+            return false;
+        }
+        let bits = words
+            .iter()
+            .filter_map(|w| type_bits(w.strip_prefix('.')?))
+            .next_back()
+            .unwrap_or(if words.contains(&".pred") { 1 } else { 0 });
+        let vector = words
+            .iter()
+            .find_map(|w| w.strip_prefix(".v")?.parse::<u32>().ok())
+            .unwrap_or(1);
+        let bits = bits * vector;
+        for (n, t) in stmt.iter().enumerate() {
+            if t.0 != Tok::Word || !text[t.1..t.2].starts_with('%') {
+                continue;
+            }
+            let name = text[t.1..t.2].to_string();
+            if matches!(stmt.get(n + 1), Some((Tok::Punct(b'<'), _, _))) {
+                self.ranges.push((name, bits));
+            } else {
+                self.names.push((name, bits));
+            }
+        }
+        true
+    }
+
+    /// The width in bits of register `name`, if it was declared.
+    fn bits(&self, name: &str) -> Option<u32> {
+        if let Some((_, b)) = self.names.iter().rev().find(|(n, _)| n == name) {
+            return Some(*b);
+        }
+        let prefix = name.trim_end_matches(|c: char| c.is_ascii_digit());
+        if prefix.len() == name.len() {
+            return None;
+        }
+        self.ranges
+            .iter()
+            .rev()
+            .find(|(n, _)| n == prefix)
+            .map(|(_, b)| *b)
+    }
+}
+
+/// The width in bits of a PTX type name without its dot (`u32`, `f16x2`, `b128`).
+fn type_bits(t: &str) -> Option<u32> {
+    match t {
+        "f16x2" | "bf16x2" | "tf32" => return Some(32),
+        "bf16" | "e4m3x2" | "e5m2x2" => return Some(16),
+        _ => {}
+    }
+    let class = t.chars().next()?;
+    if !matches!(class, 'u' | 's' | 'b' | 'f') {
+        return None;
+    }
+    let bits: u32 = t[1..].parse().ok()?;
+    matches!(bits, 8 | 16 | 32 | 64 | 128).then_some(bits)
+}
+
+/// Splits operands at the commas outside `[..]` and `{..}`.
+fn split_operands(s: &str) -> Vec<&str> {
+    let mut out = Vec::new();
+    let (mut depth, mut from) = (0i32, 0);
+    for (i, c) in s.char_indices() {
+        match c {
+            '[' | '{' => depth += 1,
+            ']' | '}' => depth -= 1,
+            ',' if depth == 0 => {
+                out.push(s[from..i].trim());
+                from = i + 1;
+            }
+            _ => {}
+        }
+    }
+    if !s[from..].trim().is_empty() {
+        out.push(s[from..].trim());
+    }
+    out
+}
+
+/// A global memory access (`Some(Ok)`), a memory statement probes cannot see
+/// (`Some(Err(why))`), or neither (`None`), from one statement's tokens.
+fn access_site(
+    text: &str,
+    stmt: &[(Tok, usize, usize)],
+    regs: &Registers,
+) -> Option<Result<AccessSite, String>> {
+    let (guard, op_at) = match stmt {
+        [(Tok::Punct(b'@'), a, _), (Tok::Punct(b'!'), _, _), reg, op, ..] => (
+            Some(text[*a..reg.2].split_whitespace().collect::<String>()),
+            op.1,
+        ),
+        [(Tok::Punct(b'@'), a, _), reg, op, ..] => (Some(text[*a..reg.2].to_string()), op.1),
+        [op, ..] => (None, op.1),
+        [] => return None,
+    };
+    let end = stmt.last()?.1;
+    let statement = text[op_at..end].trim();
+    let (opcode, operands) = statement
+        .split_once(|c: char| c.is_whitespace())
+        .unwrap_or((statement, ""));
+    let pieces: Vec<&str> = opcode.split('.').collect();
+    let kind = match pieces[0] {
+        "ld" | "ldu" => AccessKind::Load,
+        "st" => AccessKind::Store,
+        "atom" => AccessKind::Atomic,
+        "red" => AccessKind::Reduction,
+        _ => return None,
+    };
+    let space = |name: &str| pieces.iter().any(|p| p.starts_with(name));
+    if ["shared", "local", "param", "const", "tex"]
+        .iter()
+        .any(|s| space(s))
+    {
+        return None;
+    }
+    let generic = !space("global");
+    let unseen = |why: &str| Some(Err(format!("`{statement}`: {why}")));
+    let bits = pieces
+        .iter()
+        .filter_map(|p| type_bits(p))
+        .next_back()
+        .unwrap_or(0);
+    if bits == 0 {
+        return unseen("no operand type");
+    }
+    let lanes = pieces
+        .iter()
+        .find_map(|p| p.strip_prefix('v')?.parse::<u32>().ok())
+        .unwrap_or(1);
+    let ops = split_operands(operands);
+    let (address, value) = match kind {
+        AccessKind::Load => (ops.get(1), None),
+        AccessKind::Store | AccessKind::Reduction => (ops.first(), ops.get(1)),
+        AccessKind::Atomic if pieces.contains(&"cas") => (ops.get(1), ops.get(3)),
+        AccessKind::Atomic => (ops.get(1), ops.get(2)),
+    };
+    let Some(address) = address
+        .and_then(|a| a.strip_prefix('['))
+        .and_then(|a| a.strip_suffix(']'))
+    else {
+        return unseen("no address operand");
+    };
+    let mut prepare = String::new();
+    if let Err(why) = address_code(address, generic, regs, &mut prepare) {
+        return unseen(&why);
+    }
+    prepare.push_str("mov.u64 %__bta7, 0;\nmov.u64 %__bta8, 0;\n");
+    if let Some(value) = value {
+        value_code(value, bits, regs, &mut prepare);
+    }
+    if generic {
+        prepare.push_str("isspacep.global %__btp, %__bta6;\n");
+        if let Some(g) = guard.as_deref().map(|g| g.trim_start_matches('@')) {
+            match g.strip_prefix('!') {
+                Some(reg) => prepare.push_str(&format!(
+                    "not.pred %__btq, {reg};\nand.pred %__btp, %__btp, %__btq;\n"
+                )),
+                None => prepare.push_str(&format!("and.pred %__btp, %__btp, {g};\n")),
+            }
+        }
+    }
+    Some(Ok(AccessSite {
+        start: stmt[0].1,
+        guard,
+        generic,
+        kind,
+        size: (bits * lanes).div_ceil(8),
+        prepare,
+    }))
+}
+
+/// PTX setting `%__bta6` to the generic address of `[address]`.
+fn address_code(
+    address: &str,
+    generic: bool,
+    regs: &Registers,
+    out: &mut String,
+) -> Result<(), String> {
+    let (base, offset) = match address.split_once('+') {
+        Some((b, o)) => (b.trim(), Some(o.trim())),
+        None => (address.trim(), None),
+    };
+    if base.starts_with('%') {
+        match regs.bits(base) {
+            Some(64) => out.push_str(&format!("mov.b64 %__bta6, {base};\n")),
+            Some(32) => out.push_str(&format!("cvt.u64.u32 %__bta6, {base};\n")),
+            _ => return Err(format!("address register {base} of unknown width")),
+        }
+    } else if base.starts_with(|c: char| c.is_ascii_digit() || c == '-') {
+        let n = parse_int(base).ok_or_else(|| format!("address `{base}`"))?;
+        out.push_str(&format!("mov.u64 %__bta6, {};\n", n as u64));
+    } else if generic {
+        return Err(format!(
+            "a generic access through variable `{base}`, whose state space is not checked"
+        ));
+    } else {
+        out.push_str(&format!(
+            "mov.u64 %__bta6, {base};\ncvta.global.u64 %__bta6, %__bta6;\n"
+        ));
+    }
+    if let Some(offset) = offset {
+        let n = parse_int(offset).ok_or_else(|| format!("address offset `{offset}`"))?;
+        if n != 0 {
+            out.push_str(&format!("add.s64 %__bta6, %__bta6, {n};\n"));
+        }
+    }
+    Ok(())
+}
+
+/// A PTX integer literal: decimal, `0x` hex, octal `0..` or binary `0b`, signed.
+fn parse_int(s: &str) -> Option<i64> {
+    let s = s.trim().trim_end_matches('U');
+    let (neg, digits) = match s.strip_prefix('-') {
+        Some(d) => (true, d),
+        None => (false, s),
+    };
+    let v = if let Some(h) = digits
+        .strip_prefix("0x")
+        .or_else(|| digits.strip_prefix("0X"))
+    {
+        u64::from_str_radix(h, 16).ok()?
+    } else if let Some(b) = digits
+        .strip_prefix("0b")
+        .or_else(|| digits.strip_prefix("0B"))
+    {
+        u64::from_str_radix(b, 2).ok()?
+    } else if digits.len() > 1 && digits.starts_with('0') {
+        u64::from_str_radix(&digits[1..], 8).ok()?
+    } else {
+        digits.parse::<u64>().ok()?
+    };
+    Some(if neg {
+        (v as i64).wrapping_neg()
+    } else {
+        v as i64
+    })
+}
+
+/// PTX putting the value `operand` (a register, an immediate or a `{..}` vector of
+/// `bits`-wide lanes) into `%__bta7` (bytes 0..8) and `%__bta8` (8..16), zero-extended.
+/// What cannot be read (a sink, a lane wider than its register) stays 0.
+fn value_code(operand: &str, bits: u32, regs: &Registers, out: &mut String) {
+    let lanes: Vec<&str> = match operand.strip_prefix('{').and_then(|o| o.strip_suffix('}')) {
+        Some(inner) => inner.split(',').map(str::trim).collect(),
+        None => vec![operand.trim()],
+    };
+    let mask = |v: &str| -> String {
+        if bits >= 64 {
+            String::new()
+        } else {
+            format!("and.b64 {v}, {v}, {};\n", (1u64 << bits) - 1)
+        }
+    };
+    for (i, lane) in lanes.iter().enumerate() {
+        let at = i as u32 * bits;
+        if at >= 128 {
+            break;
+        }
+        let target = if at < 64 { "%__bta7" } else { "%__bta8" };
+        let mut code = String::new();
+        if lane.starts_with('%') {
+            match regs.bits(lane) {
+                Some(64) => code.push_str(&format!("mov.b64 %__btv, {lane};\n")),
+                Some(32) => code.push_str(&format!(
+                    "mov.b32 %__bth, {lane};\ncvt.u64.u32 %__btv, %__bth;\n"
+                )),
+                Some(16) => code.push_str(&format!(
+                    "mov.b16 %__bts, {lane};\ncvt.u64.u16 %__btv, %__bts;\n"
+                )),
+                _ => continue,
+            }
+            code.push_str(&mask("%__btv"));
+        } else {
+            let v = if let Some(h) = lane.strip_prefix("0f").or_else(|| lane.strip_prefix("0F")) {
+                u32::from_str_radix(h, 16).ok().map(u64::from)
+            } else if let Some(h) = lane.strip_prefix("0d").or_else(|| lane.strip_prefix("0D")) {
+                u64::from_str_radix(h, 16).ok()
+            } else {
+                parse_int(lane).map(|v| v as u64)
+            };
+            let Some(v) = v else { continue };
+            let v = if bits >= 64 {
+                v
+            } else {
+                v & ((1u64 << bits) - 1)
+            };
+            code.push_str(&format!("mov.u64 %__btv, {v};\n"));
+        }
+        if !at.is_multiple_of(64) {
+            code.push_str(&format!("shl.b64 %__btv, %__btv, {};\n", at % 64));
+        }
+        code.push_str(&format!("or.b64 {target}, {target}, %__btv;\n"));
+        out.push_str(&code);
+    }
 }
 
 fn parse_param(text: &str, decl: &[(Tok, usize, usize)]) -> Result<Param, String> {
@@ -634,19 +1055,28 @@ fn kernel_edits(kernel: &Kernel, calls: &[ProbeCall]) -> Vec<(usize, usize, Stri
             .map(|c| c.symbol.as_str())
             .collect()
     };
-    let (entry, exit) = (of(ProbePoint::Entry), of(ProbePoint::Exit));
+    let (entry, exit, access) = (
+        of(ProbePoint::Entry),
+        of(ProbePoint::Exit),
+        of(ProbePoint::Access),
+    );
     let mut edits = Vec::new();
     if !entry.is_empty() {
         edits.push((
             kernel.body_open + 1,
             0,
-            format!("\n{}", probe_calls(&kernel.params, &entry, None)),
+            format!("\n{}", probe_calls(&kernel.params, &entry, None, None)),
         ));
     }
     if !exit.is_empty() {
         for site in &kernel.exits {
             let mut code = String::from("\n");
-            code.push_str(&probe_calls(&kernel.params, &exit, site.guard.as_deref()));
+            code.push_str(&probe_calls(
+                &kernel.params,
+                &exit,
+                site.guard.as_deref(),
+                None,
+            ));
             let original = match &site.guard {
                 Some(g) => format!("{g} {};", site.opcode),
                 None => format!("{};", site.opcode),
@@ -655,14 +1085,48 @@ fn kernel_edits(kernel: &Kernel, calls: &[ProbeCall]) -> Vec<(usize, usize, Stri
             edits.push((site.start, site.end - site.start, code));
         }
     }
+    if !access.is_empty() {
+        let id = kernel_id(&kernel.name);
+        for (index, site) in kernel.accesses.iter().enumerate() {
+            let mut prepare = site.prepare.clone();
+            prepare.push_str(&format!(
+                "mov.u64 %__bta9, {};\nmov.u64 %__bta10, {};\n",
+                u64::from(site.size) | (site.kind as u64) << 32,
+                u64::from(id) | (index as u64) << 32
+            ));
+            let guard = if site.generic {
+                Some("@%__btp")
+            } else {
+                site.guard.as_deref()
+            };
+            edits.push((
+                site.start,
+                0,
+                format!(
+                    "{}\n",
+                    probe_calls(&kernel.params, &access, guard, Some(&prepare))
+                ),
+            ));
+        }
+    }
     edits
 }
 
 /// A block that loads the kernel's first six parameters, widened to 64 bits (0 for the
-/// ones it lacks), and calls each of `symbols` with them, under `guard` if any.
-fn probe_calls(params: &[Param], symbols: &[&str], guard: Option<&str>) -> String {
-    let mut s =
-        format!("{{\n.reg .b64 %__bta<{PROBE_ARGS}>;\n.reg .b32 %__bth;\n.reg .b16 %__bts;\n");
+/// ones it lacks), and calls each of `symbols` with them, under `guard` if any. With
+/// `access` (PTX setting `%__bta6`..`%__bta10`, see [`AccessSite`]), the calls pass
+/// those five too.
+fn probe_calls(
+    params: &[Param],
+    symbols: &[&str],
+    guard: Option<&str>,
+    access: Option<&str>,
+) -> String {
+    let count = PROBE_ARGS + if access.is_some() { ACCESS_ARGS } else { 0 };
+    let mut s = format!("{{\n.reg .b64 %__bta<{count}>;\n.reg .b32 %__bth;\n.reg .b16 %__bts;\n");
+    if access.is_some() {
+        s.push_str(".reg .b64 %__btv;\n.reg .pred %__btp, %__btq;\n");
+    }
     for i in 0..PROBE_ARGS {
         let to = format!("%__bta{i}");
         let Some(p) = params.get(i) else {
@@ -701,7 +1165,10 @@ fn probe_calls(params: &[Param], symbols: &[&str], guard: Option<&str>) -> Strin
             }
         }
     }
-    let args: Vec<String> = (0..PROBE_ARGS).map(|i| format!("__bt_a{i}")).collect();
+    if let Some(access) = access {
+        s.push_str(access);
+    }
+    let args: Vec<String> = (0..count).map(|i| format!("__bt_a{i}")).collect();
     let guard = guard.map(|g| format!("{g} ")).unwrap_or_default();
     // Each call gets argument storage of its own: a callee may use the space of the
     // arguments it was passed, so a second call cannot count on finding them there

@@ -1299,6 +1299,16 @@ impl GpuAttach {
             if mine.is_empty() {
                 continue;
             }
+            if let Some(first) = k.unseen_accesses.first() {
+                if mine.iter().any(|p| p.point == ProbePoint::Access) {
+                    let (name, n) = (&k.name, k.unseen_accesses.len());
+                    self.notice(&format!("unseen:{name}"), || {
+                        format!(
+                            "kernel {name}: memory-access probes miss {n} of its memory statements, e.g. {first}"
+                        )
+                    });
+                }
+            }
             calls.push((
                 k.name.clone(),
                 mine.iter()
@@ -1512,6 +1522,7 @@ impl GpuAttach {
         let started = Instant::now();
         let compile = |probe: &GpuProbe, inputs: ProbeInputs| -> Result<CompiledProbe, String> {
             let program = compile_probe(
+                probe.point,
                 &probe.insns,
                 &inputs.maps,
                 &inputs.config,

@@ -6,7 +6,9 @@
 use std::path::{Path, PathBuf};
 
 use bpftime_gpu_attach::fatbin::{self, EntryKind, FatbinError, Image, FLAG_ZSTD};
-use bpftime_gpu_attach::ptx::{ParamType, ProbeCall, ProbePoint, PtxModule, Splice, Version};
+use bpftime_gpu_attach::ptx::{
+    AccessKind, ParamType, ProbeCall, ProbePoint, PtxModule, Splice, Version,
+};
 use bpftime_gpu_attach::toolchain;
 use bpftime_isa::asm::assemble;
 use bpftime_jit_ptx::{compile, PtxOptions, PtxVersion, StandardGpuEnv};
@@ -70,7 +72,7 @@ fn splice_for(symbol: &str, sm: u32, kernels: &[&str], points: &[ProbePoint]) ->
         ptx_version: PtxVersion::DEFAULT,
         symbol: symbol.to_string(),
         kernel: false,
-        probe_abi: bpftime_gpu_attach::probe::probe_abi(),
+        probe_abi: bpftime_gpu_attach::probe::probe_abi(points[0]),
         ..PtxOptions::default()
     };
     let program = compile(&assemble(PROBE).unwrap(), &StandardGpuEnv, &opts).expect("compiles");
@@ -475,8 +477,15 @@ fn a_probe_using_the_whole_device_runtime_compiles_and_splices() {
         shards: vec![],
     };
     for sm in [75, 90] {
-        let program = compile_probe(&insns, &maps, &config, sm, "__bpftime_probe_9")
-            .unwrap_or_else(|e| panic!("sm_{sm}: {e}"));
+        let program = compile_probe(
+            ProbePoint::Entry,
+            &insns,
+            &maps,
+            &config,
+            sm,
+            "__bpftime_probe_9",
+        )
+        .unwrap_or_else(|e| panic!("sm_{sm}: {e}"));
         assert!(program.externs.is_empty(), "{:?}", program.externs);
         // The hash map's slots are claimed with a compare-and-swap, counters added
         // atomically, and the array lookup inlined to its device address.
@@ -569,6 +578,7 @@ fn a_counter_on_every_thread_adds_once_per_warp() {
         ..RuntimeConfig::default()
     };
     let plain = compile_probe(
+        ProbePoint::Entry,
         &insns,
         &maps,
         &RuntimeConfig::default(),
@@ -577,7 +587,15 @@ fn a_counter_on_every_thread_adds_once_per_warp() {
     )
     .expect("compiles");
     assert!(!plain.ptx.contains("%smid"), "{}", plain.ptx);
-    let p = compile_probe(&insns, &maps, &sharded, 90, "__bpftime_probe_5").expect("compiles");
+    let p = compile_probe(
+        ProbePoint::Entry,
+        &insns,
+        &maps,
+        &sharded,
+        90,
+        "__bpftime_probe_5",
+    )
+    .expect("compiles");
     assert!(p.ptx.contains("%smid"), "{}", p.ptx);
     assert!(p.ptx.contains(&shard.shards64.to_string()), "{}", p.ptx);
     for p in [&plain, &p] {
@@ -629,6 +647,7 @@ fn a_constant_counter_needs_no_warp_shuffles() {
             }
         }
         compile_probe(
+            ProbePoint::Entry,
             &insns,
             &maps,
             &RuntimeConfig::default(),
@@ -676,4 +695,185 @@ fn two_probes_at_one_point_each_get_their_own_arguments() {
         "{out}"
     );
     assert_ptxas_accepts("two-probes", &out);
+}
+
+/// An access probe reading the whole of its context: the kernel's arguments, the address,
+/// the value, size, kind, kernel id and site, summed so nothing is optimized away.
+const ACCESS_PROBE: &str = "
+ldxdw %r2, [%r1+112]
+ldxdw %r3, [%r1+64]
+add %r2, %r3
+ldxdw %r3, [%r1+0]
+add %r2, %r3
+ldxdw %r3, [%r1+8]
+add %r2, %r3
+ldxdw %r3, [%r1+16]
+add %r2, %r3
+ldxw %r3, [%r1+24]
+add %r2, %r3
+ldxw %r3, [%r1+28]
+add %r2, %r3
+ldxw %r3, [%r1+32]
+add %r2, %r3
+ldxw %r3, [%r1+36]
+add %r2, %r3
+mov %r0, %r2
+exit
+";
+
+fn access_splice(symbol: &str, sm: u32, kernels: &[&str]) -> Splice {
+    let opts = PtxOptions {
+        sm: sm.max(70),
+        ptx_version: PtxVersion::DEFAULT,
+        symbol: symbol.to_string(),
+        kernel: false,
+        probe_abi: bpftime_gpu_attach::probe::probe_abi(ProbePoint::Access),
+        ..PtxOptions::default()
+    };
+    let program =
+        compile(&assemble(ACCESS_PROBE).unwrap(), &StandardGpuEnv, &opts).expect("compiles");
+    Splice {
+        definitions: bpftime_gpu_attach::ptx::strip_header(&program.ptx),
+        needs_version: Some(Version::new(7, 8)),
+        needs_sm: Some(opts.sm),
+        calls: kernels
+            .iter()
+            .map(|k| {
+                (
+                    k.to_string(),
+                    vec![ProbeCall {
+                        point: ProbePoint::Access,
+                        symbol: symbol.to_string(),
+                    }],
+                )
+            })
+            .collect(),
+    }
+}
+
+#[test]
+fn nvcc_kernels_probed_at_every_global_access_pass_ptxas() {
+    let bytes = read("kernels.fatbin");
+    let (text, _) = Image::from_bytes(&bytes)
+        .unwrap()
+        .ptx_for(90)
+        .unwrap()
+        .expect("PTX");
+    let module = PtxModule::parse(&text).unwrap();
+    let kernel = |name: &str| {
+        module
+            .kernels
+            .iter()
+            .find(|k| k.name.contains(name))
+            .unwrap_or_else(|| panic!("no {name}"))
+    };
+    // vectorAdd reads a[i] and b[i] and writes c[i]; the tiled matmul reads one element
+    // of a and one of b per tile step (its shared-memory traffic is left out) and
+    // writes c once.
+    for name in ["vectorAdd", "matmul"] {
+        let k = kernel(name);
+        assert_eq!(
+            k.access_sizes(),
+            vec![
+                (AccessKind::Load, 4, false),
+                (AccessKind::Load, 4, false),
+                (AccessKind::Store, 4, false)
+            ],
+            "{name}"
+        );
+        assert!(k.unseen_accesses.is_empty(), "{:?}", k.unseen_accesses);
+    }
+    let kernels: Vec<&str> = module.kernels.iter().map(|k| k.name.as_str()).collect();
+    let expected: usize = module
+        .kernels
+        .iter()
+        .map(|k| k.access_counts().iter().map(|c| c.1).sum::<usize>())
+        .sum();
+    let splice = access_splice("__bpftime_probe_7", module.sm.unwrap(), &kernels);
+    let out = module
+        .splice(&splice, Version::newest_for_driver(13000))
+        .unwrap();
+    assert_eq!(
+        out.matches("call (__bt_ret), __bpftime_probe_7").count(),
+        expected,
+        "{out}"
+    );
+    assert_eq!(
+        out.matches("st.param.b64 [__bt_a10], %__bta10;").count(),
+        expected
+    );
+    assert_ptxas_accepts("nvcc-accesses", &out);
+}
+
+#[test]
+fn every_form_of_global_access_is_probed_and_other_spaces_are_not() {
+    let text = String::from_utf8(read("accesses.ptx")).unwrap();
+    let module = PtxModule::parse(&text).unwrap();
+    let k = module.kernel("accesses").unwrap();
+    use AccessKind::*;
+    assert_eq!(
+        k.access_sizes(),
+        vec![
+            (Load, 16, false),
+            (Load, 4, false),
+            (Store, 16, false),
+            (Atomic, 4, false),
+            (Atomic, 8, false),
+            (Reduction, 4, false),
+            (Store, 1, false),
+            (Store, 4, false),
+            (Load, 4, false),
+            (Load, 4, true),
+            (Store, 4, true),
+        ]
+    );
+    assert!(k.unseen_accesses.is_empty(), "{:?}", k.unseen_accesses);
+    let splice = access_splice("__bpftime_probe_8", 80, &["accesses"]);
+    let out = module
+        .splice(&splice, Version::newest_for_driver(13000))
+        .unwrap();
+    assert_eq!(
+        out.matches("call (__bt_ret), __bpftime_probe_8").count(),
+        11
+    );
+    let id = bpftime_gpu_attach::ptx::kernel_id("accesses") as u64;
+    // Size and kind, kernel id and site, as immediates.
+    assert!(
+        out.contains(&format!("mov.u64 %__bta9, {};", 16 | 1u64 << 32)),
+        "{out}"
+    );
+    assert!(
+        out.contains(&format!("mov.u64 %__bta10, {};", id | 10u64 << 32)),
+        "{out}"
+    );
+    // A predicated access calls under its predicate; generic ones where the address is
+    // global, and under their own predicate too.
+    assert!(
+        out.contains("@!%p1 call (__bt_ret), __bpftime_probe_8"),
+        "{out}"
+    );
+    assert!(out.contains("isspacep.global %__btp, %__bta6;"), "{out}");
+    assert!(out.contains("and.pred %__btp, %__btp, %p1;"), "{out}");
+    assert!(
+        out.contains("@%__btp call (__bt_ret), __bpftime_probe_8"),
+        "{out}"
+    );
+    // Addresses: a register plus a negative offset, a variable made generic.
+    assert!(out.contains("add.s64 %__bta6, %__bta6, -16;"), "{out}");
+    assert!(out.contains("mov.u64 %__bta6, counter;\ncvta.global.u64 %__bta6, %__bta6;"));
+    // Values: the CAS's new value, the byte store masked, the immediate as is, the
+    // 16-byte store's second lane in the high half.
+    assert!(
+        out.contains("mov.b64 %__btv, %rd4;\nor.b64 %__bta8, %__bta8, %__btv;"),
+        "{out}"
+    );
+    assert!(out.contains("and.b64 %__btv, %__btv, 255;"), "{out}");
+    assert!(out.contains("mov.u64 %__btv, 42;"), "{out}");
+    assert!(out.contains("mov.u64 %__btv, 1065353216;"), "{out}");
+    // The label still leads to the probe before its load.
+    let label = out.find("$L_again:").unwrap();
+    let probe_after = out[label..].find("__bpftime_probe_8").unwrap();
+    let load_after = out[label..].find("ld.global.u32 %r4").unwrap();
+    assert!(probe_after < load_after, "{}", &out[label..]);
+    assert_ptxas_accepts("accesses", &out);
 }

@@ -344,6 +344,7 @@ mod tests {
             phase,
             result: 0,
             name_len: 0,
+            kernel_id: 0,
             name: [0; LAUNCH_NAME_BYTES],
         }
     }

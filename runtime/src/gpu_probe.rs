@@ -3,12 +3,13 @@
 //! `bpftime verify` share.
 //!
 //! Two spellings exist. Ours, `SEC("cuda:KERNEL")` (entry) or
-//! `SEC("cuda:KERNEL:entry|exit|launch")`, where KERNEL is a mangled name, a
+//! `SEC("cuda:KERNEL:entry|exit|launch|ldst")`, where KERNEL is a mangled name, a
 //! demangled one (`ns::kern`, whose `::` is why the kind is only the last
 //! word, and only when it is one of the kind words) or a glob (`*gemm*`). And
 //! bpftime's original convention: a program named `cuda__*` in
 //! `SEC("kprobe/KERNEL")` or `SEC("kretprobe/KERNEL")` probes the entry or the
-//! exit of a CUDA kernel.
+//! exit of a CUDA kernel, and one in `SEC("kprobe/__memcapture")` every global
+//! load and store of every kernel.
 
 use crate::objects::LinkKind;
 use thiserror::Error;
@@ -17,14 +18,20 @@ use thiserror::Error;
 pub const CUDA_SECTION_PREFIX: &str = "cuda:";
 /// The program-name prefix that makes a kprobe or kretprobe program a GPU probe.
 pub const CUDA_PROGRAM_PREFIX: &str = "cuda__";
-/// The CUDA "kernel" whose kprobe means loads and stores (bpftime's convention).
-const MEMCAPTURE: &str = "__memcapture";
+/// The CUDA "kernel" whose kprobe means the loads and stores of every kernel
+/// (bpftime's convention).
+pub const MEMCAPTURE: &str = "__memcapture";
 
 /// Bit of a kprobe perf event's `config` that bpftime reserves for launch
 /// events: a CPU-side program run at each launch of the kernel named in
 /// `config1`. No kernel PMU defines it (the kprobe PMU uses bit 0 for
 /// retprobes), so a tool never sets it by accident.
 pub const GPU_LAUNCH_CONFIG_BIT: u32 = 63;
+
+/// Bit of a kprobe perf event's `config` that bpftime reserves for memory-access
+/// probes: a GPU program run at every global load and store of the kernels named
+/// in `config1`.
+pub const GPU_ACCESS_CONFIG_BIT: u32 = 62;
 
 /// Where in a CUDA kernel's life a program runs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -35,6 +42,8 @@ pub enum GpuProbeKind {
     Exit,
     /// On the CPU, once per launch of the kernel.
     Launch,
+    /// On the GPU, at every global load, store, atomic and reduction.
+    Access,
 }
 
 impl GpuProbeKind {
@@ -44,6 +53,7 @@ impl GpuProbeKind {
             GpuProbeKind::Entry => LinkKind::GpuEntry,
             GpuProbeKind::Exit => LinkKind::GpuExit,
             GpuProbeKind::Launch => LinkKind::GpuLaunch,
+            GpuProbeKind::Access => LinkKind::GpuAccess,
         }
     }
 
@@ -64,10 +74,8 @@ pub struct GpuProbe {
 /// A section that is a GPU probe but not one bpftime can attach.
 #[derive(Debug, Clone, PartialEq, Eq, Error)]
 pub enum GpuSectionError {
-    #[error("SEC(\"{section}\") names no CUDA kernel; write SEC(\"cuda:KERNEL\") or SEC(\"cuda:KERNEL:entry|exit|launch\")")]
+    #[error("SEC(\"{section}\") names no CUDA kernel; write SEC(\"cuda:KERNEL\") or SEC(\"cuda:KERNEL:entry|exit|launch|ldst\")")]
     NoKernel { section: String },
-    #[error("SEC(\"{section}\") is a GPU memory-access probe (loads and stores of `{kernel}`), which bpftime does not support yet; GPU probes attach at a kernel's entry, exit or launch")]
-    MemoryAccess { section: String, kernel: String },
 }
 
 /// Reads a `cuda:` section name; `None` when `section` is not one.
@@ -80,27 +88,21 @@ pub fn parse_cuda_section(section: &str) -> Option<Result<GpuProbe, GpuSectionEr
         _ => (rest, None),
     };
     let (kind, kernel) = match word {
-        Some("entry") => (Some(GpuProbeKind::Entry), kernel),
-        Some("exit") => (Some(GpuProbeKind::Exit), kernel),
-        Some("launch") => (Some(GpuProbeKind::Launch), kernel),
-        Some("ldst") => (None, kernel),
-        _ => (Some(GpuProbeKind::Entry), rest),
+        Some("entry") => (GpuProbeKind::Entry, kernel),
+        Some("exit") => (GpuProbeKind::Exit, kernel),
+        Some("launch") => (GpuProbeKind::Launch, kernel),
+        Some("ldst") => (GpuProbeKind::Access, kernel),
+        _ => (GpuProbeKind::Entry, rest),
     };
     if kernel.is_empty() {
         return Some(Err(GpuSectionError::NoKernel {
             section: section.to_string(),
         }));
     }
-    Some(match kind {
-        Some(kind) => Ok(GpuProbe {
-            kind,
-            kernel: kernel.to_string(),
-        }),
-        None => Err(GpuSectionError::MemoryAccess {
-            section: section.to_string(),
-            kernel: kernel.to_string(),
-        }),
-    })
+    Some(Ok(GpuProbe {
+        kind,
+        kernel: kernel.to_string(),
+    }))
 }
 
 /// The GPU probe that program `prog` in `section` is, if it is one: a `cuda:`
@@ -122,10 +124,10 @@ pub fn gpu_probe(prog: &str, section: &str) -> Option<Result<GpuProbe, GpuSectio
         Err(GpuSectionError::NoKernel {
             section: section.to_string(),
         })
-    } else if kernel == MEMCAPTURE {
-        Err(GpuSectionError::MemoryAccess {
-            section: section.to_string(),
-            kernel: kernel.to_string(),
+    } else if kernel == MEMCAPTURE && kind == GpuProbeKind::Entry {
+        Ok(GpuProbe {
+            kind: GpuProbeKind::Access,
+            kernel: "*".to_string(),
         })
     } else {
         Ok(GpuProbe {
@@ -216,21 +218,15 @@ mod tests {
     }
 
     #[test]
-    fn memory_access_probes_and_empty_names_are_errors() {
+    fn memory_access_probes_name_kernels_and_empty_names_are_errors() {
+        use GpuProbeKind::*;
         assert_eq!(
             parse_cuda_section("cuda:vectorAdd:ldst"),
-            Some(Err(GpuSectionError::MemoryAccess {
-                section: "cuda:vectorAdd:ldst".into(),
-                kernel: "vectorAdd".into()
-            }))
+            probe(Access, "vectorAdd")
         );
-        let e = parse_cuda_section("cuda:vectorAdd:ldst")
-            .unwrap()
-            .unwrap_err()
-            .to_string();
-        assert!(
-            e.contains("memory-access probe") && e.contains("vectorAdd"),
-            "{e}"
+        assert_eq!(
+            parse_cuda_section("cuda:ns::ldst:ldst"),
+            probe(Access, "ns::ldst")
         );
         for s in ["cuda:", "cuda::exit", "cuda::launch"] {
             assert!(
@@ -255,10 +251,11 @@ mod tests {
             gpu_probe("count", "cuda:vectorAdd:exit"),
             probe(Exit, "vectorAdd")
         );
-        assert!(matches!(
+        // bpftime's memory capture: every access of every kernel.
+        assert_eq!(
             gpu_probe("cuda__mem", "kprobe/__memcapture"),
-            Some(Err(GpuSectionError::MemoryAccess { .. }))
-        ));
+            probe(Access, "*")
+        );
         assert!(matches!(
             gpu_probe("cuda__x", "kprobe"),
             Some(Err(GpuSectionError::NoKernel { .. }))
@@ -275,6 +272,8 @@ mod tests {
         assert_eq!(GpuProbeKind::Entry.link_kind(), LinkKind::GpuEntry);
         assert_eq!(GpuProbeKind::Exit.link_kind(), LinkKind::GpuExit);
         assert_eq!(GpuProbeKind::Launch.link_kind(), LinkKind::GpuLaunch);
+        assert_eq!(GpuProbeKind::Access.link_kind(), LinkKind::GpuAccess);
+        assert!(GpuProbeKind::Access.on_gpu());
         assert!(!GpuProbeKind::Launch.on_gpu());
         assert!(GpuProbeKind::Exit.on_gpu());
     }

@@ -24,7 +24,7 @@ mod store;
 pub use error::{Error, Result};
 pub use gpu_probe::{
     gpu_probe, parse_cuda_section, GpuProbe, GpuProbeKind, GpuSectionError, CUDA_PROGRAM_PREFIX,
-    CUDA_SECTION_PREFIX, GPU_LAUNCH_CONFIG_BIT,
+    CUDA_SECTION_PREFIX, GPU_ACCESS_CONFIG_BIT, GPU_LAUNCH_CONFIG_BIT, MEMCAPTURE,
 };
 
 /// Sends logs of the shim or the agent to stderr, filtered by `BPFTIME_LOG`

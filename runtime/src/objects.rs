@@ -149,6 +149,9 @@ pub enum PerfEventKind {
     /// Each launch of a CUDA kernel (bpftime's own event, see
     /// [`crate::GPU_LAUNCH_CONFIG_BIT`]).
     GpuLaunch,
+    /// Every global memory access of a CUDA kernel (bpftime's own event, see
+    /// [`crate::GPU_ACCESS_CONFIG_BIT`]).
+    GpuAccess,
 }
 
 impl PerfEventKind {
@@ -160,6 +163,7 @@ impl PerfEventKind {
             PerfEventKind::Kprobe => 4,
             PerfEventKind::Kretprobe => 5,
             PerfEventKind::GpuLaunch => 6,
+            PerfEventKind::GpuAccess => 7,
         }
     }
     fn from_u32(v: u32) -> Option<Self> {
@@ -170,6 +174,7 @@ impl PerfEventKind {
             4 => Some(PerfEventKind::Kprobe),
             5 => Some(PerfEventKind::Kretprobe),
             6 => Some(PerfEventKind::GpuLaunch),
+            7 => Some(PerfEventKind::GpuAccess),
             _ => None,
         }
     }
@@ -183,6 +188,7 @@ impl PerfEventKind {
             PerfEventKind::Kprobe => "kprobe",
             PerfEventKind::Kretprobe => "kretprobe",
             PerfEventKind::GpuLaunch => "gpu-launch",
+            PerfEventKind::GpuAccess => "gpu-ldst",
         }
     }
 
@@ -195,6 +201,7 @@ impl PerfEventKind {
             PerfEventKind::Kprobe => LinkKind::GpuEntry,
             PerfEventKind::Kretprobe => LinkKind::GpuExit,
             PerfEventKind::GpuLaunch => LinkKind::GpuLaunch,
+            PerfEventKind::GpuAccess => LinkKind::GpuAccess,
             PerfEventKind::BpfOutput => return None,
         })
     }
@@ -268,6 +275,9 @@ pub enum LinkKind {
     GpuExit,
     /// At each launch of a CUDA kernel, on the CPU; `path` as for `GpuEntry`.
     GpuLaunch,
+    /// At every global load, store, atomic and reduction of a CUDA kernel, on the GPU;
+    /// `path` as for `GpuEntry`.
+    GpuAccess,
 }
 
 impl LinkKind {
@@ -278,6 +288,7 @@ impl LinkKind {
             LinkKind::GpuEntry => 3,
             LinkKind::GpuExit => 4,
             LinkKind::GpuLaunch => 5,
+            LinkKind::GpuAccess => 6,
         }
     }
 
@@ -288,6 +299,7 @@ impl LinkKind {
             3 => LinkKind::GpuEntry,
             4 => LinkKind::GpuExit,
             5 => LinkKind::GpuLaunch,
+            6 => LinkKind::GpuAccess,
             _ => return None,
         })
     }
@@ -300,6 +312,7 @@ impl LinkKind {
             LinkKind::GpuEntry => "gpu-entry",
             LinkKind::GpuExit => "gpu-exit",
             LinkKind::GpuLaunch => "gpu-launch",
+            LinkKind::GpuAccess => "gpu-ldst",
         }
     }
 
@@ -307,7 +320,7 @@ impl LinkKind {
     pub fn is_gpu(self) -> bool {
         matches!(
             self,
-            LinkKind::GpuEntry | LinkKind::GpuExit | LinkKind::GpuLaunch
+            LinkKind::GpuEntry | LinkKind::GpuExit | LinkKind::GpuLaunch | LinkKind::GpuAccess
         )
     }
 }
@@ -420,6 +433,7 @@ mod tests {
             (LinkKind::GpuEntry, 3),
             (LinkKind::GpuExit, 4),
             (LinkKind::GpuLaunch, 5),
+            (LinkKind::GpuAccess, 6),
         ];
         for (k, code) in links {
             assert_eq!(k.to_u32(), code);
@@ -432,13 +446,14 @@ mod tests {
             (PerfEventKind::Kprobe, 4),
             (PerfEventKind::Kretprobe, 5),
             (PerfEventKind::GpuLaunch, 6),
+            (PerfEventKind::GpuAccess, 7),
         ];
         for (k, code) in events {
             assert_eq!(k.to_u32(), code);
             assert_eq!(PerfEventKind::from_u32(code), Some(k));
         }
-        assert_eq!(LinkKind::from_u32(6), None);
-        assert_eq!(PerfEventKind::from_u32(7), None);
+        assert_eq!(LinkKind::from_u32(7), None);
+        assert_eq!(PerfEventKind::from_u32(8), None);
     }
 
     #[test]

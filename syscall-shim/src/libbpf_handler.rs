@@ -16,15 +16,15 @@
 //!
 //! - at open, makes the program a kprobe program, so that `PT_REGS_PARM1(ctx)`
 //!   is verified against a pt_regs context;
-//! - before the load, names the program to the shim as a GPU program (entry
-//!   and exit probes), so `BPF_PROG_LOAD` checks it under the GPU rules and a
-//!   rejection lands in libbpf's log buffer; `:ldst` fails here, with a line
-//!   saying why;
+//! - before the load, names the program to the shim as a GPU program (entry,
+//!   exit and memory-access probes), so `BPF_PROG_LOAD` checks it under the GPU
+//!   rules and a rejection lands in libbpf's log buffer;
 //! - at attach, attaches an entry or exit probe through that libbpf's own
 //!   `bpf_program__attach_kprobe_opts` (a kprobe or kretprobe on the kernel
-//!   name: the shim's kprobe PMU makes it a GPU link), and a launch probe
-//!   through `bpf_program__attach_perf_event_opts` on a launch event (a kprobe
-//!   event with bpftime's launch bit, see `bpftime_runtime::GPU_LAUNCH_CONFIG_BIT`),
+//!   name: the shim's kprobe PMU makes it a GPU link), and a launch or
+//!   memory-access probe through `bpf_program__attach_perf_event_opts` on a
+//!   kprobe event with bpftime's launch or access bit (see
+//!   `bpftime_runtime::GPU_LAUNCH_CONFIG_BIT`),
 //!   so every GPU link is a perf-event link, detached when libbpf destroys it.
 //!
 //! A libbpf without `libbpf_register_prog_handler` (older than 0.8, or a static
@@ -49,16 +49,24 @@ struct ProgHandlerOpts {
     prog_attach_fn: Option<unsafe extern "C" fn(*const c_void, c_long, *mut *mut c_void) -> c_int>,
 }
 
-/// `struct bpf_kprobe_opts` as libbpf 1.1 declares it. Later versions add
-/// fields after `retprobe` and read them as zero (their default) when `sz`
-/// stops short of them.
+/// `struct bpf_kprobe_opts` as libbpf 1.2 and later declare it. `sz` is 32
+/// with or without `attach_mode` (the padding after `retprobe`), so libbpf
+/// 1.2+ reads `attach_mode` whatever we declare: it must be there, and 0
+/// (`PROBE_ATTACH_MODE_DEFAULT`), or a stray padding byte makes the attach
+/// fail with EINVAL and no message. libbpf 1.1 ends its struct at the same
+/// size and never reads it.
 #[repr(C)]
 struct KprobeOpts {
     sz: usize,
     bpf_cookie: u64,
     offset: usize,
     retprobe: bool,
+    attach_mode: c_int,
 }
+
+// libbpf reads `attach_mode` at offset 28 of a 32-byte `bpf_kprobe_opts`.
+const _: () = assert!(std::mem::size_of::<KprobeOpts>() == 32);
+const _: () = assert!(std::mem::offset_of!(KprobeOpts, attach_mode) == 28);
 
 type RegisterFn =
     unsafe extern "C" fn(*const c_char, c_int, c_int, *const ProgHandlerOpts) -> c_int;
@@ -399,12 +407,18 @@ unsafe fn attach_inner(prog: *const c_void, cookie: c_long, link: *mut *mut c_vo
                 bpf_cookie: 0,
                 offset: 0,
                 retprobe: p.kind == GpuProbeKind::Exit,
+                attach_mode: 0,
             };
             // SAFETY: a program of this libbpf, a NUL-terminated name and valid options.
             unsafe { (l.attach_kprobe_opts)(prog, kernel.as_ptr(), &opts) }
         }
-        GpuProbeKind::Launch => {
-            let fd = match with_shim(|s| s.gpu_launch_event(&kernel)) {
+        GpuProbeKind::Launch | GpuProbeKind::Access => {
+            let bit = if p.kind == GpuProbeKind::Launch {
+                bpftime_runtime::GPU_LAUNCH_CONFIG_BIT
+            } else {
+                bpftime_runtime::GPU_ACCESS_CONFIG_BIT
+            };
+            let fd = match with_shim(|s| s.gpu_event(&kernel, bit)) {
                 Some(Ok(fd)) => fd,
                 Some(Err(e)) => return -e,
                 None => return -libc::EIO,

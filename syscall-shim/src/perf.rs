@@ -264,15 +264,23 @@ impl Shim {
             );
             return Err(libc::EINVAL);
         };
-        let name = name.to_string_lossy().into_owned();
-        let launch = (config >> bpftime_runtime::GPU_LAUNCH_CONFIG_BIT) & 1 == 1;
-        let retprobe = (config >> self.kprobe_pmu.retprobe_bit) & 1 == 1;
-        let kind = match (launch, retprobe) {
-            (false, false) => PerfEventKind::Kprobe,
-            (false, true) => PerfEventKind::Kretprobe,
-            (true, false) => PerfEventKind::GpuLaunch,
-            (true, true) => {
-                tracing::info!(kernel = %name, "a CUDA launch event cannot be a retprobe (errno {})", libc::EINVAL);
+        let mut name = name.to_string_lossy().into_owned();
+        let bit = |b: u32| (config >> b) & 1 == 1;
+        let launch = bit(bpftime_runtime::GPU_LAUNCH_CONFIG_BIT);
+        let access = bit(bpftime_runtime::GPU_ACCESS_CONFIG_BIT);
+        let retprobe = bit(self.kprobe_pmu.retprobe_bit);
+        let kind = match (launch, access, retprobe) {
+            // bpftime's memory capture: every access of every kernel.
+            (false, false, false) if name == bpftime_runtime::MEMCAPTURE => {
+                name = "*".into();
+                PerfEventKind::GpuAccess
+            }
+            (false, false, false) => PerfEventKind::Kprobe,
+            (false, false, true) => PerfEventKind::Kretprobe,
+            (true, false, false) => PerfEventKind::GpuLaunch,
+            (false, true, false) => PerfEventKind::GpuAccess,
+            _ => {
+                tracing::info!(kernel = %name, config, "a CUDA launch or memory-access event is neither a retprobe nor both (errno {})", libc::EINVAL);
                 return Err(libc::EINVAL);
             }
         };
@@ -289,16 +297,12 @@ impl Shim {
         self.register_perf_event(record)
     }
 
-    /// A launch event on the CUDA kernels `kernel` names, as `perf_event_open`
-    /// with bpftime's launch bit makes it (for loaders that hold no attribute).
-    pub fn gpu_launch_event(&mut self, kernel: &CStr) -> SysResult<RawFd> {
-        self.kprobe_event(
-            1 << bpftime_runtime::GPU_LAUNCH_CONFIG_BIT,
-            Some(kernel),
-            0,
-            -1,
-            0,
-        )
+    /// A launch event (`config_bit` [`bpftime_runtime::GPU_LAUNCH_CONFIG_BIT`]) or a
+    /// memory-access event ([`bpftime_runtime::GPU_ACCESS_CONFIG_BIT`]) on the CUDA
+    /// kernels `kernel` names, as `perf_event_open` with that bit makes it (for loaders
+    /// that hold no attribute).
+    pub fn gpu_event(&mut self, kernel: &CStr, config_bit: u32) -> SysResult<RawFd> {
+        self.kprobe_event(1 << config_bit, Some(kernel), 0, -1, 0)
     }
 
     /// Serves an `ioctl` on one of our perf events; None when `fd` is not ours.

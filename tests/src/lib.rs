@@ -123,6 +123,35 @@ impl Session {
         dst
     }
 
+    /// Builds `source` (BPF C) into `NAME.bpf.o` in the session's directory with clang
+    /// (`$CLANG`, clang-19 by default), as a tool's author would.
+    pub fn compile_bpf(&self, name: &str, source: &str) -> PathBuf {
+        let clang = std::env::var("CLANG").unwrap_or_else(|_| "clang-19".into());
+        let src = self.tmp.join(format!("{name}.bpf.c"));
+        let obj = self.tmp.join(format!("{name}.bpf.o"));
+        std::fs::write(&src, source).unwrap();
+        let multiarch = Command::new("gcc")
+            .arg("-print-multiarch")
+            .output()
+            .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
+            .unwrap_or_default();
+        let out = Command::new(&clang)
+            .args(["-g", "-O2", "-target", "bpf"])
+            .arg(format!("-I/usr/include/{multiarch}"))
+            .arg("-c")
+            .arg(&src)
+            .arg("-o")
+            .arg(&obj)
+            .output()
+            .unwrap_or_else(|e| panic!("cannot run {clang}: {e}"));
+        assert!(
+            out.status.success(),
+            "{clang} failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        obj
+    }
+
     pub fn bpftime(&self) -> Command {
         let mut c = Command::new(bpftime());
         c.arg("--store").arg(&self.store);

@@ -7,8 +7,11 @@
 
 use bpftime_runtime::{LinkKind, LinkRecord, ObjectKind, PerfEventKind, PerfEventRecord, Store};
 use bpftime_tests::{examples, require_bpftrace, run_with_timeout, Session, Tool};
+
+fn compile(s: &Session, name: &str, source: &str) -> PathBuf {
+    s.compile_bpf(name, source)
+}
 use std::path::PathBuf;
-use std::process::Command;
 use std::time::Duration;
 
 /// The links in the store: (kind, kernel pattern, program name), sorted.
@@ -66,35 +69,6 @@ fn gpu_probes_links(exit: &str, mangled: &str, launch: &str) -> Vec<(LinkKind, S
     ];
     sort_links(&mut v);
     v
-}
-
-/// Compiles a one-file BPF program; clang-19 is needed to build the examples
-/// at all, so its absence is a failure here.
-fn compile(s: &Session, name: &str, source: &str) -> PathBuf {
-    let clang = std::env::var("CLANG").unwrap_or_else(|_| "clang-19".into());
-    let src = s.tmp.join(format!("{name}.bpf.c"));
-    let obj = s.tmp.join(format!("{name}.bpf.o"));
-    std::fs::write(&src, source).unwrap();
-    let multiarch = Command::new("gcc")
-        .arg("-print-multiarch")
-        .output()
-        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
-        .unwrap_or_default();
-    let out = Command::new(&clang)
-        .args(["-g", "-O2", "-target", "bpf"])
-        .arg(format!("-I/usr/include/{multiarch}"))
-        .arg("-c")
-        .arg(&src)
-        .arg("-o")
-        .arg(&obj)
-        .output()
-        .unwrap_or_else(|e| panic!("cannot run {clang}: {e}"));
-    assert!(
-        out.status.success(),
-        "{clang} failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    obj
 }
 
 /// A program calling `bpf_get_current_comm`, which GPU programs lack.
@@ -381,26 +355,28 @@ fn bpftime_run_creates_gpu_links_and_attach_overrides_the_kernel() {
 }
 
 #[test]
-fn bpftime_run_refuses_memory_access_probes_and_gpu_rejections() {
+fn bpftime_run_attaches_memory_access_probes_and_refuses_gpu_rejections() {
     let s = Session::new("gpu-run-refused");
+    // Ours, on one kernel, and bpftime's memory capture, on every kernel.
     let ldst = compile(
         &s,
         "ldst",
         "#include <linux/bpf.h>\n#include <bpf/bpf_helpers.h>\n\
          SEC(\"cuda:ns::kern:ldst\") int mem(void *ctx) { return 0; }\n\
+         SEC(\"kprobe/__memcapture\") int cuda__capture(void *ctx) { return 0; }\n\
          char LICENSE[] SEC(\"license\") = \"GPL\";\n",
     );
     let mut c = s.bpftime();
     c.args(["run", ldst.to_str().unwrap(), "--", "true"]);
     let out = run_with_timeout(c, Duration::from_secs(60));
-    assert_eq!(out.status.code(), Some(2), "{}", text(&out));
-    assert!(
-        String::from_utf8_lossy(&out.stderr).contains(
-            "program `mem`: SEC(\"cuda:ns::kern:ldst\") is a GPU memory-access probe (loads and stores of `ns::kern`), which bpftime does not support yet"
-        ),
-        "{}",
-        text(&out)
-    );
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    for line in [
+        "attached mem (gpu-ldst) -> CUDA kernel ns::kern",
+        "attached cuda__capture (gpu-ldst) -> CUDA kernel *",
+    ] {
+        assert!(stderr.contains(line), "`{line}` missing: {}", text(&out));
+    }
     // A program the GPU rules reject does not load: libbpf prints the log, exit 1.
     let obj = compile(&s, "comm", &comm_program("cuda:vectorAdd", "comm_on_gpu"));
     let mut c = s.bpftime();

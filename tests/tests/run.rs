@@ -951,3 +951,60 @@ fn run_prints_nothing_for_refused_feature_probes() {
         out.stderr
     );
 }
+
+/// `--out DIR`: records go to DIR/events.txt instead of the terminal, the maps to
+/// DIR/maps.txt as well, and records with `time_ns` and `addr` fields become a
+/// timeline picture, DIR/MAP.png. Here every call of work(i) records (now, i * 4096).
+#[test]
+fn run_out_writes_events_maps_and_a_timeline() {
+    let s = Session::new("run-out");
+    let obj = s.compile_bpf(
+        "sweep",
+        "#include <linux/bpf.h>\n#include <bpf/bpf_helpers.h>\n\
+         struct sample { __u64 time_ns; __u64 addr; };\n\
+         const struct sample *sample_type __attribute__((unused));\n\
+         struct { __uint(type, BPF_MAP_TYPE_RINGBUF); __uint(max_entries, 1 << 20); } sweep SEC(\".maps\");\n\
+         SEC(\"uprobe/work\") int on_work(__u64 *ctx) {\n\
+             struct sample s = { bpf_ktime_get_ns(), ctx[14] * 4096 };\n\
+             bpf_ringbuf_output(&sweep, &s, sizeof(s), 0);\n\
+             return 0;\n\
+         }\n\
+         char LICENSE[] SEC(\"license\") = \"GPL\";\n",
+    );
+    let dir = s.tmp.join("out/new");
+    let out = run_on_calls(&s, obj.to_str().unwrap(), &["--out", dir.to_str().unwrap()]);
+    assert_eq!(out.code, Some(0), "{}", out.context());
+    assert!(
+        !out.stdout.iter().any(|l| l.starts_with("event ")),
+        "records went to the terminal: {}",
+        out.context()
+    );
+    assert!(out
+        .stdout
+        .contains(&"sweep (ringbuf): 1000 events".to_string()));
+    let events = std::fs::read_to_string(dir.join("events.txt")).unwrap();
+    assert_eq!(
+        events
+            .lines()
+            .filter(|l| l.starts_with("event sweep 16B struct sample { time_ns="))
+            .count(),
+        N as usize,
+        "{events}"
+    );
+    let maps = std::fs::read_to_string(dir.join("maps.txt")).unwrap();
+    assert!(maps.contains("sweep (ringbuf): 1000 events"), "{maps}");
+    let png = std::fs::read(dir.join("sweep.png")).unwrap();
+    assert_eq!(&png[..8], b"\x89PNG\r\n\x1a\n");
+    assert!(
+        out.stderr.contains("sweep.png (1000 sampled accesses over"),
+        "{}",
+        out.context()
+    );
+    // A directory that cannot be made is a usage error before anything runs.
+    let blocker = s.tmp.join("file");
+    std::fs::write(&blocker, b"").unwrap();
+    let bad = blocker.join("dir");
+    let out = run_on_calls(&s, obj.to_str().unwrap(), &["--out", bad.to_str().unwrap()]);
+    assert_eq!(out.code, Some(2), "{}", out.context());
+    assert!(out.stderr.contains("--out "), "{}", out.context());
+}

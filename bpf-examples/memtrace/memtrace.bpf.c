@@ -1,0 +1,188 @@
+// SPDX-License-Identifier: MIT
+/*
+ * memtrace: where CUDA kernels read and write global memory, and when. A memory-access
+ * probe (SEC("cuda:KERNEL:ldst"), here every kernel) runs in the GPU thread making each
+ * global load, store, atomic and reduction (../common/gpu_access.h).
+ *
+ *   bpftime run --out DIR memtrace.bpf.o -- APP [ARGS]
+ *
+ * Aggregated on the GPU, exact:
+ *   accesses            loads, stores, atomics and reductions per kernel: entry
+ *                       KERNEL_SLOTS * kind + slot, the kernel's slot its kernel_id
+ *                       modulo KERNEL_SLOTS; `kernels` names the kernel in each slot
+ *                       (filled at launch, on the CPU), and `collisions` counts launches
+ *                       of a kernel whose slot another kernel holds (their counts merge)
+ *   offset_hist_argN    a log2 histogram of each access's offset from the kernel's
+ *                       pointer argument N it falls after (the buffer it is in, for a
+ *                       kernel handed its buffers as arguments), in bytes
+ * Sampled (about one access in 2048: the first lane of a 128-byte line, one time in 64):
+ *   timeline            records of when (bpf_ktime_get_ns, the host's clock) and where;
+ *                       `bpftime run --out DIR` draws them as DIR/timeline.png
+ *
+ * Every map the GPU side updates is an array small enough for bpftime to keep a copy per
+ * SM and add warps' updates up before they reach memory: a hash map updated by every
+ * access would serialize them.
+ */
+#include <linux/bpf.h>
+#include <bpf/bpf_helpers.h>
+#include "../common/gpu_access.h"
+#include "../common/cuda_launch.h"
+
+#define SLOTS 64
+
+#define KERNEL_SLOTS 128
+#define KINDS 4
+
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, KERNEL_SLOTS * KINDS);
+	__type(key, __u32);
+	__type(value, __u64);
+} accesses SEC(".maps");
+
+struct kernel_name {
+	__u32 kernel_id;
+	char name[BPFTIME_LAUNCH_NAME_BYTES];
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, KERNEL_SLOTS);
+	__type(key, __u32);
+	__type(value, struct kernel_name);
+} kernels SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, __u64);
+} collisions SEC(".maps");
+
+#define OFFSET_HIST(n)                                                                   \
+	struct {                                                                         \
+		__uint(type, BPF_MAP_TYPE_ARRAY);                                        \
+		__uint(max_entries, SLOTS);                                              \
+		__type(key, __u32);                                                      \
+		__type(value, __u64);                                                    \
+	} offset_hist_arg##n SEC(".maps")
+
+OFFSET_HIST(0);
+OFFSET_HIST(1);
+OFFSET_HIST(2);
+OFFSET_HIST(3);
+OFFSET_HIST(4);
+OFFSET_HIST(5);
+
+struct access_sample {
+	__u64 time_ns;
+	__u64 addr;
+	__u32 kernel_id;
+	__u32 kind;
+	__u32 size;
+	__u32 site;
+};
+
+/* Puts the record's type in the object's BTF, so tools read records field by field. */
+const struct access_sample *access_sample_type __attribute__((unused));
+
+struct {
+	__uint(type, BPF_MAP_TYPE_RINGBUF);
+	__uint(max_entries, 1 << 24);
+} timeline SEC(".maps");
+
+static __always_inline __u32 log2_slot(__u64 v)
+{
+	__u32 slot = 0;
+
+#pragma unroll
+	for (int shift = 32; shift > 0; shift >>= 1) {
+		if (v >> shift) {
+			v >>= shift;
+			slot += shift;
+		}
+	}
+	return slot;
+}
+
+static __always_inline void count(void *hist, __u32 slot)
+{
+	__u64 *n = bpf_map_lookup_elem(hist, &slot);
+
+	if (n)
+		__sync_fetch_and_add(n, 1);
+}
+
+SEC("cuda:*:ldst")
+int memtrace_access(void *ctx)
+{
+	const struct bpftime_gpu_access *a = bpftime_gpu_access(ctx);
+	const __u64 *regs = ctx;
+	/* pt_regs' di, si, dx, cx, r8, r9: the kernel's first six parameters. */
+	__u64 args[6] = { regs[14], regs[13], regs[12], regs[11], regs[9], regs[8] };
+	__u64 addr = a->addr, offset = ~0ULL;
+	__u32 arg = 6;
+
+	__u32 kind = a->kind - 1;
+
+	if (kind < KINDS)
+		count(&accesses, KERNEL_SLOTS * kind + a->kernel_id % KERNEL_SLOTS);
+
+#pragma unroll
+	for (int i = 0; i < 6; i++) {
+		if (addr >= args[i] && addr - args[i] < offset) {
+			offset = addr - args[i];
+			arg = i;
+		}
+	}
+	__u32 slot = log2_slot(offset);
+
+	switch (arg) {
+	case 0: count(&offset_hist_arg0, slot); break;
+	case 1: count(&offset_hist_arg1, slot); break;
+	case 2: count(&offset_hist_arg2, slot); break;
+	case 3: count(&offset_hist_arg3, slot); break;
+	case 4: count(&offset_hist_arg4, slot); break;
+	case 5: count(&offset_hist_arg5, slot); break;
+	}
+
+	if ((addr & 127) == 0 && (bpf_get_prandom_u32() & 63) == 0) {
+		struct access_sample s = {
+			.time_ns = bpf_ktime_get_ns(),
+			.addr = addr,
+			.kernel_id = a->kernel_id,
+			.kind = a->kind,
+			.size = a->size,
+			.site = a->site,
+		};
+
+		bpf_ringbuf_output(&timeline, &s, sizeof(s), 0);
+	}
+	return 0;
+}
+
+SEC("cuda:*:launch")
+int memtrace_launch(struct bpftime_cuda_launch *ctx)
+{
+	struct kernel_name k = { .kernel_id = ctx->kernel_id };
+	__u32 slot = ctx->kernel_id % KERNEL_SLOTS, zero = 0;
+	struct kernel_name *held;
+
+	if (ctx->phase != BPFTIME_LAUNCH_CALLED)
+		return 0;
+	held = bpf_map_lookup_elem(&kernels, &slot);
+	if (held) {
+		if (held->kernel_id != ctx->kernel_id) {
+			__u64 *n = bpf_map_lookup_elem(&collisions, &zero);
+
+			if (n)
+				__sync_fetch_and_add(n, 1);
+		}
+		return 0;
+	}
+	bpf_probe_read_kernel(k.name, sizeof(k.name), ctx->name);
+	bpf_map_update_elem(&kernels, &slot, &k, BPF_NOEXIST);
+	return 0;
+}
+
+char LICENSE[] SEC("license") = "GPL";
