@@ -105,15 +105,27 @@ pub struct DeviceRing {
     pub head: u64,
     pub tail: u64,
     pub dropped: u64,
+    pub shards: u64,
 }
 
 const _: () = assert!(std::mem::size_of::<GpuMapDesc>() == 72);
 
-const _: () = assert!(std::mem::size_of::<DeviceRing>() == 40);
+const _: () = assert!(std::mem::size_of::<DeviceRing>() == 48);
 
-/// Byte offsets of the ring's fields, for the host's partial copies.
+/// Byte offsets of a ring shard's fields, for the host's partial copies.
 pub const RING_HEAD: u64 = 16;
 pub const RING_TAIL: u64 = 24;
+
+/// Each ring shard holds at least this many bytes.
+pub const RING_SHARD_MIN: u64 = 64 << 10;
+
+/// How many shards a ring of `size` bytes (a power of two) gets on a GPU of `sm_count`
+/// SMs: one per SM up to a power of two, as long as each keeps [`RING_SHARD_MIN`].
+pub fn ring_shards(size: u64, sm_count: u32) -> u64 {
+    let by_sm = u64::from(sm_count.max(1));
+    let by_sm = 1u64 << (63 - by_sm.leading_zeros());
+    by_sm.min((size / RING_SHARD_MIN).max(1))
+}
 
 pub fn round8(v: u32) -> u32 {
     (v + 7) & !7
@@ -534,6 +546,20 @@ mod tests {
         // Nothing past head is read.
         let (records, tail) = drain_ring(&ring, size, 40, first);
         assert_eq!((records.len(), tail), (1, first));
+    }
+
+    #[test]
+    fn rings_get_a_shard_per_sm_while_shards_stay_large_enough() {
+        // An H100's 132 SMs: 128 shards of 128 KiB for a 16 MiB ring.
+        assert_eq!(ring_shards(16 << 20, 132), 128);
+        // A small ring keeps shards of at least RING_SHARD_MIN.
+        assert_eq!(ring_shards(1 << 20, 132), 16);
+        assert_eq!(ring_shards(64 << 10, 132), 1);
+        assert_eq!(ring_shards(4096, 132), 1);
+        // Never more shards than SMs, and always a power of two.
+        assert_eq!(ring_shards(1 << 30, 6), 4);
+        assert_eq!(ring_shards(1 << 30, 1), 1);
+        assert_eq!(ring_shards(1 << 30, 0), 1);
     }
 
     #[test]

@@ -3,9 +3,9 @@
 
 use std::collections::HashMap;
 
-use bpftime_isa::{opcode as op, uapi::helper, Insn};
+use bpftime_isa::{opcode as op, Insn};
 use bpftime_jit_ptx::{
-    compile, ArrayMapLayout, GpuEnv, GpuHelper, ProbeAbi, PtxOptions, PtxProgram, PtxVersion,
+    compile, ArrayMapLayout, GpuEnv, ProbeAbi, PtxOptions, PtxProgram, PtxVersion,
 };
 
 use crate::cuda::DevicePtr;
@@ -115,18 +115,6 @@ struct ProbeEnv {
 }
 
 impl GpuEnv for ProbeEnv {
-    fn helper(&self, id: u32) -> Option<GpuHelper> {
-        match id {
-            helper::GET_CURRENT_PID_TGID => {
-                Some(GpuHelper::Extern("bpftime_gpu_get_current_pid_tgid".into()))
-            }
-            helper::GET_PRANDOM_U32 => {
-                Some(GpuHelper::Extern("bpftime_gpu_get_prandom_u32".into()))
-            }
-            _ => bpftime_jit_ptx::gpu::standard_helper(id),
-        }
-    }
-
     fn array_map(&self, map: u64) -> Option<ArrayMapLayout> {
         self.arrays.get(&map).copied()
     }

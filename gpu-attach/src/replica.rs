@@ -13,9 +13,9 @@ use bpftime_runtime::Map;
 
 use crate::cuda::{Api, CudaError, DevicePtr, Handle};
 use crate::device_maps::{
-    add_deltas, device_kind, drain_ring, hash_capacity, is_per_cpu, round8, value_deltas,
-    DeviceKind, DeviceRing, GpuMapDesc, HashImage, HashShape, RingRecord, ShardEntry, WordDelta,
-    RING_HEAD, RING_TAIL, SHARDED_ARRAY_MAX,
+    add_deltas, device_kind, drain_ring, hash_capacity, is_per_cpu, ring_shards, round8,
+    value_deltas, DeviceKind, DeviceRing, GpuMapDesc, HashImage, HashShape, RingRecord, ShardEntry,
+    WordDelta, RING_TAIL, SHARDED_ARRAY_MAX,
 };
 
 /// Why a replica could not be made or synced.
@@ -62,10 +62,18 @@ impl Mover<'_> {
 
     /// Copies `out.len()` bytes from `src` and waits for them.
     pub fn get(&self, src: DevicePtr, out: &mut [u8]) -> Result<(), CudaError> {
+        self.get_async(src, out)?;
+        self.wait()
+    }
+
+    /// Queues a copy of `out.len()` bytes from `src`; `out` must not be read or dropped
+    /// before [`Mover::wait`] returns (the borrow checker does not see the device's
+    /// write: callers keep the buffer borrowed across the wait).
+    pub fn get_async(&self, src: DevicePtr, out: &mut [u8]) -> Result<(), CudaError> {
         if out.is_empty() {
             return Ok(());
         }
-        // SAFETY: `out` stays borrowed until the copy is waited for below.
+        // SAFETY: the caller keeps `out` alive and unread until it waits (above).
         self.api.check("cuMemcpyDtoHAsync", unsafe {
             (self.api.memcpy_dtoh_async)(
                 out.as_mut_ptr().cast::<c_void>(),
@@ -73,8 +81,20 @@ impl Mover<'_> {
                 out.len(),
                 self.stream,
             )
-        })?;
-        self.wait()
+        })
+    }
+
+    /// Queues a copy of `bytes` to `dst`, staged so that the caller's buffer is free at
+    /// once: a pageable source is copied before the call returns.
+    pub fn put_async(&self, dst: DevicePtr, bytes: &[u8]) -> Result<(), CudaError> {
+        if bytes.is_empty() {
+            return Ok(());
+        }
+        // SAFETY: `bytes` is readable for its length; from pageable memory the driver
+        // stages the copy before returning.
+        self.api.check("cuMemcpyHtoDAsync", unsafe {
+            (self.api.memcpy_htod_async)(dst, bytes.as_ptr().cast(), bytes.len(), self.stream)
+        })
     }
 
     pub fn zero(&self, dst: DevicePtr, bytes: usize) -> Result<(), CudaError> {
@@ -85,7 +105,7 @@ impl Mover<'_> {
         self.wait()
     }
 
-    fn wait(&self) -> Result<(), CudaError> {
+    pub fn wait(&self) -> Result<(), CudaError> {
         // SAFETY: our own stream.
         self.api.check("cuStreamSynchronize", unsafe {
             (self.api.stream_synchronize)(self.stream)
@@ -237,7 +257,7 @@ impl Replica {
                 } else {
                     PERF_RING_BYTES
                 };
-                let reader = RingReader::new(mover, size)?;
+                let reader = RingReader::new(mover, size, ring_shards(size, sm_count))?;
                 desc.ring = reader.ring;
                 SyncState::Ring(reader)
             }
@@ -534,84 +554,124 @@ impl Replica {
     }
 }
 
-/// A device ring (`struct ring` of runtime.c) and the host's side of reading it.
+/// A device ring (`struct ring` of runtime.c: `shards` of them, each with its own space)
+/// and the host's side of reading it.
 pub(crate) struct RingReader {
-    /// Device address of the `struct ring`.
+    /// Device address of the first shard's `struct ring`.
     pub ring: DevicePtr,
+    shards: Vec<ShardReader>,
+}
+
+/// One shard of a ring, as the host reads it.
+struct ShardReader {
     data: DevicePtr,
     size: u64,
     /// How far the host has read, and the device's drop count it has accounted for.
     tail: u64,
     dropped: u64,
-    /// The host's copy of the ring, refreshed only where new records are.
+    /// The host's copy of the shard, refreshed only where new records are.
     bytes: Vec<u8>,
 }
 
+const SHARD_HEADER: u64 = std::mem::size_of::<DeviceRing>() as u64;
+
 impl RingReader {
-    /// An empty ring of `size` bytes (a power of two) in device memory.
-    pub fn new(mover: &Mover<'_>, size: u64) -> Result<RingReader, CudaError> {
+    /// An empty ring of `size` bytes (a power of two) in device memory, in `shards`
+    /// (a power of two dividing it) of `size / shards` bytes each.
+    pub fn new(mover: &Mover<'_>, size: u64, shards: u64) -> Result<RingReader, CudaError> {
+        let shards = shards.clamp(1, size);
+        let shard_size = size / shards;
         let data = mover.alloc(size as usize)?;
         mover.zero(data, size as usize)?;
-        let ring = mover.alloc(std::mem::size_of::<DeviceRing>())?;
-        mover.put(
-            ring,
-            as_bytes(&DeviceRing {
-                data,
-                size,
-                ..DeviceRing::default()
-            }),
-        )?;
+        let ring = mover.alloc((SHARD_HEADER * shards) as usize)?;
+        let headers: Vec<u8> = (0..shards)
+            .flat_map(|i| {
+                as_bytes(&DeviceRing {
+                    data: data + i * shard_size,
+                    size: shard_size,
+                    shards,
+                    ..DeviceRing::default()
+                })
+                .to_vec()
+            })
+            .collect();
+        mover.put(ring, &headers)?;
         Ok(RingReader {
             ring,
-            data,
-            size,
-            tail: 0,
-            dropped: 0,
-            bytes: vec![0; size as usize],
+            shards: (0..shards)
+                .map(|i| ShardReader {
+                    data: data + i * shard_size,
+                    size: shard_size,
+                    tail: 0,
+                    dropped: 0,
+                    bytes: vec![0; shard_size as usize],
+                })
+                .collect(),
         })
     }
 
-    /// The records committed since the last read, in order, and how many the device
-    /// dropped since. Moves the device's tail past what was read, freeing the space.
+    /// The records committed since the last read, shard by shard (each in order), and
+    /// how many the device dropped since. Moves each shard's tail past what was read,
+    /// freeing the space.
     pub fn read(&mut self, mover: &Mover<'_>) -> Result<(Vec<RingRecord>, u64), CudaError> {
-        // head, tail and dropped, in one copy.
-        let mut counters = [0u8; 24];
-        mover.get(self.ring + RING_HEAD, &mut counters)?;
-        let word =
-            |i: usize| u64::from_le_bytes(counters[i * 8..i * 8 + 8].try_into().expect("8 bytes"));
-        let (head, device_dropped) = (word(0), word(2));
-        let dropped = device_dropped.saturating_sub(self.dropped);
-        self.dropped = device_dropped.max(self.dropped);
-        if head == self.tail {
-            return Ok((Vec::new(), dropped));
+        // Every shard's counters, in one copy.
+        let mut headers = vec![0u8; (SHARD_HEADER as usize) * self.shards.len()];
+        mover.get(self.ring, &mut headers)?;
+        let mut records = Vec::new();
+        let mut dropped = 0;
+        let mut tails = Vec::new();
+        for (i, shard) in self.shards.iter_mut().enumerate() {
+            let header = &headers[i * SHARD_HEADER as usize..][..SHARD_HEADER as usize];
+            let word = |w: usize| {
+                u64::from_le_bytes(header[w * 8..w * 8 + 8].try_into().expect("8 bytes"))
+            };
+            let (head, device_dropped) = (word(2), word(4));
+            dropped += device_dropped.saturating_sub(shard.dropped);
+            shard.dropped = device_dropped.max(shard.dropped);
+            if head == shard.tail {
+                continue;
+            }
+            // Only what was written since the last read: one piece, or two across the end.
+            let start = (shard.tail & (shard.size - 1)) as usize;
+            let len = (head - shard.tail).min(shard.size) as usize;
+            let first = len.min(shard.size as usize - start);
+            mover.get_async(
+                shard.data + start as u64,
+                &mut shard.bytes[start..start + first],
+            )?;
+            if first < len {
+                mover.get_async(shard.data, &mut shard.bytes[..len - first])?;
+            }
+            tails.push((i, head));
         }
-        // Only what was written since the last read: one piece, or two across the end.
-        let start = (self.tail & (self.size - 1)) as usize;
-        let len = (head - self.tail).min(self.size) as usize;
-        let first = len.min(self.size as usize - start);
-        mover.get(
-            self.data + start as u64,
-            &mut self.bytes[start..start + first],
-        )?;
-        if first < len {
-            mover.get(self.data, &mut self.bytes[..len - first])?;
+        if tails.is_empty() {
+            return Ok((records, dropped));
         }
-        let (records, tail) = drain_ring(&self.bytes, self.size, self.tail, head);
-        if crate::session::may_log() && (dropped > 0 || tail != head) {
-            tracing::debug!(
-                ring = self.ring,
-                dropped,
-                from = self.tail,
-                to = tail,
-                head,
-                records = records.len(),
-                "device ring read"
-            );
+        mover.wait()?;
+        for (i, head) in tails {
+            let shard = &mut self.shards[i];
+            let (mut got, tail) = drain_ring(&shard.bytes, shard.size, shard.tail, head);
+            if crate::session::may_log() && tail != head {
+                tracing::debug!(
+                    ring = self.ring,
+                    shard = i,
+                    from = shard.tail,
+                    to = tail,
+                    head,
+                    records = got.len(),
+                    "device ring read stopped at a record still being written"
+                );
+            }
+            records.append(&mut got);
+            if tail != shard.tail {
+                shard.tail = tail;
+                mover.put_async(
+                    self.ring + i as u64 * SHARD_HEADER + RING_TAIL,
+                    &shard.tail.to_le_bytes(),
+                )?;
+            }
         }
-        if tail != self.tail {
-            self.tail = tail;
-            mover.put(self.ring + RING_TAIL, &tail.to_le_bytes())?;
-        }
+        mover.wait()?;
         Ok((records, dropped))
     }
 }

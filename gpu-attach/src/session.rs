@@ -1644,7 +1644,7 @@ impl GpuAttach {
         })
         .map_err(|e| e.to_string())?;
         let mover = Mover { api, stream };
-        let trace = RingReader::new(&mover, TRACE_RING_BYTES).map_err(|e| e.to_string())?;
+        let trace = RingReader::new(&mover, TRACE_RING_BYTES, 1).map_err(|e| e.to_string())?;
         let mut device = 0;
         // SAFETY: writes one int.
         api.check("cuCtxGetDevice", unsafe {

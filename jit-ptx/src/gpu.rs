@@ -152,6 +152,8 @@ pub const EXTERN_HELPERS: &[(u32, &str)] = &[
     (h::RINGBUF_OUTPUT, "bpftime_gpu_ringbuf_output"),
     (h::GPU_PUTS, "bpftime_gpu_puts"),
     (h::GPU_EXIT, "bpftime_gpu_exit"),
+    (h::GET_CURRENT_PID_TGID, "bpftime_gpu_get_current_pid_tgid"),
+    (h::GET_PRANDOM_U32, "bpftime_gpu_get_prandom_u32"),
 ];
 
 /// The standard GPU lowering of helper `id`: the helpers the verifier allows in GPU

@@ -203,14 +203,14 @@ mod tests {
 
     #[test]
     fn helpers_a_gpu_lacks_are_refused_naming_id_and_pc() {
-        let insns = assemble("mov %r0, 0\ncall 14\nexit").unwrap(); // get_current_pid_tgid
+        let insns = assemble("mov %r0, 0\ncall 16\nexit").unwrap(); // get_current_comm
         let err = compile(&insns, &StandardGpuEnv, &PtxOptions::default())
-            .expect_err("pid_tgid has no GPU lowering");
+            .expect_err("get_current_comm has no GPU lowering");
         assert!(
             matches!(
                 err,
                 CompileError::Lift {
-                    source: LiftError::UnknownHelper { pc: 1, id: 14 }
+                    source: LiftError::UnknownHelper { pc: 1, id: 16 }
                 }
             ),
             "{err}"
