@@ -17,10 +17,18 @@
  *
  *   events=<events printed>
  *   dropped=<events lost because the ring buffer was full>
+ *   disorder=<events whose argument was not above the previous one of their thread>
+ *
+ * RINGBUF_EVENTS_MODE picks how it waits for records, as tools do:
+ *   poll     ring_buffer__poll(rb, 100) (the default)
+ *   epoll    epoll_wait() on ring_buffer__epoll_fd(), then ring_buffer__consume()
+ *   consume  ring_buffer__consume() every 100 us, never waiting on the ring
  *
  * `arg` is the whole 64-bit first-argument register, printed signed.
  */
 #include <bpf/bpf.h>
+#include <sys/epoll.h>
+#include <unistd.h>
 
 #include "../common/loader.h"
 #include "ringbuf_events.h"
@@ -30,7 +38,34 @@ static const char usage[] =
 	"Prints an event line for every call of NAME in BINARY until\n"
 	"SIGINT/SIGTERM, then the number of events.\n";
 
-static unsigned long long event_count;
+static unsigned long long event_count, disorder;
+
+/* The last argument seen per thread: targets call work(0), work(1), ... on each thread,
+ * so a thread's events arrive in increasing order or the ring reordered them. */
+#define THREAD_SLOTS 1024
+static struct {
+	__u32 tid;
+	long long last;
+} seen[THREAD_SLOTS];
+
+static void check_order(__u32 tid, long long arg)
+{
+	unsigned i = tid % THREAD_SLOTS, n;
+
+	for (n = 0; n < THREAD_SLOTS; n++, i = (i + 1) % THREAD_SLOTS) {
+		if (seen[i].tid == tid) {
+			if (arg <= seen[i].last)
+				disorder++;
+			seen[i].last = arg;
+			return;
+		}
+		if (seen[i].tid == 0) {
+			seen[i].tid = tid;
+			seen[i].last = arg;
+			return;
+		}
+	}
+}
 
 /* Called by libbpf for every record in the ring buffer. */
 static int handle_event(void *ctx, void *data, size_t size)
@@ -45,6 +80,7 @@ static int handle_event(void *ctx, void *data, size_t size)
 	printf("event pid=%u tid=%u arg=%lld ts=%llu via=%s\n", e->pid,
 	       e->tid, (long long)e->arg, (unsigned long long)e->ts,
 	       e->path == PATH_RESERVE ? "reserve" : "output");
+	check_order(e->tid, (long long)e->arg);
 	event_count++;
 	return 0;
 }
@@ -107,11 +143,31 @@ int main(int argc, char **argv)
 	}
 	announce_ready();
 
+	const char *mode = getenv("RINGBUF_EVENTS_MODE");
+	int epoll_fd = ring_buffer__epoll_fd(rb);
+
 	while (!exit_requested) {
-		err = ring_buffer__poll(rb, 100 /* ms */);
+		const char *what = "ring_buffer__poll";
+
+		if (mode && strcmp(mode, "epoll") == 0) {
+			struct epoll_event ev;
+			int n = epoll_wait(epoll_fd, &ev, 1, 100);
+
+			what = "epoll_wait";
+			err = n < 0 ? -errno : 0;
+			if (n > 0) {
+				what = "ring_buffer__consume";
+				err = ring_buffer__consume(rb);
+			}
+		} else if (mode && strcmp(mode, "consume") == 0) {
+			what = "ring_buffer__consume";
+			err = ring_buffer__consume(rb);
+			usleep(100);
+		} else {
+			err = ring_buffer__poll(rb, 100 /* ms */);
+		}
 		if (err < 0 && err != -EINTR) {
-			fprintf(stderr, "ring_buffer__poll: %s\n",
-				strerror(-err));
+			fprintf(stderr, "%s: %s\n", what, strerror(-err));
 			err = 1;
 			goto out;
 		}
@@ -135,6 +191,7 @@ int main(int argc, char **argv)
 	bpf_map_lookup_elem(bpf_map__fd(dropped), &slot, &lost);
 	printf("events=%llu\n", event_count);
 	printf("dropped=%llu\n", (unsigned long long)lost);
+	printf("disorder=%llu\n", disorder);
 	fflush(stdout);
 	err = 0;
 out:

@@ -2,11 +2,13 @@
 /*
  * calls: a deterministic target for the examples and their tests.
  *
- * Usage: calls N [--wait-for FILE] [--delay-ms MS]
+ * Usage: calls N [--wait-for FILE] [--delay-ms MS] [--threads T]
  *
  * Calls work(i) for i = 0 .. N-1 and, in the same loop, malloc(CALLS_MALLOC_SIZE)
  * N times (each block is touched and freed), then exits 0. Nothing is printed.
  *
+ *   --threads T      do that on T threads at once (T x N calls in all), all
+ *                    starting together
  *   --wait-for FILE  do not start until FILE exists (polled every 10 ms),
  *                    so a tracer can be attached first
  *   --delay-ms MS    sleep MS milliseconds before starting
@@ -15,6 +17,7 @@
  * tracer can count exactly N mallocs of that size for this process.
  */
 #include <errno.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -60,17 +63,51 @@ static void sleep_ms(long ms)
 
 static int usage(void)
 {
-	fprintf(stderr, "Usage: calls N [--wait-for FILE] [--delay-ms MS]\n");
+	fprintf(stderr, "Usage: calls N [--wait-for FILE] [--delay-ms MS] [--threads T]\n");
 	return 2;
+}
+
+static long calls_per_thread;
+static pthread_barrier_t start_together;
+
+/* The calls of one thread: 0 on success. */
+static int run_calls(long n)
+{
+	volatile long sink = 0;
+	long i;
+
+	for (i = 0; i < n; i++) {
+		char *block;
+
+		sink += work((int)i);
+
+		block = malloc(CALLS_MALLOC_SIZE);
+		if (!block) {
+			fprintf(stderr, "calls: out of memory\n");
+			return 1;
+		}
+		/* Use the block, so the malloc/free pair cannot be elided. */
+		block[i % CALLS_MALLOC_SIZE] = (char)i;
+		__asm__ volatile("" : : "r"(block) : "memory");
+		free(block);
+	}
+	return 0;
+}
+
+static void *thread_main(void *arg)
+{
+	(void)arg;
+	pthread_barrier_wait(&start_together);
+	return (void *)(long)run_calls(calls_per_thread);
 }
 
 int main(int argc, char **argv)
 {
 	const char *wait_for = NULL;
-	long delay_ms = 0, n = -1;
-	volatile long sink = 0;
+	long delay_ms = 0, n = -1, threads = 1;
+	pthread_t tids[64];
 	char *end;
-	int i;
+	int i, failed = 0;
 
 	for (i = 1; i < argc; i++) {
 		if (strcmp(argv[i], "--wait-for") == 0 && i + 1 < argc) {
@@ -78,6 +115,10 @@ int main(int argc, char **argv)
 		} else if (strcmp(argv[i], "--delay-ms") == 0 && i + 1 < argc) {
 			delay_ms = strtol(argv[++i], &end, 10);
 			if (*end || delay_ms < 0)
+				return usage();
+		} else if (strcmp(argv[i], "--threads") == 0 && i + 1 < argc) {
+			threads = strtol(argv[++i], &end, 10);
+			if (*end || threads < 1 || threads > 64)
 				return usage();
 		} else if (n < 0) {
 			n = strtol(argv[i], &end, 10);
@@ -95,20 +136,21 @@ int main(int argc, char **argv)
 	if (delay_ms)
 		sleep_ms(delay_ms);
 
-	for (i = 0; i < n; i++) {
-		char *block;
-
-		sink += work(i);
-
-		block = malloc(CALLS_MALLOC_SIZE);
-		if (!block) {
-			fprintf(stderr, "calls: out of memory\n");
+	if (threads == 1)
+		return run_calls(n);
+	calls_per_thread = n;
+	pthread_barrier_init(&start_together, NULL, (unsigned)threads);
+	for (i = 0; i < threads; i++) {
+		if (pthread_create(&tids[i], NULL, thread_main, NULL)) {
+			fprintf(stderr, "calls: cannot start thread %d\n", i);
 			return 1;
 		}
-		/* Use the block, so the malloc/free pair cannot be elided. */
-		block[i % CALLS_MALLOC_SIZE] = (char)i;
-		__asm__ volatile("" : : "r"(block) : "memory");
-		free(block);
 	}
-	return 0;
+	for (i = 0; i < threads; i++) {
+		void *r;
+
+		pthread_join(tids[i], &r);
+		failed |= r != NULL;
+	}
+	return failed;
 }
