@@ -18,6 +18,7 @@ mod cuda;
 pub mod device_maps;
 mod entry_points;
 pub mod fatbin;
+pub mod inline;
 pub mod launch;
 pub mod names;
 pub mod probe;

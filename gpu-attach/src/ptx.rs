@@ -32,7 +32,11 @@
 //! they are declared before any kernel calls them; their names must not clash with the
 //! module's (the caller prefixes them).
 
+use std::collections::HashMap;
+
 use thiserror::Error;
+
+use crate::inline::InlineBody;
 
 /// Bytes of the probe context: `struct pt_regs` on x86-64.
 pub const CTX_SIZE: usize = 168;
@@ -240,6 +244,9 @@ pub struct Splice {
     pub needs_sm: Option<u32>,
     /// The calls, per kernel name (as the module spells it).
     pub calls: Vec<(String, Vec<ProbeCall>)>,
+    /// Put each probe's body in place of its calls where it can ([`crate::inline`]),
+    /// rather than calling it.
+    pub inline: bool,
 }
 
 /// A parsed PTX module.
@@ -497,9 +504,26 @@ impl PtxModule {
                 format!("\n// bpftime probes\n{}\n", splice.definitions.trim()),
             ));
         }
+        let bodies: HashMap<&str, InlineBody> = if splice.inline {
+            splice
+                .calls
+                .iter()
+                .flat_map(|(_, c)| c.iter().map(|c| c.symbol.as_str()))
+                .filter_map(|s| Some((s, InlineBody::find(&splice.definitions, s)?)))
+                .collect()
+        } else {
+            HashMap::new()
+        };
+        let (mut sites, mut budget) = (0, crate::inline::MODULE_INLINE_BUDGET);
         for (name, calls) in &splice.calls {
             let kernel = self.kernel(name).expect("checked above");
-            edits.extend(kernel_edits(kernel, calls));
+            edits.extend(kernel_edits(
+                kernel,
+                calls,
+                &bodies,
+                &mut sites,
+                &mut budget,
+            ));
         }
         edits.sort_by(|x, y| y.0.cmp(&x.0).then(y.1.cmp(&x.1)));
         let mut out = self.text.clone();
@@ -1047,7 +1071,27 @@ fn parse_param(text: &str, decl: &[(Tok, usize, usize)]) -> Result<Param, String
 /// them (`bpftime_jit_ptx::ProbeAbi::Arguments` with [`CTX_SIZE`] and [`ARG_OFFSETS`]).
 pub const PROBE_ARGS: usize = 6;
 
-fn kernel_edits(kernel: &Kernel, calls: &[ProbeCall]) -> Vec<(usize, usize, String)> {
+/// Where probe bodies are inlined ([`InlineBody`], by symbol), and a count of the
+/// instances made so far, which names each one.
+struct Inlining<'a> {
+    bodies: &'a HashMap<&'a str, InlineBody>,
+    sites: &'a mut usize,
+    /// Statements still allowed ([`crate::inline::MODULE_INLINE_BUDGET`]).
+    budget: &'a mut usize,
+}
+
+fn kernel_edits(
+    kernel: &Kernel,
+    calls: &[ProbeCall],
+    bodies: &HashMap<&str, InlineBody>,
+    sites: &mut usize,
+    budget: &mut usize,
+) -> Vec<(usize, usize, String)> {
+    let mut inlining = Inlining {
+        bodies,
+        sites,
+        budget,
+    };
     let of = |point| -> Vec<&str> {
         calls
             .iter()
@@ -1065,7 +1109,10 @@ fn kernel_edits(kernel: &Kernel, calls: &[ProbeCall]) -> Vec<(usize, usize, Stri
         edits.push((
             kernel.body_open + 1,
             0,
-            format!("\n{}", probe_calls(&kernel.params, &entry, None, None)),
+            format!(
+                "\n{}",
+                probe_calls(&kernel.params, &entry, None, None, &mut inlining)
+            ),
         ));
     }
     if !exit.is_empty() {
@@ -1076,6 +1123,7 @@ fn kernel_edits(kernel: &Kernel, calls: &[ProbeCall]) -> Vec<(usize, usize, Stri
                 &exit,
                 site.guard.as_deref(),
                 None,
+                &mut inlining,
             ));
             let original = match &site.guard {
                 Some(g) => format!("{g} {};", site.opcode),
@@ -1104,7 +1152,13 @@ fn kernel_edits(kernel: &Kernel, calls: &[ProbeCall]) -> Vec<(usize, usize, Stri
                 0,
                 format!(
                     "{}\n",
-                    probe_calls(&kernel.params, &access, guard, Some(&prepare))
+                    probe_calls(
+                        &kernel.params,
+                        &access,
+                        guard,
+                        Some(&prepare),
+                        &mut inlining
+                    )
                 ),
             ));
         }
@@ -1121,6 +1175,7 @@ fn probe_calls(
     symbols: &[&str],
     guard: Option<&str>,
     access: Option<&str>,
+    inlining: &mut Inlining<'_>,
 ) -> String {
     let count = PROBE_ARGS + if access.is_some() { ACCESS_ARGS } else { 0 };
     let mut s = format!("{{\n.reg .b64 %__bta<{count}>;\n.reg .b32 %__bth;\n.reg .b16 %__bts;\n");
@@ -1169,11 +1224,22 @@ fn probe_calls(
         s.push_str(access);
     }
     let args: Vec<String> = (0..count).map(|i| format!("__bt_a{i}")).collect();
+    let predicate = guard;
     let guard = guard.map(|g| format!("{g} ")).unwrap_or_default();
     // Each call gets argument storage of its own: a callee may use the space of the
     // arguments it was passed, so a second call cannot count on finding them there
     // (seen on an H100: the second of two probes read a constant instead of `n`).
     for symbol in symbols {
+        if let Some(body) = inlining
+            .bodies
+            .get(symbol)
+            .filter(|b| b.statements() <= *inlining.budget)
+        {
+            s.push_str(&body.instantiate(*inlining.sites, predicate));
+            *inlining.sites += 1;
+            *inlining.budget -= body.statements();
+            continue;
+        }
         s.push_str("{\n");
         for (i, a) in args.iter().enumerate() {
             s.push_str(&format!(

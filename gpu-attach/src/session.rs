@@ -1377,6 +1377,7 @@ impl GpuAttach {
             needs_version: Some(Version::new(7, 8)),
             needs_sm: Some(probe_sm),
             calls,
+            inline: true,
         };
         let limit = Version::newest_for_driver(self.driver_version.max(11080));
         let spliced = match module.splice(&splice, limit) {

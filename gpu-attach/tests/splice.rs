@@ -100,6 +100,7 @@ fn splice_for(symbol: &str, sm: u32, kernels: &[&str], points: &[ProbePoint]) ->
                 )
             })
             .collect(),
+        inline: false,
     }
 }
 
@@ -513,11 +514,24 @@ fn a_probe_using_the_whole_device_runtime_compiles_and_splices() {
                     },
                 ],
             )],
+            inline: false,
         };
         let out = module
             .splice(&splice, Version::newest_for_driver(13000))
             .unwrap();
         assert_ptxas_accepts(&format!("every-helper-sm{sm}"), &out);
+        // The same probe put in place of its calls: maps, helpers, the stack and the
+        // runtime's out-of-line functions, at entry and before the exit.
+        let inlined = Splice {
+            inline: true,
+            ..splice
+        };
+        let out = module
+            .splice(&inlined, Version::newest_for_driver(13000))
+            .unwrap();
+        assert!(!out.contains("call (__bt_ret), __bpftime_probe_9"), "{out}");
+        assert_eq!(out.matches("$__bti1_end:").count(), 1, "{out}");
+        assert_ptxas_accepts(&format!("every-helper-inlined-sm{sm}"), &out);
     }
 }
 
@@ -620,6 +634,7 @@ fn a_counter_on_every_thread_adds_once_per_warp() {
                 symbol: "__bpftime_probe_5".into(),
             }],
         )],
+        inline: false,
     };
     let out = module
         .splice(&splice, Version::newest_for_driver(13000))
@@ -748,6 +763,7 @@ fn access_splice(symbol: &str, sm: u32, kernels: &[&str]) -> Splice {
                 )
             })
             .collect(),
+        inline: false,
     }
 }
 
@@ -876,4 +892,53 @@ fn every_form_of_global_access_is_probed_and_other_spaces_are_not() {
     let load_after = out[label..].find("ld.global.u32 %r4").unwrap();
     assert!(probe_after < load_after, "{}", &out[label..]);
     assert_ptxas_accepts("accesses", &out);
+}
+
+#[test]
+fn probes_put_in_place_of_their_calls_pass_ptxas_everywhere_a_call_goes() {
+    // Every kind of site: predicated and labelled exits, vector, atomic, generic and
+    // predicated accesses, nvcc's kernels with struct and sub-word parameters.
+    let exits = PtxModule::parse(&String::from_utf8(read("exits.ptx")).unwrap()).unwrap();
+    let mut splice = splice_for("__bpftime_probe_11", 80, &["exits"], &[ProbePoint::Exit]);
+    splice.inline = true;
+    let out = exits
+        .splice(&splice, Version::newest_for_driver(13000))
+        .unwrap();
+    assert!(!out.contains("call (__bt_ret)"), "{out}");
+    assert_eq!(out.matches("_end:\n}").count(), 4, "{out}");
+    // A predicated exit skips the body where its predicate is false.
+    assert!(out.contains("@!%p1 bra $__bti"), "{out}");
+    assert_ptxas_accepts("exits-inlined", &out);
+
+    let accesses = PtxModule::parse(&String::from_utf8(read("accesses.ptx")).unwrap()).unwrap();
+    let mut splice = access_splice("__bpftime_probe_12", 80, &["accesses"]);
+    splice.inline = true;
+    let out = accesses
+        .splice(&splice, Version::newest_for_driver(13000))
+        .unwrap();
+    assert!(!out.contains("call (__bt_ret)"), "{out}");
+    assert_eq!(out.matches("_end:\n}").count(), 11, "{out}");
+    assert!(out.contains("@!%__btp bra $__bti"), "{out}");
+    assert_ptxas_accepts("accesses-inlined", &out);
+
+    let bytes = read("kernels.fatbin");
+    let (text, _) = Image::from_bytes(&bytes)
+        .unwrap()
+        .ptx_for(90)
+        .unwrap()
+        .expect("PTX");
+    let module = PtxModule::parse(&text).unwrap();
+    let kernels: Vec<&str> = module.kernels.iter().map(|k| k.name.as_str()).collect();
+    let mut splice = splice_for(
+        "__bpftime_probe_13",
+        module.sm.unwrap(),
+        &kernels,
+        &[ProbePoint::Entry, ProbePoint::Exit],
+    );
+    splice.inline = true;
+    let out = module
+        .splice(&splice, Version::newest_for_driver(13000))
+        .unwrap();
+    assert!(!out.contains("call (__bt_ret)"), "{out}");
+    assert_ptxas_accepts("nvcc-inlined", &out);
 }
