@@ -1,13 +1,14 @@
 #!/usr/bin/env bash
 # Installs what building and testing bpftime needs on Debian 12: LLVM 19 and
 # clang-19 (the JIT and the BPF compiler), libbpf 1.1 and bpftool (real loaders),
-# bpftrace, and libelf/zlib for the static libbpf that libbpf-rs builds.
+# bpftrace and bcc's libbpf-tools (tools nobody here wrote, run as a user runs them),
+# and libelf/zlib for the static libbpf that libbpf-rs builds.
 set -euo pipefail
 
 packages=(
     build-essential pkg-config make
     clang-19 llvm-19-dev libpolly-19-dev libzstd-dev zlib1g-dev libelf-dev
-    libbpf-dev bpftool bpftrace
+    libbpf-dev bpftool bpftrace libbpf-tools
 )
 
 as_root() {

@@ -151,6 +151,7 @@ pub mod helper {
     pub const PERF_EVENT_OUTPUT: u32 = 25;
     pub const GET_STACKID: u32 = 27;
     pub const GET_CURRENT_TASK: u32 = 35;
+    pub const CURRENT_TASK_UNDER_CGROUP: u32 = 37;
     pub const PROBE_READ_STR: u32 = 45;
     pub const GET_STACK: u32 = 67;
     pub const MAP_PUSH_ELEM: u32 = 87;

@@ -277,6 +277,27 @@ unsafe extern "C" fn get_current_comm(buf: u64, size: u64, _: u64, _: u64, _: u6
     0
 }
 
+/// `bpf_current_task_under_cgroup(map, index)`: 1 when the calling thread's cgroup (v2)
+/// is the cgroup at `index` of the cgroup array or below it, 0 when not; -E2BIG past
+/// the array's end and -EAGAIN for an empty slot, as the kernel answers.
+unsafe extern "C" fn current_task_under_cgroup(
+    map: u64,
+    index: u64,
+    _: u64,
+    _: u64,
+    _: u64,
+) -> u64 {
+    // SAFETY: r1 is a live Map (loader; the verifier checked it is a cgroup array).
+    let m = unsafe { &*(map as *const Map) };
+    if index >= u64::from(m.max_entries()) {
+        return neg(libc::E2BIG);
+    }
+    match m.id_at(index as u32) {
+        None => neg(libc::EAGAIN),
+        Some(id) => u64::from(crate::cgroup::current_thread_under(id)),
+    }
+}
+
 unsafe extern "C" fn ringbuf_output(map: u64, data: u64, size: u64, flags: u64, _: u64) -> u64 {
     // SAFETY: r1 is a live Map (loader); data holds size bytes (verifier).
     unsafe { (*(map as *const Map)).ringbuf_output(data as *const u8, size, flags) as u64 }
@@ -555,6 +576,7 @@ pub fn helper_by_id(helper: u32) -> Option<HelperFn> {
         id::GET_CURRENT_PID_TGID => get_current_pid_tgid,
         id::GET_CURRENT_UID_GID => get_current_uid_gid,
         id::GET_CURRENT_COMM => get_current_comm,
+        id::CURRENT_TASK_UNDER_CGROUP => current_task_under_cgroup,
         id::MAP_PUSH_ELEM => map_push_elem,
         id::MAP_POP_ELEM => map_pop_elem,
         id::MAP_PEEK_ELEM => map_peek_elem,

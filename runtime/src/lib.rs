@@ -10,6 +10,7 @@
 //! Programs reach maps through [`helpers`], which work on process-local [`Map`]
 //! handles over the shared files.
 
+pub mod cgroup;
 mod error;
 mod gpu_probe;
 pub mod helpers;
@@ -40,7 +41,9 @@ pub fn init_logging() {
 }
 pub use layout::{ObjectKind, PAGE_SIZE, STORE_VERSION};
 pub use maps::stack_trace::jhash2;
-pub use maps::{cpu_number_offset, possible_cpus, ringbuf_commit, ArrayValues, Map, MapSpec};
+pub use maps::{
+    cpu_number_offset, possible_cpus, ringbuf_commit, ArrayValues, Map, MapSpec, ENOTSUPP,
+};
 pub use objects::{
     publish_btf, read_btf, LinkKind, LinkRecord, PerfEventKind, PerfEventRecord, ProgramRecord,
 };

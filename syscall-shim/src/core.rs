@@ -331,6 +331,16 @@ impl Shim {
         };
         let e = |r: bpftime_runtime::Result<()>| r.map(|_| 0).map_err(|e| e.errno());
         match command {
+            // The kernel has no user-space lookup for a cgroup array (ENOTSUPP).
+            cmd::MAP_LOOKUP_ELEM if m.map_type() == bpftime_isa::uapi::map_type::CGROUP_ARRAY => {
+                Err(bpftime_runtime::ENOTSUPP)
+            }
+            cmd::MAP_UPDATE_ELEM if m.map_type() == bpftime_isa::uapi::map_type::CGROUP_ARRAY => {
+                let k = need_key()?;
+                let fd = i32::from_ne_bytes(value()?[..4].try_into().map_err(|_| libc::EINVAL)?);
+                let id = bpftime_runtime::cgroup::id_of_fd(fd)?;
+                e(m.set_id(k, id, flags))
+            }
             cmd::MAP_LOOKUP_ELEM if m.holds_ids() => {
                 let k = need_key()?;
                 let id = m

@@ -6,6 +6,7 @@ use bpftime_isa::uapi::{cmd, map_flags, map_type as mt, update_flags as uf};
 use bpftime_runtime::Store;
 use bpftime_syscall_shim::Shim;
 use bpftime_tests::bpf::{put32, put64, Bpf, Kernel, Ours, Res};
+use std::os::fd::AsRawFd;
 
 /// One step's observable outcome: the result, and the bytes of the output buffer.
 type Outcome = (Res, Vec<u8>);
@@ -171,6 +172,17 @@ fn ncpus() -> usize {
 }
 
 /// The whole sequence, run against one implementation.
+/// Where the unified cgroup hierarchy is mounted, if it is.
+fn cgroup2_root() -> Option<String> {
+    let info = std::fs::read_to_string("/proc/self/mountinfo").ok()?;
+    info.lines().find_map(|l| {
+        let (left, right) = l.split_once(" - ")?;
+        (right.split_whitespace().next() == Some("cgroup2"))
+            .then(|| left.split_whitespace().nth(4).map(str::to_string))
+            .flatten()
+    })
+}
+
 fn script(bpf: &mut dyn Bpf) -> Vec<(String, Outcome)> {
     let mut s = Script {
         bpf,
@@ -257,6 +269,25 @@ fn script(bpf: &mut dyn Bpf) -> Vec<(String, Outcome)> {
         s.pop(4);
         s.pop(4);
     }
+    // Cgroup array: cgroup directories go in by fd; user space cannot read them back.
+    let _ = s.create(mt::CGROUP_ARRAY, 4, 8, 4, 0);
+    s.create(mt::CGROUP_ARRAY, 4, 4, 4, 0).unwrap();
+    let not_a_cgroup = std::fs::File::open("/proc/self/status").unwrap();
+    s.update(
+        &k32(0),
+        &(not_a_cgroup.as_raw_fd() as u32).to_ne_bytes(),
+        uf::ANY,
+    );
+    if let Some(root) = cgroup2_root() {
+        let cgroup = std::fs::File::open(root).unwrap();
+        let fd = (cgroup.as_raw_fd() as u32).to_ne_bytes();
+        s.update(&k32(0), &fd, uf::ANY);
+        s.update(&k32(4), &fd, uf::ANY);
+        s.lookup(Some(&k32(0)), 4);
+        s.delete(&k32(0));
+    }
+    s.delete(&k32(0));
+    s.delete(&k32(4));
     // Creation errors.
     let _ = s.create(mt::RINGBUF, 0, 0, 5000, 0);
     let _ = s.create(mt::RINGBUF, 0, 0, 4096, 0);

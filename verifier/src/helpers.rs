@@ -127,6 +127,12 @@ pub fn proto(id: u32) -> Option<Proto> {
         h::GET_CURRENT_PID_TGID => p("bpf_get_current_pid_tgid", &[], Integer, true),
         h::GET_CURRENT_UID_GID => p("bpf_get_current_uid_gid", &[], Integer, false),
         h::GET_CURRENT_COMM => p("bpf_get_current_comm", &[MemOut, Size], Integer, false),
+        h::CURRENT_TASK_UNDER_CGROUP => p(
+            "bpf_current_task_under_cgroup",
+            &[Map(&[mt::CGROUP_ARRAY]), Scalar],
+            Integer,
+            false,
+        ),
         h::PERF_EVENT_OUTPUT => p(
             "bpf_perf_event_output",
             &[Ctx, Map(PERF_MAPS), Scalar, Mem, SizeOrZero],
@@ -255,6 +261,7 @@ pub const KNOWN_MAP_TYPES: &[u32] = &[
     mt::ARRAY,
     mt::PROG_ARRAY,
     mt::PERF_EVENT_ARRAY,
+    mt::CGROUP_ARRAY,
     mt::PERCPU_HASH,
     mt::PERCPU_ARRAY,
     mt::STACK_TRACE,

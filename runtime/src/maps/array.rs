@@ -149,7 +149,10 @@ pub(super) fn set_id(map: &Map, key: &[u8], id: u32, flags: u64) -> Result<()> {
 
 pub(super) fn clear_id(map: &Map, key: &[u8]) -> Result<()> {
     let idx = index(map, key)?;
-    if idx >= map.max_entries() || id_slot(map, idx).swap(0, Ordering::AcqRel) == 0 {
+    if idx >= map.max_entries() {
+        return Err(err(libc::E2BIG, "index past the array's end"));
+    }
+    if id_slot(map, idx).swap(0, Ordering::AcqRel) == 0 {
         return Err(err(libc::ENOENT, "no entry"));
     }
     Ok(())

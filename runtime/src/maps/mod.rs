@@ -143,7 +143,8 @@ enum Kind {
     Array {
         percpu: bool,
     },
-    /// Arrays whose values are object ids (prog_array, perf_event_array).
+    /// Arrays whose values are object ids (prog_array, perf_event_array; cgroup_array,
+    /// whose ids are cgroups').
     IdArray,
     Hash {
         percpu: bool,
@@ -160,7 +161,10 @@ impl Kind {
         Some(match map_type {
             map_type::ARRAY => Kind::Array { percpu: false },
             map_type::PERCPU_ARRAY => Kind::Array { percpu: true },
-            map_type::PROG_ARRAY | map_type::PERF_EVENT_ARRAY => Kind::IdArray,
+            // A cgroup array holds cgroups as their ids (the cgroup directory's inode).
+            map_type::PROG_ARRAY | map_type::PERF_EVENT_ARRAY | map_type::CGROUP_ARRAY => {
+                Kind::IdArray
+            }
             map_type::HASH => Kind::Hash {
                 percpu: false,
                 lru: false,
@@ -833,7 +837,7 @@ use std::os::fd::AsRawFd;
 use std::os::unix::fs::OpenOptionsExt;
 
 /// The kernel-internal ENOTSUPP, which `bpf()` hands to user space as is.
-pub(crate) const ENOTSUPP: i32 = 524;
+pub const ENOTSUPP: i32 = 524;
 
 fn errno_result(r: Result<()>) -> i64 {
     match r {
@@ -875,7 +879,7 @@ impl Layout {
             Kind::IdArray => {
                 if s.key_size != 4 || s.value_size != 4 {
                     return Err(inval(
-                        "prog_array and perf_event_array need 4-byte keys and values",
+                        "prog_array, perf_event_array and cgroup_array need 4-byte keys and values",
                     ));
                 }
                 (4 * s.max_entries as usize, 0, 0, 0)

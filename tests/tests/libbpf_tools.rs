@@ -1,0 +1,156 @@
+//! bcc's libbpf-tools as Debian ships them (package libbpf-tools: statically linked
+//! with their own libbpf), run unmodified under `bpftime load` against targets under
+//! `bpftime start`, and on the kernel as the oracle where it can.
+
+use bpftime_tests::{examples, kernel_unavailable, Session, Tool};
+use std::path::Path;
+use std::process::Command;
+
+const CALLS: u64 = 1000;
+const FUNCLATENCY: &str = "/usr/sbin/funclatency";
+
+/// The calls a funclatency histogram counts: the sum of its `A -> B : N` lines.
+fn histogram_total(lines: &[String]) -> u64 {
+    lines
+        .iter()
+        .filter(|l| l.contains("->") && l.contains(':'))
+        .filter_map(|l| {
+            l.split(':')
+                .nth(1)?
+                .split_whitespace()
+                .next()?
+                .parse::<u64>()
+                .ok()
+        })
+        .sum()
+}
+
+fn require_funclatency() {
+    assert!(
+        Path::new(FUNCLATENCY).exists(),
+        "{FUNCLATENCY} is missing: run scripts/setup.sh (Debian package libbpf-tools)"
+    );
+}
+
+/// Tools print to a pipe in blocks; `stdbuf -oL` makes their lines arrive as printed.
+///
+/// `funclatency -u TARGET:work [extra]` under bpftime while the target (under `bpftime
+/// start`, in `cgroup` when given) calls work() CALLS times; the calls it counted.
+fn under_bpftime(s: &Session, target: &str, extra: &[&str], cgroup: Option<&Path>) -> u64 {
+    let probe = format!("{target}:work");
+    let mut c = s.bpftime();
+    c.args(["load", "stdbuf", "-oL", FUNCLATENCY, "-u", &probe])
+        .args(extra);
+    let tool = Tool::spawn_until(c, &tracing(&probe));
+    let mut app = s.bpftime();
+    app.args(["start", target, &CALLS.to_string()]);
+    run_in(app, cgroup);
+    let (_, lines, err) = tool.stop();
+    finished(&lines, &err);
+    histogram_total(&lines)
+}
+
+/// The same on the kernel.
+fn on_kernel(target: &str, extra: &[&str], cgroup: Option<&Path>) -> u64 {
+    let probe = format!("{target}:work");
+    let mut c = Command::new("stdbuf");
+    c.args(["-oL", FUNCLATENCY, "-u", &probe]).args(extra);
+    let tool = Tool::spawn_until(c, &tracing(&probe));
+    let mut app = Command::new(target);
+    app.arg(CALLS.to_string());
+    run_in(app, cgroup);
+    let (_, lines, err) = tool.stop();
+    finished(&lines, &err);
+    histogram_total(&lines)
+}
+
+/// funclatency ran to its end (it prints no histogram when it counted nothing).
+fn finished(lines: &[String], err: &str) {
+    assert!(
+        lines.iter().any(|l| l.starts_with("Exiting trace of ")),
+        "funclatency did not finish: {lines:?} {err}"
+    );
+}
+
+/// What funclatency prints once its probes are attached.
+fn tracing(probe: &str) -> String {
+    format!("Tracing {probe}.  Hit Ctrl-C to exit")
+}
+
+/// Runs `c` to completion, moved into `cgroup` first when given.
+fn run_in(mut c: Command, cgroup: Option<&Path>) {
+    if let Some(cg) = cgroup {
+        let procs = cg.join("cgroup.procs");
+        // SAFETY: the closure runs between fork and exec and only writes a file.
+        unsafe {
+            std::os::unix::process::CommandExt::pre_exec(&mut c, move || {
+                std::fs::write(&procs, b"0")
+            });
+        }
+    }
+    let out = c.output().expect("run the target");
+    assert!(out.status.success(), "target failed: {out:?}");
+}
+
+#[test]
+fn funclatency_counts_every_call_of_a_uprobe_like_the_kernel() {
+    require_funclatency();
+    let s = Session::new("lt-funclat");
+    let t = s.target_copy(examples::CALLS);
+    let t = t.to_str().unwrap();
+    assert_eq!(under_bpftime(&s, t, &[], None), CALLS);
+    match kernel_unavailable() {
+        Some(why) => eprintln!("kernel comparison skipped: {why}"),
+        None => assert_eq!(on_kernel(t, &[], None), CALLS),
+    }
+}
+
+/// `-c CGROUP` keeps the calls of threads in that cgroup (v2) or below it, through a
+/// cgroup array and `bpf_current_task_under_cgroup`.
+#[test]
+fn funclatency_filters_by_cgroup_like_the_kernel() {
+    require_funclatency();
+    let Some(root) = std::fs::read_to_string("/proc/self/mountinfo")
+        .ok()
+        .and_then(|info| {
+            info.lines().find_map(|l| {
+                let (left, right) = l.split_once(" - ")?;
+                (right.split_whitespace().next() == Some("cgroup2"))
+                    .then(|| left.split_whitespace().nth(4).map(std::path::PathBuf::from))
+                    .flatten()
+            })
+        })
+    else {
+        eprintln!("no cgroup2 hierarchy mounted: nothing to filter by");
+        return;
+    };
+    let s = Session::new("lt-funclat-cg");
+    let t = s.target_copy(examples::CALLS);
+    let t = t.to_str().unwrap();
+    let cg = root.join(format!("bpftime-test-{}", std::process::id()));
+    if let Err(e) = std::fs::create_dir(&cg) {
+        eprintln!(
+            "cannot make a cgroup under {}: {e}: nothing to filter by",
+            root.display()
+        );
+        return;
+    }
+    let cgs = cg.to_str().unwrap();
+    let inside = under_bpftime(&s, t, &["-c", cgs], Some(&cg));
+    let outside = under_bpftime(&s, t, &["-c", cgs], None);
+    let kernel = kernel_unavailable().is_none().then(|| {
+        (
+            on_kernel(t, &["-c", cgs], Some(&cg)),
+            on_kernel(t, &["-c", cgs], None),
+        )
+    });
+    let _ = std::fs::remove_dir(&cg);
+    assert_eq!(
+        (inside, outside),
+        (CALLS, 0),
+        "calls counted in and outside {cgs}"
+    );
+    if let Some(k) = kernel {
+        assert_eq!(k, (CALLS, 0), "the kernel's counts in and outside {cgs}");
+    }
+}
