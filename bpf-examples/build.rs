@@ -29,6 +29,7 @@ const ARTIFACTS: &[&str] = &[
     "printk.bpf.o",
     "ticker",
     "stack_target",
+    "lookups",
     "rejected.bpf.o",
     "gpu_probes",
 ];
@@ -74,6 +75,8 @@ const SOURCES: &[&str] = &[
     "launchsnoop",
     "gpu_printk",
     "smcount",
+    "memtrace",
+    "access_check",
     "gpu_bench",
 ];
 

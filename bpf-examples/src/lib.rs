@@ -34,6 +34,8 @@ pub const RINGBUF_EVENTS_BPF_O: &str = env!("BPF_EXAMPLES_RINGBUF_EVENTS_BPF_O")
 /// loader takes it with `--obj`).
 pub const RINGBUF_SPARSE_BPF_O: &str = env!("BPF_EXAMPLES_RINGBUF_SPARSE_BPF_O");
 pub const CALLS: &str = env!("BPF_EXAMPLES_CALLS");
+/// Test target `lookups N`: N rounds of getaddrinfo and gethostbyname of localhost.
+pub const LOOKUPS: &str = env!("BPF_EXAMPLES_LOOKUPS");
 /// Test target `calls N`, built with `-no-pie`.
 pub const CALLS_NOPIE: &str = env!("BPF_EXAMPLES_CALLS_NOPIE");
 /// `bench_calls N`: prints the median cost of one call of `work()` (benchmarks);

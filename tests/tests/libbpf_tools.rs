@@ -154,3 +154,54 @@ fn funclatency_filters_by_cgroup_like_the_kernel() {
         assert_eq!(k, (CALLS, 0), "the kernel's counts in and outside {cgs}");
     }
 }
+
+/// gethostlatency: a uprobe and a uretprobe on libc's getaddrinfo, gethostbyname and
+/// gethostbyname2, a line per lookup: as many lines, naming the host, as the kernel
+/// prints for the same target.
+#[test]
+fn gethostlatency_prints_every_lookup_like_the_kernel() {
+    const GETHOSTLATENCY: &str = "/usr/sbin/gethostlatency";
+    assert!(
+        Path::new(GETHOSTLATENCY).exists(),
+        "{GETHOSTLATENCY} is missing: run scripts/setup.sh (Debian package libbpf-tools)"
+    );
+    const ROUNDS: usize = 5;
+    let header = "TIME     PID     COMM             LATms      HOST";
+    // The kernel's probe_read of the host name can fail on a page not yet touched
+    // (an empty HOST); ours reads it in the process. Lines are compared by count.
+    let lookups_of = |lines: &[String]| lines.iter().filter(|l| l.contains(" lookups ")).count();
+    let s = Session::new("lt-gethost");
+    let t = s.target_copy(examples::LOOKUPS);
+    let t = t.to_str().unwrap();
+    let mut c = s.bpftime();
+    c.args(["load", "stdbuf", "-oL", GETHOSTLATENCY]);
+    let tool = Tool::spawn_until(c, header);
+    let mut app = s.bpftime();
+    app.args(["start", t, &ROUNDS.to_string()]);
+    run_in(app, None);
+    let (_, ours, err) = tool.stop();
+    // getaddrinfo and gethostbyname, each round, each naming the host.
+    assert_eq!(lookups_of(&ours), 2 * ROUNDS, "{ours:?} {err}");
+    assert!(
+        ours.iter()
+            .filter(|l| l.contains(" lookups "))
+            .all(|l| l.ends_with(" localhost")),
+        "{ours:?}"
+    );
+    if let Some(why) = kernel_unavailable() {
+        eprintln!("kernel comparison skipped: {why}");
+        return;
+    }
+    let mut c = Command::new("stdbuf");
+    c.args(["-oL", GETHOSTLATENCY]);
+    let tool = Tool::spawn_until(c, header);
+    let mut app = Command::new(t);
+    app.arg(ROUNDS.to_string());
+    run_in(app, None);
+    let (_, kernel, err) = tool.stop();
+    assert_eq!(
+        lookups_of(&kernel),
+        lookups_of(&ours),
+        "kernel: {kernel:?} {err}"
+    );
+}
