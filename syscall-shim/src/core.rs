@@ -376,11 +376,16 @@ impl Shim {
             cmd::MAP_DELETE_ELEM => e(m.delete(need_key()?)),
             cmd::MAP_GET_NEXT_KEY => {
                 let out_ptr = a.u64(f::VALUE) as *mut u8;
-                if out_ptr.is_null() {
+                // Maps without keys (queues, stacks, bloom filters) answer for
+                // themselves: the kernel copies no key out of them.
+                let out: &mut [u8] = if ks == 0 {
+                    &mut []
+                } else if out_ptr.is_null() {
                     return Err(libc::EFAULT);
-                }
-                // SAFETY: caller obligation: next_key holds key_size bytes.
-                let out = unsafe { std::slice::from_raw_parts_mut(out_ptr, ks) };
+                } else {
+                    // SAFETY: caller obligation: next_key holds key_size bytes.
+                    unsafe { std::slice::from_raw_parts_mut(out_ptr, ks) }
+                };
                 e(m.next_key(key, out))
             }
             _ => e(m.lookup_and_delete(key.unwrap_or(&[]), value()?)),

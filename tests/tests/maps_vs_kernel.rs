@@ -19,7 +19,12 @@ struct Script<'a> {
 
 impl Script<'_> {
     fn create(&mut self, t: u32, k: u32, v: u32, max: u32, flags: u32) -> Res {
+        self.create_extra(t, k, v, max, flags, 0)
+    }
+
+    fn create_extra(&mut self, t: u32, k: u32, v: u32, max: u32, flags: u32, extra: u64) -> Res {
         let mut a = [0u8; 128];
+        put64(&mut a, 64, extra);
         put32(&mut a, 0, t);
         put32(&mut a, 4, k);
         put32(&mut a, 8, v);
@@ -288,6 +293,18 @@ fn script(bpf: &mut dyn Bpf) -> Vec<(String, Outcome)> {
     }
     s.delete(&k32(0));
     s.delete(&k32(4));
+    // Bloom filter: push, then peek tests a value (the value buffer is the input).
+    let _ = s.create(mt::BLOOM_FILTER, 4, 8, 16, 0);
+    let _ = s.create(mt::BLOOM_FILTER, 0, 8, 0, 0);
+    let _ = s.create_extra(mt::BLOOM_FILTER, 0, 8, 16, 0, 16);
+    s.create_extra(mt::BLOOM_FILTER, 0, 8, 16, 0, 3).unwrap();
+    s.lookup(None, 8);
+    s.push(&v64(0), uf::ANY);
+    s.push(&v64(0), uf::EXIST);
+    s.lookup(None, 8);
+    s.delete(&[]);
+    s.next_key(None, 0);
+    s.pop(8);
     // Creation errors.
     let _ = s.create(mt::RINGBUF, 0, 0, 5000, 0);
     let _ = s.create(mt::RINGBUF, 0, 0, 4096, 0);

@@ -5,6 +5,7 @@
 //! program side (`prog_*`) works on raw pointers the way helpers do.
 
 mod array;
+mod bloom;
 mod hash;
 mod lock;
 mod queue;
@@ -152,6 +153,8 @@ enum Kind {
     },
     Queue,
     Stack,
+    /// A bloom filter: values pushed, tested by peek.
+    Bloom,
     Ringbuf,
     StackTrace,
 }
@@ -182,6 +185,7 @@ impl Kind {
                 lru: true,
             },
             map_type::QUEUE => Kind::Queue,
+            map_type::BLOOM_FILTER => Kind::Bloom,
             map_type::STACK => Kind::Stack,
             map_type::RINGBUF => Kind::Ringbuf,
             map_type::STACK_TRACE => Kind::StackTrace,
@@ -227,7 +231,7 @@ impl Map {
             err(
                 libc::EINVAL,
                 format!(
-                    "map type {} is not supported by bpftime (supported: array, hash, percpu_array, percpu_hash, lru_hash, lru_percpu_hash, ringbuf, perf_event_array, prog_array, queue, stack, stack_trace)",
+                    "map type {} is not supported by bpftime (supported: array, hash, percpu_array, percpu_hash, lru_hash, lru_percpu_hash, ringbuf, perf_event_array, prog_array, cgroup_array, queue, stack, bloom_filter, stack_trace)",
                     spec.map_type
                 ),
             )
@@ -469,6 +473,7 @@ impl Map {
             )),
             Kind::Hash { .. } => hash::lookup(self, key, value),
             Kind::Queue | Kind::Stack => queue::peek(self, value),
+            Kind::Bloom => bloom::peek(self, value),
             Kind::Ringbuf => Err(err(ENOTSUPP, "ring buffers have no elements")),
             Kind::StackTrace => stack_trace::lookup(self, key, value),
         }
@@ -485,6 +490,7 @@ impl Map {
             )),
             Kind::Hash { .. } => hash::update(self, key, value.as_ptr(), flags, true),
             Kind::Queue | Kind::Stack => queue::push(self, value.as_ptr(), flags),
+            Kind::Bloom => bloom::push(self, value, flags),
             Kind::Ringbuf => Err(err(ENOTSUPP, "ring buffers have no elements")),
             Kind::StackTrace => Err(err(
                 libc::EINVAL,
@@ -501,6 +507,7 @@ impl Map {
             Kind::IdArray => array::clear_id(self, key),
             Kind::Hash { .. } => hash::delete(self, key.as_ptr()),
             Kind::Queue | Kind::Stack => Err(err(libc::EINVAL, "use pop on queues and stacks")),
+            Kind::Bloom => Err(err(libc::EINVAL, "bloom filters forget nothing")),
             Kind::Ringbuf => Err(err(ENOTSUPP, "ring buffers have no elements")),
             Kind::StackTrace => stack_trace::delete(self, key),
         }
@@ -518,6 +525,7 @@ impl Map {
             Kind::Array { .. } | Kind::IdArray => array::next_key(self, key, out),
             Kind::Hash { .. } => hash::next_key(self, key, out),
             Kind::Queue | Kind::Stack => Err(err(libc::EINVAL, "queues and stacks have no keys")),
+            Kind::Bloom => Err(err(libc::EOPNOTSUPP, "bloom filters have no keys")),
             Kind::Ringbuf => Err(err(ENOTSUPP, "ring buffers have no keys")),
             Kind::StackTrace => stack_trace::next_key(self, key, out),
         }
@@ -690,6 +698,11 @@ impl Map {
     pub unsafe fn prog_push(&self, value: *const u8, flags: u64) -> i64 {
         errno_result(match self.kind {
             Kind::Queue | Kind::Stack => queue::push(self, value, flags),
+            Kind::Bloom => {
+                // SAFETY: forwarded caller obligation.
+                let v = unsafe { std::slice::from_raw_parts(value, self.value_size() as usize) };
+                bloom::push(self, v, flags)
+            }
             _ => Err(err(libc::EINVAL, "not a queue or stack")),
         })
     }
@@ -706,6 +719,12 @@ impl Map {
                 let v =
                     unsafe { std::slice::from_raw_parts_mut(value, self.value_size() as usize) };
                 queue::peek(self, v)
+            }
+            // A bloom filter's peek reads the value it tests (the kernel's too).
+            Kind::Bloom if !delete => {
+                // SAFETY: forwarded caller obligation.
+                let v = unsafe { std::slice::from_raw_parts(value, self.value_size() as usize) };
+                bloom::peek(self, v)
             }
             _ => Err(err(libc::EINVAL, "not a queue or stack")),
         })
@@ -914,6 +933,15 @@ impl Layout {
                     return Err(inval("queues and stacks take no key and a non-empty value"));
                 }
                 ((s.max_entries as usize + 1) * round8(s.value_size), 0, 0, 0)
+            }
+            Kind::Bloom => {
+                if s.key_size != 0 || s.value_size == 0 || s.max_entries == 0 {
+                    return Err(inval(
+                        "bloom filters take no key, a non-empty value and max_entries > 0",
+                    ));
+                }
+                let (_, bits) = bloom::shape(s.max_entries, s.map_extra)?;
+                (bloom::bytes(bits), 0, 0, 0)
             }
             Kind::StackTrace => {
                 use map_flags::{NUMA_NODE, RDONLY, STACK_BUILD_ID, WRONLY};
