@@ -305,6 +305,25 @@ fn script(bpf: &mut dyn Bpf) -> Vec<(String, Outcome)> {
     s.delete(&[]);
     s.next_key(None, 0);
     s.pop(8);
+    // LPM trie: the longest stored prefix of a key answers, up to the key's own length.
+    let lpm = |prefix: u32, ip: [u8; 4]| [prefix.to_ne_bytes(), ip].concat();
+    let _ = s.create(mt::LPM_TRIE, 8, 8, 16, 0);
+    let _ = s.create(mt::LPM_TRIE, 4, 8, 16, map_flags::NO_PREALLOC);
+    s.create(mt::LPM_TRIE, 8, 8, 16, map_flags::NO_PREALLOC)
+        .unwrap();
+    s.update(&lpm(24, [10, 1, 2, 0]), &v64(1), uf::ANY);
+    s.update(&lpm(16, [10, 1, 0, 0]), &v64(2), uf::ANY);
+    s.update(&lpm(33, [10, 1, 2, 3]), &v64(3), uf::ANY);
+    s.lookup(Some(&lpm(32, [10, 1, 2, 3])), 8);
+    s.lookup(Some(&lpm(32, [10, 1, 9, 9])), 8);
+    s.lookup(Some(&lpm(32, [11, 0, 0, 0])), 8);
+    s.lookup(Some(&lpm(20, [10, 1, 2, 3])), 8);
+    s.update(&lpm(24, [10, 1, 2, 77]), &v64(4), uf::NOEXIST);
+    s.update(&lpm(24, [10, 1, 3, 0]), &v64(4), uf::EXIST);
+    s.delete(&lpm(24, [10, 1, 2, 0]));
+    s.lookup(Some(&lpm(32, [10, 1, 2, 3])), 8);
+    s.delete(&lpm(24, [10, 1, 2, 0]));
+    s.count_keys(8);
     // Creation errors.
     let _ = s.create(mt::RINGBUF, 0, 0, 5000, 0);
     let _ = s.create(mt::RINGBUF, 0, 0, 4096, 0);

@@ -1048,3 +1048,47 @@ fn a_bloom_filter_finds_every_value_pushed_from_a_program() {
         out.context()
     );
 }
+
+/// An LPM trie used from a program: work(i) stores i under the 30-bit prefix of i (big
+/// endian, the first of each group of four wins: BPF_NOEXIST) and looks i up with all
+/// 32 bits: the longest stored prefix answers, the first value of i's group.
+#[test]
+fn an_lpm_trie_answers_lookups_with_the_longest_stored_prefix() {
+    let s = Session::new("run-lpm");
+    let obj = s.compile_bpf(
+        "lpm",
+        "#include <linux/bpf.h>\n#include <bpf/bpf_helpers.h>\n\
+         struct key { __u32 prefixlen; __u8 data[4]; };\n\
+         struct { __uint(type, BPF_MAP_TYPE_LPM_TRIE); __uint(max_entries, 256);\n\
+                  __uint(map_flags, BPF_F_NO_PREALLOC);\n\
+                  __type(key, struct key); __type(value, __u64); } prefixes SEC(\".maps\");\n\
+         struct { __uint(type, BPF_MAP_TYPE_ARRAY); __uint(max_entries, 2);\n\
+                  __type(key, __u32); __type(value, __u64); } outcome SEC(\".maps\");\n\
+         SEC(\"uprobe/work\") int on_work(__u64 *ctx) {\n\
+             __u64 i = ctx[14];\n\
+             struct key k = { 30, { i >> 24, i >> 16, i >> 8, i } };\n\
+             bpf_map_update_elem(&prefixes, &k, &i, BPF_NOEXIST);\n\
+             k.prefixlen = 32;\n\
+             __u64 *v = bpf_map_lookup_elem(&prefixes, &k);\n\
+             __u32 o = v && *v == (i & ~3ULL) ? 0 : 1;\n\
+             __u64 *n = bpf_map_lookup_elem(&outcome, &o);\n\
+             if (n) __sync_fetch_and_add(n, 1);\n\
+             return 0;\n\
+         }\n\
+         char LICENSE[] SEC(\"license\") = \"GPL\";\n",
+    );
+    let out = run_on_calls(&s, obj.to_str().unwrap(), &[]);
+    assert_eq!(out.code, Some(0), "{}", out.context());
+    assert_eq!(
+        out.entry("outcome", "0").as_deref(),
+        Some("1000"),
+        "{}",
+        out.context()
+    );
+    assert_eq!(
+        out.entry("outcome", "1").as_deref(),
+        Some("0"),
+        "{}",
+        out.context()
+    );
+}

@@ -8,6 +8,7 @@ mod array;
 mod bloom;
 mod hash;
 mod lock;
+mod lpm;
 mod queue;
 mod ringbuf;
 pub(crate) mod stack_trace;
@@ -150,6 +151,8 @@ enum Kind {
     Hash {
         percpu: bool,
         lru: bool,
+        /// Longest-prefix match over the hash map (`lpm`).
+        lpm: bool,
     },
     Queue,
     Stack,
@@ -171,18 +174,27 @@ impl Kind {
             map_type::HASH => Kind::Hash {
                 percpu: false,
                 lru: false,
+                lpm: false,
             },
             map_type::PERCPU_HASH => Kind::Hash {
                 percpu: true,
                 lru: false,
+                lpm: false,
             },
             map_type::LRU_HASH => Kind::Hash {
                 percpu: false,
                 lru: true,
+                lpm: false,
             },
             map_type::LRU_PERCPU_HASH => Kind::Hash {
                 percpu: true,
                 lru: true,
+                lpm: false,
+            },
+            map_type::LPM_TRIE => Kind::Hash {
+                percpu: false,
+                lru: false,
+                lpm: true,
             },
             map_type::QUEUE => Kind::Queue,
             map_type::BLOOM_FILTER => Kind::Bloom,
@@ -231,7 +243,7 @@ impl Map {
             err(
                 libc::EINVAL,
                 format!(
-                    "map type {} is not supported by bpftime (supported: array, hash, percpu_array, percpu_hash, lru_hash, lru_percpu_hash, ringbuf, perf_event_array, prog_array, cgroup_array, queue, stack, bloom_filter, stack_trace)",
+                    "map type {} is not supported by bpftime (supported: array, hash, percpu_array, percpu_hash, lru_hash, lru_percpu_hash, ringbuf, perf_event_array, prog_array, cgroup_array, lpm_trie, queue, stack, bloom_filter, stack_trace)",
                     spec.map_type
                 ),
             )
@@ -471,6 +483,7 @@ impl Map {
                 libc::EOPNOTSUPP,
                 "prog_array and perf_event_array values are read through their ids",
             )),
+            Kind::Hash { lpm: true, .. } => lpm::lookup(self, key, value),
             Kind::Hash { .. } => hash::lookup(self, key, value),
             Kind::Queue | Kind::Stack => queue::peek(self, value),
             Kind::Bloom => bloom::peek(self, value),
@@ -488,6 +501,7 @@ impl Map {
                 libc::EINVAL,
                 "prog_array and perf_event_array take file descriptors (use set_id)",
             )),
+            Kind::Hash { lpm: true, .. } => lpm::update(self, key, value.as_ptr(), flags, true),
             Kind::Hash { .. } => hash::update(self, key, value.as_ptr(), flags, true),
             Kind::Queue | Kind::Stack => queue::push(self, value.as_ptr(), flags),
             Kind::Bloom => bloom::push(self, value, flags),
@@ -505,6 +519,7 @@ impl Map {
         match self.kind {
             Kind::Array { .. } => Err(err(libc::EINVAL, "array elements cannot be deleted")),
             Kind::IdArray => array::clear_id(self, key),
+            Kind::Hash { lpm: true, .. } => lpm::delete(self, key),
             Kind::Hash { .. } => hash::delete(self, key.as_ptr()),
             Kind::Queue | Kind::Stack => Err(err(libc::EINVAL, "use pop on queues and stacks")),
             Kind::Bloom => Err(err(libc::EINVAL, "bloom filters forget nothing")),
@@ -536,6 +551,10 @@ impl Map {
         self.check_syscall_read()?;
         self.check_syscall_write()?;
         match self.kind {
+            Kind::Hash { lpm: true, .. } => Err(err(
+                ENOTSUPP,
+                "lookup-and-delete works on hash maps, queues, stacks and stack trace maps",
+            )),
             Kind::Hash { .. } => hash::lookup_and_delete(self, key, value),
             Kind::Queue | Kind::Stack => queue::pop(self, value.as_mut_ptr()),
             Kind::StackTrace => stack_trace::lookup_and_delete(self, key, value),
@@ -639,6 +658,8 @@ impl Map {
         match self.kind {
             // SAFETY: forwarded caller obligation.
             Kind::Array { percpu } => unsafe { array::prog_lookup(self, key, percpu) },
+            // SAFETY: forwarded caller obligation.
+            Kind::Hash { lpm: true, .. } => unsafe { lpm::prog_lookup(self, key) },
             Kind::Hash { percpu, .. } => {
                 // SAFETY: forwarded caller obligation.
                 let v = unsafe { hash::find_value(self, key) };
@@ -665,6 +686,14 @@ impl Map {
                 let k = unsafe { std::slice::from_raw_parts(key, self.key_size() as usize) };
                 array::prog_update(self, k, value, flags, percpu)
             }
+            Kind::Hash { lpm: true, .. } => lpm::update(
+                self,
+                // SAFETY: forwarded caller obligation.
+                unsafe { std::slice::from_raw_parts(key, self.key_size() as usize) },
+                value,
+                flags,
+                false,
+            ),
             // SAFETY: forwarded caller obligation.
             Kind::Hash { .. } => hash::update(
                 self,
@@ -685,6 +714,11 @@ impl Map {
     /// `key` must point to `key_size` readable bytes.
     pub unsafe fn prog_delete(&self, key: *const u8) -> i64 {
         errno_result(match self.kind {
+            Kind::Hash { lpm: true, .. } => lpm::delete(
+                self,
+                // SAFETY: forwarded caller obligation.
+                unsafe { std::slice::from_raw_parts(key, self.key_size() as usize) },
+            ),
             Kind::Hash { .. } => hash::delete(self, key),
             Kind::Array { .. } => Err(err(libc::EINVAL, "array")),
             _ => Err(err(libc::EINVAL, "not deletable")),
@@ -903,9 +937,20 @@ impl Layout {
                 }
                 (4 * s.max_entries as usize, 0, 0, 0)
             }
-            Kind::Hash { percpu, lru } => {
+            Kind::Hash { percpu, lru, lpm } => {
                 if s.key_size == 0 || s.value_size == 0 {
                     return Err(inval("hash maps need non-empty keys and values"));
+                }
+                if lpm
+                    && (!(5..=4 + 256).contains(&s.key_size)
+                        || s.value_size > 0xffff
+                        || s.max_entries == 0
+                        || s.map_flags & map_flags::NO_PREALLOC == 0
+                        || s.map_extra != 0)
+                {
+                    return Err(inval(
+                        "LPM tries need BPF_F_NO_PREALLOC, a key of a 4-byte prefix length and 1-256 data bytes, and max_entries > 0",
+                    ));
                 }
                 let copies = if percpu { ncpus } else { 1 };
                 let elem = hash::ELEM_HEADER + round8(s.key_size) + round8(s.value_size) * copies;

@@ -1,0 +1,105 @@
+//! Longest-prefix-match maps (`BPF_MAP_TYPE_LPM_TRIE`) over the hash map: an entry is
+//! stored under its key with the data past the prefix cleared, and a lookup tries the
+//! key's own prefix length, then each shorter one, until an entry answers: at most
+//! `8 * data bytes + 1` hash probes (33 for IPv4, 129 for IPv6), lock-free as the hash
+//! map is. The kernel's trie gives the same answers; `BPF_MAP_GET_NEXT_KEY` walks in
+//! the hash map's order, not the trie's.
+//!
+//! A key is `struct bpf_lpm_trie_key`: a host-order `u32` prefix length, then the data,
+//! most significant bit first.
+
+use super::{err, hash, Map};
+use crate::Result;
+
+/// The key's data bits, and its prefix length if it is one the map can hold.
+fn split(map: &Map, key: &[u8]) -> Result<(u32, u32)> {
+    let bits = (map.key_size() - 4) * 8;
+    let prefix = u32::from_ne_bytes(key[..4].try_into().expect("4-byte prefix length"));
+    if prefix > bits {
+        return Err(err(libc::EINVAL, "prefix longer than the key's data"));
+    }
+    Ok((prefix, bits))
+}
+
+/// `key` with prefix length `prefix` and every data bit past it cleared.
+fn masked(key: &[u8], prefix: u32) -> Vec<u8> {
+    let mut k = key.to_vec();
+    k[..4].copy_from_slice(&prefix.to_ne_bytes());
+    for (i, b) in k[4..].iter_mut().enumerate() {
+        let first = i as u32 * 8;
+        *b &= match prefix.saturating_sub(first) {
+            0 => 0,
+            n if n >= 8 => 0xff,
+            n => 0xffu8 << (8 - n),
+        };
+    }
+    k
+}
+
+/// The longest stored prefix of `key` (up to its own prefix length), as the key it is
+/// stored under.
+fn longest(map: &Map, key: &[u8]) -> Result<Option<Vec<u8>>> {
+    let (prefix, _) = split(map, key)?;
+    for p in (0..=prefix).rev() {
+        let k = masked(key, p);
+        // SAFETY: `k` holds key_size bytes.
+        if !unsafe { hash::find_value(map, k.as_ptr()) }.is_null() {
+            return Ok(Some(k));
+        }
+    }
+    Ok(None)
+}
+
+pub(super) fn lookup(map: &Map, key: &[u8], value: &mut [u8]) -> Result<()> {
+    match longest(map, key)? {
+        Some(k) => hash::lookup(map, &k, value),
+        None => Err(err(libc::ENOENT, "no prefix of the key is in the map")),
+    }
+}
+
+/// The value of the longest stored prefix of `key`, or null.
+///
+/// # Safety
+/// `key` must point to `key_size` readable bytes.
+pub(super) unsafe fn prog_lookup(map: &Map, key: *const u8) -> *mut u8 {
+    // SAFETY: forwarded caller obligation.
+    let key = unsafe { std::slice::from_raw_parts(key, map.key_size() as usize) };
+    match longest(map, key) {
+        // SAFETY: `k` holds key_size bytes.
+        Ok(Some(k)) => unsafe { hash::find_value(map, k.as_ptr()) },
+        _ => std::ptr::null_mut(),
+    }
+}
+
+pub(super) fn update(
+    map: &Map,
+    key: &[u8],
+    value: *const u8,
+    flags: u64,
+    syscall: bool,
+) -> Result<()> {
+    let (prefix, _) = split(map, key)?;
+    hash::update(map, &masked(key, prefix), value, flags, syscall)
+}
+
+pub(super) fn delete(map: &Map, key: &[u8]) -> Result<()> {
+    let (prefix, _) = split(map, key)?;
+    hash::delete(map, masked(key, prefix).as_ptr())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::masked;
+
+    #[test]
+    fn data_past_the_prefix_is_cleared_most_significant_bit_first() {
+        let key = |p: u32, d: [u8; 4]| [p.to_ne_bytes().as_slice(), &d].concat();
+        assert_eq!(masked(&key(32, [10, 1, 2, 3]), 24), key(24, [10, 1, 2, 0]));
+        assert_eq!(
+            masked(&key(32, [10, 0xff, 2, 3]), 12),
+            key(12, [10, 0xf0, 0, 0])
+        );
+        assert_eq!(masked(&key(8, [192, 168, 0, 1]), 0), key(0, [0, 0, 0, 0]));
+        assert_eq!(masked(&key(0, [1, 2, 3, 4]), 32), key(32, [1, 2, 3, 4]));
+    }
+}
