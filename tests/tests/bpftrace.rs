@@ -308,3 +308,54 @@ fn begin_and_end_probes_run_like_on_the_kernel() {
         vec!["start".to_string(), "end".into(), format!("@c: {N}")]
     );
 }
+
+/// bpftrace's own gethostlatency.bt, as Debian installs it (uprobes and uretprobes on
+/// libc's getaddrinfo, gethostbyname and gethostbyname2): a line per lookup of the
+/// `lookups` target, naming the host, as many as on the kernel.
+#[test]
+fn the_bundled_gethostlatency_tool_prints_every_lookup_like_the_kernel() {
+    require_bpftrace();
+    const TOOL: &str = "/usr/sbin/gethostlatency.bt";
+    assert!(
+        std::path::Path::new(TOOL).exists(),
+        "{TOOL} is missing: run scripts/setup.sh (Debian package bpftrace)"
+    );
+    const ROUNDS: usize = 4;
+    let ready = "Tracing getaddr/gethost calls... Hit Ctrl-C to end.";
+    let lookups = |lines: &[String]| {
+        lines
+            .iter()
+            .filter(|l| l.contains(" lookups ") && l.ends_with(" localhost"))
+            .count()
+    };
+    let s = Session::new("bt-gethost");
+    let t = s.target_copy(examples::LOOKUPS);
+    let t = t.to_str().unwrap();
+    let mut c = s.bpftime();
+    c.args(["load", "bpftrace", TOOL]);
+    let tool = Tool::spawn_until(c, ready);
+    s.wait_for_links(6);
+    std::thread::sleep(Duration::from_secs(2));
+    let out = s.start(&[t, &ROUNDS.to_string()]);
+    assert!(out.status.success(), "{out:?}");
+    std::thread::sleep(Duration::from_secs(1));
+    let (_, ours, err) = tool.stop();
+    assert_eq!(lookups(&ours), 2 * ROUNDS, "{ours:?} {err}");
+    if let Some(why) = kernel_unavailable() {
+        eprintln!("kernel comparison skipped: {why}");
+        return;
+    }
+    let _turn = kernel_bpftrace_turn();
+    let mut c = Command::new("bpftrace");
+    c.arg(TOOL);
+    let tool = Tool::spawn_until(c, ready);
+    std::thread::sleep(Duration::from_secs(2));
+    let out = Command::new(t).arg(ROUNDS.to_string()).output().unwrap();
+    assert!(out.status.success(), "{out:?}");
+    std::thread::sleep(Duration::from_secs(1));
+    let (_, kernel, err) = tool.stop();
+    // The kernel's probe_read of a host name on a page not yet touched can come back
+    // empty; lines are compared by count.
+    let kernel_lines = kernel.iter().filter(|l| l.contains(" lookups ")).count();
+    assert_eq!(kernel_lines, lookups(&ours), "kernel: {kernel:?} {err}");
+}
