@@ -114,6 +114,27 @@ run() {  # run LOG ARGS... : bpftime run ARGS, output and exit status in LOG.out
     ok=0; [ "$total" = 10485760 ] && [ "$by_sm" = 10485760 ] && [ "$sms" -gt 1 ] && grep -q 'check=ok' "$log.out" && ok=1
     result "smcount: a per-CPU array keeps a value per SM, summed over CPUs" $ok "per-CPU sum $total, by SM $by_sm (expected 10485760 each), over $sms SMs"
 
+    # Several GPUs: vectorAdd on every device of the machine (a context each), counted at
+    # entry and exit and at every access, exact over all of them.
+    gpus=$(nvidia-smi --query-gpu=index --format=csv,noheader | wc -l)
+    if [ "$gpus" -ge 2 ]; then
+        n=1048576 iters=5
+        expect=$((gpus * iters * n))
+        log=$work/multi-counter
+        run "$log" "$objs/cuda_counter.bpf.o" -- "$cuda/multi_gpu" $n $iters
+        entries=$(value "$log.out" counts 0) exits=$(value "$log.out" counts 1)
+        ok=0; grep -q 'check=ok' "$log.out" && [ "$entries" = $expect ] && [ "$exits" = $expect ] && ok=1
+        result "cuda_counter on $gpus GPUs" $ok "entries $entries exits $exits (expected $expect each)"
+        log=$work/multi-ldst
+        run "$log" "$objs/access_check.bpf.o" -- "$cuda/multi_gpu" $n $iters
+        la=$(value "$log.out" vector_add 0) lb=$(value "$log.out" vector_add 1) sc=$(value "$log.out" vector_add 2)
+        outside=$(value "$log.out" vector_add 4)
+        ok=0; grep -q 'check=ok' "$log.out" && [ "$la" = $expect ] && [ "$lb" = $expect ] && [ "$sc" = $expect ] && [ "$outside" = 0 ] && ok=1
+        result "memory-access probe on $gpus GPUs, exact" $ok "loads a $la b $lb, stores c $sc (expected $expect each), outside $outside"
+    else
+        echo "SKIP several GPUs: this machine has $gpus (the nvidia-h200-x2 kind has two)"
+    fi
+
     # Memory-access probes (`cuda:KERNEL:ldst`), exact against a count by hand:
     # vectorAdd over n elements loads n floats from a and n from b and stores n into c;
     # the tiled matmul loads n^3/16 from each of a and b (one per tile step per thread)
