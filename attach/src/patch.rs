@@ -357,6 +357,14 @@ fn call_as_push_and_jump(call: Option<&Instruction>) -> Option<[Instruction; 3]>
 /// never falls through, only padding (nop, int3) may follow: anything else may be the next
 /// function, which the jump must not overwrite.
 fn steal(addr: u64, code: &[u8]) -> Result<Vec<Instruction>, String> {
+    // A function does not start with a breakpoint; a kernel uprobe (or a debugger) puts
+    // one there, in every process that maps the file, while it is attached.
+    if code.first() == Some(&0xcc) {
+        return Err(
+            "an int3 breakpoint is at the function's entry: a kernel uprobe or a debugger is attached there; detach it (or probe another function) and attach again"
+                .into(),
+        );
+    }
     let mut decoder = Decoder::with_ip(64, code, addr, DecoderOptions::NONE);
     let mut out = Vec::new();
     let mut len = 0;
@@ -580,6 +588,9 @@ mod tests {
         assert!(steal(0x1000, &[0x8d, 0x04, 0x37, 0xc3, 0xcc, 0xcc]).is_ok());
         assert!(steal(0x1000, &[0x8d, 0x04, 0x37, 0xc3, 0x66, 0x90]).is_ok());
         // ret; push rbp: the next function starts right after.
+        // A kernel uprobe's breakpoint at the entry is named as such.
+        let err = steal(0x1000, &[0xcc, 0x55, 0x48, 0x89, 0xe5, 0x90]).unwrap_err();
+        assert!(err.contains("kernel uprobe"), "{err}");
         let err = steal(0x1000, &[0xc3, 0x55, 0x48, 0x89, 0xe5]).unwrap_err();
         assert!(err.contains("shorter"), "{err}");
     }

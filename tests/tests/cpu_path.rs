@@ -11,7 +11,15 @@ const N: u64 = 1000;
 
 /// Runs `tool` under bpftime with a private copy of `target` as its
 /// `--target`, runs the target with `N`, stops the tool and returns its output.
+/// Kernel runs against bpftime runs. A kernel uprobe on a library function puts a
+/// breakpoint at its entry in every process mapping the library, ours included, and
+/// bpftime cannot hook a function while the kernel's breakpoint is there (the agent
+/// says so): malloc_count's kernel run must not overlap a bpftime run probing libc's
+/// malloc. Kernel runs take this exclusively, bpftime runs shared.
+static KERNEL_RUN: std::sync::RwLock<()> = std::sync::RwLock::new(());
+
 fn under_bpftime(s: &Session, tool: &str, args: &[&str], target: &str) -> Vec<String> {
+    let _shared = KERNEL_RUN.read().unwrap_or_else(|p| p.into_inner());
     let t = s.target_copy(target);
     let t = t.to_str().unwrap();
     let mut argv = vec![tool];
@@ -36,6 +44,7 @@ fn on_kernel(s: &Session, tool: &str, args: &[&str], target: &str) -> Option<(Ve
         eprintln!("kernel comparison skipped: {why}");
         return None;
     }
+    let _exclusive = KERNEL_RUN.write().unwrap_or_else(|p| p.into_inner());
     let dir = s.tmp.join("kernel");
     std::fs::create_dir_all(&dir).unwrap();
     let t = dir.join(std::path::Path::new(target).file_name().unwrap());
