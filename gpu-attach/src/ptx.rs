@@ -69,9 +69,7 @@ pub enum AccessKind {
 /// A kernel's id in access probes' contexts and launch contexts: FNV-1a over its mangled
 /// name, so that a CPU program can name what a GPU program counted.
 pub fn kernel_id(mangled: &str) -> u32 {
-    mangled.bytes().fold(0x811c_9dc5u32, |h, b| {
-        (h ^ u32::from(b)).wrapping_mul(0x0100_0193)
-    })
+    crate::device_maps::hash_key(mangled.as_bytes())
 }
 
 #[derive(Debug, Error, PartialEq, Eq)]

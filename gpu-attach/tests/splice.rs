@@ -67,6 +67,18 @@ exit
 /// The probe compiled as a function named `symbol`, for a module targeting `sm`, and
 /// the splice that calls it at `points` of `kernels`.
 fn splice_for(symbol: &str, sm: u32, kernels: &[&str], points: &[ProbePoint]) -> Splice {
+    splice_of(PROBE, symbol, sm, kernels, points)
+}
+
+/// Probe `source` (eBPF assembly) compiled as `symbol` for the ABI of `points`, and the
+/// splice that calls it there in `kernels`.
+fn splice_of(
+    source: &str,
+    symbol: &str,
+    sm: u32,
+    kernels: &[&str],
+    points: &[ProbePoint],
+) -> Splice {
     let opts = PtxOptions {
         sm: sm.max(70),
         ptx_version: PtxVersion::DEFAULT,
@@ -75,7 +87,7 @@ fn splice_for(symbol: &str, sm: u32, kernels: &[&str], points: &[ProbePoint]) ->
         probe_abi: bpftime_gpu_attach::probe::probe_abi(points[0]),
         ..PtxOptions::default()
     };
-    let program = compile(&assemble(PROBE).unwrap(), &StandardGpuEnv, &opts).expect("compiles");
+    let program = compile(&assemble(source).unwrap(), &StandardGpuEnv, &opts).expect("compiles");
     assert!(
         !program.ptx.contains(".entry"),
         "no kernel asked for:\n{}",
@@ -737,34 +749,7 @@ exit
 ";
 
 fn access_splice(symbol: &str, sm: u32, kernels: &[&str]) -> Splice {
-    let opts = PtxOptions {
-        sm: sm.max(70),
-        ptx_version: PtxVersion::DEFAULT,
-        symbol: symbol.to_string(),
-        kernel: false,
-        probe_abi: bpftime_gpu_attach::probe::probe_abi(ProbePoint::Access),
-        ..PtxOptions::default()
-    };
-    let program =
-        compile(&assemble(ACCESS_PROBE).unwrap(), &StandardGpuEnv, &opts).expect("compiles");
-    Splice {
-        definitions: bpftime_gpu_attach::ptx::strip_header(&program.ptx),
-        needs_version: Some(Version::new(7, 8)),
-        needs_sm: Some(opts.sm),
-        calls: kernels
-            .iter()
-            .map(|k| {
-                (
-                    k.to_string(),
-                    vec![ProbeCall {
-                        point: ProbePoint::Access,
-                        symbol: symbol.to_string(),
-                    }],
-                )
-            })
-            .collect(),
-        inline: false,
-    }
+    splice_of(ACCESS_PROBE, symbol, sm, kernels, &[ProbePoint::Access])
 }
 
 #[test]

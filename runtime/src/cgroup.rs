@@ -34,15 +34,20 @@ pub fn id_of_fd(fd: i32) -> Result<u32, i32> {
     Ok(st.st_ino as u32)
 }
 
-/// Where the unified (v2) hierarchy is mounted.
-fn cgroup2_root() -> Option<PathBuf> {
-    let info = std::fs::read_to_string("/proc/self/mountinfo").ok()?;
-    info.lines().find_map(|l| {
-        let (left, right) = l.split_once(" - ")?;
-        (right.split_whitespace().next() == Some("cgroup2"))
-            .then(|| left.split_whitespace().nth(4).map(PathBuf::from))
-            .flatten()
+/// Where the unified (v2) hierarchy is mounted, read once: mounts do not move under a
+/// running probe, and the helper asking runs on every hit.
+pub fn cgroup2_root() -> Option<&'static Path> {
+    static ROOT: std::sync::OnceLock<Option<PathBuf>> = std::sync::OnceLock::new();
+    ROOT.get_or_init(|| {
+        let info = std::fs::read_to_string("/proc/self/mountinfo").ok()?;
+        info.lines().find_map(|l| {
+            let (left, right) = l.split_once(" - ")?;
+            (right.split_whitespace().next() == Some("cgroup2"))
+                .then(|| left.split_whitespace().nth(4).map(PathBuf::from))
+                .flatten()
+        })
     })
+    .as_deref()
 }
 
 /// The calling thread's cgroup in the unified hierarchy, as a directory.
@@ -63,7 +68,7 @@ pub fn current_thread_under(id: u32) -> bool {
         if std::fs::metadata(p).is_ok_and(|m| m.ino() as u32 == id) {
             return true;
         }
-        if root.as_deref() == Some(p) {
+        if root == Some(p) {
             break;
         }
         at = p.parent();
@@ -87,9 +92,9 @@ mod tests {
             id_of_fd(f.as_raw_fd()).unwrap()
         };
         assert!(current_thread_under(id(&dir)));
-        assert!(current_thread_under(id(&root)));
+        assert!(current_thread_under(id(root)));
         // A cgroup beside ours (or none): not an ancestor.
-        let sibling = std::fs::read_dir(&root)
+        let sibling = std::fs::read_dir(root)
             .unwrap()
             .filter_map(|e| e.ok())
             .map(|e| e.path())

@@ -7,11 +7,6 @@
 
 use bpftime_runtime::{LinkKind, LinkRecord, ObjectKind, PerfEventKind, PerfEventRecord, Store};
 use bpftime_tests::{examples, require_bpftrace, run_with_timeout, Session, Tool};
-
-fn compile(s: &Session, name: &str, source: &str) -> PathBuf {
-    s.compile_bpf(name, source)
-}
-use std::path::PathBuf;
 use std::time::Duration;
 
 /// The links in the store: (kind, kernel pattern, program name), sorted.
@@ -144,11 +139,7 @@ fn a_libbpf_c_loader_attaches_every_spelling_of_gpu_probe_as_links() {
 #[test]
 fn a_cuda_section_the_gpu_rules_reject_fails_to_load_with_the_log() {
     let s = Session::new("gpu-c-rejected");
-    let obj = compile(
-        &s,
-        "comm",
-        &comm_program("cuda:vectorAdd:exit", "comm_on_gpu"),
-    );
+    let obj = s.compile_bpf("comm", &comm_program("cuda:vectorAdd:exit", "comm_on_gpu"));
     let mut c = s.bpftime();
     c.args(["load", examples::GPU_PROBES, "--obj", obj.to_str().unwrap()]);
     let out = run_with_timeout(c, Duration::from_secs(60));
@@ -168,8 +159,7 @@ fn a_cuda_section_the_gpu_rules_reject_fails_to_load_with_the_log() {
     );
     assert!(err.contains("cannot load BPF object"), "{}", text(&out));
     // The same program in a launch probe runs on the CPU, where it is fine.
-    let launch = compile(
-        &s,
+    let launch = s.compile_bpf(
         "launch",
         &comm_program("cuda:vectorAdd:launch", "comm_at_launch"),
     );
@@ -186,11 +176,7 @@ fn a_cuda_section_the_gpu_rules_reject_fails_to_load_with_the_log() {
 #[test]
 fn a_plain_kprobe_the_gpu_rules_reject_fails_to_attach_and_says_why_once() {
     let s = Session::new("gpu-c-attach");
-    let obj = compile(
-        &s,
-        "kprobe",
-        &comm_program("kprobe/vectorAdd", "comm_probe"),
-    );
+    let obj = s.compile_bpf("kprobe", &comm_program("kprobe/vectorAdd", "comm_probe"));
     let mut c = s.bpftime();
     c.args(["load", examples::GPU_PROBES, "--obj", obj.to_str().unwrap()]);
     let out = run_with_timeout(c, Duration::from_secs(60));
@@ -358,8 +344,7 @@ fn bpftime_run_creates_gpu_links_and_attach_overrides_the_kernel() {
 fn bpftime_run_attaches_memory_access_probes_and_refuses_gpu_rejections() {
     let s = Session::new("gpu-run-refused");
     // Ours, on one kernel, and bpftime's memory capture, on every kernel.
-    let ldst = compile(
-        &s,
+    let ldst = s.compile_bpf(
         "ldst",
         "#include <linux/bpf.h>\n#include <bpf/bpf_helpers.h>\n\
          SEC(\"cuda:ns::kern:ldst\") int mem(void *ctx) { return 0; }\n\
@@ -378,7 +363,7 @@ fn bpftime_run_attaches_memory_access_probes_and_refuses_gpu_rejections() {
         assert!(stderr.contains(line), "`{line}` missing: {}", text(&out));
     }
     // A program the GPU rules reject does not load: libbpf prints the log, exit 1.
-    let obj = compile(&s, "comm", &comm_program("cuda:vectorAdd", "comm_on_gpu"));
+    let obj = s.compile_bpf("comm", &comm_program("cuda:vectorAdd", "comm_on_gpu"));
     let mut c = s.bpftime();
     c.args(["run", obj.to_str().unwrap(), "--", "true"]);
     let out = run_with_timeout(c, Duration::from_secs(60));
@@ -432,13 +417,8 @@ fn bpftime_verify_checks_cuda_sections_under_the_gpu_rules() {
             text(&out)
         );
     }
-    let exit = compile(
-        &s,
-        "exit",
-        &comm_program("cuda:vectorAdd:exit", "comm_at_exit"),
-    );
-    let launch = compile(
-        &s,
+    let exit = s.compile_bpf("exit", &comm_program("cuda:vectorAdd:exit", "comm_at_exit"));
+    let launch = s.compile_bpf(
         "launch",
         &comm_program("cuda:vectorAdd:launch", "comm_at_launch"),
     );

@@ -110,17 +110,7 @@ fn funclatency_counts_every_call_of_a_uprobe_like_the_kernel() {
 #[test]
 fn funclatency_filters_by_cgroup_like_the_kernel() {
     require_funclatency();
-    let Some(root) = std::fs::read_to_string("/proc/self/mountinfo")
-        .ok()
-        .and_then(|info| {
-            info.lines().find_map(|l| {
-                let (left, right) = l.split_once(" - ")?;
-                (right.split_whitespace().next() == Some("cgroup2"))
-                    .then(|| left.split_whitespace().nth(4).map(std::path::PathBuf::from))
-                    .flatten()
-            })
-        })
-    else {
+    let Some(root) = bpftime_runtime::cgroup::cgroup2_root() else {
         eprintln!("no cgroup2 hierarchy mounted: nothing to filter by");
         return;
     };

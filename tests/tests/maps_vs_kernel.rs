@@ -177,17 +177,6 @@ fn ncpus() -> usize {
 }
 
 /// The whole sequence, run against one implementation.
-/// Where the unified cgroup hierarchy is mounted, if it is.
-fn cgroup2_root() -> Option<String> {
-    let info = std::fs::read_to_string("/proc/self/mountinfo").ok()?;
-    info.lines().find_map(|l| {
-        let (left, right) = l.split_once(" - ")?;
-        (right.split_whitespace().next() == Some("cgroup2"))
-            .then(|| left.split_whitespace().nth(4).map(str::to_string))
-            .flatten()
-    })
-}
-
 fn script(bpf: &mut dyn Bpf) -> Vec<(String, Outcome)> {
     let mut s = Script {
         bpf,
@@ -283,7 +272,7 @@ fn script(bpf: &mut dyn Bpf) -> Vec<(String, Outcome)> {
         &(not_a_cgroup.as_raw_fd() as u32).to_ne_bytes(),
         uf::ANY,
     );
-    if let Some(root) = cgroup2_root() {
+    if let Some(root) = bpftime_runtime::cgroup::cgroup2_root() {
         let cgroup = std::fs::File::open(root).unwrap();
         let fd = (cgroup.as_raw_fd() as u32).to_ne_bytes();
         s.update(&k32(0), &fd, uf::ANY);

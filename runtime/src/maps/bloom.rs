@@ -51,26 +51,27 @@ fn words(map: &Map, bits: u64) -> &[AtomicU64] {
     unsafe { std::slice::from_raw_parts(map.data().cast::<AtomicU64>(), (bits / 64) as usize) }
 }
 
-/// The filter's bits and the bit positions of `value` (its bytes hashed as 32-bit
-/// words, zero-padded).
-fn positions(map: &Map, value: &[u8]) -> (u64, impl Iterator<Item = u64>) {
-    let mut w: Vec<u32> = value
-        .chunks(4)
-        .map(|c| {
-            let mut b = [0u8; 4];
-            b[..c.len()].copy_from_slice(c);
-            u32::from_ne_bytes(b)
-        })
-        .collect();
-    if w.is_empty() {
-        w.push(0);
+/// Calls `f` with the filter's bits and each bit position of `value` (its bytes hashed
+/// as 32-bit words, zero-padded; on the stack for values up to 256 bytes, as a
+/// program's push or peek runs at every hit).
+fn for_each_position(map: &Map, value: &[u8], mut f: impl FnMut(u64, u64) -> bool) -> bool {
+    let n = value.len().div_ceil(4).max(1);
+    let mut small = [0u32; 64];
+    let mut large = Vec::new();
+    let words: &mut [u32] = if n <= small.len() {
+        &mut small[..n]
+    } else {
+        large.resize(n, 0);
+        &mut large
+    };
+    for (w, c) in words.iter_mut().zip(value.chunks(4)) {
+        let mut b = [0u8; 4];
+        b[..c.len()].copy_from_slice(c);
+        *w = u32::from_ne_bytes(b);
     }
     // The shape was checked at creation.
     let (hashes, bits) = shape(map.max_entries(), map.map_extra()).unwrap_or((DEFAULT_HASHES, 64));
-    (
-        bits,
-        (0..hashes).map(move |seed| u64::from(jhash2(&w, seed)) & (bits - 1)),
-    )
+    (0..hashes).all(|seed| f(bits, u64::from(jhash2(words, seed)) & (bits - 1)))
 }
 
 /// Push: `BPF_ANY` only, as the kernel takes.
@@ -78,19 +79,18 @@ pub(super) fn push(map: &Map, value: &[u8], flags: u64) -> Result<()> {
     if flags != update_flags::ANY {
         return Err(err(libc::EINVAL, "bloom filters take BPF_ANY"));
     }
-    let (bits, at) = positions(map, value);
-    let w = words(map, bits);
-    for p in at {
-        w[(p / 64) as usize].fetch_or(1 << (p % 64), Ordering::AcqRel);
-    }
+    for_each_position(map, value, |bits, p| {
+        words(map, bits)[(p / 64) as usize].fetch_or(1 << (p % 64), Ordering::AcqRel);
+        true
+    });
     Ok(())
 }
 
 /// Peek: Ok when `value` may be in the filter, ENOENT when it is not.
 pub(super) fn peek(map: &Map, value: &[u8]) -> Result<()> {
-    let (bits, mut at) = positions(map, value);
-    let w = words(map, bits);
-    let all = at.all(|p| w[(p / 64) as usize].load(Ordering::Acquire) & (1 << (p % 64)) != 0);
+    let all = for_each_position(map, value, |bits, p| {
+        words(map, bits)[(p / 64) as usize].load(Ordering::Acquire) & (1 << (p % 64)) != 0
+    });
     if all {
         Ok(())
     } else {

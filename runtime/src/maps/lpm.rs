@@ -36,15 +36,21 @@ fn masked(key: &[u8], prefix: u32) -> Vec<u8> {
     k
 }
 
-/// The longest stored prefix of `key` (up to its own prefix length), as the key it is
-/// stored under.
-fn longest(map: &Map, key: &[u8]) -> Result<Option<Vec<u8>>> {
+/// The longest stored prefix of `key` (up to its own prefix length): the key it is
+/// stored under and its value. One buffer serves every length tried: going one bit
+/// shorter clears that bit.
+fn longest(map: &Map, key: &[u8]) -> Result<Option<(Vec<u8>, *mut u8)>> {
     let (prefix, _) = split(map, key)?;
+    let mut k = masked(key, prefix);
     for p in (0..=prefix).rev() {
-        let k = masked(key, p);
+        if p < prefix {
+            k[4 + p as usize / 8] &= !(0x80u8 >> (p % 8));
+        }
+        k[..4].copy_from_slice(&p.to_ne_bytes());
         // SAFETY: `k` holds key_size bytes.
-        if !unsafe { hash::find_value(map, k.as_ptr()) }.is_null() {
-            return Ok(Some(k));
+        let v = unsafe { hash::find_value(map, k.as_ptr()) };
+        if !v.is_null() {
+            return Ok(Some((k, v)));
         }
     }
     Ok(None)
@@ -52,7 +58,7 @@ fn longest(map: &Map, key: &[u8]) -> Result<Option<Vec<u8>>> {
 
 pub(super) fn lookup(map: &Map, key: &[u8], value: &mut [u8]) -> Result<()> {
     match longest(map, key)? {
-        Some(k) => hash::lookup(map, &k, value),
+        Some((k, _)) => hash::lookup(map, &k, value),
         None => Err(err(libc::ENOENT, "no prefix of the key is in the map")),
     }
 }
@@ -65,8 +71,7 @@ pub(super) unsafe fn prog_lookup(map: &Map, key: *const u8) -> *mut u8 {
     // SAFETY: forwarded caller obligation.
     let key = unsafe { std::slice::from_raw_parts(key, map.key_size() as usize) };
     match longest(map, key) {
-        // SAFETY: `k` holds key_size bytes.
-        Ok(Some(k)) => unsafe { hash::find_value(map, k.as_ptr()) },
+        Ok(Some((_, v))) => v,
         _ => std::ptr::null_mut(),
     }
 }
