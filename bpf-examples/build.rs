@@ -30,6 +30,9 @@ const ARTIFACTS: &[&str] = &[
     "ticker",
     "stack_target",
     "lookups",
+    "usdt_target",
+    "usdt_count",
+    "usdt_count.bpf.o",
     "rejected.bpf.o",
     "gpu_probes",
 ];
@@ -61,6 +64,7 @@ const SOURCES: &[&str] = &[
     "funclatency",
     "ringbuf_events",
     "targets",
+    "usdt_count",
     "globals",
     "stacks",
     "printk",

@@ -2,13 +2,14 @@
 # Installs what building and testing bpftime needs on Debian 12: LLVM 19 and
 # clang-19 (the JIT and the BPF compiler), libbpf 1.1 and bpftool (real loaders),
 # bpftrace and bcc's libbpf-tools (tools nobody here wrote, run as a user runs them),
-# and libelf/zlib for the static libbpf that libbpf-rs builds.
+# libelf/zlib for the static libbpf that libbpf-rs builds, <sys/sdt.h> for the USDT
+# test target, and a JDK (HotSpot's USDT probes, for javagc).
 set -euo pipefail
 
 packages=(
     build-essential pkg-config make
     clang-19 llvm-19-dev libpolly-19-dev libzstd-dev zlib1g-dev libelf-dev
-    libbpf-dev bpftool bpftrace libbpf-tools
+    libbpf-dev bpftool bpftrace libbpf-tools systemtap-sdt-dev openjdk-17-jdk-headless
 )
 
 as_root() {

@@ -3,20 +3,60 @@
 
 use crate::program::{self, Programs, Runtime};
 use bpftime_attach::{
-    attach_uprobe, attach_uprobe_code, attach_uretprobe, attach_uretprobe_code, detach,
-    is_function_entry, runtime_address, CodeHandler, Handler, HookAddress, HookId, PtRegs,
+    attach_uprobe, attach_uprobe_code, attach_uretprobe, attach_uretprobe_code, detach, plan_site,
+    runtime_address, runtime_data_address, AttachError, CodeHandler, Handler, HookId, PtRegs,
+    SitePlan,
 };
 use bpftime_runtime::helpers::{self, ProbeContext};
 use bpftime_runtime::{LinkKind, LinkRecord, ObjectKind, Store};
 use std::collections::HashMap;
 use std::path::Path;
+use std::sync::atomic::{AtomicU16, Ordering};
 use std::sync::{Arc, Mutex};
 
 struct Agent {
     runtime: Arc<Runtime>,
-    /// Links handled so far: the hooks installed for each (none when the link
-    /// points elsewhere than this process).
-    links: Mutex<HashMap<u32, Option<HookId>>>,
+    /// Links handled so far: what each holds in this process (nothing when the link
+    /// points elsewhere).
+    links: Mutex<HashMap<u32, Attachment>>,
+}
+
+/// What a link holds in this process while it exists.
+#[derive(Default)]
+struct Attachment {
+    hook: Option<HookId>,
+    /// Raised when the hook went in, lowered when it comes out.
+    semaphore: Option<Semaphore>,
+}
+
+/// A USDT semaphore (the `u16` that `<sys/sdt.h>` code tests before preparing a probe's
+/// arguments), raised by one for as long as this value lives, as the kernel does for a
+/// uprobe with a `ref_ctr_offset`.
+struct Semaphore(&'static AtomicU16);
+
+impl Semaphore {
+    fn raise(binary: &Path, file_offset: u64) -> Result<Semaphore, AttachError> {
+        let addr = runtime_data_address(binary, file_offset)?;
+        if addr % std::mem::align_of::<AtomicU16>() != 0 {
+            return Err(AttachError::Unhookable {
+                addr,
+                reason: "the USDT semaphore is not 2-byte aligned".into(),
+            });
+        }
+        // SAFETY: `addr` is in a writable mapping of the binary (runtime_data_address
+        // only answers those), aligned for a u16, and stays mapped while the binary is,
+        // which the hook it goes with needs too. The traced code only reads it; other
+        // tracers (the kernel) add and subtract as we do.
+        let counter = unsafe { &*(addr as *const AtomicU16) };
+        counter.fetch_add(1, Ordering::Relaxed);
+        Ok(Semaphore(counter))
+    }
+}
+
+impl Drop for Semaphore {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Relaxed);
+    }
 }
 
 pub(crate) fn start(hook_flag_tp_offset: isize, on_starter_thread: bool) {
@@ -130,12 +170,18 @@ impl Agent {
             .collect();
         for id in gone {
             crate::gpu::detach(id);
-            if let Some(Some(hook)) = links.remove(&id) {
+            let Some(held) = links.remove(&id) else {
+                continue;
+            };
+            if let Some(hook) = held.hook {
                 match detach(hook) {
                     Ok(()) => tracing::info!(link = id, "detached"),
                     Err(e) => tracing::warn!(link = id, "detach failed: {e}"),
                 }
             }
+            // The semaphore drops after the hook is out, as the kernel lowers it after
+            // removing the breakpoint.
+            drop(held.semaphore);
         }
         for id in present {
             if links.contains_key(&id) {
@@ -148,18 +194,36 @@ impl Agent {
             if !alive {
                 continue;
             }
-            let hook = match LinkRecord::read(self.store(), id) {
+            let held = match LinkRecord::read(self.store(), id) {
                 Ok(rec) => self.attach(&rec),
                 Err(e) => {
                     tracing::warn!(link = id, "unreadable link: {e}");
-                    None
+                    Attachment::default()
                 }
             };
-            links.insert(id, hook);
+            links.insert(id, held);
         }
     }
 
-    fn attach(self: &Arc<Self>, rec: &LinkRecord) -> Option<HookId> {
+    fn attach(self: &Arc<Self>, rec: &LinkRecord) -> Attachment {
+        let Some(hook) = self.hook(rec) else {
+            return Attachment::default();
+        };
+        let semaphore = (rec.ref_ctr_offset != 0)
+            .then(|| Semaphore::raise(Path::new(&rec.path), rec.ref_ctr_offset))
+            .and_then(|r| {
+                r.inspect_err(|e| {
+                    tracing::warn!(link = rec.id, path = %rec.path, ref_ctr_offset = rec.ref_ctr_offset, "the probe's USDT semaphore cannot be raised, so the traced code may skip the probe: {e}")
+                })
+                .ok()
+            });
+        Attachment {
+            hook: Some(hook),
+            semaphore,
+        }
+    }
+
+    fn hook(self: &Arc<Self>, rec: &LinkRecord) -> Option<HookId> {
         let retprobe = match rec.kind {
             LinkKind::Uprobe => false,
             LinkKind::Uretprobe => true,
@@ -212,17 +276,27 @@ impl Agent {
                     }
                 });
         // A uprobe where the binary's symbols say a function starts gets the hook that
-        // skips the dead flags; anywhere else, every flag is kept.
-        let at = if is_function_entry(Path::new(&rec.path), rec.offset).unwrap_or(false) {
-            HookAddress::function_entry(addr)
-        } else {
-            HookAddress::instruction(addr)
+        // skips the dead flags; inside a function, the jump where nothing else can reach
+        // the bytes it replaces, and a breakpoint elsewhere; every flag is kept there.
+        let plan = match plan_site(Path::new(&rec.path), rec.offset) {
+            Ok(plan) => plan,
+            Err(e @ bpftime_attach::AttachError::NotAnInstruction { .. }) => {
+                tracing::error!(link = rec.id, "cannot attach: {e}");
+                return None;
+            }
+            Err(e) => SitePlan::Breakpoint(format!("the binary's code cannot be read: {e}")),
         };
+        if let SitePlan::Breakpoint(why) = &plan {
+            tracing::info!(link = rec.id, path = %rec.path, offset = rec.offset, "probed with a breakpoint (a signal per hit), as {why}");
+        }
+        let at = plan.at(addr);
         // SAFETY: `addr` is the file offset the tool asked for, mapped at its runtime
-        // address in this process, the first byte of an instruction as with the kernel's
-        // uprobes, and a function's when `is_function_entry` says so (uretprobes are
-        // function entries by definition). A program's code is verified and compiled for
-        // a pt_regs context, which is what handlers get.
+        // address in this process, where an instruction starts (`plan_site` checked it
+        // against the function's code where there is one, as the kernel's uprobes do not),
+        // a function's when `plan_site` says so (uretprobes are function entries by
+        // definition), and patched with a jump only where `plan_site` found nothing else
+        // reaching the bytes it replaces. A program's code is verified and compiled for a
+        // pt_regs context, which is what handlers get.
         let r = unsafe {
             match (retprobe, code) {
                 (false, Some(code)) => attach_uprobe_code(at, code),

@@ -1,7 +1,9 @@
 //! Added cost per call of a uprobe, and of a uprobe plus a uretprobe, with a trivial counting
 //! handler (and a uprobe with a handler that does nothing), against the same function
 //! unhooked; then the same counting uprobe hooked as a function entry (no flags kept), and
-//! as a lone code handler the stub calls itself (as the agent runs a bpftrace `count()`).
+//! as a lone code handler the stub calls itself (as the agent runs a bpftrace `count()`), and
+//! the same lone code handler behind a one-byte breakpoint (`int3` and the SIGTRAP handler,
+//! as a USDT site or an instruction before a loop head gets).
 //! Subtract the `plain` median from the others for the ns a hook adds.
 
 use std::hint::black_box;
@@ -43,6 +45,11 @@ extern "C" fn at_function_entry(x: u64) -> u64 {
 #[inline(never)]
 extern "C" fn with_code(x: u64) -> u64 {
     black_box(x).wrapping_mul(0x9e37_79b9).rotate_left(17)
+}
+
+#[inline(never)]
+extern "C" fn with_breakpoint(x: u64) -> u64 {
+    black_box(x).wrapping_mul(0x9e37_79b9).rotate_left(19)
 }
 
 bpftime_attach::static_tls_flag!(fn flag_offset, "bpftime_bench_hook_flag");
@@ -95,6 +102,16 @@ fn bench(c: &mut Criterion) {
                 },
             )
             .unwrap(),
+            attach_uprobe_code(
+                HookAddress::breakpoint(with_breakpoint as *const () as usize),
+                CodeHandler {
+                    entry: bpftime_bench_counting,
+                    arg: Arc::as_ptr(&code_hits) as u64,
+                    owner: code_hits.clone(),
+                    keeps_vector_registers: true,
+                },
+            )
+            .unwrap(),
         ]
     };
     let mut g = c.benchmark_group("hooked_call");
@@ -106,6 +123,7 @@ fn bench(c: &mut Criterion) {
         ("uprobe+uretprobe", with_both),
         ("uprobe_at_function_entry", at_function_entry),
         ("uprobe_lone_code_handler", with_code),
+        ("uprobe_lone_code_handler_breakpoint", with_breakpoint),
     ] {
         let f = black_box(f);
         g.bench_function(name, |b| {

@@ -26,7 +26,7 @@ pub struct Detour {
 
 struct Installed {
     detour: Detour,
-    bytes: [u8; patch::JMP_LEN],
+    bytes: Vec<u8>,
 }
 
 static DETOURS: LazyLock<Mutex<HashMap<usize, Installed>>> = LazyLock::new(Default::default);

@@ -34,6 +34,15 @@ pub enum AttachError {
     #[error("file offset {offset:#x} of {} is outside every mapping of it in this process (is the offset from this build of the file?)", binary.display())]
     OffsetNotMapped { binary: PathBuf, offset: u64 },
 
+    #[error("file offset {offset:#x} of {} is `{function}+{function_offset:#x}`, which is not where an instruction starts (the nearest are {nearest}); a probe there would corrupt the code", binary.display())]
+    NotAnInstruction {
+        binary: PathBuf,
+        offset: u64,
+        function: String,
+        function_offset: u64,
+        nearest: String,
+    },
+
     #[error("cannot hook code at {addr:#x}: {reason}")]
     Unhookable { addr: usize, reason: String },
 

@@ -9,7 +9,7 @@ use std::sync::atomic::{AtomicBool, AtomicIsize, AtomicPtr, Ordering};
 use std::sync::{Arc, LazyLock, Mutex, MutexGuard};
 
 use crate::error::AttachError;
-use crate::patch::{self, Trampoline};
+use crate::patch::{self, PatchKind, Trampoline};
 use crate::regs::PtRegs;
 use crate::stubs;
 
@@ -44,14 +44,21 @@ pub struct HookAddress {
     /// direction flag clear, so the hook neither saves nor restores the flags (it still
     /// reports them in [`PtRegs::flags`]); that spares a few nanoseconds per hit.
     pub function_entry: bool,
+    /// Patch one byte (`int3`) rather than five (`jmp`): for an instruction inside a
+    /// function where other code may branch into the bytes after it (a USDT site, a
+    /// probe at `function+offset`). Each hit then costs a signal delivery (about a
+    /// microsecond) instead of a few nanoseconds.
+    pub breakpoint: bool,
 }
 
 impl HookAddress {
-    /// Any instruction: every register and flag is kept.
+    /// Any instruction, patched with a jump over its first 5 bytes: every register and
+    /// flag is kept.
     pub fn instruction(addr: usize) -> HookAddress {
         HookAddress {
             addr,
             function_entry: false,
+            breakpoint: false,
         }
     }
 
@@ -60,6 +67,24 @@ impl HookAddress {
         HookAddress {
             addr,
             function_entry: true,
+            breakpoint: false,
+        }
+    }
+
+    /// Any instruction, patched with a breakpoint (see [`HookAddress::breakpoint`]).
+    pub fn breakpoint(addr: usize) -> HookAddress {
+        HookAddress {
+            addr,
+            function_entry: false,
+            breakpoint: true,
+        }
+    }
+
+    fn patch_kind(&self) -> PatchKind {
+        if self.breakpoint {
+            PatchKind::Breakpoint
+        } else {
+            PatchKind::Jump
         }
     }
 }
@@ -163,6 +188,7 @@ pub(crate) struct Site {
 struct SiteState {
     site: &'static Site,
     trampoline: Trampoline,
+    kind: PatchKind,
     patched: bool,
 }
 
@@ -194,9 +220,9 @@ fn publish(site: &Site, list: List) {
 }
 
 impl Registry {
-    /// The site at `at.addr`, made on first use. Its stub is chosen then: a site made for an
-    /// arbitrary instruction keeps the flags even if a later caller says it is a function
-    /// entry.
+    /// The site at `at.addr`, made on first use. Its stub and patch are chosen then: a site
+    /// made for an arbitrary instruction keeps the flags even if a later caller says it is a
+    /// function entry, and a breakpoint stays one.
     fn site(&mut self, at: HookAddress) -> Result<&mut SiteState, AttachError> {
         let addr = at.addr;
         match self.sites.entry(addr) {
@@ -211,11 +237,14 @@ impl Registry {
                 } else {
                     stubs::entry_stub()
                 };
-                let trampoline = patch::build_trampoline(addr, site as *const Site as usize, stub)?;
+                let kind = at.patch_kind();
+                let trampoline =
+                    patch::build_trampoline(addr, site as *const Site as usize, stub, kind)?;
                 patch::register_trap(addr, trampoline.entry)?;
                 Ok(v.insert(SiteState {
                     site,
                     trampoline,
+                    kind,
                     patched: false,
                 }))
             }
@@ -268,7 +297,10 @@ fn attach(at: HookAddress, kind: Kind, action: Action) -> Result<HookId, AttachE
         failed: AtomicBool::new(false),
     }));
     if !state.patched {
-        patch::write_jump(addr, state.trampoline.entry)?;
+        match state.kind {
+            PatchKind::Jump => patch::write_jump(addr, state.trampoline.entry)?,
+            PatchKind::Breakpoint => patch::write_breakpoint(addr)?,
+        }
         state.patched = true;
     }
     publish(site, List::new(entries));
@@ -283,10 +315,12 @@ fn attach(at: HookAddress, kind: Kind, action: Action) -> Result<HookId, AttachE
 /// the order they were attached, whatever their kind.
 ///
 /// # Safety
-/// The address must be the first byte of an instruction in code that stays mapped, and no
-/// code may jump into the first 5 bytes from it except at the address itself (a loop head
-/// in them, for one; the direct cases are checked, jumps from further away cannot be).
-/// Nothing else may patch those bytes while the hook is attached. An address given as a
+/// The address must be the first byte of an instruction in code that stays mapped, and,
+/// unless it is a [`HookAddress::breakpoint`], no code may jump into the first 5 bytes from
+/// it except at the address itself (a loop head in them, for one; the direct cases are
+/// checked, jumps from further away cannot be; [`plan_site`](crate::plan_site) checks a
+/// whole function). Nothing else may patch those bytes while the hook is attached. At a
+/// breakpoint, a thread that blocks SIGTRAP is killed when it gets there. An address given as a
 /// function entry must be one (see [`HookAddress::function_entry`]).
 pub unsafe fn attach_uprobe(
     at: impl Into<HookAddress>,

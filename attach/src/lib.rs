@@ -20,7 +20,10 @@
 //! - The jump takes 5 bytes. A function shorter than that must be followed by padding; code
 //!   that jumps back into those 5 bytes from further on (a loop head there) breaks, and only
 //!   branches inside the 5 bytes are detected. A thread stopped exactly between two of the
-//!   replaced instructions at the moment of patching resumes on the new bytes.
+//!   replaced instructions at the moment of patching resumes on the new bytes. Inside a
+//!   function, [`plan_site`] reads the whole function and picks a one-byte `int3`
+//!   ([`HookAddress::breakpoint`]) wherever the jump could be reached sideways; a hit
+//!   there costs a signal delivery.
 //! - A prologue's rip-relative operands must still reach their targets from the trampoline
 //!   (it is placed within ±2 GiB of the hooked code, as near as a free hole allows).
 //! - Uretprobes replace the return address on the stack: not under CET shadow stacks
@@ -41,6 +44,7 @@ mod maps;
 mod patch;
 mod regs;
 mod resolve;
+mod site;
 mod stubs;
 
 pub use detour::{detour, remove_detour, Detour};
@@ -53,8 +57,10 @@ pub use hook::{
 pub use maps::{parse as parse_proc_maps, Mapping as ProcMapping};
 pub use regs::PtRegs;
 pub use resolve::{
-    is_function_entry, resolve_binary, runtime_address, symbol_file_offset, Location, Target,
+    is_function_entry, resolve_binary, runtime_address, runtime_data_address, symbol_file_offset,
+    Location, Target,
 };
+pub use site::{plan_site, SitePlan};
 
 /// Defines a byte of static TLS for [`use_static_tls_flag`] in the crate that invokes it,
 /// and `fn $name() -> isize` answering its offset from the thread pointer. `$symbol` names

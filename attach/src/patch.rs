@@ -94,10 +94,20 @@ pub(crate) fn write_jump(addr: usize, target: usize) -> Result<(), AttachError> 
     write_code(addr, &[0xe9])
 }
 
-/// Puts back the original bytes the jump replaced, under the same `int3` protocol.
-pub(crate) fn restore(addr: usize, original: &[u8; JMP_LEN]) -> Result<(), AttachError> {
+/// Puts a lone `int3` at `addr`, for good: every thread that reaches it traps, and our
+/// SIGTRAP handler sends it to the trampoline. One byte, so no other instruction is touched
+/// and no branch target can be overwritten.
+pub(crate) fn write_breakpoint(addr: usize) -> Result<(), AttachError> {
+    write_code(addr, &[0xcc])
+}
+
+/// Puts back the original bytes a patch replaced (all of a jump's, or a breakpoint's
+/// one), under the same `int3` protocol.
+pub(crate) fn restore(addr: usize, original: &[u8]) -> Result<(), AttachError> {
     write_code(addr, &[0xcc])?;
-    write_code(addr + 1, &original[1..])?;
+    if original.len() > 1 {
+        write_code(addr + 1, &original[1..])?;
+    }
     write_code(addr, &original[..1])
 }
 
@@ -109,7 +119,27 @@ fn rel32(from_next: usize, to: usize) -> Option<i32> {
 /// any time, even after the hook is gone.
 pub(crate) struct Trampoline {
     pub entry: usize,
-    pub original: [u8; JMP_LEN],
+    /// The bytes the patch replaces: [`JMP_LEN`] for a jump, one for a breakpoint.
+    pub original: Vec<u8>,
+}
+
+/// How a hooked address is patched.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum PatchKind {
+    /// `jmp rel32` to the trampoline over the first 5 bytes: a few nanoseconds per hit.
+    Jump,
+    /// `int3` over the first byte, sent to the trampoline by the SIGTRAP handler: a signal
+    /// delivery and return per hit, but it replaces one instruction only.
+    Breakpoint,
+}
+
+impl PatchKind {
+    fn len(self) -> usize {
+        match self {
+            PatchKind::Jump => JMP_LEN,
+            PatchKind::Breakpoint => 1,
+        }
+    }
 }
 
 // Layout, from `entry`:
@@ -124,15 +154,15 @@ pub(crate) struct Trampoline {
 //   stub_slot: dq entry stub
 const HEAD_LEN: usize = 25;
 
-/// What a jump at `addr` replaces: the instructions, decoded, and their first bytes.
+/// What a patch at `addr` replaces: the instructions, decoded, and the patched bytes.
 struct Prologue {
     stolen: Vec<Instruction>,
-    original: [u8; JMP_LEN],
+    original: Vec<u8>,
     /// The process's mappings when it was read, for placing the trampoline.
     maps: Vec<maps::Mapping>,
 }
 
-fn prologue(addr: usize) -> Result<Prologue, AttachError> {
+fn prologue(addr: usize, kind: PatchKind) -> Result<Prologue, AttachError> {
     let maps = maps::read_self().map_err(|source| AttachError::Memory {
         action: "read /proc/self/maps",
         addr,
@@ -152,10 +182,9 @@ fn prologue(addr: usize) -> Result<Prologue, AttachError> {
             addr,
             source,
         })?;
-    let stolen =
-        steal(addr as u64, &code).map_err(|reason| AttachError::Unhookable { addr, reason })?;
-    let mut original = [0u8; JMP_LEN];
-    original.copy_from_slice(&code[..JMP_LEN]);
+    let stolen = steal(addr as u64, &code, kind.len())
+        .map_err(|reason| AttachError::Unhookable { addr, reason })?;
+    let original = code[..kind.len()].to_vec();
     Ok(Prologue {
         stolen,
         original,
@@ -226,12 +255,13 @@ pub(crate) fn build_trampoline(
     addr: usize,
     site: usize,
     stub: usize,
+    kind: PatchKind,
 ) -> Result<Trampoline, AttachError> {
     let Prologue {
         stolen,
         original,
         maps,
-    } = prologue(addr)?;
+    } = prologue(addr, kind)?;
     let page = alloc_near(addr, &maps)?;
     let mut buf = Vec::with_capacity(128);
     buf.extend_from_slice(&[0x48, 0x8d, 0x64, 0x24, 0x80]);
@@ -268,7 +298,7 @@ pub(crate) struct DetourCode {
     pub thunk: usize,
     /// The function as it was: its relocated prologue, then a jump to the rest of it.
     pub original_entry: usize,
-    pub original: [u8; JMP_LEN],
+    pub original: Vec<u8>,
 }
 
 // Layout, from the page's start:
@@ -281,7 +311,7 @@ pub(crate) fn build_detour(addr: usize, replacement: usize) -> Result<DetourCode
         stolen,
         original,
         maps,
-    } = prologue(addr)?;
+    } = prologue(addr, PatchKind::Jump)?;
     let page = alloc_near(addr, &maps)?;
     let mut buf = Vec::with_capacity(128);
     buf.extend_from_slice(&[0xff, 0x25, 0, 0, 0, 0]);
@@ -353,10 +383,10 @@ fn call_as_push_and_jump(call: Option<&Instruction>) -> Option<[Instruction; 3]>
     Some([push, high, jump])
 }
 
-/// Decodes whole instructions at `addr` until they cover the jump. After an instruction that
-/// never falls through, only padding (nop, int3) may follow: anything else may be the next
-/// function, which the jump must not overwrite.
-fn steal(addr: u64, code: &[u8]) -> Result<Vec<Instruction>, String> {
+/// Decodes whole instructions at `addr` until they cover the `len` patched bytes. After an
+/// instruction that never falls through, only padding (nop, int3) may follow: anything else
+/// may be the next function, which the jump must not overwrite.
+fn steal(addr: u64, code: &[u8], patch_len: usize) -> Result<Vec<Instruction>, String> {
     // A function does not start with a breakpoint; a kernel uprobe (or a debugger) puts
     // one there, in every process that maps the file, while it is attached.
     if code.first() == Some(&0xcc) {
@@ -369,9 +399,9 @@ fn steal(addr: u64, code: &[u8]) -> Result<Vec<Instruction>, String> {
     let mut out = Vec::new();
     let mut len = 0;
     let mut ended = false;
-    while len < JMP_LEN {
+    while len < patch_len {
         if !decoder.can_decode() {
-            return Err("code ends before 5 bytes".into());
+            return Err(format!("code ends before {patch_len} bytes"));
         }
         let ins = decoder.decode();
         if ins.is_invalid() {
@@ -575,7 +605,7 @@ mod tests {
     fn steals_whole_instructions_covering_the_jump() {
         // push rbp; mov rbp, rsp; sub rsp, 0x10
         let code = [0x55, 0x48, 0x89, 0xe5, 0x48, 0x83, 0xec, 0x10];
-        let got = steal(0x1000, &code).unwrap();
+        let got = steal(0x1000, &code, JMP_LEN).unwrap();
         assert_eq!(
             got.iter().map(|i| i.len()).collect::<Vec<_>>(),
             vec![1, 3, 4]
@@ -585,20 +615,20 @@ mod tests {
     #[test]
     fn short_functions_need_padding_after_them() {
         // lea eax, [rdi+rsi]; ret; then int3 padding, then nop padding
-        assert!(steal(0x1000, &[0x8d, 0x04, 0x37, 0xc3, 0xcc, 0xcc]).is_ok());
-        assert!(steal(0x1000, &[0x8d, 0x04, 0x37, 0xc3, 0x66, 0x90]).is_ok());
+        assert!(steal(0x1000, &[0x8d, 0x04, 0x37, 0xc3, 0xcc, 0xcc], JMP_LEN).is_ok());
+        assert!(steal(0x1000, &[0x8d, 0x04, 0x37, 0xc3, 0x66, 0x90], JMP_LEN).is_ok());
         // ret; push rbp: the next function starts right after.
         // A kernel uprobe's breakpoint at the entry is named as such.
-        let err = steal(0x1000, &[0xcc, 0x55, 0x48, 0x89, 0xe5, 0x90]).unwrap_err();
+        let err = steal(0x1000, &[0xcc, 0x55, 0x48, 0x89, 0xe5, 0x90], JMP_LEN).unwrap_err();
         assert!(err.contains("kernel uprobe"), "{err}");
-        let err = steal(0x1000, &[0xc3, 0x55, 0x48, 0x89, 0xe5]).unwrap_err();
+        let err = steal(0x1000, &[0xc3, 0x55, 0x48, 0x89, 0xe5], JMP_LEN).unwrap_err();
         assert!(err.contains("shorter"), "{err}");
     }
 
     #[test]
     fn refuses_branches_into_the_patched_bytes() {
         // xor eax, eax; inc eax (at 0x1002); jne 0x1002
-        let err = steal(0x1000, &[0x31, 0xc0, 0xff, 0xc0, 0x75, 0xfc]).unwrap_err();
+        let err = steal(0x1000, &[0x31, 0xc0, 0xff, 0xc0, 0x75, 0xfc], JMP_LEN).unwrap_err();
         assert!(err.contains("branches into"), "{err}");
     }
 
@@ -606,7 +636,7 @@ mod tests {
     fn rip_relative_operands_keep_their_target_when_moved() {
         // mov rax, [rip+0x100] at 0x40_0000 reads 0x40_0107.
         let code = [0x48, 0x8b, 0x05, 0x00, 0x01, 0x00, 0x00];
-        let stolen = steal(0x40_0000, &code).unwrap();
+        let stolen = steal(0x40_0000, &code, JMP_LEN).unwrap();
         let new_ip = 0x7000_0000u64;
         let out = BlockEncoder::encode(
             64,
@@ -624,7 +654,7 @@ mod tests {
     fn a_call_in_the_prologue_returns_into_the_hooked_function() {
         // push rbp; mov rbp, rsp; call 0x40_1000 (returns to 0x40_0009)
         let code = [0x55, 0x48, 0x89, 0xe5, 0xe8, 0xf7, 0x0f, 0x00, 0x00];
-        let stolen = steal(0x40_0000, &code).unwrap();
+        let stolen = steal(0x40_0000, &code, JMP_LEN).unwrap();
         let new_ip = 0x7000_0000u64;
         let (out, falls_through) = relocate(&stolen, new_ip).unwrap();
         assert!(!falls_through);
@@ -649,7 +679,8 @@ mod tests {
 
         // call rax: the same, through the register.
         let code = [0x55, 0x48, 0x89, 0xe5, 0xff, 0xd0];
-        let (out, falls_through) = relocate(&steal(0x40_0000, &code).unwrap(), new_ip).unwrap();
+        let (out, falls_through) =
+            relocate(&steal(0x40_0000, &code, JMP_LEN).unwrap(), new_ip).unwrap();
         assert!(!falls_through);
         let moved = decode_all(&out, new_ip);
         assert_eq!(moved.last().unwrap().code(), Code::Jmp_rm64);
@@ -657,7 +688,8 @@ mod tests {
 
         // call [rsp+8] reads the stack the push would move: kept as a call.
         let code = [0x55, 0x48, 0x89, 0xe5, 0xff, 0x54, 0x24, 0x08];
-        let (out, falls_through) = relocate(&steal(0x40_0000, &code).unwrap(), new_ip).unwrap();
+        let (out, falls_through) =
+            relocate(&steal(0x40_0000, &code, JMP_LEN).unwrap(), new_ip).unwrap();
         assert!(falls_through);
         assert_eq!(
             decode_all(&out, new_ip).last().unwrap().mnemonic(),
@@ -668,7 +700,7 @@ mod tests {
     #[test]
     fn trampolines_are_near_executable_and_never_writable() {
         let here = steal_target as *const () as usize;
-        let t = build_trampoline(here, 0x1234_5678, 0x9abc_def0).unwrap();
+        let t = build_trampoline(here, 0x1234_5678, 0x9abc_def0, PatchKind::Jump).unwrap();
         assert!((t.entry as i64 - here as i64).abs() < REACH);
         let maps = maps::read_self().unwrap();
         let m = maps

@@ -104,9 +104,9 @@ pub fn resolve_binary(binary: &Path) -> Result<PathBuf, AttachError> {
 }
 
 /// Runs `f` on the parsed ELF file `binary` (found as [`resolve_binary`] does).
-fn with_elf<T>(
+pub(crate) fn with_elf<T>(
     binary: &Path,
-    f: impl FnOnce(&Path, &Elf<'_>) -> Result<T, AttachError>,
+    f: impl FnOnce(&Path, &[u8], &Elf<'_>) -> Result<T, AttachError>,
 ) -> Result<T, AttachError> {
     let path = resolve_binary(binary)?;
     let read_error = |source| AttachError::Read {
@@ -122,7 +122,17 @@ fn with_elf<T>(
         path: path.clone(),
         reason: e.to_string(),
     })?;
-    f(&path, &elf)
+    f(&path, &bytes, &elf)
+}
+
+/// The virtual address that file offset `file_offset` gets from the `PT_LOAD` segment that
+/// holds it.
+pub(crate) fn vaddr_of(elf: &Elf<'_>, file_offset: u64) -> Option<u64> {
+    elf.program_headers
+        .iter()
+        .filter(|ph| ph.p_type == PT_LOAD)
+        .find(|ph| file_offset >= ph.p_offset && file_offset - ph.p_offset < ph.p_filesz)
+        .map(|ph| file_offset - ph.p_offset + ph.p_vaddr)
 }
 
 /// Whether file offset `file_offset` of `binary` is where a function starts: the address a
@@ -130,14 +140,8 @@ fn with_elf<T>(
 /// `.dynsym`). A stripped binary has no such answer past its exported functions, and says
 /// no.
 pub fn is_function_entry(binary: &Path, file_offset: u64) -> Result<bool, AttachError> {
-    with_elf(binary, |_, elf| {
-        let Some(vaddr) = elf
-            .program_headers
-            .iter()
-            .filter(|ph| ph.p_type == PT_LOAD)
-            .find(|ph| file_offset >= ph.p_offset && file_offset - ph.p_offset < ph.p_filesz)
-            .map(|ph| file_offset - ph.p_offset + ph.p_vaddr)
-        else {
+    with_elf(binary, |_, _, elf| {
+        let Some(vaddr) = vaddr_of(elf, file_offset) else {
             return Ok(false);
         };
         let starts_here = |sym: goblin::elf::Sym| {
@@ -150,7 +154,7 @@ pub fn is_function_entry(binary: &Path, file_offset: u64) -> Result<bool, Attach
 /// The file offset of `symbol` in `binary`, computed as libbpf does for uprobes: the symbol's
 /// virtual address, moved through the `PT_LOAD` segment that holds it.
 pub fn symbol_file_offset(binary: &Path, symbol: &str) -> Result<u64, AttachError> {
-    with_elf(binary, |path, elf| symbol_offset_in(path, elf, symbol))
+    with_elf(binary, |path, _, elf| symbol_offset_in(path, elf, symbol))
 }
 
 fn symbol_offset_in(path: &Path, elf: &Elf<'_>, symbol: &str) -> Result<u64, AttachError> {
@@ -231,6 +235,22 @@ fn read_maps(binary: &Path) -> Result<Vec<Mapping>, AttachError> {
 /// among this process's mappings by device and inode, or by path; when several mappings hold
 /// the offset (segments that share a page), an executable one wins.
 pub fn runtime_address(binary: &Path, file_offset: u64) -> Result<usize, AttachError> {
+    address_in_mapping(binary, file_offset, |m| m.exec, false)
+}
+
+/// As [`runtime_address`] for writable data (a USDT semaphore): only a writable mapping
+/// counts, since the page a data segment shares with code is mapped twice and only the
+/// writable copy is the one the program reads.
+pub fn runtime_data_address(binary: &Path, file_offset: u64) -> Result<usize, AttachError> {
+    address_in_mapping(binary, file_offset, |m| m.writable, true)
+}
+
+fn address_in_mapping(
+    binary: &Path,
+    file_offset: u64,
+    preferred: impl Fn(&Mapping) -> bool,
+    only_preferred: bool,
+) -> Result<usize, AttachError> {
     let path = resolve_binary(binary)?;
     let maps = read_maps(&path)?;
     let canonical = std::fs::canonicalize(&path).unwrap_or_else(|_| path.clone());
@@ -246,13 +266,13 @@ pub fn runtime_address(binary: &Path, file_offset: u64) -> Result<usize, AttachE
     if mine.is_empty() {
         return Err(AttachError::NotMapped { binary: path });
     }
-    let holding = |exec: bool| {
+    let holding = |wanted: bool| {
         mine.iter()
-            .filter(|m| m.exec == exec)
+            .filter(|m| preferred(m) == wanted)
             .find_map(|m| m.address_of(file_offset))
     };
     holding(true)
-        .or_else(|| holding(false))
+        .or_else(|| if only_preferred { None } else { holding(false) })
         .ok_or(AttachError::OffsetNotMapped {
             binary: path,
             offset: file_offset,

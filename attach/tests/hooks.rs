@@ -935,3 +935,111 @@ fn code_handlers_run_straight_from_the_hook_with_their_argument() {
     code_hooked(black_box(5));
     assert_eq!(args.load(Ordering::SeqCst), 55, "detached");
 }
+
+// A one-byte instruction right before a loop head: the 5-byte jump would overwrite the
+// head, which the loop's branch reaches sideways, so only a breakpoint may go at +2.
+std::arch::global_asm!(
+    ".globl bpftime_test_loop_sum",
+    ".type bpftime_test_loop_sum, @function",
+    "bpftime_test_loop_sum:",
+    "  xor eax, eax",
+    "  nop",
+    "2: add rax, rdi",
+    "  dec rdi",
+    "  jnz 2b",
+    "  ret",
+    ".size bpftime_test_loop_sum, .-bpftime_test_loop_sum",
+);
+extern "C" {
+    fn bpftime_test_loop_sum(n: u64) -> u64;
+}
+
+#[test]
+fn breakpoints_count_every_hit_from_many_threads_with_the_registers_of_the_site() {
+    let f = addr(bpftime_test_loop_sum as *const ());
+    let (nop, head_at) = (f + 2, f + 3);
+    let original = head(f);
+    let at_nop = Arc::new(AtomicU64::new(0));
+    let at_head = Arc::new(AtomicU64::new(0));
+    let rdi_sum = Arc::new(AtomicU64::new(0));
+    let (n, hh, rs) = (at_nop.clone(), at_head.clone(), rdi_sum.clone());
+    let bad = Arc::new(AtomicBool::new(false));
+    let (b1, b2) = (bad.clone(), bad.clone());
+    // SAFETY: +2 is the `nop`, an instruction start; a breakpoint there replaces it alone.
+    let id_nop = unsafe {
+        attach_uprobe(
+            bpftime_attach::HookAddress::breakpoint(nop),
+            handler(move |r| {
+                // At the nop, rax was just zeroed and rip is the nop's address.
+                if r.ax != 0 || r.ip != nop as u64 {
+                    b1.store(true, Ordering::Relaxed);
+                }
+                n.fetch_add(1, Ordering::Relaxed);
+            }),
+        )
+    }
+    .unwrap();
+    // SAFETY: +3 is the loop head, an instruction start, probed with a breakpoint too (the
+    // jump would also be safe here, but this exercises two breakpoints in a row).
+    let id_head = unsafe {
+        attach_uprobe(
+            bpftime_attach::HookAddress::breakpoint(head_at),
+            handler(move |r| {
+                if r.ip != head_at as u64 {
+                    b2.store(true, Ordering::Relaxed);
+                }
+                hh.fetch_add(1, Ordering::Relaxed);
+                rs.fetch_add(r.di, Ordering::Relaxed);
+            }),
+        )
+    }
+    .unwrap();
+    let patched = head(f);
+    assert_eq!(
+        &patched[..2],
+        &original[..2],
+        "the bytes before the sites are untouched"
+    );
+    assert_eq!(
+        &patched[2..4],
+        &[0xcc, 0xcc],
+        "one int3 per site, nothing more"
+    );
+    assert_eq!(patched[4], original[4]);
+    assert_eq!(perms_at(f), "r-xp", "patched code never becomes writable");
+    std::thread::scope(|s| {
+        for t in 0..4u64 {
+            s.spawn(move || {
+                for i in 0..5000u64 {
+                    let k = (t + i) % 9 + 1;
+                    // SAFETY: plain assembly taking and returning an integer (k >= 1).
+                    assert_eq!(
+                        unsafe { bpftime_test_loop_sum(black_box(k)) },
+                        k * (k + 1) / 2
+                    );
+                }
+            });
+        }
+    });
+    let calls = 20_000u64;
+    let iterations: u64 = (0..4u64)
+        .flat_map(|t| (0..5000u64).map(move |i| (t + i) % 9 + 1))
+        .sum();
+    let rdi: u64 = (0..4u64)
+        .flat_map(|t| (0..5000u64).map(move |i| (t + i) % 9 + 1))
+        .map(|k| k * (k + 1) / 2)
+        .sum();
+    assert_eq!(at_nop.load(Ordering::Relaxed), calls);
+    assert_eq!(at_head.load(Ordering::Relaxed), iterations);
+    assert_eq!(rdi_sum.load(Ordering::Relaxed), rdi);
+    assert!(
+        !bad.load(Ordering::Relaxed),
+        "a handler saw the wrong registers"
+    );
+    detach(id_nop).unwrap();
+    detach(id_head).unwrap();
+    assert_eq!(head(f), original, "the original bytes are back");
+    // SAFETY: as above.
+    assert_eq!(unsafe { bpftime_test_loop_sum(4) }, 10);
+    assert_eq!(at_nop.load(Ordering::Relaxed), calls);
+}

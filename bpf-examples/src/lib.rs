@@ -61,6 +61,15 @@ pub const PRINTK: &str = env!("BPF_EXAMPLES_PRINTK");
 pub const PRINTK_BPF_O: &str = env!("BPF_EXAMPLES_PRINTK_BPF_O");
 /// Test target `ticker`: calls `work()` in batches read from stdin.
 pub const TICKER: &str = env!("BPF_EXAMPLES_TICKER");
+/// Test target `usdt_target N` (or `-`, driven through stdin): two USDT probes
+/// (`bpftime_test:tick`, and `bpftime_test:guarded` behind its semaphore) and
+/// `loop_sum`, whose one-byte `nop` at +2 sits right before its loop head at +3.
+pub const USDT_TARGET: &str = env!("BPF_EXAMPLES_USDT_TARGET");
+/// `usdt_count` loader (C, shared libbpf): `bpf_program__attach_usdt` on
+/// usdt_target's probes and uprobes at `loop_sum+2` and `+3`, counted.
+pub const USDT_COUNT: &str = env!("BPF_EXAMPLES_USDT_COUNT");
+/// BPF object loaded by `usdt_count`.
+pub const USDT_COUNT_BPF_O: &str = env!("BPF_EXAMPLES_USDT_COUNT_BPF_O");
 /// Test target `stack_target N`: fixed call chains (no PIE, frame pointers).
 pub const STACK_TARGET: &str = env!("BPF_EXAMPLES_STACK_TARGET");
 

@@ -222,6 +222,10 @@ pub struct PerfEventRecord {
     pub pid: i32,
     /// CPU of a BPF output ring.
     pub cpu: i32,
+    /// File offset in `path` of a uprobe's USDT semaphore (a `u16` counting the tools
+    /// attached, which the traced code checks before preparing the probe's arguments);
+    /// 0 for none.
+    pub ref_ctr_offset: u64,
     pub owner_pid: u32,
 }
 
@@ -232,7 +236,8 @@ impl PerfEventRecord {
             .u64(self.offset)
             .u32(self.pid as u32)
             .u32(self.cpu as u32)
-            .bytes(self.path.as_bytes());
+            .bytes(self.path.as_bytes())
+            .u64(self.ref_ctr_offset);
         let p = store.publish_bytes(ObjectKind::PerfEvent, self.id, &w.0)?;
         store.bump_generation();
         Ok(p)
@@ -252,6 +257,7 @@ impl PerfEventRecord {
         let pid = r.u32()? as i32;
         let cpu = r.u32()? as i32;
         let p = String::from_utf8_lossy(r.bytes()?).into_owned();
+        let ref_ctr_offset = r.u64()?;
         Ok(PerfEventRecord {
             id,
             kind,
@@ -259,6 +265,7 @@ impl PerfEventRecord {
             offset,
             pid,
             cpu,
+            ref_ctr_offset,
             owner_pid: r.owner(),
         })
     }
@@ -340,6 +347,9 @@ pub struct LinkRecord {
     pub offset: u64,
     pub pid: i32,
     pub cookie: u64,
+    /// The USDT semaphore of a uprobe, as in [`PerfEventRecord::ref_ctr_offset`]: raised
+    /// in each traced process while the link exists.
+    pub ref_ctr_offset: u64,
     pub owner_pid: u32,
 }
 
@@ -352,7 +362,8 @@ impl LinkRecord {
             .u64(self.offset)
             .u32(self.pid as u32)
             .u64(self.cookie)
-            .bytes(self.path.as_bytes());
+            .bytes(self.path.as_bytes())
+            .u64(self.ref_ctr_offset);
         let p = store.publish_bytes(ObjectKind::Link, self.id, &w.0)?;
         store.bump_generation();
         Ok(p)
@@ -375,6 +386,7 @@ impl LinkRecord {
         let pid = r.u32()? as i32;
         let cookie = r.u64()?;
         let p = String::from_utf8_lossy(r.bytes()?).into_owned();
+        let ref_ctr_offset = r.u64()?;
         Ok(LinkRecord {
             id,
             prog_id,
@@ -384,6 +396,7 @@ impl LinkRecord {
             offset,
             pid,
             cookie,
+            ref_ctr_offset,
             owner_pid: r.owner(),
         })
     }
@@ -473,6 +486,7 @@ mod tests {
                 offset: 0,
                 pid: -1,
                 cookie: 42,
+                ref_ctr_offset: 0x3a2,
                 owner_pid: std::process::id(),
             };
             rec.publish(store).unwrap();
@@ -490,6 +504,7 @@ mod tests {
                 offset: 16,
                 pid: -1,
                 cpu: 0,
+                ref_ctr_offset: 0x3a2,
                 owner_pid: std::process::id(),
             };
             rec.publish(store).unwrap();

@@ -764,6 +764,7 @@ impl Shim {
             offset: ev.offset,
             pid: ev.pid,
             cookie,
+            ref_ctr_offset: ev.ref_ctr_offset,
             owner_pid: std::process::id(),
         };
         rec.publish(&self.store).map_err(|e| e.errno())?;

@@ -22,6 +22,9 @@ const PERF_EVENT_IOC_ENABLE: u64 = 0x2400;
 const PERF_EVENT_IOC_DISABLE: u64 = 0x2401;
 const PERF_EVENT_IOC_RESET: u64 = 0x2403;
 const PERF_EVENT_IOC_SET_BPF: u64 = 0x4004_2408;
+/// Where a uprobe event's `config` carries the USDT semaphore's file offset (the kernel's
+/// `PERF_UPROBE_REF_CTR_OFFSET_SHIFT`, and its sysfs `format/ref_ctr_offset`: config:32-63).
+const UPROBE_REF_CTR_OFFSET_SHIFT: u32 = 32;
 
 /// The uprobe PMU as the kernel describes it in sysfs, which is what libbpf reads.
 #[derive(Debug, Clone, Copy)]
@@ -192,6 +195,7 @@ impl Shim {
                 offset: 0,
                 pid,
                 cpu,
+                ref_ctr_offset: 0,
                 owner_pid: std::process::id(),
             };
             return Some(self.register_perf_event(record));
@@ -229,6 +233,7 @@ impl Shim {
             }
         };
         let retprobe = (a.u64(8) >> self.pmu.retprobe_bit) & 1 == 1;
+        let ref_ctr_offset = a.u64(8) >> UPROBE_REF_CTR_OFFSET_SHIFT;
         let record = PerfEventRecord {
             id: self.store().alloc_id(),
             kind: if retprobe {
@@ -240,6 +245,7 @@ impl Shim {
             offset: a.u64(64),
             pid,
             cpu,
+            ref_ctr_offset,
             owner_pid: std::process::id(),
         };
         Some(self.register_perf_event(record))
@@ -292,6 +298,7 @@ impl Shim {
             offset,
             pid,
             cpu,
+            ref_ctr_offset: 0,
             owner_pid: std::process::id(),
         };
         self.register_perf_event(record)

@@ -2,9 +2,13 @@
 //! with their own libbpf), run unmodified under `bpftime load` against targets under
 //! `bpftime start`, and on the kernel as the oracle where it can.
 
+mod support;
+
 use bpftime_tests::{examples, kernel_unavailable, Session, Tool};
 use std::path::Path;
 use std::process::Command;
+use std::time::Duration;
+use support::Driven;
 
 const CALLS: u64 = 1000;
 const FUNCLATENCY: &str = "/usr/sbin/funclatency";
@@ -193,5 +197,119 @@ fn gethostlatency_prints_every_lookup_like_the_kernel() {
         lookups_of(&kernel),
         lookups_of(&ours),
         "kernel: {kernel:?} {err}"
+    );
+}
+
+/// javagc (HotSpot's `gc__begin`/`gc__end` USDT probes in libjvm.so, attached with
+/// libbpf's USDT support to one JVM by pid) times every collection of a JVM under
+/// `bpftime start`: one line per collection the JVM itself counted, as on the kernel.
+#[test]
+fn javagc_times_every_collection_of_a_jvm_like_the_kernel() {
+    const JAVAGC: &str = "/usr/sbin/javagc";
+    const GCS: u64 = 20;
+    assert!(
+        Path::new(JAVAGC).exists(),
+        "{JAVAGC} is missing: run scripts/setup.sh (Debian package libbpf-tools)"
+    );
+    let s = Session::new("lt-javagc");
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("../bpf-examples/targets/GcLoop.java");
+    let javac = Command::new("javac")
+        .arg("-d")
+        .arg(&s.tmp)
+        .arg(&src)
+        .output()
+        .unwrap_or_else(|e| panic!("cannot run javac ({e}): run scripts/setup.sh (Debian package openjdk-17-jdk-headless)"));
+    assert!(
+        javac.status.success(),
+        "{}",
+        String::from_utf8_lossy(&javac.stderr)
+    );
+    let classes = s.tmp.to_str().unwrap().to_string();
+    let java = |mut c: Command| {
+        c.args([
+            "java",
+            "-XX:+UseSerialGC",
+            "-Xmx256m",
+            "-cp",
+            &classes,
+            "GcLoop",
+        ])
+        .arg(GCS.to_string());
+        c
+    };
+    let collections = |lines: &[String], pid: u32| {
+        lines
+            .iter()
+            .filter(|l| {
+                let f: Vec<&str> = l.split_whitespace().collect();
+                f.len() == 4 && f[2] == pid.to_string() && f[3].parse::<u64>().is_ok()
+            })
+            .count() as u64
+    };
+    // One run: the JVM starts, javagc attaches to it, then the JVM collects.
+    let run = |mut jvm: Driven, tool: &dyn Fn(u32) -> Command, wait_for_links: &dyn Fn()| {
+        let pid: u32 = jvm.wait_for("pid=")[4..].parse().unwrap();
+        let mut t = Tool::spawn_until(tool(pid), "Tracing javagc time... Hit Ctrl-C to end.");
+        t.wait_for_line("TIME     CPU     PID     GC TIME", Duration::from_secs(10));
+        wait_for_links();
+        jvm.send("go");
+        let counted: u64 = jvm.wait_for("gcs=")[4..].parse().unwrap();
+        let (status, _, err) = jvm.finish();
+        assert!(status.success(), "the JVM failed: {err}");
+        assert_eq!(
+            counted, GCS,
+            "the JVM collected more than asked: the heap is too small"
+        );
+        std::thread::sleep(Duration::from_millis(500));
+        let (_, lines, err) = t.stop();
+        (collections(&lines, pid), lines, err)
+    };
+
+    let ours = run(
+        Driven::spawn(java({
+            let mut c = s.bpftime();
+            c.arg("start");
+            c
+        })),
+        &|pid| {
+            let mut c = s.bpftime();
+            c.args([
+                "load",
+                "stdbuf",
+                "-oL",
+                JAVAGC,
+                "-p",
+                &pid.to_string(),
+                "-t",
+                "0",
+            ]);
+            c
+        },
+        // javagc attaches gc__begin, gc__end and the memory pools' begin and end; the
+        // agent in the JVM hooks them as the links appear.
+        &|| {
+            s.wait_for_links(4);
+            std::thread::sleep(Duration::from_secs(2));
+        },
+    );
+    assert_eq!(ours.0, GCS, "javagc under bpftime: {:?} {}", ours.1, ours.2);
+
+    if let Some(why) = kernel_unavailable() {
+        eprintln!("kernel comparison skipped: {why}");
+        return;
+    }
+    let kernel = run(
+        Driven::spawn(java(Command::new("env"))),
+        &|pid| {
+            let mut c = Command::new("stdbuf");
+            c.args(["-oL", JAVAGC, "-p", &pid.to_string(), "-t", "0"]);
+            c
+        },
+        &|| std::thread::sleep(Duration::from_secs(2)),
+    );
+    assert_eq!(
+        kernel.0, ours.0,
+        "the kernel's javagc: {:?} {}",
+        kernel.1, kernel.2
     );
 }
