@@ -255,8 +255,9 @@ impl Map {
             err(
                 libc::EINVAL,
                 format!(
-                    "map type {} is not supported by bpftime (supported: array, hash, percpu_array, percpu_hash, lru_hash, lru_percpu_hash, ringbuf, perf_event_array, prog_array, cgroup_array, lpm_trie, array_of_maps, hash_of_maps, queue, stack, bloom_filter, stack_trace)",
-                    spec.map_type
+                    "map type {} ({}) is not supported by bpftime (supported: array, hash, percpu_array, percpu_hash, lru_hash, lru_percpu_hash, ringbuf, perf_event_array, prog_array, cgroup_array, lpm_trie, array_of_maps, hash_of_maps, queue, stack, bloom_filter, stack_trace)",
+                    spec.map_type,
+                    type_name(spec.map_type)
                 ),
             )
         })?;
@@ -1051,6 +1052,47 @@ pub unsafe fn ringbuf_commit(rec: *mut u8, flags: u64, discard: bool) {
 
 use std::os::fd::AsRawFd;
 use std::os::unix::fs::OpenOptionsExt;
+
+/// The kernel's name of a map type, for messages about types bpftime lacks.
+fn type_name(t: u32) -> &'static str {
+    const NAMES: [&str; 34] = [
+        "unspec",
+        "hash",
+        "array",
+        "prog_array",
+        "perf_event_array",
+        "percpu_hash",
+        "percpu_array",
+        "stack_trace",
+        "cgroup_array",
+        "lru_hash",
+        "lru_percpu_hash",
+        "lpm_trie",
+        "array_of_maps",
+        "hash_of_maps",
+        "devmap",
+        "sockmap",
+        "cpumap",
+        "xskmap",
+        "sockhash",
+        "cgroup_storage",
+        "reuseport_sockarray",
+        "percpu_cgroup_storage",
+        "queue",
+        "stack",
+        "sk_storage",
+        "devmap_hash",
+        "struct_ops",
+        "ringbuf",
+        "inode_storage",
+        "task_storage",
+        "bloom_filter",
+        "user_ringbuf",
+        "cgrp_storage",
+        "arena",
+    ];
+    NAMES.get(t as usize).copied().unwrap_or("unknown")
+}
 
 fn array_index(key: &[u8]) -> Result<u32> {
     key.try_into()
