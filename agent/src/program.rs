@@ -121,6 +121,18 @@ impl Programs {
                     flags: map.map_flags(),
                 },
             );
+            if let Some(t) = map.inner_template() {
+                descs.insert(
+                    bpftime_verifier::inner_map_key(m as i32) as u32,
+                    MapDesc {
+                        map_type: t.map_type,
+                        key_size: t.key_size,
+                        value_size: t.value_size,
+                        max_entries: t.max_entries,
+                        flags: t.map_flags,
+                    },
+                );
+            }
         }
         let info = ProgramInfo {
             insns: &rec.insns,

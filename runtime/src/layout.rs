@@ -7,7 +7,7 @@ use std::sync::atomic::{AtomicU32, AtomicU64};
 pub const PAGE_SIZE: usize = 4096;
 
 /// Bumped whenever any layout in this module changes.
-pub const STORE_VERSION: u32 = 2;
+pub const STORE_VERSION: u32 = 3;
 
 pub const OBJECT_MAGIC: u32 = 0x4250_4654; // "BPFT"
 
@@ -114,6 +114,21 @@ pub struct MapHeader {
     /// a memory-mapped array), so that a replica (the GPU's) can tell it is stale without
     /// reading every element.
     pub updates: AtomicU64,
+    /// Maps of maps: the template every inner map must match (type 0 for other maps),
+    /// kept here because the loader may close the template map once the outer exists.
+    pub inner: InnerTemplate,
+}
+
+/// The shape of the inner maps of a map of maps, from the template map at creation.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct InnerTemplate {
+    pub map_type: u32,
+    pub key_size: u32,
+    pub value_size: u32,
+    pub max_entries: u32,
+    pub map_flags: u32,
+    pub _pad: u32,
 }
 
 const _: () = assert!(std::mem::size_of::<MapHeader>() <= PAGE_SIZE);

@@ -39,7 +39,7 @@ pub fn init_logging() {
         .with_target(false)
         .try_init();
 }
-pub use layout::{ObjectKind, PAGE_SIZE, STORE_VERSION};
+pub use layout::{InnerTemplate, ObjectKind, PAGE_SIZE, STORE_VERSION};
 pub use maps::stack_trace::jhash2;
 pub use maps::{
     cpu_number_offset, possible_cpus, ringbuf_commit, ArrayValues, Map, MapSpec, ENOTSUPP,

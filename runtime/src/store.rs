@@ -193,12 +193,12 @@ impl Store {
     }
 
     pub fn path(&self, kind: ObjectKind, id: u32) -> PathBuf {
-        self.dir.join(format!("{}-{id}", kind.prefix()))
+        object_path(&self.dir, kind, id)
     }
 
     /// Path of a map's notification FIFO (ring buffers and perf buffers).
     pub fn fifo_path(&self, map_id: u32) -> PathBuf {
-        self.dir.join(format!("fifo-{map_id}"))
+        fifo_path_in(&self.dir, map_id)
     }
 
     /// Path of the text file `bpf_trace_printk` appends to.
@@ -266,25 +266,6 @@ impl Store {
         })?;
         check_header(&path, &bytes, kind)?;
         Ok(bytes)
-    }
-
-    pub(crate) fn open_object(&self, kind: ObjectKind, id: u32) -> Result<(File, PathBuf)> {
-        let path = self.path(kind, id);
-        let file = OpenOptions::new()
-            .read(true)
-            .write(true)
-            .open(&path)
-            .map_err(|e| {
-                if e.kind() == std::io::ErrorKind::NotFound {
-                    Error::NoObject {
-                        kind: kind.prefix(),
-                        id,
-                    }
-                } else {
-                    Error::io("open", &path, e)
-                }
-            })?;
-        Ok((file, path))
     }
 
     /// Ids of the objects of one kind, in creation order.
@@ -423,4 +404,33 @@ pub(crate) fn check_header(path: &Path, bytes: &[u8], kind: ObjectKind) -> Resul
         });
     }
     Ok(())
+}
+
+pub(crate) fn object_path(dir: &Path, kind: ObjectKind, id: u32) -> PathBuf {
+    dir.join(format!("{}-{id}", kind.prefix()))
+}
+
+pub(crate) fn fifo_path_in(dir: &Path, map_id: u32) -> PathBuf {
+    dir.join(format!("fifo-{map_id}"))
+}
+
+/// Opens object `id` of the store in `dir`, for a holder of one of its objects that
+/// has no [`Store`] at hand (an outer map opening its inner maps).
+pub(crate) fn open_object_in(dir: &Path, kind: ObjectKind, id: u32) -> Result<(File, PathBuf)> {
+    let path = object_path(dir, kind, id);
+    let file = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(&path)
+        .map_err(|e| {
+            if e.kind() == std::io::ErrorKind::NotFound {
+                Error::NoObject {
+                    kind: kind.prefix(),
+                    id,
+                }
+            } else {
+                Error::io("open", &path, e)
+            }
+        })?;
+    Ok((file, path))
 }

@@ -52,6 +52,7 @@ pub(crate) mod map_create {
     pub const VALUE_SIZE: usize = 8;
     pub const MAX_ENTRIES: usize = 12;
     pub const MAP_FLAGS: usize = 16;
+    pub const INNER_MAP_FD: usize = 20;
     pub const NAME: usize = 28;
     pub const BTF_FD: usize = 48;
     pub const BTF_KEY_TYPE_ID: usize = 52;

@@ -274,9 +274,40 @@ impl Shim {
         }
     }
 
+    /// The map behind `fd`, or the kernel's errno: `EINVAL` for an open file that is
+    /// not a map, `EBADF` for a closed descriptor.
+    fn map_by_fd(&mut self, fd: RawFd) -> SysResult<Arc<Map>> {
+        match self.object(fd).map(|o| &o.object) {
+            Some(Object::Map(m)) => Ok(m.clone()),
+            Some(_) => Err(libc::EINVAL),
+            // SAFETY: F_GETFD only asks whether `fd` is open.
+            None if unsafe { libc::fcntl(fd, libc::F_GETFD) } >= 0 => Err(libc::EINVAL),
+            None => Err(libc::EBADF),
+        }
+    }
+
     fn map_create(&mut self, a: &Attr) -> SysResult {
         use attr::map_create as f;
+        use bpftime_isa::uapi::map_type as mt;
+        let map_type = a.u32(f::MAP_TYPE);
+        let inner = if matches!(map_type, mt::ARRAY_OF_MAPS | mt::HASH_OF_MAPS) {
+            let fd = a.u32(f::INNER_MAP_FD) as RawFd;
+            let template = self.map_by_fd(fd).map_err(|errno| {
+                refuse(
+                    errno,
+                    format_args!("BPF_MAP_CREATE: inner_map_fd {fd} of a map of maps is not a map"),
+                )
+            })?;
+            Some(
+                template
+                    .as_inner_template()
+                    .map_err(|e| refuse(e.errno(), format_args!("BPF_MAP_CREATE: {e}")))?,
+            )
+        } else {
+            None
+        };
         let spec = MapSpec {
+            inner,
             map_type: a.u32(f::MAP_TYPE),
             key_size: a.u32(f::KEY_SIZE),
             value_size: a.u32(f::VALUE_SIZE),
@@ -340,6 +371,14 @@ impl Shim {
                 let fd = i32::from_ne_bytes(value()?[..4].try_into().map_err(|_| libc::EINVAL)?);
                 let id = bpftime_runtime::cgroup::id_of_fd(fd)?;
                 e(m.set_id(k, id, flags))
+            }
+            // A map of maps takes inner maps by fd, and gives their ids back (the
+            // generic lookup reads the stored id).
+            cmd::MAP_UPDATE_ELEM if m.inner_template().is_some() => {
+                let k = need_key()?;
+                let fd = i32::from_ne_bytes(value()?[..4].try_into().map_err(|_| libc::EINVAL)?);
+                let inner = self.map_by_fd(fd)?;
+                e(m.set_inner(k, &inner, flags))
             }
             cmd::MAP_LOOKUP_ELEM if m.holds_ids() => {
                 let k = need_key()?;
@@ -572,7 +611,7 @@ impl Shim {
         };
         // SAFETY: caller obligation for the line info pointer.
         let source_lines = unsafe { self.source_lines(a, insn_cnt) };
-        let lookup = |id: u32| maps.get(&id).map(|m| crate::program::desc(m));
+        let lookup = |id: u32| crate::program::desc_of(&maps, id);
         // bpftime's GPU programs: a kprobe whose name starts with `cuda__` probes a
         // CUDA kernel (DESIGN.md, compatibility contract), and so does one from a
         // `cuda:` section (libbpf's handler names it before the load). Any other
@@ -786,9 +825,9 @@ impl Shim {
         let mut maps = HashMap::new();
         for &id in &prog.map_ids {
             let m = Map::open(&self.store, id).map_err(|e| e.errno())?;
-            maps.insert(id, crate::program::desc(&m));
+            maps.insert(id, Arc::new(m));
         }
-        let lookup = |id: u32| maps.get(&id).copied();
+        let lookup = |id: u32| crate::program::desc_of(&maps, id);
         let lines = self.source_lines.get(&prog.id).cloned().unwrap_or_default();
         let checked = crate::program::check_program_with_lines(
             &prog.insns,

@@ -16,6 +16,29 @@ pub(crate) fn desc(m: &Map) -> MapDesc {
     }
 }
 
+/// The template of a map of maps' inner maps, as the verifier sees it.
+fn inner_desc(m: &Map) -> Option<MapDesc> {
+    m.inner_template().map(|t| MapDesc {
+        map_type: t.map_type,
+        key_size: t.key_size,
+        value_size: t.value_size,
+        max_entries: t.max_entries,
+        flags: t.map_flags,
+    })
+}
+
+/// What the verifier asks about the map with store id `key`, or, for the
+/// [`inner_map_key`](bpftime_verifier::inner_map_key) of one, about its inner maps.
+pub(crate) fn desc_of<M: AsRef<Map>>(
+    maps: &std::collections::HashMap<u32, M>,
+    key: u32,
+) -> Option<MapDesc> {
+    match bpftime_verifier::inner_map_owner(key as i32) {
+        Some(outer) => inner_desc(maps.get(&(outer as u32))?.as_ref()),
+        None => maps.get(&key).map(|m| desc(m.as_ref())),
+    }
+}
+
 /// Rewrites every map reference (`lddw` with a map fd or a map index into
 /// `fd_array`) to carry the map's store id. `resolve(fd_or_index, by_index)`
 /// returns that id. Returns the rewritten program and the ids it uses.

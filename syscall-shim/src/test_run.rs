@@ -176,7 +176,7 @@ impl Shim {
         }
         let mut maps = HashMap::new();
         let run = relocate(self.store(), rec, &mut maps)?;
-        let lookup = |id: u32| maps.get(&id).map(|m| crate::program::desc(m));
+        let lookup = |id: u32| crate::program::desc_of(&maps, id);
         if let Err((errno, log)) =
             crate::program::check_program(&rec.insns, uapi::prog_type::KPROBE, &lookup, 0)
         {

@@ -23,7 +23,27 @@ impl Script<'_> {
     }
 
     fn create_extra(&mut self, t: u32, k: u32, v: u32, max: u32, flags: u32, extra: u64) -> Res {
+        self.create_full(t, k, v, max, flags, extra, 0)
+    }
+
+    /// A map of maps whose inner maps look like the map behind `inner_fd`.
+    fn create_outer(&mut self, t: u32, k: u32, max: u32, flags: u32, inner_fd: u32) -> Res {
+        self.create_full(t, k, 4, max, flags, 0, inner_fd)
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn create_full(
+        &mut self,
+        t: u32,
+        k: u32,
+        v: u32,
+        max: u32,
+        flags: u32,
+        extra: u64,
+        inner_fd: u32,
+    ) -> Res {
         let mut a = [0u8; 128];
+        put32(&mut a, 20, inner_fd);
         put64(&mut a, 64, extra);
         put32(&mut a, 0, t);
         put32(&mut a, 4, k);
@@ -157,6 +177,35 @@ impl Script<'_> {
             }
         }
     }
+    /// The id of the map behind `fd` (BPF_OBJ_GET_INFO_BY_FD).
+    fn map_id(&mut self, fd: u32) -> u32 {
+        let mut info = [0u8; 96];
+        let mut a = [0u8; 128];
+        put32(&mut a, 0, fd);
+        put32(&mut a, 4, info.len() as u32);
+        put64(&mut a, 8, info.as_mut_ptr() as u64);
+        self.bpf.call(cmd::OBJ_GET_INFO_BY_FD, &mut a).unwrap();
+        u32::from_ne_bytes(info[4..8].try_into().unwrap())
+    }
+
+    /// A lookup in a map of maps: ids differ between the two, so what is recorded
+    /// is whether the id read back is the one of the map behind `want_fd`.
+    fn lookup_inner(&mut self, key: &[u8], want_fd: u32) {
+        let want = self.map_id(want_fd);
+        let mut v = [0u8; 4];
+        self.elem(
+            &format!("lookup inner {key:?}"),
+            cmd::MAP_LOOKUP_ELEM,
+            Some(key),
+            &mut v,
+            0,
+        );
+        let last = self.log.last_mut().unwrap();
+        if last.1 .0.is_ok() {
+            last.1 .1 = vec![u8::from(u32::from_ne_bytes(v) == want)];
+        }
+    }
+
     fn freeze(&mut self) {
         let mut a = [0u8; 128];
         put32(&mut a, 0, self.fd);
@@ -313,6 +362,86 @@ fn script(bpf: &mut dyn Bpf) -> Vec<(String, Outcome)> {
     s.lookup(Some(&lpm(32, [10, 1, 2, 3])), 8);
     s.delete(&lpm(24, [10, 1, 2, 0]));
     s.count_keys(8);
+    // Maps of maps: created from a template map, filled with map fds, read back as ids.
+    s.create(mt::ARRAY, 4, 8, 4, 0).unwrap();
+    let a = s.fd;
+    s.create(mt::ARRAY, 4, 8, 5, 0).unwrap();
+    let a_longer = s.fd;
+    s.create(mt::ARRAY, 4, 16, 4, 0).unwrap();
+    let a_wider = s.fd;
+    s.create(mt::ARRAY, 4, 8, 4, map_flags::INNER_MAP).unwrap();
+    let a_inner = s.fd;
+    s.create(mt::ARRAY, 4, 8, 9, map_flags::INNER_MAP).unwrap();
+    let a_inner_longer = s.fd;
+    s.create(mt::HASH, 4, 8, 4, 0).unwrap();
+    let h = s.fd;
+    s.create(mt::HASH, 4, 8, 8, 0).unwrap();
+    let h_longer = s.fd;
+    s.create(mt::PROG_ARRAY, 4, 4, 4, 0).unwrap();
+    let prog_array = s.fd;
+    s.create(mt::RINGBUF, 0, 0, 4096, 0).unwrap();
+    let ringbuf = s.fd;
+    let not_a_map = std::fs::File::open("/proc/self/status").unwrap();
+    let not_a_map = not_a_map.as_raw_fd() as u32;
+    let closed = 999;
+    let aom = mt::ARRAY_OF_MAPS;
+    let hom = mt::HASH_OF_MAPS;
+    let _ = s.create_outer(aom, 4, 4, 0, closed);
+    let _ = s.create_outer(aom, 4, 4, 0, not_a_map);
+    let _ = s.create_full(aom, 4, 8, 4, 0, 0, a);
+    let _ = s.create_outer(aom, 8, 4, 0, a);
+    let _ = s.create_outer(aom, 4, 0, 0, a);
+    let _ = s.create_outer(aom, 4, 4, map_flags::NO_PREALLOC, a);
+    let _ = s.create_outer(aom, 4, 4, map_flags::MMAPABLE, a);
+    let _ = s.create_outer(aom, 4, 4, map_flags::RDONLY_PROG, a);
+    let _ = s.create_full(hom, 4, 8, 4, 0, 0, a);
+    let _ = s.create_outer(hom, 0, 4, 0, a);
+    let _ = s.create_outer(hom, 4, 0, 0, a);
+    let _ = s.create_outer(aom, 4, 4, 0, prog_array);
+    let _ = s.create_outer(aom, 4, 4, 0, ringbuf);
+    s.create_outer(aom, 4, 4, 0, a).unwrap();
+    let outer = s.fd;
+    let _ = s.create_outer(aom, 4, 4, 0, outer);
+    s.fd = outer;
+    s.lookup_inner(&k32(0), a);
+    s.lookup_inner(&k32(9), a);
+    s.update(&k32(0), &a.to_ne_bytes(), uf::ANY);
+    s.lookup_inner(&k32(0), a);
+    s.update(&k32(0), &a.to_ne_bytes(), uf::NOEXIST);
+    s.update(&k32(1), &a.to_ne_bytes(), uf::EXIST);
+    for wrong in [a_longer, a_wider, h, not_a_map, closed, outer] {
+        s.update(&k32(1), &wrong.to_ne_bytes(), uf::ANY);
+    }
+    s.update(&k32(4), &a.to_ne_bytes(), uf::ANY);
+    s.update(&k32(3), &a.to_ne_bytes(), uf::ANY);
+    s.next_key(None, 4);
+    s.delete(&k32(4));
+    s.delete(&k32(1));
+    s.delete(&k32(0));
+    s.lookup_inner(&k32(0), a);
+    s.lookup_inner(&k32(3), a);
+    // BPF_F_INNER_MAP: inner arrays of any length.
+    s.create_outer(aom, 4, 4, 0, a_inner).unwrap();
+    s.update(&k32(0), &a_inner_longer.to_ne_bytes(), uf::ANY);
+    s.update(&k32(1), &a.to_ne_bytes(), uf::ANY);
+    s.lookup_inner(&k32(0), a_inner_longer);
+    // A hash of maps: hash flags, and inner hashes of any length.
+    s.create_outer(hom, 8, 2, map_flags::NO_PREALLOC, h)
+        .unwrap();
+    s.create_outer(hom, 8, 2, 0, h).unwrap();
+    s.update(&v64(5), &h_longer.to_ne_bytes(), uf::ANY);
+    s.update(&v64(5), &h.to_ne_bytes(), uf::NOEXIST);
+    s.update(&v64(5), &h.to_ne_bytes(), uf::ANY);
+    s.update(&v64(6), &h.to_ne_bytes(), uf::EXIST);
+    s.update(&v64(6), &a.to_ne_bytes(), uf::ANY);
+    s.update(&v64(6), &h.to_ne_bytes(), uf::ANY);
+    s.update(&v64(7), &h.to_ne_bytes(), uf::ANY);
+    s.lookup_inner(&v64(5), h);
+    s.lookup_and_delete(&v64(5), 4);
+    s.count_keys(8);
+    s.delete(&v64(5));
+    s.delete(&v64(5));
+    s.lookup_inner(&v64(5), h);
     // Creation errors.
     let _ = s.create(mt::RINGBUF, 0, 0, 5000, 0);
     let _ = s.create(mt::RINGBUF, 0, 0, 4096, 0);
@@ -339,6 +468,11 @@ fn map_operations_agree_with_the_kernel() {
         Err(libc::E2BIG)
     );
     assert_eq!(find("create type 9999").unwrap().0, Err(libc::EINVAL));
+    assert!(
+        got.iter()
+            .any(|(w, o)| w == "lookup inner [0, 0, 0, 0]" && *o == (Ok(0), vec![1])),
+        "an array of maps gives the id of the map stored in it"
+    );
 
     if let Some(why) = bpftime_tests::kernel_unavailable() {
         eprintln!("SKIPPED kernel comparison: {why}; checked our own results only");

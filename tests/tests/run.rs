@@ -41,6 +41,11 @@ impl Outcome {
 /// Runs bpftime to completion. Its output goes to files, not pipes: a run
 /// prints more than a pipe holds, and nobody reads the pipe until it exits.
 fn bpftime(s: &Session, args: &[&str]) -> Outcome {
+    bpftime_env(s, args, &[])
+}
+
+/// [`bpftime`] with `env` added to its environment.
+fn bpftime_env(s: &Session, args: &[&str], env: &[(&str, &str)]) -> Outcome {
     static RUNS: AtomicUsize = AtomicUsize::new(0);
     let n = RUNS.fetch_add(1, Ordering::Relaxed);
     let (out_path, err_path) = (
@@ -49,6 +54,7 @@ fn bpftime(s: &Session, args: &[&str]) -> Outcome {
     );
     let mut c = s.bpftime();
     c.args(args)
+        .envs(env.iter().copied())
         .stdin(Stdio::null())
         .stdout(File::create(&out_path).unwrap())
         .stderr(File::create(&err_path).unwrap());
@@ -78,12 +84,16 @@ fn bpftime(s: &Session, args: &[&str]) -> Outcome {
 
 /// `bpftime run OBJECT [extra...] -- <private copy of calls> N`.
 fn run_on_calls(s: &Session, object: &str, extra: &[&str]) -> Outcome {
+    run_on_calls_env(s, object, extra, &[])
+}
+
+fn run_on_calls_env(s: &Session, object: &str, extra: &[&str], env: &[(&str, &str)]) -> Outcome {
     let calls = s.target_copy(examples::CALLS);
     let n = N.to_string();
     let mut args = vec!["run", object];
     args.extend_from_slice(extra);
     args.extend(["--", calls.to_str().unwrap(), n.as_str()]);
-    bpftime(s, &args)
+    bpftime_env(s, &args, env)
 }
 
 fn assert_store_removed(s: &Session) {
@@ -1091,4 +1101,83 @@ fn an_lpm_trie_answers_lookups_with_the_longest_stored_prefix() {
         "{}",
         out.context()
     );
+}
+
+/// Maps of maps from a program: libbpf fills `outer` (an array of maps) and `odd` (a
+/// hash of maps) from their static initialisers with map fds; work(i) looks up the inner
+/// map of its parity in `outer`, counts in its key 0 and stores i in its key 1, and odd
+/// calls count once more through `odd[1]`. The kernel accepts the same object.
+#[test]
+fn maps_of_maps_give_programs_the_inner_maps_libbpf_put_in_them() {
+    let s = Session::new("run-mapinmap");
+    let source = "#include <linux/bpf.h>\n#include <bpf/bpf_helpers.h>\n\
+         struct inner { __uint(type, BPF_MAP_TYPE_ARRAY); __uint(max_entries, 2);\n\
+                  __type(key, __u32); __type(value, __u64); } even SEC(\".maps\"), odd_calls SEC(\".maps\");\n\
+         struct { __uint(type, BPF_MAP_TYPE_ARRAY_OF_MAPS); __uint(max_entries, 2);\n\
+                  __type(key, __u32); __array(values, struct inner); } outer SEC(\".maps\") =\n\
+                  { .values = { &even, &odd_calls } };\n\
+         struct { __uint(type, BPF_MAP_TYPE_HASH_OF_MAPS); __uint(max_entries, 4);\n\
+                  __type(key, __u32); __array(values, struct inner); } odd SEC(\".maps\") =\n\
+                  { .values = { [1] = &odd_calls } };\n\
+         SEC(\"uprobe/work\") int on_work(__u64 *ctx) {\n\
+             __u64 i = ctx[14];\n\
+             __u32 parity = i & 1, k = 0;\n\
+             void *m = bpf_map_lookup_elem(&outer, &parity);\n\
+             if (!m) return 0;\n\
+             __u64 *n = bpf_map_lookup_elem(m, &k);\n\
+             if (n) __sync_fetch_and_add(n, 1);\n\
+             k = 1;\n\
+             bpf_map_update_elem(m, &k, &i, BPF_ANY);\n\
+             if (!parity) return 0;\n\
+             m = bpf_map_lookup_elem(&odd, &parity);\n\
+             if (!m) return 0;\n\
+             k = 0;\n\
+             n = bpf_map_lookup_elem(m, &k);\n\
+             if (n) __sync_fetch_and_add(n, 1);\n\
+             return 0;\n\
+         }\n\
+         char LICENSE[] SEC(\"license\") = \"GPL\";\n";
+    let obj = s.compile_bpf("mapinmap", source);
+    let obj = obj.to_str().unwrap();
+    if let Some(log) = kernel_verdict(&s, obj) {
+        assert_eq!(log, "", "the kernel refuses the program");
+    }
+    // The JIT, then the interpreter.
+    for engine in ["1", "0"] {
+        let out = run_on_calls_env(&s, obj, &[], &[("BPFTIME_JIT", engine)]);
+        assert_eq!(out.code, Some(0), "{}", out.context());
+        for (map, key, want) in [
+            ("even", "0", N / 2),
+            ("even", "1", N - 2),
+            ("odd_calls", "0", N),
+            ("odd_calls", "1", N - 1),
+        ] {
+            assert_eq!(
+                out.entry(map, key).as_deref(),
+                Some(want.to_string().as_str()),
+                "BPFTIME_JIT={engine}: {map}[{key}]\n{}",
+                out.context()
+            );
+        }
+    }
+
+    // Without the null check, both verifiers refuse to use the inner map.
+    let unchecked = s.compile_bpf(
+        "mapinmap_unchecked",
+        &source
+            .replace("if (!m) return 0;\\n", "")
+            .replace("if (!m) return 0;", ""),
+    );
+    let unchecked = unchecked.to_str().unwrap();
+    let ours = verify(&s, &[unchecked]);
+    assert_eq!(ours.code, Some(1), "{}", ours.context());
+    let refusal = "R1 type=map_value_or_null expected=map_ptr";
+    assert!(
+        ours.stdout.iter().any(|l| l.contains(refusal)),
+        "{}",
+        ours.context()
+    );
+    if let Some(log) = kernel_verdict(&s, unchecked) {
+        assert!(log.contains(refusal), "kernel: {log}");
+    }
 }

@@ -74,6 +74,22 @@ const VALUE_MAPS: &[u32] = &[
     mt::GPU_PER_THREAD_ARRAY,
     mt::GPU_ARRAY,
 ];
+/// Map types a program may look up in: those holding values, and maps of maps (which
+/// give an inner map).
+const LOOKUP_MAPS: &[u32] = &[
+    mt::HASH,
+    mt::ARRAY,
+    mt::PERCPU_HASH,
+    mt::PERCPU_ARRAY,
+    mt::LRU_HASH,
+    mt::LRU_PERCPU_HASH,
+    mt::LPM_TRIE,
+    mt::GPU_HASH,
+    mt::GPU_PER_THREAD_ARRAY,
+    mt::GPU_ARRAY,
+    mt::ARRAY_OF_MAPS,
+    mt::HASH_OF_MAPS,
+];
 const QUEUE_MAPS: &[u32] = &[mt::QUEUE, mt::STACK, mt::BLOOM_FILTER];
 const RINGBUF_MAPS: &[u32] = &[mt::RINGBUF, mt::GPU_RINGBUF];
 const PERF_MAPS: &[u32] = &[mt::PERF_EVENT_ARRAY, mt::GPU_RINGBUF];
@@ -97,7 +113,7 @@ pub fn proto(id: u32) -> Option<Proto> {
     Some(match id {
         h::MAP_LOOKUP_ELEM => p(
             "bpf_map_lookup_elem",
-            &[Map(VALUE_MAPS), MapKey],
+            &[Map(LOOKUP_MAPS), MapKey],
             MapValueOrNull,
             true,
         ),
@@ -268,6 +284,8 @@ pub const KNOWN_MAP_TYPES: &[u32] = &[
     mt::LRU_HASH,
     mt::LRU_PERCPU_HASH,
     mt::LPM_TRIE,
+    mt::ARRAY_OF_MAPS,
+    mt::HASH_OF_MAPS,
     mt::QUEUE,
     mt::STACK,
     mt::RINGBUF,

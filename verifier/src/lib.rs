@@ -42,5 +42,6 @@ pub use error::{RejectKind, Rejection, Verified};
 pub use scalar::{Scalar, Tnum};
 pub use state::{Reg, Region};
 pub use verify::{
-    verify, MapDesc, Options, ProgramInfo, SourceLine, PROG_TYPE_CONFORMANCE, PT_REGS_SIZE,
+    inner_map_key, inner_map_owner, verify, MapDesc, Options, ProgramInfo, SourceLine,
+    PROG_TYPE_CONFORMANCE, PT_REGS_SIZE,
 };

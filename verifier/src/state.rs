@@ -18,6 +18,10 @@ pub enum Region {
     Ringbuf { size: u32 },
     /// A plain memory buffer (the conformance program type's input).
     Mem { size: u32 },
+    /// An inner map a lookup in a map of maps found, until a null check makes it a
+    /// [`Reg::MapPtr`]; `fd` is the key its template answers to
+    /// ([`inner_map_key`](crate::inner_map_key)).
+    InnerMap { fd: i32 },
 }
 
 impl Region {
@@ -28,6 +32,7 @@ impl Region {
             Region::MapValue { .. } => "map_value",
             Region::Ringbuf { .. } => "ringbuf_mem",
             Region::Mem { .. } => "mem",
+            Region::InnerMap { .. } => "map_ptr",
         }
     }
 }
@@ -120,6 +125,9 @@ impl Reg {
             } => match region {
                 Region::MapValue { .. } => "map_value_or_null",
                 Region::Ringbuf { .. } => "ringbuf_mem_or_null",
+                // The kernel's name too: the lookup's result becomes a map pointer
+                // only when a null check proves it is one.
+                Region::InnerMap { .. } => "map_value_or_null",
                 _ => "ptr_or_null",
             },
             Reg::MapPtr { .. } => "map_ptr",

@@ -45,6 +45,18 @@ pub struct MapDesc {
     pub flags: u32,
 }
 
+/// The key [`ProgramInfo::maps`] is asked with for the template of the inner maps
+/// of the map of maps `fd` (a lookup in it gives one of them). Map fds and indices are
+/// never negative, so these keys are apart from theirs.
+pub fn inner_map_key(fd: i32) -> i32 {
+    !fd
+}
+
+/// The map of maps whose inner template `key` names, if it is such a key.
+pub fn inner_map_owner(key: i32) -> Option<i32> {
+    (key < 0).then_some(!key)
+}
+
 /// The program to verify and what it runs against.
 pub struct ProgramInfo<'a> {
     pub insns: &'a [Insn],
@@ -52,7 +64,8 @@ pub struct ProgramInfo<'a> {
     pub prog_type: u32,
     /// The program will run on a GPU: only GPU helpers and map types are allowed.
     pub gpu: bool,
-    /// Resolves the `imm` of an `lddw` with a map source (fd or index) to its map.
+    /// Resolves the `imm` of an `lddw` with a map source (fd or index) to its map, and
+    /// [`inner_map_key`]`(imm)` of a map of maps to the template of its inner maps.
     pub maps: &'a dyn Fn(i32) -> Option<MapDesc>,
     /// Size of the input buffer, for [`PROG_TYPE_CONFORMANCE`] only.
     pub mem_len: u32,
@@ -1587,6 +1600,26 @@ impl<'a> Verifier<'a> {
             ),
             Ret::Integer => Reg::unknown(),
             Ret::Void => Reg::Uninit,
+            Ret::MapValueOrNull
+                if map.is_some_and(|(_, m)| {
+                    matches!(m.map_type, mt::ARRAY_OF_MAPS | mt::HASH_OF_MAPS)
+                }) =>
+            {
+                // A lookup in a map of maps gives an inner map, or NULL: the program
+                // may pass it to map helpers once it tested it, as in the kernel.
+                let (fd, _) = map.expect("lookup names a map");
+                let inner = inner_map_key(fd);
+                self.map(inner)?;
+                Reg::Ptr {
+                    region: Region::InnerMap { fd: inner },
+                    off_min: 0,
+                    off_max: 0,
+                    off_bits: Tnum::konst(0),
+                    nullable: true,
+                    id: self.fresh_id(),
+                    ref_id: 0,
+                }
+            }
             Ret::MapValueOrNull => {
                 let (fd, m) = map.expect("lookup names a map");
                 // An array lookup with a constant key in range cannot miss (the
@@ -1871,6 +1904,12 @@ fn mark_null(st: &mut State, id: u32, ref_id: u32, is_null: bool) {
             if *other == id {
                 if is_null {
                     *reg = Reg::konst(0);
+                } else if let Reg::Ptr {
+                    region: Region::InnerMap { fd },
+                    ..
+                } = *reg
+                {
+                    *reg = Reg::MapPtr { fd };
                 } else if let Reg::Ptr { nullable, .. } = reg {
                     *nullable = false;
                 }

@@ -347,11 +347,40 @@ reject!(
     0,
     RejectKind::UnknownMap { fd: 99 }
 );
+// A map of maps: a lookup gives an inner map (or NULL), which the null check turns
+// into a map pointer that map helpers take, with the template's key and value sizes.
+const INNER_LOOKUP: &str = "stw [%r10-4], 0\nmov %r2, %r10\nadd %r2, -4\nldmap %r1, 9\ncall 1\n";
+accept!(
+    map_in_map_lookup_gives_the_inner_map,
+    &format!("{INNER_LOOKUP}jeq %r0, 0, +6\nmov %r1, %r0\nmov %r2, %r10\nadd %r2, -4\ncall 1\nmov %r0, 0\nexit\nmov %r0, 0\nexit")
+);
 reject!(
-    map_in_map_unsupported,
-    "ldmap %r1, 9\nmov %r0, 0\nexit",
-    0,
-    RejectKind::UnsupportedMapType { .. }
+    map_in_map_inner_needs_a_null_check,
+    &format!("{INNER_LOOKUP}mov %r1, %r0\nmov %r2, %r10\nadd %r2, -4\ncall 1\nmov %r0, 0\nexit"),
+    9,
+    RejectKind::HelperArgType {
+        reg: 1,
+        expected: "map_ptr",
+        ..
+    }
+);
+reject!(
+    map_in_map_inner_is_not_memory,
+    &format!("{INNER_LOOKUP}jeq %r0, 0, +2\nldxdw %r1, [%r0]\nmov %r0, 0\nexit"),
+    7,
+    RejectKind::InvalidMemAccess { reg: 0, .. }
+);
+reject!(
+    map_in_map_inner_key_is_the_templates,
+    &format!("{INNER_LOOKUP}jeq %r0, 0, +6\nmov %r1, %r0\nmov %r2, %r10\nadd %r2, -2\ncall 1\nmov %r0, 0\nexit\nmov %r0, 0\nexit"),
+    10,
+    RejectKind::StackOutOfBounds { .. }
+);
+reject!(
+    map_in_map_outer_takes_lookups_only,
+    "stw [%r10-4], 0\nmov %r2, %r10\nadd %r2, -4\nmov %r3, %r2\nldmap %r1, 9\nmov %r4, 0\ncall 2\nmov %r0, 0\nexit",
+    7,
+    RejectKind::MapHelperMismatch { .. }
 );
 accept!(
     map_value_direct,
@@ -802,6 +831,13 @@ fn gpu_rejects_cpu_only_helpers_and_maps() {
     let e = gpu("mov %r1, %r10\nadd %r1, -16\nmov %r2, 16\ncall 16\nmov %r0, 0\nexit").unwrap_err();
     assert!(
         matches!(e.kind, RejectKind::HelperNotOnGpu { id: 16, .. }),
+        "{}",
+        e.log()
+    );
+    // Maps of maps: refused on the GPU, where inner maps have no replicas.
+    let e = gpu("ldmap %r1, 9\nmov %r0, 0\nexit").unwrap_err();
+    assert!(
+        matches!(e.kind, RejectKind::MapTypeNotOnGpu { .. }),
         "{}",
         e.log()
     );

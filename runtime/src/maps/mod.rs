@@ -13,14 +13,14 @@ mod queue;
 mod ringbuf;
 pub(crate) mod stack_trace;
 
-use crate::layout::{MapHeader, ObjectKind, PAGE_SIZE};
+use crate::layout::{InnerTemplate, MapHeader, ObjectKind, PAGE_SIZE};
 use crate::mapping::Mapping;
 use crate::store::{new_object_header, Store};
 use crate::{Error, Result};
 use bpftime_isa::uapi::{map_flags, map_type};
 use std::fs::File;
 use std::path::PathBuf;
-use std::sync::OnceLock;
+use std::sync::{Arc, OnceLock};
 
 pub(crate) fn round8(v: u32) -> usize {
     (v as usize + 7) & !7
@@ -138,6 +138,8 @@ pub struct MapSpec {
     pub btf_key_type_id: u32,
     pub btf_value_type_id: u32,
     pub map_extra: u64,
+    /// Maps of maps: the shape of the template map `inner_map_fd` named.
+    pub inner: Option<InnerTemplate>,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -160,6 +162,10 @@ enum Kind {
     Bloom,
     Ringbuf,
     StackTrace,
+    /// An array of maps: inner map ids, laid out as an `IdArray`.
+    MapArray,
+    /// A hash of maps: inner map ids as 4-byte values of a hash map.
+    MapHash,
 }
 
 impl Kind {
@@ -201,6 +207,8 @@ impl Kind {
             map_type::STACK => Kind::Stack,
             map_type::RINGBUF => Kind::Ringbuf,
             map_type::STACK_TRACE => Kind::StackTrace,
+            map_type::ARRAY_OF_MAPS => Kind::MapArray,
+            map_type::HASH_OF_MAPS => Kind::MapHash,
             _ => return None,
         })
     }
@@ -224,6 +232,10 @@ pub struct Map {
     fifo_path: PathBuf,
     /// Rings of the perf events a perf_event_array points at, opened on first output.
     perf_rings: std::sync::Mutex<std::collections::HashMap<u32, std::sync::Arc<crate::PerfRing>>>,
+    /// Maps of maps: this process's handles on the inner maps programs looked up, by id.
+    /// A handle lives as long as the outer one, so the address a program got stays valid
+    /// while the program (which holds the outer map) runs.
+    inner_maps: std::sync::RwLock<std::collections::HashMap<u32, std::sync::Arc<Map>>>,
 }
 
 impl std::fmt::Debug for Map {
@@ -243,8 +255,9 @@ impl Map {
             err(
                 libc::EINVAL,
                 format!(
-                    "map type {} is not supported by bpftime (supported: array, hash, percpu_array, percpu_hash, lru_hash, lru_percpu_hash, ringbuf, perf_event_array, prog_array, cgroup_array, lpm_trie, queue, stack, bloom_filter, stack_trace)",
-                    spec.map_type
+                    "map type {} ({}) is not supported by bpftime (supported: array, hash, percpu_array, percpu_hash, lru_hash, lru_percpu_hash, ringbuf, perf_event_array, prog_array, cgroup_array, lpm_trie, array_of_maps, hash_of_maps, queue, stack, bloom_filter, stack_trace)",
+                    spec.map_type,
+                    type_name(spec.map_type)
                 ),
             )
         })?;
@@ -285,10 +298,11 @@ impl Map {
                 wakeup_pending: Default::default(),
                 _pad2: 0,
                 updates: Default::default(),
+                inner: spec.inner.unwrap_or_default(),
             };
             // SAFETY: the file is at least one page long, page aligned, and private to us until published.
             unsafe { std::ptr::write(bytes.as_mut_ptr().cast::<MapHeader>(), header) };
-            if let Kind::Hash { .. } = kind {
+            if let Kind::Hash { .. } | Kind::MapHash = kind {
                 // SAFETY: the header was just written at the start of `bytes`.
                 let h = unsafe { &*(bytes.as_ptr() as *const MapHeader) };
                 hash::init_free_list(h, &mut bytes[PAGE_SIZE..]);
@@ -314,7 +328,12 @@ impl Map {
 
     /// Opens a map of the store in this process.
     pub fn open(store: &Store, id: u32) -> Result<Map> {
-        let (file, path) = store.open_object(ObjectKind::Map, id)?;
+        Map::open_in(store.dir(), id)
+    }
+
+    /// Opens map `id` of the store in directory `dir`.
+    fn open_in(dir: &std::path::Path, id: u32) -> Result<Map> {
+        let (file, path) = crate::store::open_object_in(dir, ObjectKind::Map, id)?;
         let len = file
             .metadata()
             .map_err(|e| Error::io("stat", &path, e))?
@@ -343,7 +362,7 @@ impl Map {
         } else {
             Mapping::map_file(&file, file_len.min(len), &path)?
         };
-        let fifo_path = store.fifo_path(id);
+        let fifo_path = crate::store::fifo_path_in(dir, id);
         let fifo = if kind == Kind::Ringbuf {
             let f = std::fs::OpenOptions::new()
                 .read(true)
@@ -364,6 +383,7 @@ impl Map {
             fifo_path,
             path,
             perf_rings: Default::default(),
+            inner_maps: Default::default(),
         })
     }
 
@@ -489,6 +509,14 @@ impl Map {
             Kind::Bloom => bloom::peek(self, value),
             Kind::Ringbuf => Err(err(ENOTSUPP, "ring buffers have no elements")),
             Kind::StackTrace => stack_trace::lookup(self, key, value),
+            // User space reads an inner map's id.
+            Kind::MapArray => {
+                let idx = array_index(key)?;
+                let id = array::id_at(self, idx).ok_or_else(|| err(libc::ENOENT, "no map"))?;
+                value.copy_from_slice(&id.to_ne_bytes());
+                Ok(())
+            }
+            Kind::MapHash => hash::lookup(self, key, value),
         }
     }
 
@@ -510,6 +538,10 @@ impl Map {
                 libc::EINVAL,
                 "stack traces are filed by bpf_get_stackid, not written from user space",
             )),
+            Kind::MapArray | Kind::MapHash => Err(err(
+                libc::EINVAL,
+                "maps of maps take map file descriptors (use set_inner)",
+            )),
         }
     }
 
@@ -525,6 +557,8 @@ impl Map {
             Kind::Bloom => Err(err(libc::EINVAL, "bloom filters forget nothing")),
             Kind::Ringbuf => Err(err(ENOTSUPP, "ring buffers have no elements")),
             Kind::StackTrace => stack_trace::delete(self, key),
+            Kind::MapArray => array::clear_id(self, key),
+            Kind::MapHash => hash::delete(self, key.as_ptr()),
         }
     }
 
@@ -537,8 +571,8 @@ impl Map {
             return Err(err(libc::EINVAL, "key size mismatch"));
         }
         match self.kind {
-            Kind::Array { .. } | Kind::IdArray => array::next_key(self, key, out),
-            Kind::Hash { .. } => hash::next_key(self, key, out),
+            Kind::Array { .. } | Kind::IdArray | Kind::MapArray => array::next_key(self, key, out),
+            Kind::Hash { .. } | Kind::MapHash => hash::next_key(self, key, out),
             Kind::Queue | Kind::Stack => Err(err(libc::EINVAL, "queues and stacks have no keys")),
             Kind::Bloom => Err(err(libc::EOPNOTSUPP, "bloom filters have no keys")),
             Kind::Ringbuf => Err(err(ENOTSUPP, "ring buffers have no keys")),
@@ -648,6 +682,130 @@ impl Map {
         (self.kind == Kind::Ringbuf).then_some(self.fifo_path.as_path())
     }
 
+    /// Maps of maps: the shape every inner map must have.
+    pub fn inner_template(&self) -> Option<InnerTemplate> {
+        matches!(self.kind, Kind::MapArray | Kind::MapHash).then(|| self.header().inner)
+    }
+
+    /// What a map offers as the template of a map of maps' inner maps: its shape, or
+    /// the kernel's refusal (`EINVAL` for a map of maps, since maps nest one level
+    /// deep; `ENOTSUPP` for a prog_array).
+    pub fn as_inner_template(&self) -> Result<InnerTemplate> {
+        match self.kind {
+            Kind::MapArray | Kind::MapHash => Err(err(
+                libc::EINVAL,
+                "a map of maps cannot be an inner map (maps nest one level deep)",
+            )),
+            _ if self.map_type() == map_type::PROG_ARRAY => {
+                Err(err(ENOTSUPP, "a prog_array cannot be an inner map"))
+            }
+            _ => Ok(InnerTemplate {
+                map_type: self.map_type(),
+                key_size: self.key_size(),
+                value_size: self.value_size(),
+                max_entries: self.max_entries(),
+                map_flags: self.map_flags(),
+                _pad: 0,
+            }),
+        }
+    }
+
+    /// `BPF_MAP_UPDATE_ELEM` on a map of maps, whose value is the file descriptor of
+    /// `inner`: the map must have the template's type, key and value sizes and flags,
+    /// and for arrays its number of entries too (unless the template has
+    /// `BPF_F_INNER_MAP`); the outer map then holds its id.
+    pub fn set_inner(&self, key: &[u8], inner: &Map, flags: u64) -> Result<()> {
+        let Some(t) = self.inner_template() else {
+            return Err(err(libc::EINVAL, "not a map of maps"));
+        };
+        self.check_syscall_write()?;
+        self.check_key(key)?;
+        let shape = inner
+            .as_inner_template()
+            .map_err(|e| err(libc::EINVAL, e.to_string()))?;
+        let arrays = matches!(
+            t.map_type,
+            map_type::ARRAY
+                | map_type::PERCPU_ARRAY
+                | map_type::CGROUP_ARRAY
+                | map_type::PERF_EVENT_ARRAY
+        );
+        let sized = t.map_flags & map_flags::INNER_MAP != 0
+            || !arrays
+            || shape.max_entries == t.max_entries;
+        if (
+            shape.map_type,
+            shape.key_size,
+            shape.value_size,
+            shape.map_flags,
+        ) != (t.map_type, t.key_size, t.value_size, t.map_flags)
+            || !sized
+        {
+            return Err(err(
+                libc::EINVAL,
+                format!(
+                    "inner map {} (type {}, key {}, value {}, max_entries {}, flags {:#x}) does not match the template (type {}, key {}, value {}, max_entries {}, flags {:#x})",
+                    inner.id(), shape.map_type, shape.key_size, shape.value_size, shape.max_entries, shape.map_flags,
+                    t.map_type, t.key_size, t.value_size, t.max_entries, t.map_flags
+                ),
+            ));
+        }
+        let id = inner.id().to_ne_bytes();
+        match self.kind {
+            Kind::MapArray => {
+                // The kernel takes no other flag for an array of maps.
+                if flags != bpftime_isa::uapi::update_flags::ANY {
+                    return Err(err(libc::EINVAL, "arrays of maps take BPF_ANY only"));
+                }
+                array::set_id(self, key, inner.id(), flags)
+            }
+            _ => hash::update(self, key, id.as_ptr(), flags, true),
+        }
+    }
+
+    /// The id of the inner map at `key`, if any.
+    ///
+    /// # Safety
+    /// `key` must point to `key_size` readable bytes.
+    unsafe fn inner_id(&self, key: *const u8) -> Option<u32> {
+        match self.kind {
+            Kind::MapArray => {
+                // SAFETY: caller obligation: a 4-byte key.
+                let idx = unsafe { std::ptr::read_unaligned(key.cast::<u32>()) };
+                array::id_at(self, idx)
+            }
+            Kind::MapHash => {
+                // SAFETY: forwarded caller obligation.
+                let v = unsafe { hash::find_value(self, key) };
+                // SAFETY: values of a hash of maps are 4-byte ids, 8-byte aligned.
+                (!v.is_null()).then(|| unsafe { std::ptr::read_volatile(v.cast::<u32>()) })
+            }
+            _ => None,
+        }
+    }
+
+    /// This process's handle on inner map `id`, opened on first use.
+    fn inner_handle(&self, id: u32) -> Option<Arc<Map>> {
+        if let Some(m) = self
+            .inner_maps
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(&id)
+        {
+            return Some(m.clone());
+        }
+        let dir = self.path.parent()?;
+        let m = match Map::open_in(dir, id) {
+            Ok(m) => Arc::new(m),
+            Err(e) => {
+                tracing::warn!(outer = self.id, inner = id, "cannot open inner map: {e}");
+                return None;
+            }
+        };
+        let mut maps = self.inner_maps.write().unwrap_or_else(|p| p.into_inner());
+        Some(maps.entry(id).or_insert(m).clone())
+    }
+
     // ----- program side -----
 
     /// `bpf_map_lookup_elem` from a program: a pointer into the map, or null.
@@ -670,6 +828,12 @@ impl Map {
                     // SAFETY: per-CPU values hold ncpus slots.
                     unsafe { v.add(cpu * round8(self.value_size())) }
                 }
+            }
+            Kind::MapArray | Kind::MapHash => {
+                // SAFETY: forwarded caller obligation.
+                let id = unsafe { self.inner_id(key) };
+                id.and_then(|id| self.inner_handle(id))
+                    .map_or(std::ptr::null_mut(), |m| Arc::as_ptr(&m) as *mut u8)
             }
             _ => std::ptr::null_mut(),
         }
@@ -889,6 +1053,53 @@ pub unsafe fn ringbuf_commit(rec: *mut u8, flags: u64, discard: bool) {
 use std::os::fd::AsRawFd;
 use std::os::unix::fs::OpenOptionsExt;
 
+/// The kernel's name of a map type, for messages about types bpftime lacks.
+fn type_name(t: u32) -> &'static str {
+    const NAMES: [&str; 34] = [
+        "unspec",
+        "hash",
+        "array",
+        "prog_array",
+        "perf_event_array",
+        "percpu_hash",
+        "percpu_array",
+        "stack_trace",
+        "cgroup_array",
+        "lru_hash",
+        "lru_percpu_hash",
+        "lpm_trie",
+        "array_of_maps",
+        "hash_of_maps",
+        "devmap",
+        "sockmap",
+        "cpumap",
+        "xskmap",
+        "sockhash",
+        "cgroup_storage",
+        "reuseport_sockarray",
+        "percpu_cgroup_storage",
+        "queue",
+        "stack",
+        "sk_storage",
+        "devmap_hash",
+        "struct_ops",
+        "ringbuf",
+        "inode_storage",
+        "task_storage",
+        "bloom_filter",
+        "user_ringbuf",
+        "cgrp_storage",
+        "arena",
+    ];
+    NAMES.get(t as usize).copied().unwrap_or("unknown")
+}
+
+fn array_index(key: &[u8]) -> Result<u32> {
+    key.try_into()
+        .map(u32::from_ne_bytes)
+        .map_err(|_| err(libc::EINVAL, "key size mismatch"))
+}
+
 /// The kernel-internal ENOTSUPP, which `bpf()` hands to user space as is.
 pub const ENOTSUPP: i32 = 524;
 
@@ -914,6 +1125,34 @@ impl Layout {
             return Err(inval("max_entries must be positive"));
         }
         let ncpus = possible_cpus() as usize;
+        // A map of maps is laid out as the map of ids it is.
+        let kind = match kind {
+            Kind::MapArray | Kind::MapHash => {
+                if s.value_size != 4 || s.inner.is_none() {
+                    return Err(inval(
+                        "maps of maps hold 4-byte values and need an inner map template",
+                    ));
+                }
+                let array = kind == Kind::MapArray;
+                let allowed = map_flags::NUMA_NODE
+                    | map_flags::RDONLY
+                    | map_flags::WRONLY
+                    | if array { 0 } else { map_flags::NO_PREALLOC };
+                if s.map_flags & !allowed != 0 {
+                    return Err(inval("flags not allowed on a map of maps"));
+                }
+                if array {
+                    Kind::IdArray
+                } else {
+                    Kind::Hash {
+                        percpu: false,
+                        lru: false,
+                        lpm: false,
+                    }
+                }
+            }
+            k => k,
+        };
         let (data, nbuckets, nelems, elem_size) = match kind {
             Kind::Array { percpu } => {
                 if s.key_size != 4 || s.value_size == 0 {
@@ -1018,6 +1257,7 @@ impl Layout {
                     .ok_or_else(|| err(libc::E2BIG, "stack trace map too large"))?;
                 (len, nbuckets, 0, 0)
             }
+            Kind::MapArray | Kind::MapHash => unreachable!("mapped to their layouts above"),
             Kind::Ringbuf => {
                 if s.key_size != 0 || s.value_size != 0 {
                     return Err(inval("ring buffers take no key and no value"));

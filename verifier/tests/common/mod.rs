@@ -43,6 +43,8 @@ pub fn maps(fd: i32) -> Option<MapDesc> {
         STACK_TRACE => d(mt::STACK_TRACE, 4, 64),
         MAP_OF_MAPS => d(mt::ARRAY_OF_MAPS, 4, 4),
         LRU => d(mt::LRU_HASH, 8, 32),
+        // The inner maps of MAP_OF_MAPS are hashes like HASH.
+        _ if bpftime_verifier::inner_map_owner(fd) == Some(MAP_OF_MAPS) => d(mt::HASH, 4, 8),
         GLOBAL => MapDesc {
             max_entries: 1,
             ..d(mt::ARRAY, 4, 16)
