@@ -340,6 +340,9 @@ pub struct LinkRecord {
     pub offset: u64,
     pub pid: i32,
     pub cookie: u64,
+    /// Made by `PERF_EVENT_IOC_SET_BPF`: the perf event holds the link, which has no
+    /// descriptor of its own and dies with the event (see `lifetime.rs`).
+    pub owned_by_event: bool,
     pub owner_pid: u32,
 }
 
@@ -352,7 +355,8 @@ impl LinkRecord {
             .u64(self.offset)
             .u32(self.pid as u32)
             .u64(self.cookie)
-            .bytes(self.path.as_bytes());
+            .bytes(self.path.as_bytes())
+            .u32(self.owned_by_event as u32);
         let p = store.publish_bytes(ObjectKind::Link, self.id, &w.0)?;
         store.bump_generation();
         Ok(p)
@@ -375,6 +379,7 @@ impl LinkRecord {
         let pid = r.u32()? as i32;
         let cookie = r.u64()?;
         let p = String::from_utf8_lossy(r.bytes()?).into_owned();
+        let owned_by_event = r.u32()? != 0;
         Ok(LinkRecord {
             id,
             prog_id,
@@ -384,6 +389,7 @@ impl LinkRecord {
             offset,
             pid,
             cookie,
+            owned_by_event,
             owner_pid: r.owner(),
         })
     }
@@ -473,6 +479,7 @@ mod tests {
                 offset: 0,
                 pid: -1,
                 cookie: 42,
+                owned_by_event: i == 1,
                 owner_pid: std::process::id(),
             };
             rec.publish(store).unwrap();
