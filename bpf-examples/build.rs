@@ -32,6 +32,8 @@ const ARTIFACTS: &[&str] = &[
     "lookups",
     "rejected.bpf.o",
     "gpu_probes",
+    "pinning",
+    "pinning.bpf.o",
 ];
 
 /// GPU objects, built too: only bpftime loads them (GPU helpers, or `cuda:`
@@ -64,6 +66,7 @@ const SOURCES: &[&str] = &[
     "globals",
     "stacks",
     "printk",
+    "pinning",
     "rejected",
     "gpu_probes",
     "gpu_block_count",
