@@ -250,3 +250,37 @@ impl Store {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The property collection rests on: a description's lock is seen from any other
+    /// description, in this process too, and survives other descriptions' closes.
+    #[test]
+    fn a_held_description_is_seen_until_it_closes() {
+        let dir = std::env::temp_dir().join(format!("bpftime-hold-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("obj");
+        std::fs::write(&path, b"x").unwrap();
+        let open = || {
+            OpenOptions::new()
+                .read(true)
+                .write(true)
+                .open(&path)
+                .unwrap()
+        };
+        let holder = open();
+        assert_eq!(is_held(&path), Some(false));
+        hold(holder.as_raw_fd()).unwrap();
+        for _ in 0..100 {
+            let other = open();
+            hold(other.as_raw_fd()).unwrap();
+            drop(other);
+            assert_eq!(is_held(&path), Some(true));
+        }
+        drop(holder);
+        assert_eq!(is_held(&path), Some(false));
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}

@@ -346,3 +346,89 @@ fn concurrent_opens_and_closes_never_free_a_held_object_nor_leak_one() {
     let l = listed(&s);
     assert!(l.is_empty(), "{l:#?}");
 }
+
+/// Threads, each with a shim of its own (so each descriptor is its own open file
+/// description, as in separate processes), open one map by id, use it and close it in
+/// a loop, collecting after every close, while its creator lets go of it at some
+/// point: no thread ever holds a freed map, a lookup by id fails only once the
+/// creator has let go, and the map is freed once the last descriptor closes.
+#[test]
+fn racing_opens_by_id_and_collections_never_free_a_held_map() {
+    use bpftime_isa::uapi::cmd;
+    use bpftime_syscall_shim::Shim;
+    use bpftime_tests::bpf::{put32, put64, Bpf, Ours};
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::Arc;
+
+    const THREADS: usize = 4;
+    const ROUNDS: usize = 100;
+    const ITERATIONS: usize = 50;
+    let s = Session::new("life-race");
+    let store = Store::create_or_open(&s.store).unwrap();
+    for iteration in 0..ITERATIONS {
+        let mut creator = Ours(Shim::new(Store::open(&s.store).unwrap()));
+        let mut a = [0u8; 128];
+        put32(&mut a, 0, 2); // BPF_MAP_TYPE_ARRAY
+        put32(&mut a, 4, 4);
+        put32(&mut a, 8, 8);
+        put32(&mut a, 12, 1);
+        let fd = creator.call(cmd::MAP_CREATE, &mut a).unwrap() as i32;
+        let id = *store.ids(ObjectKind::Map).last().unwrap();
+        let path = store.path(ObjectKind::Map, id);
+        let released = Arc::new(AtomicBool::new(false));
+        let threads: Vec<_> = (0..THREADS)
+            .map(|_| {
+                let (name, path, released) = (s.store.clone(), path.clone(), released.clone());
+                std::thread::spawn(move || {
+                    let mut shim = Ours(Shim::new(Store::open(&name).unwrap()));
+                    let mut opened = 0;
+                    for _ in 0..ROUNDS {
+                        let mut a = [0u8; 128];
+                        put32(&mut a, 0, id);
+                        match shim.call(cmd::MAP_GET_FD_BY_ID, &mut a) {
+                            Ok(fd) => {
+                                let fd = fd as i32;
+                                opened += 1;
+                                assert!(path.exists(), "map {id} freed while held");
+                                let (key, mut value) = (0u32, 0u64);
+                                let mut a = [0u8; 128];
+                                put32(&mut a, 0, fd as u32);
+                                put64(&mut a, 8, &key as *const u32 as u64);
+                                put64(&mut a, 16, &mut value as *mut u64 as u64);
+                                shim.call(cmd::MAP_LOOKUP_ELEM, &mut a).unwrap();
+                                assert!(shim.0.close(fd));
+                                // SAFETY: closes the descriptor the shim gave this thread.
+                                unsafe { libc::close(fd) };
+                                shim.0.collect();
+                            }
+                            Err(e) => {
+                                assert_eq!(e, libc::ENOENT);
+                                // The creator says it lets go before it does: a map freed
+                                // under this call was let go of before this load.
+                                assert!(
+                                    released.load(Ordering::SeqCst),
+                                    "map {id} not found while its creator held it"
+                                );
+                            }
+                        }
+                    }
+                    opened
+                })
+            })
+            .collect();
+        std::thread::sleep(std::time::Duration::from_micros(
+            200 * (iteration as u64 % 10),
+        ));
+        released.store(true, Ordering::SeqCst);
+        assert!(creator.0.close(fd));
+        // SAFETY: the creator's descriptor, closed once.
+        unsafe { libc::close(fd) };
+        creator.0.collect();
+        for t in threads {
+            t.join().expect("a racing thread failed");
+        }
+        store.collect_garbage();
+        assert!(!path.exists(), "map {id} leaked (iteration {iteration})");
+    }
+    assert!(store.ids(ObjectKind::Map).is_empty());
+}
