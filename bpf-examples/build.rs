@@ -35,6 +35,8 @@ const ARTIFACTS: &[&str] = &[
     "usdt_count.bpf.o",
     "rejected.bpf.o",
     "gpu_probes",
+    "pinning",
+    "pinning.bpf.o",
 ];
 
 /// GPU objects, built too: only bpftime loads them (GPU helpers, or `cuda:`
@@ -68,6 +70,7 @@ const SOURCES: &[&str] = &[
     "globals",
     "stacks",
     "printk",
+    "pinning",
     "rejected",
     "gpu_probes",
     "gpu_block_count",

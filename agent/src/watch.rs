@@ -154,19 +154,18 @@ impl Agent {
     }
 
     fn sync(self: &Arc<Self>) {
+        // A tool killed without closing its descriptors drops its references, but
+        // no process of its own frees what they held: whoever looks next does, and
+        // an agent looks twice a second.
+        self.store().collect_garbage();
         let present = self.store().ids(ObjectKind::Link);
         let mut links = self.links.lock().unwrap_or_else(|p| p.into_inner());
-        // Detach links that are gone or whose tool exited.
+        // A link lives while something refers to it (a descriptor, a pin); freed,
+        // it leaves the store and is detached here.
         let gone: Vec<u32> = links
             .keys()
             .copied()
-            .filter(|id| {
-                !present.contains(id)
-                    || self
-                        .store()
-                        .info(ObjectKind::Link, *id)
-                        .is_some_and(|i| !i.owner_alive && !i.pinned)
-            })
+            .filter(|id| !present.contains(id))
             .collect();
         for id in gone {
             crate::gpu::detach(id);
@@ -185,13 +184,6 @@ impl Agent {
         }
         for id in present {
             if links.contains_key(&id) {
-                continue;
-            }
-            let alive = self
-                .store()
-                .info(ObjectKind::Link, id)
-                .is_some_and(|i| i.owner_alive || i.pinned);
-            if !alive {
                 continue;
             }
             let held = match LinkRecord::read(self.store(), id) {

@@ -55,6 +55,13 @@ pub const GLOBALS_BPF_O: &str = env!("BPF_EXAMPLES_GLOBALS_BPF_O");
 pub const STACKS: &str = env!("BPF_EXAMPLES_STACKS");
 /// BPF object loaded by `stacks`.
 pub const STACKS_BPF_O: &str = env!("BPF_EXAMPLES_STACKS_BPF_O");
+/// `pinning` loader (C, shared libbpf): pins, reopens and unpins maps and links on
+/// command from stdin (`pinning/pinning.c` lists the commands).
+pub const PINNING: &str = env!("BPF_EXAMPLES_PINNING");
+/// BPF object of `pinning`: a uprobe counting into a `LIBBPF_PIN_BY_NAME` map; not in
+/// [`ARTIFACTS`], whose objects tests load into the kernel as they are (this one would
+/// leave a pin in the kernel's /sys/fs/bpf).
+pub const PINNING_BPF_O: &str = env!("BPF_EXAMPLES_PINNING_BPF_O");
 /// `printk` loader (C, shared libbpf): bpf_printk at a uprobe.
 pub const PRINTK: &str = env!("BPF_EXAMPLES_PRINTK");
 /// BPF object loaded by `printk`.

@@ -61,7 +61,7 @@ enum Cmd {
     },
     /// Show what the store holds.
     List {
-        /// Remove objects whose owning tool has exited.
+        /// Also say how many objects had lost their last reference (they are freed either way).
         #[arg(long)]
         clean: bool,
     },
@@ -224,9 +224,11 @@ fn preload_command(store: &str, lib: &str, argv: &[OsString]) -> Result<Command,
 
 fn list(store: &str, clean: bool) -> Result<()> {
     let store = Store::open(store)?;
+    // What nothing refers to any more is gone, as in the kernel; a listing never
+    // shows it (`--clean` only says how much there was).
+    let removed = store.collect_garbage();
     if clean {
-        let removed = store.collect_garbage();
-        println!("removed {} objects of exited tools", removed.len());
+        println!("removed {} objects without references", removed.len());
     }
     let owner = |kind, id| {
         store
@@ -282,6 +284,14 @@ fn list(store: &str, clean: bool) -> Result<()> {
             ),
             Err(e) => println!("link {id:>5}  unreadable: {e}"),
         }
+    }
+    for pin in store.pins() {
+        println!(
+            "pin  {}  {} {}",
+            pin.path.display(),
+            pin.kind.prefix(),
+            pin.id
+        );
     }
     for id in store.ids(ObjectKind::PerfEvent) {
         match PerfEventRecord::read(&store, id) {

@@ -7,7 +7,7 @@ use std::sync::atomic::{AtomicU32, AtomicU64};
 pub const PAGE_SIZE: usize = 4096;
 
 /// Bumped whenever any layout in this module changes.
-pub const STORE_VERSION: u32 = 3;
+pub const STORE_VERSION: u32 = 4;
 
 pub const OBJECT_MAGIC: u32 = 0x4250_4654; // "BPFT"
 
@@ -52,8 +52,10 @@ pub struct ObjectHeader {
     pub version: u32,
     pub kind: u32,
     pub id: u32,
-    /// The process that created the object; the object dies with it unless pinned.
+    /// The process that created the object (shown by `bpftime list`); the object's
+    /// lifetime is its references', see `lifetime.rs`.
     pub owner_pid: u32,
+    /// Unused since version 3 (pins live in the store's `pins/` tree).
     pub pinned: AtomicU32,
     /// Start time (clock ticks since boot) of the owner, to tell a reused pid apart.
     pub owner_start: u64,

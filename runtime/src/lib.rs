@@ -7,6 +7,10 @@
 //! and is published with an atomic rename, so a process that dies mid-creation
 //! leaves at most an ignored temporary file.
 //!
+//! An object lives while a descriptor, a pin or another object refers to it, as in
+//! the kernel (`lifetime.rs` says how, across processes), and bpffs pins live in the
+//! store (`pins.rs`).
+//!
 //! Programs reach maps through [`helpers`], which work on process-local [`Map`]
 //! handles over the shared files.
 
@@ -15,10 +19,12 @@ mod error;
 mod gpu_probe;
 pub mod helpers;
 mod layout;
+mod lifetime;
 mod mapping;
 mod maps;
 mod objects;
 mod perfbuf;
+mod pins;
 pub mod stack;
 mod store;
 
@@ -40,6 +46,7 @@ pub fn init_logging() {
         .try_init();
 }
 pub use layout::{InnerTemplate, ObjectKind, PAGE_SIZE, STORE_VERSION};
+pub use lifetime::{hold, StoreLock};
 pub use maps::stack_trace::jhash2;
 pub use maps::{
     cpu_number_offset, possible_cpus, ringbuf_commit, ArrayValues, Map, MapSpec, ENOTSUPP,
@@ -48,6 +55,7 @@ pub use objects::{
     publish_btf, read_btf, LinkKind, LinkRecord, PerfEventKind, PerfEventRecord, ProgramRecord,
 };
 pub use perfbuf::{fifo_path as perf_fifo_path, ring_path as perf_ring_path, PerfRing};
+pub use pins::{bpffs_relative, Pin, BPFFS_ROOT};
 pub use store::{owner_alive, ObjectInfo, Store, DEFAULT_STORE_NAME, STORE_ENV};
 
 /// Set by `bpftime start --gpu-flamegraph PATH` (and `run`): the agent writes the GPU flame

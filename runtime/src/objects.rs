@@ -350,6 +350,9 @@ pub struct LinkRecord {
     /// The USDT semaphore of a uprobe, as in [`PerfEventRecord::ref_ctr_offset`]: raised
     /// in each traced process while the link exists.
     pub ref_ctr_offset: u64,
+    /// Made by `PERF_EVENT_IOC_SET_BPF`: the perf event holds the link, which has no
+    /// descriptor of its own and dies with the event (see `lifetime.rs`).
+    pub owned_by_event: bool,
     pub owner_pid: u32,
 }
 
@@ -363,7 +366,8 @@ impl LinkRecord {
             .u32(self.pid as u32)
             .u64(self.cookie)
             .bytes(self.path.as_bytes())
-            .u64(self.ref_ctr_offset);
+            .u64(self.ref_ctr_offset)
+            .u32(self.owned_by_event as u32);
         let p = store.publish_bytes(ObjectKind::Link, self.id, &w.0)?;
         store.bump_generation();
         Ok(p)
@@ -387,6 +391,7 @@ impl LinkRecord {
         let cookie = r.u64()?;
         let p = String::from_utf8_lossy(r.bytes()?).into_owned();
         let ref_ctr_offset = r.u64()?;
+        let owned_by_event = r.u32()? != 0;
         Ok(LinkRecord {
             id,
             prog_id,
@@ -397,6 +402,7 @@ impl LinkRecord {
             pid,
             cookie,
             ref_ctr_offset,
+            owned_by_event,
             owner_pid: r.owner(),
         })
     }
@@ -487,6 +493,7 @@ mod tests {
                 pid: -1,
                 cookie: 42,
                 ref_ctr_offset: 0x3a2,
+                owned_by_event: i == 1,
                 owner_pid: std::process::id(),
             };
             rec.publish(store).unwrap();

@@ -117,6 +117,8 @@ impl Store {
                 Err(e) => return Err(Error::io("create", &path, e)),
             }
         }
+        let pins = dir.join(crate::pins::PINS_DIR);
+        fs::create_dir_all(&pins).map_err(|e| Error::io("create directory", &pins, e))?;
         Self::open_dir(name, dir)
     }
 
@@ -301,12 +303,16 @@ impl Store {
             id,
             owner_pid: h.owner_pid,
             owner_alive: owner_alive(h.owner_pid, h.owner_start),
-            pinned: h.pinned.load(Ordering::Relaxed) != 0,
+            pinned: self.is_pinned(kind, id),
             path,
         })
     }
 
     /// Removes an object. Processes that have it mapped keep their mapping.
+    ///
+    /// Objects die by [`Store::collect_garbage`] when their last reference goes;
+    /// this is for an object that must go at once (a detached link, a map whose
+    /// creation failed half way).
     pub fn remove(&self, kind: ObjectKind, id: u32) -> Result<()> {
         let path = self.path(kind, id);
         match fs::remove_file(&path) {
@@ -317,37 +323,13 @@ impl Store {
         if kind == ObjectKind::Map {
             let _ = fs::remove_file(self.fifo_path(id));
         }
+        if kind == ObjectKind::PerfEvent {
+            crate::perfbuf::PerfRing::remove(&self.dir, id);
+        }
         if kind == ObjectKind::Link || kind == ObjectKind::PerfEvent {
             self.bump_generation();
         }
         Ok(())
-    }
-
-    /// Removes every object whose owner has exited (and is not pinned), and
-    /// temporary files left by processes that died while creating an object.
-    /// Returns what was removed.
-    pub fn collect_garbage(&self) -> Vec<ObjectInfo> {
-        let mut removed = Vec::new();
-        for kind in ObjectKind::ALL {
-            for id in self.ids(kind) {
-                if let Some(info) = self.info(kind, id) {
-                    if !info.pinned && !info.owner_alive && self.remove(kind, id).is_ok() {
-                        removed.push(info);
-                    }
-                }
-            }
-        }
-        for entry in fs::read_dir(&self.dir).into_iter().flatten().flatten() {
-            let name = entry.file_name();
-            let Some(name) = name.to_str() else { continue };
-            if let Some(rest) = name.strip_prefix(".tmp-") {
-                let pid = rest.rsplit('-').next().and_then(|p| p.parse().ok());
-                if pid.is_some_and(|p| !owner_alive(p, 0)) {
-                    let _ = fs::remove_file(entry.path());
-                }
-            }
-        }
-        removed
     }
 
     /// Deletes the whole store directory.

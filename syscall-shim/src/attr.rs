@@ -135,3 +135,9 @@ pub(crate) mod test_run {
     pub const CPU: usize = 68;
     pub const BATCH_SIZE: usize = 72;
 }
+
+/// `BPF_OBJ_PIN` and `BPF_OBJ_GET`.
+pub(crate) mod obj {
+    pub const PATHNAME: usize = 0;
+    pub const BPF_FD: usize = 8;
+}

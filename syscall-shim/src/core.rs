@@ -2,8 +2,7 @@ use crate::attr::{self, write_back_u32, Attr};
 use crate::perf::{KprobePmu, UprobePmu};
 use bpftime_isa::uapi::cmd;
 use bpftime_runtime::{
-    LinkKind, LinkRecord, Map, MapSpec, ObjectKind, PerfEventKind, PerfEventRecord, ProgramRecord,
-    Store,
+    LinkKind, LinkRecord, Map, MapSpec, ObjectKind, PerfEventRecord, ProgramRecord, Store,
 };
 use std::collections::{HashMap, HashSet};
 use std::ffi::CString;
@@ -63,6 +62,11 @@ pub struct Shim {
 
 /// The kernel-internal ENOTSUPP, which `bpf()` hands to user space as is.
 pub(crate) const ENOTSUPP: i32 = 524;
+
+fn fd_is_open(fd: RawFd) -> bool {
+    // SAFETY: F_GETFD only reads the descriptor's flags.
+    (unsafe { libc::fcntl(fd, libc::F_GETFD) }) >= 0
+}
 
 fn stat_fd(fd: RawFd) -> Option<(u64, u64)> {
     // SAFETY: zeroed stat is a valid out buffer.
@@ -141,6 +145,133 @@ impl Shim {
         self.object(fd).is_some()
     }
 
+    fn hold_refs(&self) -> SysResult<bpftime_runtime::StoreLock> {
+        self.store.hold_refs().map_err(|e| {
+            refuse(
+                e.errno(),
+                format_args!("cannot lock the store against collection: {e}"),
+            )
+        })
+    }
+
+    /// Frees what no descriptor, pin or object refers to any more (after a close).
+    pub fn collect(&mut self) {
+        let freed = self.store.collect_garbage();
+        if !freed.is_empty() {
+            tracing::debug!(count = freed.len(), "freed objects without references");
+        }
+    }
+
+    /// `unlink()` (or `rmdir()`, `dir`) of a path in bpffs: unpinning.
+    pub fn bpffs_unlink(&mut self, rel: &std::path::Path, dir: bool) -> SysResult<()> {
+        let r = if dir {
+            self.store.bpffs_rmdir(rel)
+        } else {
+            self.store.unpin(rel)
+        };
+        r.map_err(|e| refuse(e.errno(), format_args!("{e}")))?;
+        // The pin may have been the last reference.
+        self.collect();
+        Ok(())
+    }
+
+    /// `mkdir()` in bpffs.
+    pub fn bpffs_mkdir(&mut self, rel: &std::path::Path) -> SysResult<()> {
+        self.store
+            .bpffs_mkdir(rel)
+            .map_err(|e| refuse(e.errno(), format_args!("{e}")))
+    }
+
+    /// The directory standing for a bpffs path, if it is one.
+    pub fn bpffs_dir(&mut self, rel: &std::path::Path) -> Option<std::path::PathBuf> {
+        let p = self.store.bpffs_path(rel);
+        p.exists().then_some(p)
+    }
+
+    /// A new descriptor for an object that exists (by id, or by pin).
+    fn open_by_id(&mut self, kind: ObjectKind, id: u32) -> SysResult {
+        let object = match kind {
+            ObjectKind::Map => {
+                Object::Map(Arc::new(Map::open(&self.store, id).map_err(|e| e.errno())?))
+            }
+            ObjectKind::Program => Object::Program(Arc::new(
+                ProgramRecord::read(&self.store, id).map_err(|e| e.errno())?,
+            )),
+            ObjectKind::Link => {
+                LinkRecord::read(&self.store, id).map_err(|e| e.errno())?;
+                Object::Link(id)
+            }
+            _ => return Err(libc::EINVAL),
+        };
+        self.open_fd(kind, id, object).map(|fd| fd as i64)
+    }
+
+    /// The pathname of `BPF_OBJ_PIN` and `BPF_OBJ_GET`, below `/sys/fs/bpf`.
+    fn bpffs_path(&self, a: &Attr, what: &str) -> SysResult<Result<std::path::PathBuf, String>> {
+        let ptr = a.u64(attr::obj::PATHNAME) as *const libc::c_char;
+        if ptr.is_null() {
+            return Err(libc::EFAULT);
+        }
+        // SAFETY: the ABI makes `pathname` a NUL-terminated string in the caller's memory.
+        let path = unsafe { std::ffi::CStr::from_ptr(ptr) };
+        let path = std::path::Path::new(
+            <std::ffi::OsStr as std::os::unix::ffi::OsStrExt>::from_bytes(path.to_bytes()),
+        );
+        Ok(bpftime_runtime::bpffs_relative(path).ok_or_else(|| {
+            format!(
+                "{what} {}: bpftime serves bpffs at {} only",
+                path.display(),
+                bpftime_runtime::BPFFS_ROOT
+            )
+        }))
+    }
+
+    fn obj_pin(&mut self, a: &Attr) -> SysResult {
+        let rel = match self.bpffs_path(a, "BPF_OBJ_PIN")? {
+            Ok(r) => r,
+            // The kernel's answer for a path in a filesystem other than bpffs.
+            Err(why) => return Err(refuse(libc::EPERM, format_args!("{why}"))),
+        };
+        let fd = a.u32(attr::obj::BPF_FD) as RawFd;
+        let (kind, id) = match self.object(fd) {
+            Some(o)
+                if matches!(
+                    o.object,
+                    Object::Map(_) | Object::Program(_) | Object::Link(_)
+                ) =>
+            {
+                (o.kind, o.id)
+            }
+            Some(_) => return Err(libc::EINVAL),
+            None if fd_is_open(fd) => return Err(libc::EINVAL),
+            None => return Err(libc::EBADF),
+        };
+        self.store
+            .pin(&rel, kind, id)
+            .map_err(|e| refuse(e.errno(), format_args!("BPF_OBJ_PIN: {e}")))?;
+        tracing::info!(kind = kind.prefix(), id, path = %rel.display(), "pinned");
+        Ok(0)
+    }
+
+    fn obj_get(&mut self, a: &Attr) -> SysResult {
+        let rel = match self.bpffs_path(a, "BPF_OBJ_GET")? {
+            Ok(r) => r,
+            Err(why) => {
+                let ptr = a.u64(attr::obj::PATHNAME) as *const libc::c_char;
+                // SAFETY: as in bpffs_path, which read it already.
+                let exists = unsafe { libc::access(ptr, libc::F_OK) } == 0;
+                // A file that is not a BPF object: EACCES, as the kernel says.
+                let errno = if exists { libc::EACCES } else { libc::ENOENT };
+                return Err(refuse(errno, format_args!("{why}")));
+            }
+        };
+        let (kind, id) = self
+            .store
+            .pinned_object(&rel)
+            .map_err(|e| refuse(e.errno(), format_args!("BPF_OBJ_GET: {e}")))?;
+        self.open_by_id(kind, id)
+    }
+
     fn open_fd(&mut self, kind: ObjectKind, id: u32, object: Object) -> SysResult<RawFd> {
         let path = self.store.path(kind, id);
         let c = CString::new(path.as_os_str().as_encoded_bytes()).map_err(|_| libc::EINVAL)?;
@@ -151,7 +282,16 @@ impl Shim {
                 .raw_os_error()
                 .unwrap_or(libc::EIO));
         }
-        let (dev, ino) = stat_fd(fd).ok_or(libc::EBADF)?;
+        let held = bpftime_runtime::hold(fd);
+        let stat = stat_fd(fd);
+        let (Ok(()), Some((dev, ino))) = (held, stat) else {
+            // SAFETY: the fd was opened above and is not handed out.
+            unsafe { libc::close(fd) };
+            return Err(refuse(
+                libc::EIO,
+                format_args!("cannot hold {} {id} through a descriptor", kind.prefix()),
+            ));
+        };
         crate::preload::mark_fd(fd, true);
         self.fds.insert(
             fd,
@@ -190,6 +330,19 @@ impl Shim {
     pub unsafe fn bpf(&mut self, command: u32, attr: *mut u8, size: usize) -> SysResult {
         // SAFETY: caller obligation.
         let a = unsafe { Attr::read(attr, size) };
+        let listing = matches!(
+            command,
+            cmd::MAP_GET_NEXT_ID
+                | cmd::PROG_GET_NEXT_ID
+                | cmd::LINK_GET_NEXT_ID
+                | cmd::BTF_GET_NEXT_ID
+        );
+        if listing && a.u32(attr::get_id::START_ID) == 0 {
+            // A listing shows what the kernel would still hold.
+            self.collect();
+        }
+        // Whatever this call refers to must not be collected under it.
+        let _refs = self.hold_refs()?;
         match command {
             cmd::MAP_CREATE => self.map_create(&a),
             // SAFETY: forwarded caller obligation for the pointers inside `a`.
@@ -244,25 +397,11 @@ impl Shim {
                 unsafe { write_back_u32(attr, size, attr::get_id::NEXT_ID, next) };
                 Ok(0)
             }
-            cmd::MAP_GET_FD_BY_ID => {
-                let id = a.u32(0);
-                let m = Map::open(&self.store, id).map_err(|e| e.errno())?;
-                self.open_fd(ObjectKind::Map, id, Object::Map(Arc::new(m))).map(|fd| fd as i64)
-            }
-            cmd::PROG_GET_FD_BY_ID => {
-                let id = a.u32(0);
-                let p = ProgramRecord::read(&self.store, id).map_err(|e| e.errno())?;
-                self.open_fd(ObjectKind::Program, id, Object::Program(Arc::new(p))).map(|fd| fd as i64)
-            }
-            cmd::LINK_GET_FD_BY_ID => {
-                let id = a.u32(0);
-                LinkRecord::read(&self.store, id).map_err(|e| e.errno())?;
-                self.open_fd(ObjectKind::Link, id, Object::Link(id)).map(|fd| fd as i64)
-            }
-            cmd::OBJ_PIN | cmd::OBJ_GET => Err(refuse(
-                libc::EOPNOTSUPP,
-                format_args!("pinning to bpffs is not served by bpftime yet (bpf command {command})"),
-            )),
+            cmd::MAP_GET_FD_BY_ID => self.open_by_id(ObjectKind::Map, a.u32(0)),
+            cmd::PROG_GET_FD_BY_ID => self.open_by_id(ObjectKind::Program, a.u32(0)),
+            cmd::LINK_GET_FD_BY_ID => self.open_by_id(ObjectKind::Link, a.u32(0)),
+            cmd::OBJ_PIN => self.obj_pin(&a),
+            cmd::OBJ_GET => self.obj_get(&a),
             cmd::PROG_ATTACH | cmd::PROG_DETACH => Err(refuse(
                 libc::EINVAL,
                 format_args!("BPF_PROG_ATTACH attaches cgroup and socket programs, which bpftime does not run"),
@@ -756,7 +895,7 @@ impl Shim {
             Some(_) => return Err(libc::EINVAL),
             None => return Err(libc::EBADF),
         };
-        let id = self.make_link(&prog, &ev, a.u64(f::PERF_EVENT_COOKIE))?;
+        let id = self.make_link(&prog, &ev, a.u64(f::PERF_EVENT_COOKIE), false)?;
         self.open_fd(ObjectKind::Link, id, Object::Link(id))
             .map(|fd| fd as i64)
     }
@@ -766,6 +905,7 @@ impl Shim {
         prog: &ProgramRecord,
         ev: &PerfEventRecord,
         cookie: u64,
+        owned_by_event: bool,
     ) -> SysResult<u32> {
         let kind = ev.kind.link_kind().ok_or(libc::EINVAL)?;
         if prog.prog_type != bpftime_isa::uapi::prog_type::KPROBE {
@@ -804,6 +944,7 @@ impl Shim {
             pid: ev.pid,
             cookie,
             ref_ctr_offset: ev.ref_ctr_offset,
+            owned_by_event,
             owner_pid: std::process::id(),
         };
         rec.publish(&self.store).map_err(|e| e.errno())?;
@@ -858,6 +999,7 @@ impl Shim {
     }
 
     pub(crate) fn register_perf_event(&mut self, record: PerfEventRecord) -> SysResult<RawFd> {
+        let _refs = self.hold_refs()?;
         record.publish(&self.store).map_err(|e| e.errno())?;
         let id = record.id;
         self.open_fd(
@@ -868,13 +1010,14 @@ impl Shim {
     }
 
     pub(crate) fn set_perf_link(&mut self, fd: RawFd, prog_fd: RawFd) -> SysResult<i32> {
+        let _refs = self.hold_refs()?;
         let prog = self.program(prog_fd as u32)?;
         let ev = match self.object(fd).map(|o| o.object.clone()) {
             Some(Object::PerfEvent { record, link: None }) => record,
             Some(Object::PerfEvent { link: Some(_), .. }) => return Err(libc::EEXIST),
             _ => return Err(libc::EBADF),
         };
-        let link = self.make_link(&prog, &ev, 0)?;
+        let link = self.make_link(&prog, &ev, 0, true)?;
         if let Some(ObjectRef {
             object: Object::PerfEvent { link: l, .. },
             ..
@@ -885,29 +1028,15 @@ impl Shim {
         Ok(0)
     }
 
-    /// Forgets `fd` before the caller closes it; closing a link (or a perf
-    /// event attached through ioctl) detaches it, as in the kernel.
+    /// Forgets `fd` before the caller closes it. The object itself dies when its
+    /// last reference goes (a link detaches then, as in the kernel): the caller runs
+    /// [`Shim::collect`] once the descriptor is really closed.
     pub fn close(&mut self, fd: RawFd) -> bool {
-        let Some(o) = self.object(fd).cloned() else {
+        if self.object(fd).is_none() {
             return false;
-        };
+        }
         self.fds.remove(&fd);
         crate::preload::mark_fd(fd, false);
-        match o.object {
-            Object::Link(id) => {
-                let _ = self.store.remove(ObjectKind::Link, id);
-            }
-            Object::PerfEvent { record, link } => {
-                if let Some(l) = link {
-                    let _ = self.store.remove(ObjectKind::Link, l);
-                }
-                let _ = self.store.remove(ObjectKind::PerfEvent, record.id);
-                if record.kind == PerfEventKind::BpfOutput {
-                    bpftime_runtime::PerfRing::remove(self.store.dir(), record.id);
-                }
-            }
-            _ => {}
-        }
         if let Some(list) = self.epolls.remove(&fd) {
             for (fifo, _, _) in list {
                 // SAFETY: the FIFO fd was opened by us for this epoll instance.

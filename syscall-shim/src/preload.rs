@@ -239,13 +239,169 @@ pub unsafe extern "C" fn mmap64(
 /// As `close(2)`.
 #[no_mangle]
 pub unsafe extern "C" fn close(fd: c_int) -> c_int {
+    let mut object = false;
     if has_bit(&OUR_FDS, fd) || has_bit(&EPOLL_FDS, fd) {
-        with_shim(|s| s.close(fd));
+        object = with_shim(|s| s.close(fd)) == Some(true);
         set_bit(&EPOLL_FDS, fd, false);
     }
     let real = real!("close", unsafe extern "C" fn(c_int) -> c_int);
     // SAFETY: forwards unchanged.
-    unsafe { real(fd) }
+    let r = unsafe { real(fd) };
+    if object {
+        // The descriptor's reference is gone only now.
+        with_shim(|s| s.collect());
+    }
+    r
+}
+
+/// The part below `/sys/fs/bpf` of an absolute path there, which the shim serves
+/// from the store (see the runtime's `pins.rs`); None for every other path.
+///
+/// # Safety
+/// `path` is null or a NUL-terminated string.
+unsafe fn bpffs_path(path: *const libc::c_char) -> Option<std::path::PathBuf> {
+    use std::os::unix::ffi::OsStrExt;
+    if path.is_null() {
+        return None;
+    }
+    // SAFETY: caller obligation.
+    let bytes = unsafe { std::ffi::CStr::from_ptr(path) }.to_bytes();
+    if !bytes.starts_with(bpftime_runtime::BPFFS_ROOT.as_bytes()) {
+        return None;
+    }
+    bpftime_runtime::bpffs_relative(std::path::Path::new(std::ffi::OsStr::from_bytes(bytes)))
+}
+
+fn ret_int(r: SysResult<()>) -> c_int {
+    ret(r.map(|_| 0i64)) as c_int
+}
+
+/// `unlink(2)`: libbpf unpins with it (`bpf_map__unpin`, `bpf_link__unpin`).
+///
+/// # Safety
+/// As `unlink(2)`.
+#[no_mangle]
+pub unsafe extern "C" fn unlink(path: *const libc::c_char) -> c_int {
+    // SAFETY: caller obligation.
+    if let Some(rel) = unsafe { bpffs_path(path) } {
+        if let Some(r) = with_shim(|s| s.bpffs_unlink(&rel, false)) {
+            return ret_int(r);
+        }
+    }
+    let real = real!("unlink", unsafe extern "C" fn(*const libc::c_char) -> c_int);
+    // SAFETY: forwards unchanged.
+    unsafe { real(path) }
+}
+
+/// `unlinkat(2)`, which `rm` uses, for absolute paths in bpffs.
+///
+/// # Safety
+/// As `unlinkat(2)`.
+#[no_mangle]
+pub unsafe extern "C" fn unlinkat(dirfd: c_int, path: *const libc::c_char, flags: c_int) -> c_int {
+    // SAFETY: caller obligation.
+    if let Some(rel) = unsafe { bpffs_path(path) } {
+        let dir = flags & libc::AT_REMOVEDIR != 0;
+        if let Some(r) = with_shim(|s| s.bpffs_unlink(&rel, dir)) {
+            return ret_int(r);
+        }
+    }
+    let real = real!(
+        "unlinkat",
+        unsafe extern "C" fn(c_int, *const libc::c_char, c_int) -> c_int
+    );
+    // SAFETY: forwards unchanged.
+    unsafe { real(dirfd, path, flags) }
+}
+
+/// `rmdir(2)` in bpffs.
+///
+/// # Safety
+/// As `rmdir(2)`.
+#[no_mangle]
+pub unsafe extern "C" fn rmdir(path: *const libc::c_char) -> c_int {
+    // SAFETY: caller obligation.
+    if let Some(rel) = unsafe { bpffs_path(path) } {
+        if let Some(r) = with_shim(|s| s.bpffs_unlink(&rel, true)) {
+            return ret_int(r);
+        }
+    }
+    let real = real!("rmdir", unsafe extern "C" fn(*const libc::c_char) -> c_int);
+    // SAFETY: forwards unchanged.
+    unsafe { real(path) }
+}
+
+/// `mkdir(2)`: libbpf makes a pin's directory before pinning.
+///
+/// # Safety
+/// As `mkdir(2)`.
+#[no_mangle]
+pub unsafe extern "C" fn mkdir(path: *const libc::c_char, mode: libc::mode_t) -> c_int {
+    // SAFETY: caller obligation.
+    if let Some(rel) = unsafe { bpffs_path(path) } {
+        if let Some(r) = with_shim(|s| s.bpffs_mkdir(&rel)) {
+            return ret_int(r);
+        }
+    }
+    let real = real!(
+        "mkdir",
+        unsafe extern "C" fn(*const libc::c_char, libc::mode_t) -> c_int
+    );
+    // SAFETY: forwards unchanged.
+    unsafe { real(path, mode) }
+}
+
+/// The kernel's `BPF_FS_MAGIC`, which libbpf checks a pin's directory for.
+const BPF_FS_MAGIC: i64 = 0xcafe_4a11;
+
+/// `statfs(2)`: a directory in bpffs is on a BPF filesystem.
+///
+/// # Safety
+/// As `statfs(2)`.
+#[no_mangle]
+pub unsafe extern "C" fn statfs(path: *const libc::c_char, buf: *mut libc::statfs) -> c_int {
+    // SAFETY: caller obligation.
+    if let Some(rel) = unsafe { bpffs_path(path) } {
+        let dir = match with_shim(|s| s.bpffs_dir(&rel)) {
+            Some(Some(dir)) => Some(dir),
+            Some(None) => {
+                set_errno(libc::ENOENT);
+                return -1;
+            }
+            None => None,
+        };
+        if let Some(dir) = dir {
+            let c = std::ffi::CString::new(dir.into_os_string().into_encoded_bytes())
+                .unwrap_or_default();
+            let real = real!(
+                "statfs",
+                unsafe extern "C" fn(*const libc::c_char, *mut libc::statfs) -> c_int
+            );
+            // SAFETY: `c` is a path; `buf` is the caller's out buffer.
+            let r = unsafe { real(c.as_ptr(), buf) };
+            if r == 0 {
+                // SAFETY: statfs succeeded, so `buf` is valid and filled.
+                unsafe { (*buf).f_type = BPF_FS_MAGIC as _ };
+            }
+            return r;
+        }
+    }
+    let real = real!(
+        "statfs",
+        unsafe extern "C" fn(*const libc::c_char, *mut libc::statfs) -> c_int
+    );
+    // SAFETY: forwards unchanged.
+    unsafe { real(path, buf) }
+}
+
+/// `statfs64(3)`, the same as `statfs` on 64-bit targets, which libbpf may call instead.
+///
+/// # Safety
+/// As `statfs(2)`.
+#[no_mangle]
+pub unsafe extern "C" fn statfs64(path: *const libc::c_char, buf: *mut libc::statfs64) -> c_int {
+    // SAFETY: on 64-bit Linux the two structures are one layout (glibc aliases them).
+    unsafe { statfs(path, buf.cast()) }
 }
 
 /// # Safety

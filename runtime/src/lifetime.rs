@@ -1,0 +1,286 @@
+//! When objects die: as in the kernel, an object lives while something refers to it.
+//!
+//! The references are the kernel's:
+//!
+//! * a file descriptor, in any process: every descriptor the shim hands out is an open
+//!   file description of the object's own file, and it holds an OFD read lock
+//!   (`F_OFD_SETLK`) on the file's first byte ([`hold`]);
+//! * a pin in the store's `pins/` tree (see `pins.rs`);
+//! * another object: a link holds its program and its perf event, a program holds
+//!   the maps it uses, a map holds its BTF, a program array holds its programs and a
+//!   perf event array its events, and a perf event holds the link that
+//!   `PERF_EVENT_IOC_SET_BPF` made on it.
+//!
+//! Why OFD locks: the kernel drops an OFD lock when the last descriptor sharing that
+//! open file description is closed, in whatever way: `close()`, `exec` of a
+//! close-on-exec descriptor, exit, or `SIGKILL`. Descriptors duplicated with `dup()`,
+//! inherited across `fork()` or passed over a socket share the description and
+//! therefore the lock, exactly as they share a kernel BPF object's `struct file`.
+//! A count kept in shared memory could not do that: nobody decrements it for a
+//! process that is killed. Unlike `flock()` or classic POSIX locks, OFD locks are
+//! neither dropped by closing some other descriptor of the same file nor merged
+//! between two descriptions in one process, and whether anyone holds one can be
+//! asked without taking it (`F_OFD_GETLK`).
+//!
+//! Collection ([`Store::collect_garbage`]) is a mark and sweep: the roots are the
+//! objects whose file some description holds and the pinned ones; everything they
+//! reach lives, the rest is unlinked (processes that still map a freed map keep their
+//! mapping, as a kernel map outlives its fd while a program uses it). It runs after
+//! the shim closes an object's descriptor, when a shim starts, before `bpftime list`
+//! and in every agent's watch loop (which is what notices a killed tool).
+//!
+//! A mark and sweep is only right if nobody adds a reference that it cannot see while
+//! it runs: a process holding a map's descriptor could load a program that uses the
+//! map and close the descriptor between the collector's reading of the programs and
+//! its look at the map. So everything that makes a reference (creating an object and
+//! its descriptor, opening a descriptor by id or by pin, pinning, a link, a program
+//! array entry) holds the store lock shared ([`Store::hold_refs`]), and the collector
+//! holds it exclusively. Both are OFD locks on the `store` file, so a process that dies
+//! inside a `bpf()` call leaves no lock behind. Dropping a reference needs no lock: it
+//! can only make an object collectable, and the collection that follows the close sees
+//! it.
+
+use crate::layout::{MapHeader, ObjectKind};
+use crate::objects::{LinkRecord, ProgramRecord};
+use crate::store::{ObjectInfo, Store};
+use crate::{Error, Result};
+use std::collections::{HashMap, HashSet};
+use std::fs::{File, OpenOptions};
+use std::os::fd::{AsRawFd, RawFd};
+use std::os::unix::fs::FileExt;
+use std::path::Path;
+
+fn lock_request(kind: i32) -> libc::flock {
+    // SAFETY: flock is plain old data; zero is a valid value of every field.
+    let mut fl: libc::flock = unsafe { std::mem::zeroed() };
+    fl.l_type = kind as libc::c_short;
+    fl.l_whence = libc::SEEK_SET as libc::c_short;
+    fl.l_start = 0;
+    fl.l_len = 1;
+    fl
+}
+
+/// Makes the open file description behind `fd`, an object's file, a reference to
+/// the object, for as long as any descriptor shares the description.
+pub fn hold(fd: RawFd) -> std::io::Result<()> {
+    let fl = lock_request(libc::F_RDLCK);
+    // SAFETY: `fl` is a valid flock for the duration of the call.
+    if unsafe { libc::fcntl(fd, libc::F_OFD_SETLK, &fl) } != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// Whether any open file description holds the object file at `path`; None when
+/// the file cannot be opened (it is gone).
+fn is_held(path: &Path) -> Option<bool> {
+    let f = File::open(path).ok()?;
+    let mut fl = lock_request(libc::F_WRLCK);
+    // SAFETY: `fl` is a valid flock, written by the kernel.
+    if unsafe { libc::fcntl(f.as_raw_fd(), libc::F_OFD_GETLK, &mut fl) } != 0 {
+        // Cannot tell: keep the object.
+        return Some(true);
+    }
+    Some(fl.l_type != libc::F_UNLCK as libc::c_short)
+}
+
+/// The store lock, shared or exclusive, released on drop.
+pub struct StoreLock {
+    _file: File,
+}
+
+impl Store {
+    fn lock(&self, kind: i32) -> Result<StoreLock> {
+        let path = self.dir().join("store");
+        let file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(&path)
+            .map_err(|e| Error::io("open", &path, e))?;
+        let fl = lock_request(kind);
+        loop {
+            // SAFETY: `fl` is a valid flock for the duration of the call.
+            if unsafe { libc::fcntl(file.as_raw_fd(), libc::F_OFD_SETLKW, &fl) } == 0 {
+                return Ok(StoreLock { _file: file });
+            }
+            let e = std::io::Error::last_os_error();
+            if e.kind() != std::io::ErrorKind::Interrupted {
+                return Err(Error::io("lock", &path, e));
+            }
+        }
+    }
+
+    /// Holds off collection while the caller makes references (see the module doc).
+    /// Never call [`Store::collect_garbage`] in a thread that holds this.
+    pub fn hold_refs(&self) -> Result<StoreLock> {
+        self.lock(libc::F_RDLCK)
+    }
+
+    /// Frees every object nothing refers to any more, and temporary files left by
+    /// processes that died while creating an object. Returns what was freed.
+    pub fn collect_garbage(&self) -> Vec<ObjectInfo> {
+        let _lock = match self.lock(libc::F_WRLCK) {
+            Ok(l) => l,
+            Err(e) => {
+                tracing::warn!("cannot collect unreferenced objects: {e}");
+                return Vec::new();
+            }
+        };
+        let mut objects = Vec::new();
+        let mut roots = Vec::new();
+        for kind in ObjectKind::ALL {
+            for id in self.ids(kind) {
+                match is_held(&self.path(kind, id)) {
+                    Some(true) => roots.push((kind, id)),
+                    Some(false) => {}
+                    None => continue,
+                }
+                objects.push((kind, id));
+            }
+        }
+        roots.extend(self.pins().into_iter().map(|p| (p.kind, p.id)));
+        let links: HashMap<u32, LinkRecord> = self
+            .ids(ObjectKind::Link)
+            .into_iter()
+            .filter_map(|id| LinkRecord::read(self, id).ok().map(|l| (id, l)))
+            .collect();
+        let mut live = HashSet::new();
+        while let Some(o) = roots.pop() {
+            if live.insert(o) {
+                roots.extend(self.references(o, &links));
+            }
+        }
+        let mut freed = Vec::new();
+        for (kind, id) in objects {
+            if live.contains(&(kind, id)) {
+                continue;
+            }
+            let info = self.info(kind, id);
+            match self.remove(kind, id) {
+                Ok(()) => {
+                    tracing::debug!(kind = kind.prefix(), id, "freed: no references left");
+                    freed.extend(info);
+                }
+                Err(e) => tracing::warn!("cannot free {} {id}: {e}", kind.prefix()),
+            }
+        }
+        self.remove_stale_temporaries();
+        freed
+    }
+
+    /// The objects `o` holds.
+    fn references(
+        &self,
+        (kind, id): (ObjectKind, u32),
+        links: &HashMap<u32, LinkRecord>,
+    ) -> Vec<(ObjectKind, u32)> {
+        let mut out = Vec::new();
+        match kind {
+            ObjectKind::Link => {
+                if let Some(l) = links.get(&id) {
+                    out.push((ObjectKind::Program, l.prog_id));
+                    if l.perf_event_id != 0 {
+                        out.push((ObjectKind::PerfEvent, l.perf_event_id));
+                    }
+                }
+            }
+            ObjectKind::PerfEvent => out.extend(
+                links
+                    .values()
+                    .filter(|l| l.owned_by_event && l.perf_event_id == id)
+                    .map(|l| (ObjectKind::Link, l.id)),
+            ),
+            ObjectKind::Program => {
+                if let Ok(p) = ProgramRecord::read(self, id) {
+                    out.extend(p.map_ids.iter().map(|&m| (ObjectKind::Map, m)));
+                }
+            }
+            ObjectKind::Map => out.extend(self.map_references(id)),
+            ObjectKind::Btf => {}
+        }
+        out
+    }
+
+    fn map_references(&self, id: u32) -> Vec<(ObjectKind, u32)> {
+        use bpftime_isa::uapi::map_type;
+        let Ok(file) = File::open(self.path(ObjectKind::Map, id)) else {
+            return Vec::new();
+        };
+        let mut buf = [0u8; std::mem::size_of::<MapHeader>()];
+        if file.read_exact_at(&mut buf, 0).is_err() {
+            return Vec::new();
+        }
+        let field = |offset: usize| {
+            u32::from_ne_bytes(buf[offset..offset + 4].try_into().unwrap_or_default())
+        };
+        let mut out = Vec::new();
+        let btf = field(std::mem::offset_of!(MapHeader, btf_id));
+        if btf != 0 {
+            out.push((ObjectKind::Btf, btf));
+        }
+        let held = match field(std::mem::offset_of!(MapHeader, map_type)) {
+            map_type::PROG_ARRAY => ObjectKind::Program,
+            map_type::PERF_EVENT_ARRAY => ObjectKind::PerfEvent,
+            _ => return out,
+        };
+        if let Ok(m) = crate::Map::open(self, id) {
+            out.extend(
+                (0..m.max_entries())
+                    .filter_map(|i| m.id_at(i))
+                    .map(|e| (held, e)),
+            );
+        }
+        out
+    }
+
+    fn remove_stale_temporaries(&self) {
+        for entry in std::fs::read_dir(self.dir())
+            .into_iter()
+            .flatten()
+            .flatten()
+        {
+            let name = entry.file_name();
+            let Some(name) = name.to_str() else { continue };
+            if let Some(rest) = name.strip_prefix(".tmp-") {
+                let pid = rest.rsplit('-').next().and_then(|p| p.parse().ok());
+                if pid.is_some_and(|p| !crate::owner_alive(p, 0)) {
+                    let _ = std::fs::remove_file(entry.path());
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The property collection rests on: a description's lock is seen from any other
+    /// description, in this process too, and survives other descriptions' closes.
+    #[test]
+    fn a_held_description_is_seen_until_it_closes() {
+        let dir = std::env::temp_dir().join(format!("bpftime-hold-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("obj");
+        std::fs::write(&path, b"x").unwrap();
+        let open = || {
+            OpenOptions::new()
+                .read(true)
+                .write(true)
+                .open(&path)
+                .unwrap()
+        };
+        let holder = open();
+        assert_eq!(is_held(&path), Some(false));
+        hold(holder.as_raw_fd()).unwrap();
+        for _ in 0..100 {
+            let other = open();
+            hold(other.as_raw_fd()).unwrap();
+            drop(other);
+            assert_eq!(is_held(&path), Some(true));
+        }
+        drop(holder);
+        assert_eq!(is_held(&path), Some(false));
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}
