@@ -688,6 +688,16 @@ mod tests {
             self.bpf(cmd::LINK_CREATE, &mut a)
         }
 
+        /// Closes `fd` as the preloaded `close` does: the shim forgets it, the
+        /// descriptor goes, then what nothing holds any more is collected.
+        fn close(&mut self, fd: RawFd) -> bool {
+            let ours = self.shim().close(fd);
+            // SAFETY: `fd` is a descriptor this test opened through the shim.
+            unsafe { libc::close(fd) };
+            self.shim().collect();
+            ours
+        }
+
         fn links(&mut self) -> Vec<LinkRecord> {
             let store = self.shim().store();
             store
@@ -753,8 +763,8 @@ mod tests {
             ]
         );
         // Closing detaches, as for uprobes.
-        assert!(t.shim().close(exit_link as RawFd));
-        assert!(t.shim().close(entry));
+        assert!(t.close(exit_link as RawFd));
+        assert!(t.close(entry));
         let left: Vec<LinkKind> = t.links().into_iter().map(|l| l.kind).collect();
         assert_eq!(left, vec![LinkKind::GpuLaunch]);
     }
