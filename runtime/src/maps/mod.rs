@@ -7,6 +7,7 @@
 mod array;
 mod bloom;
 mod hash;
+mod local_storage;
 mod lock;
 mod lpm;
 mod queue;
@@ -166,6 +167,8 @@ enum Kind {
     MapArray,
     /// A hash of maps: inner map ids as 4-byte values of a hash map.
     MapHash,
+    /// Task, inode, socket or cgroup storage: a hash keyed by the owner's identity.
+    LocalStorage(local_storage::Owner),
 }
 
 impl Kind {
@@ -209,7 +212,7 @@ impl Kind {
             map_type::STACK_TRACE => Kind::StackTrace,
             map_type::ARRAY_OF_MAPS => Kind::MapArray,
             map_type::HASH_OF_MAPS => Kind::MapHash,
-            _ => return None,
+            t => Kind::LocalStorage(local_storage::Owner::of(t)?),
         })
     }
 
@@ -302,7 +305,7 @@ impl Map {
             };
             // SAFETY: the file is at least one page long, page aligned, and private to us until published.
             unsafe { std::ptr::write(bytes.as_mut_ptr().cast::<MapHeader>(), header) };
-            if let Kind::Hash { .. } | Kind::MapHash = kind {
+            if let Kind::Hash { .. } | Kind::MapHash | Kind::LocalStorage(_) = kind {
                 // SAFETY: the header was just written at the start of `bytes`.
                 let h = unsafe { &*(bytes.as_ptr() as *const MapHeader) };
                 hash::init_free_list(h, &mut bytes[PAGE_SIZE..]);
@@ -324,6 +327,17 @@ impl Map {
         }
         tracing::debug!(id, ?kind, path = %path.display(), "created map");
         Map::open(store, id)
+    }
+
+    /// The checks `BPF_MAP_CREATE` makes on `spec` alone, before it looks at BTF.
+    pub fn check_spec(spec: &MapSpec) -> Result<()> {
+        let kind = Kind::of(spec.map_type).ok_or_else(|| {
+            err(
+                libc::EINVAL,
+                format!("map type {} is not supported", spec.map_type),
+            )
+        })?;
+        Layout::compute(kind, spec).map(|_| ())
     }
 
     /// Opens a map of the store in this process.
@@ -473,6 +487,23 @@ impl Map {
         self.kind == Kind::IdArray
     }
 
+    /// Bytes of the key a hash-laid-out map stores: local storage keeps its owners'
+    /// identities, not the file descriptors user space names them by.
+    pub(crate) fn hash_key_size(&self) -> usize {
+        match self.kind {
+            Kind::LocalStorage(_) => local_storage::KEY_SIZE,
+            _ => self.key_size() as usize,
+        }
+    }
+
+    /// Elements a hash-laid-out map holds at most.
+    pub(crate) fn hash_capacity(&self) -> u32 {
+        match self.kind {
+            Kind::LocalStorage(_) => local_storage::CAPACITY,
+            _ => self.max_entries(),
+        }
+    }
+
     fn check_key(&self, key: &[u8]) -> Result<()> {
         if key.len() != self.key_size() as usize {
             return Err(err(libc::EINVAL, "key size mismatch"));
@@ -517,6 +548,7 @@ impl Map {
                 Ok(())
             }
             Kind::MapHash => hash::lookup(self, key, value),
+            Kind::LocalStorage(o) => local_storage::lookup(self, o, key, value),
         }
     }
 
@@ -542,6 +574,7 @@ impl Map {
                 libc::EINVAL,
                 "maps of maps take map file descriptors (use set_inner)",
             )),
+            Kind::LocalStorage(o) => local_storage::update(self, o, key, value, flags),
         }
     }
 
@@ -559,6 +592,7 @@ impl Map {
             Kind::StackTrace => stack_trace::delete(self, key),
             Kind::MapArray => array::clear_id(self, key),
             Kind::MapHash => hash::delete(self, key.as_ptr()),
+            Kind::LocalStorage(o) => local_storage::delete(self, o, key),
         }
     }
 
@@ -577,6 +611,7 @@ impl Map {
             Kind::Bloom => Err(err(libc::EOPNOTSUPP, "bloom filters have no keys")),
             Kind::Ringbuf => Err(err(ENOTSUPP, "ring buffers have no keys")),
             Kind::StackTrace => stack_trace::next_key(self, key, out),
+            Kind::LocalStorage(_) => Err(err(ENOTSUPP, "local storage cannot be iterated")),
         }
     }
 
@@ -889,6 +924,32 @@ impl Map {
         })
     }
 
+    /// `bpf_task_storage_get`: the value of `task` (a token of
+    /// [`current_task`](crate::helpers)), created when `flags` asks; null otherwise.
+    ///
+    /// # Safety
+    /// `task` is null or a task token; `init` is null or points to `value_size`
+    /// readable bytes.
+    pub unsafe fn prog_task_storage_get(&self, task: u64, init: *const u8, flags: u64) -> *mut u8 {
+        if self.kind != Kind::LocalStorage(local_storage::Owner::Task) {
+            return std::ptr::null_mut();
+        }
+        // SAFETY: forwarded caller obligation.
+        unsafe { local_storage::prog_get(self, task as *const _, init, flags) }
+    }
+
+    /// `bpf_task_storage_delete`.
+    ///
+    /// # Safety
+    /// `task` is null or a task token.
+    pub unsafe fn prog_task_storage_delete(&self, task: u64) -> i64 {
+        if self.kind != Kind::LocalStorage(local_storage::Owner::Task) {
+            return -(libc::EINVAL as i64);
+        }
+        // SAFETY: forwarded caller obligation.
+        errno_result(unsafe { local_storage::prog_delete(self, task as *const _) })
+    }
+
     /// `bpf_map_push_elem`.
     ///
     /// # Safety
@@ -1100,6 +1161,8 @@ fn array_index(key: &[u8]) -> Result<u32> {
         .map_err(|_| err(libc::EINVAL, "key size mismatch"))
 }
 
+pub(crate) use local_storage::current_task;
+
 /// The kernel-internal ENOTSUPP, which `bpf()` hands to user space as is.
 pub const ENOTSUPP: i32 = 524;
 
@@ -1121,10 +1184,13 @@ struct Layout {
 impl Layout {
     fn compute(kind: Kind, s: &MapSpec) -> Result<Layout> {
         let inval = |what: &str| err(libc::EINVAL, what.to_string());
-        if s.max_entries == 0 {
+        if let Kind::LocalStorage(_) = kind {
+            local_storage::check_spec(s)?;
+        } else if s.max_entries == 0 {
             return Err(inval("max_entries must be positive"));
         }
         let ncpus = possible_cpus() as usize;
+        let ncpus_u32 = ncpus as u32;
         // A map of maps is laid out as the map of ids it is.
         let kind = match kind {
             Kind::MapArray | Kind::MapHash => {
@@ -1258,6 +1324,17 @@ impl Layout {
                 (len, nbuckets, 0, 0)
             }
             Kind::MapArray | Kind::MapHash => unreachable!("mapped to their layouts above"),
+            Kind::LocalStorage(_) => {
+                let cap = local_storage::CAPACITY;
+                let elem = hash::ELEM_HEADER
+                    + round8(local_storage::KEY_SIZE as u32)
+                    + round8(s.value_size);
+                // Spares for replacing values, as for hash maps.
+                let nelems = cap + ncpus_u32;
+                let nbuckets = cap.next_power_of_two();
+                let len = hash::elems_offset(nbuckets) + elem * nelems as usize;
+                (len, nbuckets, nelems, elem as u32)
+            }
             Kind::Ringbuf => {
                 if s.key_size != 0 || s.value_size != 0 {
                     return Err(inval("ring buffers take no key and no value"));
