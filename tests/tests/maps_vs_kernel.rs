@@ -499,6 +499,7 @@ fn script(bpf: &mut dyn Bpf) -> Vec<(String, Outcome)> {
     s.delete(&v64(5));
     s.lookup_inner(&v64(5), h);
     local_storage(&mut s);
+    inert_maps(&mut s);
     // Creation errors.
     let _ = s.create(mt::RINGBUF, 0, 0, 5000, 0);
     let _ = s.create(mt::RINGBUF, 0, 0, 4096, 0);
@@ -571,6 +572,46 @@ fn local_storage(s: &mut Script) {
     }
     // SAFETY: the pidfd opened above.
     unsafe { libc::close(pidfd as i32) };
+}
+
+/// Socket, device, CPU and XDP socket maps: created with the kernel's checks; empty,
+/// they answer lookups, deletes and iteration as the kernel's do.
+fn inert_maps(s: &mut Script) {
+    use map_flags::{CLONE, MMAPABLE, NO_PREALLOC, RDONLY, RDONLY_PROG, WRONLY, ZERO_SEED};
+    for t in [
+        mt::SOCKMAP,
+        mt::SOCKHASH,
+        mt::DEVMAP,
+        mt::DEVMAP_HASH,
+        mt::CPUMAP,
+        mt::XSKMAP,
+        mt::REUSEPORT_SOCKARRAY,
+    ] {
+        for (k, v, max, flags) in [
+            (4, 8, 4, 0),
+            (8, 4, 4, 0),
+            (4, 4, 0, 0),
+            (8, 8, 4, 0),
+            (4, 4, 4, NO_PREALLOC),
+            (4, 4, 4, RDONLY),
+            (4, 4, 4, WRONLY),
+            (4, 4, 4, MMAPABLE),
+            (4, 4, 4, RDONLY_PROG),
+            (4, 4, 4, CLONE),
+            (4, 4, 4, ZERO_SEED),
+        ] {
+            let _ = s.create(t, k, v, max, flags);
+        }
+        s.create(t, 4, 4, 4, 0).unwrap();
+        s.lookup(Some(&k32(0)), 4);
+        s.lookup(Some(&k32(9)), 4);
+        s.delete(&k32(0));
+        s.delete(&k32(9));
+        s.next_key(None, 4);
+        s.next_key(Some(&k32(0)), 4);
+        s.next_key(Some(&k32(3)), 4);
+        s.lookup_and_delete(&k32(0), 4);
+    }
 }
 
 #[test]

@@ -169,6 +169,12 @@ enum Kind {
     MapHash,
     /// Task, inode, socket or cgroup storage: a hash keyed by the owner's identity.
     LocalStorage(local_storage::Owner),
+    /// Socket, device, CPU and XDP socket maps: created as the kernel creates them,
+    /// but what they hold (sockets, network devices, CPUs for XDP redirects) has no
+    /// meaning in user space, so they stay empty. `array` for the array-shaped ones.
+    Inert {
+        array: bool,
+    },
 }
 
 impl Kind {
@@ -212,6 +218,12 @@ impl Kind {
             map_type::STACK_TRACE => Kind::StackTrace,
             map_type::ARRAY_OF_MAPS => Kind::MapArray,
             map_type::HASH_OF_MAPS => Kind::MapHash,
+            map_type::SOCKMAP
+            | map_type::DEVMAP
+            | map_type::CPUMAP
+            | map_type::XSKMAP
+            | map_type::REUSEPORT_SOCKARRAY => Kind::Inert { array: true },
+            map_type::SOCKHASH | map_type::DEVMAP_HASH => Kind::Inert { array: false },
             t => Kind::LocalStorage(local_storage::Owner::of(t)?),
         })
     }
@@ -258,7 +270,7 @@ impl Map {
             err(
                 libc::EINVAL,
                 format!(
-                    "map type {} ({}) is not supported by bpftime (supported: array, hash, percpu_array, percpu_hash, lru_hash, lru_percpu_hash, ringbuf, perf_event_array, prog_array, cgroup_array, lpm_trie, array_of_maps, hash_of_maps, queue, stack, bloom_filter, stack_trace)",
+                    "map type {} ({}) is not supported by bpftime (supported: array, hash, percpu_array, percpu_hash, lru_hash, lru_percpu_hash, ringbuf, perf_event_array, prog_array, cgroup_array, lpm_trie, array_of_maps, hash_of_maps, queue, stack, bloom_filter, stack_trace, task_storage, inode_storage, sk_storage, cgrp_storage, and, always empty, sockmap, sockhash, devmap, devmap_hash, cpumap, xskmap, reuseport_sockarray)",
                     spec.map_type,
                     type_name(spec.map_type)
                 ),
@@ -496,6 +508,22 @@ impl Map {
         }
     }
 
+    /// What a lookup in an (always empty) inert map answers, by the kernel's rules:
+    /// socket maps cannot hand a socket to user space in a 4-byte value (`ENOSPC`), an
+    /// XDP socket map has no user-space lookup.
+    fn inert_lookup_error(&self) -> Error {
+        let errno = match self.map_type() {
+            map_type::SOCKMAP | map_type::SOCKHASH | map_type::REUSEPORT_SOCKARRAY
+                if self.value_size() == 4 =>
+            {
+                libc::ENOSPC
+            }
+            map_type::XSKMAP => libc::EOPNOTSUPP,
+            _ => libc::ENOENT,
+        };
+        err(errno, "no element")
+    }
+
     /// Elements a hash-laid-out map holds at most.
     pub(crate) fn hash_capacity(&self) -> u32 {
         match self.kind {
@@ -549,6 +577,10 @@ impl Map {
             }
             Kind::MapHash => hash::lookup(self, key, value),
             Kind::LocalStorage(o) => local_storage::lookup(self, o, key, value),
+            Kind::Inert { .. } => {
+                self.check_key(key)?;
+                Err(self.inert_lookup_error())
+            }
         }
     }
 
@@ -575,6 +607,13 @@ impl Map {
                 "maps of maps take map file descriptors (use set_inner)",
             )),
             Kind::LocalStorage(o) => local_storage::update(self, o, key, value, flags),
+            Kind::Inert { .. } => Err(err(
+                libc::EOPNOTSUPP,
+                format!(
+                    "a {} holds sockets, devices or CPUs, which have no meaning in bpftime",
+                    type_name(self.map_type())
+                ),
+            )),
         }
     }
 
@@ -593,6 +632,24 @@ impl Map {
             Kind::MapArray => array::clear_id(self, key),
             Kind::MapHash => hash::delete(self, key.as_ptr()),
             Kind::LocalStorage(o) => local_storage::delete(self, o, key),
+            Kind::Inert { array: false } => Err(err(libc::ENOENT, "no such key")),
+            Kind::Inert { array: true } => {
+                let idx = array_index(key)?;
+                if idx >= self.max_entries() {
+                    // The reuseport array says E2BIG where the others say EINVAL.
+                    let errno = if self.map_type() == map_type::REUSEPORT_SOCKARRAY {
+                        libc::E2BIG
+                    } else {
+                        libc::EINVAL
+                    };
+                    return Err(err(errno, "index out of range"));
+                }
+                match self.map_type() {
+                    map_type::SOCKMAP => Err(err(libc::EINVAL, "no socket at this index")),
+                    map_type::REUSEPORT_SOCKARRAY => Err(err(libc::ENOENT, "no socket")),
+                    _ => Ok(()),
+                }
+            }
         }
     }
 
@@ -612,6 +669,8 @@ impl Map {
             Kind::Ringbuf => Err(err(ENOTSUPP, "ring buffers have no keys")),
             Kind::StackTrace => stack_trace::next_key(self, key, out),
             Kind::LocalStorage(_) => Err(err(ENOTSUPP, "local storage cannot be iterated")),
+            Kind::Inert { array: true } => array::next_key(self, key, out),
+            Kind::Inert { array: false } => Err(err(libc::ENOENT, "no more keys")),
         }
     }
 
@@ -1324,6 +1383,28 @@ impl Layout {
                 (len, nbuckets, 0, 0)
             }
             Kind::MapArray | Kind::MapHash => unreachable!("mapped to their layouts above"),
+            Kind::Inert { .. } => {
+                use map_flags::{NUMA_NODE, RDONLY, RDONLY_PROG, WRONLY};
+                let t = s.map_type;
+                let hash = t == map_type::SOCKHASH;
+                let key_ok = hash && s.key_size > 0 || s.key_size == 4;
+                let value_ok = match t {
+                    map_type::XSKMAP => s.value_size == 4,
+                    _ => s.value_size == 4 || s.value_size == 8,
+                };
+                let allowed = NUMA_NODE
+                    | match t {
+                        map_type::CPUMAP => 0,
+                        map_type::REUSEPORT_SOCKARRAY => RDONLY | WRONLY | RDONLY_PROG,
+                        _ => RDONLY | WRONLY,
+                    };
+                if !key_ok || !value_ok || s.map_flags & !allowed != 0 {
+                    return Err(inval(
+                        "socket, device and CPU maps take a 4-byte key (any for a sockhash), a 4- or 8-byte value (4 for an xskmap) and no flags but read/write ones",
+                    ));
+                }
+                (0, 0, 0, 0)
+            }
             Kind::LocalStorage(_) => {
                 let cap = local_storage::CAPACITY;
                 let elem = hash::ELEM_HEADER
