@@ -507,12 +507,21 @@ impl Shim {
                     let r = if command == cmd::MAP_UPDATE_BATCH {
                         // SAFETY: values holds count values.
                         let v = unsafe { std::slice::from_raw_parts(values.add(done * vs), vs) };
-                        m.update(k, v, elem_flags)
+                        if m.inner_template().is_some() {
+                            // Maps of maps take inner maps by fd here too.
+                            let fd =
+                                i32::from_ne_bytes(v[..4].try_into().map_err(|_| libc::EINVAL)?);
+                            self.map_by_fd(fd).and_then(|inner| {
+                                m.set_inner(k, &inner, elem_flags).map_err(|e| e.errno())
+                            })
+                        } else {
+                            m.update(k, v, elem_flags).map_err(|e| e.errno())
+                        }
                     } else {
-                        m.delete(k)
+                        m.delete(k).map_err(|e| e.errno())
                     };
-                    if let Err(err) = r {
-                        result = Err(err.errno());
+                    if let Err(errno) = r {
+                        result = Err(errno);
                         break;
                     }
                     done += 1;

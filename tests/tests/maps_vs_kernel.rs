@@ -481,6 +481,18 @@ fn script(bpf: &mut dyn Bpf) -> Vec<(String, Outcome)> {
     s.update(&k32(0), &a_inner_longer.to_ne_bytes(), uf::ANY);
     s.update(&k32(1), &a.to_ne_bytes(), uf::ANY);
     s.lookup_inner(&k32(0), a_inner_longer);
+    // Batch updates take inner maps by fd too.
+    let (keys, fds) = ([2u32, 3], [a_inner_longer, a_inner]);
+    let mut b = [0u8; 128];
+    put64(&mut b, 16, keys.as_ptr() as u64);
+    put64(&mut b, 24, fds.as_ptr() as u64);
+    put32(&mut b, 32, 2);
+    put32(&mut b, 36, s.fd);
+    let r = s.bpf.call(cmd::MAP_UPDATE_BATCH, &mut b);
+    s.log
+        .push(("update batch of maps".into(), (r, b[32..36].to_vec())));
+    s.lookup_inner(&k32(2), a_inner_longer);
+    s.lookup_inner(&k32(3), a_inner);
     // A hash of maps: hash flags, and inner hashes of any length.
     s.create_outer(hom, 8, 2, map_flags::NO_PREALLOC, h)
         .unwrap();
@@ -629,6 +641,11 @@ fn map_operations_agree_with_the_kernel() {
         Err(libc::E2BIG)
     );
     assert_eq!(find("create type 9999").unwrap().0, Err(libc::EINVAL));
+    assert_eq!(
+        find("update batch of maps").unwrap(),
+        (Ok(0), 2u32.to_ne_bytes().to_vec()),
+        "a batch update fills a map of maps from fds"
+    );
     assert!(
         got.iter()
             .any(|(w, o)| w == "lookup inner [0, 0, 0, 0]" && *o == (Ok(0), vec![1])),
