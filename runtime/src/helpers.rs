@@ -92,6 +92,12 @@ pub fn init_process() {
     });
 }
 
+/// Counts forks, so that per-thread caches of ids can tell they are stale in a child.
+pub(crate) fn fork_generation() -> u64 {
+    init_process();
+    FORKS.load(Ordering::Relaxed)
+}
+
 /// This thread's `tgid << 32 | tid`, cached per thread (a system call costs more
 /// than most programs) and refreshed in a forked child.
 pub(crate) fn pid_tgid() -> u64 {
@@ -275,6 +281,23 @@ unsafe extern "C" fn get_current_comm(buf: u64, size: u64, _: u64, _: u64, _: u6
         std::ptr::write_bytes((buf as *mut u8).add(n), 0, size - n);
     }
     0
+}
+
+/// `bpf_get_current_task{,_btf}`: not a kernel `task_struct` (there is none here) but
+/// this thread's task token, which only the task helpers read.
+unsafe extern "C" fn get_current_task(_: u64, _: u64, _: u64, _: u64, _: u64) -> u64 {
+    crate::maps::current_task() as u64
+}
+
+unsafe extern "C" fn task_storage_get(map: u64, task: u64, value: u64, flags: u64, _: u64) -> u64 {
+    // SAFETY: the loader put a live Map's address in r1; the verifier checked r2 is a
+    // task (or NULL) and r3 a value of the map's size (or NULL).
+    unsafe { (*(map as *const Map)).prog_task_storage_get(task, value as *const u8, flags) as u64 }
+}
+
+unsafe extern "C" fn task_storage_delete(map: u64, task: u64, _: u64, _: u64, _: u64) -> u64 {
+    // SAFETY: as for task_storage_get.
+    unsafe { (*(map as *const Map)).prog_task_storage_delete(task) as u64 }
 }
 
 /// `bpf_current_task_under_cgroup(map, index)`: 1 when the calling thread's cgroup (v2)
@@ -577,6 +600,9 @@ pub fn helper_by_id(helper: u32) -> Option<HelperFn> {
         id::GET_CURRENT_UID_GID => get_current_uid_gid,
         id::GET_CURRENT_COMM => get_current_comm,
         id::CURRENT_TASK_UNDER_CGROUP => current_task_under_cgroup,
+        id::GET_CURRENT_TASK | id::GET_CURRENT_TASK_BTF => get_current_task,
+        id::TASK_STORAGE_GET => task_storage_get,
+        id::TASK_STORAGE_DELETE => task_storage_delete,
         id::MAP_PUSH_ELEM => map_push_elem,
         id::MAP_POP_ELEM => map_pop_elem,
         id::MAP_PEEK_ELEM => map_peek_elem,

@@ -464,6 +464,12 @@ impl Shim {
             btf_value_type_id: a.u32(f::BTF_VALUE_TYPE_ID),
             map_extra: a.u64(f::MAP_EXTRA),
         };
+        if matches!(
+            map_type,
+            mt::TASK_STORAGE | mt::INODE_STORAGE | mt::SK_STORAGE | mt::CGRP_STORAGE
+        ) {
+            self.check_storage_btf(a, &spec)?;
+        }
         let map = Map::create(&self.store, &spec).map_err(|e| {
             refuse(
                 e.errno(),
@@ -473,6 +479,45 @@ impl Shim {
         let id = map.id();
         self.open_fd(ObjectKind::Map, id, Object::Map(Arc::new(map)))
             .map(|fd| fd as i64)
+    }
+
+    /// Local storage keeps BTF for its key and value, and the kernel checks both: the
+    /// key an `int`, the value of the map's value size (after the checks of the
+    /// attributes alone, whose errors come first).
+    fn check_storage_btf(&mut self, a: &Attr, spec: &MapSpec) -> SysResult<()> {
+        use attr::map_create as f;
+        Map::check_spec(spec).map_err(|e| {
+            refuse(
+                e.errno(),
+                format_args!("BPF_MAP_CREATE `{}`: {e}", spec.name),
+            )
+        })?;
+        let fd = a.u32(f::BTF_FD) as RawFd;
+        let btf_id = match self.object(fd) {
+            Some(ObjectRef {
+                object: Object::Btf { id, .. },
+                ..
+            }) => *id,
+            _ => {
+                return Err(refuse(
+                    libc::EINVAL,
+                    format_args!("BPF_MAP_CREATE `{}`: btf_fd {fd} is not BTF", spec.name),
+                ))
+            }
+        };
+        let blob = bpftime_runtime::read_btf(&self.store, btf_id).map_err(|e| e.errno())?;
+        let key = crate::btf::resolve(&blob, spec.btf_key_type_id);
+        let value = crate::btf::resolve(&blob, spec.btf_value_type_id);
+        if !key.is_some_and(|k| k.is_i32) || value.map(|v| v.size) != Some(spec.value_size) {
+            return Err(refuse(
+                libc::EINVAL,
+                format_args!(
+                    "BPF_MAP_CREATE `{}`: local storage needs an int key type and a value type of {} bytes in its BTF",
+                    spec.name, spec.value_size
+                ),
+            ));
+        }
+        Ok(())
     }
 
     /// # Safety
@@ -601,12 +646,21 @@ impl Shim {
                     let r = if command == cmd::MAP_UPDATE_BATCH {
                         // SAFETY: values holds count values.
                         let v = unsafe { std::slice::from_raw_parts(values.add(done * vs), vs) };
-                        m.update(k, v, elem_flags)
+                        if m.inner_template().is_some() {
+                            // Maps of maps take inner maps by fd here too.
+                            let fd =
+                                i32::from_ne_bytes(v[..4].try_into().map_err(|_| libc::EINVAL)?);
+                            self.map_by_fd(fd).and_then(|inner| {
+                                m.set_inner(k, &inner, elem_flags).map_err(|e| e.errno())
+                            })
+                        } else {
+                            m.update(k, v, elem_flags).map_err(|e| e.errno())
+                        }
                     } else {
-                        m.delete(k)
+                        m.delete(k).map_err(|e| e.errno())
                     };
-                    if let Err(err) = r {
-                        result = Err(err.errno());
+                    if let Err(errno) = r {
+                        result = Err(errno);
                         break;
                     }
                     done += 1;

@@ -8,6 +8,7 @@
 //! libc's entry points to it.
 
 mod attr;
+mod btf;
 mod core;
 mod info;
 #[cfg(feature = "preload")]

@@ -206,6 +206,62 @@ impl Script<'_> {
         }
     }
 
+    /// Loads BTF with `int` (id 1), `long` (id 2) and `struct v {{ long a, b; }}` (id 3);
+    /// returns its fd.
+    fn load_btf(&mut self) -> u32 {
+        let strs = b"\0int\0long\0v\0a\0b\0";
+        let mut t: Vec<u8> = vec![];
+        let mut push = |w: &[u32]| w.iter().for_each(|v| t.extend(v.to_ne_bytes()));
+        push(&[1, 1 << 24, 4, (1 << 24) | 32]);
+        push(&[5, 1 << 24, 8, (1 << 24) | 64]);
+        push(&[10, (4 << 24) | 2, 16, 12, 2, 0, 14, 2, 64]);
+        let mut blob: Vec<u8> = vec![];
+        blob.extend(0xeb9fu16.to_ne_bytes());
+        blob.extend([1, 0]);
+        for v in [24u32, 0, t.len() as u32, t.len() as u32, strs.len() as u32] {
+            blob.extend(v.to_ne_bytes());
+        }
+        blob.extend(t);
+        blob.extend(strs);
+        let mut a = [0u8; 128];
+        put64(&mut a, 0, blob.as_ptr() as u64);
+        put32(&mut a, 16, blob.len() as u32);
+        self.bpf.call(cmd::BTF_LOAD, &mut a).expect("BTF loads") as u32
+    }
+
+    /// A map with BTF for its key and value.
+    #[allow(clippy::too_many_arguments)]
+    fn create_btf(
+        &mut self,
+        t: u32,
+        k: u32,
+        v: u32,
+        max: u32,
+        flags: u32,
+        btf: u32,
+        kid: u32,
+        vid: u32,
+    ) -> Res {
+        let mut a = [0u8; 128];
+        put32(&mut a, 0, t);
+        put32(&mut a, 4, k);
+        put32(&mut a, 8, v);
+        put32(&mut a, 12, max);
+        put32(&mut a, 16, flags);
+        put32(&mut a, 48, btf);
+        put32(&mut a, 52, kid);
+        put32(&mut a, 56, vid);
+        let r = self.bpf.call(cmd::MAP_CREATE, &mut a);
+        self.log.push((
+            format!("create type {t} key {k} value {v} max {max} flags {flags:#x} btf {kid}/{vid}"),
+            (r.map(|_| 0), vec![]),
+        ));
+        if let Ok(fd) = r {
+            self.fd = fd as u32;
+        }
+        r
+    }
+
     fn freeze(&mut self) {
         let mut a = [0u8; 128];
         put32(&mut a, 0, self.fd);
@@ -425,6 +481,18 @@ fn script(bpf: &mut dyn Bpf) -> Vec<(String, Outcome)> {
     s.update(&k32(0), &a_inner_longer.to_ne_bytes(), uf::ANY);
     s.update(&k32(1), &a.to_ne_bytes(), uf::ANY);
     s.lookup_inner(&k32(0), a_inner_longer);
+    // Batch updates take inner maps by fd too.
+    let (keys, fds) = ([2u32, 3], [a_inner_longer, a_inner]);
+    let mut b = [0u8; 128];
+    put64(&mut b, 16, keys.as_ptr() as u64);
+    put64(&mut b, 24, fds.as_ptr() as u64);
+    put32(&mut b, 32, 2);
+    put32(&mut b, 36, s.fd);
+    let r = s.bpf.call(cmd::MAP_UPDATE_BATCH, &mut b);
+    s.log
+        .push(("update batch of maps".into(), (r, b[32..36].to_vec())));
+    s.lookup_inner(&k32(2), a_inner_longer);
+    s.lookup_inner(&k32(3), a_inner);
     // A hash of maps: hash flags, and inner hashes of any length.
     s.create_outer(hom, 8, 2, map_flags::NO_PREALLOC, h)
         .unwrap();
@@ -442,6 +510,8 @@ fn script(bpf: &mut dyn Bpf) -> Vec<(String, Outcome)> {
     s.delete(&v64(5));
     s.delete(&v64(5));
     s.lookup_inner(&v64(5), h);
+    local_storage(&mut s);
+    inert_maps(&mut s);
     // Creation errors.
     let _ = s.create(mt::RINGBUF, 0, 0, 5000, 0);
     let _ = s.create(mt::RINGBUF, 0, 0, 4096, 0);
@@ -451,6 +521,109 @@ fn script(bpf: &mut dyn Bpf) -> Vec<(String, Outcome)> {
     let _ = s.create(mt::PERCPU_ARRAY, 4, 4, 1, map_flags::MMAPABLE);
     let _ = s.create(9999, 4, 4, 1, 0);
     s.log
+}
+
+/// Task, inode, socket and cgroup storage: the kernel's creation checks (BTF
+/// required), and user space naming owners by file descriptor.
+fn local_storage(s: &mut Script) {
+    let btf = s.load_btf();
+    let np = map_flags::NO_PREALLOC;
+    // SAFETY: pidfd_open of this process; the fd is closed below.
+    let pidfd = unsafe { libc::syscall(libc::SYS_pidfd_open, libc::getpid(), 0) } as u32;
+    let sock = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+    let file = std::fs::File::open("/proc/self/status").unwrap();
+    let cgroup = bpftime_runtime::cgroup::cgroup2_root().and_then(|r| std::fs::File::open(r).ok());
+    let mut owners = vec![
+        pidfd,
+        sock.as_raw_fd() as u32,
+        file.as_raw_fd() as u32,
+        999,
+        u32::MAX,
+    ];
+    if let Some(c) = &cgroup {
+        owners.push(c.as_raw_fd() as u32);
+    }
+    for t in [
+        mt::TASK_STORAGE,
+        mt::INODE_STORAGE,
+        mt::SK_STORAGE,
+        mt::CGRP_STORAGE,
+    ] {
+        let _ = s.create(t, 4, 8, 0, np);
+        let _ = s.create_btf(t, 4, 8, 0, 0, btf, 1, 2);
+        let _ = s.create_btf(t, 4, 8, 0, np | map_flags::RDONLY, btf, 1, 2);
+        let _ = s.create_btf(t, 4, 8, 1, np, btf, 1, 2);
+        let _ = s.create_btf(t, 8, 8, 0, np, btf, 2, 2);
+        let _ = s.create_btf(t, 4, 8, 0, np, btf, 2, 2);
+        let _ = s.create_btf(t, 4, 0, 0, np, btf, 1, 2);
+        let _ = s.create_btf(t, 4, 16, 0, np, btf, 1, 2);
+        let _ = s.create_btf(t, 4, 8, 0, np, btf, 0, 2);
+        let _ = s.create_btf(t, 4, 8, 0, np, btf, 1, 0);
+        let _ = s.create_btf(t, 4, 65536, 0, np, btf, 1, 2);
+        let _ = s.create_btf(t, 4, 8, 0, np, 1, 1, 2);
+        let _ = s.create_btf(t, 4, 8, 0, np | map_flags::CLONE, btf, 1, 2);
+        let _ = s.create_btf(t, 4, 16, 0, np, btf, 1, 3);
+        s.create_btf(t, 4, 8, 0, np, btf, 1, 2).unwrap();
+        for &o in &owners {
+            let k = k32(o);
+            s.lookup(Some(&k), 8);
+            s.update(&k, &v64(7), uf::ANY);
+            s.update(&k, &v64(8), uf::NOEXIST);
+            s.lookup(Some(&k), 8);
+            s.update(&k, &v64(9), uf::EXIST);
+            s.lookup(Some(&k), 8);
+            s.update(&k, &v64(9), uf::LOCK);
+            s.update(&k, &v64(9), 3);
+            s.lookup_and_delete(&k, 8);
+            s.delete(&k);
+            s.delete(&k);
+            s.update(&k, &v64(10), uf::EXIST);
+        }
+        s.next_key(None, 4);
+        s.next_key(Some(&k32(pidfd)), 4);
+    }
+    // SAFETY: the pidfd opened above.
+    unsafe { libc::close(pidfd as i32) };
+}
+
+/// Socket, device, CPU and XDP socket maps: created with the kernel's checks; empty,
+/// they answer lookups, deletes and iteration as the kernel's do.
+fn inert_maps(s: &mut Script) {
+    use map_flags::{CLONE, MMAPABLE, NO_PREALLOC, RDONLY, RDONLY_PROG, WRONLY, ZERO_SEED};
+    for t in [
+        mt::SOCKMAP,
+        mt::SOCKHASH,
+        mt::DEVMAP,
+        mt::DEVMAP_HASH,
+        mt::CPUMAP,
+        mt::XSKMAP,
+        mt::REUSEPORT_SOCKARRAY,
+    ] {
+        for (k, v, max, flags) in [
+            (4, 8, 4, 0),
+            (8, 4, 4, 0),
+            (4, 4, 0, 0),
+            (8, 8, 4, 0),
+            (4, 4, 4, NO_PREALLOC),
+            (4, 4, 4, RDONLY),
+            (4, 4, 4, WRONLY),
+            (4, 4, 4, MMAPABLE),
+            (4, 4, 4, RDONLY_PROG),
+            (4, 4, 4, CLONE),
+            (4, 4, 4, ZERO_SEED),
+        ] {
+            let _ = s.create(t, k, v, max, flags);
+        }
+        s.create(t, 4, 4, 4, 0).unwrap();
+        s.lookup(Some(&k32(0)), 4);
+        s.lookup(Some(&k32(9)), 4);
+        s.delete(&k32(0));
+        s.delete(&k32(9));
+        s.next_key(None, 4);
+        s.next_key(Some(&k32(0)), 4);
+        s.next_key(Some(&k32(3)), 4);
+        s.lookup_and_delete(&k32(0), 4);
+    }
 }
 
 #[test]
@@ -468,6 +641,11 @@ fn map_operations_agree_with_the_kernel() {
         Err(libc::E2BIG)
     );
     assert_eq!(find("create type 9999").unwrap().0, Err(libc::EINVAL));
+    assert_eq!(
+        find("update batch of maps").unwrap(),
+        (Ok(0), 2u32.to_ne_bytes().to_vec()),
+        "a batch update fills a map of maps from fds"
+    );
     assert!(
         got.iter()
             .any(|(w, o)| w == "lookup inner [0, 0, 0, 0]" && *o == (Ok(0), vec![1])),

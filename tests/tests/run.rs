@@ -1181,3 +1181,90 @@ fn maps_of_maps_give_programs_the_inner_maps_libbpf_put_in_them() {
         assert!(log.contains(refusal), "kernel: {log}");
     }
 }
+
+/// Task storage from a uprobe program: each of T threads of `calls` counts its own
+/// calls to work() in its task's storage (created on the first call, which first finds
+/// none), and at its N-th call notes that it reached N and deletes its storage. Exact
+/// per-thread counts show that the storage is per thread. The kernel accepts the same
+/// object, and both verifiers refuse a task that is a plain number
+/// (`bpf_get_current_task()`).
+#[test]
+fn task_storage_keeps_state_per_thread_of_a_target() {
+    const THREADS: u64 = 4;
+    let s = Session::new("run-taskstorage");
+    let source = format!(
+        "#include <linux/bpf.h>\n#include <bpf/bpf_helpers.h>\n\
+         struct {{ __uint(type, BPF_MAP_TYPE_TASK_STORAGE); __uint(map_flags, BPF_F_NO_PREALLOC);\n\
+                  __type(key, int); __type(value, __u64); }} per_thread SEC(\".maps\");\n\
+         struct {{ __uint(type, BPF_MAP_TYPE_ARRAY); __uint(max_entries, 4);\n\
+                  __type(key, __u32); __type(value, __u64); }} totals SEC(\".maps\");\n\
+         static void add(__u32 k) {{ __u64 *v = bpf_map_lookup_elem(&totals, &k); if (v) __sync_fetch_and_add(v, 1); }}\n\
+         SEC(\"uprobe/work\") int on_work(void *ctx) {{\n\
+             struct task_struct *t = bpf_get_current_task_btf();\n\
+             if (!bpf_task_storage_get(&per_thread, t, 0, 0)) add(0);\n\
+             __u64 *n = bpf_task_storage_get(&per_thread, t, 0, BPF_LOCAL_STORAGE_GET_F_CREATE);\n\
+             if (!n) return 0;\n\
+             *n += 1;\n\
+             add(1);\n\
+             if (*n == {N}) {{ add(2); if (bpf_task_storage_delete(&per_thread, t) == 0) add(3); }}\n\
+             return 0;\n\
+         }}\n\
+         char LICENSE[] SEC(\"license\") = \"GPL\";\n"
+    );
+    let obj = s.compile_bpf("taskstorage", &source);
+    let obj = obj.to_str().unwrap();
+    if let Some(log) = kernel_verdict(&s, obj) {
+        assert_eq!(log, "", "the kernel refuses the program");
+    }
+    let calls = s.target_copy(examples::CALLS);
+    let (n, threads) = (N.to_string(), THREADS.to_string());
+    for engine in ["1", "0"] {
+        let args = [
+            "run",
+            obj,
+            "--",
+            calls.to_str().unwrap(),
+            n.as_str(),
+            "--threads",
+            threads.as_str(),
+        ];
+        let out = bpftime_env(&s, &args, &[("BPFTIME_JIT", engine)]);
+        assert_eq!(out.code, Some(0), "{}", out.context());
+        // 0: first calls (storage absent), 1: all calls, 2: threads that reached N,
+        // 3: storage deleted.
+        for (key, want) in [
+            ("0", THREADS),
+            ("1", THREADS * N),
+            ("2", THREADS),
+            ("3", THREADS),
+        ] {
+            assert_eq!(
+                out.entry("totals", key).as_deref(),
+                Some(want.to_string().as_str()),
+                "BPFTIME_JIT={engine}: totals[{key}]\n{}",
+                out.context()
+            );
+        }
+    }
+
+    // A task as a number is no task: both verifiers refuse it.
+    let scalar = s.compile_bpf(
+        "taskstorage_scalar",
+        &source.replace(
+            "struct task_struct *t = bpf_get_current_task_btf();",
+            "struct task_struct *t = (void *)bpf_get_current_task();",
+        ),
+    );
+    let scalar = scalar.to_str().unwrap();
+    let ours = verify(&s, &[scalar]);
+    assert_eq!(ours.code, Some(1), "{}", ours.context());
+    let refusal = "R2 type=scalar expected=";
+    assert!(
+        ours.stdout.iter().any(|l| l.contains(refusal)),
+        "{}",
+        ours.context()
+    );
+    if let Some(log) = kernel_verdict(&s, scalar) {
+        assert!(log.contains(refusal), "kernel: {log}");
+    }
+}

@@ -54,6 +54,8 @@ pub enum RejectKind {
     FramePointerWrite,
     #[error("R{reg} invalid mem access '{ty}'")]
     InvalidMemAccess { reg: u8, ty: &'static str },
+    #[error("access to a task_struct field: bpftime has no kernel task_struct; a task pointer only goes to task helpers (bpf_task_storage_get/delete)")]
+    TaskStructAccess,
     #[error("invalid bpf_context access off={off} size={size}")]
     CtxAccess { off: i64, size: u32 },
     #[error("misaligned context access off={off} size={size}")]

@@ -42,6 +42,10 @@ pub enum Arg {
     Callback,
     /// A stack pointer or NULL (the context bpf_loop hands its callback).
     StackOrNull,
+    /// A task (`bpf_get_current_task_btf()`) or NULL.
+    TaskOrNull,
+    /// Memory holding `value_size` initialized bytes, or NULL.
+    MapValueOrNull,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -51,6 +55,8 @@ pub enum Ret {
     Void,
     MapValueOrNull,
     RingbufOrNull,
+    /// A task: the kernel's trusted BTF pointer to the current `task_struct`.
+    Task,
 }
 
 pub struct Proto {
@@ -162,6 +168,24 @@ pub fn proto(id: u32) -> Option<Proto> {
             false,
         ),
         h::GET_CURRENT_TASK => p("bpf_get_current_task", &[], Integer, false),
+        h::GET_CURRENT_TASK_BTF => p("bpf_get_current_task_btf", &[], Task, false),
+        h::TASK_STORAGE_GET => p(
+            "bpf_task_storage_get",
+            &[
+                Map(&[mt::TASK_STORAGE]),
+                TaskOrNull,
+                Arg::MapValueOrNull,
+                Scalar,
+            ],
+            MapValueOrNull,
+            false,
+        ),
+        h::TASK_STORAGE_DELETE => p(
+            "bpf_task_storage_delete",
+            &[Map(&[mt::TASK_STORAGE]), TaskOrNull],
+            Integer,
+            false,
+        ),
         h::PROBE_READ_STR => p("bpf_probe_read_str", PROBE_READ, Integer, true),
         h::GET_STACK => p(
             "bpf_get_stack",
@@ -290,6 +314,17 @@ pub const KNOWN_MAP_TYPES: &[u32] = &[
     mt::STACK,
     mt::RINGBUF,
     mt::BLOOM_FILTER,
+    mt::TASK_STORAGE,
+    mt::INODE_STORAGE,
+    mt::SK_STORAGE,
+    mt::CGRP_STORAGE,
+    mt::SOCKMAP,
+    mt::SOCKHASH,
+    mt::DEVMAP,
+    mt::DEVMAP_HASH,
+    mt::CPUMAP,
+    mt::XSKMAP,
+    mt::REUSEPORT_SOCKARRAY,
     mt::GPU_HASH,
     mt::GPU_PER_THREAD_ARRAY,
     mt::GPU_ARRAY,

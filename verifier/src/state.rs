@@ -22,6 +22,9 @@ pub enum Region {
     /// [`Reg::MapPtr`]; `fd` is the key its template answers to
     /// ([`inner_map_key`](crate::inner_map_key)).
     InnerMap { fd: i32 },
+    /// A task, as `bpf_get_current_task_btf` gives it: the kernel's BTF pointer to a
+    /// `task_struct`, which here is a token only the task helpers read.
+    Task,
 }
 
 impl Region {
@@ -33,6 +36,7 @@ impl Region {
             Region::Ringbuf { .. } => "ringbuf_mem",
             Region::Mem { .. } => "mem",
             Region::InnerMap { .. } => "map_ptr",
+            Region::Task => "ptr_task_struct",
         }
     }
 }

@@ -887,6 +887,7 @@ impl<'a> Verifier<'a> {
             Region::MapValue { size, .. } => ("map value", size),
             Region::Ringbuf { size } => ("ringbuf record", size),
             Region::Mem { size } => ("memory", size),
+            Region::Task => return Err(RejectKind::TaskStructAccess),
             _ => unreachable!("only sized regions"),
         };
         if lo < 0 || hi + size as i64 > limit as i64 {
@@ -1559,6 +1560,37 @@ impl<'a> Verifier<'a> {
                     }
                     release(st, ref_id);
                 }
+                Arg::TaskOrNull => {
+                    let null = v.as_scalar().and_then(|s| s.as_const()) == Some(0);
+                    let task = matches!(
+                        v,
+                        Reg::Ptr {
+                            region: Region::Task,
+                            off_min: 0,
+                            off_max: 0,
+                            ..
+                        }
+                    );
+                    if !null && !task {
+                        return Err(wrong("ptr_task_struct"));
+                    }
+                }
+                Arg::MapValueOrNull => {
+                    let (_, m) = map.expect("prototypes name the map first");
+                    let null = v.as_scalar().and_then(|s| s.as_const()) == Some(0);
+                    if !null {
+                        if !matches!(
+                            v,
+                            Reg::Ptr {
+                                nullable: false,
+                                ..
+                            }
+                        ) {
+                            return Err(wrong("pointer to stack or map value"));
+                        }
+                        self.helper_mem(st, r, v, m.value_size as u64, false)?;
+                    }
+                }
                 Arg::StackOrNull => {
                     let null = v.as_scalar().and_then(|s| s.as_const()) == Some(0);
                     let stack = matches!(
@@ -1640,6 +1672,7 @@ impl<'a> Verifier<'a> {
                     ref_id: 0,
                 }
             }
+            Ret::Task => Reg::ptr(Region::Task, 0),
             Ret::RingbufOrNull => {
                 let id = self.fresh_id();
                 st.refs.push((id, pc));

@@ -61,7 +61,7 @@ impl<'a> View<'a> {
         View {
             map,
             h,
-            key_size: h.key_size as usize,
+            key_size: map.hash_key_size(),
         }
     }
 
@@ -93,7 +93,7 @@ impl<'a> View<'a> {
 
     fn value_ptr(&self, idx: u32) -> *mut u8 {
         // SAFETY: the value follows the 8-byte rounded key.
-        unsafe { self.key_ptr(idx).add(round8(self.h.key_size)) }
+        unsafe { self.key_ptr(idx).add(round8(self.key_size as u32)) }
     }
 
     fn key_eq(&self, idx: u32, key: &[u8]) -> bool {
@@ -280,7 +280,9 @@ pub(super) unsafe fn find_value(map: &Map, key: *const u8) -> *mut u8 {
 }
 
 pub(super) fn lookup(map: &Map, key: &[u8], value: &mut [u8]) -> Result<()> {
-    map.check_key(key)?;
+    if key.len() != map.hash_key_size() {
+        return Err(err(libc::EINVAL, "key size mismatch"));
+    }
     let v = View::new(map);
     let idx = v.find(key, hash_key(key));
     if idx == 0 {
@@ -298,7 +300,9 @@ pub(super) fn update(
     flags: u64,
     from_syscall: bool,
 ) -> Result<()> {
-    map.check_key(key)?;
+    if key.len() != map.hash_key_size() {
+        return Err(err(libc::EINVAL, "key size mismatch"));
+    }
     if flags & !update_flags::LOCK > update_flags::EXIST {
         return Err(err(libc::EINVAL, "unknown update flags"));
     }
@@ -348,7 +352,7 @@ pub(super) fn update(
         return Ok(());
     }
     if old == 0
-        && v.h.count.load(Ordering::Relaxed) >= v.h.max_entries
+        && v.h.count.load(Ordering::Relaxed) >= map.hash_capacity()
         && !(v.is_lru() && v.evict())
     {
         return Err(err(libc::E2BIG, "map is full"));
@@ -402,7 +406,9 @@ pub(super) fn delete(map: &Map, key: *const u8) -> Result<()> {
 }
 
 pub(super) fn lookup_and_delete(map: &Map, key: &[u8], value: &mut [u8]) -> Result<()> {
-    map.check_key(key)?;
+    if key.len() != map.hash_key_size() {
+        return Err(err(libc::EINVAL, "key size mismatch"));
+    }
     if value.len() != map.syscall_value_size() {
         return Err(err(libc::EINVAL, "value size mismatch"));
     }

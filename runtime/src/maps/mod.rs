@@ -7,6 +7,7 @@
 mod array;
 mod bloom;
 mod hash;
+mod local_storage;
 mod lock;
 mod lpm;
 mod queue;
@@ -166,6 +167,14 @@ enum Kind {
     MapArray,
     /// A hash of maps: inner map ids as 4-byte values of a hash map.
     MapHash,
+    /// Task, inode, socket or cgroup storage: a hash keyed by the owner's identity.
+    LocalStorage(local_storage::Owner),
+    /// Socket, device, CPU and XDP socket maps: created as the kernel creates them,
+    /// but what they hold (sockets, network devices, CPUs for XDP redirects) has no
+    /// meaning in user space, so they stay empty. `array` for the array-shaped ones.
+    Inert {
+        array: bool,
+    },
 }
 
 impl Kind {
@@ -209,7 +218,13 @@ impl Kind {
             map_type::STACK_TRACE => Kind::StackTrace,
             map_type::ARRAY_OF_MAPS => Kind::MapArray,
             map_type::HASH_OF_MAPS => Kind::MapHash,
-            _ => return None,
+            map_type::SOCKMAP
+            | map_type::DEVMAP
+            | map_type::CPUMAP
+            | map_type::XSKMAP
+            | map_type::REUSEPORT_SOCKARRAY => Kind::Inert { array: true },
+            map_type::SOCKHASH | map_type::DEVMAP_HASH => Kind::Inert { array: false },
+            t => Kind::LocalStorage(local_storage::Owner::of(t)?),
         })
     }
 
@@ -255,7 +270,7 @@ impl Map {
             err(
                 libc::EINVAL,
                 format!(
-                    "map type {} ({}) is not supported by bpftime (supported: array, hash, percpu_array, percpu_hash, lru_hash, lru_percpu_hash, ringbuf, perf_event_array, prog_array, cgroup_array, lpm_trie, array_of_maps, hash_of_maps, queue, stack, bloom_filter, stack_trace)",
+                    "map type {} ({}) is not supported by bpftime (supported: array, hash, percpu_array, percpu_hash, lru_hash, lru_percpu_hash, ringbuf, perf_event_array, prog_array, cgroup_array, lpm_trie, array_of_maps, hash_of_maps, queue, stack, bloom_filter, stack_trace, task_storage, inode_storage, sk_storage, cgrp_storage, and, always empty, sockmap, sockhash, devmap, devmap_hash, cpumap, xskmap, reuseport_sockarray)",
                     spec.map_type,
                     type_name(spec.map_type)
                 ),
@@ -302,7 +317,7 @@ impl Map {
             };
             // SAFETY: the file is at least one page long, page aligned, and private to us until published.
             unsafe { std::ptr::write(bytes.as_mut_ptr().cast::<MapHeader>(), header) };
-            if let Kind::Hash { .. } | Kind::MapHash = kind {
+            if let Kind::Hash { .. } | Kind::MapHash | Kind::LocalStorage(_) = kind {
                 // SAFETY: the header was just written at the start of `bytes`.
                 let h = unsafe { &*(bytes.as_ptr() as *const MapHeader) };
                 hash::init_free_list(h, &mut bytes[PAGE_SIZE..]);
@@ -324,6 +339,17 @@ impl Map {
         }
         tracing::debug!(id, ?kind, path = %path.display(), "created map");
         Map::open(store, id)
+    }
+
+    /// The checks `BPF_MAP_CREATE` makes on `spec` alone, before it looks at BTF.
+    pub fn check_spec(spec: &MapSpec) -> Result<()> {
+        let kind = Kind::of(spec.map_type).ok_or_else(|| {
+            err(
+                libc::EINVAL,
+                format!("map type {} is not supported", spec.map_type),
+            )
+        })?;
+        Layout::compute(kind, spec).map(|_| ())
     }
 
     /// Opens a map of the store in this process.
@@ -473,6 +499,39 @@ impl Map {
         self.kind == Kind::IdArray
     }
 
+    /// Bytes of the key a hash-laid-out map stores: local storage keeps its owners'
+    /// identities, not the file descriptors user space names them by.
+    pub(crate) fn hash_key_size(&self) -> usize {
+        match self.kind {
+            Kind::LocalStorage(_) => local_storage::KEY_SIZE,
+            _ => self.key_size() as usize,
+        }
+    }
+
+    /// What a lookup in an (always empty) inert map answers, by the kernel's rules:
+    /// socket maps cannot hand a socket to user space in a 4-byte value (`ENOSPC`), an
+    /// XDP socket map has no user-space lookup.
+    fn inert_lookup_error(&self) -> Error {
+        let errno = match self.map_type() {
+            map_type::SOCKMAP | map_type::SOCKHASH | map_type::REUSEPORT_SOCKARRAY
+                if self.value_size() == 4 =>
+            {
+                libc::ENOSPC
+            }
+            map_type::XSKMAP => libc::EOPNOTSUPP,
+            _ => libc::ENOENT,
+        };
+        err(errno, "no element")
+    }
+
+    /// Elements a hash-laid-out map holds at most.
+    pub(crate) fn hash_capacity(&self) -> u32 {
+        match self.kind {
+            Kind::LocalStorage(_) => local_storage::CAPACITY,
+            _ => self.max_entries(),
+        }
+    }
+
     fn check_key(&self, key: &[u8]) -> Result<()> {
         if key.len() != self.key_size() as usize {
             return Err(err(libc::EINVAL, "key size mismatch"));
@@ -517,6 +576,11 @@ impl Map {
                 Ok(())
             }
             Kind::MapHash => hash::lookup(self, key, value),
+            Kind::LocalStorage(o) => local_storage::lookup(self, o, key, value),
+            Kind::Inert { .. } => {
+                self.check_key(key)?;
+                Err(self.inert_lookup_error())
+            }
         }
     }
 
@@ -542,6 +606,14 @@ impl Map {
                 libc::EINVAL,
                 "maps of maps take map file descriptors (use set_inner)",
             )),
+            Kind::LocalStorage(o) => local_storage::update(self, o, key, value, flags),
+            Kind::Inert { .. } => Err(err(
+                libc::EOPNOTSUPP,
+                format!(
+                    "a {} holds sockets, devices or CPUs, which have no meaning in bpftime",
+                    type_name(self.map_type())
+                ),
+            )),
         }
     }
 
@@ -559,6 +631,25 @@ impl Map {
             Kind::StackTrace => stack_trace::delete(self, key),
             Kind::MapArray => array::clear_id(self, key),
             Kind::MapHash => hash::delete(self, key.as_ptr()),
+            Kind::LocalStorage(o) => local_storage::delete(self, o, key),
+            Kind::Inert { array: false } => Err(err(libc::ENOENT, "no such key")),
+            Kind::Inert { array: true } => {
+                let idx = array_index(key)?;
+                if idx >= self.max_entries() {
+                    // The reuseport array says E2BIG where the others say EINVAL.
+                    let errno = if self.map_type() == map_type::REUSEPORT_SOCKARRAY {
+                        libc::E2BIG
+                    } else {
+                        libc::EINVAL
+                    };
+                    return Err(err(errno, "index out of range"));
+                }
+                match self.map_type() {
+                    map_type::SOCKMAP => Err(err(libc::EINVAL, "no socket at this index")),
+                    map_type::REUSEPORT_SOCKARRAY => Err(err(libc::ENOENT, "no socket")),
+                    _ => Ok(()),
+                }
+            }
         }
     }
 
@@ -577,6 +668,9 @@ impl Map {
             Kind::Bloom => Err(err(libc::EOPNOTSUPP, "bloom filters have no keys")),
             Kind::Ringbuf => Err(err(ENOTSUPP, "ring buffers have no keys")),
             Kind::StackTrace => stack_trace::next_key(self, key, out),
+            Kind::LocalStorage(_) => Err(err(ENOTSUPP, "local storage cannot be iterated")),
+            Kind::Inert { array: true } => array::next_key(self, key, out),
+            Kind::Inert { array: false } => Err(err(libc::ENOENT, "no more keys")),
         }
     }
 
@@ -889,6 +983,32 @@ impl Map {
         })
     }
 
+    /// `bpf_task_storage_get`: the value of `task` (a token of
+    /// [`current_task`](crate::helpers)), created when `flags` asks; null otherwise.
+    ///
+    /// # Safety
+    /// `task` is null or a task token; `init` is null or points to `value_size`
+    /// readable bytes.
+    pub unsafe fn prog_task_storage_get(&self, task: u64, init: *const u8, flags: u64) -> *mut u8 {
+        if self.kind != Kind::LocalStorage(local_storage::Owner::Task) {
+            return std::ptr::null_mut();
+        }
+        // SAFETY: forwarded caller obligation.
+        unsafe { local_storage::prog_get(self, task as *const _, init, flags) }
+    }
+
+    /// `bpf_task_storage_delete`.
+    ///
+    /// # Safety
+    /// `task` is null or a task token.
+    pub unsafe fn prog_task_storage_delete(&self, task: u64) -> i64 {
+        if self.kind != Kind::LocalStorage(local_storage::Owner::Task) {
+            return -(libc::EINVAL as i64);
+        }
+        // SAFETY: forwarded caller obligation.
+        errno_result(unsafe { local_storage::prog_delete(self, task as *const _) })
+    }
+
     /// `bpf_map_push_elem`.
     ///
     /// # Safety
@@ -1100,6 +1220,8 @@ fn array_index(key: &[u8]) -> Result<u32> {
         .map_err(|_| err(libc::EINVAL, "key size mismatch"))
 }
 
+pub(crate) use local_storage::current_task;
+
 /// The kernel-internal ENOTSUPP, which `bpf()` hands to user space as is.
 pub const ENOTSUPP: i32 = 524;
 
@@ -1121,10 +1243,13 @@ struct Layout {
 impl Layout {
     fn compute(kind: Kind, s: &MapSpec) -> Result<Layout> {
         let inval = |what: &str| err(libc::EINVAL, what.to_string());
-        if s.max_entries == 0 {
+        if let Kind::LocalStorage(_) = kind {
+            local_storage::check_spec(s)?;
+        } else if s.max_entries == 0 {
             return Err(inval("max_entries must be positive"));
         }
         let ncpus = possible_cpus() as usize;
+        let ncpus_u32 = ncpus as u32;
         // A map of maps is laid out as the map of ids it is.
         let kind = match kind {
             Kind::MapArray | Kind::MapHash => {
@@ -1258,6 +1383,39 @@ impl Layout {
                 (len, nbuckets, 0, 0)
             }
             Kind::MapArray | Kind::MapHash => unreachable!("mapped to their layouts above"),
+            Kind::Inert { .. } => {
+                use map_flags::{NUMA_NODE, RDONLY, RDONLY_PROG, WRONLY};
+                let t = s.map_type;
+                let hash = t == map_type::SOCKHASH;
+                let key_ok = hash && s.key_size > 0 || s.key_size == 4;
+                let value_ok = match t {
+                    map_type::XSKMAP => s.value_size == 4,
+                    _ => s.value_size == 4 || s.value_size == 8,
+                };
+                let allowed = NUMA_NODE
+                    | match t {
+                        map_type::CPUMAP => 0,
+                        map_type::REUSEPORT_SOCKARRAY => RDONLY | WRONLY | RDONLY_PROG,
+                        _ => RDONLY | WRONLY,
+                    };
+                if !key_ok || !value_ok || s.map_flags & !allowed != 0 {
+                    return Err(inval(
+                        "socket, device and CPU maps take a 4-byte key (any for a sockhash), a 4- or 8-byte value (4 for an xskmap) and no flags but read/write ones",
+                    ));
+                }
+                (0, 0, 0, 0)
+            }
+            Kind::LocalStorage(_) => {
+                let cap = local_storage::CAPACITY;
+                let elem = hash::ELEM_HEADER
+                    + round8(local_storage::KEY_SIZE as u32)
+                    + round8(s.value_size);
+                // Spares for replacing values, as for hash maps.
+                let nelems = cap + ncpus_u32;
+                let nbuckets = cap.next_power_of_two();
+                let len = hash::elems_offset(nbuckets) + elem * nelems as usize;
+                (len, nbuckets, nelems, elem as u32)
+            }
             Kind::Ringbuf => {
                 if s.key_size != 0 || s.value_size != 0 {
                     return Err(inval("ring buffers take no key and no value"));
