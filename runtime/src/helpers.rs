@@ -224,7 +224,7 @@ unsafe extern "C" fn probe_read_str(dst: u64, size: u64, src: u64, _: u64, _: u6
 }
 
 unsafe extern "C" fn ktime_get_ns(_: u64, _: u64, _: u64, _: u64, _: u64) -> u64 {
-    clock(libc::CLOCK_MONOTONIC)
+    crate::tsc_clock::monotonic_ns()
 }
 
 unsafe extern "C" fn ktime_get_boot_ns(_: u64, _: u64, _: u64, _: u64, _: u64) -> u64 {

@@ -27,6 +27,7 @@ mod perfbuf;
 mod pins;
 pub mod stack;
 mod store;
+mod tsc_clock;
 
 pub use error::{Error, Result};
 pub use gpu_probe::{

@@ -97,9 +97,16 @@ impl<'a> View<'a> {
     }
 
     fn key_eq(&self, idx: u32, key: &[u8]) -> bool {
-        // SAFETY: the element's key holds key_size bytes.
-        let k = unsafe { std::slice::from_raw_parts(self.key_ptr(idx), self.key_size) };
-        k == key
+        let at = self.key_ptr(idx);
+        // Tracing keys are mostly a pid_tgid or a pid: one compare, not a memcmp call.
+        match key.len() {
+            // SAFETY: the element's key holds key_size (== key.len()) bytes, 8-byte aligned.
+            8 => unsafe { *(at as *const [u8; 8]) == *(key.as_ptr() as *const [u8; 8]) },
+            // SAFETY: as above, 4 bytes.
+            4 => unsafe { *(at as *const [u8; 4]) == *(key.as_ptr() as *const [u8; 4]) },
+            // SAFETY: as above.
+            n => unsafe { std::slice::from_raw_parts(at, n) == key },
+        }
     }
 
     /// Finds the element holding `key`, without the lock.
@@ -161,6 +168,23 @@ impl<'a> View<'a> {
             }
             cur = n;
         }
+    }
+
+    /// Adds `by` to a header counter that only lock holders write: a load and a
+    /// store, not a locked read-modify-write (readers elsewhere only load it).
+    fn bump_counter(&self, counter: &AtomicU64, by: i64) {
+        counter.store(
+            counter.load(Ordering::Relaxed).wrapping_add(by as u64),
+            Ordering::Relaxed,
+        );
+    }
+
+    fn bump_count(&self, by: i32) {
+        let c = &self.h.count;
+        c.store(
+            c.load(Ordering::Relaxed).wrapping_add(by as u32),
+            Ordering::Relaxed,
+        );
     }
 
     fn lock(&self) -> super::lock::Guard<'a> {
@@ -233,7 +257,7 @@ impl<'a> View<'a> {
         let Some((_, idx)) = best else { return false };
         self.unlink(idx);
         self.push_free(idx);
-        self.h.count.fetch_sub(1, Ordering::Relaxed);
+        self.bump_count(-1);
         true
     }
 
@@ -345,7 +369,7 @@ pub(super) fn update(
             unsafe { std::ptr::copy_nonoverlapping(value, dst, vsize) };
         }
     };
-    v.h.updates.fetch_add(1, Ordering::Relaxed);
+    v.bump_counter(&v.h.updates, 1);
     if old != 0 && percpu {
         // The kernel updates per-CPU values in place.
         write_values(v.value_ptr(old), false);
@@ -370,10 +394,12 @@ pub(super) fn update(
     // SAFETY: elem_ptr points at the element header, which we own until it is linked.
     let e = unsafe { &mut *(v.elem_ptr(idx) as *mut Elem) };
     e.hash = hash;
-    e.tick.store(
-        v.h.lru_clock.fetch_add(1, Ordering::Relaxed),
-        Ordering::Relaxed,
-    );
+    if v.is_lru() {
+        e.tick.store(
+            v.h.lru_clock.fetch_add(1, Ordering::Relaxed),
+            Ordering::Relaxed,
+        );
+    }
     e.used.store(1, Ordering::Relaxed);
     let b = v.bucket(hash);
     e.next.store(b.load(Ordering::Relaxed), Ordering::Relaxed);
@@ -382,7 +408,7 @@ pub(super) fn update(
         v.unlink(old);
         v.push_free(old);
     } else {
-        v.h.count.fetch_add(1, Ordering::Relaxed);
+        v.bump_count(1);
     }
     Ok(())
 }
@@ -400,8 +426,8 @@ pub(super) fn delete(map: &Map, key: *const u8) -> Result<()> {
     }
     v.unlink(idx);
     v.push_free(idx);
-    v.h.count.fetch_sub(1, Ordering::Relaxed);
-    v.h.updates.fetch_add(1, Ordering::Relaxed);
+    v.bump_count(-1);
+    v.bump_counter(&v.h.updates, 1);
     Ok(())
 }
 
@@ -423,8 +449,8 @@ pub(super) fn lookup_and_delete(map: &Map, key: &[u8], value: &mut [u8]) -> Resu
     unsafe { std::ptr::copy_nonoverlapping(v.value_ptr(idx), value.as_mut_ptr(), value.len()) };
     v.unlink(idx);
     v.push_free(idx);
-    v.h.count.fetch_sub(1, Ordering::Relaxed);
-    v.h.updates.fetch_add(1, Ordering::Relaxed);
+    v.bump_count(-1);
+    v.bump_counter(&v.h.updates, 1);
     Ok(())
 }
 
