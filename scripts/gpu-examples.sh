@@ -62,6 +62,17 @@ run() {  # run LOG ARGS... : bpftime run ARGS, output and exit status in LOG.out
         result "cuda_counter on $app" $ok "entries $entries exits $exits (expected $((n * iters)) each), mean thread $(awk -v t="$total" -v e="$exits" 'BEGIN { if (e) printf "%.0f", t / e }') ns, longest $max ns <= longest launch ${ms_max} ms"
     done
 
+    # A CUDA graph (two vectorAdd nodes captured from a stream) replayed: the nodes run
+    # the instrumented kernel, every thread of every node of every replay counted.
+    log=$work/counter-graph
+    run "$log" "$objs/cuda_counter.bpf.o" -- "$cuda/graph_add" $n $iters
+    entries=$(value "$log.out" counts 0) exits=$(value "$log.out" counts 1)
+    expect=$((n * iters * 2))
+    ok=0
+    grep -q 'nodes=2 .*check=ok' "$log.out" && grep -q '^exit=0' "$log.out" &&
+        [ "$entries" = $expect ] && [ "$exits" = $expect ] && ok=1
+    result "cuda_counter on a CUDA graph (2 nodes, $iters replays)" $ok "entries $entries exits $exits (expected $expect each)"
+
     # threadhist: 256 blocks of 256 threads, 3 launches: 768 exits at every index below 256.
     log=$work/threadhist
     run "$log" "$objs/threadhist.bpf.o" -- "$cuda/vec_add" 65536 3 256
