@@ -62,16 +62,34 @@ run() {  # run LOG ARGS... : bpftime run ARGS, output and exit status in LOG.out
         result "cuda_counter on $app" $ok "entries $entries exits $exits (expected $((n * iters)) each), mean thread $(awk -v t="$total" -v e="$exits" 'BEGIN { if (e) printf "%.0f", t / e }') ns, longest $max ns <= longest launch ${ms_max} ms"
     done
 
-    # A CUDA graph (two vectorAdd nodes captured from a stream) replayed: the nodes run
-    # the instrumented kernel, every thread of every node of every replay counted.
+    # A CUDA graph (two vectorAdd nodes captured from a stream after a warm-up launch)
+    # replayed: the nodes run the instrumented kernel, every thread of every node of every
+    # replay counted (plus the warm-up's).
     log=$work/counter-graph
-    run "$log" "$objs/cuda_counter.bpf.o" -- "$cuda/graph_add" $n $iters
+    run "$log" "$objs/cuda_counter.bpf.o" -- "$cuda/graph_add" $n $iters 256 1
     entries=$(value "$log.out" counts 0) exits=$(value "$log.out" counts 1)
-    expect=$((n * iters * 2))
+    expect=$((n * iters * 2 + n))
+    ok=0
+    # nodes: the application's two, and the per-SM folds captured after each.
+    grep -q 'nodes=4 .*check=ok' "$log.out" && grep -q '^exit=0' "$log.out" &&
+        [ "$entries" = $expect ] && [ "$exits" = $expect ] && ok=1
+    result "cuda_counter on a CUDA graph (2 nodes, $iters replays, a warm-up launch)" $ok "entries $entries exits $exits (expected $expect each)"
+    # Captured with no launch before: the capture must stay valid and the graph run as
+    # built, uninstrumented, with a notice saying why.
+    log=$work/counter-graph-cold
+    run "$log" "$objs/cuda_counter.bpf.o" -- "$cuda/graph_add" 65536 3 256 0
     ok=0
     grep -q 'nodes=2 .*check=ok' "$log.out" && grep -q '^exit=0' "$log.out" &&
-        [ "$entries" = $expect ] && [ "$exits" = $expect ] && ok=1
-    result "cuda_counter on a CUDA graph (2 nodes, $iters replays)" $ok "entries $entries exits $exits (expected $expect each)"
+        grep -q 'before its instrumented module was ready' "$log.out" && ok=1
+    result "a CUDA graph captured before its first launch: capture valid, a notice" $ok "$(grep -o 'check=[a-z]*' "$log.out" | head -1), $(grep -c 'before its instrumented module was ready' "$log.out") notice"
+    # Launch programs beside a capture: the capture stays valid, the graph's nodes get
+    # no launch events, and the notice says so.
+    log=$work/launch-graph
+    run "$log" "$objs/launchsnoop.bpf.o" -- "$cuda/graph_add" 65536 3 256 0
+    ok=0
+    grep -q 'nodes=2 .*check=ok' "$log.out" && grep -q '^exit=0' "$log.out" &&
+        grep -q 'captured into a CUDA graph get no launch events' "$log.out" && ok=1
+    result "launch events beside a CUDA graph capture: the capture stays valid" $ok "$(grep -o 'check=[a-z]*' "$log.out" | head -1), $(grep -c 'captured into a CUDA graph' "$log.out") notice"
 
     # threadhist: 256 blocks of 256 threads, 3 launches: 768 exits at every index below 256.
     log=$work/threadhist
@@ -213,7 +231,7 @@ run() {  # run LOG ARGS... : bpftime run ARGS, output and exit status in LOG.out
         calls=$(value "$log.out" stats 0) done=$(value "$log.out" stats 1)
         sum=$(value "$log.out" stats 2) max=$(value "$log.out" stats 3)
         early=$(value "$log.out" stats 5) threads=$(value "$log.out" stats 6)
-        failed=$(value "$log.out" stats 7) orphan=$(value "$log.out" stats 8)
+        launch_failed=$(value "$log.out" stats 7) orphan=$(value "$log.out" stats 8)
         bound=$(value "$log.out" stats 9)
         events=$(grep -c '^event events ' "$log.out")
         # The record's name field, as text or, untyped, as hex.
@@ -223,7 +241,7 @@ run() {  # run LOG ARGS... : bpftime run ARGS, output and exit status in LOG.out
         ok=0
         grep -q 'check=ok' "$log.out" && grep -q '^exit=0' "$log.out" &&
             [ "$calls" = $iters ] && [ "$done" = $iters ] && [ "$threads" = $((n * iters)) ] &&
-            [ "$early" = 0 ] && [ "$failed" = 0 ] && [ "$orphan" = 0 ] &&
+            [ "$early" = 0 ] && [ "$launch_failed" = 0 ] && [ "$orphan" = 0 ] &&
             [ "$events" = $iters ] && [ "$named" = $iters ] &&
             awk -v m="${max:-0}" -v l="$ms_max" -v b="${bound:-0}" 'BEGIN { exit !(m > 0 && m <= l * 1e6 + b) }' &&
             awk -v a="$mean" -v l="$ms" 'BEGIN { exit !(a >= 0.5 * l * 1e6) }' && ok=1

@@ -2,10 +2,15 @@
 // captured from a stream into one graph, instantiated once and launched ITERS times, as
 // frameworks replay captured work. Checks d = a + 2b and times each graph launch.
 //
-//   graph_add [N] [ITERS] [BLOCK]   defaults: 1<<20 elements, 10 graph launches, 256 threads
+//   graph_add [N] [ITERS] [BLOCK] [WARM]   defaults: 1<<20 elements, 10 graph launches,
+//                                          256 threads, WARM 1: one launch of vectorAdd on
+//                                          the stream before the capture (the warm-up CUDA
+//                                          graph users do), 0: none (the capture launches it
+//                                          first)
 //
-// Prints `graph_add n=N iters=I block=B grid=G threads=T nodes=2 ms_per_launch=X ms_max=Y
-// check=ok` (threads per node), and exits 1 if any element is wrong or a CUDA call fails.
+// Prints `graph_add n=N iters=I block=B grid=G threads=T warm=W nodes=2 ms_per_launch=X
+// ms_max=Y check=ok` (threads per node), and exits 1 if any element is wrong or a CUDA call
+// fails.
 #include <cstdio>
 #include <cstdlib>
 #include <vector>
@@ -22,6 +27,7 @@ int main(int argc, char **argv) {
     long n = argc > 1 ? strtol(argv[1], 0, 0) : 1 << 20;
     int iters = argc > 2 ? atoi(argv[2]) : 10;
     int block = argc > 3 ? atoi(argv[3]) : 256;
+    int warm = argc > 4 ? atoi(argv[4]) : 1;
     int grid = (int)((n + block - 1) / block);
     std::vector<float> a(n), b(n), d(n, -1.0f);
     srand(42);
@@ -40,6 +46,11 @@ int main(int argc, char **argv) {
     CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
     cudaGraph_t graph;
     cudaGraphExec_t exec;
+    if (warm) {
+        vectorAdd<<<grid, block, 0, s>>>(da, db, dc, (int)n);
+        CHECK(cudaGetLastError());
+        CHECK(cudaStreamSynchronize(s));
+    }
     CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal));
     vectorAdd<<<grid, block, 0, s>>>(da, db, dc, (int)n);
     vectorAdd<<<grid, block, 0, s>>>(dc, db, dd, (int)n);
@@ -63,9 +74,9 @@ int main(int argc, char **argv) {
     for (long i = 0; i < n; i++)
         if (d[i] != a[i] + 2 * b[i]) wrong++;
     std::sort(ms.begin(), ms.end());
-    printf("graph_add n=%ld iters=%d block=%d grid=%d threads=%ld nodes=%zu ms_per_launch=%.4f "
-           "ms_max=%.4f check=%s\n",
-           n, iters, block, grid, (long)grid * block, nodes, iters ? ms[iters / 2] : 0.0f,
+    printf("graph_add n=%ld iters=%d block=%d grid=%d threads=%ld warm=%d nodes=%zu "
+           "ms_per_launch=%.4f ms_max=%.4f check=%s\n",
+           n, iters, block, grid, (long)grid * block, warm, nodes, iters ? ms[iters / 2] : 0.0f,
            iters ? ms[iters - 1] : 0.0f, wrong ? "FAIL" : "ok");
     CHECK(cudaGraphExecDestroy(exec));
     CHECK(cudaGraphDestroy(graph));

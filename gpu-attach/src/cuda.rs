@@ -123,9 +123,28 @@ api! {
     event_synchronize: "cuEventSynchronize" fn(Handle);
     event_elapsed_time: "cuEventElapsedTime" fn(*mut f32, Handle, Handle);
     stream_is_capturing: "cuStreamIsCapturing" fn(Handle, *mut c_int);
+    thread_exchange_stream_capture_mode: "cuThreadExchangeStreamCaptureMode" fn(*mut c_int);
     launch_kernel: "cuLaunchKernel" fn(Handle, c_uint, c_uint, c_uint, c_uint, c_uint, c_uint, c_uint, Handle, *mut *mut c_void, *mut *mut c_void);
     library_get_kernel: "cuLibraryGetKernel" fn(*mut Handle, Handle, *const c_char);
     get_proc_address: "cuGetProcAddress_v2" fn(*const c_char, *mut *mut c_void, c_int, u64, *mut c_int);
+}
+
+/// `CU_STREAM_CAPTURE_MODE_RELAXED`.
+const CAPTURE_MODE_RELAXED: c_int = 2;
+
+/// The calling thread's stream capture mode, relaxed while this lives.
+pub struct RelaxedCapture<'a> {
+    api: &'a Api,
+    previous: Option<c_int>,
+}
+
+impl Drop for RelaxedCapture<'_> {
+    fn drop(&mut self) {
+        if let Some(mut mode) = self.previous {
+            // SAFETY: reads and writes one int.
+            unsafe { (self.api.thread_exchange_stream_capture_mode)(&mut mode) };
+        }
+    }
 }
 
 /// The driver library's name, as the loader finds it.
@@ -239,6 +258,20 @@ impl Api {
         // SAFETY: writes one int.
         let r = unsafe { (self.stream_is_capturing)(stream, &mut status) };
         r != CUDA_SUCCESS || status != 0
+    }
+
+    /// Lets this thread make calls a stream capture in global mode prohibits (allocations,
+    /// module loads, synchronous copies) until the guard drops, which puts the thread's
+    /// mode back: CUDA's way for a library to work beside an application's capture without
+    /// invalidating it.
+    pub fn relaxed_capture(&self) -> RelaxedCapture<'_> {
+        let mut mode = CAPTURE_MODE_RELAXED;
+        // SAFETY: reads and writes one int.
+        let ok = unsafe { (self.thread_exchange_stream_capture_mode)(&mut mode) } == CUDA_SUCCESS;
+        RelaxedCapture {
+            api: self,
+            previous: ok.then_some(mode),
+        }
     }
 
     /// Milliseconds from `start` to `end`, two completed timing events of one context.

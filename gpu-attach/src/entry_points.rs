@@ -497,6 +497,67 @@ entry_point!(
     }
 );
 
+// A graph's kernel nodes hold the functions their capture launched, instrumented ones
+// among them (`launched` swapped them in); the launch itself only tells GPU attach to
+// bring their maps back once the graph has run.
+entry_point!(
+    graph_launch,
+    &["cuGraphLaunch", "cuGraphLaunch_ptsz"],
+    fn(exec: Handle, stream: Handle),
+    |original, per_thread| {
+        // SAFETY: the caller's arguments, passed as given.
+        let r = unsafe { original(exec, stream) };
+        if let Some(s) = session() {
+            let stream = if stream == 0 && per_thread {
+                STREAM_PER_THREAD
+            } else {
+                stream
+            };
+            s.after_graph_launch(stream, r);
+        }
+        r
+    }
+);
+
+// A capture must not run beside GPU attach's own CUDA work (module loads, copies): its
+// start waits for that work, which then waits for the capture's end.
+entry_point!(
+    stream_begin_capture,
+    &[
+        "cuStreamBeginCapture_v2",
+        "cuStreamBeginCapture",
+        "cuStreamBeginCapture_ptsz",
+        "cuStreamBeginCapture_v2_ptsz"
+    ],
+    fn(stream: Handle, mode: c_int),
+    |original, _per_thread| {
+        let s = session();
+        if let Some(s) = s {
+            s.capture_begins();
+        }
+        // SAFETY: the caller's arguments, passed as given.
+        let r = unsafe { original(stream, mode) };
+        if let (Some(s), true) = (s, r != CUDA_SUCCESS) {
+            s.capture_ends();
+        }
+        r
+    }
+);
+
+entry_point!(
+    stream_end_capture,
+    &["cuStreamEndCapture", "cuStreamEndCapture_ptsz"],
+    fn(stream: Handle, graph: *mut Handle),
+    |original, _per_thread| {
+        // SAFETY: the caller's arguments, passed as given.
+        let r = unsafe { original(stream, graph) };
+        if let Some(s) = session() {
+            s.capture_ends();
+        }
+        r
+    }
+);
+
 /// One entry point's detouring: its symbols, replacements and slots.
 struct Table {
     symbols: &'static [&'static str],
@@ -544,6 +605,9 @@ pub(crate) unsafe fn install(lib: *mut c_void, api: &Api) -> Vec<Detour> {
         launch_kernel,
         launch_kernel_ex,
         launch_cooperative_kernel,
+        graph_launch,
+        stream_begin_capture,
+        stream_end_capture,
         ctx_destroy,
         primary_ctx_release,
         primary_ctx_reset

@@ -11,7 +11,7 @@
 
 use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
 use std::ffi::{CStr, CString};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, RwLock};
 use std::time::{Duration, Instant};
 
@@ -256,6 +256,9 @@ pub(crate) struct Launch {
     pub function: Handle,
     stream: Handle,
     work: Option<(Arc<Context>, Vec<Arc<Replica>>)>,
+    /// Into a stream being captured into a CUDA graph: nothing runs now; the graph's
+    /// launches bring the maps back (see [`Session::after_graph_launch`]).
+    captured: bool,
 }
 
 struct Completion {
@@ -338,6 +341,18 @@ pub struct GpuAttach {
     next_launch_id: AtomicU64,
     /// Launches whose GPU times are awaited, oldest first.
     timings: Mutex<VecDeque<Timing>>,
+    /// Instrumented kernels captured into CUDA graphs: their context and maps, brought
+    /// back after each graph launch.
+    graph_work: Mutex<Vec<GraphWork>>,
+    /// Application functions swapped for instrumented ones and loaded already.
+    originals_loaded: Mutex<HashSet<Handle>>,
+    /// Stream captures the application has running. While any runs, GPU attach's own
+    /// CUDA work (module loads, copies, allocations) waits: done beside a capture it
+    /// invalidates the capture or crashes the driver.
+    captures: AtomicUsize,
+    /// Held shared by GPU attach's CUDA work, exclusively by a capture's start, so that
+    /// a capture never starts while that work runs.
+    cuda_work: RwLock<()>,
     /// The sync thread, woken when a launch is queued for it while it idles.
     worker: OnceLock<std::thread::Thread>,
     /// Launches that went untimed because too many were awaited.
@@ -411,6 +426,10 @@ pub fn install() -> Result<&'static GpuAttach, InstallError> {
         launch_matches: Mutex::new(HashMap::new()),
         next_launch_id: AtomicU64::new(1),
         timings: Mutex::new(VecDeque::new()),
+        graph_work: Mutex::new(Vec::new()),
+        originals_loaded: Mutex::new(HashSet::new()),
+        captures: AtomicUsize::new(0),
+        cuda_work: RwLock::new(()),
         untimed: AtomicU64::new(0),
         worker: OnceLock::new(),
     });
@@ -418,6 +437,9 @@ pub fn install() -> Result<&'static GpuAttach, InstallError> {
         .name("bpftime-gpu".into())
         .spawn(move || {
             bpftime_attach::never_run_handlers_on_this_thread();
+            // Our threads' copies and allocations must neither fail nor invalidate an
+            // application's capture in global mode on another thread.
+            let _capture = s.api.relaxed_capture();
             s.worker()
         })
         .map_err(|e| InstallError::Driver(format!("cannot start the GPU sync thread: {e}")))?;
@@ -426,6 +448,7 @@ pub fn install() -> Result<&'static GpuAttach, InstallError> {
         .name("bpftime-gpu-clock".into())
         .spawn(move || {
             bpftime_attach::never_run_handlers_on_this_thread();
+            let _capture = s.api.relaxed_capture();
             s.clock_keeper()
         })
         .map_err(|e| InstallError::Driver(format!("cannot start the GPU clock thread: {e}")))?;
@@ -435,6 +458,14 @@ pub fn install() -> Result<&'static GpuAttach, InstallError> {
         "GPU attach: CUDA driver intercepted"
     );
     Ok(s)
+}
+
+/// An instrumented kernel's context and maps, captured into a CUDA graph.
+type GraphWork = (Arc<Context>, Vec<Arc<Replica>>);
+
+/// Whether two lists hold the same replicas, in order.
+fn same_replicas(a: &[Arc<Replica>], b: &[Arc<Replica>]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).all(|(x, y)| Arc::ptr_eq(x, y))
 }
 
 /// Set once the process is exiting: thread-local state (the log formatter's among it) is
@@ -585,6 +616,8 @@ impl GpuAttach {
         }
         let build = move || {
             bpftime_attach::never_run_handlers_on_this_thread();
+            let _capture = self.api.relaxed_capture();
+            let _quiet = self.wait_quiet();
             self.set_context(ctx);
             let Ok(ptx) = &image.ptx else { return };
             let Ok(sm) = self.api.device_sm() else { return };
@@ -668,6 +701,7 @@ impl GpuAttach {
             function,
             stream,
             work: None,
+            captured: false,
         };
         if !self.active.load(Ordering::Acquire) {
             return plain;
@@ -704,6 +738,96 @@ impl GpuAttach {
         if ctx == 0 {
             return plain;
         }
+        // Under a capture (CUDA graphs, as PyTorch makes them) the launch becomes a graph
+        // node. Loading a module while a capture runs invalidates it, from any thread and
+        // in any capture mode; the copies that push CPU-written values go on a thread of
+        // ours, which does not capture; and nothing may be queued on the captured stream
+        // but what every replay should do.
+        if self.api.stream_capturing(stream) {
+            if self.ready_patched(ctx, image).is_none() {
+                // Building loads a module, which no thread may do while a capture runs
+                // without invalidating it: this graph gets the kernel as it is.
+                self.notice(&format!("graph-early:{name}"), || {
+                    format!(
+                        "{name} was captured into a CUDA graph before its instrumented \
+                         module was ready: that graph runs it uninstrumented (launch it once \
+                         before capturing, as CUDA graph warm-ups do, to have it probed)"
+                    )
+                });
+                return plain;
+            }
+            return self.prepare_captured(ctx, image, name, function, stream);
+        }
+        // Building and pushing beside another stream's capture would invalidate it:
+        // this launch runs as it is (rare: captures are short, and made after warm-up).
+        let Some(_quiet) = self.quiet() else {
+            self.notice(&format!("beside-capture:{name}"), || {
+                format!(
+                    "a launch of {name} made while a CUDA graph was being captured on \
+                     another stream ran uninstrumented"
+                )
+            });
+            return plain;
+        };
+        self.prepare_launch(ctx, image, name, function, stream)
+    }
+
+    /// A launch into a capturing stream, whose instrumented module is ready: the graph
+    /// node gets the instrumented function. Values the CPU wrote since the last launch
+    /// are not pushed now (copies while a capture runs invalidate it); the next launch
+    /// outside a capture pushes them.
+    fn prepare_captured(
+        &self,
+        ctx: Handle,
+        image: u64,
+        name: Arc<str>,
+        function: Handle,
+        stream: Handle,
+    ) -> Launch {
+        let plain = Launch {
+            function,
+            stream,
+            work: None,
+            captured: false,
+        };
+        let Some(patched) = self.ready_patched(ctx, image) else {
+            return plain;
+        };
+        let (Some(&instrumented), Some(context)) =
+            (patched.functions.get(&name), patched.context.clone())
+        else {
+            return plain;
+        };
+        self.notice(&format!("graph:{name}"), || {
+            format!(
+                "{name} was captured into a CUDA graph: its probes run in every launch of \
+                 the graph, and its maps are brought back after each"
+            )
+        });
+        Launch {
+            function: instrumented,
+            stream,
+            work: Some((context, patched.replicas.clone())),
+            captured: true,
+        }
+    }
+
+    /// The instrumented function for a launch of `function` (built if need be), with the
+    /// maps' CPU-written values pushed to the device before it.
+    fn prepare_launch(
+        &self,
+        ctx: Handle,
+        image: u64,
+        name: Arc<str>,
+        function: Handle,
+        stream: Handle,
+    ) -> Launch {
+        let plain = Launch {
+            function,
+            stream,
+            work: None,
+            captured: false,
+        };
         let asked = Instant::now();
         let patched = self.patched(ctx, image, &name);
         let waited = asked.elapsed();
@@ -722,6 +846,12 @@ impl GpuAttach {
         else {
             return plain;
         };
+        // Under lazy loading the application's own function would otherwise load at its
+        // first use by the application, which may be inside a stream capture, where a
+        // load invalidates the capture.
+        if self.lock_originals_loaded().insert(function) {
+            self.api.load_function(function);
+        }
         let mover = self.mover(&context);
         let mut deltas = Vec::new();
         for r in &patched.replicas {
@@ -742,6 +872,7 @@ impl GpuAttach {
             function: instrumented,
             stream,
             work: Some((context, patched.replicas.clone())),
+            captured: false,
         }
     }
 
@@ -795,11 +926,94 @@ impl GpuAttach {
         if result != CUDA_SUCCESS {
             return;
         }
+        let _capture = launch.captured.then(|| self.api.relaxed_capture());
+        // Captured, the fold becomes the node after the kernel's: every replay folds.
         if let Err(e) = self.fold_shards(&context, launch.stream, &replicas) {
             if may_log() {
                 tracing::warn!("folding per-SM counters on the GPU failed: {e}");
             }
         }
+        if launch.captured {
+            // An event recorded in a capture cannot be waited for; the graph's launches
+            // are (`after_graph_launch`).
+            let mut graphs = self.lock_graph_work();
+            if !graphs
+                .iter()
+                .any(|(c, r)| Arc::ptr_eq(c, &context) && same_replicas(r, &replicas))
+            {
+                graphs.push((context, replicas));
+            }
+            return;
+        }
+        self.queue_completion(context, launch.stream, replicas);
+    }
+
+    /// After a CUDA graph launch on `stream`: the maps of every instrumented kernel
+    /// captured into a graph come back once the launch completes. Graphs are not told
+    /// apart: any graph launch brings back all of them, which costs a copy, never a count.
+    pub(crate) fn after_graph_launch(&self, stream: Handle, result: CuResult) {
+        if result != CUDA_SUCCESS || !self.active.load(Ordering::Acquire) {
+            return;
+        }
+        let work: Vec<_> = self.lock_graph_work().clone();
+        if work.is_empty() || self.api.stream_capturing(stream) {
+            return;
+        }
+        let current = self.api.current_context();
+        for (context, replicas) in work {
+            if context.ctx == current {
+                self.queue_completion(context, stream, replicas);
+            }
+        }
+    }
+
+    /// Leave to do CUDA work of GPU attach's own now: none while a capture runs.
+    fn quiet(&self) -> Option<std::sync::RwLockReadGuard<'_, ()>> {
+        if self.captures.load(Ordering::Acquire) != 0 {
+            return None;
+        }
+        let guard = self.cuda_work.read().unwrap_or_else(|e| e.into_inner());
+        // A capture that began before the lock was ours is still running.
+        (self.captures.load(Ordering::Acquire) == 0).then_some(guard)
+    }
+
+    /// [`Session::quiet`], waiting for the application's captures to end (they are
+    /// short: a few launches recorded into a graph).
+    fn wait_quiet(&self) -> std::sync::RwLockReadGuard<'_, ()> {
+        loop {
+            if let Some(g) = self.quiet() {
+                return g;
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    }
+
+    /// At `cuStreamBeginCapture`: waits for GPU attach's CUDA work in flight, then counts
+    /// the capture in.
+    pub(crate) fn capture_begins(&self) {
+        let _no_work = self.cuda_work.write().unwrap_or_else(|e| e.into_inner());
+        self.captures.fetch_add(1, Ordering::AcqRel);
+    }
+
+    /// After a capture ended (or failed to begin).
+    pub(crate) fn capture_ends(&self) {
+        let _ = self
+            .captures
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| n.checked_sub(1));
+    }
+
+    fn lock_originals_loaded(&self) -> std::sync::MutexGuard<'_, HashSet<Handle>> {
+        self.originals_loaded
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn lock_graph_work(&self) -> std::sync::MutexGuard<'_, Vec<GraphWork>> {
+        self.graph_work.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Brings `replicas` back once the work queued on `stream` so far completes.
+    fn queue_completion(&self, context: Arc<Context>, stream: Handle, replicas: Vec<Arc<Replica>>) {
         let event = context
             .events
             .lock()
@@ -813,7 +1027,7 @@ impl GpuAttach {
             });
         let Some(event) = event else { return };
         // SAFETY: an event of this context, recorded on the launch's stream.
-        if unsafe { (self.api.event_record)(event, launch.stream) } != CUDA_SUCCESS {
+        if unsafe { (self.api.event_record)(event, stream) } != CUDA_SUCCESS {
             return;
         }
         let mut pending = self.lock_pending();
@@ -910,15 +1124,7 @@ impl GpuAttach {
         if ctx == 0 {
             return None;
         }
-        let context = match self.context(ctx) {
-            Ok(c) => c,
-            Err(e) => {
-                self.notice(&format!("ctx:{ctx}"), || {
-                    format!("launch events are off in this CUDA context: {e}")
-                });
-                return None;
-            }
-        };
+        // Before anything that allocates: a capture in global mode forbids it.
         if self.api.stream_capturing(stream) {
             self.notice(&format!("capture:{name}"), || {
                 format!(
@@ -928,6 +1134,15 @@ impl GpuAttach {
             });
             return None;
         }
+        let context = match self.context(ctx) {
+            Ok(c) => c,
+            Err(e) => {
+                self.notice(&format!("ctx:{ctx}"), || {
+                    format!("launch events are off in this CUDA context: {e}")
+                });
+                return None;
+            }
+        };
         let mut info = LaunchContext::new(&name, geometry, stream as u64, context.device);
         info.function = function as u64;
         info.cpu_ns = cpu_ns;
@@ -1183,6 +1398,15 @@ impl GpuAttach {
 
     /// The instrumented module of `image` in `ctx` for the current probes, built on first
     /// use. `None` when nothing in it is probed or it cannot be instrumented.
+    /// The instrumented module of `image` in `ctx`, if built for the current probes.
+    fn ready_patched(&self, ctx: Handle, image: u64) -> Option<Arc<Patched>> {
+        let st = self.read();
+        st.patched
+            .get(&(ctx, image))
+            .filter(|p| p.generation == st.generation)
+            .cloned()
+    }
+
     fn patched(&self, ctx: Handle, image: u64, kernel: &str) -> Option<Arc<Patched>> {
         let generation = {
             let st = self.read();
@@ -1776,6 +2000,7 @@ impl GpuAttach {
             if !may_log() {
                 return;
             }
+            let Some(_quiet) = self.quiet() else { continue };
             self.reanchor_all();
         }
     }
@@ -1800,6 +2025,8 @@ impl GpuAttach {
                 // away right after it.
                 return;
             }
+            // Completions of graph launches wait for the capture beside them to end.
+            let Some(_quiet) = self.quiet() else { continue };
             self.sync_completed(false);
             self.sync_timings(false);
             if last_drain.elapsed() >= DRAIN_EVERY {
