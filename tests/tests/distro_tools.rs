@@ -256,22 +256,29 @@ fn libssl_turn() -> std::sync::MutexGuard<'static, ()> {
 const SSL_LINKS: usize = 10;
 
 /// Runs `script` against `tls_pair ROUNDS`: starts the target (`target`), attaches
-/// bpftrace to its pid (`tool`), lets the target run, and stops bpftrace while the
-/// target is still alive (bpftrace names `func` from the target's maps when it prints).
-/// Returns bpftrace's stdout and the target's pid.
+/// bpftrace to its pid (`tool`), lets the target run, waits for `events` lines that
+/// `is_event` (or a second, when there are none to wait for) and stops bpftrace
+/// while the target is still alive (bpftrace names `func` from the target's maps when it
+/// prints). Returns bpftrace's stdout and the target's pid.
 fn run_ssl_script(
     target: Command,
     tool: &dyn Fn(u32) -> Command,
     wait_for_links: &dyn Fn(),
+    (is_event, events): (fn(&str) -> bool, usize),
 ) -> (Vec<String>, u32, String) {
     let mut app = Driven::spawn(target);
     let pid: u32 = app.wait_for("pid=")[4..].parse().unwrap();
-    let t = Tool::spawn_until(tool(pid), "Tracing SSL/TLS handshake... Hit Ctrl-C to end.");
+    let mut t = Tool::spawn_until(tool(pid), "Tracing SSL/TLS handshake... Hit Ctrl-C to end.");
     wait_for_links();
     std::thread::sleep(Duration::from_secs(2));
     app.send("go");
     assert_eq!(app.wait_for("rounds="), format!("rounds={ROUNDS}"));
-    std::thread::sleep(Duration::from_secs(1));
+    if events == 0 {
+        std::thread::sleep(Duration::from_secs(1));
+    } else {
+        // A short count is left for the comparison to show.
+        t.wait_for_count(is_event, events, Duration::from_secs(10));
+    }
     let (_, lines, err) = t.stop();
     app.send("end");
     let (status, _, app_err) = app.finish();
@@ -279,7 +286,11 @@ fn run_ssl_script(
     (lines, pid, err)
 }
 
-fn ssl_under_bpftime(s: &Session, script: &str) -> (Vec<String>, u32, String) {
+/// The lines of sslsnoop.bt that report a call, and how many tls_pair makes; none for
+/// ssllatency.bt, which prints at its end.
+type Events = (fn(&str) -> bool, usize);
+
+fn ssl_under_bpftime(s: &Session, script: &str, events: Events) -> (Vec<String>, u32, String) {
     let target = s.target_copy(examples::TLS_PAIR);
     let mut app = s.bpftime();
     app.arg("start").arg(&target).arg(ROUNDS.to_string());
@@ -291,10 +302,11 @@ fn ssl_under_bpftime(s: &Session, script: &str) -> (Vec<String>, u32, String) {
             c
         },
         &|| s.wait_for_links(SSL_LINKS),
+        events,
     )
 }
 
-fn ssl_on_kernel(script: &str) -> Option<(Vec<String>, u32, String)> {
+fn ssl_on_kernel(script: &str, events: Events) -> Option<(Vec<String>, u32, String)> {
     if let Some(why) = kernel_unavailable() {
         eprintln!("kernel comparison skipped: {why}");
         return None;
@@ -310,6 +322,7 @@ fn ssl_on_kernel(script: &str) -> Option<(Vec<String>, u32, String)> {
             c
         },
         &|| {},
+        events,
     ))
 }
 
@@ -367,9 +380,13 @@ fn the_bundled_sslsnoop_tool_prints_every_tls_call_like_the_kernel() {
     require(TOOL, "bpftrace");
     let _libssl = libssl_turn();
     let s = Session::new("dt-sslsnoop");
-    let (lines, pid, err) = ssl_under_bpftime(&s, TOOL);
+    let calls: Events = (
+        |l| l.contains(" tls_pair ") && l.split_whitespace().count() == 6,
+        tls_pair_calls().len(),
+    );
+    let (lines, pid, err) = ssl_under_bpftime(&s, TOOL, calls);
     assert_eq!(ssl_calls(&lines, pid), tls_pair_calls(), "{lines:?} {err}");
-    if let Some((k, kpid, err)) = ssl_on_kernel(TOOL) {
+    if let Some((k, kpid, err)) = ssl_on_kernel(TOOL, calls) {
         assert_eq!(ssl_calls(&k, kpid), tls_pair_calls(), "kernel: {k:?} {err}");
     }
 }
@@ -409,9 +426,10 @@ fn the_bundled_ssllatency_tool_counts_every_tls_call_like_the_kernel() {
     .flat_map(|(f, n)| [format!("@hist[{f}]"), format!("@stat[{f}]: {n}")])
     .collect();
     want.sort();
-    let (lines, _, err) = ssl_under_bpftime(&s, TOOL);
+    let at_end: Events = (|_| false, 0);
+    let (lines, _, err) = ssl_under_bpftime(&s, TOOL, at_end);
     assert_eq!(ssl_stats(&lines), want, "{lines:?} {err}");
-    if let Some((k, _, err)) = ssl_on_kernel(TOOL) {
+    if let Some((k, _, err)) = ssl_on_kernel(TOOL, at_end) {
         assert_eq!(ssl_stats(&k), want, "kernel: {k:?} {err}");
     }
 }
