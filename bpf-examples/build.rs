@@ -31,6 +31,7 @@ const ARTIFACTS: &[&str] = &[
     "stack_target",
     "lookups",
     "usdt_target",
+    "tls_pair",
     "usdt_count",
     "usdt_count.bpf.o",
     "rejected.bpf.o",

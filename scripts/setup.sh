@@ -3,13 +3,14 @@
 # clang-19 (the JIT and the BPF compiler), libbpf 1.1 and bpftool (real loaders),
 # bpftrace and bcc's libbpf-tools (tools nobody here wrote, run as a user runs them),
 # libelf/zlib for the static libbpf that libbpf-rs builds, <sys/sdt.h> for the USDT
-# test target, and a JDK (HotSpot's USDT probes, for javagc).
+# test target, a JDK (HotSpot's USDT probes, for javagc), and libssl-dev for the TLS
+# target of bpftrace's sslsnoop.bt and ssllatency.bt.
 set -euo pipefail
 
 packages=(
     build-essential pkg-config make
     clang-19 llvm-19-dev libpolly-19-dev libzstd-dev zlib1g-dev libelf-dev
-    libbpf-dev bpftool bpftrace libbpf-tools systemtap-sdt-dev openjdk-17-jdk-headless
+    libbpf-dev bpftool bpftrace libbpf-tools systemtap-sdt-dev openjdk-17-jdk-headless libssl-dev
 )
 
 as_root() {

@@ -36,6 +36,9 @@ pub const RINGBUF_SPARSE_BPF_O: &str = env!("BPF_EXAMPLES_RINGBUF_SPARSE_BPF_O")
 pub const CALLS: &str = env!("BPF_EXAMPLES_CALLS");
 /// Test target `lookups N`: N rounds of getaddrinfo and gethostbyname of localhost.
 pub const LOOKUPS: &str = env!("BPF_EXAMPLES_LOOKUPS");
+/// Test target `tls_pair N`: prints `pid=PID`, waits for a line on stdin, then a TLS 1.2
+/// handshake and N request/reply rounds between two threads over OpenSSL.
+pub const TLS_PAIR: &str = env!("BPF_EXAMPLES_TLS_PAIR");
 /// Test target `calls N`, built with `-no-pie`.
 pub const CALLS_NOPIE: &str = env!("BPF_EXAMPLES_CALLS_NOPIE");
 /// `bench_calls N`: prints the median cost of one call of `work()` (benchmarks);

@@ -274,6 +274,26 @@ impl Tool {
         t
     }
 
+    /// Waits until `n` of the lines the tool printed so far satisfy `is_event`, for a tool
+    /// whose lines carry times and so cannot be waited for by their text; returns false at
+    /// the timeout, leaving the tool running for `stop` to collect what it said.
+    pub fn wait_for_count(
+        &mut self,
+        is_event: impl Fn(&str) -> bool,
+        n: usize,
+        timeout: Duration,
+    ) -> bool {
+        let end = Instant::now() + timeout;
+        while self.seen.iter().filter(|l| is_event(l)).count() < n {
+            let left = end.saturating_duration_since(Instant::now());
+            match self.lines.recv_timeout(left) {
+                Ok(l) => self.seen.push(l),
+                Err(_) => return false,
+            }
+        }
+        true
+    }
+
     /// Waits until the tool prints `line`; panics with everything it said otherwise.
     pub fn wait_for_line(&mut self, line: &str, timeout: Duration) {
         let end = Instant::now() + timeout;
