@@ -434,9 +434,24 @@ fn the_bundled_ssllatency_tool_counts_every_tls_call_like_the_kernel() {
     let at_end: Events = (|_| false, 0);
     let (lines, _, err) = ssl_under_bpftime(&s, TOOL, at_end);
     assert_eq!(ssl_stats(&lines), want, "{lines:?} {err}");
-    if let Some((k, _, err)) = ssl_on_kernel(TOOL, at_end) {
+    // The kernel's bpftrace names `func` from the return address after the fact, and now
+    // and then leaves some as raw addresses (`@stat[0x7f...]`): a run like that is asked
+    // again, and a second one like it leaves the comparison to the hand count above.
+    let unresolved = |k: &[String]| k.iter().any(|l| l.starts_with("@stat[0x"));
+    for attempt in 1..=2 {
+        let Some((k, _, err)) = ssl_on_kernel(TOOL, at_end) else {
+            return;
+        };
+        if unresolved(&k) {
+            eprintln!(
+                "the kernel's bpftrace left function names unresolved (run {attempt}): {k:?}"
+            );
+            continue;
+        }
         assert_eq!(ssl_stats(&k), want, "kernel: {k:?} {err}");
+        return;
     }
+    eprintln!("kernel comparison skipped: the kernel's bpftrace left names unresolved twice");
 }
 
 /// threadsnoop.bt probes `libpthread:pthread_create`, but Debian 12's glibc (2.36) has
