@@ -418,6 +418,27 @@ fn script(bpf: &mut dyn Bpf) -> Vec<(String, Outcome)> {
     s.lookup(Some(&lpm(32, [10, 1, 2, 3])), 8);
     s.delete(&lpm(24, [10, 1, 2, 0]));
     s.count_keys(8);
+    // The trie's walk order: more specific prefixes first, the 0 side of a bit first.
+    s.create(mt::LPM_TRIE, 8, 8, 16, map_flags::NO_PREALLOC)
+        .unwrap();
+    let walked = [
+        lpm(16, [192, 168, 0, 0]),
+        lpm(24, [192, 168, 128, 0]),
+        lpm(24, [192, 168, 1, 0]),
+        lpm(24, [192, 168, 0, 0]),
+        lpm(0, [0, 0, 0, 0]),
+        lpm(8, [10, 0, 0, 0]),
+        lpm(32, [10, 9, 9, 9]),
+    ];
+    for k in &walked {
+        s.update(k, &v64(7), uf::ANY);
+    }
+    s.next_key(None, 8);
+    for k in &walked {
+        s.next_key(Some(k), 8);
+    }
+    s.next_key(Some(&lpm(24, [192, 168, 7, 0])), 8);
+    s.next_key(Some(&lpm(40, [192, 168, 0, 0])), 8);
     // Maps of maps: created from a template map, filled with map fds, read back as ids.
     s.create(mt::ARRAY, 4, 8, 4, 0).unwrap();
     let a = s.fd;

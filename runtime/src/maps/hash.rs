@@ -454,6 +454,26 @@ pub(super) fn lookup_and_delete(map: &Map, key: &[u8], value: &mut [u8]) -> Resu
     Ok(())
 }
 
+/// Every key in the map, bucket by bucket, without the lock (as `next_key` reads).
+pub(super) fn keys(map: &Map) -> Vec<Vec<u8>> {
+    let v = View::new(map);
+    let mut out = Vec::new();
+    for b in 0..v.h.nbuckets {
+        // SAFETY: b < nbuckets.
+        let mut idx =
+            unsafe { &*(map.data().cast::<AtomicU32>().add(b as usize)) }.load(Ordering::Acquire);
+        let mut steps = 0;
+        while idx != 0 && steps <= v.h.nelems {
+            // SAFETY: the element's key holds key_size bytes.
+            let k = unsafe { std::slice::from_raw_parts(v.key_ptr(idx), v.key_size) };
+            out.push(k.to_vec());
+            idx = v.elem(idx).next.load(Ordering::Acquire);
+            steps += 1;
+        }
+    }
+    out
+}
+
 pub(super) fn next_key(map: &Map, key: Option<&[u8]>, out: &mut [u8]) -> Result<()> {
     let v = View::new(map);
     let first_from = |start: u32| -> Option<u32> {

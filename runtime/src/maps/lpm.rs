@@ -2,8 +2,10 @@
 //! stored under its key with the data past the prefix cleared, and a lookup tries the
 //! key's own prefix length, then each shorter one, until an entry answers: at most
 //! `8 * data bytes + 1` hash probes (33 for IPv4, 129 for IPv6), lock-free as the hash
-//! map is. The kernel's trie gives the same answers; `BPF_MAP_GET_NEXT_KEY` walks in
-//! the hash map's order, not the trie's.
+//! map is. The kernel's trie gives the same answers. `BPF_MAP_GET_NEXT_KEY` walks in the
+//! trie's order, as the kernel's does (more specific prefixes before the ones that hold
+//! them, the 0 side of a differing bit first), by sorting the keys: a whole walk costs
+//! O(n² log n), fine for the few thousand prefixes a tool keeps.
 //!
 //! A key is `struct bpf_lpm_trie_key`: a host-order `u32` prefix length, then the data,
 //! most significant bit first.
@@ -92,6 +94,47 @@ pub(super) fn delete(map: &Map, key: &[u8]) -> Result<()> {
     hash::delete(map, masked(key, prefix).as_ptr())
 }
 
+/// Whether `a` comes before `b` in the kernel's trie walk (post-order): a key after
+/// every key its prefix holds, and at the first data bit they differ in (within both
+/// prefixes), the one with a 0 there first.
+fn walk_order(a: &[u8], b: &[u8]) -> std::cmp::Ordering {
+    use std::cmp::Ordering;
+    let len = |k: &[u8]| u32::from_ne_bytes(k[..4].try_into().expect("4-byte prefix length"));
+    let (la, lb) = (len(a), len(b));
+    let bit = |k: &[u8], i: u32| (k[4 + i as usize / 8] >> (7 - i % 8)) & 1;
+    for i in 0..la.min(lb) {
+        match (bit(a, i), bit(b, i)) {
+            (0, 1) => return Ordering::Less,
+            (1, 0) => return Ordering::Greater,
+            _ => {}
+        }
+    }
+    // One holds the other (or they are equal): the longer, more specific, first.
+    lb.cmp(&la)
+}
+
+/// `BPF_MAP_GET_NEXT_KEY` in the trie's order; a missing or invalid key gives the first.
+pub(super) fn next_key(map: &Map, key: Option<&[u8]>, out: &mut [u8]) -> Result<()> {
+    let mut keys = hash::keys(map);
+    keys.sort_by(|a, b| walk_order(a, b));
+    let after = key
+        .filter(|k| split(map, k).is_ok())
+        .map(|k| {
+            let (prefix, _) = split(map, k).expect("checked");
+            masked(k, prefix)
+        })
+        .and_then(|k| keys.iter().position(|x| *x == k));
+    let next = match after {
+        Some(i) => keys.get(i + 1),
+        None => keys.first(),
+    };
+    let Some(next) = next else {
+        return Err(err(libc::ENOENT, "no more keys"));
+    };
+    out.copy_from_slice(next);
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::masked;
@@ -106,5 +149,37 @@ mod tests {
         );
         assert_eq!(masked(&key(8, [192, 168, 0, 1]), 0), key(0, [0, 0, 0, 0]));
         assert_eq!(masked(&key(0, [1, 2, 3, 4]), 32), key(32, [1, 2, 3, 4]));
+    }
+}
+
+#[cfg(test)]
+mod walk_tests {
+    use super::walk_order;
+
+    fn key(prefix: u32, ip: [u8; 4]) -> Vec<u8> {
+        [prefix.to_ne_bytes().to_vec(), ip.to_vec()].concat()
+    }
+
+    #[test]
+    fn walks_as_the_kernels_trie_does() {
+        // The kernel's own example (lpm_trie.c): /24s in address order, then the /16.
+        let mut keys = vec![
+            key(16, [192, 168, 0, 0]),
+            key(24, [192, 168, 128, 0]),
+            key(24, [192, 168, 1, 0]),
+            key(24, [192, 168, 0, 0]),
+            key(0, [0, 0, 0, 0]),
+        ];
+        keys.sort_by(|a, b| walk_order(a, b));
+        assert_eq!(
+            keys,
+            vec![
+                key(24, [192, 168, 0, 0]),
+                key(24, [192, 168, 1, 0]),
+                key(24, [192, 168, 128, 0]),
+                key(16, [192, 168, 0, 0]),
+                key(0, [0, 0, 0, 0]),
+            ]
+        );
     }
 }

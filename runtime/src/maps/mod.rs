@@ -663,6 +663,7 @@ impl Map {
         }
         match self.kind {
             Kind::Array { .. } | Kind::IdArray | Kind::MapArray => array::next_key(self, key, out),
+            Kind::Hash { lpm: true, .. } => lpm::next_key(self, key, out),
             Kind::Hash { .. } | Kind::MapHash => hash::next_key(self, key, out),
             Kind::Queue | Kind::Stack => Err(err(libc::EINVAL, "queues and stacks have no keys")),
             Kind::Bloom => Err(err(libc::EOPNOTSUPP, "bloom filters have no keys")),
