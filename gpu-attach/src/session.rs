@@ -208,6 +208,13 @@ struct Patched {
     replicas: Vec<Arc<Replica>>,
 }
 
+impl Patched {
+    /// The instrumented function standing for kernel `name`, and its context.
+    fn instrumented(&self, name: &str) -> Option<(Handle, Arc<Context>)> {
+        Some((*self.functions.get(name)?, self.context.clone()?))
+    }
+}
+
 /// What one context holds for us.
 struct Context {
     ctx: Handle,
@@ -259,6 +266,18 @@ pub(crate) struct Launch {
     /// Into a stream being captured into a CUDA graph: nothing runs now; the graph's
     /// launches bring the maps back (see [`Session::after_graph_launch`]).
     captured: bool,
+}
+
+impl Launch {
+    /// The application's own function, nothing of ours around it.
+    fn plain(function: Handle, stream: Handle) -> Launch {
+        Launch {
+            function,
+            stream,
+            work: None,
+            captured: false,
+        }
+    }
 }
 
 struct Completion {
@@ -697,12 +716,7 @@ impl GpuAttach {
     /// Before a launch of `function` on `stream`: the function to launch instead, with the
     /// maps it uses pushed to the device.
     pub(crate) fn before_launch(&self, function: Handle, stream: Handle) -> Launch {
-        let plain = Launch {
-            function,
-            stream,
-            work: None,
-            captured: false,
-        };
+        let plain = Launch::plain(function, stream);
         if !self.active.load(Ordering::Acquire) {
             return plain;
         }
@@ -784,18 +798,11 @@ impl GpuAttach {
         function: Handle,
         stream: Handle,
     ) -> Launch {
-        let plain = Launch {
-            function,
-            stream,
-            work: None,
-            captured: false,
-        };
+        let plain = Launch::plain(function, stream);
         let Some(patched) = self.ready_patched(ctx, image) else {
             return plain;
         };
-        let (Some(&instrumented), Some(context)) =
-            (patched.functions.get(&name), patched.context.clone())
-        else {
+        let Some((instrumented, context)) = patched.instrumented(&name) else {
             return plain;
         };
         self.notice(&format!("graph:{name}"), || {
@@ -822,12 +829,7 @@ impl GpuAttach {
         function: Handle,
         stream: Handle,
     ) -> Launch {
-        let plain = Launch {
-            function,
-            stream,
-            work: None,
-            captured: false,
-        };
+        let plain = Launch::plain(function, stream);
         let asked = Instant::now();
         let patched = self.patched(ctx, image, &name);
         let waited = asked.elapsed();
@@ -841,9 +843,7 @@ impl GpuAttach {
         let Some(patched) = patched else {
             return plain;
         };
-        let (Some(&instrumented), Some(context)) =
-            (patched.functions.get(&name), patched.context.clone())
-        else {
+        let Some((instrumented, context)) = patched.instrumented(&name) else {
             return plain;
         };
         // Under lazy loading the application's own function would otherwise load at its
@@ -1408,23 +1408,17 @@ impl GpuAttach {
     }
 
     fn patched(&self, ctx: Handle, image: u64, kernel: &str) -> Option<Arc<Patched>> {
-        let generation = {
-            let st = self.read();
-            if let Some(p) = st.patched.get(&(ctx, image)) {
-                if p.generation == st.generation {
-                    return Some(p.clone());
-                }
-            }
-            st.generation
-        };
+        if let Some(p) = self.ready_patched(ctx, image) {
+            return Some(p);
+        }
+        let generation = self.read().generation;
         let _build = self.build.lock().unwrap_or_else(|e| e.into_inner());
+        // Again under the build lock: another thread may have just built it.
+        if let Some(p) = self.ready_patched(ctx, image) {
+            return Some(p);
+        }
         let (img, probes) = {
             let st = self.read();
-            if let Some(p) = st.patched.get(&(ctx, image)) {
-                if p.generation == st.generation {
-                    return Some(p.clone());
-                }
-            }
             (
                 st.images.get(&image).cloned()?,
                 st.probes.values().cloned().collect::<Vec<_>>(),
