@@ -62,6 +62,18 @@ run() {  # run LOG ARGS... : bpftime run ARGS, output and exit status in LOG.out
         result "cuda_counter on $app" $ok "entries $entries exits $exits (expected $((n * iters)) each), mean thread $(awk -v t="$total" -v e="$exits" 'BEGIN { if (e) printf "%.0f", t / e }') ns, longest $max ns <= longest launch ${ms_max} ms"
     done
 
+    # A kernel that uses its module's __constant__ and __device__ variables: the
+    # instrumented copy sees what the host wrote before each launch and its atomic
+    # counter reaches the host's cudaMemcpyFromSymbol (the program checks every element
+    # and the counter), and every thread is counted.
+    log=$work/counter-module-vars
+    run "$log" --attach kernel_entry=scaledAdd --attach kernel_exit=scaledAdd "$objs/cuda_counter.bpf.o" -- "$cuda/module_vars" $n 5
+    entries=$(value "$log.out" counts 0) exits=$(value "$log.out" counts 1)
+    ok=0
+    grep -q "counted=$((n * 5)) check=ok" "$log.out" && grep -q '^exit=0' "$log.out" &&
+        [ "$entries" = $((n * 5)) ] && [ "$exits" = $((n * 5)) ] && ok=1
+    result "cuda_counter on a kernel using its module's variables" $ok "$(grep -o 'counted=[0-9]* check=[a-z]*' "$log.out" | head -1), entries $entries exits $exits (expected $((n * 5)) each)"
+
     # A CUDA graph (two vectorAdd nodes captured from a stream after a warm-up launch)
     # replayed: the nodes run the instrumented kernel, every thread of every node of every
     # replay counted (plus the warm-up's).

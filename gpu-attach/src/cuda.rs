@@ -65,6 +65,8 @@ macro_rules! api {
             pub func_load: Option<unsafe extern "C" fn(Handle) -> CuResult>,
             /// `cuKernelGetFunction`.
             pub kernel_get_function: Option<unsafe extern "C" fn(*mut Handle, Handle) -> CuResult>,
+            /// `cuLibraryGetGlobal` (CUDA 12.0 and newer drivers).
+            pub library_get_global: Option<unsafe extern "C" fn(*mut DevicePtr, *mut usize, Handle, *const c_char) -> CuResult>,
         }
 
         impl Api {
@@ -94,6 +96,9 @@ macro_rules! api {
                     // SAFETY: as above.
                     kernel_get_function: unsafe { symbol(lib, "cuKernelGetFunction") }
                         .map(|p| unsafe { std::mem::transmute::<*mut c_void, unsafe extern "C" fn(*mut Handle, Handle) -> CuResult>(p) }),
+                    // SAFETY: as above.
+                    library_get_global: unsafe { symbol(lib, "cuLibraryGetGlobal") }
+                        .map(|p| unsafe { std::mem::transmute::<*mut c_void, unsafe extern "C" fn(*mut DevicePtr, *mut usize, Handle, *const c_char) -> CuResult>(p) }),
                 })
             }
         }
@@ -115,6 +120,7 @@ api! {
     memcpy_htod_async: "cuMemcpyHtoDAsync_v2" fn(DevicePtr, *const c_void, usize, Handle);
     memcpy_dtoh_async: "cuMemcpyDtoHAsync_v2" fn(*mut c_void, DevicePtr, usize, Handle);
     memset_d8_async: "cuMemsetD8Async" fn(DevicePtr, u8, usize, Handle);
+    memcpy_dtod_async: "cuMemcpyDtoDAsync_v2" fn(DevicePtr, DevicePtr, usize, Handle);
     stream_create: "cuStreamCreate" fn(*mut Handle, c_uint);
     stream_synchronize: "cuStreamSynchronize" fn(Handle);
     event_create: "cuEventCreate" fn(*mut Handle, c_uint);

@@ -260,6 +260,21 @@ pub struct PtxModule {
     /// Where definitions can go: after the header directives.
     header_end: usize,
     pub kernels: Vec<Kernel>,
+    /// The module's own variables in global and constant memory (`__device__` and
+    /// `__constant__`), in declaration order.
+    pub variables: Vec<ModuleVariable>,
+}
+
+/// A variable the module defines in global or constant memory. An instrumented copy of
+/// the module has its own; the application's values must reach it, and a kernel's writes
+/// must reach the application's (`session`'s shared variables).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ModuleVariable {
+    pub name: String,
+    /// `.const`: kernels only read it.
+    pub constant: bool,
+    /// Whether a function body of the module names it.
+    pub used: bool,
 }
 
 /// A lexical token of PTX with its byte span.
@@ -421,6 +436,7 @@ impl PtxModule {
         }
         let (version, version_span) = version.ok_or(PtxError::NoVersion)?;
         let target_span = target.ok_or(PtxError::NoTarget)?;
+        let variables = module_variables(text, &toks, header_end);
         let sm = text[target_span.0..target_span.1]
             .split(',')
             .find_map(|t| t.trim().strip_prefix("sm_"))
@@ -437,6 +453,7 @@ impl PtxModule {
             target_span,
             header_end,
             kernels,
+            variables,
         })
     }
 
@@ -530,6 +547,86 @@ impl PtxModule {
         }
         Ok(out)
     }
+}
+
+/// The variables declared at the top level (after the header, which ends at
+/// `header_end`) in `.global` or `.const` space, not `.extern` (those are another
+/// module's), with whether a function body names them.
+fn module_variables(
+    text: &str,
+    toks: &[(Tok, usize, usize)],
+    header_end: usize,
+) -> Vec<ModuleVariable> {
+    let mut found: Vec<ModuleVariable> = Vec::new();
+    let mut depth = 0usize;
+    // The top-level statement so far: its words, and whether it was cut by an initializer
+    // (`= {...}`), after which words are values.
+    let mut words: Vec<&str> = Vec::new();
+    let mut initializer = false;
+    let mut bodies: Vec<(usize, usize)> = Vec::new();
+    let mut body_start = 0;
+    let end_statement = |words: &mut Vec<&str>, found: &mut Vec<ModuleVariable>| {
+        let space = |w: &str| words.contains(&w);
+        if !space(".func") && !space(".entry") && !space(".extern") {
+            let constant = space(".const");
+            if constant || space(".global") {
+                let name = words
+                    .iter()
+                    .find(|w| !w.starts_with('.') && !w.starts_with(|c: char| c.is_ascii_digit()));
+                if let Some(name) = name {
+                    found.push(ModuleVariable {
+                        name: name.to_string(),
+                        constant,
+                        used: false,
+                    });
+                }
+            }
+        }
+        words.clear();
+    };
+    let mut in_function = false;
+    for &(tok, a, b) in toks.iter().filter(|t| t.1 >= header_end) {
+        match tok {
+            Tok::Punct(b'{') => {
+                if depth == 0 && !initializer {
+                    in_function = true;
+                    body_start = a;
+                }
+                depth += 1;
+            }
+            Tok::Punct(b'}') => {
+                depth = depth.saturating_sub(1);
+                if depth == 0 && in_function {
+                    bodies.push((body_start, b));
+                    in_function = false;
+                    words.clear();
+                }
+            }
+            Tok::Punct(b'=') if depth == 0 => initializer = true,
+            Tok::Punct(b';') if depth == 0 => {
+                end_statement(&mut words, &mut found);
+                initializer = false;
+            }
+            Tok::Word if depth == 0 && !initializer => words.push(&text[a..b]),
+            _ => {}
+        }
+    }
+    for v in &mut found {
+        v.used = bodies
+            .iter()
+            .any(|&(a, b)| names_identifier(&text[a..b], &v.name));
+    }
+    found
+}
+
+/// Whether `name` occurs in `text` as a whole identifier.
+fn names_identifier(text: &str, name: &str) -> bool {
+    let bytes = text.as_bytes();
+    text.match_indices(name).any(|(at, _)| {
+        let before = at.checked_sub(1).map(|i| bytes[i]);
+        let after = bytes.get(at + name.len()).copied();
+        !before.is_some_and(is_word_byte) && !after.is_some_and(is_word_byte)
+    })
 }
 
 fn line_end(text: &str, from: usize) -> usize {

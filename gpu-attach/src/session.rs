@@ -189,6 +189,8 @@ const TIMINGS_IN_FLIGHT: usize = 1 << 16;
 
 struct Image {
     ptx: Result<ModulePtx, String>,
+    /// The module or library the application loaded it as: where its own variables are.
+    owner: (Owner, Handle),
 }
 
 struct FunctionInfo {
@@ -206,7 +208,30 @@ struct Patched {
     /// Kernel name → instrumented function; kernels not probed are absent.
     functions: HashMap<Arc<str>, Handle>,
     replicas: Vec<Arc<Replica>>,
+    /// The module's variables, which its instrumented kernels read and write in the
+    /// application's module.
+    variables: Arc<[SharedVariable]>,
 }
+
+/// A variable of the application's module (`__constant__`, `__device__`) and its twin in
+/// the instrumented module. The instrumented module is a module of its own, with its own
+/// variables: each instrumented launch gets the application's values copied in before it,
+/// in its stream, and what it may have written copied back after it, so that the host's
+/// `cudaMemcpyToSymbol` and `cudaMemcpyFromSymbol`, and the application's own kernels, see
+/// one variable. Kernels running at the same time in other streams that write the same
+/// variable would not see each other's writes while an instrumented one runs.
+#[derive(Debug, Clone, Copy)]
+struct SharedVariable {
+    original: DevicePtr,
+    copy: DevicePtr,
+    bytes: usize,
+    /// `__device__`: kernels may write it, so it goes back after each launch.
+    writable: bool,
+}
+
+/// The most bytes of module variables copied around each instrumented launch; a module
+/// with more is not instrumented.
+const SHARED_VARIABLES_MAX: usize = 64 << 20;
 
 impl Patched {
     /// The instrumented function standing for kernel `name`, and its context.
@@ -263,6 +288,8 @@ pub(crate) struct Launch {
     pub function: Handle,
     stream: Handle,
     work: Option<(Arc<Context>, Vec<Arc<Replica>>)>,
+    /// The module variables to copy back after the launch.
+    variables: Arc<[SharedVariable]>,
     /// Into a stream being captured into a CUDA graph: nothing runs now; the graph's
     /// launches bring the maps back (see [`Session::after_graph_launch`]).
     captured: bool,
@@ -275,6 +302,7 @@ impl Launch {
             function,
             stream,
             work: None,
+            variables: Arc::new([]),
             captured: false,
         }
     }
@@ -605,11 +633,12 @@ impl GpuAttach {
     pub(crate) fn note_image(
         &'static self,
         handle: Handle,
-        _owner: Owner,
+        owner: Owner,
         ptx: Result<ModulePtx, FatbinError>,
     ) {
         let image = Arc::new(Image {
             ptx: ptx.map_err(|e| e.to_string()),
+            owner: (owner, handle),
         });
         let (id, probed) = {
             let mut st = self.write();
@@ -805,6 +834,9 @@ impl GpuAttach {
         let Some((instrumented, context)) = patched.instrumented(&name) else {
             return plain;
         };
+        if self.copy_variables_in(&patched.variables, stream).is_err() {
+            return plain;
+        }
         self.notice(&format!("graph:{name}"), || {
             format!(
                 "{name} was captured into a CUDA graph: its probes run in every launch of \
@@ -815,6 +847,7 @@ impl GpuAttach {
             function: instrumented,
             stream,
             work: Some((context, patched.replicas.clone())),
+            variables: patched.variables.clone(),
             captured: true,
         }
     }
@@ -852,6 +885,12 @@ impl GpuAttach {
         if self.lock_originals_loaded().insert(function) {
             self.api.load_function(function);
         }
+        if let Err(e) = self.copy_variables_in(&patched.variables, stream) {
+            self.notice(&format!("variables:{name}"), || {
+                format!("{name} runs uninstrumented: its module's variables cannot be copied ({e})")
+            });
+            return plain;
+        }
         let mover = self.mover(&context);
         let mut deltas = Vec::new();
         for r in &patched.replicas {
@@ -872,8 +911,113 @@ impl GpuAttach {
             function: instrumented,
             stream,
             work: Some((context, patched.replicas.clone())),
+            variables: patched.variables.clone(),
             captured: false,
         }
+    }
+
+    /// Before an instrumented launch in `stream`: the application's values of its module's
+    /// variables into the instrumented module's.
+    fn copy_variables_in(
+        &self,
+        variables: &[SharedVariable],
+        stream: Handle,
+    ) -> Result<(), crate::cuda::CudaError> {
+        for v in variables {
+            // SAFETY: both are device allocations of the variable's size, made by the
+            // driver for the two modules; the copy is ordered in the launch's stream.
+            self.api.check("cuMemcpyDtoDAsync", unsafe {
+                (self.api.memcpy_dtod_async)(v.copy, v.original, v.bytes, stream)
+            })?;
+        }
+        Ok(())
+    }
+
+    /// After an instrumented launch in `stream`: what it may have written into the
+    /// application's variables.
+    fn copy_variables_back(&self, variables: &[SharedVariable], stream: Handle) {
+        for v in variables.iter().filter(|v| v.writable) {
+            // SAFETY: as in `copy_variables_in`, the other way.
+            let r = unsafe { (self.api.memcpy_dtod_async)(v.original, v.copy, v.bytes, stream) };
+            if r != CUDA_SUCCESS && may_log() {
+                tracing::warn!(
+                    "copying a kernel's module variable back failed: {}",
+                    self.api.error_name(r)
+                );
+            }
+        }
+    }
+
+    /// The variables of `module` that its functions use, each found in the application's
+    /// module and in the instrumented one (`copy`). Fails when one cannot be paired: an
+    /// instrumented kernel would read and write a variable the application never sees.
+    fn share_variables(
+        &self,
+        image: &Image,
+        module: &PtxModule,
+        copy: Handle,
+    ) -> Result<Vec<SharedVariable>, String> {
+        let api = &self.api;
+        let (owner, original) = image.owner;
+        let mut shared = Vec::new();
+        let mut total = 0usize;
+        for v in module.variables.iter().filter(|v| v.used) {
+            let name = CString::new(v.name.as_str()).map_err(|e| e.to_string())?;
+            let (mut ours, mut ours_bytes) = (0, 0);
+            // SAFETY: writes a device pointer and a size.
+            let r =
+                unsafe { (api.module_get_global)(&mut ours, &mut ours_bytes, copy, name.as_ptr()) };
+            if r != CUDA_SUCCESS {
+                // The driver's compile dropped it: nothing of ours reads it.
+                continue;
+            }
+            let (mut theirs, mut theirs_bytes) = (0, 0);
+            let r = match owner {
+                // SAFETY: writes a device pointer and a size; `original` is the
+                // application's module.
+                Owner::Module => unsafe {
+                    (api.module_get_global)(&mut theirs, &mut theirs_bytes, original, name.as_ptr())
+                },
+                Owner::Library => match api.library_get_global {
+                    // SAFETY: as above, for the application's library.
+                    Some(get) => unsafe {
+                        get(&mut theirs, &mut theirs_bytes, original, name.as_ptr())
+                    },
+                    None => {
+                        return Err(format!(
+                            "its module's variable {} cannot be found in the application's \
+                             library (this driver has no cuLibraryGetGlobal)",
+                            v.name
+                        ))
+                    }
+                },
+            };
+            if r != CUDA_SUCCESS || theirs_bytes != ours_bytes {
+                return Err(format!(
+                    "its module's variable {} cannot be paired with the application's ({})",
+                    v.name,
+                    if r != CUDA_SUCCESS {
+                        api.error_name(r)
+                    } else {
+                        format!("{theirs_bytes} bytes there, {ours_bytes} here")
+                    }
+                ));
+            }
+            total += ours_bytes;
+            shared.push(SharedVariable {
+                original: theirs,
+                copy: ours,
+                bytes: ours_bytes,
+                writable: !v.constant,
+            });
+        }
+        if total > SHARED_VARIABLES_MAX {
+            return Err(format!(
+                "its module's variables hold {} MiB, which each launch would copy twice",
+                total >> 20
+            ));
+        }
+        Ok(shared)
     }
 
     /// Makes `deltas` on the device in `stream`'s order: after the work queued there so far,
@@ -927,6 +1071,7 @@ impl GpuAttach {
             return;
         }
         let _capture = launch.captured.then(|| self.api.relaxed_capture());
+        self.copy_variables_back(&launch.variables, launch.stream);
         // Captured, the fold becomes the node after the kernel's: every replay folds.
         if let Err(e) = self.fold_shards(&context, launch.stream, &replicas) {
             if may_log() {
@@ -1431,6 +1576,7 @@ impl GpuAttach {
             context: None,
             functions: HashMap::new(),
             replicas: Vec::new(),
+            variables: Arc::new([]),
         }));
         if !patched.functions.is_empty() {
             tracing::info!(
@@ -1641,6 +1787,16 @@ impl GpuAttach {
                 functions.insert(Arc::<str>::from(k.as_str()), f);
             }
         }
+        let variables = match self.share_variables(image, &module, handle) {
+            Ok(v) => v,
+            Err(why) => {
+                let names: Vec<&str> = splice.calls.iter().map(|(k, _)| k.as_str()).collect();
+                self.notice(&format!("variables:{kernel}"), || {
+                    format!("kernels {} run uninstrumented: {why}", names.join(", "))
+                });
+                return None;
+            }
+        };
         tracing::info!(
             kernel,
             probes_and_splice_ms = compile_ms,
@@ -1677,6 +1833,7 @@ impl GpuAttach {
             context: Some(context),
             functions,
             replicas,
+            variables: variables.into(),
         })
     }
 

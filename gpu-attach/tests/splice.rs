@@ -333,6 +333,41 @@ fn every_nvcc_kernel_spliced_at_entry_and_exit_passes_ptxas() {
 }
 
 #[test]
+fn module_variables_are_found_with_their_space_and_use() {
+    let text = String::from_utf8(read("module_vars.ptx")).unwrap();
+    let module = PtxModule::parse(&text).unwrap();
+    let found: Vec<(&str, bool, bool)> = module
+        .variables
+        .iter()
+        .map(|v| (v.name.as_str(), v.constant, v.used))
+        .collect();
+    assert_eq!(
+        found,
+        [
+            ("scale", true, true),
+            ("offsets", false, true),
+            ("counted", false, true)
+        ]
+    );
+    // Declarations of another module's, functions and kernels are not variables; one
+    // no body names is not used; an initializer's values are not names.
+    let text = ".version 8.0\n.target sm_90\n.address_size 64\n\
+        .extern .global .align 4 .u32 elsewhere;\n\
+        .global .align 4 .b8 table[8] = {1, 2, 3, 4, 5, 6, 7, 8};\n\
+        .visible .const .align 8 .u64 unused_c;\n\
+        .func (.param .b32 r) helper(.param .b32 a)\n{\n\t.reg .b32 %r<2>;\n\
+        \tld.global.u32 %r1, [table];\n\tst.param.b32 [r], %r1;\n\tret;\n}\n\
+        .visible .entry k()\n{\n\tret;\n}\n";
+    let module = PtxModule::parse(text).unwrap();
+    let found: Vec<(&str, bool, bool)> = module
+        .variables
+        .iter()
+        .map(|v| (v.name.as_str(), v.constant, v.used))
+        .collect();
+    assert_eq!(found, [("table", false, true), ("unused_c", true, false)]);
+}
+
+#[test]
 fn predicated_labelled_and_nested_exits_all_call_the_exit_probe() {
     let text = String::from_utf8(read("exits.ptx")).unwrap();
     let module = PtxModule::parse(&text).unwrap();
