@@ -467,6 +467,9 @@ pub struct PerCpuHashSync {
 
 use std::collections::HashMap;
 
+/// A key and its values.
+pub type Entry = (Vec<u8>, Vec<u8>);
+
 impl PerCpuHashSync {
     /// The sync of a table made from the store's `entries` (key, every CPU's value), and
     /// the entries to build the device table from: each SM copy starts from the CPU
@@ -475,8 +478,8 @@ impl PerCpuHashSync {
         value_size: usize,
         copies: u32,
         cpus: usize,
-        entries: &[(Vec<u8>, Vec<u8>)],
-    ) -> (PerCpuHashSync, Vec<(Vec<u8>, Vec<u8>)>) {
+        entries: &[Entry],
+    ) -> (PerCpuHashSync, Vec<Entry>) {
         let mut sync = PerCpuHashSync {
             value_size,
             copies: copies.max(1) as usize,
@@ -562,7 +565,7 @@ impl PerCpuHashSync {
     /// Before a launch, with the store's entries now: the ops that bring what the CPU
     /// changed since the last sync to the device (keys made, deleted, values changed),
     /// and the sequence number the ops kernel writes when it has made them.
-    pub fn push(&mut self, entries: &[(Vec<u8>, Vec<u8>)]) -> (Vec<HashOp>, u64) {
+    pub fn push(&mut self, entries: &[Entry]) -> (Vec<HashOp>, u64) {
         let mut ops = Vec::new();
         let now: HashMap<&[u8], &[u8]> = entries
             .iter()
@@ -622,7 +625,7 @@ impl PerCpuHashSync {
     /// `done`, the sequence number of the last ops it made: the changes that bring what
     /// the GPU changed into the store. Keys whose ops the device has yet to make are left
     /// for a later pull.
-    pub fn pull(&mut self, entries: Vec<(Vec<u8>, Vec<u8>)>, done: u64) -> Vec<StoreChange> {
+    pub fn pull(&mut self, entries: Vec<Entry>, done: u64) -> Vec<StoreChange> {
         let (vs, stride) = (self.value_size, self.stride());
         let mut out = Vec::new();
         let waiting = |pending: &mut HashMap<Vec<u8>, u64>, key: &[u8]| match pending.get(key) {
@@ -1056,7 +1059,7 @@ mod tests {
     fn hash_ops_are_laid_out_as_the_kernel_reads_them() {
         let op = |k: u8| HashOp {
             key: vec![k; 5],
-            make: k % 2 == 0,
+            make: k.is_multiple_of(2),
             change: HashChange::Add {
                 copy: 3,
                 offset: 8,

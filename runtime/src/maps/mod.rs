@@ -160,7 +160,7 @@ impl PerCpuValues<'_> {
     /// `cpu`'s value, atomically: programs add to these values without the lock.
     pub fn add(&self, cpu: usize, offset: usize, wide: bool, delta: u64) {
         let width = if wide { 8 } else { 4 };
-        assert!(offset % width == 0);
+        assert!(offset.is_multiple_of(width));
         let at = self.at(cpu, offset, width);
         // SAFETY: an aligned word inside the value (values are 8-byte aligned, the offset
         // a multiple of the width), shared memory that others update atomically too.
