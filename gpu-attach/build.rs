@@ -1,6 +1,8 @@
 //! Compiles the device runtime (device/runtime.c) to LLVM IR for nvptx64 with clang-19,
 //! which `bpftime-jit-ptx` links into every GPU probe. The IR is written without CPU or
-//! feature attributes, so that it inlines into probes compiled for any `sm_XY`.
+//! feature attributes, so that it inlines into probes compiled for any `sm_XY`. Also
+//! compiles device/hash_ops.c (the kernel that makes the CPU's changes to per-CPU hash
+//! maps on the device) straight to PTX.
 
 use std::path::PathBuf;
 use std::process::Command;
@@ -8,49 +10,12 @@ use std::process::Command;
 fn main() {
     let src = "device/runtime.c";
     println!("cargo:rerun-if-changed={src}");
+    println!("cargo:rerun-if-changed=device/hash_ops.c");
     println!("cargo:rerun-if-env-changed=CLANG");
-    let out = PathBuf::from(std::env::var_os("OUT_DIR").expect("OUT_DIR")).join("runtime.ll");
-    let clang = std::env::var("CLANG").unwrap_or_else(|_| "clang-19".to_string());
-    let result = Command::new(&clang)
-        .args([
-            "-target",
-            "nvptx64-nvidia-cuda",
-            "-march=sm_70",
-            // The warp-level builtins (activemask, match, shuffles) need PTX 7.0; probes
-            // are compiled for 7.8 or newer.
-            "-Xclang",
-            "-target-feature",
-            "-Xclang",
-            "+ptx70",
-            "-O2",
-            "-S",
-            "-emit-llvm",
-            "-x",
-            "c",
-            "-ffreestanding",
-            "-nostdlib",
-            "-fno-builtin",
-            "-Wall",
-            "-Werror",
-            "-Wno-unused-parameter",
-            src,
-            "-o",
-        ])
-        .arg(&out)
-        .output();
-    let output = match result {
-        Ok(o) => o,
-        Err(e) => panic!(
-            "cannot run {clang} to build the GPU device runtime ({e}): install clang-19 \
-             (scripts/setup.sh does) or set CLANG"
-        ),
-    };
-    if !output.status.success() {
-        panic!(
-            "{clang} failed on {src}:\n{}",
-            String::from_utf8_lossy(&output.stderr)
-        );
-    }
+    let dir = PathBuf::from(std::env::var_os("OUT_DIR").expect("OUT_DIR"));
+    let out = dir.join("runtime.ll");
+    compile(src, &["-emit-llvm"], &out);
+    compile("device/hash_ops.c", &[], &dir.join("hash_ops.ptx"));
     let ir = std::fs::read_to_string(&out).expect("reading the IR clang wrote");
     let stripped: String = ir
         .lines()
@@ -67,6 +32,54 @@ fn main() {
         .collect::<Vec<_>>()
         .join("\n");
     std::fs::write(&out, stripped).expect("writing the IR");
+}
+
+/// Compiles the C file `src` for nvptx64 (sm_70, PTX 7.0) into `out`: PTX, or with
+/// `-emit-llvm` in `extra`, LLVM IR.
+fn compile(src: &str, extra: &[&str], out: &std::path::Path) {
+    let clang = std::env::var("CLANG").unwrap_or_else(|_| "clang-19".to_string());
+    let result = Command::new(&clang)
+        .args([
+            "-target",
+            "nvptx64-nvidia-cuda",
+            "-march=sm_70",
+            // The warp-level builtins (activemask, match, shuffles) need PTX 7.0; probes
+            // are compiled for 7.8 or newer.
+            "-Xclang",
+            "-target-feature",
+            "-Xclang",
+            "+ptx70",
+            "-O2",
+            "-S",
+        ])
+        .args(extra)
+        .args([
+            "-x",
+            "c",
+            "-ffreestanding",
+            "-nostdlib",
+            "-fno-builtin",
+            "-Wall",
+            "-Werror",
+            "-Wno-unused-parameter",
+            src,
+            "-o",
+        ])
+        .arg(out)
+        .output();
+    let output = match result {
+        Ok(o) => o,
+        Err(e) => panic!(
+            "cannot run {clang} to build the GPU device runtime ({e}): install clang-19 \
+             (scripts/setup.sh does) or set CLANG"
+        ),
+    };
+    if !output.status.success() {
+        panic!(
+            "{clang} failed on {src}:\n{}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+    }
 }
 
 /// `line` without the string attribute `key="..."`.

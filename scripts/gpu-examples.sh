@@ -155,6 +155,35 @@ run() {  # run LOG ARGS... : bpftime run ARGS, output and exit status in LOG.out
     ok=0; [ "$total" = 10485760 ] && [ "$by_sm" = 10485760 ] && [ "$sms" -gt 1 ] && grep -q 'check=ok' "$log.out" && ok=1
     result "smcount: a per-CPU array keeps a value per SM, summed over CPUs" $ok "per-CPU sum $total, by SM $by_sm (expected 10485760 each), over $sms SMs"
 
+    # percpu_hashcount: per-CPU hash maps on the GPU (a value per key and SM), summed over
+    # CPUs by the tool, on every kind of build. by_lane: every thread races to insert the
+    # same 64 keys, each N / 64 x ITERS over CPUs. from_cpu[0]: made by the CPU (a launch
+    # program) after the first launch call with 1000000, found and added to by every
+    # thread of every later launch. seen[k]: threads that saw the CPU's launch count k
+    # (written on the CPU between launches) on the SM its CPU's values go to: every k
+    # below ITERS is seen (launch k+1 sees k), ITERS never.
+    n=1048576 iters=10
+    for app in "vec_add" "vec_add_shared" "vec_add_driver $cuda/vec_add.ptx"; do
+        set -- $app
+        log=$work/percpu-hash-$1
+        exe=$cuda/$1; shift
+        run "$log" "$objs/percpu_hashcount.bpf.o" -- "$exe" "$@" $n $iters 256
+        keys=$(grep -c '^by_lane\[' "$log.out")
+        off=$(sed -n 's/^by_lane\[[0-9]*\]: \([0-9]*\)$/\1/p' "$log.out" | grep -vcx $((n / 64 * iters)))
+        made=$(value "$log.out" from_cpu 0)
+        unseen=0
+        for k in $(seq 1 $((iters - 1))); do
+            got=$(value "$log.out" seen $k)
+            [ "${got:-0}" -gt 0 ] || unseen=$((unseen + 1))
+        done
+        early=$(value "$log.out" seen $iters)
+        ok=0
+        grep -q 'check=ok' "$log.out" && grep -q '^exit=0' "$log.out" &&
+            [ "$keys" = 64 ] && [ "$off" = 0 ] && [ "$made" = $((1000000 + n * (iters - 1))) ] &&
+            [ "$unseen" = 0 ] && [ "${early:-0}" = 0 ] && ok=1
+        result "percpu_hashcount on $app: per-CPU hash on the GPU, summed over CPUs, CPU writes seen by later launches" $ok "$keys keys (expected 64), $off not holding $n / 64 x $iters = $((n / 64 * iters)); from_cpu[0] $made (expected 1000000 + $n x $((iters - 1)) = $((1000000 + n * (iters - 1)))); CPU launch counts 1..$((iters - 1)) unseen by later launches: $unseen, count $iters seen before it was written: ${early:-0}"
+    done
+
     # Several GPUs: vectorAdd on every device of the machine (a context each), counted at
     # entry and exit and at every access, exact over all of them.
     gpus=$(nvidia-smi --query-gpu=index --format=csv,noheader | wc -l)

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # GPU attach's concurrent paths, again and again, on the GPU machine: the device hash
-# map's inserts racing across every thread (hashcount), ring buffer records from every
+# map's inserts racing across every thread (hashcount, and into a per-CPU hash with the
+# CPU writing between launches: percpu_hashcount), ring buffer records from every
 # thread at once (kernelretsnoop, 131072 per run), and an unmodified libbpf C tool
 # (gpu_probes, Debian's libbpf) under `bpftime load` sharing its maps with two CUDA
 # processes launching at the same time under `bpftime start`; and one process launching
@@ -29,6 +30,15 @@ value() { sed -n "s/^$2\[$3\]: \([0-9]*\)$/\1/p" "$1" | head -1; }
         off=$(sed -n 's/^by_lane\[[0-9]*\]: \([0-9]*\)$/\1/p' "$log" | grep -vcx 163840)
         ok=0; [ "$keys" = 64 ] && [ "$off" = 0 ] && ok=1
         result hashcount $ok "$keys keys, $off off"
+        # percpu_hashcount: the same races into a per-CPU hash (a value per key and SM),
+        # with the CPU making and writing keys between launches.
+        log=$work/percpu-hash
+        timeout 300 "$bt" --store "$store" run "$objs/percpu_hashcount.bpf.o" -- "$cuda/vec_add" 1048576 10 256 >"$log" 2>&1
+        keys=$(grep -c '^by_lane\[' "$log")
+        off=$(sed -n 's/^by_lane\[[0-9]*\]: \([0-9]*\)$/\1/p' "$log" | grep -vcx 163840)
+        made=$(value "$log" from_cpu 0)
+        ok=0; [ "$keys" = 64 ] && [ "$off" = 0 ] && [ "$made" = 10437184 ] && ok=1
+        result percpu_hashcount $ok "$keys keys, $off off, from_cpu[0] $made (expected 10437184)"
         # kernelretsnoop: 65536 threads x 2 launches, one record each.
         log=$work/ring
         timeout 300 "$bt" --store "$store" run "$objs/kernelretsnoop.bpf.o" -- "$cuda/vec_add" 65536 2 256 >"$log" 2>&1
@@ -73,7 +83,7 @@ value() { sed -n "s/^$2\[$3\]: \([0-9]*\)$/\1/p" "$1" | head -1; }
         result "device probes on launches from 8 threads" $ok "entries $entries exits $exits (expected 104857600 each)"
         rm -rf "/dev/shm/bpftime-$store"
     done
-    echo "GPU stress, $(date -u +%Y-%m-%d), $(nvidia-smi --query-gpu=name --format=csv,noheader | head -1): $runs runs of 5 checks"
+    echo "GPU stress, $(date -u +%Y-%m-%d), $(nvidia-smi --query-gpu=name --format=csv,noheader | head -1): $runs runs of 6 checks"
     echo "$passed passed, $failed failed"
 } | tee "$out"
 grep -q ' 0 failed$' "$out"

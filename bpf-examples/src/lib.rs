@@ -95,6 +95,9 @@ pub const GPU_BLOCK_COUNT_BPF_O: &str = env!("BPF_EXAMPLES_GPU_BLOCK_COUNT_BPF_O
 pub const THREADHIST_BPF_O: &str = env!("BPF_EXAMPLES_THREADHIST_BPF_O");
 /// `launchsnoop`: a launch program (`cuda:*:launch`, CPU code) on every CUDA kernel.
 pub const LAUNCHSNOOP_BPF_O: &str = env!("BPF_EXAMPLES_LAUNCHSNOOP_BPF_O");
+/// `percpu_hashcount`: per-CPU hash maps on the GPU, written by the CPU between
+/// launches (a `cuda:` entry probe and a launch program).
+pub const PERCPU_HASHCOUNT_BPF_O: &str = env!("BPF_EXAMPLES_PERCPU_HASHCOUNT_BPF_O");
 /// The header of launch programs' context, `struct bpftime_cuda_launch`.
 pub const CUDA_LAUNCH_H: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/common/cuda_launch.h");
 /// Directory of the CUDA programs the GPU examples trace (sources; built with nvcc).

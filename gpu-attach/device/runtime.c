@@ -209,6 +209,7 @@ static int is_array(u32 t)
     return t == BPF_MAP_TYPE_ARRAY || t == BPF_MAP_TYPE_PERCPU_ARRAY || t == BPF_MAP_TYPE_GPU_ARRAY;
 }
 
+#ifndef BPFTIME_TABLE_ONLY
 u64 bpftime_gpu_map_lookup_elem(u64 map, u64 key, u64 r3, u64 r4, u64 r5)
 {
     const struct gpu_map *m = (const struct gpu_map *)map;
@@ -220,6 +221,7 @@ u64 bpftime_gpu_map_lookup_elem(u64 map, u64 key, u64 r3, u64 r4, u64 r5)
     }
     return 0;
 }
+#endif
 
 /* Inserts `key` with every copy of its value zeroed (the kernel's per-CPU semantics for
  * copies other than this SM's), or finds it if another thread got there first. Returns
@@ -265,6 +267,23 @@ static void publish_slot(const struct gpu_map *m, u32 slot)
     __nvvm_membar_gl();
     *(volatile u32 *)&((u32 *)m->states)[slot] = SLOT_FULL;
 }
+
+/* Removes `key`: 0, or -ENOENT. */
+static s64 hash_delete(const struct gpu_map *m, const u8 *key)
+{
+    s64 slot = hash_find(m, key);
+    if (slot < 0)
+        return -ENOENT;
+    u32 expected = SLOT_FULL;
+    if (!__atomic_compare_exchange_n(&((u32 *)m->states)[slot], &expected, SLOT_DELETED, 0,
+                                     __ATOMIC_RELAXED, __ATOMIC_RELAXED))
+        return -ENOENT;
+    __atomic_fetch_sub((u32 *)m->count, 1, __ATOMIC_RELAXED);
+    return 0;
+}
+
+/* Everything below is what probes call; device/hash_ops.c takes the table code above. */
+#ifndef BPFTIME_TABLE_ONLY
 
 u64 bpftime_gpu_map_update_elem(u64 map, u64 key, u64 value, u64 flags, u64 r5)
 {
@@ -313,15 +332,7 @@ u64 bpftime_gpu_map_delete_elem(u64 map, u64 key, u64 r3, u64 r4, u64 r5)
         return (u64)-EINVAL;
     if (!is_hash(m->map_type))
         return (u64)-EINVAL;
-    s64 slot = hash_find(m, (const u8 *)key);
-    if (slot < 0)
-        return (u64)-ENOENT;
-    u32 expected = SLOT_FULL;
-    if (!__atomic_compare_exchange_n(&((u32 *)m->states)[slot], &expected, SLOT_DELETED, 0,
-                                     __ATOMIC_RELAXED, __ATOMIC_RELAXED))
-        return (u64)-ENOENT;
-    __atomic_fetch_sub((u32 *)m->count, 1, __ATOMIC_RELAXED);
-    return 0;
+    return (u64)hash_delete(m, (const u8 *)key);
 }
 
 /* An atomic add that many threads make to one address (a counter on every thread), as
@@ -581,3 +592,5 @@ u64 bpftime_gpu_get_prandom_u32(u64 r1, u64 r2, u64 r3, u64 r4, u64 r5)
     x ^= x >> 31;
     return (u32)x;
 }
+
+#endif /* BPFTIME_TABLE_ONLY */

@@ -330,6 +330,380 @@ pub fn add_deltas(value: &mut [u8], deltas: &[WordDelta]) {
     }
 }
 
+/// The kernel that makes the CPU's changes to a per-CPU hash map on the device
+/// (device/hash_ops.c), as build.rs compiled it.
+pub const HASH_OPS_PTX: &str = include_str!(concat!(env!("OUT_DIR"), "/hash_ops.ptx"));
+
+/// Bytes of ops one launch of the hash ops kernel takes in its parameters (hash_ops.c's
+/// `OPS_BYTES`), and of an op's header before its key.
+pub const HASH_OPS_BYTES: usize = 4000;
+pub const HASH_OP_HEADER: usize = 24;
+
+const OP_ADD64: u32 = 1;
+const OP_ADD32: u32 = 2;
+const OP_WRITE: u32 = 3;
+const OP_DELETE: u32 = 4;
+const OP_NONE: u32 = 5;
+const OP_MAKE: u32 = 1 << 8;
+
+/// What one op does to a key of a device per-CPU hash table (hash_ops.c's `struct
+/// hash_op`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum HashChange {
+    /// Adds `delta` to the 8-byte (`wide`) or 4-byte word at `offset` of SM copy `copy`.
+    Add {
+        copy: u32,
+        offset: u32,
+        wide: bool,
+        delta: u64,
+    },
+    /// Writes `len` (< 8) bytes, little-endian in `bytes`, at `offset` of copy `copy`:
+    /// the end of a value whose size is not a multiple of 4.
+    Write {
+        copy: u32,
+        offset: u32,
+        len: u32,
+        bytes: u64,
+    },
+    /// Removes the key.
+    Delete,
+    /// Nothing but making the key (with `make`): a key whose values are all zero.
+    None,
+}
+
+/// An op for the device: a change to `key`, made after inserting it with every copy
+/// zeroed when `make` is set and it is missing.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HashOp {
+    pub key: Vec<u8>,
+    pub make: bool,
+    pub change: HashChange,
+}
+
+/// Lays `ops` out as hash_ops.c reads them (each a header and the key in `key_stride`
+/// bytes), as many per launch as fit in [`HASH_OPS_BYTES`]: one buffer and its op count
+/// per launch. `key_stride` must leave room for one op.
+pub fn encode_hash_ops(ops: &[HashOp], key_stride: usize) -> Vec<(Vec<u8>, u32)> {
+    let size = HASH_OP_HEADER + key_stride;
+    let per_launch = (HASH_OPS_BYTES / size).max(1);
+    ops.chunks(per_launch)
+        .map(|chunk| {
+            let mut buf = vec![0u8; HASH_OPS_BYTES];
+            for (i, op) in chunk.iter().enumerate() {
+                let (kind, copy, offset, len, value) = match op.change {
+                    HashChange::Add {
+                        copy,
+                        offset,
+                        wide,
+                        delta,
+                    } => (
+                        if wide { OP_ADD64 } else { OP_ADD32 },
+                        copy,
+                        offset,
+                        0,
+                        delta,
+                    ),
+                    HashChange::Write {
+                        copy,
+                        offset,
+                        len,
+                        bytes,
+                    } => (OP_WRITE, copy, offset, len, bytes),
+                    HashChange::Delete => (OP_DELETE, 0, 0, 0, 0),
+                    HashChange::None => (OP_NONE, 0, 0, 0, 0),
+                };
+                let kind = kind | if op.make { OP_MAKE } else { 0 };
+                let at = &mut buf[i * size..(i + 1) * size];
+                at[0..4].copy_from_slice(&kind.to_le_bytes());
+                at[4..8].copy_from_slice(&copy.to_le_bytes());
+                at[8..12].copy_from_slice(&offset.to_le_bytes());
+                at[12..16].copy_from_slice(&len.to_le_bytes());
+                at[16..24].copy_from_slice(&value.to_le_bytes());
+                at[HASH_OP_HEADER..HASH_OP_HEADER + op.key.len()].copy_from_slice(&op.key);
+            }
+            (buf, chunk.len() as u32)
+        })
+        .collect()
+}
+
+/// A change to make to the store's per-CPU hash map, from what the GPU changed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum StoreChange {
+    /// Adds `deltas` to CPU `cpu`'s value of `key` and writes `tail` (offset, bytes),
+    /// after inserting the key with every CPU's value zeroed when `make` is set and it is
+    /// missing.
+    Add {
+        key: Vec<u8>,
+        cpu: usize,
+        deltas: Vec<WordDelta>,
+        tail: Option<(usize, Vec<u8>)>,
+        make: bool,
+    },
+    /// Removes the key.
+    Delete { key: Vec<u8> },
+}
+
+/// The host's side of a per-CPU hash map on the GPU: a value per key and SM on the device
+/// (`copies` of them), per key and CPU in the store (`cpus`); values travel both ways as
+/// additions, SM `s`'s changes to CPU `s % cpus`, CPU `c`'s to SM `c % copies`, so that
+/// several processes, GPUs and the CPU all add up. Keys made or deleted on one side are
+/// made or deleted on the other. Plain data: the replica moves the bytes.
+#[derive(Debug, Clone)]
+pub struct PerCpuHashSync {
+    value_size: usize,
+    copies: usize,
+    cpus: usize,
+    /// The device's values (`copies` of `value_size` bytes, back to back) at the last
+    /// pull, with the CPU's changes sent since: what the next pull compares with.
+    device: HashMap<Vec<u8>, Vec<u8>>,
+    /// The store's values (`cpus` of them, `round8(value_size)` apart, as `bpf()` gives
+    /// them) at the last sync.
+    host: HashMap<Vec<u8>, Vec<u8>>,
+    /// Keys with ops sent, and the sequence number of the last: a pull that finds the
+    /// device has not made those ops yet leaves the keys alone.
+    pending: HashMap<Vec<u8>, u64>,
+    seq: u64,
+}
+
+use std::collections::HashMap;
+
+/// A key and its values.
+pub type Entry = (Vec<u8>, Vec<u8>);
+
+impl PerCpuHashSync {
+    /// The sync of a table made from the store's `entries` (key, every CPU's value), and
+    /// the entries to build the device table from: each SM copy starts from the CPU
+    /// values that go to it (added up where several CPUs go to one SM).
+    pub fn new(
+        value_size: usize,
+        copies: u32,
+        cpus: usize,
+        entries: &[Entry],
+    ) -> (PerCpuHashSync, Vec<Entry>) {
+        let mut sync = PerCpuHashSync {
+            value_size,
+            copies: copies.max(1) as usize,
+            cpus: cpus.max(1),
+            device: HashMap::new(),
+            host: HashMap::new(),
+            pending: HashMap::new(),
+            seq: 0,
+        };
+        for (key, value) in entries {
+            let zero = vec![0; value.len()];
+            let device = sync.device_from(&zero, value, &mut Vec::new(), key, false);
+            sync.device.insert(key.clone(), device);
+            sync.host.insert(key.clone(), value.clone());
+        }
+        let device = sync
+            .device
+            .iter()
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect();
+        (sync, device)
+    }
+
+    fn stride(&self) -> usize {
+        round8(self.value_size as u32) as usize
+    }
+
+    /// The device copies of `key` (`device` if it has some, zeros if not) with every
+    /// CPU's change from `old` to `new` added to its SM's copy; the ops that make the
+    /// same changes on the device go to `ops`.
+    fn device_from(
+        &self,
+        old: &[u8],
+        new: &[u8],
+        ops: &mut Vec<HashOp>,
+        key: &[u8],
+        make: bool,
+    ) -> Vec<u8> {
+        let (vs, stride) = (self.value_size, self.stride());
+        let mut device = self
+            .device
+            .get(key)
+            .cloned()
+            .unwrap_or_else(|| vec![0; vs * self.copies]);
+        for cpu in 0..self.cpus {
+            let (o, n) = (&old[cpu * stride..][..vs], &new[cpu * stride..][..vs]);
+            if o == n {
+                continue;
+            }
+            let copy = cpu % self.copies;
+            let (deltas, tail) = value_deltas(o, n);
+            let value = &mut device[copy * vs..][..vs];
+            add_deltas(value, &deltas);
+            ops.extend(deltas.iter().map(|d| HashOp {
+                key: key.to_vec(),
+                make,
+                change: HashChange::Add {
+                    copy: copy as u32,
+                    offset: d.offset as u32,
+                    wide: d.width == 8,
+                    delta: d.delta,
+                },
+            }));
+            if let Some(tail) = tail {
+                let mut bytes = [0u8; 8];
+                bytes[..tail.len()].copy_from_slice(&n[tail.clone()]);
+                value[tail.clone()].copy_from_slice(&n[tail.clone()]);
+                ops.push(HashOp {
+                    key: key.to_vec(),
+                    make,
+                    change: HashChange::Write {
+                        copy: copy as u32,
+                        offset: tail.start as u32,
+                        len: tail.len() as u32,
+                        bytes: u64::from_le_bytes(bytes),
+                    },
+                });
+            }
+        }
+        device
+    }
+
+    /// Before a launch, with the store's entries now: the ops that bring what the CPU
+    /// changed since the last sync to the device (keys made, deleted, values changed),
+    /// and the sequence number the ops kernel writes when it has made them.
+    pub fn push(&mut self, entries: &[Entry]) -> (Vec<HashOp>, u64) {
+        let mut ops = Vec::new();
+        let now: HashMap<&[u8], &[u8]> = entries
+            .iter()
+            .map(|(k, v)| (k.as_slice(), v.as_slice()))
+            .collect();
+        let seq = self.seq + 1;
+        let gone: Vec<Vec<u8>> = self
+            .host
+            .keys()
+            .filter(|k| !now.contains_key(k.as_slice()))
+            .cloned()
+            .collect();
+        for key in gone {
+            self.host.remove(&key);
+            self.device.remove(&key);
+            self.pending.insert(key.clone(), seq);
+            ops.push(HashOp {
+                key,
+                make: false,
+                change: HashChange::Delete,
+            });
+        }
+        for (key, value) in entries {
+            let old = self.host.get(key);
+            if old.map(|o| o == value) == Some(true) {
+                continue;
+            }
+            let make = old.is_none();
+            let zero;
+            let old = match old {
+                Some(o) => o.clone(),
+                None => {
+                    zero = vec![0; value.len()];
+                    zero.clone()
+                }
+            };
+            let before = ops.len();
+            let device = self.device_from(&old, value, &mut ops, key, make);
+            if make && ops.len() == before {
+                ops.push(HashOp {
+                    key: key.clone(),
+                    make: true,
+                    change: HashChange::None,
+                });
+            }
+            self.device.insert(key.clone(), device);
+            self.host.insert(key.clone(), value.clone());
+            self.pending.insert(key.clone(), seq);
+        }
+        if !ops.is_empty() {
+            self.seq = seq;
+        }
+        (ops, self.seq)
+    }
+
+    /// After a launch, with the device table's entries (key, every SM copy) read after
+    /// `done`, the sequence number of the last ops it made: the changes that bring what
+    /// the GPU changed into the store. Keys whose ops the device has yet to make are left
+    /// for a later pull.
+    pub fn pull(&mut self, entries: Vec<Entry>, done: u64) -> Vec<StoreChange> {
+        let (vs, stride) = (self.value_size, self.stride());
+        let mut out = Vec::new();
+        let waiting = |pending: &mut HashMap<Vec<u8>, u64>, key: &[u8]| match pending.get(key) {
+            Some(&seq) if seq > done => true,
+            Some(_) => {
+                pending.remove(key);
+                false
+            }
+            None => false,
+        };
+        let mut seen = std::collections::HashSet::new();
+        for (key, now) in entries {
+            seen.insert(key.clone());
+            if waiting(&mut self.pending, &key) {
+                continue;
+            }
+            let make = !self.device.contains_key(&key);
+            let before = self
+                .device
+                .get(&key)
+                .cloned()
+                .unwrap_or_else(|| vec![0; now.len()]);
+            let host = self
+                .host
+                .entry(key.clone())
+                .or_insert_with(|| vec![0; stride * self.cpus]);
+            let mut any = false;
+            for copy in 0..self.copies {
+                let (o, n) = (&before[copy * vs..][..vs], &now[copy * vs..][..vs]);
+                if o == n {
+                    continue;
+                }
+                let cpu = copy % self.cpus;
+                let (deltas, tail) = value_deltas(o, n);
+                let seen_value = &mut host[cpu * stride..][..vs];
+                add_deltas(seen_value, &deltas);
+                let tail = tail.map(|t| {
+                    seen_value[t.clone()].copy_from_slice(&n[t.clone()]);
+                    (t.start, n[t].to_vec())
+                });
+                out.push(StoreChange::Add {
+                    key: key.clone(),
+                    cpu,
+                    deltas,
+                    tail,
+                    make,
+                });
+                any = true;
+            }
+            if make && !any {
+                out.push(StoreChange::Add {
+                    key: key.clone(),
+                    cpu: 0,
+                    deltas: Vec::new(),
+                    tail: None,
+                    make: true,
+                });
+            }
+            self.device.insert(key, now);
+        }
+        let gone: Vec<Vec<u8>> = self
+            .device
+            .keys()
+            .filter(|k| !seen.contains(*k))
+            .cloned()
+            .collect();
+        for key in gone {
+            if waiting(&mut self.pending, &key) {
+                continue;
+            }
+            self.device.remove(&key);
+            self.host.remove(&key);
+            out.push(StoreChange::Delete { key });
+        }
+        out
+    }
+}
+
 /// A record the device committed to a ring.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RingRecord {
@@ -456,6 +830,294 @@ mod tests {
         assert_eq!(image.states[home], SLOT_FULL);
         let too_many: Vec<_> = (0..17).map(|k| entry(k, 1)).collect();
         assert!(s.build(&too_many).is_err());
+    }
+
+    /// A device table as hash_ops.c leaves it after `ops` (values `copies` x 8 bytes).
+    fn make_ops(device: &mut HashMap<Vec<u8>, Vec<u8>>, ops: &[HashOp], copies: usize) {
+        for op in ops {
+            if op.change == HashChange::Delete {
+                device.remove(&op.key);
+                continue;
+            }
+            if !device.contains_key(&op.key) && !op.make {
+                continue;
+            }
+            let v = device
+                .entry(op.key.clone())
+                .or_insert_with(|| vec![0; 8 * copies]);
+            match op.change {
+                HashChange::Add {
+                    copy,
+                    offset,
+                    wide,
+                    delta,
+                } => {
+                    assert!(wide);
+                    let d = WordDelta {
+                        offset: offset as usize,
+                        width: 8,
+                        delta,
+                    };
+                    add_deltas(&mut v[copy as usize * 8..][..8], &[d]);
+                }
+                HashChange::Write { .. } => panic!("8-byte values have no tail"),
+                HashChange::Delete | HashChange::None => {}
+            }
+        }
+    }
+
+    /// A store as the replica leaves it after `changes` (values `cpus` x 8 bytes).
+    fn make_changes(store: &mut HashMap<Vec<u8>, Vec<u8>>, changes: &[StoreChange], cpus: usize) {
+        for c in changes {
+            match c {
+                StoreChange::Delete { key } => {
+                    store.remove(key);
+                }
+                StoreChange::Add {
+                    key,
+                    cpu,
+                    deltas,
+                    tail,
+                    make,
+                } => {
+                    assert!(tail.is_none());
+                    if !store.contains_key(key) && !make {
+                        continue;
+                    }
+                    let v = store
+                        .entry(key.clone())
+                        .or_insert_with(|| vec![0; 8 * cpus]);
+                    add_deltas(&mut v[cpu * 8..][..8], deltas);
+                }
+            }
+        }
+    }
+
+    fn sorted(m: &HashMap<Vec<u8>, Vec<u8>>) -> Vec<(Vec<u8>, Vec<u8>)> {
+        let mut v: Vec<_> = m.iter().map(|(k, v)| (k.clone(), v.clone())).collect();
+        v.sort();
+        v
+    }
+
+    fn add_to(m: &mut HashMap<Vec<u8>, Vec<u8>>, key: u8, at: usize, n: u64, width: usize) {
+        let v = m.entry(vec![key]).or_insert_with(|| vec![0; 8 * width]);
+        let d = WordDelta {
+            offset: 0,
+            width: 8,
+            delta: n,
+        };
+        add_deltas(&mut v[at * 8..][..8], &[d]);
+    }
+
+    fn sum(v: &[u8]) -> u64 {
+        v.chunks(8)
+            .map(|w| u64::from_le_bytes(w.try_into().unwrap()))
+            .sum()
+    }
+
+    #[test]
+    fn per_cpu_hash_tables_start_with_each_cpu_value_on_its_sm() {
+        // 3 CPUs, 2 SMs: CPUs 0 and 2 go to SM 0, CPU 1 to SM 1.
+        let value: Vec<u8> = [1u64, 10, 100]
+            .iter()
+            .flat_map(|v| v.to_le_bytes())
+            .collect();
+        let (_, device) = PerCpuHashSync::new(8, 2, 3, &[(vec![7], value)]);
+        let want: Vec<u8> = [101u64, 10].iter().flat_map(|v| v.to_le_bytes()).collect();
+        assert_eq!(device, [(vec![7], want)]);
+    }
+
+    #[test]
+    fn per_cpu_hash_changes_cross_as_additions_and_keys_follow_either_side() {
+        let (copies, cpus) = (4, 3);
+        let mut store: HashMap<Vec<u8>, Vec<u8>> = HashMap::new();
+        add_to(&mut store, 1, 2, 1000, cpus);
+        let (mut sync, built) = PerCpuHashSync::new(8, copies as u32, cpus, &sorted(&store));
+        let mut device: HashMap<_, _> = built.into_iter().collect();
+        assert_eq!(sum(&device[&vec![1]]), 1000);
+
+        // The GPU adds to key 1 on SMs 0 and 3 (both report to CPU 0), and makes key 2
+        // on SM 1; nothing was sent, so done 0 covers everything.
+        add_to(&mut device, 1, 0, 5, copies);
+        add_to(&mut device, 1, 3, 7, copies);
+        add_to(&mut device, 2, 1, 3, copies);
+        let changes = sync.pull(sorted(&device), 0);
+        make_changes(&mut store, &changes, cpus);
+        assert_eq!(sum(&store[&vec![1]]), 1012);
+        assert_eq!(&store[&vec![1]][..8], &12u64.to_le_bytes());
+        assert_eq!(&store[&vec![2]][8..16], &3u64.to_le_bytes());
+        assert!(changes
+            .iter()
+            .any(|c| matches!(c, StoreChange::Add { key, make: true, .. } if key == &vec![2])));
+        // What the pull wrote is not the CPU's change: the next push sends nothing.
+        assert_eq!(sync.push(&sorted(&store)), (vec![], 0));
+
+        // The CPU adds 50 to key 2 on CPU 2 (goes to SM 2), makes key 3 with 9 on CPU 1
+        // and deletes key 1; meanwhile the GPU adds 4 to key 2 on SM 1.
+        add_to(&mut store, 2, 2, 50, cpus);
+        add_to(&mut store, 3, 1, 9, cpus);
+        store.remove(&vec![1]);
+        let (ops, seq) = sync.push(&sorted(&store));
+        assert_eq!(seq, 1);
+        assert!(ops.contains(&HashOp {
+            key: vec![1],
+            make: false,
+            change: HashChange::Delete
+        }));
+        assert!(ops.contains(&HashOp {
+            key: vec![3],
+            make: true,
+            change: HashChange::Add {
+                copy: 1,
+                offset: 0,
+                wide: true,
+                delta: 9
+            }
+        }));
+        assert!(ops.contains(&HashOp {
+            key: vec![2],
+            make: false,
+            change: HashChange::Add {
+                copy: 2,
+                offset: 0,
+                wide: true,
+                delta: 50
+            }
+        }));
+        add_to(&mut device, 2, 1, 4, copies);
+        // A pull before the device made the ops (done 0 < 1): keys 1, 2 and 3 are waiting;
+        // key 1, still on the device, is not brought back into the store, and key 3,
+        // not there yet, is not taken for deleted.
+        let early = sync.pull(sorted(&device), 0);
+        assert!(early.is_empty(), "{early:?}");
+        make_ops(&mut device, &ops, copies);
+        let changes = sync.pull(sorted(&device), seq);
+        make_changes(&mut store, &changes, cpus);
+        assert!(!device.contains_key(&vec![1]) && !store.contains_key(&vec![1]));
+        assert_eq!(sum(&store[&vec![2]]), 3 + 50 + 4);
+        assert_eq!(sum(&device[&vec![2]]), 3 + 50 + 4);
+        assert_eq!(sum(&store[&vec![3]]), 9);
+        assert_eq!(&device[&vec![3]][8..16], &9u64.to_le_bytes());
+
+        // The GPU deletes key 3: the store's goes.
+        device.remove(&vec![3]);
+        let changes = sync.pull(sorted(&device), seq);
+        assert_eq!(changes, [StoreChange::Delete { key: vec![3] }]);
+        make_changes(&mut store, &changes, cpus);
+        assert_eq!(store.len(), 1);
+        // And the CPU makes a key with zero values: it is made on the device all the same.
+        store.insert(vec![4], vec![0; 8 * cpus]);
+        let (ops, seq) = sync.push(&sorted(&store));
+        assert_eq!(seq, 2);
+        assert_eq!(
+            ops,
+            [HashOp {
+                key: vec![4],
+                make: true,
+                change: HashChange::None
+            }]
+        );
+        make_ops(&mut device, &ops, copies);
+        assert!(sync.pull(sorted(&device), seq).is_empty());
+    }
+
+    #[test]
+    fn per_cpu_hash_values_of_odd_sizes_copy_their_last_bytes() {
+        // A 6-byte value: one 4-byte word added, two bytes written.
+        let (mut sync, _) = PerCpuHashSync::new(6, 2, 2, &[]);
+        let mut value = vec![0u8; 16];
+        value[8..14].copy_from_slice(&[1, 0, 0, 0, 0xab, 0xcd]);
+        let (ops, _) = sync.push(&[(vec![9], value)]);
+        assert_eq!(
+            ops,
+            [
+                HashOp {
+                    key: vec![9],
+                    make: true,
+                    change: HashChange::Add {
+                        copy: 1,
+                        offset: 0,
+                        wide: false,
+                        delta: 1
+                    }
+                },
+                HashOp {
+                    key: vec![9],
+                    make: true,
+                    change: HashChange::Write {
+                        copy: 1,
+                        offset: 4,
+                        len: 2,
+                        bytes: 0xcdab
+                    }
+                }
+            ]
+        );
+    }
+
+    #[test]
+    fn hash_ops_are_laid_out_as_the_kernel_reads_them() {
+        let op = |k: u8| HashOp {
+            key: vec![k; 5],
+            make: k.is_multiple_of(2),
+            change: HashChange::Add {
+                copy: 3,
+                offset: 8,
+                wide: true,
+                delta: u64::MAX,
+            },
+        };
+        // 32 bytes an op (24 and an 8-byte key stride): 125 per launch.
+        let ops: Vec<_> = (0..130).map(|i| op(i as u8)).collect();
+        let launches = encode_hash_ops(&ops, 8);
+        assert_eq!(launches.len(), 2);
+        assert_eq!((launches[0].1, launches[1].1), (125, 5));
+        let (buf, _) = &launches[0];
+        assert_eq!(buf.len(), HASH_OPS_BYTES);
+        let rec = &buf[32..64];
+        assert_eq!(u32::from_le_bytes(rec[0..4].try_into().unwrap()), 1);
+        assert_eq!(u32::from_le_bytes(rec[4..8].try_into().unwrap()), 3);
+        assert_eq!(u32::from_le_bytes(rec[8..12].try_into().unwrap()), 8);
+        assert_eq!(
+            u64::from_le_bytes(rec[16..24].try_into().unwrap()),
+            u64::MAX
+        );
+        assert_eq!(&rec[24..32], &[1, 1, 1, 1, 1, 0, 0, 0]);
+        assert_eq!(
+            u32::from_le_bytes(buf[0..4].try_into().unwrap()),
+            1 | 1 << 8
+        );
+        let del = encode_hash_ops(
+            &[HashOp {
+                key: vec![2; 5],
+                make: false,
+                change: HashChange::Delete,
+            }],
+            8,
+        );
+        assert_eq!(u32::from_le_bytes(del[0].0[0..4].try_into().unwrap()), 4);
+    }
+
+    #[test]
+    fn the_hash_ops_kernel_is_ptx_that_ptxas_accepts() {
+        assert!(HASH_OPS_PTX.contains(".visible .entry __bpftime_hash_ops("));
+        // Nothing the probes' helpers need: the kernel loads on its own.
+        assert!(!HASH_OPS_PTX.contains(".extern"));
+        let Some(ptxas) = crate::toolchain::ptxas_for_tests() else {
+            return;
+        };
+        let dir = std::env::temp_dir().join(format!("bpftime-hashops-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let file = dir.join("hash_ops.ptx");
+        std::fs::write(&file, HASH_OPS_PTX).unwrap();
+        // CUDA 13's ptxas starts at sm_75.
+        for sm in [75, 90] {
+            crate::toolchain::run_ptxas(&ptxas, &file, sm, false)
+                .unwrap_or_else(|e| panic!("sm_{sm}: {e}"));
+        }
+        let _ = std::fs::remove_dir_all(&dir);
+        // The parameters fit a launch's 4 KiB.
+        assert!(HASH_OPS_PTX.contains(&format!(".b8 __bpftime_hash_ops_param_4[{HASH_OPS_BYTES}]")));
     }
 
     #[test]

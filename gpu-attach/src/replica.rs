@@ -13,9 +13,10 @@ use bpftime_runtime::Map;
 
 use crate::cuda::{Api, CudaError, DevicePtr, Handle};
 use crate::device_maps::{
-    add_deltas, device_kind, drain_ring, hash_capacity, is_per_cpu, ring_shards, round8,
-    value_deltas, DeviceKind, DeviceRing, GpuMapDesc, HashImage, HashShape, RingRecord, ShardEntry,
-    WordDelta, RING_TAIL, SHARDED_ARRAY_MAX,
+    add_deltas, device_kind, drain_ring, encode_hash_ops, hash_capacity, is_per_cpu, ring_shards,
+    round8, value_deltas, DeviceKind, DeviceRing, GpuMapDesc, HashImage, HashShape, PerCpuHashSync,
+    RingRecord, ShardEntry, StoreChange, WordDelta, HASH_OPS_BYTES, HASH_OP_HEADER, RING_TAIL,
+    SHARDED_ARRAY_MAX,
 };
 
 /// Why a replica could not be made or synced.
@@ -142,7 +143,37 @@ enum SyncState {
         shape: HashShape,
         shadow: HashMap<Vec<u8>, Vec<u8>>,
     },
+    /// A per-CPU hash map: a value per key and SM on the device; what each side changed
+    /// crosses as additions (`PerCpuHashSync`), the CPU's through the hash ops kernel.
+    PerCpuHash {
+        shape: HashShape,
+        sync: PerCpuHashSync,
+        /// Device address of the u64 the ops kernel sets to the sequence number of the
+        /// last ops it made.
+        done: DevicePtr,
+    },
     Ring(RingReader),
+}
+
+/// What a push leaves for the launch's stream, before the launch.
+#[derive(Default)]
+pub(crate) struct Pushed {
+    /// Additions to device words (the apply kernel).
+    pub deltas: Vec<DeviceDelta>,
+    /// Launches of the hash ops kernel.
+    pub hash_ops: Vec<HashOpsLaunch>,
+}
+
+/// One launch of the hash ops kernel (device/hash_ops.c): its parameters.
+pub(crate) struct HashOpsLaunch {
+    /// The table's `GpuMapDesc`.
+    pub map: DevicePtr,
+    /// Where it writes `seq` when done.
+    pub done: DevicePtr,
+    pub seq: u64,
+    /// [`HASH_OPS_BYTES`] of ops, `count` of them.
+    pub ops: Vec<u8>,
+    pub count: u32,
 }
 
 /// One map's replica in one context.
@@ -179,12 +210,14 @@ impl Replica {
         // Read before the store is copied: a change made meanwhile is pushed later.
         let updates = map.updates();
         let per_cpu = is_per_cpu(map.map_type());
-        if per_cpu && kind == DeviceKind::Hash {
-            return Err(unsupported(
-                "per-CPU hash maps are not replicated on the GPU yet; use a per-CPU array, \
-                 or a hash map"
-                    .into(),
-            ));
+        if per_cpu
+            && kind == DeviceKind::Hash
+            && HASH_OP_HEADER + round8(map.key_size()) as usize > HASH_OPS_BYTES
+        {
+            return Err(unsupported(format!(
+                "a per-CPU hash map's keys on the GPU are at most {} bytes; use a hash map",
+                HASH_OPS_BYTES - HASH_OP_HEADER
+            )));
         }
         let mut desc = GpuMapDesc {
             map_type: map.map_type(),
@@ -233,6 +266,36 @@ impl Replica {
                 let shadow = host_array(&map, &desc);
                 mover.put(desc.values, &shadow)?;
                 SyncState::Array { shadow }
+            }
+            DeviceKind::Hash if per_cpu => {
+                desc.copies = sm_count.max(1);
+                let shape = HashShape {
+                    key_size: desc.key_size,
+                    value_size: desc.value_size,
+                    capacity: hash_capacity(desc.max_entries),
+                    copies: desc.copies,
+                };
+                desc.capacity = shape.capacity;
+                let cap = shape.capacity as usize;
+                desc.states = mover.alloc(cap * 4)?;
+                desc.keys = mover.alloc(cap * shape.key_stride())?;
+                desc.values = mover.alloc(cap * shape.slot_values())?;
+                desc.count = mover.alloc(8)?;
+                let done = mover.alloc(8)?;
+                mover.put(done, &0u64.to_le_bytes())?;
+                let entries = host_hash_entries(&map);
+                let (sync, device) = PerCpuHashSync::new(
+                    desc.value_size as usize,
+                    desc.copies,
+                    map.syscall_value_size() / shape.value_stride(),
+                    &entries,
+                );
+                let image = shape.build(&device).map_err(unsupported)?;
+                mover.put(desc.states, u32s_as_bytes(&image.states))?;
+                mover.put(desc.keys, &image.keys)?;
+                mover.put(desc.values, &image.values)?;
+                mover.put(desc.count, &(device.len() as u64).to_le_bytes())?;
+                SyncState::PerCpuHash { shape, sync, done }
             }
             DeviceKind::Hash => {
                 let shape = HashShape {
@@ -315,7 +378,7 @@ impl Replica {
     }
 
     /// Before a launch: writes what the CPU changed since the last sync.
-    pub fn push(&self, mover: &Mover<'_>) -> Result<Vec<DeviceDelta>, CudaError> {
+    pub fn push(&self, mover: &Mover<'_>) -> Result<Pushed, CudaError> {
         // Hash maps and large arrays are looked at only when an update went through
         // bpf() or the helpers; small arrays always, which also catches stores through
         // looked-up pointers and memory-mapped writes.
@@ -327,10 +390,10 @@ impl Replica {
                     > ALWAYS_COMPARED_ARRAY
             }
             DeviceKind::Hash => true,
-            DeviceKind::Ringbuf | DeviceKind::PerfEventArray => return Ok(Vec::new()),
+            DeviceKind::Ringbuf | DeviceKind::PerfEventArray => return Ok(Pushed::default()),
         };
         if counted_only && self.seen_updates.load(Ordering::Acquire) == self.map.updates() {
-            return Ok(Vec::new());
+            return Ok(Pushed::default());
         }
         let mut state = self.state.lock().unwrap_or_else(|e| e.into_inner());
         // Again under the lock: a pull in progress writes the device's values into the
@@ -339,14 +402,14 @@ impl Replica {
         // from the store would drop what a running launch added since that pull.
         let updates = self.map.updates();
         if counted_only && self.seen_updates.load(Ordering::Acquire) == updates {
-            return Ok(Vec::new());
+            return Ok(Pushed::default());
         }
         self.seen_updates.store(updates, Ordering::Release);
         match &mut *state {
             SyncState::Array { shadow } => {
                 let mut out = Vec::new();
                 let Some(host) = HostArray::of(&self.map, &self.desc) else {
-                    return Ok(out);
+                    return Ok(Pushed::default());
                 };
                 let stride = self.desc.value_stride as usize;
                 let size = self.desc.value_size as usize;
@@ -366,12 +429,15 @@ impl Replica {
                     }
                     s[..size].copy_from_slice(h);
                 }
-                Ok(out)
+                Ok(Pushed {
+                    deltas: out,
+                    ..Pushed::default()
+                })
             }
             SyncState::PerCpuArray { device, host, cpus } => {
                 let mut out = Vec::new();
                 let Some(store) = HostArray::of(&self.map, &self.desc) else {
-                    return Ok(out);
+                    return Ok(Pushed::default());
                 };
                 let stride = self.desc.value_stride as usize;
                 let copies = self.desc.copies as usize;
@@ -399,12 +465,36 @@ impl Replica {
                         seen.copy_from_slice(h);
                     }
                 }
-                Ok(out)
+                Ok(Pushed {
+                    deltas: out,
+                    ..Pushed::default()
+                })
             }
             SyncState::Hash { shape, shadow } => {
-                push_hash(mover, &self.map, &self.desc, shape, shadow).map(|()| Vec::new())
+                push_hash(mover, &self.map, &self.desc, shape, shadow).map(|()| Pushed::default())
             }
-            SyncState::Ring(_) => Ok(Vec::new()),
+            SyncState::PerCpuHash { shape, sync, done } => {
+                let (ops, seq) = sync.push(&host_hash_entries(&self.map));
+                let launches = encode_hash_ops(&ops, shape.key_stride());
+                let last = launches.len();
+                let hash_ops = launches
+                    .into_iter()
+                    .enumerate()
+                    .map(|(i, (ops, count))| HashOpsLaunch {
+                        map: self.desc_addr,
+                        done: *done,
+                        // Only the last launch says the ops are all made.
+                        seq: if i + 1 == last { seq } else { seq - 1 },
+                        ops,
+                        count,
+                    })
+                    .collect();
+                Ok(Pushed {
+                    hash_ops,
+                    ..Pushed::default()
+                })
+            }
+            SyncState::Ring(_) => Ok(Pushed::default()),
         }
     }
 
@@ -512,6 +602,25 @@ impl Replica {
                     self.seen_updates.store(after, Ordering::Release);
                 }
                 *shadow = device;
+                Ok(())
+            }
+            SyncState::PerCpuHash { shape, sync, done } => {
+                // The ops the device has made, read before the table: a table read after
+                // it holds at least those.
+                let mut made = [0u8; 8];
+                mover.get(*done, &mut made)?;
+                let image = read_hash_image(mover, &self.desc, shape)?;
+                let changes = sync.pull(shape.read(&image), u64::from_le_bytes(made));
+                let before = self.map.updates();
+                let mut writes = 0u64;
+                for change in changes {
+                    writes += u64::from(apply_store_change(&self.map, change));
+                }
+                let after = self.map.updates();
+                // Our own inserts and deletes do not make the device stale; anyone else's do.
+                if self.seen_updates.load(Ordering::Acquire) == before && after - before == writes {
+                    self.seen_updates.store(after, Ordering::Release);
+                }
                 Ok(())
             }
             SyncState::Ring(reader) => {
@@ -837,4 +946,69 @@ fn host_hash_entries(map: &Map) -> Vec<(Vec<u8>, Vec<u8>)> {
         }
     }
     entries
+}
+
+/// A device hash table's three arrays, copied to the host.
+fn read_hash_image(
+    mover: &Mover<'_>,
+    desc: &GpuMapDesc,
+    shape: &HashShape,
+) -> Result<HashImage, CudaError> {
+    let cap = shape.capacity as usize;
+    let mut states = vec![0u8; cap * 4];
+    let mut image = HashImage {
+        states: Vec::new(),
+        keys: vec![0; cap * shape.key_stride()],
+        values: vec![0; cap * shape.slot_values()],
+    };
+    mover.get_async(desc.states, &mut states)?;
+    mover.get_async(desc.keys, &mut image.keys)?;
+    mover.get_async(desc.values, &mut image.values)?;
+    mover.wait()?;
+    image.states = states
+        .chunks_exact(4)
+        .map(|w| u32::from_le_bytes(w.try_into().expect("4 bytes")))
+        .collect();
+    Ok(image)
+}
+
+/// Makes `change` in the store's per-CPU hash map; true if it inserted or deleted a key
+/// (an update the map counts).
+fn apply_store_change(map: &Map, change: StoreChange) -> bool {
+    match change {
+        StoreChange::Delete { key } => map.delete(&key).is_ok(),
+        StoreChange::Add {
+            key,
+            cpu,
+            deltas,
+            tail,
+            make,
+        } => {
+            let r = map.with_percpu_values(&key, make, |values| {
+                if cpu >= values.cpus() {
+                    return;
+                }
+                for d in &deltas {
+                    values.add(cpu, d.offset, d.width == 8, d.delta);
+                }
+                if let Some((offset, bytes)) = &tail {
+                    values.write(cpu, *offset, bytes);
+                }
+            });
+            match r {
+                Ok(((), inserted)) => inserted,
+                Err(e) => {
+                    // The key went (the CPU deleted it) or the map is full: the GPU's
+                    // change has nowhere to go, as a CPU program's update would not.
+                    if crate::session::may_log() {
+                        tracing::debug!(
+                            map = map.id(),
+                            "a GPU change to a per-CPU hash map was dropped: {e}"
+                        );
+                    }
+                    false
+                }
+            }
+        }
+    }
 }

@@ -32,7 +32,7 @@ use crate::launch::{
 use crate::names;
 use crate::probe::{compile_probe, DeviceMapRef};
 use crate::ptx::{strip_header, ProbeCall, ProbePoint, PtxModule, Splice, Version};
-use crate::replica::{DeviceDelta, Mover, Replica, RingReader};
+use crate::replica::{DeviceDelta, HashOpsLaunch, Mover, Replica, RingReader};
 
 /// What kind of handle an image was loaded as.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -254,6 +254,8 @@ struct Context {
     apply_deltas: Handle,
     /// The kernel that folds per-SM copies into sharded arrays (`FOLD_SHARDS_PTX`).
     fold_shards: Handle,
+    /// The kernel that makes the CPU's changes to per-CPU hash maps (`HASH_OPS_PTX`).
+    hash_ops: Handle,
     /// The device's SM count: copies of a sharded array.
     sm_count: u32,
     clock: Mutex<ContextClock>,
@@ -893,9 +895,13 @@ impl GpuAttach {
         }
         let mover = self.mover(&context);
         let mut deltas = Vec::new();
+        let mut hash_ops = Vec::new();
         for r in &patched.replicas {
             match r.push(&mover) {
-                Ok(d) => deltas.extend(d),
+                Ok(p) => {
+                    deltas.extend(p.deltas);
+                    hash_ops.extend(p.hash_ops);
+                }
                 Err(e) => tracing::warn!(
                     map = r.map.id(),
                     "pushing CPU-written values to the GPU failed: {e}"
@@ -905,6 +911,11 @@ impl GpuAttach {
         if !deltas.is_empty() {
             if let Err(e) = self.apply_deltas(&context, stream, &deltas) {
                 tracing::warn!("applying CPU-written values on the GPU failed: {e}");
+            }
+        }
+        for ops in hash_ops {
+            if let Err(e) = self.make_hash_ops(&context, stream, ops) {
+                tracing::warn!("making the CPU's per-CPU hash changes on the GPU failed: {e}");
             }
         }
         Launch {
@@ -1058,6 +1069,42 @@ impl GpuAttach {
             })?;
         }
         Ok(())
+    }
+
+    /// Makes `ops` (a CPU's changes to a per-CPU hash map) on the device in `stream`'s
+    /// order, before the launch that follows. The ops travel in the kernel's parameters,
+    /// which the driver copies at the launch.
+    fn make_hash_ops(
+        &self,
+        context: &Context,
+        stream: Handle,
+        mut ops: HashOpsLaunch,
+    ) -> Result<(), crate::cuda::CudaError> {
+        let mut params = [
+            (&mut ops.map as *mut u64).cast::<std::ffi::c_void>(),
+            (&mut ops.done as *mut u64).cast(),
+            (&mut ops.seq as *mut u64).cast(),
+            (&mut ops.count as *mut u32).cast(),
+            ops.ops.as_mut_ptr().cast(),
+        ];
+        // SAFETY: hash_ops.c's kernel takes two device addresses (a table's descriptor and
+        // its done word, both ours), a u64, a u32 and HASH_OPS_BYTES of ops, which the
+        // driver copies at the launch.
+        self.api.check("cuLaunchKernel", unsafe {
+            (self.api.launch_kernel)(
+                context.hash_ops,
+                1,
+                1,
+                1,
+                1,
+                1,
+                1,
+                0,
+                stream,
+                params.as_mut_ptr(),
+                std::ptr::null_mut(),
+            )
+        })
     }
 
     /// After the launch call returned `result`: once the kernel completes, the worker
@@ -2044,12 +2091,14 @@ impl GpuAttach {
         };
         let apply_deltas = load_kernel(APPLY_DELTAS_PTX, c"__bpftime_apply_deltas")?;
         let fold_shards = load_kernel(FOLD_SHARDS_PTX, c"__bpftime_fold_shards")?;
+        let hash_ops = load_kernel(crate::device_maps::HASH_OPS_PTX, c"__bpftime_hash_ops")?;
 
         let context = Arc::new(Context {
             ctx,
             device,
             apply_deltas,
             fold_shards,
+            hash_ops,
             sm_count: sms,
             sm,
             stream,

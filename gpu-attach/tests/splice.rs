@@ -962,3 +962,68 @@ fn probes_put_in_place_of_their_calls_pass_ptxas_everywhere_a_call_goes() {
     assert!(!out.contains("call (__bt_ret)"), "{out}");
     assert_ptxas_accepts("nvcc-inlined", &out);
 }
+
+/// percpu_hashcount's probe: a per-CPU hash map (map id 3, reached through its descriptor
+/// only, as every hash is) looked up, its key inserted when missing, and its value added
+/// to. The runtime picks the SM's copy of the value from the descriptor's copy count at
+/// run time, so the probe reads `%smid`; inserts claim slots with a compare-and-swap.
+#[test]
+fn a_probe_on_a_per_cpu_hash_compiles_splices_and_passes_ptxas() {
+    use bpftime_gpu_attach::device_maps::RuntimeConfig;
+    use bpftime_gpu_attach::probe::{compile_probe, DeviceMapRef};
+    let mut insns = assemble(
+        "stw [%r10-4], 7\nstdw [%r10-16], 0\nlddw %r1, 3\nmov %r2, %r10\nadd %r2, -4\ncall 1\n\
+         jne %r0, 0, +12\nlddw %r1, 3\nmov %r2, %r10\nadd %r2, -4\nmov %r3, %r10\nadd %r3, -16\n\
+         mov %r4, 1\ncall 2\nlddw %r1, 3\nmov %r2, %r10\nadd %r2, -4\ncall 1\njeq %r0, 0, +2\n\
+         mov %r1, 1\nlock add [%r0+0], %r1\nmov %r0, 0\nexit",
+    )
+    .expect("assembles");
+    for insn in insns.iter_mut() {
+        if insn.is_lddw() && insn.imm == 3 {
+            insn.src = bpftime_isa::opcode::PSEUDO_MAP_FD;
+        }
+    }
+    let maps = [(
+        3u32,
+        DeviceMapRef {
+            desc: 0x7f00_0000_3000,
+            values: None,
+            array: None,
+        },
+    )]
+    .into_iter()
+    .collect();
+    for sm in [75, 90] {
+        let p = compile_probe(
+            ProbePoint::Entry,
+            &insns,
+            &maps,
+            &RuntimeConfig::default(),
+            sm,
+            "__bpftime_probe_3",
+        )
+        .unwrap_or_else(|e| panic!("sm_{sm}: {e}"));
+        assert!(p.externs.is_empty(), "{:?}", p.externs);
+        assert!(p.ptx.contains("%smid"), "{}", p.ptx);
+        assert!(p.ptx.contains(".cas"), "{}", p.ptx);
+        let text = String::from_utf8(read("kernels.ptx")).unwrap();
+        let module = PtxModule::parse(&text).unwrap();
+        let splice = Splice {
+            definitions: bpftime_gpu_attach::ptx::strip_header(&p.ptx),
+            needs_version: Some(Version::new(7, 8)),
+            needs_sm: Some(sm),
+            calls: vec![(
+                "_Z9vectorAddPKfS0_Pfi".to_string(),
+                vec![ProbeCall {
+                    point: ProbePoint::Entry,
+                    symbol: "__bpftime_probe_3".into(),
+                }],
+            )],
+            inline: true,
+        };
+        let out = module
+            .splice(&splice, Version::newest_for_driver(13000))
+            .unwrap();
+        assert_ptxas_accepts(&format!("percpu-hash-sm{sm}"), &out);
+    }
+}

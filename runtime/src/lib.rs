@@ -50,7 +50,8 @@ pub use layout::{InnerTemplate, ObjectKind, PAGE_SIZE, STORE_VERSION};
 pub use lifetime::{hold, StoreLock};
 pub use maps::stack_trace::jhash2;
 pub use maps::{
-    cpu_number_offset, possible_cpus, ringbuf_commit, ArrayValues, Map, MapSpec, ENOTSUPP,
+    cpu_number_offset, possible_cpus, ringbuf_commit, ArrayValues, Map, MapSpec, PerCpuValues,
+    ENOTSUPP,
 };
 pub use objects::{
     publish_btf, read_btf, LinkKind, LinkRecord, PerfEventKind, PerfEventRecord, ProgramRecord,

@@ -393,6 +393,27 @@ fn bpftime_run_attaches_the_gpu_helper_example() {
     );
 }
 
+/// A GPU probe on per-CPU hash maps (a value per SM on the device) verifies under the
+/// GPU rules, beside the launch program that writes them on the CPU.
+#[test]
+fn bpftime_verify_accepts_per_cpu_hash_maps_on_the_gpu() {
+    let s = Session::new("gpu-verify-pcpu");
+    let mut c = s.bpftime();
+    c.args(["verify", examples::PERCPU_HASHCOUNT_BPF_O]);
+    let out = run_with_timeout(c, Duration::from_secs(60));
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    for prog in ["count_thread", "after_call"] {
+        assert!(
+            stdout
+                .lines()
+                .any(|l| l.starts_with(&format!("{prog}: ok ("))),
+            "{}",
+            text(&out)
+        );
+    }
+}
+
 /// `bpftime verify` loads through the same handler: `cuda:` entry and exit
 /// programs are checked under the GPU rules, launch programs under the CPU's.
 #[test]

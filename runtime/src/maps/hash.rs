@@ -375,6 +375,21 @@ pub(super) fn update(
         write_values(v.value_ptr(old), false);
         return Ok(());
     }
+    place(v, map, key, hash, old, |dst| write_values(dst, true))?;
+    Ok(())
+}
+
+/// Links a fresh element holding `key` (its value written by `write`) in place of
+/// `old` (0 for none), evicting from an LRU map when full (lock held). Returns the
+/// element.
+fn place(
+    v: View<'_>,
+    map: &Map,
+    key: &[u8],
+    hash: u32,
+    old: u32,
+    write: impl FnOnce(*mut u8),
+) -> Result<u32> {
     if old == 0
         && v.h.count.load(Ordering::Relaxed) >= map.hash_capacity()
         && !(v.is_lru() && v.evict())
@@ -390,7 +405,7 @@ pub(super) fn update(
     }
     // SAFETY: a free element is ours alone under the lock; the key area holds key_size bytes.
     unsafe { std::ptr::copy_nonoverlapping(key.as_ptr(), v.key_ptr(idx), key.len()) };
-    write_values(v.value_ptr(idx), true);
+    write(v.value_ptr(idx));
     // SAFETY: elem_ptr points at the element header, which we own until it is linked.
     let e = unsafe { &mut *(v.elem_ptr(idx) as *mut Elem) };
     e.hash = hash;
@@ -410,7 +425,40 @@ pub(super) fn update(
     } else {
         v.bump_count(1);
     }
-    Ok(())
+    Ok(idx)
+}
+
+/// Runs `f` on the values of `key` in a per-CPU hash map (every CPU's, `round8(value_size)`
+/// apart) under the map's lock, so that no delete or reuse of the element can come
+/// between; a missing key is first inserted with every value zeroed when `create` is set
+/// (counted as an update, as a `bpf()` insert is). Returns what `f` returned and whether
+/// the key was inserted.
+pub(super) fn with_values<R>(
+    map: &Map,
+    key: &[u8],
+    create: bool,
+    f: impl FnOnce(*mut u8) -> R,
+) -> Result<(R, bool)> {
+    if key.len() != map.hash_key_size() {
+        return Err(err(libc::EINVAL, "key size mismatch"));
+    }
+    let v = View::new(map);
+    let hash = hash_key(key);
+    let bytes = round8(v.h.value_size) * v.copies();
+    let _g = v.lock();
+    let mut idx = v.find(key, hash);
+    let inserted = idx == 0;
+    if inserted {
+        if !create {
+            return Err(err(libc::ENOENT, "no such key"));
+        }
+        // SAFETY: a free element's value area holds every CPU's value.
+        idx = place(v, map, key, hash, 0, |dst| unsafe {
+            std::ptr::write_bytes(dst, 0, bytes)
+        })?;
+        v.bump_counter(&v.h.updates, 1);
+    }
+    Ok((f(v.value_ptr(idx)), inserted))
 }
 
 /// # Safety-free wrapper: `key` points to key_size readable bytes (checked by callers).

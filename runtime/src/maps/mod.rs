@@ -126,6 +126,63 @@ pub struct ArrayValues {
     pub per_cpu: Option<(u32, u32)>,
 }
 
+/// One key's values in a per-CPU hash map while [`Map::with_percpu_values`] holds the
+/// map's lock: CPU `c`'s `value_size` bytes at `c * stride`.
+pub struct PerCpuValues<'a> {
+    base: *mut u8,
+    cpus: usize,
+    stride: usize,
+    value_size: usize,
+    _lock: std::marker::PhantomData<&'a ()>,
+}
+
+impl PerCpuValues<'_> {
+    /// The possible CPUs: how many values the key holds.
+    pub fn cpus(&self) -> usize {
+        self.cpus
+    }
+
+    fn at(&self, cpu: usize, offset: usize, len: usize) -> *mut u8 {
+        assert!(cpu < self.cpus && offset + len <= self.value_size);
+        // SAFETY: inside CPU `cpu`'s value (checked above), which the element holds
+        // while the lock is held.
+        unsafe { self.base.add(cpu * self.stride + offset) }
+    }
+
+    /// CPU `cpu`'s value.
+    pub fn get(&self, cpu: usize) -> Vec<u8> {
+        let at = self.at(cpu, 0, self.value_size);
+        // SAFETY: `value_size` readable bytes (checked in `at`).
+        unsafe { std::slice::from_raw_parts(at, self.value_size) }.to_vec()
+    }
+
+    /// Adds `delta` (wrapping) to the 8-byte (`wide`) or 4-byte word at `offset` of CPU
+    /// `cpu`'s value, atomically: programs add to these values without the lock.
+    pub fn add(&self, cpu: usize, offset: usize, wide: bool, delta: u64) {
+        let width = if wide { 8 } else { 4 };
+        assert!(offset.is_multiple_of(width));
+        let at = self.at(cpu, offset, width);
+        // SAFETY: an aligned word inside the value (values are 8-byte aligned, the offset
+        // a multiple of the width), shared memory that others update atomically too.
+        unsafe {
+            if wide {
+                (*at.cast::<std::sync::atomic::AtomicU64>())
+                    .fetch_add(delta, std::sync::atomic::Ordering::Relaxed);
+            } else {
+                (*at.cast::<std::sync::atomic::AtomicU32>())
+                    .fetch_add(delta as u32, std::sync::atomic::Ordering::Relaxed);
+            }
+        }
+    }
+
+    /// Writes `bytes` at `offset` of CPU `cpu`'s value.
+    pub fn write(&self, cpu: usize, offset: usize, bytes: &[u8]) {
+        let at = self.at(cpu, offset, bytes.len());
+        // SAFETY: inside the value (checked in `at`).
+        unsafe { std::ptr::copy_nonoverlapping(bytes.as_ptr(), at, bytes.len()) };
+    }
+}
+
 /// What `BPF_MAP_CREATE` asks for.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct MapSpec {
@@ -738,6 +795,41 @@ impl Map {
             key_stride: if percpu { stride * cpus } else { stride },
             value_size: self.value_size(),
             per_cpu: percpu.then_some((cpus, stride)),
+        })
+    }
+
+    /// Runs `f` on `key`'s values in a per-CPU hash map, under the map's lock (no delete
+    /// or reuse of the element comes between), first inserting the key with every CPU's
+    /// value zeroed when it is missing and `create` is set. Returns what `f` returned and
+    /// whether the key was inserted. This is how GPU attach adds what the GPU's SMs
+    /// changed into the CPUs' values: see [`PerCpuValues::add`].
+    pub fn with_percpu_values<R>(
+        &self,
+        key: &[u8],
+        create: bool,
+        f: impl FnOnce(&PerCpuValues<'_>) -> R,
+    ) -> Result<(R, bool)> {
+        if !matches!(
+            self.kind,
+            Kind::Hash {
+                percpu: true,
+                lpm: false,
+                ..
+            }
+        ) {
+            return Err(err(libc::EINVAL, "not a per-CPU hash map"));
+        }
+        let cpus = self.header().ncpus as usize;
+        let stride = round8(self.value_size());
+        let value_size = self.value_size() as usize;
+        hash::with_values(self, key, create, |base| {
+            f(&PerCpuValues {
+                base,
+                cpus,
+                stride,
+                value_size,
+                _lock: std::marker::PhantomData,
+            })
         })
     }
 

@@ -364,3 +364,54 @@ fn stack_trace_ids_collide_reuse_and_fill_like_the_kernel() {
         );
     }
 }
+
+#[test]
+fn percpu_hash_values_take_additions_per_cpu_and_keys_are_made_zeroed() {
+    let s = TempStore::new("pcpuadd");
+    let m = Map::create(&s, &spec(mt::PERCPU_HASH, 4, 12, 2)).unwrap();
+    let n = possible_cpus() as usize;
+    let k = |v: u32| v.to_ne_bytes();
+    // Missing and not to be made: ENOENT, nothing inserted, no update counted.
+    let before = m.updates();
+    assert_eq!(
+        errno(m.with_percpu_values(&k(1), false, |_| ())),
+        libc::ENOENT
+    );
+    assert_eq!(m.updates(), before);
+    // Made with every CPU's value zeroed, then added to on the last CPU: one update.
+    let ((), made) = m
+        .with_percpu_values(&k(1), true, |v| {
+            assert_eq!(v.cpus(), n);
+            assert!((0..n).all(|c| v.get(c) == vec![0; 12]));
+            v.add(n - 1, 0, true, 5);
+            v.add(n - 1, 0, true, u64::MAX); // wraps: 4
+            v.add(n - 1, 8, false, 7);
+            v.write(0, 10, &[0xaa]);
+        })
+        .unwrap();
+    assert!(made);
+    assert_eq!(m.updates(), before + 1);
+    let mut all = vec![0u8; m.syscall_value_size()];
+    m.lookup(&k(1), &mut all).unwrap();
+    let last = &all[(n - 1) * 16..(n - 1) * 16 + 12];
+    assert_eq!(&last[..8], &4u64.to_ne_bytes());
+    assert_eq!(&last[8..12], &7u32.to_ne_bytes());
+    assert_eq!(all[10], 0xaa);
+    // Found again: not made, not counted; the values are the ones written.
+    let (first, made) = m.with_percpu_values(&k(1), true, |v| v.get(0)).unwrap();
+    assert!(!made);
+    assert_eq!(first[10], 0xaa);
+    assert_eq!(m.updates(), before + 1);
+    // A full map says so; other map types are refused.
+    m.update(&k(2), &vec![0u8; m.syscall_value_size()], uf::ANY)
+        .unwrap();
+    assert_eq!(
+        errno(m.with_percpu_values(&k(3), true, |_| ())),
+        libc::E2BIG
+    );
+    let h = Map::create(&s, &spec(mt::HASH, 4, 8, 2)).unwrap();
+    assert_eq!(
+        errno(h.with_percpu_values(&k(1), true, |_| ())),
+        libc::EINVAL
+    );
+}
