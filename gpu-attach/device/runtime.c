@@ -477,6 +477,24 @@ u64 bpftime_gpu_perf_event_output(u64 ctx, u64 map, u64 flags, u64 data, u64 siz
     return 0;
 }
 
+/* A trace record: three u64 arguments, the global timer when it was written (the host
+ * turns it into CLOCK_MONOTONIC with the context's calibration, the offset that
+ * bpf_ktime_get_ns adds), the SM and the block's linear index (which kernel and where in
+ * it), then the text. Mirrored by `TRACE_HEAD` in src/session.rs. */
+#define TRACE_HEAD 40u
+
+static void trace_stamp(u8 *to)
+{
+    u64 *words = (u64 *)to;
+    words[3] = __nvvm_read_ptx_sreg_globaltimer();
+    u32 *where = (u32 *)(to + 32);
+    where[0] = __nvvm_read_ptx_sreg_smid();
+    where[1] = __nvvm_read_ptx_sreg_ctaid_x() +
+               __nvvm_read_ptx_sreg_nctaid_x() *
+                   (__nvvm_read_ptx_sreg_ctaid_y() +
+                    __nvvm_read_ptx_sreg_nctaid_y() * __nvvm_read_ptx_sreg_ctaid_z());
+}
+
 /* bpf_trace_printk: the format (up to 256 bytes) and three arguments go into the
  * context's trace ring, formatted on the host: a GPU thread never waits for the host. */
 u64 bpftime_gpu_trace_printk(u64 fmt, u64 fmt_size, u64 a, u64 b, u64 c)
@@ -487,7 +505,7 @@ u64 bpftime_gpu_trace_printk(u64 fmt, u64 fmt_size, u64 a, u64 b, u64 c)
     if (fmt_size == 0 || fmt_size > 256)
         return (u64)-EINVAL;
     u64 pos;
-    u32 len = 24 + (u32)fmt_size;
+    u32 len = TRACE_HEAD + (u32)fmt_size;
     u8 *to = ring_reserve(r, len, &pos);
     if (!to)
         return (u64)-ENOSPC;
@@ -495,7 +513,8 @@ u64 bpftime_gpu_trace_printk(u64 fmt, u64 fmt_size, u64 a, u64 b, u64 c)
     args[0] = a;
     args[1] = b;
     args[2] = c;
-    copy_bytes(to + 24, (const u8 *)fmt, fmt_size);
+    trace_stamp(to);
+    copy_bytes(to + TRACE_HEAD, (const u8 *)fmt, fmt_size);
     ring_commit(r, pos, len, 0);
     return fmt_size;
 }
@@ -511,7 +530,7 @@ u64 bpftime_gpu_puts(u64 str, u64 r2, u64 r3, u64 r4, u64 r5)
     if (!r)
         return (u64)-EINVAL;
     u64 pos;
-    u32 len = 24 + (u32)n + 1;
+    u32 len = TRACE_HEAD + (u32)n + 1;
     u8 *to = ring_reserve(r, len, &pos);
     if (!to)
         return (u64)-ENOSPC;
@@ -519,8 +538,9 @@ u64 bpftime_gpu_puts(u64 str, u64 r2, u64 r3, u64 r4, u64 r5)
     args[0] = 0;
     args[1] = 0;
     args[2] = 0;
-    copy_bytes(to + 24, s, n);
-    to[24 + n] = 0;
+    trace_stamp(to);
+    copy_bytes(to + TRACE_HEAD, s, n);
+    to[TRACE_HEAD + n] = 0;
     ring_commit(r, pos, len, RECORD_RAW);
     return 0;
 }

@@ -113,6 +113,7 @@ api! {
     ctx_get_device: "cuCtxGetDevice" fn(*mut c_int);
     primary_ctx_get_state: "cuDevicePrimaryCtxGetState" fn(c_int, *mut c_uint, *mut c_int);
     device_get_attribute: "cuDeviceGetAttribute" fn(*mut c_int, c_int, c_int);
+    device_get_name: "cuDeviceGetName" fn(*mut c_char, c_int, c_int);
     module_load_data: "cuModuleLoadData" fn(*mut Handle, *const c_void);
     module_get_function: "cuModuleGetFunction" fn(*mut Handle, Handle, *const c_char);
     module_get_global: "cuModuleGetGlobal_v2" fn(*mut DevicePtr, *mut usize, Handle, *const c_char);
@@ -238,6 +239,19 @@ impl Api {
             (self.device_get_attribute)(&mut v, attr, dev)
         })?;
         Ok(v)
+    }
+
+    /// The name of device `ordinal` (`NVIDIA H100 80GB HBM3`), or `None`.
+    pub fn device_name(&self, ordinal: c_int) -> Option<String> {
+        let mut buf = [0 as c_char; 256];
+        // SAFETY: writes at most `buf.len()` bytes, NUL included.
+        let r = unsafe { (self.device_get_name)(buf.as_mut_ptr(), buf.len() as c_int, ordinal) };
+        if r != CUDA_SUCCESS {
+            return None;
+        }
+        // SAFETY: the driver wrote a NUL-terminated name into `buf`.
+        let name = unsafe { CStr::from_ptr(buf.as_ptr()) };
+        Some(name.to_string_lossy().trim().to_string())
     }
 
     /// The current context's device's compute capability as `XY` (90 for sm_90).

@@ -43,13 +43,16 @@ macro_rules! entry_point {
 
             #[allow(clippy::too_many_arguments)]
             unsafe fn body(slot: usize, $($arg: $ty),*) -> CuResult {
+                let began = crate::observer::call_begins();
                 // SAFETY: the slot holds the original of the address it was detoured at,
                 // written before the detour went live.
                 let $orig: Fn = unsafe {
                     std::mem::transmute::<usize, Fn>(ORIGINAL[slot].load(Ordering::Acquire))
                 };
                 let $per_thread = PER_THREAD[slot].load(Ordering::Relaxed);
-                $body
+                let r: CuResult = $body;
+                crate::observer::call_ends(SYMBOLS[0], began, r);
+                r
             }
 
             #[allow(clippy::too_many_arguments)]
@@ -450,19 +453,20 @@ entry_point!(
     |original, per_thread| {
         if config.is_null() {
             // SAFETY: the caller's arguments, passed as given (the driver refuses them).
-            return unsafe { original(config, f, params, extra) };
-        }
-        // SAFETY: the caller's config, valid for the call.
-        let c = unsafe { *config };
-        let geometry = Geometry {
-            grid: c.grid,
-            block: c.block,
-            shared_mem_bytes: c.shared_mem_bytes,
-        };
-        launched(f, c.stream, per_thread, geometry, |f| {
-            // SAFETY: the caller's arguments, the function aside.
             unsafe { original(config, f, params, extra) }
-        })
+        } else {
+            // SAFETY: the caller's config, valid for the call.
+            let c = unsafe { *config };
+            let geometry = Geometry {
+                grid: c.grid,
+                block: c.block,
+                shared_mem_bytes: c.shared_mem_bytes,
+            };
+            launched(f, c.stream, per_thread, geometry, |f| {
+                // SAFETY: the caller's arguments, the function aside.
+                unsafe { original(config, f, params, extra) }
+            })
+        }
     }
 );
 

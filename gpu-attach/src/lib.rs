@@ -10,6 +10,8 @@
 //!   anchors the GPU clock to the host's ([`clock`]).
 //! - [`launch`] runs CPU programs at each launch of the kernels they name, and again with
 //!   the launch's GPU times once it completed, for every kernel, PTX or not.
+//! - [`observer`] tells a timeline of every intercepted driver call and every line a GPU
+//!   probe printed, with its GPU time.
 //! - [`runner`] runs a program as a kernel of its own (the conformance suite's GPU engine),
 //!   and [`toolchain`] finds NVIDIA's compilers for the tests.
 
@@ -21,6 +23,7 @@ pub mod fatbin;
 pub mod inline;
 pub mod launch;
 pub mod names;
+pub mod observer;
 pub mod probe;
 pub mod ptx;
 mod replica;
@@ -30,4 +33,6 @@ pub mod toolchain;
 
 pub use launch::{LaunchContext, LaunchProbe, PHASE_COMPLETED, PHASE_LAUNCHED};
 pub use ptx::ProbePoint;
-pub use session::{after_exit_flush, cuda_loaded, install, GpuAttach, GpuProbe, InstallError};
+pub use session::{
+    after_exit_flush, cuda_loaded, install, GpuAttach, GpuDevice, GpuProbe, InstallError,
+};

@@ -244,6 +244,8 @@ impl Patched {
 struct Context {
     ctx: Handle,
     device: i32,
+    /// The device's name, as the driver says it.
+    device_name: String,
     sm: u32,
     stream: Handle,
     replicas: Mutex<HashMap<u32, Arc<Replica>>>,
@@ -270,6 +272,9 @@ struct ContextClock {
     calibration: Option<ClockCalibration>,
     /// The `ktime_get_ns` offsets of loaded probes.
     globals: Vec<DevicePtr>,
+    /// Kept calibrated without any offset to write: a timeline places the context's
+    /// trace lines by it.
+    wanted: bool,
     timer: Option<(Handle, DevicePtr)>,
 }
 
@@ -1862,9 +1867,12 @@ impl GpuAttach {
                 globals.push(ptr);
             }
         }
-        if !globals.is_empty() {
+        // A timeline places GPU trace lines on the host clock by the context's calibration.
+        let timed_lines = crate::observer::observing();
+        if !globals.is_empty() || timed_lines {
             let mover = self.mover(&context);
             let mut clock = context.clock.lock().unwrap_or_else(|e| e.into_inner());
+            clock.wanted |= timed_lines;
             if clock.calibration.is_none() {
                 clock.calibration = self.calibrate(&context, &mut clock).ok();
             }
@@ -2093,9 +2101,11 @@ impl GpuAttach {
         let fold_shards = load_kernel(FOLD_SHARDS_PTX, c"__bpftime_fold_shards")?;
         let hash_ops = load_kernel(crate::device_maps::HASH_OPS_PTX, c"__bpftime_hash_ops")?;
 
+        let device_name = api.device_name(device).unwrap_or_default();
         let context = Arc::new(Context {
             ctx,
             device,
+            device_name,
             apply_deltas,
             fold_shards,
             hash_ops,
@@ -2457,29 +2467,38 @@ impl GpuAttach {
                 Err(_) => return,
             }
         };
+        if records.is_empty() {
+            return;
+        }
+        let calibration = context
+            .clock
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .calibration;
         for r in records {
-            if r.data.len() < 24 {
+            let Some(line) = TraceLine::parse(&r.data, r.raw) else {
                 continue;
-            }
-            let text = &r.data[24..];
-            let text = &text[..text.iter().position(|&b| b == 0).unwrap_or(text.len())];
-            let line = if r.raw {
-                String::from_utf8_lossy(text).into_owned()
-            } else {
-                let args: Vec<u64> = r.data[..24]
-                    .chunks(8)
-                    .map(|c| u64::from_le_bytes(c.try_into().expect("8 bytes")))
-                    .collect();
-                bpftime_runtime::helpers::format_printk(text, &args)
             };
-            bpftime_runtime::helpers::emit_trace(&line);
+            let at_ns = calibration.map(|c| line.timer.saturating_add_signed(c.offset_ns));
+            match at_ns {
+                Some(ns) => bpftime_runtime::helpers::emit_trace_at(&line.text, ns),
+                None => bpftime_runtime::helpers::emit_trace(&line.text),
+            }
+            crate::observer::gpu_print(|| crate::observer::GpuPrint {
+                device: context.device,
+                at_ns,
+                error_ns: calibration.map_or(0, |c| c.error_ns),
+                sm: line.sm,
+                block: line.block,
+                text: line.text,
+            });
         }
     }
 
     fn reanchor_all(&self) {
         for context in self.contexts() {
             let mut clock = context.clock.lock().unwrap_or_else(|e| e.into_inner());
-            if clock.globals.is_empty() {
+            if clock.globals.is_empty() && !clock.wanted {
                 continue;
             }
             self.set_context(context.ctx);
@@ -2496,6 +2515,26 @@ impl GpuAttach {
         }
     }
 
+    /// Each device GPU attach has worked on: its ordinal, name, and the calibration of
+    /// its clock (once a probe that reads the clock, or a timeline, asked for one).
+    pub fn devices(&self) -> Vec<GpuDevice> {
+        let mut devices: Vec<GpuDevice> = Vec::new();
+        for c in self.contexts() {
+            let calibration = c.clock.lock().unwrap_or_else(|e| e.into_inner()).calibration;
+            if let Some(d) = devices.iter_mut().find(|d| d.ordinal == c.device) {
+                d.calibration = d.calibration.or(calibration);
+                continue;
+            }
+            devices.push(GpuDevice {
+                ordinal: c.device,
+                name: c.device_name.clone(),
+                calibration,
+            });
+        }
+        devices.sort_by_key(|d| d.ordinal);
+        devices
+    }
+
     /// The calibration of the current context's clock, with its error bound, once a probe
     /// that reads the clock has run there.
     pub fn clock_calibration(&self) -> Vec<ClockCalibration> {
@@ -2508,6 +2547,55 @@ impl GpuAttach {
                     .calibration
             })
             .collect()
+    }
+}
+
+/// A device GPU attach worked on.
+#[derive(Debug, Clone)]
+pub struct GpuDevice {
+    pub ordinal: i32,
+    /// As the driver names it (`NVIDIA H100 80GB HBM3`); empty if it would not say.
+    pub name: String,
+    /// Its global timer against `CLOCK_MONOTONIC`, with the error bound.
+    pub calibration: Option<ClockCalibration>,
+}
+
+/// Bytes in front of a trace record's text (device/runtime.c's `TRACE_HEAD`): three
+/// arguments, the global timer, the SM and the block's linear index.
+const TRACE_HEAD: usize = 40;
+
+/// A trace record as the device runtime wrote it.
+#[derive(Debug, PartialEq, Eq)]
+struct TraceLine {
+    text: String,
+    /// `%globaltimer` when it was written.
+    timer: u64,
+    sm: u32,
+    block: u32,
+}
+
+impl TraceLine {
+    /// The record's line (a format filled with its arguments, or raw text), or `None`
+    /// for a record too short to be one.
+    fn parse(data: &[u8], raw: bool) -> Option<TraceLine> {
+        if data.len() < TRACE_HEAD {
+            return None;
+        }
+        let word = |i: usize| u64::from_le_bytes(data[i * 8..i * 8 + 8].try_into().expect("8"));
+        let half = |at: usize| u32::from_le_bytes(data[at..at + 4].try_into().expect("4"));
+        let text = &data[TRACE_HEAD..];
+        let text = &text[..text.iter().position(|&b| b == 0).unwrap_or(text.len())];
+        let text = if raw {
+            String::from_utf8_lossy(text).into_owned()
+        } else {
+            bpftime_runtime::helpers::format_printk(text, &[word(0), word(1), word(2)])
+        };
+        Some(TraceLine {
+            text,
+            timer: word(3),
+            sm: half(32),
+            block: half(36),
+        })
     }
 }
 
@@ -2541,6 +2629,29 @@ pub(crate) fn probe_symbol(link_id: u32) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn trace_records_carry_their_gpu_time_and_place() {
+        let mut data = Vec::new();
+        for w in [7u64, 0, 0, 123_456_789] {
+            data.extend_from_slice(&w.to_le_bytes());
+        }
+        data.extend_from_slice(&5u32.to_le_bytes());
+        data.extend_from_slice(&42u32.to_le_bytes());
+        data.extend_from_slice(b"n=%d\0junk");
+        let line = TraceLine::parse(&data, false).unwrap();
+        assert_eq!(
+            line,
+            TraceLine {
+                text: "n=7".into(),
+                timer: 123_456_789,
+                sm: 5,
+                block: 42
+            }
+        );
+        assert_eq!(TraceLine::parse(&data, true).unwrap().text, "n=%d");
+        assert_eq!(TraceLine::parse(&data[..TRACE_HEAD - 1], false), None);
+    }
 
     #[test]
     fn the_apply_kernel_passes_ptxas() {

@@ -1,9 +1,14 @@
-//! What the CPU's code paths cost on the GPU, built on launch events (`cuda:KERNEL:launch`,
-//! in `bpftime-gpu-attach`), which every kernel gets, PTX or not.
+//! What the CPU's code paths cost on the GPU, and when each side did what, built on launch
+//! events (`cuda:KERNEL:launch`, in `bpftime-gpu-attach`), which every kernel gets, PTX or
+//! not.
 //!
 //! - [`flamegraph`]: the CPU stack of each launch call, weighted by that launch's GPU time,
 //!   as folded stacks (`flamegraph.pl` and inferno read them) and as an SVG flame graph.
+//! - [`timeline`]: traced calls, CUDA driver calls, launches, kernels and GPU probe lines
+//!   on one clock, written as a Perfetto/Chrome trace.
 
 pub mod flamegraph;
+pub mod timeline;
 
 pub use flamegraph::{containing_object, FlameGraphError, LaunchStacks, Written};
+pub use timeline::{Name, Summary, Timeline, TimelineError};

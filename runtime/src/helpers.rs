@@ -455,7 +455,7 @@ unsafe extern "C" fn trace_printk(fmt: u64, fmt_size: u64, a1: u64, a2: u64, a3:
     // SAFETY: the verifier checked fmt holds fmt_size readable bytes.
     let f = unsafe { std::slice::from_raw_parts(fmt as *const u8, fmt_size as usize) };
     let f = &f[..f.iter().position(|&b| b == 0).unwrap_or(f.len())];
-    emit_trace_line(&format_printk(f, &[a1, a2, a3]))
+    emit_trace_line(&format_printk(f, &[a1, a2, a3]), clock(libc::CLOCK_MONOTONIC))
 }
 
 /// Most arguments `bpf_trace_vprintk` takes (the kernel's `MAX_BPRINTF_VARARGS`).
@@ -482,13 +482,19 @@ unsafe extern "C" fn trace_vprintk(
         // SAFETY: the verifier checked data holds data_len readable bytes.
         .map(|i| unsafe { std::ptr::read_unaligned((data as *const u64).add(i)) })
         .collect();
-    emit_trace_line(&format_printk(f, &args))
+    emit_trace_line(&format_printk(f, &args), clock(libc::CLOCK_MONOTONIC))
 }
 
 /// Appends `text` to the trace pipe as a `bpf_trace_printk` line of this thread (the
 /// GPU's lines go out this way from the thread that drains them).
 pub fn emit_trace(text: &str) {
-    let _ = emit_trace_line(text);
+    let _ = emit_trace_line(text, clock(libc::CLOCK_MONOTONIC));
+}
+
+/// [`emit_trace`] for a line written at `ts_ns` on `CLOCK_MONOTONIC` rather than now: a
+/// GPU probe's, stamped with the GPU's calibrated clock when it wrote it.
+pub fn emit_trace_at(text: &str, ts_ns: u64) {
+    let _ = emit_trace_line(text, ts_ns);
 }
 
 /// Appends one trace pipe record, laid out as the kernel's trace pipe shows a
@@ -496,7 +502,7 @@ pub fn emit_trace(text: &str) {
 /// (none apply in user space), seconds on CLOCK_MONOTONIC, then the message.
 /// The kernel ends every record with a newline of its own, so a message that
 /// carries one is followed by an empty line there, and here.
-fn emit_trace_line(text: &str) -> u64 {
+fn emit_trace_line(text: &str, ts: u64) -> u64 {
     let Some(path) = TRACE_OUTPUT.get() else {
         return neg(libc::ENOENT);
     };
@@ -504,7 +510,6 @@ fn emit_trace_line(text: &str) -> u64 {
     // SAFETY: PR_GET_NAME writes at most 16 bytes.
     unsafe { libc::prctl(libc::PR_GET_NAME, comm.as_mut_ptr()) };
     let comm_len = comm.iter().position(|&b| b == 0).unwrap_or(16);
-    let ts = clock(libc::CLOCK_MONOTONIC);
     let line = format!(
         "{:>16}-{:<7} [{:03}] ..... {:>5}.{:06}: bpf_trace_printk: {}\n",
         String::from_utf8_lossy(&comm[..comm_len]),
