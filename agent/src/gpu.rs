@@ -91,7 +91,7 @@ fn own_object() -> String {
 }
 
 /// A probe waiting for CUDA: a program for inside kernels, or one for their launches.
-enum Pending {
+pub(crate) enum Pending {
     Device(GpuProbe),
     Launch(LaunchProbe),
 }
@@ -298,7 +298,7 @@ fn attach_launch(store: &Store, runtime: &Arc<Runtime>, rec: &LinkRecord) -> boo
 }
 
 /// Gives a probe to GPU attach, or keeps it until CUDA is loaded.
-fn hand_over(id: u32, probe: Pending) {
+pub(crate) fn hand_over(id: u32, probe: Pending) {
     match session() {
         Some(s) => {
             links()
@@ -331,10 +331,10 @@ fn report_pending_at_exit() {
         if pending.is_empty() || bpftime_gpu_attach::cuda_loaded() {
             return;
         }
-        // The flame graph says for itself why it has nothing.
+        // The flame graph and the trace say for themselves what they have.
         let mut names: Vec<String> = pending
             .iter()
-            .filter(|(&id, _)| id != FLAMEGRAPH_LINK)
+            .filter(|(&id, _)| id != FLAMEGRAPH_LINK && id != crate::trace::TRACE_LINK)
             .map(|(_, p)| p.describe())
             .collect();
         if names.is_empty() {

@@ -6,6 +6,7 @@
 
 mod gpu;
 mod program;
+mod trace;
 mod watch;
 
 /// The entry point the starter calls once the loader has run every initializer

@@ -116,6 +116,7 @@ pub(crate) fn start(hook_flag_tp_offset: isize, on_starter_thread: bool) {
         programs: Programs::new(use_jit),
     });
     runtime.activate();
+    crate::trace::start();
     crate::gpu::start();
     let agent = Arc::new(Agent {
         runtime,
@@ -169,6 +170,7 @@ impl Agent {
             .collect();
         for id in gone {
             crate::gpu::detach(id);
+            crate::trace::detached(id);
             let Some(held) = links.remove(&id) else {
                 continue;
             };
@@ -309,6 +311,7 @@ impl Agent {
         match r {
             Ok(h) => {
                 tracing::info!(link = rec.id, path = %rec.path, offset = rec.offset, addr, "attached");
+                crate::trace::attached(rec, addr, at, retprobe);
                 Some(h)
             }
             Err(e) => {

@@ -60,7 +60,7 @@ pub use resolve::{
     is_function_entry, resolve_binary, runtime_address, runtime_data_address, symbol_file_offset,
     Location, Target,
 };
-pub use site::{plan_site, SitePlan};
+pub use site::{function_at, plan_site, SitePlan};
 
 /// Defines a byte of static TLS for [`use_static_tls_flag`] in the crate that invokes it,
 /// and `fn $name() -> isize` answering its offset from the thread pointer. `$symbol` names

@@ -76,6 +76,18 @@ fn function_holding<'a>(elf: &'a Elf<'_>, vaddr: u64) -> Option<Function<'a>> {
         })
 }
 
+/// The function of `binary` that holds file offset `file_offset`, as its symbol names it
+/// (mangled, as written), and how far into it the offset is; `None` when no function
+/// symbol covers it (a stripped binary past its exported functions).
+pub fn function_at(binary: &Path, file_offset: u64) -> Result<Option<(String, u64)>, AttachError> {
+    crate::resolve::with_elf(binary, |_, _, elf| {
+        let Some(vaddr) = crate::resolve::vaddr_of(elf, file_offset) else {
+            return Ok(None);
+        };
+        Ok(function_holding(elf, vaddr).map(|f| (f.name.to_string(), vaddr - f.start)))
+    })
+}
+
 /// Decides the patch for file offset `file_offset` of `binary` (see the module's doc). An
 /// offset that is not where an instruction of its function starts is an error: the kernel
 /// would put its breakpoint there and corrupt the code.

@@ -89,15 +89,49 @@ pub struct Profiling {
     /// flamegraph.pl and inferno read). Works for kernels without PTX too.
     #[arg(long, value_name = "PATH")]
     pub gpu_flamegraph: Option<PathBuf>,
+    /// Write a trace of the target at its exit to FILE, in the Trace Event Format that
+    /// ui.perfetto.dev and chrome://tracing open: the calls of every function a uprobe
+    /// watches (spans from entry to return where a uretprobe watches it too), CUDA driver
+    /// calls, kernel launches joined to their kernels' spans on each GPU and stream, and the
+    /// lines GPU probes print, on one clock (CLOCK_MONOTONIC).
+    #[arg(long, value_name = "FILE")]
+    pub trace: Option<PathBuf>,
 }
 
 impl Profiling {
-    /// The same options as arguments, paths made absolute (the target may change directory).
+    /// The output paths, made absolute (the target may change directory), each with the
+    /// option that asked for it and the variable that tells the agent; a path whose
+    /// directory does not exist is refused.
+    fn outputs(&self) -> Result<Vec<(&'static str, &'static str, PathBuf)>> {
+        let mut out = Vec::new();
+        for (option, env, path) in [
+            (
+                "--gpu-flamegraph",
+                bpftime_runtime::GPU_FLAMEGRAPH_ENV,
+                &self.gpu_flamegraph,
+            ),
+            ("--trace", bpftime_runtime::TRACE_ENV, &self.trace),
+        ] {
+            let Some(p) = path else { continue };
+            let p = absolute(p)?;
+            if let Some(dir) = p.parent().filter(|d| !d.is_dir()) {
+                bail!(
+                    "{option}: the directory {} does not exist (make it first, or name a file \
+                     in a directory that does)",
+                    dir.display()
+                );
+            }
+            out.push((option, env, p));
+        }
+        Ok(out)
+    }
+
+    /// The same options as arguments.
     pub fn to_args(&self) -> Result<Vec<OsString>> {
         let mut args = Vec::new();
-        if let Some(p) = &self.gpu_flamegraph {
-            args.push("--gpu-flamegraph".into());
-            args.push(absolute(p)?.into_os_string());
+        for (option, _, path) in self.outputs()? {
+            args.push(option.into());
+            args.push(path.into_os_string());
         }
         Ok(args)
     }
@@ -182,16 +216,10 @@ fn start_command(
     profiling: &Profiling,
 ) -> Result<Command, UsageError> {
     library(AGENT_LIB).map_err(UsageError)?;
+    let outputs = profiling.outputs().map_err(UsageError)?;
     let mut command = preload_command(store, AGENT_STARTER_LIB, app)?;
-    if let Some(p) = &profiling.gpu_flamegraph {
-        let p = absolute(p).map_err(UsageError)?;
-        if let Some(dir) = p.parent().filter(|d| !d.is_dir()) {
-            return Err(UsageError(anyhow::anyhow!(
-                "--gpu-flamegraph: the directory {} does not exist",
-                dir.display()
-            )));
-        }
-        command.env(bpftime_runtime::GPU_FLAMEGRAPH_ENV, p);
+    for (_, env, path) in outputs {
+        command.env(env, path);
     }
     Ok(command)
 }

@@ -34,5 +34,5 @@ pub mod toolchain;
 pub use launch::{LaunchContext, LaunchProbe, PHASE_COMPLETED, PHASE_LAUNCHED};
 pub use ptx::ProbePoint;
 pub use session::{
-    after_exit_flush, cuda_loaded, install, GpuAttach, GpuDevice, GpuProbe, InstallError,
+    after_exit_flush, cuda_loaded, install, installed, GpuAttach, GpuDevice, GpuProbe, InstallError,
 };

@@ -428,6 +428,11 @@ pub enum InstallError {
     Driver(String),
 }
 
+/// The session, if GPU attach has started in this process (never starts it).
+pub fn installed() -> Option<&'static GpuAttach> {
+    SESSION.get()
+}
+
 /// Whether this process has loaded the CUDA driver.
 pub fn cuda_loaded() -> bool {
     cuda::loaded_libcuda().is_some()

@@ -725,6 +725,45 @@ impl Observer for Timeline {
     }
 }
 
+/// A function's name for a track: `symbol` (as an ELF symbol table writes it, mangled or
+/// not) demangled, and `+0xN` when the probe is `offset` bytes into it.
+pub fn function_name(symbol: &str, offset: u64) -> String {
+    let name = format!("{:#}", backtrace::SymbolName::new(symbol.as_bytes()));
+    if offset == 0 {
+        name
+    } else {
+        format!("{name}+{offset:#x}")
+    }
+}
+
+/// The name of the code at `addr` (a runtime address in this process) for a track: the
+/// function's demangled name, `+0xN` when `addr` is inside it, or the object and address
+/// when nothing names it.
+pub fn symbol_at(addr: usize) -> String {
+    let mut found: Option<(String, usize)> = None;
+    backtrace::resolve(addr as *mut std::ffi::c_void, |symbol| {
+        if found.is_none() {
+            if let Some(name) = symbol.name() {
+                let start = symbol.addr().map_or(addr, |a| a as usize);
+                found = Some((format!("{name:#}"), start));
+            }
+        }
+    });
+    if found.is_none() {
+        // dladdr looks one byte back (it takes return addresses): ask it about addr + 1.
+        let (object, exported) = crate::containing_object(addr + 1);
+        return match exported {
+            Some(sym) => format!("{:#}", backtrace::SymbolName::new(sym.as_bytes())),
+            None => format!("{}:{addr:#x}", object.rsplit('/').next().unwrap_or("?")),
+        };
+    }
+    let (name, start) = found.expect("checked");
+    match addr.checked_sub(start) {
+        Some(0) | None => name,
+        Some(off) => format!("{name}+{off:#x}"),
+    }
+}
+
 /// The kernel run (of `runs`, sorted by start) that was running at `at`: one whose span
 /// holds it, or failing that the nearest within both clocks' error bounds.
 fn containing(runs: &[(KernelRun, u64, u64)], at: u64, error_ns: u64) -> Option<(KernelRun, u64, u64)> {
@@ -1074,6 +1113,29 @@ mod tests {
         assert_eq!(ns(&spans[0]["dur"]), 1_234);
         assert!(spans[0].get("args").is_none());
         assert_eq!(spans[1]["args"]["result"], 218);
+    }
+
+    #[inline(never)]
+    fn a_named_function() -> u64 {
+        std::hint::black_box(42)
+    }
+
+    #[test]
+    fn functions_are_named_for_their_tracks() {
+        let f = a_named_function as usize;
+        assert!(symbol_at(f).ends_with("a_named_function"), "{}", symbol_at(f));
+        assert!(symbol_at(f + 1).ends_with("a_named_function+0x1"), "{}", symbol_at(f + 1));
+        assert_eq!(a_named_function(), 42);
+    }
+
+    #[test]
+    fn symbols_are_demangled() {
+        assert_eq!(function_name("work", 0), "work");
+        assert_eq!(function_name("_ZN5tiles6matmulEv", 0x10), "tiles::matmul+0x10");
+        assert_eq!(
+            function_name("_ZN4core3ptr13drop_in_place17h0123456789abcdefE", 0),
+            "core::ptr::drop_in_place"
+        );
     }
 
     #[test]
