@@ -98,6 +98,9 @@ pub const LAUNCHSNOOP_BPF_O: &str = env!("BPF_EXAMPLES_LAUNCHSNOOP_BPF_O");
 /// `percpu_hashcount`: per-CPU hash maps on the GPU, written by the CPU between
 /// launches (a `cuda:` entry probe and a launch program).
 pub const PERCPU_HASHCOUNT_BPF_O: &str = env!("BPF_EXAMPLES_PERCPU_HASHCOUNT_BPF_O");
+/// `gpu_timeline`: uprobes and a uretprobe on two_paths' CPU functions and probes inside
+/// its `scale` kernel (a printk among them), for `bpftime run --trace`.
+pub const GPU_TIMELINE_BPF_O: &str = env!("BPF_EXAMPLES_GPU_TIMELINE_BPF_O");
 /// The header of launch programs' context, `struct bpftime_cuda_launch`.
 pub const CUDA_LAUNCH_H: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/common/cuda_launch.h");
 /// Directory of the CUDA programs the GPU examples trace (sources; built with nvcc).

@@ -3,6 +3,7 @@
 //! what they print.
 
 pub mod bpf;
+pub mod trace_check;
 
 use std::io::{BufRead, BufReader, Read};
 use std::path::{Path, PathBuf};
