@@ -394,8 +394,28 @@ run() {  # run LOG ARGS... : bpftime run ARGS, output and exit status in LOG.out
         result "GPU flame graph of PyTorch (no PTX)" 0 "no PyTorch with CUDA on this machine"
     fi
 
+    # One timeline (`bpftime run --trace`): two_paths under gpu_timeline (a uprobe and a
+    # uretprobe on train_step, a uprobe on prepare_batch, probes inside `scale` with a printk
+    # at exit): each of the 2 x 10 + 1 launches joined by one flow to its kernel's span,
+    # every printk line inside its kernel's span, every launch call before its kernel's
+    # start within the bound the trace reports, one stream's kernels in sequence, a span per
+    # train_step call (bpftime-trace-check, the same checks as tests/tests/trace.rs). The
+    # trace is kept beside the results, for the consumer (tests/trace-consumer) to read.
+    log=$work/timeline
+    run "$log" --trace "$work/trace-two_paths.json" "$objs/gpu_timeline.bpf.o" -- "$cuda/two_paths" 10
+    cp "$work/trace-two_paths.json" "$keep/trace-two_paths.json" 2>/dev/null
+    checked=$("$(dirname "$bt")/bpftime-trace-check" "$work/trace-two_paths.json" \
+        --launches 21 --gpu-lines 21 --spans 'train_step(Path&, float*, int)=10' 2>&1)
+    checker=$?
+    ok=0
+    [ "$checker" = 0 ] && grep -q 'check=ok' "$log.out" && grep -q '^exit=0' "$log.out" &&
+        [ "$(value "$log.out" counts 0)" = 10 ] && [ "$(value "$log.out" counts 1)" = 10 ] && ok=1
+    result "timeline of CPU and GPU probes (bpftime run --trace)" $ok "$checked; $(grep -o 'trace of .*)' "$log.out" | head -1)"
+
     # gpu_printk: a bpf_printk line from inside vectorAdd (one thread, at its exit) per
-    # launch, with the GPU's clock in it; the trace pipe stamps when the line got there.
+    # launch, with the GPU's clock in it; the trace pipe stamps the line with the GPU's time
+    # of the printk (the record's global timer on CLOCK_MONOTONIC, the clock the line's
+    # exit_ns reads), so stamp and exit_ns agree to the stamp's microsecond.
     log=$work/gpu_printk
     run "$log" "$objs/gpu_printk.bpf.o" -- "$cuda/vec_add" 1048576 20
     lines=$(grep -c 'bpf_trace_printk: vectorAdd n=1048576 exit_ns=' "$log.out")
@@ -407,8 +427,8 @@ run() {  # run LOG ARGS... : bpftime run ARGS, output and exit status in LOG.out
     best=$(head -1 <<<"$lat")
     ok=0
     [ "$lines" = 20 ] && grep -q 'check=ok' "$log.out" && [ -n "$median" ] &&
-        [ "$best" -ge -10000 ] && [ "$median" -le 1000000 ] && ok=1
-    result "gpu_printk: a trace line from inside a kernel per launch, fire-and-forget" $ok "$lines lines (expected 20); from the GPU's printk to the line in the trace pipe: median $median ns, best $best ns, worst $worst ns (goal: median <= 1 ms; the pipe's stamp has microseconds)"
+        [ "$best" -ge -2000 ] && [ "$worst" -le 10000 ] && ok=1
+    result "gpu_printk: a trace line from inside a kernel per launch, stamped with the GPU's time" $ok "$lines lines (expected 20); the pipe's stamp minus the line's exit_ns: median $median ns, best $best ns, worst $worst ns (expected within -2 us .. 10 us: the stamp has microseconds, a re-anchor may fall between)"
 
     # From a module's load to its instrumented module ready, per kernel, with threadhist
     # (an exit probe, one array): the maps' device copies, the probes' compilation (LLVM),

@@ -33,11 +33,13 @@ cd "$(dirname "$0")/.."
 carry=device-carry/gpu
 bins=(bpftime-gpu-conformance bpf-conformance-plugin)
 # bpftime and the libraries it finds beside itself, for the uprobe bench.
-cpu_bins=(bpftime libbpftime_syscall_shim.so libbpftime_agent.so libbpftime_agent_starter.so)
+# bpftime-trace-check reads --trace output there, where there is no Node for the tests'
+# consumer.
+cpu_bins=(bpftime libbpftime_syscall_shim.so libbpftime_agent.so libbpftime_agent_starter.so bpftime-trace-check)
 cpu_inputs=(bench_calls globals.bpf.o funclatency.bpf.o)
 # The GPU examples' and benchmark's objects.
 gpu_inputs=(cuda_counter.bpf.o threadhist.bpf.o kernelretsnoop.bpf.o launchlate.bpf.o hashcount.bpf.o launchsnoop.bpf.o gpu_printk.bpf.o smcount.bpf.o percpu_hashcount.bpf.o bench_empty.bpf.o
-    bench_count.bpf.o bench_exit_time.bpf.o bench_ldst_count.bpf.o bench_ldst_ring.bpf.o memtrace.bpf.o access_check.bpf.o gpu_probes.bpf.o)
+    bench_count.bpf.o bench_exit_time.bpf.o bench_ldst_count.bpf.o bench_ldst_ring.bpf.o memtrace.bpf.o access_check.bpf.o gpu_probes.bpf.o gpu_timeline.bpf.o)
 
 build() {
     local target=${CARGO_TARGET_DIR:-target}
@@ -137,7 +139,7 @@ gpu_examples() {
     for b in "${cpu_bins[@]}"; do
         xz -dc "$carry/cpu/$b.xz" >"$dir/$b"
     done
-    chmod +x "$dir/bpftime"
+    chmod +x "$dir/bpftime" "$dir/bpftime-trace-check"
     for f in "${gpu_inputs[@]}" gpu_probes libbpf.so.1; do
         cp "$carry/cpu/$f" "$dir/"
     done

@@ -4,7 +4,8 @@
 # bpftrace and bcc's libbpf-tools (tools nobody here wrote, run as a user runs them),
 # libelf/zlib for the static libbpf that libbpf-rs builds, <sys/sdt.h> for the USDT
 # test target, a JDK (HotSpot's USDT probes, for javagc), and libssl-dev for the TLS
-# target of bpftrace's sslsnoop.bt and ssllatency.bt.
+# target of bpftrace's sslsnoop.bt and ssllatency.bt; Node and a pinned trace reader for
+# the --trace tests.
 set -euo pipefail
 
 packages=(
@@ -34,6 +35,19 @@ if ! python3 -m pip show nvidia-cuda-nvcc 2>/dev/null | grep -qx 'Version: 13.0.
     echo "setup: installing ptxas (${ptxas_pins[*]})"
     python3 -m pip install -q "${ptxas_pins[@]}" ||
         python3 -m pip install -q --break-system-packages "${ptxas_pins[@]}"
+fi
+
+# The trace tests read --trace output back with a reader we did not write: Chrome DevTools'
+# trace engine, at the version pinned in tests/trace-consumer/package-lock.json, from npm.
+if ! command -v node >/dev/null 2>&1 || ! command -v npm >/dev/null 2>&1; then
+    echo "setup: installing nodejs and npm (the trace tests' consumer runs on Node)"
+    as_root apt-get update -qq
+    as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq nodejs npm
+fi
+consumer=tests/trace-consumer
+if [ ! -d "$(dirname "$0")/../$consumer/node_modules/@paulirish/trace_engine" ]; then
+    echo "setup: installing the trace consumer (npm ci in $consumer)"
+    (cd "$(dirname "$0")/../$consumer" && npm ci --no-audit --no-fund --loglevel=error)
 fi
 
 if ! command -v cargo >/dev/null 2>&1; then

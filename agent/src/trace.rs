@@ -145,7 +145,16 @@ pub(crate) fn attached(rec: &LinkRecord, addr: usize, at: HookAddress, retprobe:
         // SAFETY: the tool's own hook is at this very address, placed as its link asked
         // (`at` for a uprobe, the function entry for a uretprobe); the handler only
         // records a time.
-        match unsafe { attach_uprobe(if retprobe { HookAddress::function_entry(addr) } else { at }, handler) } {
+        match unsafe {
+            attach_uprobe(
+                if retprobe {
+                    HookAddress::function_entry(addr)
+                } else {
+                    at
+                },
+                handler,
+            )
+        } {
             Ok(h) => site.entry = Some(h),
             Err(e) => tracing::warn!(link, "the trace cannot follow this probe: {e}"),
         }

@@ -2525,7 +2525,11 @@ impl GpuAttach {
     pub fn devices(&self) -> Vec<GpuDevice> {
         let mut devices: Vec<GpuDevice> = Vec::new();
         for c in self.contexts() {
-            let calibration = c.clock.lock().unwrap_or_else(|e| e.into_inner()).calibration;
+            let calibration = c
+                .clock
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .calibration;
             if let Some(d) = devices.iter_mut().find(|d| d.ordinal == c.device) {
                 d.calibration = d.calibration.or(calibration);
                 continue;

@@ -545,7 +545,12 @@ impl Timeline {
         w.sort_index(pid, 0)?;
         for t in &threads {
             let name = thread_name(t.tid).unwrap_or_else(|| t.name.clone());
-            w.meta(pid, t.tid as u64, "thread_name", &format!("{name} ({})", t.tid))?;
+            w.meta(
+                pid,
+                t.tid as u64,
+                "thread_name",
+                &format!("{name} ({})", t.tid),
+            )?;
         }
         let mut launch_tids: Vec<i32> = launches.calls.iter().map(|c| c.tid).collect();
         launch_tids.sort_unstable();
@@ -596,9 +601,14 @@ impl Timeline {
                         w.span(pid, tid, "cuda", name, e.begin, e.end, args.as_deref())
                     }
                     Kind::Hit => w.instant(pid, tid, "uprobe", name, e.begin, None),
-                    Kind::Return => {
-                        w.instant(pid, tid, "uprobe", &format!("{name} returned"), e.begin, None)
-                    }
+                    Kind::Return => w.instant(
+                        pid,
+                        tid,
+                        "uprobe",
+                        &format!("{name} returned"),
+                        e.begin,
+                        None,
+                    ),
                 };
             });
             result?;
@@ -655,7 +665,15 @@ impl Timeline {
                 c.block[2],
                 run.error_ns
             );
-            w.span(gpid, track, "launch", &short, run.start, run.end, Some(&kargs))?;
+            w.span(
+                gpid,
+                track,
+                "launch",
+                &short,
+                run.start,
+                run.end,
+                Some(&kargs),
+            )?;
             w.flow("f", gpid, track, run.start, c.launch_id)?;
         }
 
@@ -693,7 +711,8 @@ impl Timeline {
                     GPU_PID_BASE + *ordinal as u64,
                     g.clock_offset_ns
                         .map_or("null".to_string(), |v| v.to_string()),
-                    g.clock_error_ns.map_or("null".to_string(), |v| v.to_string())
+                    g.clock_error_ns
+                        .map_or("null".to_string(), |v| v.to_string())
                 )
             })
             .collect();
@@ -757,7 +776,11 @@ pub fn symbol_at(addr: usize) -> String {
 
 /// The kernel run (of `runs`, sorted by start) that was running at `at`: one whose span
 /// holds it, or failing that the nearest within both clocks' error bounds.
-fn containing(runs: &[(KernelRun, u64, u64)], at: u64, error_ns: u64) -> Option<(KernelRun, u64, u64)> {
+fn containing(
+    runs: &[(KernelRun, u64, u64)],
+    at: u64,
+    error_ns: u64,
+) -> Option<(KernelRun, u64, u64)> {
     let after = runs.partition_point(|(r, _, _)| r.start <= at);
     // Runs starting at or before `at`, latest first; a long kernel may have started
     // well before shorter ones that began and ended since.
@@ -1020,13 +1043,28 @@ mod tests {
         let t = Timeline::new();
         let kernel = "_Z9vectorAddPKfS0_Pfi";
         let now = now_ns();
-        t.launch(&launch_ctx(1, PHASE_LAUNCHED, 0x55, now - 50_000, (0, 0)), kernel);
-        t.launch(&launch_ctx(2, PHASE_LAUNCHED, 0x55, now - 40_000, (0, 0)), kernel);
+        t.launch(
+            &launch_ctx(1, PHASE_LAUNCHED, 0x55, now - 50_000, (0, 0)),
+            kernel,
+        );
+        t.launch(
+            &launch_ctx(2, PHASE_LAUNCHED, 0x55, now - 40_000, (0, 0)),
+            kernel,
+        );
         // Launch 3 never completes: no kernel span, no flow.
-        t.launch(&launch_ctx(3, PHASE_LAUNCHED, 0x66, now - 30_000, (0, 0)), kernel);
+        t.launch(
+            &launch_ctx(3, PHASE_LAUNCHED, 0x66, now - 30_000, (0, 0)),
+            kernel,
+        );
         let (k1, k2) = ((now - 45_000, now - 35_000), (now - 35_000, now - 20_000));
-        t.launch(&launch_ctx(1, PHASE_COMPLETED, 0x55, now - 50_000, k1), kernel);
-        t.launch(&launch_ctx(2, PHASE_COMPLETED, 0x55, now - 40_000, k2), kernel);
+        t.launch(
+            &launch_ctx(1, PHASE_COMPLETED, 0x55, now - 50_000, k1),
+            kernel,
+        );
+        t.launch(
+            &launch_ctx(2, PHASE_COMPLETED, 0x55, now - 40_000, k2),
+            kernel,
+        );
         t.set_gpu(0, "NVIDIA H100 80GB HBM3", Some((-5, 300)));
         let print = |at: Option<u64>| GpuPrint {
             device: 0,
@@ -1040,7 +1078,10 @@ mod tests {
         t.gpu_print(&print(None));
         t.gpu_print(&print(Some(now + 1_000_000)));
         let (v, s) = trace(&t);
-        assert_eq!((s.launches, s.kernels, s.gpu_lines, s.gpu_lines_unplaced), (3, 2, 3, 2));
+        assert_eq!(
+            (s.launches, s.kernels, s.gpu_lines, s.gpu_lines_unplaced),
+            (3, 2, 3, 2)
+        );
         let gpu_pid = GPU_PID_BASE;
         let starts = events(&v, "s");
         let ends = events(&v, "f");
@@ -1075,9 +1116,18 @@ mod tests {
             .filter(|e| e["name"] == "process_name")
             .map(|e| e["args"]["name"].as_str().unwrap())
             .collect();
-        assert!(process_names.contains(&"GPU 0 (NVIDIA H100 80GB HBM3)"), "{process_names:?}");
+        assert!(
+            process_names.contains(&"GPU 0 (NVIDIA H100 80GB HBM3)"),
+            "{process_names:?}"
+        );
         let gpu = &v["metadata"]["gpus"][0];
-        assert_eq!((gpu["clock_error_ns"].as_u64(), gpu["clock_offset_ns"].as_i64()), (Some(300), Some(-5)));
+        assert_eq!(
+            (
+                gpu["clock_error_ns"].as_u64(),
+                gpu["clock_offset_ns"].as_i64()
+            ),
+            (Some(300), Some(-5))
+        );
         assert_eq!(v["metadata"]["launch_time_error_ns"], 700);
     }
 
@@ -1111,7 +1161,11 @@ mod tests {
         let f = libc::getpid as *const () as usize;
         // libc exports it under an alias too (`__getpid`): either is its name.
         assert!(symbol_at(f).ends_with("getpid"), "{}", symbol_at(f));
-        assert!(symbol_at(f + 1).ends_with("getpid+0x1"), "{}", symbol_at(f + 1));
+        assert!(
+            symbol_at(f + 1).ends_with("getpid+0x1"),
+            "{}",
+            symbol_at(f + 1)
+        );
     }
 
     #[test]
@@ -1121,7 +1175,10 @@ mod tests {
             function_name("_Z10train_stepR4PathPfi", 0),
             "train_step(Path&, float*, int)"
         );
-        assert_eq!(function_name("_ZN5tiles6matmulEv", 0x10), "tiles::matmul()+0x10");
+        assert_eq!(
+            function_name("_ZN5tiles6matmulEv", 0x10),
+            "tiles::matmul()+0x10"
+        );
         assert_eq!(
             function_name("_ZN4core3ptr13drop_in_place17h0123456789abcdefE", 0),
             "core::ptr::drop_in_place"

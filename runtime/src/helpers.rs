@@ -455,7 +455,10 @@ unsafe extern "C" fn trace_printk(fmt: u64, fmt_size: u64, a1: u64, a2: u64, a3:
     // SAFETY: the verifier checked fmt holds fmt_size readable bytes.
     let f = unsafe { std::slice::from_raw_parts(fmt as *const u8, fmt_size as usize) };
     let f = &f[..f.iter().position(|&b| b == 0).unwrap_or(f.len())];
-    emit_trace_line(&format_printk(f, &[a1, a2, a3]), clock(libc::CLOCK_MONOTONIC))
+    emit_trace_line(
+        &format_printk(f, &[a1, a2, a3]),
+        clock(libc::CLOCK_MONOTONIC),
+    )
 }
 
 /// Most arguments `bpf_trace_vprintk` takes (the kernel's `MAX_BPRINTF_VARARGS`).

@@ -67,8 +67,10 @@ pub fn check(trace: &Value) -> Report {
     };
     let meta = &trace["metadata"];
     if meta["clock"] != "CLOCK_MONOTONIC" {
-        r.problems
-            .push(format!("metadata.clock is {}, not CLOCK_MONOTONIC", meta["clock"]));
+        r.problems.push(format!(
+            "metadata.clock is {}, not CLOCK_MONOTONIC",
+            meta["clock"]
+        ));
     }
     let gpu_clock_error = meta["gpus"]
         .as_array()
@@ -95,7 +97,8 @@ pub fn check(trace: &Value) -> Report {
                     continue;
                 };
                 if s.end < s.begin {
-                    r.problems.push(format!("a span that ends before it starts: {e}"));
+                    r.problems
+                        .push(format!("a span that ends before it starts: {e}"));
                 }
                 if e["cat"] == "launch" {
                     if s.pid >= GPU_PID_BASE {
@@ -108,8 +111,14 @@ pub fn check(trace: &Value) -> Report {
                     *r.cpu_spans.entry(name).or_default() += 1;
                 }
             }
-            Some("s") => starts.entry(e["id"].as_u64().unwrap_or(0)).or_default().push(e),
-            Some("f") => ends.entry(e["id"].as_u64().unwrap_or(0)).or_default().push(e),
+            Some("s") => starts
+                .entry(e["id"].as_u64().unwrap_or(0))
+                .or_default()
+                .push(e),
+            Some("f") => ends
+                .entry(e["id"].as_u64().unwrap_or(0))
+                .or_default()
+                .push(e),
             Some("I") | Some("i") if e["cat"] == "printk" => lines.push(e),
             _ => {}
         }
@@ -138,8 +147,9 @@ pub fn check(trace: &Value) -> Report {
             continue;
         };
         let Some(k) = kernel_of.get(&id) else {
-            r.problems
-                .push(format!("launch {id} has no kernel span (it never completed?)"));
+            r.problems.push(format!(
+                "launch {id} has no kernel span (it never completed?)"
+            ));
             continue;
         };
         let s = starts.get(&id).map_or(&[][..], Vec::as_slice);
@@ -153,13 +163,15 @@ pub fn check(trace: &Value) -> Report {
             continue;
         }
         if !bound(s[0], l) {
-            r.problems
-                .push(format!("launch {id}: its flow start is not at its launch call"));
+            r.problems.push(format!(
+                "launch {id}: its flow start is not at its launch call"
+            ));
             continue;
         }
         if !bound(f[0], k) || f[0]["bp"] != "e" {
-            r.problems
-                .push(format!("launch {id}: its flow end is not at its kernel's span"));
+            r.problems.push(format!(
+                "launch {id}: its flow end is not at its kernel's span"
+            ));
             continue;
         }
         r.joined += 1;
@@ -201,7 +213,8 @@ pub fn check(trace: &Value) -> Report {
 
     for line in &lines {
         let (Some(at), Some(id)) = (ns(&line["ts"]), line["args"]["launch_id"].as_u64()) else {
-            r.problems.push(format!("a GPU line without a time or launch: {line}"));
+            r.problems
+                .push(format!("a GPU line without a time or launch: {line}"));
             continue;
         };
         let err = line["args"]["error_ns"].as_u64().unwrap_or(0);

@@ -131,13 +131,22 @@ fn run_traces_each_call_as_a_span_nested_as_the_calls_nest() {
     let main = with_events[0];
     // The target is single-threaded: its one thread is the process.
     assert_eq!(main["pid"], main["tid"]);
-    assert_eq!(main["unplaced"], 0, "every event placed in the thread's tree");
+    assert_eq!(
+        main["unplaced"], 0,
+        "every event placed in the thread's tree"
+    );
     let spans = main["spans"].as_array().unwrap();
     let mids = spans_named(main, "mid");
     let leaves = spans_named(main, "leaf");
-    assert_eq!((mids.len(), leaves.len(), spans.len()), (2 * N, 2 * N, 4 * N));
+    assert_eq!(
+        (mids.len(), leaves.len(), spans.len()),
+        (2 * N, 2 * N, 4 * N)
+    );
     for span in spans {
-        assert!(span["dur"].as_u64().unwrap() > 0, "start before end: {span}");
+        assert!(
+            span["dur"].as_u64().unwrap() > 0,
+            "start before end: {span}"
+        );
     }
     for mid in &mids {
         assert_eq!(mid["depth"], 0, "mid is outermost: {mid}");
@@ -162,7 +171,8 @@ fn run_traces_each_call_as_a_span_nested_as_the_calls_nest() {
     for (d, m) in drive_times.iter().zip(&mid_starts) {
         assert!(d < m, "drive at {d} before its mid at {m}");
     }
-    let checked = trace_check::check(&serde_json::from_slice(&std::fs::read(&trace).unwrap()).unwrap());
+    let checked =
+        trace_check::check(&serde_json::from_slice(&std::fs::read(&trace).unwrap()).unwrap());
     assert!(checked.problems.is_empty(), "{:?}", checked.problems);
     assert_eq!(checked.launches, 0);
 }
@@ -210,7 +220,13 @@ fn run_traces_each_thread_on_its_own_track() {
         assert_ne!(t["pid"], t["tid"], "the main thread made no call: {t}");
         assert_eq!(spans_named(t, "work").len(), N, "{t}");
         assert_eq!(t["unplaced"], 0);
-        assert!(t["name"].as_str().unwrap_or("").contains(&t["tid"].to_string()), "{t}");
+        assert!(
+            t["name"]
+                .as_str()
+                .unwrap_or("")
+                .contains(&t["tid"].to_string()),
+            "{t}"
+        );
     }
 }
 
@@ -253,7 +269,13 @@ fn a_trace_into_a_missing_directory_is_refused_up_front() {
     let missing = s.tmp.join("no/such/dir/trace.json");
     let tool = s.compile_bpf("work", WORK_TOOL);
     for args in [
-        vec!["start", "--trace", missing.to_str().unwrap(), "touch", marker.to_str().unwrap()],
+        vec![
+            "start",
+            "--trace",
+            missing.to_str().unwrap(),
+            "touch",
+            marker.to_str().unwrap(),
+        ],
         vec![
             "run",
             "--trace",
@@ -300,9 +322,13 @@ fn the_consumer_flags_a_broken_trace() {
         .expect("thread 11");
     assert_eq!(t["unplaced"], 1, "{t}");
     assert_eq!(summary["flows"].as_array().unwrap().len(), 0);
-    let checked = trace_check::check(&serde_json::from_slice(&std::fs::read(&trace).unwrap()).unwrap());
+    let checked =
+        trace_check::check(&serde_json::from_slice(&std::fs::read(&trace).unwrap()).unwrap());
     assert!(
-        checked.problems.iter().any(|p| p.contains("flow 7 without a launch")),
+        checked
+            .problems
+            .iter()
+            .any(|p| p.contains("flow 7 without a launch")),
         "{:?}",
         checked.problems
     );
@@ -334,7 +360,11 @@ fn a_cuda_program_traced_on_cpu_and_gpu() {
         .arg(&exe)
         .output()
         .expect("run nvcc");
-    assert!(build.status.success(), "{}", String::from_utf8_lossy(&build.stderr));
+    assert!(
+        build.status.success(),
+        "{}",
+        String::from_utf8_lossy(&build.stderr)
+    );
     let rounds = 10;
     let trace = s.tmp.join("trace.json");
     bpftime_ok(
@@ -354,9 +384,15 @@ fn a_cuda_program_traced_on_cpu_and_gpu() {
     assert!(r.problems.is_empty(), "{:?}", r.problems);
     // warm_up, then a prepare_batch and a train_step launch per round.
     let launches = 2 * rounds + 1;
-    assert_eq!((r.launches, r.kernels, r.joined), (launches, launches, launches));
+    assert_eq!(
+        (r.launches, r.kernels, r.joined),
+        (launches, launches, launches)
+    );
     assert_eq!((r.gpu_lines, r.gpu_lines_inside), (launches, launches));
-    assert_eq!(r.cpu_spans.get("train_step(Path&, float*, int)"), Some(&rounds));
+    assert_eq!(
+        r.cpu_spans.get("train_step(Path&, float*, int)"),
+        Some(&rounds)
+    );
     if consumer_dir().join("node_modules").is_dir() {
         let summary = consumer(&trace);
         assert_eq!(summary["flows"].as_array().unwrap().len(), launches);

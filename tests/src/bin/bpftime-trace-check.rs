@@ -53,7 +53,8 @@ fn main() -> ExitCode {
                 };
                 let got = r.cpu_spans.get(name).copied().unwrap_or(0);
                 if got != n {
-                    r.problems.push(format!("{got} spans of {name}; {n} expected"));
+                    r.problems
+                        .push(format!("{got} spans of {name}; {n} expected"));
                 }
             }
             _ => {
@@ -62,7 +63,11 @@ fn main() -> ExitCode {
             }
         }
     }
-    let mut spans: Vec<String> = r.cpu_spans.iter().map(|(k, v)| format!("{k}={v}")).collect();
+    let mut spans: Vec<String> = r
+        .cpu_spans
+        .iter()
+        .map(|(k, v)| format!("{k}={v}"))
+        .collect();
     spans.sort();
     println!(
         "{} launches, {} kernels, {} joined by flows; {} GPU lines, {} inside their kernels; \
