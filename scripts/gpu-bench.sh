@@ -5,7 +5,8 @@
 # probe of bpf-examples/gpu_bench (memory-access probes counting on the GPU and sending
 # every access to the host), with memtrace, and with the GPU flame graph on; the native kernel
 # built as PTX only (the driver JITs it at load, as ours is re-JITted once instrumented)
-# is a second baseline. Ratios are against native in the same run.
+# is a second baseline. The timeline (`--trace`) row is launch events plus the driver calls
+# recorded, the trace written at exit. Ratios are against native in the same run.
 #
 #   scripts/gpu-bench.sh BPFTIME CUDA_BUILD_DIR OBJECT_DIR OUT_FILE
 set -uo pipefail
@@ -48,6 +49,7 @@ flames=$(mktemp -d)
         bench "memtrace (aggregated, sampled timeline)" timeout 120 "$bt" --store "$store" run --out "$flames/out" "$objs/memtrace.bpf.o" -- "$cuda/$app" "$@"
         bench "launch events (launchsnoop)" "$bt" --store "$store" run "$objs/launchsnoop.bpf.o" -- "$cuda/$app" "$@"
         bench "GPU flame graph" "$bt" --store "$store" start --gpu-flamegraph "$flames/$app" "$cuda/$app" "$@"
+        bench "timeline (--trace: launch events, driver calls)" "$bt" --store "$store" start --trace "$flames/$app.json" "$cuda/$app" "$@"
     done
     # An event per access through one ring buffer: every access of every thread contends
     # for the ring's head, so this runs at smaller sizes, once each, against native at

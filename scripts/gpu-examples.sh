@@ -429,6 +429,20 @@ run() {  # run LOG ARGS... : bpftime run ARGS, output and exit status in LOG.out
     [ "$lines" = 20 ] && grep -q 'check=ok' "$log.out" && [ -n "$median" ] &&
         [ "$best" -ge -2000 ] && [ "$worst" -le 10000 ] && ok=1
     result "gpu_printk: a trace line from inside a kernel per launch, stamped with the GPU's time" $ok "$lines lines (expected 20); the pipe's stamp minus the line's exit_ns: median $median ns, best $best ns, worst $worst ns (expected within -2 us .. 10 us: the stamp has microseconds, a re-anchor may fall between)"
+    # How long a line takes from the GPU's printk to the tool: each line bpftime run
+    # prints is stamped on CLOCK_MONOTONIC as it arrives, against its exit_ns.
+    log=$work/gpu_printk_latency
+    timeout 300 "$bt" --store "gpu-ex-$$" run "$objs/gpu_printk.bpf.o" -- "$cuda/vec_add" 1048576 20 2>&1 |
+        python3 -c 'import sys, time
+for line in sys.stdin:
+    print(time.monotonic_ns(), line, end="", flush=True)' >"$log.out"
+    lat=$(grep 'bpf_trace_printk: vectorAdd n=1048576 exit_ns=' "$log.out" |
+        sed 's/^\([0-9]*\) .*exit_ns=\([0-9]*\).*/\1 \2/' | awk '{ print $1 - $2 }' | sort -n)
+    lines=$(grep -c . <<<"$lat")
+    median=$(awk '{ v[NR] = $1 } END { if (NR) print v[int((NR + 1) / 2)]; else print "" }' <<<"$lat")
+    ok=0; [ "$lines" = 20 ] && [ -n "$median" ] && [ "$(head -1 <<<"$lat")" -gt 0 ] && ok=1
+    goal=missed; [ -n "$median" ] && [ "$median" -le 1000000 ] && goal=met
+    result "gpu_printk: from the GPU's printk to the line in bpftime run's output" $ok "$lines lines (expected 20); median $median ns, best $(head -1 <<<"$lat") ns, worst $(tail -1 <<<"$lat") ns (goal: median <= 1 ms: $goal)"
 
     # From a module's load to its instrumented module ready, per kernel, with threadhist
     # (an exit probe, one array): the maps' device copies, the probes' compilation (LLVM),
