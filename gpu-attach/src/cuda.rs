@@ -65,6 +65,8 @@ macro_rules! api {
             pub func_load: Option<unsafe extern "C" fn(Handle) -> CuResult>,
             /// `cuKernelGetFunction`.
             pub kernel_get_function: Option<unsafe extern "C" fn(*mut Handle, Handle) -> CuResult>,
+            /// The graph calls that time a graph's kernel nodes, where the driver has them all.
+            pub graph: Option<GraphApi>,
             /// `cuLibraryGetGlobal` (CUDA 12.0 and newer drivers).
             pub library_get_global: Option<unsafe extern "C" fn(*mut DevicePtr, *mut usize, Handle, *const c_char) -> CuResult>,
         }
@@ -96,6 +98,8 @@ macro_rules! api {
                     // SAFETY: as above.
                     kernel_get_function: unsafe { symbol(lib, "cuKernelGetFunction") }
                         .map(|p| unsafe { std::mem::transmute::<*mut c_void, unsafe extern "C" fn(*mut Handle, Handle) -> CuResult>(p) }),
+                    // SAFETY: as above.
+                    graph: unsafe { GraphApi::resolve(lib) },
                     // SAFETY: as above.
                     library_get_global: unsafe { symbol(lib, "cuLibraryGetGlobal") }
                         .map(|p| unsafe { std::mem::transmute::<*mut c_void, unsafe extern "C" fn(*mut DevicePtr, *mut usize, Handle, *const c_char) -> CuResult>(p) }),
@@ -161,6 +165,63 @@ pub const LIBCUDA: &str = "libcuda.so.1";
 ///
 /// # Safety
 /// `lib` must be a live `dlopen` handle.
+/// `CU_GRAPH_NODE_TYPE_KERNEL`.
+pub const GRAPH_NODE_KERNEL: c_int = 0;
+
+/// `CUDA_KERNEL_NODE_PARAMS_v2` (cuda.h of CUDA 12 and 13).
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct KernelNodeParams {
+    pub func: Handle,
+    pub grid: [c_uint; 3],
+    pub block: [c_uint; 3],
+    pub shared_mem_bytes: c_uint,
+    pub kernel_params: *mut *mut c_void,
+    pub extra: *mut *mut c_void,
+    pub kern: Handle,
+    pub ctx: Handle,
+}
+
+const _: () = assert!(std::mem::size_of::<KernelNodeParams>() == 72);
+
+macro_rules! graph_api {
+    ($( $field:ident: $symbol:literal fn($($arg:ty),*) ;)*) => {
+        /// The graph calls of the driver API that GPU attach uses to time a graph's kernel
+        /// nodes (CUDA 12 and 13 drivers export them all; the unversioned graph-edge calls
+        /// keep CUDA 12's signatures).
+        #[derive(Clone, Copy)]
+        pub struct GraphApi {
+            $( pub $field: unsafe extern "C" fn($($arg),*) -> CuResult, )*
+        }
+
+        impl GraphApi {
+            /// # Safety
+            /// `lib` must be a live handle of the CUDA driver library.
+            unsafe fn resolve(lib: *mut c_void) -> Option<GraphApi> {
+                Some(GraphApi {
+                    $( $field: {
+                        // SAFETY: the driver exports this symbol with this signature.
+                        let p = unsafe { symbol(lib, $symbol) }?;
+                        // SAFETY: as above.
+                        unsafe { std::mem::transmute::<*mut c_void, unsafe extern "C" fn($($arg),*) -> CuResult>(p) }
+                    }, )*
+                })
+            }
+        }
+    };
+}
+
+graph_api! {
+    get_nodes: "cuGraphGetNodes" fn(Handle, *mut Handle, *mut usize);
+    node_get_type: "cuGraphNodeGetType" fn(Handle, *mut c_int);
+    kernel_node_get_params: "cuGraphKernelNodeGetParams_v2" fn(Handle, *mut KernelNodeParams);
+    node_get_dependencies: "cuGraphNodeGetDependencies" fn(Handle, *mut Handle, *mut usize);
+    node_get_dependent_nodes: "cuGraphNodeGetDependentNodes" fn(Handle, *mut Handle, *mut usize);
+    add_event_record_node: "cuGraphAddEventRecordNode" fn(*mut Handle, Handle, *const Handle, usize, Handle);
+    add_dependencies: "cuGraphAddDependencies" fn(Handle, *const Handle, *const Handle, usize);
+    exec_event_record_node_set_event: "cuGraphExecEventRecordNodeSetEvent" fn(Handle, Handle, Handle);
+}
+
 unsafe fn symbol(lib: *mut c_void, name: &str) -> Option<*mut c_void> {
     let name = std::ffi::CString::new(name).ok()?;
     // SAFETY: a live handle and a NUL-terminated name.

@@ -509,19 +509,87 @@ entry_point!(
     &["cuGraphLaunch", "cuGraphLaunch_ptsz"],
     fn(exec: Handle, stream: Handle),
     |original, per_thread| {
+        let called = crate::clock::host_monotonic_ns();
+        let s = session();
+        let ours = if stream == 0 && per_thread {
+            STREAM_PER_THREAD
+        } else {
+            stream
+        };
+        let observed = s.and_then(|s| s.observe_graph_launch(exec, ours, called));
         // SAFETY: the caller's arguments, passed as given.
         let r = unsafe { original(exec, stream) };
-        if let Some(s) = session() {
-            let stream = if stream == 0 && per_thread {
-                STREAM_PER_THREAD
-            } else {
-                stream
-            };
-            s.after_graph_launch(stream, r);
+        if let Some(s) = s {
+            if let Some(o) = observed {
+                s.after_observed_graph_launch(o, r);
+            }
+            s.after_graph_launch(ours, r);
         }
         r
     }
 );
+
+// A graph's instantiation is where its watched kernel nodes get the event-record nodes
+// that time them (`Session::before_instantiate`); the executable graph is noted with them.
+entry_point!(
+    graph_instantiate_with_flags,
+    &["cuGraphInstantiateWithFlags"],
+    fn(exec: *mut Handle, graph: Handle, flags: u64),
+    |original, _per_thread| {
+        instantiated(exec, graph, || {
+            // SAFETY: the caller's arguments, passed as given.
+            unsafe { original(exec, graph, flags) }
+        })
+    }
+);
+
+entry_point!(
+    graph_instantiate_with_params,
+    &[
+        "cuGraphInstantiateWithParams",
+        "cuGraphInstantiateWithParams_ptsz"
+    ],
+    fn(exec: *mut Handle, graph: Handle, params: *mut c_void),
+    |original, _per_thread| {
+        instantiated(exec, graph, || {
+            // SAFETY: the caller's arguments, passed as given.
+            unsafe { original(exec, graph, params) }
+        })
+    }
+);
+
+entry_point!(
+    graph_instantiate_v2,
+    &["cuGraphInstantiate_v2"],
+    fn(
+        exec: *mut Handle,
+        graph: Handle,
+        error_node: *mut Handle,
+        log: *mut c_char,
+        log_size: usize,
+    ),
+    |original, _per_thread| {
+        instantiated(exec, graph, || {
+            // SAFETY: the caller's arguments, passed as given.
+            unsafe { original(exec, graph, error_node, log, log_size) }
+        })
+    }
+);
+
+/// An instantiation of `graph` into `*exec`, made by `call`, with GPU attach's look at the
+/// graph before it and at the executable graph after it.
+fn instantiated(exec: *mut Handle, graph: Handle, call: impl FnOnce() -> CuResult) -> CuResult {
+    let s = session();
+    if let Some(s) = s {
+        s.before_instantiate(graph);
+    }
+    let r = call();
+    if let (Some(s), false) = (s, exec.is_null()) {
+        // SAFETY: the driver wrote the executable graph's handle where the caller asked.
+        s.after_instantiate(graph, unsafe { *exec }, r);
+    }
+    r
+}
 
 // A capture must not run beside GPU attach's own CUDA work (module loads, copies): its
 // start waits for that work, which then waits for the capture's end.
@@ -610,6 +678,9 @@ pub(crate) unsafe fn install(lib: *mut c_void, api: &Api) -> Vec<Detour> {
         launch_kernel_ex,
         launch_cooperative_kernel,
         graph_launch,
+        graph_instantiate_with_flags,
+        graph_instantiate_with_params,
+        graph_instantiate_v2,
         stream_begin_capture,
         stream_end_capture,
         ctx_destroy,

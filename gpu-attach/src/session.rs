@@ -366,6 +366,40 @@ struct Timing {
     submitted_ns: u64,
 }
 
+/// A kernel node of a CUDA graph between two event-record nodes of ours, whose events
+/// time it: a graph's launch is one call for many kernels, and its kernel nodes get their
+/// launch events and GPU times from these.
+#[derive(Debug, Clone, Copy)]
+struct TimedNode {
+    kernel_node: Handle,
+    function: Handle,
+    geometry: Geometry,
+    start_node: Handle,
+    end_node: Handle,
+}
+
+/// The timed kernel nodes of one graph.
+struct TimedGraph {
+    nodes: Vec<TimedNode>,
+    /// What every event-record node of ours records when its kernel is not being timed:
+    /// never a launch's timing event, so a replay never writes into one in use.
+    idle_event: Handle,
+}
+
+/// A graph launch's timed kernel nodes, between the launch call's start and its end.
+pub(crate) struct GraphObserved {
+    context: Arc<Context>,
+    nodes: Vec<ObservedNode>,
+    submitted_ns: u64,
+}
+
+struct ObservedNode {
+    probes: Watchers,
+    kernel: Arc<str>,
+    info: LaunchContext,
+    events: Option<(Handle, Handle)>,
+}
+
 /// GPU attach for this process.
 pub struct GpuAttach {
     api: Api,
@@ -398,6 +432,10 @@ pub struct GpuAttach {
     /// Instrumented kernels captured into CUDA graphs: their context and maps, brought
     /// back after each graph launch.
     graph_work: Mutex<Vec<GraphWork>>,
+    /// Graphs whose watched kernel nodes have event-record nodes of ours around them, and
+    /// the executable graphs instantiated from them.
+    timed_graphs: Mutex<HashMap<Handle, Arc<TimedGraph>>>,
+    timed_execs: Mutex<HashMap<Handle, Arc<TimedGraph>>>,
     /// Application functions swapped for instrumented ones and loaded already.
     originals_loaded: Mutex<HashSet<Handle>>,
     /// Stream captures the application has running. While any runs, GPU attach's own
@@ -486,6 +524,8 @@ pub fn install() -> Result<&'static GpuAttach, InstallError> {
         next_launch_id: AtomicU64::new(1),
         timings: Mutex::new(VecDeque::new()),
         graph_work: Mutex::new(Vec::new()),
+        timed_graphs: Mutex::new(HashMap::new()),
+        timed_execs: Mutex::new(HashMap::new()),
         originals_loaded: Mutex::new(HashSet::new()),
         captures: AtomicUsize::new(0),
         cuda_work: RwLock::new(()),
@@ -1330,8 +1370,9 @@ impl GpuAttach {
         if self.api.stream_capturing(stream) {
             self.notice(&format!("capture:{name}"), || {
                 format!(
-                    "launches of {name} captured into a CUDA graph get no launch events: \
-                     the graph's launches are not seen"
+                    "launches of {name} captured into a CUDA graph get their launch events \
+                     when the graph is launched (a graph instantiated before the tool \
+                     attached gets none)"
                 )
             });
             return None;
@@ -1418,6 +1459,263 @@ impl GpuAttach {
             let was_idle = timings.is_empty();
             timings.push_back(Timing {
                 context,
+                probes,
+                kernel,
+                info,
+                start,
+                end,
+                submitted_ns,
+            });
+            drop(timings);
+            if was_idle {
+                self.wake_worker();
+            }
+        }
+    }
+
+    /// Before `graph` is instantiated, while launch programs are attached: each kernel node
+    /// they watch gets an event-record node before it (after the node's own dependencies)
+    /// and one after it (before its dependents), recording an idle event until a launch
+    /// sets timing events in. Nothing is removed: the kernel keeps its dependencies, so a
+    /// failure halfway leaves the graph's order as the application made it.
+    pub(crate) fn before_instantiate(&self, graph: Handle) {
+        if !self.watches_launches() || graph == 0 {
+            return;
+        }
+        let Some(g) = self.api.graph else {
+            self.notice("graph-api", || {
+                "kernels launched through CUDA graphs get no launch events: this driver lacks \
+                 the graph calls that time them"
+                    .into()
+            });
+            return;
+        };
+        let previous = self.lock_timed_graphs().get(&graph).cloned();
+        let mut nodes: Vec<TimedNode> =
+            previous.as_ref().map_or_else(Vec::new, |p| p.nodes.clone());
+        let idle_event = match &previous {
+            Some(p) => p.idle_event,
+            None => {
+                let mut e = 0;
+                // SAFETY: writes one event handle.
+                if unsafe { (self.api.event_create)(&mut e, EVENT_DISABLE_TIMING) } != CUDA_SUCCESS
+                {
+                    return;
+                }
+                e
+            }
+        };
+        let list = |get: unsafe extern "C" fn(Handle, *mut Handle, *mut usize) -> CuResult,
+                    of: Handle|
+         -> Option<Vec<Handle>> {
+            let mut n = 0usize;
+            // SAFETY: with a null array, writes the count.
+            if unsafe { get(of, std::ptr::null_mut(), &mut n) } != CUDA_SUCCESS {
+                return None;
+            }
+            let mut v = vec![0 as Handle; n];
+            // SAFETY: room for `n` handles; writes how many it wrote.
+            if unsafe { get(of, v.as_mut_ptr(), &mut n) } != CUDA_SUCCESS {
+                return None;
+            }
+            v.truncate(n);
+            Some(v)
+        };
+        let Some(all) = list(g.get_nodes, graph) else {
+            return;
+        };
+        for node in all {
+            if nodes.iter().any(|t| t.kernel_node == node) {
+                continue;
+            }
+            let mut kind = -1;
+            // SAFETY: writes the node's type.
+            if unsafe { (g.node_get_type)(node, &mut kind) } != CUDA_SUCCESS
+                || kind != cuda::GRAPH_NODE_KERNEL
+            {
+                continue;
+            }
+            // SAFETY: a zeroed parameter block the driver fills in.
+            let mut params: cuda::KernelNodeParams = unsafe { std::mem::zeroed() };
+            // SAFETY: a kernel node; writes its parameters.
+            if unsafe { (g.kernel_node_get_params)(node, &mut params) } != CUDA_SUCCESS {
+                continue;
+            }
+            let mut function = params.func;
+            if function == 0 && params.kern != 0 {
+                if let Some(get) = self.api.kernel_get_function {
+                    // SAFETY: writes the kernel's function in the current context.
+                    if unsafe { get(&mut function, params.kern) } != CUDA_SUCCESS {
+                        function = 0;
+                    }
+                }
+            }
+            if function == 0 || self.launch_probes_for(function).is_none() {
+                continue;
+            }
+            let (Some(before), Some(after)) = (
+                list(g.node_get_dependencies, node),
+                list(g.node_get_dependent_nodes, node),
+            ) else {
+                continue;
+            };
+            let (mut start_node, mut end_node) = (0, 0);
+            // SAFETY: a node of `graph` after the kernel's own dependencies.
+            let added = unsafe {
+                (g.add_event_record_node)(&mut start_node, graph, before.as_ptr(), before.len(), idle_event)
+            } == CUDA_SUCCESS
+                // SAFETY: one edge, start node to kernel node, both of `graph`.
+                && unsafe { (g.add_dependencies)(graph, &start_node, &node, 1) } == CUDA_SUCCESS
+                // SAFETY: a node of `graph` after the kernel node.
+                && unsafe { (g.add_event_record_node)(&mut end_node, graph, &node, 1, idle_event) }
+                    == CUDA_SUCCESS
+                && after.iter().all(|s| {
+                    // SAFETY: one edge, end node to a dependent of the kernel, both of `graph`.
+                    let r = unsafe { (g.add_dependencies)(graph, &end_node, s, 1) };
+                    r == CUDA_SUCCESS
+                });
+            if !added {
+                self.notice("graph-node", || {
+                    "a CUDA graph's kernel node could not be given timing nodes: it gets no \
+                     launch events"
+                        .into()
+                });
+                continue;
+            }
+            nodes.push(TimedNode {
+                kernel_node: node,
+                function,
+                geometry: Geometry {
+                    grid: params.grid,
+                    block: params.block,
+                    shared_mem_bytes: params.shared_mem_bytes,
+                },
+                start_node,
+                end_node,
+            });
+        }
+        if nodes.is_empty() {
+            return;
+        }
+        tracing::debug!(graph, kernels = nodes.len(), "graph kernel nodes timed");
+        self.lock_timed_graphs()
+            .insert(graph, Arc::new(TimedGraph { nodes, idle_event }));
+    }
+
+    /// After `graph` was instantiated into `exec`.
+    pub(crate) fn after_instantiate(&self, graph: Handle, exec: Handle, result: CuResult) {
+        if result != CUDA_SUCCESS || exec == 0 {
+            return;
+        }
+        let timed = self.lock_timed_graphs().get(&graph).cloned();
+        if let Some(t) = timed {
+            self.lock_timed_execs().insert(exec, t);
+        }
+    }
+
+    fn lock_timed_graphs(&self) -> std::sync::MutexGuard<'_, HashMap<Handle, Arc<TimedGraph>>> {
+        self.timed_graphs.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn lock_timed_execs(&self) -> std::sync::MutexGuard<'_, HashMap<Handle, Arc<TimedGraph>>> {
+        self.timed_execs.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Before a launch of `exec` on `stream`, called at `cpu_ns`: timing events set into
+    /// the event-record nodes of each watched kernel node, the idle event into the others
+    /// (events of an earlier launch may be back in use elsewhere).
+    pub(crate) fn observe_graph_launch(
+        &self,
+        exec: Handle,
+        stream: Handle,
+        cpu_ns: u64,
+    ) -> Option<GraphObserved> {
+        let timed = self.lock_timed_execs().get(&exec).cloned()?;
+        let g = self.api.graph?;
+        let set = |node: Handle, event: Handle| {
+            // SAFETY: an event-record node of the graph `exec` was instantiated from.
+            let r = unsafe { (g.exec_event_record_node_set_event)(exec, node, event) };
+            r == CUDA_SUCCESS
+        };
+        let idle = |n: &TimedNode| {
+            set(n.start_node, timed.idle_event);
+            set(n.end_node, timed.idle_event);
+        };
+        let ctx = self.api.current_context();
+        let context = (self.watches_launches() && ctx != 0 && !self.api.stream_capturing(stream))
+            .then(|| self.context(ctx).ok())
+            .flatten();
+        let Some(context) = context else {
+            timed.nodes.iter().for_each(idle);
+            return None;
+        };
+        flush_at_exit_once();
+        let mut nodes = Vec::new();
+        for n in &timed.nodes {
+            let Some((kernel, probes)) = self.launch_probes_for(n.function) else {
+                idle(n);
+                continue;
+            };
+            let mut info = LaunchContext::new(&kernel, n.geometry, stream as u64, context.device);
+            info.function = n.function as u64;
+            info.cpu_ns = cpu_ns;
+            let events = (self.lock_timings().len() < TIMINGS_IN_FLIGHT)
+                .then(|| self.timing_event(&context).zip(self.timing_event(&context)))
+                .flatten()
+                .and_then(|(start, end)| {
+                    if set(n.start_node, start) && set(n.end_node, end) {
+                        Some((start, end))
+                    } else {
+                        idle(n);
+                        self.recycle_timing_events(&context, &[start, end]);
+                        None
+                    }
+                });
+            if events.is_none() {
+                idle(n);
+            }
+            nodes.push(ObservedNode {
+                probes,
+                kernel,
+                info,
+                events,
+            });
+        }
+        (!nodes.is_empty()).then(|| GraphObserved {
+            context,
+            nodes,
+            submitted_ns: clock::host_monotonic_ns(),
+        })
+    }
+
+    /// After an observed graph launch returned `result`: each kernel node's programs run,
+    /// and its completion awaited, as for a launch of its own.
+    pub(crate) fn after_observed_graph_launch(&self, observed: GraphObserved, result: CuResult) {
+        let GraphObserved {
+            context,
+            nodes,
+            submitted_ns,
+        } = observed;
+        for node in nodes {
+            let ObservedNode {
+                probes,
+                kernel,
+                mut info,
+                events,
+            } = node;
+            info.result = result;
+            info.phase = PHASE_LAUNCHED;
+            info.launch_id = self.next_launch_id.fetch_add(1, Ordering::Relaxed);
+            run_watchers(&probes, &kernel, info);
+            let Some((start, end)) = events else { continue };
+            if result != CUDA_SUCCESS {
+                self.recycle_timing_events(&context, &[start, end]);
+                continue;
+            }
+            let mut timings = self.lock_timings();
+            let was_idle = timings.is_empty();
+            timings.push_back(Timing {
+                context: context.clone(),
                 probes,
                 kernel,
                 info,
