@@ -10,6 +10,8 @@
 //!   anchors the GPU clock to the host's ([`clock`]).
 //! - [`launch`] runs CPU programs at each launch of the kernels they name, and again with
 //!   the launch's GPU times once it completed, for every kernel, PTX or not.
+//! - [`scan`] finds the PTX of kernels whose modules were loaded before GPU attach
+//!   started, in the fatbins of the ELF objects the process maps.
 //! - [`runner`] runs a program as a kernel of its own (the conformance suite's GPU engine),
 //!   and [`toolchain`] finds NVIDIA's compilers for the tests.
 
@@ -25,6 +27,7 @@ pub mod probe;
 pub mod ptx;
 mod replica;
 pub mod runner;
+pub mod scan;
 mod session;
 pub mod toolchain;
 
