@@ -338,9 +338,9 @@ pub fn mapped_objects(maps: &[ProcMapping]) -> Vec<MappedObject> {
 #[derive(Debug, Error)]
 pub enum Missing {
     #[error(
-        "no object it maps holds PTX with it for sm_{sm}: a module loaded from memory, or \
-         built without PTX (nvcc -gencode arch=compute_XX,code=compute_XX adds it); start \
-         the program under bpftime to have its module's load seen"
+        "no object it maps holds PTX with it for sm_{sm}: a module loaded from memory \
+         (start the program under bpftime to have the load seen), or one built without PTX \
+         (nvcc -gencode arch=compute_XX,code=compute_XX adds it)"
     )]
     NoPtx { sm: u32 },
     #[error(

@@ -338,3 +338,23 @@ fn a_kernel_name_in_several_objects_is_told_apart_by_its_modules_kernels_or_refu
     let (_, object) = copies.ptx_of("same", None).unwrap();
     assert_eq!(object, doubles);
 }
+
+#[test]
+fn entry_names_are_the_kernels_the_full_parse_finds_not_declarations_or_comments() {
+    use bpftime_gpu_attach::ptx::{entry_names, PtxModule};
+    let fixtures = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures");
+    for f in ["kernels.ptx", "exits.ptx", "accesses.ptx"] {
+        let text = std::fs::read_to_string(fixtures.join(f)).unwrap();
+        let parsed: Vec<String> = PtxModule::parse(&text)
+            .unwrap()
+            .kernels
+            .into_iter()
+            .map(|k| k.name)
+            .collect();
+        assert!(!parsed.is_empty(), "{f}");
+        assert_eq!(entry_names(&text).unwrap(), parsed, "{f}");
+    }
+    let text = ".version 9.0\n.target sm_90\n// .entry commented(\n/* .entry hidden( */\n\
+                .extern .entry declared(.param .u64 p);\n.visible .entry defined()\n{\nret;\n}\n";
+    assert_eq!(entry_names(text).unwrap(), vec!["defined"]);
+}
