@@ -438,7 +438,11 @@ run() {  # run LOG ARGS... : bpftime run ARGS, output and exit status in LOG.out
         touch "$d/go"
         wait $runner; status=$?
         if [ -n "$tool" ]; then
+            # It prints its counts at SIGINT; one that does not go is killed, its counts missing.
             kill -INT $tool 2>/dev/null
+            local i
+            for i in $(seq 100); do kill -0 $tool 2>/dev/null || break; sleep 0.1; done
+            kill -KILL $tool 2>/dev/null
             wait $tool 2>/dev/null
         fi
         rm -rf "/dev/shm/bpftime-$store"
