@@ -482,6 +482,84 @@ for line in sys.stdin:
         result "module load to instrumented module ready, $kernel, $loading loading (measured)" $ok "$ready ms (goal <= 20 ms: $goal): $parts; build started at the load on a thread of ours: $([ "$ahead" -gt 0 ] && echo yes || echo no), first launch waited ${waited:-0} ms"
     done
 
+    # `bpftime attach PID` into a CUDA process started without bpftime: attach_loop loads
+    # its module and launches vectorAdd in a loop before the agent arrives (the attach
+    # happens while it launches), pauses, an unmodified libbpf tool (gpu_probes: entry,
+    # exit and launch probes) is loaded, and then it makes 20 launches of 2^20 threads.
+    # The agent finds vectorAdd's PTX in the program's fatbin and instruments it: entries
+    # and exits exact for those launches. Without PTX (sm_90 machine code only) the kernel
+    # runs as it is, with one notice, and launch events still count every launch.
+    wait_for() {  # wait_for FILE PATTERN SECONDS
+        local i
+        for i in $(seq $(($3 * 20))); do
+            grep -q "$2" "$1" 2>/dev/null && return 0
+            sleep 0.05
+        done
+        return 1
+    }
+    attach_pid() {  # attach_pid TAG LABEL APP PTX(1|0)
+        local name=$1 label=$2 app=$3 ptx=$4 n=1048576 launches=20
+        local d=$work/attach-$name store=gpu-ex-$$-attach-$name
+        mkdir -p "$d"
+        BPFTIME_LOG=info timeout 300 "$app" $n $launches "$d" >"$d/app.out" 2>&1 &
+        local runner=$! pid="" attached=1 tool="" status
+        wait_for "$d/app.out" '^attach_loop ready' 60 &&
+            pid=$(sed -n 's/^attach_loop ready pid=\([0-9]*\)$/\1/p' "$d/app.out")
+        if [ -n "$pid" ]; then
+            timeout 120 "$bt" --store "$store" attach "$pid" >"$d/attach.out" 2>&1
+            attached=$?
+        fi
+        touch "$d/stop"
+        if wait_for "$d/app.out" '^attach_loop paused' 60 && [ $attached = 0 ]; then
+            LD_LIBRARY_PATH="$objs" "$bt" --store "$store" load "$objs/gpu_probes" --obj "$objs/gpu_probes.bpf.o" >"$d/tool.out" 2>&1 &
+            tool=$!
+            wait_for "$d/tool.out" '^ready$' 60
+            # The agent has taken the tool's three device probes and its launch program.
+            local i
+            for i in $(seq 600); do
+                sed 's/\x1b\[[0-9;]*m//g' "$d/app.out" >"$d/app.plain"
+                [ "$(grep -c 'GPU probe link=' "$d/app.plain")" -ge 3 ] &&
+                    grep -q 'launch program link=' "$d/app.plain" && break
+                sleep 0.05
+            done
+            sleep 0.2
+        fi
+        touch "$d/go"
+        wait $runner; status=$?
+        if [ -n "$tool" ]; then
+            # It prints its counts at SIGINT; one that does not go is killed, its counts missing.
+            kill -INT $tool 2>/dev/null
+            local i
+            for i in $(seq 100); do kill -0 $tool 2>/dev/null || break; sleep 0.1; done
+            kill -KILL $tool 2>/dev/null
+            wait $tool 2>/dev/null
+        fi
+        rm -rf "/dev/shm/bpftime-$store"
+        sed 's/\x1b\[[0-9;]*m//g' "$d/app.out" >"$d/app.plain"
+        cat "$d/attach.out" "$d/app.plain" "$d/tool.out" >"$logs/attach-$name.out" 2>/dev/null
+        local entries exits elements calls found notices expect=$((launches * n))
+        entries=$(sed -n 's/^count\[0\]=//p' "$d/tool.out" 2>/dev/null)
+        exits=$(sed -n 's/^count\[1\]=//p' "$d/tool.out" 2>/dev/null)
+        elements=$(sed -n 's/^count\[2\]=//p' "$d/tool.out" 2>/dev/null)
+        calls=$(sed -n 's/^count\[3\]=//p' "$d/tool.out" 2>/dev/null)
+        found=$(grep -c 'kernel loaded before GPU attach started, found' "$d/app.plain")
+        notices=$(grep -c '^bpftime: kernel .* runs uninstrumented (launch events still see it): its module was loaded before bpftime attached' "$d/app.plain")
+        local ok=0
+        if [ $status = 0 ] && [ $attached = 0 ] && grep -q "after_go launches=$launches .*threads=$expect check=ok" "$d/app.plain" &&
+            [ "$calls" = $launches ]; then
+            if [ "$ptx" = 1 ]; then
+                [ "$entries" = $expect ] && [ "$exits" = $expect ] && [ "$elements" = $((expect * n)) ] &&
+                    [ "$found" -ge 1 ] && [ "$notices" = 0 ] && ok=1
+            else
+                [ "$entries" = 0 ] && [ "$exits" = 0 ] && [ "$notices" = 1 ] && ok=1
+            fi
+        fi
+        result "bpftime attach PID into a running CUDA process ($label), probes after the attach" $ok "app exit $status, attach exit $attached ($(head -c 200 "$d/attach.out" | tr '\n' ' ')); $(grep -o 'paused launches=[0-9]*' "$d/app.plain") before the probes; entries $entries exits $exits (expected $([ "$ptx" = 1 ] && echo $expect || echo 0) each), sum of n $elements, launches $calls (expected $launches); PTX found $found, uninstrumented notices $notices"
+    }
+    attach_pid static "static cudart" "$cuda/attach_loop" 1
+    attach_pid shared "shared cudart" "$cuda/attach_loop_shared" 1
+    attach_pid noptx "no PTX: one notice, launch events only" "$cuda/attach_loop_noptx" 0
+
     # Bad input: a kernel that does not exist; a kernel without PTX.
     log=$work/nokernel
     run "$log" --attach thread_exit=doesNotExist "$objs/threadhist.bpf.o" -- "$cuda/vec_add" 4096 2 256

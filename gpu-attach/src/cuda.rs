@@ -30,6 +30,21 @@ pub const ATTR_MULTIPROCESSOR_COUNT: c_int = 16;
 pub const ATTR_COMPUTE_CAPABILITY_MAJOR: c_int = 75;
 pub const ATTR_COMPUTE_CAPABILITY_MINOR: c_int = 76;
 
+/// A module or a library, as the driver answers what a function belongs to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Owned {
+    Module(Handle),
+    Library(Handle),
+}
+
+impl Owned {
+    pub fn handle(self) -> Handle {
+        match self {
+            Owned::Module(h) | Owned::Library(h) => h,
+        }
+    }
+}
+
 /// `CUlaunchConfig`.
 #[repr(C)]
 #[derive(Debug, Clone, Copy)]
@@ -69,6 +84,16 @@ macro_rules! api {
             pub graph: Option<GraphApi>,
             /// `cuLibraryGetGlobal` (CUDA 12.0 and newer drivers).
             pub library_get_global: Option<unsafe extern "C" fn(*mut DevicePtr, *mut usize, Handle, *const c_char) -> CuResult>,
+            /// `cuFuncGetModule` (CUDA 11 and newer drivers).
+            pub func_get_module: Option<unsafe extern "C" fn(*mut Handle, Handle) -> CuResult>,
+            /// `cuKernelGetLibrary` (CUDA 12.5 and newer drivers).
+            pub kernel_get_library: Option<unsafe extern "C" fn(*mut Handle, Handle) -> CuResult>,
+            /// `cuModuleGetFunctionCount` and `cuModuleEnumerateFunctions` (CUDA 12.4).
+            pub module_function_count: Option<unsafe extern "C" fn(*mut c_uint, Handle) -> CuResult>,
+            pub module_enumerate_functions: Option<unsafe extern "C" fn(*mut Handle, c_uint, Handle) -> CuResult>,
+            /// `cuLibraryGetKernelCount` and `cuLibraryEnumerateKernels` (CUDA 12.4).
+            pub library_kernel_count: Option<unsafe extern "C" fn(*mut c_uint, Handle) -> CuResult>,
+            pub library_enumerate_kernels: Option<unsafe extern "C" fn(*mut Handle, c_uint, Handle) -> CuResult>,
         }
 
         impl Api {
@@ -103,6 +128,24 @@ macro_rules! api {
                     // SAFETY: as above.
                     library_get_global: unsafe { symbol(lib, "cuLibraryGetGlobal") }
                         .map(|p| unsafe { std::mem::transmute::<*mut c_void, unsafe extern "C" fn(*mut DevicePtr, *mut usize, Handle, *const c_char) -> CuResult>(p) }),
+                    // SAFETY: as above.
+                    func_get_module: unsafe { symbol(lib, "cuFuncGetModule") }
+                        .map(|p| unsafe { std::mem::transmute::<*mut c_void, unsafe extern "C" fn(*mut Handle, Handle) -> CuResult>(p) }),
+                    // SAFETY: as above.
+                    kernel_get_library: unsafe { symbol(lib, "cuKernelGetLibrary") }
+                        .map(|p| unsafe { std::mem::transmute::<*mut c_void, unsafe extern "C" fn(*mut Handle, Handle) -> CuResult>(p) }),
+                    // SAFETY: as above.
+                    module_function_count: unsafe { symbol(lib, "cuModuleGetFunctionCount") }
+                        .map(|p| unsafe { std::mem::transmute::<*mut c_void, unsafe extern "C" fn(*mut c_uint, Handle) -> CuResult>(p) }),
+                    // SAFETY: as above.
+                    module_enumerate_functions: unsafe { symbol(lib, "cuModuleEnumerateFunctions") }
+                        .map(|p| unsafe { std::mem::transmute::<*mut c_void, unsafe extern "C" fn(*mut Handle, c_uint, Handle) -> CuResult>(p) }),
+                    // SAFETY: as above.
+                    library_kernel_count: unsafe { symbol(lib, "cuLibraryGetKernelCount") }
+                        .map(|p| unsafe { std::mem::transmute::<*mut c_void, unsafe extern "C" fn(*mut c_uint, Handle) -> CuResult>(p) }),
+                    // SAFETY: as above.
+                    library_enumerate_kernels: unsafe { symbol(lib, "cuLibraryEnumerateKernels") }
+                        .map(|p| unsafe { std::mem::transmute::<*mut c_void, unsafe extern "C" fn(*mut Handle, c_uint, Handle) -> CuResult>(p) }),
                 })
             }
         }
@@ -382,6 +425,55 @@ impl Api {
         let mut function = 0;
         // SAFETY: writes one handle; the driver refuses what is not a kernel.
         unsafe { get(&mut function, f) == CUDA_SUCCESS && load(function) == CUDA_SUCCESS }
+    }
+
+    /// What a function or kernel handle was loaded from: its module (`cuFuncGetModule`), or
+    /// for a kernel of a library (`CUkernel`), its library; `None` where the driver cannot
+    /// say.
+    pub fn function_owner(&self, f: Handle) -> Option<Owned> {
+        if let Some(get) = self.func_get_module {
+            let mut module = 0;
+            // SAFETY: writes one handle, or fails for a handle that is no function.
+            if unsafe { get(&mut module, f) } == CUDA_SUCCESS && module != 0 {
+                return Some(Owned::Module(module));
+            }
+        }
+        let get = self.kernel_get_library?;
+        let mut library = 0;
+        // SAFETY: as above, for a kernel.
+        (unsafe { get(&mut library, f) } == CUDA_SUCCESS && library != 0)
+            .then_some(Owned::Library(library))
+    }
+
+    /// The names of every kernel of a module or library, where the driver can list them
+    /// (`cuModuleEnumerateFunctions`, `cuLibraryEnumerateKernels`).
+    pub fn kernel_names(&self, owner: Owned) -> Option<Vec<String>> {
+        let (count, list, handle) = match owner {
+            Owned::Module(m) => (
+                self.module_function_count?,
+                self.module_enumerate_functions?,
+                m,
+            ),
+            Owned::Library(l) => (
+                self.library_kernel_count?,
+                self.library_enumerate_kernels?,
+                l,
+            ),
+        };
+        let mut n: c_uint = 0;
+        // SAFETY: writes one count.
+        if unsafe { count(&mut n, handle) } != CUDA_SUCCESS {
+            return None;
+        }
+        let mut functions = vec![0 as Handle; n as usize];
+        // SAFETY: room for the `n` handles asked for.
+        if unsafe { list(functions.as_mut_ptr(), n, handle) } != CUDA_SUCCESS {
+            return None;
+        }
+        functions
+            .into_iter()
+            .map(|f| self.function_name(f))
+            .collect()
     }
 
     /// The name the driver gives a function or kernel handle, where it can.

@@ -473,7 +473,7 @@ pub struct ModulePtx {
 }
 
 impl ModulePtx {
-    fn from_entries(entries: &[Entry<'_>]) -> ModulePtx {
+    pub(crate) fn from_entries(entries: &[Entry<'_>]) -> ModulePtx {
         ModulePtx {
             entries: entries
                 .iter()

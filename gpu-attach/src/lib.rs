@@ -12,6 +12,8 @@
 //!   the launch's GPU times once it completed, for every kernel, PTX or not.
 //! - [`observer`] tells a timeline of every intercepted driver call and every line a GPU
 //!   probe printed, with its GPU time.
+//! - [`scan`] finds the PTX of kernels whose modules were loaded before GPU attach
+//!   started, in the fatbins of the ELF objects the process maps.
 //! - [`runner`] runs a program as a kernel of its own (the conformance suite's GPU engine),
 //!   and [`toolchain`] finds NVIDIA's compilers for the tests.
 
@@ -28,6 +30,7 @@ pub mod probe;
 pub mod ptx;
 mod replica;
 pub mod runner;
+pub mod scan;
 mod session;
 pub mod toolchain;
 

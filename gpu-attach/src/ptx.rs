@@ -363,6 +363,27 @@ fn tokens(text: &str) -> Result<Vec<(Tok, usize, usize)>, PtxError> {
     .collect()
 }
 
+/// The names of the kernels (`.entry`) a PTX module defines (a declaration, which ends at
+/// a `;` before any body, is another module's kernel), without parsing their bodies: what
+/// a search through many modules for one kernel needs.
+pub fn entry_names(text: &str) -> Result<Vec<String>, PtxError> {
+    let toks = tokens(text)?;
+    let word = |i: usize| match toks.get(i) {
+        Some(&(Tok::Word, a, b)) => Some(&text[a..b]),
+        _ => None,
+    };
+    let defined = |i: usize| {
+        toks[i..]
+            .iter()
+            .find(|t| matches!(t.0, Tok::Punct(b'{') | Tok::Punct(b';')))
+            .is_some_and(|t| t.0 == Tok::Punct(b'{'))
+    };
+    Ok((0..toks.len())
+        .filter(|&i| word(i) == Some(".entry") && defined(i))
+        .filter_map(|i| word(i + 1).map(str::to_string))
+        .collect())
+}
+
 impl PtxModule {
     pub fn parse(text: &str) -> Result<PtxModule, PtxError> {
         let toks = tokens(text)?;

@@ -11,6 +11,7 @@
 
 use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
 use std::ffi::{CStr, CString};
+use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, RwLock};
 use std::time::{Duration, Instant};
@@ -21,7 +22,7 @@ use bpftime_runtime::Map;
 
 use crate::clock::{self, ClockCalibration};
 use crate::cuda::{
-    self, Api, CuResult, DevicePtr, Handle, ATTR_MULTIPROCESSOR_COUNT, CUDA_ERROR_NOT_READY,
+    self, Api, CuResult, DevicePtr, Handle, Owned, ATTR_MULTIPROCESSOR_COUNT, CUDA_ERROR_NOT_READY,
     CUDA_SUCCESS, EVENT_DEFAULT, EVENT_DISABLE_TIMING, STREAM_NON_BLOCKING,
 };
 use crate::device_maps::{DeviceKind, RuntimeConfig};
@@ -33,6 +34,7 @@ use crate::names;
 use crate::probe::{compile_probe, DeviceMapRef};
 use crate::ptx::{strip_header, ProbeCall, ProbePoint, PtxModule, Splice, Version};
 use crate::replica::{DeviceDelta, HashOpsLaunch, Mover, Replica, RingReader};
+use crate::scan::FatbinIndex;
 
 /// What kind of handle an image was loaded as.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -194,10 +196,24 @@ struct Image {
 }
 
 struct FunctionInfo {
-    /// The image its module or library was loaded from; `None` for a function of a module
-    /// loaded before GPU attach started.
+    /// The image its module or library was loaded from; `None` for a function whose PTX is
+    /// unknown.
     image: Option<u64>,
     name: Arc<str>,
+    origin: Origin,
+}
+
+/// How GPU attach came to know a function.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Origin {
+    /// Looked up in a module or library whose load it saw.
+    Seen,
+    /// Of a module loaded before GPU attach started, its PTX found in a mapped object
+    /// (`scan`).
+    Found,
+    /// Of a module loaded before GPU attach started, its PTX not looked for or not found,
+    /// as of the probes' generation given: a later probe may name it.
+    Unseen(u64),
 }
 
 /// A module of the application, instrumented for one context and one set of probes.
@@ -449,6 +465,18 @@ pub struct GpuAttach {
     worker: OnceLock<std::thread::Thread>,
     /// Launches that went untimed because too many were awaited.
     untimed: AtomicU64,
+    /// Fatbins of the process's objects, for kernels of modules loaded before GPU attach
+    /// started.
+    discovery: Mutex<Discovery>,
+}
+
+/// What the scans for kernels of modules loaded before GPU attach started know.
+#[derive(Default)]
+struct Discovery {
+    /// One per device architecture.
+    indexes: HashMap<u32, FatbinIndex>,
+    /// Kernels looked for and not found (per architecture), and why.
+    missing: HashMap<(u32, Arc<str>), String>,
 }
 
 static SESSION: OnceLock<GpuAttach> = OnceLock::new();
@@ -531,6 +559,7 @@ pub fn install() -> Result<&'static GpuAttach, InstallError> {
         cuda_work: RwLock::new(()),
         untimed: AtomicU64::new(0),
         worker: OnceLock::new(),
+        discovery: Mutex::new(Discovery::default()),
     });
     let worker = std::thread::Builder::new()
         .name("bpftime-gpu".into())
@@ -753,6 +782,7 @@ impl GpuAttach {
                 FunctionInfo {
                     image: Some(image),
                     name,
+                    origin: Origin::Seen,
                 },
             );
         }
@@ -764,6 +794,7 @@ impl GpuAttach {
             let alias = FunctionInfo {
                 image: info.image,
                 name: info.name.clone(),
+                origin: info.origin,
             };
             st.functions.insert(function, alias);
         }
@@ -791,6 +822,11 @@ impl GpuAttach {
                 .lock()
                 .unwrap_or_else(|e| e.into_inner())
                 .clear();
+        } else {
+            // Perhaps what a function found by a scan came from, under another handle (a
+            // library, where the scan asked for the module): those are looked up again,
+            // cheaply, since their images stay.
+            st.functions.retain(|_, f| f.origin == Origin::Seen);
         }
     }
 
@@ -802,32 +838,26 @@ impl GpuAttach {
             return plain;
         }
         flush_at_exit_once();
-        let found = {
+        // Some(Some(..)): its image; Some(None): no PTX known for the current probes;
+        // None: not known, or looked up before the probes changed.
+        let known = {
             let st = self.read();
             st.functions
                 .get(&function)
-                .map(|f| (f.image, f.name.clone()))
+                .and_then(|f| match (f.image, f.origin) {
+                    (Some(image), _) => Some(Some((image, f.name.clone()))),
+                    (None, Origin::Unseen(g)) if g != st.generation => None,
+                    (None, _) => Some(None),
+                })
         };
-        let (image, name) = match found {
-            Some((Some(image), name)) => (image, name),
-            Some((None, _)) => return plain,
-            None => {
-                // A kernel whose module we did not see load (loaded before we attached):
-                // named once, remembered as unseen.
-                let name: Arc<str> = self.api.function_name(function).unwrap_or_default().into();
-                if !name.is_empty() && self.any_probe_matches(&name) {
-                    self.notice(&format!("unseen:{name}"), || {
-                        format!(
-                            "kernel {name} runs uninstrumented: its module was loaded \
-                             before bpftime intercepted CUDA, so its PTX is unknown"
-                        )
-                    });
-                }
-                self.write()
-                    .functions
-                    .insert(function, FunctionInfo { image: None, name });
-                return plain;
-            }
+        let (image, name) = match known {
+            Some(Some(found)) => found,
+            Some(None) => return plain,
+            // A kernel whose module was loaded before GPU attach started.
+            None => match self.discover(function) {
+                Some(found) => found,
+                None => return plain,
+            },
         };
         let ctx = self.api.current_context();
         if ctx == 0 {
@@ -865,6 +895,135 @@ impl GpuAttach {
             return plain;
         };
         self.prepare_launch(ctx, image, name, function, stream)
+    }
+
+    /// A function launched that GPU attach has not seen looked up: its module was loaded
+    /// before GPU attach started (`bpftime attach PID`). When a probe names it, its PTX is
+    /// looked for in the objects the process maps and, found, noted as its module's image,
+    /// as if the load had been seen. Each outcome is remembered: a kernel is looked for
+    /// once per set of probes, and each object scanned once.
+    fn discover(&self, function: Handle) -> Option<(u64, Arc<str>)> {
+        let generation = self.read().generation;
+        let name: Arc<str> = self.api.function_name(function).unwrap_or_default().into();
+        let remember_unseen = |name: Arc<str>| {
+            self.write().functions.insert(
+                function,
+                FunctionInfo {
+                    image: None,
+                    name,
+                    origin: Origin::Unseen(generation),
+                },
+            );
+            None
+        };
+        if name.is_empty() || !self.any_probe_matches(&name) {
+            return remember_unseen(name);
+        }
+        let owner = self.api.function_owner(function);
+        // Its module seen after all, the function got some way not intercepted.
+        let seen = owner.and_then(|o| self.read().owners.get(&o.handle()).copied());
+        let image = match (seen, owner) {
+            (Some(image), _) => image,
+            (None, Some(owner)) => match self.find_ptx(&name, owner) {
+                Ok((ptx, object)) => {
+                    tracing::info!(
+                        kernel = %name,
+                        object = %object.display(),
+                        "the PTX of a kernel loaded before GPU attach started, found"
+                    );
+                    let mut st = self.write();
+                    // Another thread may have found it meanwhile: one image per module.
+                    match st.owners.get(&owner.handle()) {
+                        Some(&id) => id,
+                        None => {
+                            let id = st.next_image;
+                            st.next_image += 1;
+                            let kind = match owner {
+                                cuda::Owned::Module(_) => Owner::Module,
+                                cuda::Owned::Library(_) => Owner::Library,
+                            };
+                            let image = Image {
+                                ptx: Ok(ptx),
+                                owner: (kind, owner.handle()),
+                            };
+                            st.images.insert(id, Arc::new(image));
+                            st.owners.insert(owner.handle(), id);
+                            id
+                        }
+                    }
+                }
+                Err(why) => {
+                    self.unseen_notice(&name, &why);
+                    return remember_unseen(name);
+                }
+            },
+            (None, None) => {
+                self.unseen_notice(
+                    &name,
+                    "the driver does not say which module it is in (cuFuncGetModule)",
+                );
+                return remember_unseen(name);
+            }
+        };
+        self.write().functions.insert(
+            function,
+            FunctionInfo {
+                image: Some(image),
+                name: name.clone(),
+                origin: Origin::Found,
+            },
+        );
+        Some((image, name))
+    }
+
+    /// One notice for a probed kernel whose module was loaded before GPU attach started and
+    /// whose PTX is not to be had, saying `why`.
+    fn unseen_notice(&self, name: &str, why: &str) {
+        for p in self.read().probes.values() {
+            if names::matches(&p.pattern, name) {
+                self.lock_matched().insert(p.link_id);
+            }
+        }
+        self.notice(&format!("before-attach:{name}"), || {
+            format!(
+                "kernel {name} runs uninstrumented (launch events still see it): its module \
+                 was loaded before bpftime attached to this process, and {why}"
+            )
+        });
+    }
+
+    /// The PTX of kernel `name` of `owner` (a module or library loaded before GPU attach
+    /// started), from the fatbins of the objects this process maps, with the object it
+    /// came from; or why there is none.
+    fn find_ptx(&self, name: &Arc<str>, owner: Owned) -> Result<(ModulePtx, PathBuf), String> {
+        let sm = self
+            .api
+            .device_sm()
+            .map_err(|e| format!("its device is unknown ({e})"))?;
+        let mut d = self.discovery.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(why) = d.missing.get(&(sm, name.clone())) {
+            return Err(why.clone());
+        }
+        let index = d.indexes.entry(sm).or_insert_with(|| FatbinIndex::new(sm));
+        let started = Instant::now();
+        if let Err(e) = index.update_from_self() {
+            tracing::warn!("the process's mappings are unreadable: {e}");
+        }
+        let kernels = self.api.kernel_names(owner);
+        let found = index
+            .ptx_of(name, kernels.as_deref())
+            .map_err(|e| e.to_string());
+        tracing::debug!(
+            kernel = %name,
+            module_kernels = ?kernels,
+            found = found.is_ok(),
+            ms = started.elapsed().as_secs_f64() * 1e3,
+            "looked for a kernel's PTX in the process's objects"
+        );
+        if let Err(why) = &found {
+            d.missing.insert((sm, name.clone()), why.clone());
+        }
+        found
     }
 
     /// A launch into a capturing stream, whose instrumented module is ready: the graph
