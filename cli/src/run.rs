@@ -493,6 +493,8 @@ fn load_and_run(store: &str, args: &RunArgs) -> Result<ExitCode, Failure> {
         None
     };
     let mut trace = TraceTail::new(store);
+    // With no ring to wait on, a trace line wakes the loop as soon as it is written.
+    let trace_written = crate::trace_pipe::DirWatch::new(&bpftime_runtime::Store::dir_for(store));
 
     let command = || -> Result<Command, Failure> {
         let mut command =
@@ -513,7 +515,7 @@ fn load_and_run(store: &str, args: &RunArgs) -> Result<ExitCode, Failure> {
             (None, Some(p)) => {
                 let _ = p.poll(tick);
             }
-            (None, None) => std::thread::sleep(tick),
+            (None, None) => trace_written.wait(tick.as_millis() as i32),
         }
         for p in perf.iter().skip(usize::from(rings.is_none())) {
             let _ = p.poll(Duration::ZERO);

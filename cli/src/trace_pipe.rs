@@ -119,12 +119,12 @@ impl TracePipe {
 
 /// Changes in the store directory, through inotify; a plain sleep where
 /// inotify is unavailable.
-struct DirWatch {
+pub(crate) struct DirWatch {
     fd: i32,
 }
 
 impl DirWatch {
-    fn new(dir: &Path) -> DirWatch {
+    pub(crate) fn new(dir: &Path) -> DirWatch {
         // SAFETY: plain system call wrapper.
         let fd = unsafe { libc::inotify_init1(libc::IN_CLOEXEC | libc::IN_NONBLOCK) };
         if fd >= 0 {
@@ -146,7 +146,7 @@ impl DirWatch {
         DirWatch { fd }
     }
 
-    fn wait(&self, timeout_ms: i32) {
+    pub(crate) fn wait(&self, timeout_ms: i32) {
         if self.fd < 0 {
             std::thread::sleep(std::time::Duration::from_millis(timeout_ms as u64));
             return;

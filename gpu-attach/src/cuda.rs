@@ -230,8 +230,9 @@ const _: () = assert!(std::mem::size_of::<KernelNodeParams>() == 72);
 macro_rules! graph_api {
     ($( $field:ident: $symbol:literal fn($($arg:ty),*) ;)*) => {
         /// The graph calls of the driver API that GPU attach uses to time a graph's kernel
-        /// nodes (CUDA 12 and 13 drivers export them all; the unversioned graph-edge calls
-        /// keep CUDA 12's signatures).
+        /// nodes (CUDA 12.3 and newer drivers export them all). The edge calls are the
+        /// `_v2` ones, with edge data (passed as null: default edges): CUDA 13's unversioned
+        /// names have their signatures, CUDA 12's the older ones.
         #[derive(Clone, Copy)]
         pub struct GraphApi {
             $( pub $field: unsafe extern "C" fn($($arg),*) -> CuResult, )*
@@ -258,10 +259,10 @@ graph_api! {
     get_nodes: "cuGraphGetNodes" fn(Handle, *mut Handle, *mut usize);
     node_get_type: "cuGraphNodeGetType" fn(Handle, *mut c_int);
     kernel_node_get_params: "cuGraphKernelNodeGetParams_v2" fn(Handle, *mut KernelNodeParams);
-    node_get_dependencies: "cuGraphNodeGetDependencies" fn(Handle, *mut Handle, *mut usize);
-    node_get_dependent_nodes: "cuGraphNodeGetDependentNodes" fn(Handle, *mut Handle, *mut usize);
+    node_get_dependencies: "cuGraphNodeGetDependencies_v2" fn(Handle, *mut Handle, *mut c_void, *mut usize);
+    node_get_dependent_nodes: "cuGraphNodeGetDependentNodes_v2" fn(Handle, *mut Handle, *mut c_void, *mut usize);
     add_event_record_node: "cuGraphAddEventRecordNode" fn(*mut Handle, Handle, *const Handle, usize, Handle);
-    add_dependencies: "cuGraphAddDependencies" fn(Handle, *const Handle, *const Handle, usize);
+    add_dependencies: "cuGraphAddDependencies_v2" fn(Handle, *const Handle, *const Handle, *const c_void, usize);
     exec_event_record_node_set_event: "cuGraphExecEventRecordNodeSetEvent" fn(Handle, Handle, Handle);
 }
 

@@ -1638,6 +1638,11 @@ impl GpuAttach {
     /// sets timing events in. Nothing is removed: the kernel keeps its dependencies, so a
     /// failure halfway leaves the graph's order as the application made it.
     pub(crate) fn before_instantiate(&self, graph: Handle) {
+        tracing::debug!(
+            graph,
+            watching = self.watches_launches(),
+            "a CUDA graph is instantiated"
+        );
         if !self.watches_launches() || graph == 0 {
             return;
         }
@@ -1657,47 +1662,66 @@ impl GpuAttach {
             None => {
                 let mut e = 0;
                 // SAFETY: writes one event handle.
-                if unsafe { (self.api.event_create)(&mut e, EVENT_DISABLE_TIMING) } != CUDA_SUCCESS
-                {
+                let r = unsafe { (self.api.event_create)(&mut e, EVENT_DISABLE_TIMING) };
+                if r != CUDA_SUCCESS {
+                    tracing::debug!(error = %self.api.error_name(r), "no idle event for a graph's timing nodes");
                     return;
                 }
                 e
             }
         };
-        let list = |get: unsafe extern "C" fn(Handle, *mut Handle, *mut usize) -> CuResult,
+        let list = |get: &dyn Fn(Handle, *mut Handle, *mut usize) -> CuResult,
                     of: Handle|
          -> Option<Vec<Handle>> {
             let mut n = 0usize;
-            // SAFETY: with a null array, writes the count.
-            if unsafe { get(of, std::ptr::null_mut(), &mut n) } != CUDA_SUCCESS {
+            let r = get(of, std::ptr::null_mut(), &mut n);
+            if r != CUDA_SUCCESS {
+                tracing::debug!(error = %self.api.error_name(r), "graph nodes not listed");
                 return None;
             }
+            if n == 0 {
+                // A non-null array of no room is refused.
+                return Some(Vec::new());
+            }
             let mut v = vec![0 as Handle; n];
-            // SAFETY: room for `n` handles; writes how many it wrote.
-            if unsafe { get(of, v.as_mut_ptr(), &mut n) } != CUDA_SUCCESS {
+            let r = get(of, v.as_mut_ptr(), &mut n);
+            if r != CUDA_SUCCESS {
+                tracing::debug!(error = %self.api.error_name(r), "graph nodes not listed");
                 return None;
             }
             v.truncate(n);
             Some(v)
         };
-        let Some(all) = list(g.get_nodes, graph) else {
+        // SAFETY (the three listings): with a null array each writes the count; with an
+        // array of that many handles, the handles and how many it wrote.
+        let nodes_of = |graph, out, n: *mut usize| unsafe { (g.get_nodes)(graph, out, n) };
+        let dependencies = |node, out, n: *mut usize| unsafe {
+            (g.node_get_dependencies)(node, out, std::ptr::null_mut(), n)
+        };
+        let dependents = |node, out, n: *mut usize| unsafe {
+            (g.node_get_dependent_nodes)(node, out, std::ptr::null_mut(), n)
+        };
+        let Some(all) = list(&nodes_of, graph) else {
             return;
         };
+        tracing::debug!(graph, nodes = all.len(), "graph nodes");
         for node in all {
             if nodes.iter().any(|t| t.kernel_node == node) {
                 continue;
             }
             let mut kind = -1;
             // SAFETY: writes the node's type.
-            if unsafe { (g.node_get_type)(node, &mut kind) } != CUDA_SUCCESS
-                || kind != cuda::GRAPH_NODE_KERNEL
-            {
+            let r = unsafe { (g.node_get_type)(node, &mut kind) };
+            if r != CUDA_SUCCESS || kind != cuda::GRAPH_NODE_KERNEL {
+                tracing::debug!(node, kind, r, "graph node: not a kernel");
                 continue;
             }
             // SAFETY: a zeroed parameter block the driver fills in.
             let mut params: cuda::KernelNodeParams = unsafe { std::mem::zeroed() };
             // SAFETY: a kernel node; writes its parameters.
-            if unsafe { (g.kernel_node_get_params)(node, &mut params) } != CUDA_SUCCESS {
+            let r = unsafe { (g.kernel_node_get_params)(node, &mut params) };
+            if r != CUDA_SUCCESS {
+                tracing::debug!(node, error = %self.api.error_name(r), "graph kernel node's parameters unreadable");
                 continue;
             }
             let mut function = params.func;
@@ -1710,12 +1734,16 @@ impl GpuAttach {
                 }
             }
             if function == 0 || self.launch_probes_for(function).is_none() {
+                tracing::debug!(
+                    node,
+                    function,
+                    kern = params.kern,
+                    "graph kernel node not watched"
+                );
                 continue;
             }
-            let (Some(before), Some(after)) = (
-                list(g.node_get_dependencies, node),
-                list(g.node_get_dependent_nodes, node),
-            ) else {
+            let (Some(before), Some(after)) = (list(&dependencies, node), list(&dependents, node))
+            else {
                 continue;
             };
             let (mut start_node, mut end_node) = (0, 0);
@@ -1724,13 +1752,13 @@ impl GpuAttach {
                 (g.add_event_record_node)(&mut start_node, graph, before.as_ptr(), before.len(), idle_event)
             } == CUDA_SUCCESS
                 // SAFETY: one edge, start node to kernel node, both of `graph`.
-                && unsafe { (g.add_dependencies)(graph, &start_node, &node, 1) } == CUDA_SUCCESS
+                && unsafe { (g.add_dependencies)(graph, &start_node, &node, std::ptr::null(), 1) } == CUDA_SUCCESS
                 // SAFETY: a node of `graph` after the kernel node.
                 && unsafe { (g.add_event_record_node)(&mut end_node, graph, &node, 1, idle_event) }
                     == CUDA_SUCCESS
                 && after.iter().all(|s| {
                     // SAFETY: one edge, end node to a dependent of the kernel, both of `graph`.
-                    let r = unsafe { (g.add_dependencies)(graph, &end_node, s, 1) };
+                    let r = unsafe { (g.add_dependencies)(graph, &end_node, s, std::ptr::null(), 1) };
                     r == CUDA_SUCCESS
                 });
             if !added {
