@@ -215,6 +215,26 @@ run() {  # run LOG ARGS... : bpftime run ARGS, output and exit status in LOG.out
         outside=$(value "$log.out" vector_add 4)
         ok=0; grep -q 'check=ok' "$log.out" && [ "$la" = $expect ] && [ "$lb" = $expect ] && [ "$sc" = $expect ] && [ "$outside" = 0 ] && ok=1
         result "memory-access probe on $gpus GPUs, exact" $ok "loads a $la b $lb, stores c $sc (expected $expect each), outside $outside"
+        # The same with a host thread per GPU, all launching at once: contexts made,
+        # modules built and maps synced from several threads together.
+        log=$work/multi-counter-threads
+        run "$log" "$objs/cuda_counter.bpf.o" -- "$cuda/multi_gpu" $n $iters 1
+        entries=$(value "$log.out" counts 0) exits=$(value "$log.out" counts 1)
+        ok=0; grep -q 'host_threads=1 .*check=ok' "$log.out" && [ "$entries" = $expect ] && [ "$exits" = $expect ] && ok=1
+        result "cuda_counter on $gpus GPUs, a host thread each" $ok "entries $entries exits $exits (expected $expect each)"
+        log=$work/multi-ldst-threads
+        run "$log" "$objs/access_check.bpf.o" -- "$cuda/multi_gpu" $n $iters 1
+        la=$(value "$log.out" vector_add 0) lb=$(value "$log.out" vector_add 1) sc=$(value "$log.out" vector_add 2)
+        outside=$(value "$log.out" vector_add 4)
+        ok=0; grep -q 'host_threads=1 .*check=ok' "$log.out" && [ "$la" = $expect ] && [ "$lb" = $expect ] && [ "$sc" = $expect ] && [ "$outside" = 0 ] && ok=1
+        result "memory-access probe on $gpus GPUs, a host thread each, exact" $ok "loads a $la b $lb, stores c $sc (expected $expect each), outside $outside"
+        log=$work/multi-snoop-threads
+        run "$log" "$objs/launchsnoop.bpf.o" -- "$cuda/multi_gpu" $n $iters 1
+        calls=$(value "$log.out" stats 0) done=$(value "$log.out" stats 1) threads=$(value "$log.out" stats 6)
+        orphan=$(value "$log.out" stats 8)
+        ok=0; grep -q 'host_threads=1 .*check=ok' "$log.out" && [ "$calls" = $((gpus * iters)) ] &&
+            [ "$done" = $((gpus * iters)) ] && [ "$threads" = $expect ] && [ "$orphan" = 0 ] && ok=1
+        result "launch events on $gpus GPUs, a host thread each" $ok "$calls calls, $done completed (expected $((gpus * iters)) each), $threads threads (expected $expect), $orphan completions without a call run"
     else
         echo "SKIP several GPUs: this machine has $gpus (the nvidia-h200-x2 kind has two)"
     fi
