@@ -1614,9 +1614,7 @@ impl GpuAttach {
         run_watchers(&probes, &kernel, info);
         // Queued after the first run, so the completion run never comes first.
         if let Some((start, end)) = timed {
-            let mut timings = self.lock_timings();
-            let was_idle = timings.is_empty();
-            timings.push_back(Timing {
+            self.await_timing(Timing {
                 context,
                 probes,
                 kernel,
@@ -1625,10 +1623,6 @@ impl GpuAttach {
                 end,
                 submitted_ns,
             });
-            drop(timings);
-            if was_idle {
-                self.wake_worker();
-            }
         }
     }
 
@@ -1899,9 +1893,7 @@ impl GpuAttach {
                 self.recycle_timing_events(&context, &[start, end]);
                 continue;
             }
-            let mut timings = self.lock_timings();
-            let was_idle = timings.is_empty();
-            timings.push_back(Timing {
+            self.await_timing(Timing {
                 context: context.clone(),
                 probes,
                 kernel,
@@ -1910,10 +1902,18 @@ impl GpuAttach {
                 end,
                 submitted_ns,
             });
-            drop(timings);
-            if was_idle {
-                self.wake_worker();
-            }
+        }
+    }
+
+    /// Queues a timed launch for the sync thread, which runs its completion once its end
+    /// event completed.
+    fn await_timing(&self, timing: Timing) {
+        let mut timings = self.lock_timings();
+        let was_idle = timings.is_empty();
+        timings.push_back(timing);
+        drop(timings);
+        if was_idle {
+            self.wake_worker();
         }
     }
 
