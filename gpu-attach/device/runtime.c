@@ -17,6 +17,11 @@ typedef unsigned long long u64;
 typedef long long s64;
 typedef unsigned int u32;
 typedef unsigned char u8;
+/* Device memory (cuMemAlloc's): an atomic through such a pointer is `atom.global`, where a
+ * generic one makes ptxas add a check for shared memory and a compare-and-swap loop for it
+ * at every site. */
+typedef __attribute__((address_space(1))) u64 global_u64;
+typedef __attribute__((address_space(1))) u32 global_u32;
 
 #define BPF_MAP_TYPE_HASH 1
 #define BPF_MAP_TYPE_ARRAY 2
@@ -359,7 +364,9 @@ u64 bpftime_gpu_warp_add_u64(u64 addr, u64 v, u64 r3, u64 r4, u64 r5)
         if (__nvvm_read_ptx_sreg_laneid() != 0)
             return 0;
     }
-    __atomic_fetch_add((u64 *)bpftime_gpu_shard_address(addr, 1, sm_id()), v, __ATOMIC_RELAXED);
+    /* Not the stack (above): a map's value or its SM's copy, in device memory. */
+    __atomic_fetch_add((global_u64 *)bpftime_gpu_shard_address(addr, 1, sm_id()), v,
+                       __ATOMIC_RELAXED);
     return 0;
 }
 
@@ -378,7 +385,7 @@ u64 bpftime_gpu_warp_add_u32(u64 addr, u64 v, u64 r3, u64 r4, u64 r5)
         if (__nvvm_read_ptx_sreg_laneid() != 0)
             return 0;
     }
-    __atomic_fetch_add((u32 *)bpftime_gpu_shard_address(addr, 0, sm_id()), sum,
+    __atomic_fetch_add((global_u32 *)bpftime_gpu_shard_address(addr, 0, sm_id()), sum,
                        __ATOMIC_RELAXED);
     return 0;
 }
