@@ -402,7 +402,7 @@ fn bpftime_run_attaches_shared_memory_access_probes_on_both_paths() {
     ]);
     c.stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::piped());
-    let mut child = c.spawn().expect("bpftime run");
+    let child = c.spawn().expect("bpftime run");
     let expected = {
         let mut v = vec![
             link(LinkKind::GpuSharedAccess, "ns::kern", "mem_shared"),
