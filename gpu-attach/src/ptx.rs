@@ -991,6 +991,14 @@ fn access_site(
         "st" => AccessKind::Store,
         "atom" => AccessKind::Atomic,
         "red" => AccessKind::Reduction,
+        // Shared memory that matrix loads and stores and asynchronous copies read or write:
+        // not single accesses a probe's context can describe, so said to be missed.
+        "ldmatrix" | "stmatrix" | "cp" if pieces.iter().any(|p| p.starts_with("shared")) => {
+            return Some(Err((
+                SiteSpace::Shared,
+                format!("`{statement}`: a {} is not probed", pieces[0]),
+            )));
+        }
         _ => return None,
     };
     let space = |name: &str| pieces.iter().any(|p| p.starts_with(name));

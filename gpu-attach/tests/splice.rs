@@ -1253,3 +1253,58 @@ fn nvcc_matmul_probed_at_every_shared_access_passes_ptxas() {
         assert_ptxas_accepts_for(&format!("nvcc-matmul-shared-sm{sm}"), &out, sm);
     }
 }
+
+/// sm_90's distributed shared memory: a `.shared::cluster` access is made generic as
+/// such; matrix loads and asynchronous copies into shared memory are said to be missed
+/// (by `.shared` probes only: `:ldst` probes never looked at shared memory).
+#[test]
+fn cluster_shared_accesses_are_probed_and_matrix_and_async_copies_are_named_missed() {
+    let text = "\
+.version 8.0
+.target sm_90
+.address_size 64
+.visible .entry cluster(.param .u64 out)
+{
+	.reg .b32 %r<8>;
+	.reg .b64 %rd<4>;
+	.shared .align 16 .b32 t[64];
+	mov.u32 %r1, t;
+	ld.shared::cluster.u32 %r2, [%r1+8];
+	ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%r3, %r4, %r5, %r6}, [%r1];
+	ld.param.u64 %rd3, [out];
+	cp.async.ca.shared.global [%r1+16], [%rd3], 16;
+	st.global.u32 [%rd3+8], %r2;
+	ret;
+}
+";
+    let module = PtxModule::parse(text).unwrap();
+    let k = module.kernel("cluster").unwrap();
+    use AccessKind::*;
+    use SiteSpace::*;
+    assert_eq!(
+        k.access_sizes(ProbePoint::SharedAccess),
+        vec![(Load, 4, Shared), (Store, 4, Global)]
+    );
+    assert!(k.unseen_accesses.is_empty(), "{:?}", k.unseen_accesses);
+    assert_eq!(
+        k.unseen_shared_accesses.len(),
+        2,
+        "{:?}",
+        k.unseen_shared_accesses
+    );
+    assert!(k.unseen_shared_accesses[0].contains("ldmatrix is not probed"));
+    assert!(k.unseen_shared_accesses[1].contains("cp is not probed"));
+    let splice = shared_access_splice("__bpftime_probe_18", 90, &["cluster"]);
+    let out = module
+        .splice(&splice, Version::newest_for_driver(13000))
+        .unwrap();
+    assert!(
+        out.contains("cvt.u64.u32 %__bta6, %r1;\ncvta.shared::cluster.u64 %__bta6, %__bta6;\nadd.s64 %__bta6, %__bta6, 8;"),
+        "{out}"
+    );
+    assert_eq!(
+        out.matches("call (__bt_ret), __bpftime_probe_18").count(),
+        2
+    );
+    assert_ptxas_accepts("cluster-shared", &out);
+}
