@@ -56,6 +56,7 @@ const GPU_ARTIFACTS: &[&str] = &[
     "gpu_timeline.bpf.o",
     "smcount.bpf.o",
     "percpu_hashcount.bpf.o",
+    "access_shared.bpf.o",
     "bench_empty.bpf.o",
     "bench_count.bpf.o",
     "bench_exit_time.bpf.o",
@@ -89,6 +90,7 @@ const SOURCES: &[&str] = &[
     "percpu_hashcount",
     "memtrace",
     "access_check",
+    "access_shared",
     "gpu_bench",
 ];
 

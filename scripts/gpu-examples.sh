@@ -267,6 +267,18 @@ run() {  # run LOG ARGS... : bpftime run ARGS, output and exit status in LOG.out
     n=512
     ldst "matmul" matmul $((n * n * n / 16 * 2)) $((n * n * 2)) "$cuda/matmul" $n 2
 
+    # Shared-memory access probes (`cuda:KERNEL:ldst.shared`), exact against a count by
+    # hand on the tiled matmul and vectorAdd: scripts/gpu-ldst-shared.sh (which runs
+    # alone too), its lines counted here.
+    while IFS= read -r line; do
+        case $line in
+        "PASS "*) passed=$((passed + 1)); echo "$line" ;;
+        "FAIL "*) failed=$((failed + 1)); echo "$line" ;;
+        *" passed, "*" failed") ;;
+        *) echo "$line" ;;
+        esac
+    done < <(bash scripts/gpu-ldst-shared.sh "$bt" "$objs" "$cuda" 2>&1)
+
     # memtrace: counts per kernel and kind, offsets within each buffer as log2
     # histograms, and a timeline PNG of sampled accesses (kept beside the results).
     keep=$(dirname "$out")

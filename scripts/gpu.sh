@@ -10,9 +10,11 @@
 #   scripts/gpu.sh --on-device  on the GPU machine, from the repository root: unpack them,
 #                               run everything, print a summary and write it to
 #                               $OUT/gpu-conformance.txt ($OUT defaults to results/)
-#   scripts/gpu.sh --on-device conformance|examples|bench|stress
+#   scripts/gpu.sh --on-device conformance|examples|bench|stress|ldst-shared
 #                               only that part (conformance: the suite, the plugin and the
-#                               uprobe bench), to fit the device tool's 10-minute calls
+#                               uprobe bench; ldst-shared: the shared-memory access probes'
+#                               check alone, scripts/gpu-ldst-shared.sh, which examples
+#                               runs too), to fit the device tool's 10-minute calls
 #
 # The examples (scripts/gpu-examples.sh), the overhead benchmark (scripts/gpu-bench.sh)
 # and the concurrency stress runs (scripts/gpu-stress.sh, GPU_STRESS_RUNS times, 10 by
@@ -39,7 +41,7 @@ cpu_bins=(bpftime libbpftime_syscall_shim.so libbpftime_agent.so libbpftime_agen
 cpu_inputs=(bench_calls globals.bpf.o funclatency.bpf.o)
 # The GPU examples' and benchmark's objects.
 gpu_inputs=(cuda_counter.bpf.o threadhist.bpf.o kernelretsnoop.bpf.o launchlate.bpf.o hashcount.bpf.o launchsnoop.bpf.o gpu_printk.bpf.o smcount.bpf.o percpu_hashcount.bpf.o bench_empty.bpf.o
-    bench_count.bpf.o bench_exit_time.bpf.o bench_ldst_count.bpf.o bench_ldst_ring.bpf.o memtrace.bpf.o access_check.bpf.o gpu_probes.bpf.o gpu_timeline.bpf.o)
+    bench_count.bpf.o bench_exit_time.bpf.o bench_ldst_count.bpf.o bench_ldst_ring.bpf.o memtrace.bpf.o access_check.bpf.o access_shared.bpf.o gpu_probes.bpf.o gpu_timeline.bpf.o)
 
 build() {
     local target=${CARGO_TARGET_DIR:-target}
@@ -144,6 +146,12 @@ gpu_examples() {
         cp "$carry/cpu/$f" "$dir/"
     done
     local status=0
+    if [ "$part" = ldst-shared ]; then
+        bash scripts/gpu-ldst-shared.sh "$dir/bpftime" "$dir" | tee "$out/gpu-ldst-shared.txt"
+        status=${PIPESTATUS[0]}
+        rm -rf "$dir"
+        return $status
+    fi
     if [ "$part" = all ] || [ "$part" = examples ]; then
         bash scripts/gpu-examples.sh "$dir/bpftime" "$dir" "$out/gpu-examples.txt" || status=1
     fi
@@ -196,7 +204,7 @@ case "${1:-}" in
 "") build ;;
 --on-device) on_device "${2:-all}" ;;
 *)
-    echo "usage: scripts/gpu.sh [--on-device [all|conformance|examples|bench|stress]]" >&2
+    echo "usage: scripts/gpu.sh [--on-device [all|conformance|examples|bench|stress|ldst-shared]]" >&2
     exit 2
     ;;
 esac

@@ -218,6 +218,7 @@ pub(crate) fn attach(store: &Store, runtime: &Arc<Runtime>, rec: &LinkRecord) ->
         LinkKind::GpuEntry => ProbePoint::Entry,
         LinkKind::GpuExit => ProbePoint::Exit,
         LinkKind::GpuAccess => ProbePoint::Access,
+        LinkKind::GpuSharedAccess => ProbePoint::SharedAccess,
         LinkKind::GpuLaunch => return attach_launch(store, runtime, rec),
         LinkKind::Uprobe | LinkKind::Uretprobe => return false,
     };

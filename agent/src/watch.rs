@@ -221,7 +221,11 @@ impl Agent {
         let retprobe = match rec.kind {
             LinkKind::Uprobe => false,
             LinkKind::Uretprobe => true,
-            LinkKind::GpuEntry | LinkKind::GpuExit | LinkKind::GpuLaunch | LinkKind::GpuAccess => {
+            LinkKind::GpuEntry
+            | LinkKind::GpuExit
+            | LinkKind::GpuLaunch
+            | LinkKind::GpuAccess
+            | LinkKind::GpuSharedAccess => {
                 crate::gpu::attach(self.store(), &self.runtime, rec);
                 return None;
             }

@@ -98,6 +98,9 @@ pub const LAUNCHSNOOP_BPF_O: &str = env!("BPF_EXAMPLES_LAUNCHSNOOP_BPF_O");
 /// `percpu_hashcount`: per-CPU hash maps on the GPU, written by the CPU between
 /// launches (a `cuda:` entry probe and a launch program).
 pub const PERCPU_HASHCOUNT_BPF_O: &str = env!("BPF_EXAMPLES_PERCPU_HASHCOUNT_BPF_O");
+/// `access_shared`: global and shared-memory accesses of vectorAdd and the tiled matmul
+/// by kind and space (`cuda:KERNEL:ldst.shared`).
+pub const ACCESS_SHARED_BPF_O: &str = env!("BPF_EXAMPLES_ACCESS_SHARED_BPF_O");
 /// `gpu_timeline`: uprobes and a uretprobe on two_paths' CPU functions and probes inside
 /// its `scale` kernel (a printk among them), for `bpftime run --trace`.
 pub const GPU_TIMELINE_BPF_O: &str = env!("BPF_EXAMPLES_GPU_TIMELINE_BPF_O");

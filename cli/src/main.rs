@@ -360,7 +360,8 @@ fn perf_event_target(e: &PerfEventRecord) -> String {
         PerfEventKind::Kprobe
         | PerfEventKind::Kretprobe
         | PerfEventKind::GpuLaunch
-        | PerfEventKind::GpuAccess => {
+        | PerfEventKind::GpuAccess
+        | PerfEventKind::GpuSharedAccess => {
             if e.offset == 0 {
                 format!("{label} {}", e.path)
             } else {

@@ -53,7 +53,7 @@ pub struct RunArgs {
     /// The eBPF object (`clang -target bpf -g -c prog.bpf.c`). Sections name
     /// the probes: SEC("uprobe/FUNC") for a function of the app,
     /// SEC("uprobe//PATH:FUNC") or SEC("uretprobe/LIB.so:FUNC") for others,
-    /// SEC("cuda:KERNEL[:entry|exit|launch|ldst]") for a CUDA kernel.
+    /// SEC("cuda:KERNEL[:entry|exit|launch|ldst|ldst.shared]") for a CUDA kernel.
     object: PathBuf,
     /// The app and its arguments (after `--`).
     #[arg(required = true, trailing_var_arg = true, allow_hyphen_values = true)]
@@ -181,6 +181,7 @@ impl GpuAttachment {
             GpuProbeKind::Exit => "gpu-exit",
             GpuProbeKind::Launch => "gpu-launch",
             GpuProbeKind::Access => "gpu-ldst",
+            GpuProbeKind::SharedAccess => "gpu-ldst.shared",
         };
         let kernel = self.kernel.as_deref().unwrap_or(&self.probe.kernel);
         format!("{} ({kind}) -> CUDA kernel {kernel}", self.prog)
@@ -291,13 +292,9 @@ fn attach_gpu(
     match a.probe.kind {
         GpuProbeKind::Entry => Ok(prog.attach_kprobe(false, kernel)?),
         GpuProbeKind::Exit => Ok(prog.attach_kprobe(true, kernel)?),
-        GpuProbeKind::Launch | GpuProbeKind::Access => {
-            let bit = if a.probe.kind == GpuProbeKind::Launch {
-                bpftime_runtime::GPU_LAUNCH_CONFIG_BIT
-            } else {
-                bpftime_runtime::GPU_ACCESS_CONFIG_BIT
-            };
-            let pfd = gpu_event(kernel, bit)?;
+        GpuProbeKind::Launch | GpuProbeKind::Access | GpuProbeKind::SharedAccess => {
+            let config = a.probe.kind.event_config().expect("an event of bpftime's");
+            let pfd = gpu_event(kernel, config)?;
             prog.attach_perf_event(pfd).map_err(|e| {
                 // SAFETY: our own fd, which the failed attach did not take.
                 unsafe { libc::close(pfd) };
@@ -308,8 +305,8 @@ fn attach_gpu(
 }
 
 /// A launch or memory-access event on `kernel`: a perf event of the kprobe PMU
-/// (which the shim serves) with bpftime's `config_bit` set.
-fn gpu_event(kernel: &str, config_bit: u32) -> anyhow::Result<i32> {
+/// (which the shim serves) with bpftime's bits in `config`.
+fn gpu_event(kernel: &str, config: u64) -> anyhow::Result<i32> {
     let pmu_type: u32 = std::fs::read_to_string("/sys/bus/event_source/devices/kprobe/type")
         .map_err(|e| anyhow!("cannot read the kprobe PMU's type: {e}"))?
         .trim()
@@ -322,7 +319,6 @@ fn gpu_event(kernel: &str, config_bit: u32) -> anyhow::Result<i32> {
     attr[0..4].copy_from_slice(&pmu_type.to_ne_bytes());
     let size = attr.len() as u32;
     attr[4..8].copy_from_slice(&size.to_ne_bytes());
-    let config = 1u64 << config_bit;
     attr[8..16].copy_from_slice(&config.to_ne_bytes());
     attr[56..64].copy_from_slice(&(name.as_ptr() as u64).to_ne_bytes());
     const PERF_FLAG_FD_CLOEXEC: libc::c_long = 8;

@@ -29,7 +29,7 @@ pub struct DeviceMapRef {
 pub fn probe_abi(point: ProbePoint) -> ProbeAbi {
     let extra: &[usize] = match point {
         ProbePoint::Entry | ProbePoint::Exit => &[],
-        ProbePoint::Access => &ACCESS_OFFSETS,
+        ProbePoint::Access | ProbePoint::SharedAccess => &ACCESS_OFFSETS,
     };
     ProbeAbi::Arguments {
         size: CTX_SIZE as u32,

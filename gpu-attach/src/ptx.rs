@@ -25,6 +25,13 @@
 //!   the address, the first 16 bytes of the value written (0 for loads), the size and kind
 //!   ([`AccessKind`]), and the kernel's id ([`kernel_id`]) with the access's index in the
 //!   kernel. Shared, local, constant and parameter memory are left out.
+//! - with shared-memory access probes (`cuda:KERNEL:ldst.shared`), a call of each before
+//!   every access the above sees and every shared-memory one too (`ld.shared`,
+//!   `st.shared`, `atom.shared`, `red.shared`, vector forms, and generic-address ones
+//!   where `isspacep.shared` says the address is in the CTA's shared memory). The address
+//!   is made generic (`cvta.shared`), so buffers can be told apart, and the context's
+//!   space ([`AccessSpace`]) says which memory it is. Local, constant and parameter
+//!   memory are still left out.
 //!
 //! Everything else is kept as written: the directives between the parameter list and the
 //! body (`.maxnreg`, `.maxntid`, `.reqntid`, `.minnctapersm`, ...), other kernels and
@@ -54,7 +61,26 @@ pub const ACCESS_ARGS: usize = 5;
 /// bits) and kind (high), bp the kernel id (low) and the access's index (high).
 pub const ACCESS_OFFSETS: [usize; ACCESS_ARGS] = [0, 8, 16, 24, 32];
 
-/// What a global memory access does, as an access probe's context says it.
+/// Which memory an access is in, as an access probe's context says it (bits 48..63 of
+/// the size-and-kind argument: the high half of `kind`'s 32-bit slot in
+/// `struct bpftime_gpu_access`, so global accesses read as they always did).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[repr(u32)]
+pub enum AccessSpace {
+    Global = 0,
+    Shared = 1,
+}
+
+/// Where an access's address points, as the statement says it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum SiteSpace {
+    Global,
+    Shared,
+    /// A generic address: global or shared (or other) at run time.
+    Generic,
+}
+
+/// What a memory access does, as an access probe's context says it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 #[repr(u32)]
 pub enum AccessKind {
@@ -146,18 +172,20 @@ struct ExitSite {
     opcode: String,
 }
 
-/// A global memory access in a kernel, with the PTX that computes its probe arguments.
+/// A global or shared memory access in a kernel, with the PTX that computes its probe
+/// arguments.
 #[derive(Debug, Clone, PartialEq, Eq)]
 struct AccessSite {
     /// Where the statement (its guard included) begins: the probe calls go before it.
     start: usize,
     guard: Option<String>,
-    /// A generic address: the calls run only where it is a global one.
-    generic: bool,
+    /// A generic address: the calls run only where it is one of the spaces probed.
+    space: SiteSpace,
     kind: AccessKind,
     /// Bytes accessed.
     size: u32,
-    /// PTX setting `%__bta6` to the address and `%__bta7`/`%__bta8` to the value written.
+    /// PTX setting `%__bta6` to the (generic) address and `%__bta7`/`%__bta8` to the
+    /// value written.
     prepare: String,
 }
 
@@ -173,8 +201,11 @@ pub struct Kernel {
     body_close: usize,
     exits: Vec<ExitSite>,
     accesses: Vec<AccessSite>,
-    /// Memory statements an access probe cannot see, with why (one line each).
+    /// Global (and generic) memory statements an access probe cannot see, with why (one
+    /// line each).
     pub unseen_accesses: Vec<String>,
+    /// Shared-memory statements a shared-memory access probe cannot see, with why.
+    pub unseen_shared_accesses: Vec<String>,
 }
 
 impl Kernel {
@@ -183,10 +214,10 @@ impl Kernel {
         self.exits.len()
     }
 
-    /// How many global memory accesses (generic ones included) access probes see, by kind.
-    pub fn access_counts(&self) -> Vec<(AccessKind, usize)> {
+    /// How many accesses (generic ones included) probes at `point` see, by kind.
+    pub fn access_counts(&self, point: ProbePoint) -> Vec<(AccessKind, usize)> {
         let mut counts: Vec<(AccessKind, usize)> = Vec::new();
-        for a in &self.accesses {
+        for a in self.accesses.iter().filter(|a| point.sees(a.space)) {
             match counts.iter_mut().find(|c| c.0 == a.kind) {
                 Some(c) => c.1 += 1,
                 None => counts.push((a.kind, 1)),
@@ -195,11 +226,13 @@ impl Kernel {
         counts
     }
 
-    /// The sizes in bytes of the accesses probes see, in the order they are written.
-    pub fn access_sizes(&self) -> Vec<(AccessKind, u32, bool)> {
+    /// The kind, size in bytes and space of the accesses probes at `point` see, in the
+    /// order they are written.
+    pub fn access_sizes(&self, point: ProbePoint) -> Vec<(AccessKind, u32, SiteSpace)> {
         self.accesses
             .iter()
-            .map(|a| (a.kind, a.size, a.generic))
+            .filter(|a| point.sees(a.space))
+            .map(|a| (a.kind, a.size, a.space))
             .collect()
     }
 }
@@ -211,6 +244,8 @@ pub enum ProbePoint {
     Exit,
     /// Every global load, store, atomic and reduction (`cuda:KERNEL:ldst`).
     Access,
+    /// Those and every shared-memory one (`cuda:KERNEL:ldst.shared`).
+    SharedAccess,
 }
 
 impl ProbePoint {
@@ -218,7 +253,16 @@ impl ProbePoint {
     pub fn arg_count(self) -> usize {
         match self {
             ProbePoint::Entry | ProbePoint::Exit => PROBE_ARGS,
-            ProbePoint::Access => PROBE_ARGS + ACCESS_ARGS,
+            ProbePoint::Access | ProbePoint::SharedAccess => PROBE_ARGS + ACCESS_ARGS,
+        }
+    }
+
+    /// Whether probes at this point run at accesses written in `space`.
+    pub fn sees(self, space: SiteSpace) -> bool {
+        match self {
+            ProbePoint::Entry | ProbePoint::Exit => false,
+            ProbePoint::Access => space != SiteSpace::Shared,
+            ProbePoint::SharedAccess => true,
         }
     }
 }
@@ -724,6 +768,7 @@ fn parse_kernel(
     let mut exits = Vec::new();
     let mut accesses = Vec::new();
     let mut unseen_accesses = Vec::new();
+    let mut unseen_shared_accesses = Vec::new();
     let mut regs = Registers::default();
     let mut vector = 0usize;
     // The current statement's first token (after any labels).
@@ -757,7 +802,8 @@ fn parse_kernel(
                     } else {
                         match access_site(text, statement, &regs) {
                             Some(Ok(site)) => accesses.push(site),
-                            Some(Err(why)) => unseen_accesses.push(why),
+                            Some(Err((SiteSpace::Shared, why))) => unseen_shared_accesses.push(why),
+                            Some(Err((_, why))) => unseen_accesses.push(why),
                             None => {}
                         }
                     }
@@ -789,6 +835,7 @@ fn parse_kernel(
             exits,
             accesses,
             unseen_accesses,
+            unseen_shared_accesses,
         }),
         j + 1,
     ))
@@ -917,13 +964,13 @@ fn split_operands(s: &str) -> Vec<&str> {
     out
 }
 
-/// A global memory access (`Some(Ok)`), a memory statement probes cannot see
-/// (`Some(Err(why))`), or neither (`None`), from one statement's tokens.
+/// A global or shared memory access (`Some(Ok)`), a memory statement probes cannot see
+/// (`Some(Err((space, why)))`), or neither (`None`), from one statement's tokens.
 fn access_site(
     text: &str,
     stmt: &[(Tok, usize, usize)],
     regs: &Registers,
-) -> Option<Result<AccessSite, String>> {
+) -> Option<Result<AccessSite, (SiteSpace, String)>> {
     let (guard, op_at) = match stmt {
         [(Tok::Punct(b'@'), a, _), (Tok::Punct(b'!'), _, _), reg, op, ..] => (
             Some(text[*a..reg.2].split_whitespace().collect::<String>()),
@@ -944,17 +991,34 @@ fn access_site(
         "st" => AccessKind::Store,
         "atom" => AccessKind::Atomic,
         "red" => AccessKind::Reduction,
+        // Shared memory that matrix loads and stores and asynchronous copies read or write:
+        // not single accesses a probe's context can describe, so said to be missed.
+        "ldmatrix" | "stmatrix" | "cp" if pieces.iter().any(|p| p.starts_with("shared")) => {
+            return Some(Err((
+                SiteSpace::Shared,
+                format!("`{statement}`: a {} is not probed", pieces[0]),
+            )));
+        }
         _ => return None,
     };
     let space = |name: &str| pieces.iter().any(|p| p.starts_with(name));
-    if ["shared", "local", "param", "const", "tex"]
-        .iter()
-        .any(|s| space(s))
-    {
+    if ["local", "param", "const", "tex"].iter().any(|s| space(s)) {
         return None;
     }
-    let generic = !space("global");
-    let unseen = |why: &str| Some(Err(format!("`{statement}`: {why}")));
+    // `.shared::cluster` may be another CTA's memory, made generic its own way.
+    let shared = pieces
+        .iter()
+        .find(|p| p.starts_with("shared"))
+        .map(|p| match *p {
+            "shared::cluster" => "shared::cluster",
+            _ => "shared",
+        });
+    let site_space = match (shared, space("global")) {
+        (Some(_), _) => SiteSpace::Shared,
+        (None, true) => SiteSpace::Global,
+        (None, false) => SiteSpace::Generic,
+    };
+    let unseen = |why: &str| Some(Err((site_space, format!("`{statement}`: {why}"))));
     let bits = pieces
         .iter()
         .filter_map(|p| type_bits(p))
@@ -981,38 +1045,33 @@ fn access_site(
         return unseen("no address operand");
     };
     let mut prepare = String::new();
-    if let Err(why) = address_code(address, generic, regs, &mut prepare) {
+    let made_generic = match site_space {
+        SiteSpace::Global => Some("global"),
+        SiteSpace::Shared => shared,
+        SiteSpace::Generic => None,
+    };
+    if let Err(why) = address_code(address, made_generic, regs, &mut prepare) {
         return unseen(&why);
     }
     prepare.push_str("mov.u64 %__bta7, 0;\nmov.u64 %__bta8, 0;\n");
     if let Some(value) = value {
         value_code(value, bits, regs, &mut prepare);
     }
-    if generic {
-        prepare.push_str("isspacep.global %__btp, %__bta6;\n");
-        if let Some(g) = guard.as_deref().map(|g| g.trim_start_matches('@')) {
-            match g.strip_prefix('!') {
-                Some(reg) => prepare.push_str(&format!(
-                    "not.pred %__btq, {reg};\nand.pred %__btp, %__btp, %__btq;\n"
-                )),
-                None => prepare.push_str(&format!("and.pred %__btp, %__btp, {g};\n")),
-            }
-        }
-    }
     Some(Ok(AccessSite {
         start: stmt[0].1,
         guard,
-        generic,
+        space: site_space,
         kind,
         size: (bits * lanes).div_ceil(8),
         prepare,
     }))
 }
 
-/// PTX setting `%__bta6` to the generic address of `[address]`.
+/// PTX setting `%__bta6` to the generic address of `[address]`, an address in state
+/// space `space` (`global`, `shared`, `shared::cluster`), or a generic one for `None`.
 fn address_code(
     address: &str,
-    generic: bool,
+    space: Option<&str>,
     regs: &Registers,
     out: &mut String,
 ) -> Result<(), String> {
@@ -1020,6 +1079,9 @@ fn address_code(
         Some((b, o)) => (b.trim(), Some(o.trim())),
         None => (address.trim(), None),
     };
+    // A global address in a register or a number is generic already (what cudaMalloc
+    // returned); a shared one is an offset in the CTA's window, as a variable's is.
+    let window = space.filter(|s| s.starts_with("shared"));
     if base.starts_with('%') {
         match regs.bits(base) {
             Some(64) => out.push_str(&format!("mov.b64 %__bta6, {base};\n")),
@@ -1029,14 +1091,18 @@ fn address_code(
     } else if base.starts_with(|c: char| c.is_ascii_digit() || c == '-') {
         let n = parse_int(base).ok_or_else(|| format!("address `{base}`"))?;
         out.push_str(&format!("mov.u64 %__bta6, {};\n", n as u64));
-    } else if generic {
+    } else if let Some(space) = space {
+        out.push_str(&format!("mov.u64 %__bta6, {base};\n"));
+        if window.is_none() {
+            out.push_str(&format!("cvta.{space}.u64 %__bta6, %__bta6;\n"));
+        }
+    } else {
         return Err(format!(
             "a generic access through variable `{base}`, whose state space is not checked"
         ));
-    } else {
-        out.push_str(&format!(
-            "mov.u64 %__bta6, {base};\ncvta.global.u64 %__bta6, %__bta6;\n"
-        ));
+    }
+    if let Some(window) = window {
+        out.push_str(&format!("cvta.{window}.u64 %__bta6, %__bta6;\n"));
     }
     if let Some(offset) = offset {
         let n = parse_int(offset).ok_or_else(|| format!("address offset `{offset}`"))?;
@@ -1215,11 +1281,8 @@ fn kernel_edits(
             .map(|c| c.symbol.as_str())
             .collect()
     };
-    let (entry, exit, access) = (
-        of(ProbePoint::Entry),
-        of(ProbePoint::Exit),
-        of(ProbePoint::Access),
-    );
+    let (entry, exit) = (of(ProbePoint::Entry), of(ProbePoint::Exit));
+    let accesses = [ProbePoint::Access, ProbePoint::SharedAccess].map(|p| (p, of(p)));
     let mut edits = Vec::new();
     if !entry.is_empty() {
         edits.push((
@@ -1249,20 +1312,61 @@ fn kernel_edits(
             edits.push((site.start, site.end - site.start, code));
         }
     }
-    if !access.is_empty() {
-        let id = kernel_id(&kernel.name);
-        for (index, site) in kernel.accesses.iter().enumerate() {
+    let id = kernel_id(&kernel.name);
+    for (point, symbols) in accesses.iter().filter(|a| !a.1.is_empty()) {
+        // Each kind of probe numbers the sites it sees.
+        let sites = kernel.accesses.iter().filter(|a| point.sees(a.space));
+        for (index, site) in sites.enumerate() {
+            let word = |space: AccessSpace| {
+                u64::from(site.size) | (site.kind as u64) << 32 | (space as u64) << 48
+            };
             let mut prepare = site.prepare.clone();
+            let guard = match site.space {
+                SiteSpace::Global => {
+                    prepare.push_str(&format!(
+                        "mov.u64 %__bta9, {};\n",
+                        word(AccessSpace::Global)
+                    ));
+                    site.guard.as_deref()
+                }
+                SiteSpace::Shared => {
+                    prepare.push_str(&format!(
+                        "mov.u64 %__bta9, {};\n",
+                        word(AccessSpace::Shared)
+                    ));
+                    site.guard.as_deref()
+                }
+                SiteSpace::Generic => {
+                    // The calls run where the address is in a space probed, and say which.
+                    prepare.push_str("isspacep.global %__btp, %__bta6;\n");
+                    if *point == ProbePoint::SharedAccess {
+                        prepare.push_str(&format!(
+                            "isspacep.shared %__btr, %__bta6;\nor.pred %__btp, %__btp, %__btr;\n\
+                             selp.b64 %__bta9, {}, {}, %__btr;\n",
+                            word(AccessSpace::Shared),
+                            word(AccessSpace::Global)
+                        ));
+                    } else {
+                        prepare.push_str(&format!(
+                            "mov.u64 %__bta9, {};\n",
+                            word(AccessSpace::Global)
+                        ));
+                    }
+                    if let Some(g) = site.guard.as_deref().map(|g| g.trim_start_matches('@')) {
+                        match g.strip_prefix('!') {
+                            Some(reg) => prepare.push_str(&format!(
+                                "not.pred %__btq, {reg};\nand.pred %__btp, %__btp, %__btq;\n"
+                            )),
+                            None => prepare.push_str(&format!("and.pred %__btp, %__btp, {g};\n")),
+                        }
+                    }
+                    Some("@%__btp")
+                }
+            };
             prepare.push_str(&format!(
-                "mov.u64 %__bta9, {};\nmov.u64 %__bta10, {};\n",
-                u64::from(site.size) | (site.kind as u64) << 32,
+                "mov.u64 %__bta10, {};\n",
                 u64::from(id) | (index as u64) << 32
             ));
-            let guard = if site.generic {
-                Some("@%__btp")
-            } else {
-                site.guard.as_deref()
-            };
             edits.push((
                 site.start,
                 0,
@@ -1270,7 +1374,7 @@ fn kernel_edits(
                     "{}\n",
                     probe_calls(
                         &kernel.params,
-                        &access,
+                        symbols,
                         guard,
                         Some(&prepare),
                         &mut inlining
@@ -1296,7 +1400,7 @@ fn probe_calls(
     let count = PROBE_ARGS + if access.is_some() { ACCESS_ARGS } else { 0 };
     let mut s = format!("{{\n.reg .b64 %__bta<{count}>;\n.reg .b32 %__bth;\n.reg .b16 %__bts;\n");
     if access.is_some() {
-        s.push_str(".reg .b64 %__btv;\n.reg .pred %__btp, %__btq;\n");
+        s.push_str(".reg .b64 %__btv;\n.reg .pred %__btp, %__btq, %__btr;\n");
     }
     for i in 0..PROBE_ARGS {
         let to = format!("%__bta{i}");

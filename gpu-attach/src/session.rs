@@ -2205,9 +2205,15 @@ impl GpuAttach {
             if mine.is_empty() {
                 continue;
             }
-            if let Some(first) = k.unseen_accesses.first() {
-                if mine.iter().any(|p| p.point == ProbePoint::Access) {
-                    let (name, n) = (&k.name, k.unseen_accesses.len());
+            let shared = mine.iter().any(|p| p.point == ProbePoint::SharedAccess);
+            let unseen: Vec<&String> = k
+                .unseen_accesses
+                .iter()
+                .chain(k.unseen_shared_accesses.iter().filter(|_| shared))
+                .collect();
+            if let Some(first) = unseen.first() {
+                if shared || mine.iter().any(|p| p.point == ProbePoint::Access) {
+                    let (name, n) = (&k.name, unseen.len());
                     self.notice(&format!("unseen:{name}"), || {
                         format!(
                             "kernel {name}: memory-access probes miss {n} of its memory statements, e.g. {first}"

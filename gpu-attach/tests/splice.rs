@@ -7,7 +7,8 @@ use std::path::{Path, PathBuf};
 
 use bpftime_gpu_attach::fatbin::{self, EntryKind, FatbinError, Image, FLAG_ZSTD};
 use bpftime_gpu_attach::ptx::{
-    AccessKind, ParamType, ProbeCall, ProbePoint, PtxModule, Splice, Version,
+    AccessKind, AccessSpace, ParamType, ProbeCall, ProbePoint, PtxModule, SiteSpace, Splice,
+    Version,
 };
 use bpftime_gpu_attach::toolchain;
 use bpftime_isa::asm::assemble;
@@ -35,12 +36,16 @@ fn scratch(tag: &str) -> PathBuf {
 }
 
 fn assert_ptxas_accepts(tag: &str, ptx: &str) {
+    assert_ptxas_accepts_for(tag, ptx, 90);
+}
+
+fn assert_ptxas_accepts_for(tag: &str, ptx: &str, sm: u32) {
     let Some(ptxas) = ptxas() else { return };
     let dir = scratch(tag);
     let file = dir.join(format!("{tag}.ptx"));
     std::fs::write(&file, ptx).expect("writing PTX");
-    if let Err(e) = toolchain::run_ptxas(&ptxas, &file, 90, false) {
-        panic!("ptxas refused the spliced module {tag}: {e}\n{ptx}");
+    if let Err(e) = toolchain::run_ptxas(&ptxas, &file, sm, false) {
+        panic!("ptxas refused the spliced module {tag} for sm_{sm}: {e}\n{ptx}");
     }
 }
 
@@ -806,14 +811,15 @@ fn nvcc_kernels_probed_at_every_global_access_pass_ptxas() {
     // vectorAdd reads a[i] and b[i] and writes c[i]; the tiled matmul reads one element
     // of a and one of b per tile step (its shared-memory traffic is left out) and
     // writes c once.
+    use SiteSpace::*;
     for name in ["vectorAdd", "matmul"] {
         let k = kernel(name);
         assert_eq!(
-            k.access_sizes(),
+            k.access_sizes(ProbePoint::Access),
             vec![
-                (AccessKind::Load, 4, false),
-                (AccessKind::Load, 4, false),
-                (AccessKind::Store, 4, false)
+                (AccessKind::Load, 4, Global),
+                (AccessKind::Load, 4, Global),
+                (AccessKind::Store, 4, Global)
             ],
             "{name}"
         );
@@ -823,7 +829,12 @@ fn nvcc_kernels_probed_at_every_global_access_pass_ptxas() {
     let expected: usize = module
         .kernels
         .iter()
-        .map(|k| k.access_counts().iter().map(|c| c.1).sum::<usize>())
+        .map(|k| {
+            k.access_counts(ProbePoint::Access)
+                .iter()
+                .map(|c| c.1)
+                .sum::<usize>()
+        })
         .sum();
     let splice = access_splice("__bpftime_probe_7", module.sm.unwrap(), &kernels);
     let out = module
@@ -847,20 +858,21 @@ fn every_form_of_global_access_is_probed_and_other_spaces_are_not() {
     let module = PtxModule::parse(&text).unwrap();
     let k = module.kernel("accesses").unwrap();
     use AccessKind::*;
+    use SiteSpace::*;
     assert_eq!(
-        k.access_sizes(),
+        k.access_sizes(ProbePoint::Access),
         vec![
-            (Load, 16, false),
-            (Load, 4, false),
-            (Store, 16, false),
-            (Atomic, 4, false),
-            (Atomic, 8, false),
-            (Reduction, 4, false),
-            (Store, 1, false),
-            (Store, 4, false),
-            (Load, 4, false),
-            (Load, 4, true),
-            (Store, 4, true),
+            (Load, 16, Global),
+            (Load, 4, Global),
+            (Store, 16, Global),
+            (Atomic, 4, Global),
+            (Atomic, 8, Global),
+            (Reduction, 4, Global),
+            (Store, 1, Global),
+            (Store, 4, Global),
+            (Load, 4, Global),
+            (Load, 4, Generic),
+            (Store, 4, Generic),
         ]
     );
     assert!(k.unseen_accesses.is_empty(), "{:?}", k.unseen_accesses);
@@ -1026,4 +1038,273 @@ fn a_probe_on_a_per_cpu_hash_compiles_splices_and_passes_ptxas() {
             .unwrap();
         assert_ptxas_accepts(&format!("percpu-hash-sm{sm}"), &out);
     }
+}
+
+fn shared_access_splice(symbol: &str, sm: u32, kernels: &[&str]) -> Splice {
+    splice_of(
+        ACCESS_PROBE,
+        symbol,
+        sm,
+        kernels,
+        &[ProbePoint::SharedAccess],
+    )
+}
+
+/// The size-and-kind argument of an access, as `struct bpftime_gpu_access` reads it.
+fn access_word(kind: AccessKind, size: u32, space: AccessSpace) -> u64 {
+    u64::from(size) | (kind as u64) << 32 | (space as u64) << 48
+}
+
+#[test]
+fn with_shared_asked_every_form_of_shared_access_is_probed_and_local_const_param_are_not() {
+    let text = String::from_utf8(read("shared.ptx")).unwrap();
+    let module = PtxModule::parse(&text).unwrap();
+    let k = module.kernel("shared_forms").unwrap();
+    use AccessKind::*;
+    use SiteSpace::*;
+    let shared_sites = vec![
+        (Store, 4, Shared),
+        (Load, 4, Shared),
+        (Store, 16, Shared),
+        (Load, 8, Shared),
+        (Atomic, 4, Shared),
+        (Atomic, 8, Shared),
+        (Reduction, 8, Shared),
+        (Load, 4, Shared),
+        (Store, 4, Shared),
+        (Store, 4, Global),
+        (Load, 4, Generic),
+        (Store, 4, Generic),
+    ];
+    assert_eq!(k.access_sizes(ProbePoint::SharedAccess), shared_sites);
+    // A plain `:ldst` probe still sees the global and generic ones only.
+    assert_eq!(
+        k.access_sizes(ProbePoint::Access),
+        vec![(Store, 4, Global), (Load, 4, Generic), (Store, 4, Generic)]
+    );
+    assert!(k.unseen_accesses.is_empty(), "{:?}", k.unseen_accesses);
+    assert!(
+        k.unseen_shared_accesses.is_empty(),
+        "{:?}",
+        k.unseen_shared_accesses
+    );
+    let splice = shared_access_splice("__bpftime_probe_14", 75, &["shared_forms"]);
+    let out = module
+        .splice(&splice, Version::newest_for_driver(13000))
+        .unwrap();
+    assert_eq!(
+        out.matches("call (__bt_ret), __bpftime_probe_14").count(),
+        12,
+        "{out}"
+    );
+    // Shared accesses say so in the context, global ones as a `:ldst` probe sees them.
+    for (kind, size, space) in [
+        (Store, 4, AccessSpace::Shared),
+        (Store, 16, AccessSpace::Shared),
+        (Reduction, 8, AccessSpace::Shared),
+        (Store, 4, AccessSpace::Global),
+    ] {
+        let word = access_word(kind, size, space);
+        assert!(out.contains(&format!("mov.u64 %__bta9, {word};")), "{word}");
+    }
+    // Window addresses are made generic: a 32-bit register, a variable with its offset
+    // after, a 64-bit register, `::cta` as plain shared.
+    assert!(
+        out.contains("cvt.u64.u32 %__bta6, %r5;\ncvta.shared.u64 %__bta6, %__bta6;\n"),
+        "{out}"
+    );
+    assert!(
+        out.contains(
+            "mov.u64 %__bta6, tile;\ncvta.shared.u64 %__bta6, %__bta6;\nadd.s64 %__bta6, %__bta6, 16;"
+        ),
+        "{out}"
+    );
+    assert!(
+        out.contains("mov.b64 %__bta6, %rd2;\ncvta.shared.u64 %__bta6, %__bta6;\nadd.s64 %__bta6, %__bta6, 32;"),
+        "{out}"
+    );
+    assert!(out.contains("add.s64 %__bta6, %__bta6, -4;"), "{out}");
+    assert!(!out.contains("shared::cta.u64"), "{out}");
+    // Generic ones run where the address is global or shared, and say which.
+    assert!(
+        out.contains("isspacep.shared %__btr, %__bta6;\nor.pred %__btp, %__btp, %__btr;"),
+        "{out}"
+    );
+    assert!(
+        out.contains(&format!(
+            "selp.b64 %__bta9, {}, {}, %__btr;",
+            access_word(Load, 4, AccessSpace::Shared),
+            access_word(Load, 4, AccessSpace::Global)
+        )),
+        "{out}"
+    );
+    assert!(
+        out.contains("not.pred %__btq, %p1;\nand.pred %__btp, %__btp, %__btq;"),
+        "{out}"
+    );
+    assert!(
+        out.contains("@%__btp call (__bt_ret), __bpftime_probe_14"),
+        "{out}"
+    );
+    assert!(
+        out.contains("@%p1 call (__bt_ret), __bpftime_probe_14"),
+        "{out}"
+    );
+    // Sites are numbered among what the probe sees: the last is the 12th.
+    let id = bpftime_gpu_attach::ptx::kernel_id("shared_forms") as u64;
+    assert!(
+        out.contains(&format!("mov.u64 %__bta10, {};", id | 11u64 << 32)),
+        "{out}"
+    );
+    assert!(!out.contains(&format!("mov.u64 %__bta10, {};", id | 12u64 << 32)));
+    for sm in [75, 90] {
+        assert_ptxas_accepts_for(&format!("shared-forms-sm{sm}"), &out, sm);
+    }
+    let mut inlined = splice.clone();
+    inlined.inline = true;
+    let out = module
+        .splice(&inlined, Version::newest_for_driver(13000))
+        .unwrap();
+    assert!(!out.contains("call (__bt_ret)"), "{out}");
+    assert_eq!(out.matches("_end:\n}").count(), 12, "{out}");
+    for sm in [75, 90] {
+        assert_ptxas_accepts_for(&format!("shared-forms-inlined-sm{sm}"), &out, sm);
+    }
+}
+
+/// The global hand-written forms with `.shared` asked: the same global sites as `:ldst`
+/// (the shared and local ones of accesses.ptx now seen, the local one still not).
+#[test]
+fn shared_probes_see_what_ldst_sees_and_the_shared_accesses_besides() {
+    let text = String::from_utf8(read("accesses.ptx")).unwrap();
+    let module = PtxModule::parse(&text).unwrap();
+    let k = module.kernel("accesses").unwrap();
+    let global = k.access_sizes(ProbePoint::Access);
+    let all = k.access_sizes(ProbePoint::SharedAccess);
+    use AccessKind::*;
+    use SiteSpace::*;
+    assert_eq!(all.len(), global.len() + 2);
+    assert_eq!(&all[..global.len()], &global[..]);
+    assert_eq!(
+        &all[global.len()..],
+        &[(Store, 4, Shared), (Load, 4, Shared)]
+    );
+    // Both kinds of probe on one kernel: each gets its own calls at the sites it sees.
+    let mut splice = access_splice("__bpftime_probe_15", 80, &["accesses"]);
+    let shared = shared_access_splice("__bpftime_probe_16", 80, &["accesses"]);
+    splice.definitions.push('\n');
+    splice.definitions.push_str(&shared.definitions);
+    splice.calls[0].1.extend(shared.calls[0].1.iter().cloned());
+    let out = module
+        .splice(&splice, Version::newest_for_driver(13000))
+        .unwrap();
+    assert_eq!(
+        out.matches("call (__bt_ret), __bpftime_probe_15").count(),
+        global.len()
+    );
+    assert_eq!(
+        out.matches("call (__bt_ret), __bpftime_probe_16").count(),
+        all.len()
+    );
+    assert_ptxas_accepts("accesses-both", &out);
+}
+
+/// The tiled matmul nvcc compiled (TILE 16): per tile step, one global load of a and one
+/// of b, two shared stores, and 2 x 16 shared loads (the inner loop unrolled); then one
+/// global store. What bpf-examples/access_check counts on the GPU, site by site here.
+#[test]
+fn nvcc_matmul_probed_at_every_shared_access_passes_ptxas() {
+    let bytes = read("kernels.fatbin");
+    let (text, _) = Image::from_bytes(&bytes)
+        .unwrap()
+        .ptx_for(90)
+        .unwrap()
+        .expect("PTX");
+    let module = PtxModule::parse(&text).unwrap();
+    let k = module
+        .kernels
+        .iter()
+        .find(|k| k.name.contains("matmul"))
+        .expect("matmul");
+    use AccessKind::*;
+    use SiteSpace::*;
+    let sites = k.access_sizes(ProbePoint::SharedAccess);
+    let count = |want: (AccessKind, u32, SiteSpace)| sites.iter().filter(|s| **s == want).count();
+    assert_eq!(count((Load, 4, Global)), 2, "{sites:?}");
+    assert_eq!(count((Store, 4, Global)), 1, "{sites:?}");
+    assert_eq!(count((Store, 4, Shared)), 2, "{sites:?}");
+    assert_eq!(count((Load, 4, Shared)), 32, "{sites:?}");
+    assert_eq!(sites.len(), 37, "{sites:?}");
+    assert!(
+        k.unseen_shared_accesses.is_empty(),
+        "{:?}",
+        k.unseen_shared_accesses
+    );
+    let name = k.name.clone();
+    let splice = shared_access_splice("__bpftime_probe_17", module.sm.unwrap(), &[&name]);
+    let out = module
+        .splice(&splice, Version::newest_for_driver(13000))
+        .unwrap();
+    assert_eq!(
+        out.matches("call (__bt_ret), __bpftime_probe_17").count(),
+        37
+    );
+    for sm in [75, 90] {
+        assert_ptxas_accepts_for(&format!("nvcc-matmul-shared-sm{sm}"), &out, sm);
+    }
+}
+
+/// sm_90's distributed shared memory: a `.shared::cluster` access is made generic as
+/// such; matrix loads and asynchronous copies into shared memory are said to be missed
+/// (by `.shared` probes only: `:ldst` probes never looked at shared memory).
+#[test]
+fn cluster_shared_accesses_are_probed_and_matrix_and_async_copies_are_named_missed() {
+    let text = "\
+.version 8.0
+.target sm_90
+.address_size 64
+.visible .entry cluster(.param .u64 out)
+{
+	.reg .b32 %r<8>;
+	.reg .b64 %rd<4>;
+	.shared .align 16 .b32 t[64];
+	mov.u32 %r1, t;
+	ld.shared::cluster.u32 %r2, [%r1+8];
+	ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%r3, %r4, %r5, %r6}, [%r1];
+	ld.param.u64 %rd3, [out];
+	cp.async.ca.shared.global [%r1+16], [%rd3], 16;
+	st.global.u32 [%rd3+8], %r2;
+	ret;
+}
+";
+    let module = PtxModule::parse(text).unwrap();
+    let k = module.kernel("cluster").unwrap();
+    use AccessKind::*;
+    use SiteSpace::*;
+    assert_eq!(
+        k.access_sizes(ProbePoint::SharedAccess),
+        vec![(Load, 4, Shared), (Store, 4, Global)]
+    );
+    assert!(k.unseen_accesses.is_empty(), "{:?}", k.unseen_accesses);
+    assert_eq!(
+        k.unseen_shared_accesses.len(),
+        2,
+        "{:?}",
+        k.unseen_shared_accesses
+    );
+    assert!(k.unseen_shared_accesses[0].contains("ldmatrix is not probed"));
+    assert!(k.unseen_shared_accesses[1].contains("cp is not probed"));
+    let splice = shared_access_splice("__bpftime_probe_18", 90, &["cluster"]);
+    let out = module
+        .splice(&splice, Version::newest_for_driver(13000))
+        .unwrap();
+    assert!(
+        out.contains("cvt.u64.u32 %__bta6, %r1;\ncvta.shared::cluster.u64 %__bta6, %__bta6;\nadd.s64 %__bta6, %__bta6, 8;"),
+        "{out}"
+    );
+    assert_eq!(
+        out.matches("call (__bt_ret), __bpftime_probe_18").count(),
+        2
+    );
+    assert_ptxas_accepts("cluster-shared", &out);
 }

@@ -3,13 +3,14 @@
 //! `bpftime verify` share.
 //!
 //! Two spellings exist. Ours, `SEC("cuda:KERNEL")` (entry) or
-//! `SEC("cuda:KERNEL:entry|exit|launch|ldst")`, where KERNEL is a mangled name, a
+//! `SEC("cuda:KERNEL:entry|exit|launch|ldst|ldst.shared")`, where KERNEL is a mangled name, a
 //! demangled one (`ns::kern`, whose `::` is why the kind is only the last
 //! word, and only when it is one of the kind words) or a glob (`*gemm*`). And
 //! bpftime's original convention: a program named `cuda__*` in
 //! `SEC("kprobe/KERNEL")` or `SEC("kretprobe/KERNEL")` probes the entry or the
 //! exit of a CUDA kernel, and one in `SEC("kprobe/__memcapture")` every global
-//! load and store of every kernel.
+//! load and store of every kernel (global memory only: shared memory is asked for with
+//! `:ldst.shared`).
 
 use crate::objects::LinkKind;
 use thiserror::Error;
@@ -33,6 +34,10 @@ pub const GPU_LAUNCH_CONFIG_BIT: u32 = 63;
 /// in `config1`.
 pub const GPU_ACCESS_CONFIG_BIT: u32 = 62;
 
+/// Bit of a kprobe perf event's `config` that, beside [`GPU_ACCESS_CONFIG_BIT`], makes a
+/// memory-access probe see shared-memory accesses too (`cuda:KERNEL:ldst.shared`).
+pub const GPU_SHARED_ACCESS_CONFIG_BIT: u32 = 61;
+
 /// Where in a CUDA kernel's life a program runs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum GpuProbeKind {
@@ -44,6 +49,8 @@ pub enum GpuProbeKind {
     Launch,
     /// On the GPU, at every global load, store, atomic and reduction.
     Access,
+    /// On the GPU, at those and every shared-memory one.
+    SharedAccess,
 }
 
 impl GpuProbeKind {
@@ -54,6 +61,21 @@ impl GpuProbeKind {
             GpuProbeKind::Exit => LinkKind::GpuExit,
             GpuProbeKind::Launch => LinkKind::GpuLaunch,
             GpuProbeKind::Access => LinkKind::GpuAccess,
+            GpuProbeKind::SharedAccess => LinkKind::GpuSharedAccess,
+        }
+    }
+
+    /// The `config` of the kprobe perf event that attaches such a program, for the kinds
+    /// that are bpftime's own events (launches and memory accesses); `None` for entry and
+    /// exit, which are plain kprobes and kretprobes.
+    pub fn event_config(self) -> Option<u64> {
+        match self {
+            GpuProbeKind::Entry | GpuProbeKind::Exit => None,
+            GpuProbeKind::Launch => Some(1 << GPU_LAUNCH_CONFIG_BIT),
+            GpuProbeKind::Access => Some(1 << GPU_ACCESS_CONFIG_BIT),
+            GpuProbeKind::SharedAccess => {
+                Some(1 << GPU_ACCESS_CONFIG_BIT | 1 << GPU_SHARED_ACCESS_CONFIG_BIT)
+            }
         }
     }
 
@@ -74,7 +96,7 @@ pub struct GpuProbe {
 /// A section that is a GPU probe but not one bpftime can attach.
 #[derive(Debug, Clone, PartialEq, Eq, Error)]
 pub enum GpuSectionError {
-    #[error("SEC(\"{section}\") names no CUDA kernel; write SEC(\"cuda:KERNEL\") or SEC(\"cuda:KERNEL:entry|exit|launch|ldst\")")]
+    #[error("SEC(\"{section}\") names no CUDA kernel; write SEC(\"cuda:KERNEL\") or SEC(\"cuda:KERNEL:entry|exit|launch|ldst|ldst.shared\")")]
     NoKernel { section: String },
 }
 
@@ -92,6 +114,7 @@ pub fn parse_cuda_section(section: &str) -> Option<Result<GpuProbe, GpuSectionEr
         Some("exit") => (GpuProbeKind::Exit, kernel),
         Some("launch") => (GpuProbeKind::Launch, kernel),
         Some("ldst") => (GpuProbeKind::Access, kernel),
+        Some("ldst.shared") => (GpuProbeKind::SharedAccess, kernel),
         _ => (GpuProbeKind::Entry, rest),
     };
     if kernel.is_empty() {
@@ -228,7 +251,28 @@ mod tests {
             parse_cuda_section("cuda:ns::ldst:ldst"),
             probe(Access, "ns::ldst")
         );
-        for s in ["cuda:", "cuda::exit", "cuda::launch"] {
+        assert_eq!(
+            parse_cuda_section("cuda:matmul:ldst.shared"),
+            probe(SharedAccess, "matmul")
+        );
+        assert_eq!(
+            parse_cuda_section("cuda:*gemm*:ldst.shared"),
+            probe(SharedAccess, "*gemm*")
+        );
+        assert_eq!(
+            parse_cuda_section("cuda:ns::ldst.shared:ldst.shared"),
+            probe(SharedAccess, "ns::ldst.shared")
+        );
+        // After `::` it is a name; other spaces are no kind (they are not probed).
+        assert_eq!(
+            parse_cuda_section("cuda:ns::ldst.shared"),
+            probe(Entry, "ns::ldst.shared")
+        );
+        assert_eq!(
+            parse_cuda_section("cuda:k:ldst.local"),
+            probe(Entry, "k:ldst.local")
+        );
+        for s in ["cuda:", "cuda::exit", "cuda::launch", "cuda::ldst.shared"] {
             assert!(
                 matches!(
                     parse_cuda_section(s),
@@ -273,8 +317,19 @@ mod tests {
         assert_eq!(GpuProbeKind::Exit.link_kind(), LinkKind::GpuExit);
         assert_eq!(GpuProbeKind::Launch.link_kind(), LinkKind::GpuLaunch);
         assert_eq!(GpuProbeKind::Access.link_kind(), LinkKind::GpuAccess);
+        assert_eq!(
+            GpuProbeKind::SharedAccess.link_kind(),
+            LinkKind::GpuSharedAccess
+        );
         assert!(GpuProbeKind::Access.on_gpu());
+        assert!(GpuProbeKind::SharedAccess.on_gpu());
         assert!(!GpuProbeKind::Launch.on_gpu());
         assert!(GpuProbeKind::Exit.on_gpu());
+        assert_eq!(GpuProbeKind::Entry.event_config(), None);
+        assert_eq!(GpuProbeKind::Access.event_config(), Some(1 << 62));
+        assert_eq!(
+            GpuProbeKind::SharedAccess.event_config(),
+            Some(1 << 62 | 1 << 61)
+        );
     }
 }

@@ -32,7 +32,8 @@ mod tsc_clock;
 pub use error::{Error, Result};
 pub use gpu_probe::{
     gpu_probe, parse_cuda_section, GpuProbe, GpuProbeKind, GpuSectionError, CUDA_PROGRAM_PREFIX,
-    CUDA_SECTION_PREFIX, GPU_ACCESS_CONFIG_BIT, GPU_LAUNCH_CONFIG_BIT, MEMCAPTURE,
+    CUDA_SECTION_PREFIX, GPU_ACCESS_CONFIG_BIT, GPU_LAUNCH_CONFIG_BIT,
+    GPU_SHARED_ACCESS_CONFIG_BIT, MEMCAPTURE,
 };
 
 /// Sends logs of the shim or the agent to stderr, filtered by `BPFTIME_LOG`

@@ -152,6 +152,8 @@ pub enum PerfEventKind {
     /// Every global memory access of a CUDA kernel (bpftime's own event, see
     /// [`crate::GPU_ACCESS_CONFIG_BIT`]).
     GpuAccess,
+    /// Those and every shared-memory access ([`crate::GPU_SHARED_ACCESS_CONFIG_BIT`]).
+    GpuSharedAccess,
 }
 
 impl PerfEventKind {
@@ -164,6 +166,7 @@ impl PerfEventKind {
             PerfEventKind::Kretprobe => 5,
             PerfEventKind::GpuLaunch => 6,
             PerfEventKind::GpuAccess => 7,
+            PerfEventKind::GpuSharedAccess => 8,
         }
     }
     fn from_u32(v: u32) -> Option<Self> {
@@ -175,6 +178,7 @@ impl PerfEventKind {
             5 => Some(PerfEventKind::Kretprobe),
             6 => Some(PerfEventKind::GpuLaunch),
             7 => Some(PerfEventKind::GpuAccess),
+            8 => Some(PerfEventKind::GpuSharedAccess),
             _ => None,
         }
     }
@@ -189,6 +193,7 @@ impl PerfEventKind {
             PerfEventKind::Kretprobe => "kretprobe",
             PerfEventKind::GpuLaunch => "gpu-launch",
             PerfEventKind::GpuAccess => "gpu-ldst",
+            PerfEventKind::GpuSharedAccess => "gpu-ldst.shared",
         }
     }
 
@@ -202,6 +207,7 @@ impl PerfEventKind {
             PerfEventKind::Kretprobe => LinkKind::GpuExit,
             PerfEventKind::GpuLaunch => LinkKind::GpuLaunch,
             PerfEventKind::GpuAccess => LinkKind::GpuAccess,
+            PerfEventKind::GpuSharedAccess => LinkKind::GpuSharedAccess,
             PerfEventKind::BpfOutput => return None,
         })
     }
@@ -285,6 +291,8 @@ pub enum LinkKind {
     /// At every global load, store, atomic and reduction of a CUDA kernel, on the GPU;
     /// `path` as for `GpuEntry`.
     GpuAccess,
+    /// At those and every shared-memory access of a CUDA kernel; `path` as for `GpuEntry`.
+    GpuSharedAccess,
 }
 
 impl LinkKind {
@@ -296,6 +304,7 @@ impl LinkKind {
             LinkKind::GpuExit => 4,
             LinkKind::GpuLaunch => 5,
             LinkKind::GpuAccess => 6,
+            LinkKind::GpuSharedAccess => 7,
         }
     }
 
@@ -307,6 +316,7 @@ impl LinkKind {
             4 => LinkKind::GpuExit,
             5 => LinkKind::GpuLaunch,
             6 => LinkKind::GpuAccess,
+            7 => LinkKind::GpuSharedAccess,
             _ => return None,
         })
     }
@@ -320,6 +330,7 @@ impl LinkKind {
             LinkKind::GpuExit => "gpu-exit",
             LinkKind::GpuLaunch => "gpu-launch",
             LinkKind::GpuAccess => "gpu-ldst",
+            LinkKind::GpuSharedAccess => "gpu-ldst.shared",
         }
     }
 
@@ -327,7 +338,11 @@ impl LinkKind {
     pub fn is_gpu(self) -> bool {
         matches!(
             self,
-            LinkKind::GpuEntry | LinkKind::GpuExit | LinkKind::GpuLaunch | LinkKind::GpuAccess
+            LinkKind::GpuEntry
+                | LinkKind::GpuExit
+                | LinkKind::GpuLaunch
+                | LinkKind::GpuAccess
+                | LinkKind::GpuSharedAccess
         )
     }
 }
@@ -453,6 +468,7 @@ mod tests {
             (LinkKind::GpuExit, 4),
             (LinkKind::GpuLaunch, 5),
             (LinkKind::GpuAccess, 6),
+            (LinkKind::GpuSharedAccess, 7),
         ];
         for (k, code) in links {
             assert_eq!(k.to_u32(), code);
@@ -466,29 +482,36 @@ mod tests {
             (PerfEventKind::Kretprobe, 5),
             (PerfEventKind::GpuLaunch, 6),
             (PerfEventKind::GpuAccess, 7),
+            (PerfEventKind::GpuSharedAccess, 8),
         ];
         for (k, code) in events {
             assert_eq!(k.to_u32(), code);
             assert_eq!(PerfEventKind::from_u32(code), Some(k));
         }
-        assert_eq!(LinkKind::from_u32(7), None);
-        assert_eq!(PerfEventKind::from_u32(8), None);
+        assert_eq!(LinkKind::from_u32(8), None);
+        assert_eq!(PerfEventKind::from_u32(9), None);
     }
 
     #[test]
     fn gpu_links_and_kprobe_events_round_trip() {
         let t = TempStore::new("gpu");
         let store = t.0.as_ref().unwrap();
-        for (i, kind) in [LinkKind::GpuEntry, LinkKind::GpuExit, LinkKind::GpuLaunch]
-            .into_iter()
-            .enumerate()
+        for (i, kind) in [
+            LinkKind::GpuEntry,
+            LinkKind::GpuExit,
+            LinkKind::GpuLaunch,
+            LinkKind::GpuAccess,
+            LinkKind::GpuSharedAccess,
+        ]
+        .into_iter()
+        .enumerate()
         {
             let rec = LinkRecord {
                 id: store.alloc_id(),
                 prog_id: 7,
                 perf_event_id: 9,
                 kind,
-                path: ["ns::kern", "*gemm*", "_Z9vectorAddPKfS0_Pfi"][i].into(),
+                path: ["ns::kern", "*gemm*", "_Z9vectorAddPKfS0_Pfi", "*", "matmul"][i].into(),
                 offset: 0,
                 pid: -1,
                 cookie: 42,
@@ -503,6 +526,8 @@ mod tests {
             PerfEventKind::Kprobe,
             PerfEventKind::Kretprobe,
             PerfEventKind::GpuLaunch,
+            PerfEventKind::GpuAccess,
+            PerfEventKind::GpuSharedAccess,
         ] {
             let rec = PerfEventRecord {
                 id: store.alloc_id(),

@@ -341,7 +341,8 @@ unsafe fn setup_inner(prog: *mut c_void, cookie: c_long) -> c_int {
     0
 }
 
-/// Before the load: GPU programs are named to the shim; `:ldst` is refused.
+/// Before the load: GPU programs are named to the shim; a `cuda:` section naming no kernel
+/// is refused.
 unsafe extern "C" fn prepare_load(prog: *mut c_void, _opts: *mut c_void, cookie: c_long) -> c_int {
     // SAFETY: forwarded from libbpf.
     guarded(-libc::EINVAL, || unsafe {
@@ -412,13 +413,9 @@ unsafe fn attach_inner(prog: *const c_void, cookie: c_long, link: *mut *mut c_vo
             // SAFETY: a program of this libbpf, a NUL-terminated name and valid options.
             unsafe { (l.attach_kprobe_opts)(prog, kernel.as_ptr(), &opts) }
         }
-        GpuProbeKind::Launch | GpuProbeKind::Access => {
-            let bit = if p.kind == GpuProbeKind::Launch {
-                bpftime_runtime::GPU_LAUNCH_CONFIG_BIT
-            } else {
-                bpftime_runtime::GPU_ACCESS_CONFIG_BIT
-            };
-            let fd = match with_shim(|s| s.gpu_event(&kernel, bit)) {
+        GpuProbeKind::Launch | GpuProbeKind::Access | GpuProbeKind::SharedAccess => {
+            let config = p.kind.event_config().expect("an event of bpftime's");
+            let fd = match with_shim(|s| s.gpu_event(&kernel, config)) {
                 Some(Ok(fd)) => fd,
                 Some(Err(e)) => return -e,
                 None => return -libc::EIO,

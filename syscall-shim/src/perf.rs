@@ -274,19 +274,21 @@ impl Shim {
         let bit = |b: u32| (config >> b) & 1 == 1;
         let launch = bit(bpftime_runtime::GPU_LAUNCH_CONFIG_BIT);
         let access = bit(bpftime_runtime::GPU_ACCESS_CONFIG_BIT);
+        let shared = bit(bpftime_runtime::GPU_SHARED_ACCESS_CONFIG_BIT);
         let retprobe = bit(self.kprobe_pmu.retprobe_bit);
-        let kind = match (launch, access, retprobe) {
-            // bpftime's memory capture: every access of every kernel.
-            (false, false, false) if name == bpftime_runtime::MEMCAPTURE => {
+        let kind = match (launch, access, shared, retprobe) {
+            // bpftime's memory capture: every global access of every kernel.
+            (false, false, false, false) if name == bpftime_runtime::MEMCAPTURE => {
                 name = "*".into();
                 PerfEventKind::GpuAccess
             }
-            (false, false, false) => PerfEventKind::Kprobe,
-            (false, false, true) => PerfEventKind::Kretprobe,
-            (true, false, false) => PerfEventKind::GpuLaunch,
-            (false, true, false) => PerfEventKind::GpuAccess,
+            (false, false, false, false) => PerfEventKind::Kprobe,
+            (false, false, false, true) => PerfEventKind::Kretprobe,
+            (true, false, false, false) => PerfEventKind::GpuLaunch,
+            (false, true, false, false) => PerfEventKind::GpuAccess,
+            (false, true, true, false) => PerfEventKind::GpuSharedAccess,
             _ => {
-                tracing::info!(kernel = %name, config, "a CUDA launch or memory-access event is neither a retprobe nor both (errno {})", libc::EINVAL);
+                tracing::info!(kernel = %name, config, "a CUDA launch or memory-access event is neither a retprobe nor both, and shared memory is asked only of a memory-access event (errno {})", libc::EINVAL);
                 return Err(libc::EINVAL);
             }
         };
@@ -304,12 +306,12 @@ impl Shim {
         self.register_perf_event(record)
     }
 
-    /// A launch event (`config_bit` [`bpftime_runtime::GPU_LAUNCH_CONFIG_BIT`]) or a
-    /// memory-access event ([`bpftime_runtime::GPU_ACCESS_CONFIG_BIT`]) on the CUDA
-    /// kernels `kernel` names, as `perf_event_open` with that bit makes it (for loaders
-    /// that hold no attribute).
-    pub fn gpu_event(&mut self, kernel: &CStr, config_bit: u32) -> SysResult<RawFd> {
-        self.kprobe_event(1 << config_bit, Some(kernel), 0, -1, 0)
+    /// A launch event or a memory-access event on the CUDA kernels `kernel` names, as
+    /// `perf_event_open` with `config` (bpftime's bits,
+    /// [`bpftime_runtime::GpuProbeKind::event_config`]) makes it (for loaders that hold no
+    /// attribute).
+    pub fn gpu_event(&mut self, kernel: &CStr, config: u64) -> SysResult<RawFd> {
+        self.kprobe_event(config, Some(kernel), 0, -1, 0)
     }
 
     /// Serves an `ioctl` on one of our perf events; None when `fd` is not ours.

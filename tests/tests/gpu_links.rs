@@ -376,6 +376,84 @@ fn bpftime_run_attaches_memory_access_probes_and_refuses_gpu_rejections() {
     );
 }
 
+/// `:ldst.shared` probes reach the store as links of their own kind, through the shim's
+/// `cuda:` handler (the section's kernel) and `bpftime run`'s own perf event (`--attach`
+/// on another kernel); bpftime's `__memcapture` stays a global-only probe.
+#[test]
+fn bpftime_run_attaches_shared_memory_access_probes_on_both_paths() {
+    let s = Session::new("gpu-run-shared");
+    let obj = s.compile_bpf(
+        "ldst_shared",
+        "#include <linux/bpf.h>\n#include <bpf/bpf_helpers.h>\n\
+         SEC(\"cuda:ns::kern:ldst.shared\") int mem_shared(void *ctx) { return 0; }\n\
+         SEC(\"cuda:vectorAdd:ldst.shared\") int moved_shared(void *ctx) { return 0; }\n\
+         SEC(\"kprobe/__memcapture\") int cuda__capture(void *ctx) { return 0; }\n\
+         char LICENSE[] SEC(\"license\") = \"GPL\";\n",
+    );
+    let mut c = s.bpftime();
+    c.args([
+        "run",
+        obj.to_str().unwrap(),
+        "--attach",
+        "moved_shared=matmul",
+        "--",
+        "sleep",
+        "5",
+    ]);
+    c.stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped());
+    let child = c.spawn().expect("bpftime run");
+    let expected = {
+        let mut v = vec![
+            link(LinkKind::GpuSharedAccess, "ns::kern", "mem_shared"),
+            link(LinkKind::GpuSharedAccess, "matmul", "moved_shared"),
+            link(LinkKind::GpuAccess, "*", "cuda__capture"),
+        ];
+        sort_links(&mut v);
+        v
+    };
+    // Read while the app runs: the links go with `bpftime run`.
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    let mut seen = Vec::new();
+    while std::time::Instant::now() < deadline {
+        if Store::open(&s.store).is_ok() {
+            seen = links(&s);
+            if seen == expected {
+                break;
+            }
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let events = perf_events(&s);
+    let shown = list(&s);
+    let out = child.wait_with_output().expect("bpftime run's output");
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+    assert_eq!(seen, expected, "{}", text(&out));
+    assert_eq!(
+        events,
+        vec![
+            (PerfEventKind::GpuAccess, "*".into()),
+            (PerfEventKind::GpuSharedAccess, "matmul".into()),
+            (PerfEventKind::GpuSharedAccess, "ns::kern".into()),
+        ]
+    );
+    for line in ["gpu-ldst.shared ns::kern", "gpu-ldst.shared matmul"] {
+        assert!(
+            shown
+                .lines()
+                .any(|l| l.starts_with("link ") && l.contains(line)),
+            "`{line}` missing from:\n{shown}"
+        );
+    }
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    for line in [
+        "attached mem_shared (gpu-ldst.shared) -> CUDA kernel ns::kern",
+        "attached moved_shared (gpu-ldst.shared) -> CUDA kernel matmul",
+    ] {
+        assert!(stderr.contains(line), "`{line}` missing: {}", text(&out));
+    }
+}
+
 /// The GPU example with bpftime's GPU helpers (a `cuda__*` kprobe) runs too.
 #[test]
 fn bpftime_run_attaches_the_gpu_helper_example() {
@@ -395,6 +473,26 @@ fn bpftime_run_attaches_the_gpu_helper_example() {
 
 /// A GPU probe on per-CPU hash maps (a value per SM on the device) verifies under the
 /// GPU rules, beside the launch program that writes them on the CPU.
+/// The shared-memory example checks under the GPU rules with its access context.
+#[test]
+fn bpftime_verify_accepts_the_shared_memory_access_example() {
+    let s = Session::new("gpu-verify-shared");
+    let mut c = s.bpftime();
+    c.args(["verify", examples::ACCESS_SHARED_BPF_O]);
+    let out = run_with_timeout(c, Duration::from_secs(60));
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    for prog in ["vector_add_access", "matmul_access"] {
+        assert!(
+            stdout
+                .lines()
+                .any(|l| l.starts_with(&format!("{prog}: ok ("))),
+            "{}",
+            text(&out)
+        );
+    }
+}
+
 #[test]
 fn bpftime_verify_accepts_per_cpu_hash_maps_on_the_gpu() {
     let s = Session::new("gpu-verify-pcpu");
