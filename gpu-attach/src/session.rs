@@ -1789,9 +1789,12 @@ impl GpuAttach {
             return;
         }
         let timed = self.lock_timed_graphs().get(&graph).cloned();
-        if let Some(t) = timed {
-            self.lock_timed_execs().insert(exec, t);
-        }
+        let mut execs = self.lock_timed_execs();
+        match timed {
+            Some(t) => execs.insert(exec, t),
+            // A handle the driver gave back before, to a graph timed then.
+            None => execs.remove(&exec),
+        };
     }
 
     fn lock_timed_graphs(&self) -> std::sync::MutexGuard<'_, HashMap<Handle, Arc<TimedGraph>>> {
