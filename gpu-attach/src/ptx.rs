@@ -628,8 +628,8 @@ fn module_variables(
     // (`= {...}`), after which words are values.
     let mut words: Vec<&str> = Vec::new();
     let mut initializer = false;
-    let mut bodies: Vec<(usize, usize)> = Vec::new();
-    let mut body_start = 0;
+    // Every word written in a function body: a variable a body names is among them.
+    let mut body_words: std::collections::HashSet<&str> = std::collections::HashSet::new();
     let end_statement = |words: &mut Vec<&str>, found: &mut Vec<ModuleVariable>| {
         let space = |w: &str| words.contains(&w);
         if !space(".func") && !space(".entry") && !space(".extern") {
@@ -655,14 +655,12 @@ fn module_variables(
             Tok::Punct(b'{') => {
                 if depth == 0 && !initializer {
                     in_function = true;
-                    body_start = a;
                 }
                 depth += 1;
             }
             Tok::Punct(b'}') => {
                 depth = depth.saturating_sub(1);
                 if depth == 0 && in_function {
-                    bodies.push((body_start, b));
                     in_function = false;
                     words.clear();
                 }
@@ -673,25 +671,16 @@ fn module_variables(
                 initializer = false;
             }
             Tok::Word if depth == 0 && !initializer => words.push(&text[a..b]),
+            Tok::Word if in_function => {
+                body_words.insert(&text[a..b]);
+            }
             _ => {}
         }
     }
     for v in &mut found {
-        v.used = bodies
-            .iter()
-            .any(|&(a, b)| names_identifier(&text[a..b], &v.name));
+        v.used = body_words.contains(v.name.as_str());
     }
     found
-}
-
-/// Whether `name` occurs in `text` as a whole identifier.
-fn names_identifier(text: &str, name: &str) -> bool {
-    let bytes = text.as_bytes();
-    text.match_indices(name).any(|(at, _)| {
-        let before = at.checked_sub(1).map(|i| bytes[i]);
-        let after = bytes.get(at + name.len()).copied();
-        !before.is_some_and(is_word_byte) && !after.is_some_and(is_word_byte)
-    })
 }
 
 fn line_end(text: &str, from: usize) -> usize {

@@ -269,18 +269,7 @@ impl Replica {
             }
             DeviceKind::Hash if per_cpu => {
                 desc.copies = sm_count.max(1);
-                let shape = HashShape {
-                    key_size: desc.key_size,
-                    value_size: desc.value_size,
-                    capacity: hash_capacity(desc.max_entries),
-                    copies: desc.copies,
-                };
-                desc.capacity = shape.capacity;
-                let cap = shape.capacity as usize;
-                desc.states = mover.alloc(cap * 4)?;
-                desc.keys = mover.alloc(cap * shape.key_stride())?;
-                desc.values = mover.alloc(cap * shape.slot_values())?;
-                desc.count = mover.alloc(8)?;
+                let shape = alloc_hash_table(mover, &mut desc)?;
                 let done = mover.alloc(8)?;
                 mover.put(done, &0u64.to_le_bytes())?;
                 let entries = host_hash_entries(&map);
@@ -298,18 +287,7 @@ impl Replica {
                 SyncState::PerCpuHash { shape, sync, done }
             }
             DeviceKind::Hash => {
-                let shape = HashShape {
-                    key_size: desc.key_size,
-                    value_size: desc.value_size,
-                    capacity: hash_capacity(desc.max_entries),
-                    copies: 1,
-                };
-                desc.capacity = shape.capacity;
-                let cap = shape.capacity as usize;
-                desc.states = mover.alloc(cap * 4)?;
-                desc.keys = mover.alloc(cap * shape.key_stride())?;
-                desc.values = mover.alloc(cap * shape.slot_values())?;
-                desc.count = mover.alloc(8)?;
+                let shape = alloc_hash_table(mover, &mut desc)?;
                 let mut shadow = HashMap::new();
                 push_hash(mover, &map, &desc, &shape, &mut shadow)?;
                 SyncState::Hash { shape, shadow }
@@ -970,6 +948,24 @@ fn read_hash_image(
         .map(|w| u32::from_le_bytes(w.try_into().expect("4 bytes")))
         .collect();
     Ok(image)
+}
+
+/// Allocates a device hash table for `desc` (its slots, keys, `desc.copies` values per
+/// slot and its count) and fills in where they are.
+fn alloc_hash_table(mover: &Mover<'_>, desc: &mut GpuMapDesc) -> Result<HashShape, ReplicaError> {
+    let shape = HashShape {
+        key_size: desc.key_size,
+        value_size: desc.value_size,
+        capacity: hash_capacity(desc.max_entries),
+        copies: desc.copies,
+    };
+    desc.capacity = shape.capacity;
+    let cap = shape.capacity as usize;
+    desc.states = mover.alloc(cap * 4)?;
+    desc.keys = mover.alloc(cap * shape.key_stride())?;
+    desc.values = mover.alloc(cap * shape.slot_values())?;
+    desc.count = mover.alloc(8)?;
+    Ok(shape)
 }
 
 /// Makes `change` in the store's per-CPU hash map; true if it inserted or deleted a key

@@ -329,6 +329,24 @@ impl Launch {
             captured: false,
         }
     }
+
+    /// `instrumented`, standing for a kernel of `patched`, with its maps brought back and
+    /// its module's variables copied back after it.
+    fn instrumented(
+        instrumented: Handle,
+        stream: Handle,
+        context: Arc<Context>,
+        patched: &Patched,
+        captured: bool,
+    ) -> Launch {
+        Launch {
+            function: instrumented,
+            stream,
+            work: Some((context, patched.replicas.clone())),
+            variables: patched.variables.clone(),
+            captured,
+        }
+    }
 }
 
 struct Completion {
@@ -1054,13 +1072,7 @@ impl GpuAttach {
                  the graph, and its maps are brought back after each"
             )
         });
-        Launch {
-            function: instrumented,
-            stream,
-            work: Some((context, patched.replicas.clone())),
-            variables: patched.variables.clone(),
-            captured: true,
-        }
+        Launch::instrumented(instrumented, stream, context, &patched, true)
     }
 
     /// The instrumented function for a launch of `function` (built if need be), with the
@@ -1127,13 +1139,7 @@ impl GpuAttach {
                 tracing::warn!("making the CPU's per-CPU hash changes on the GPU failed: {e}");
             }
         }
-        Launch {
-            function: instrumented,
-            stream,
-            work: Some((context, patched.replicas.clone())),
-            variables: patched.variables.clone(),
-            captured: false,
-        }
+        Launch::instrumented(instrumented, stream, context, &patched, false)
     }
 
     /// Before an instrumented launch in `stream`: the application's values of its module's

@@ -620,10 +620,9 @@ impl Timeline {
             summary.launches += 1;
             let short = kernel_name(&c.kernel);
             let run = launches.runs.get(&c.launch_id);
-            let stream = format!("\"{:#x}\"", c.stream);
-            let args = format!(
-                "{{\"launch_id\":{},\"kernel\":{},\"grid\":[{},{},{}],\"block\":[{},{},{}],\
-                 \"shared_mem_bytes\":{},\"stream\":{stream},\"device\":{},\"result\":{}}}",
+            // What the launch call and its kernel's span both say.
+            let launch = format!(
+                "\"launch_id\":{},\"kernel\":{},\"grid\":[{},{},{}],\"block\":[{},{},{}]",
                 c.launch_id,
                 json_str(&c.kernel),
                 c.grid[0],
@@ -632,9 +631,10 @@ impl Timeline {
                 c.block[0],
                 c.block[1],
                 c.block[2],
-                c.shared_mem_bytes,
-                c.device,
-                c.result
+            );
+            let args = format!(
+                "{{{launch},\"shared_mem_bytes\":{},\"stream\":\"{:#x}\",\"device\":{},\"result\":{}}}",
+                c.shared_mem_bytes, c.stream, c.device, c.result
             );
             let tid = c.tid as u64;
             w.span(
@@ -652,19 +652,7 @@ impl Timeline {
             let gpid = GPU_PID_BASE + c.device as u64;
             let track = streams[&(c.device, c.stream)];
             w.flow("s", pid, tid, c.called, c.launch_id)?;
-            let kargs = format!(
-                "{{\"launch_id\":{},\"kernel\":{},\"grid\":[{},{},{}],\"block\":[{},{},{}],\
-                 \"error_ns\":{}}}",
-                c.launch_id,
-                json_str(&c.kernel),
-                c.grid[0],
-                c.grid[1],
-                c.grid[2],
-                c.block[0],
-                c.block[1],
-                c.block[2],
-                run.error_ns
-            );
+            let kargs = format!("{{{launch},\"error_ns\":{}}}", run.error_ns);
             w.span(
                 gpid,
                 track,
