@@ -365,6 +365,83 @@ fn stack_trace_ids_collide_reuse_and_fill_like_the_kernel() {
     }
 }
 
+/// GPU attach's pulls add into per-CPU hash values while programs and other processes
+/// change the same map: additions from threads and forked processes, racing to make the
+/// same keys, beside a thread inserting and deleting other keys, all count.
+#[test]
+fn percpu_hash_additions_race_from_threads_and_processes_and_all_count() {
+    const KEYS: u32 = 8;
+    const ADDS: u32 = 20_000;
+    const THREADS: u32 = 3;
+    const CHILDREN: u32 = 2;
+    let s = TempStore::new("pcpurace");
+    let m = Map::create(&s, &spec(mt::PERCPU_HASH, 4, 8, 128)).unwrap();
+    let n = possible_cpus() as usize;
+    let adder = |who: u32| {
+        for i in 0..ADDS {
+            let key = ((i + who) % KEYS).to_ne_bytes();
+            m.with_percpu_values(&key, true, |v| v.add(who as usize % n, 0, true, 1))
+                .unwrap();
+        }
+    };
+    // The map is in the store's shared memory: a child forked now adds into the same one.
+    let mut children = Vec::new();
+    for c in 0..CHILDREN {
+        // SAFETY: the child only adds into the shared map and leaves with _exit, running
+        // no destructor and no code the fork may have left inconsistent (no other thread
+        // of this test runs yet).
+        match unsafe { libc::fork() } {
+            0 => {
+                adder(THREADS + c);
+                // SAFETY: ends the child at once.
+                unsafe { libc::_exit(0) }
+            }
+            pid if pid > 0 => children.push(pid),
+            _ => panic!("fork: {}", std::io::Error::last_os_error()),
+        }
+    }
+    let stop = std::sync::atomic::AtomicBool::new(false);
+    std::thread::scope(|scope| {
+        let churn = scope.spawn(|| {
+            let zero = vec![0u8; m.syscall_value_size()];
+            let mut rounds = 0u64;
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                for k in 100u32..164 {
+                    m.update(&k.to_ne_bytes(), &zero, uf::ANY).unwrap();
+                }
+                for k in 100u32..164 {
+                    m.delete(&k.to_ne_bytes()).unwrap();
+                }
+                rounds += 1;
+            }
+            rounds
+        });
+        let adders: Vec<_> = (0..THREADS)
+            .map(|t| scope.spawn(move || adder(t)))
+            .collect();
+        for a in adders {
+            a.join().unwrap();
+        }
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        assert!(churn.join().unwrap() > 0);
+    });
+    for pid in children {
+        let mut status = 0;
+        // SAFETY: waits for our own child.
+        assert_eq!(unsafe { libc::waitpid(pid, &mut status, 0) }, pid);
+        assert!(libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0);
+    }
+    let per_key = (THREADS + CHILDREN) * ADDS / KEYS;
+    let mut all = vec![0u8; m.syscall_value_size()];
+    for key in 0..KEYS {
+        m.lookup(&key.to_ne_bytes(), &mut all).unwrap();
+        let sum: u64 = (0..n)
+            .map(|c| u64::from_ne_bytes(all[c * 8..c * 8 + 8].try_into().unwrap()))
+            .sum();
+        assert_eq!(sum, per_key as u64, "key {key}");
+    }
+}
+
 #[test]
 fn percpu_hash_values_take_additions_per_cpu_and_keys_are_made_zeroed() {
     let s = TempStore::new("pcpuadd");
