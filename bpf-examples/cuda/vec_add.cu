@@ -4,7 +4,8 @@
 //   vec_add [N] [ITERS] [BLOCK]     defaults: 1<<20 elements, 10 launches, 256 threads
 //
 // Prints one line per run: `vec_add n=N iters=I block=B grid=G threads=T ms_per_launch=X
-// ms_max=Y check=ok` (the median and the longest launch), and exits 1 if any element is
+// ms_max=Y ms_min=Z check=ok` (the median, the longest and the shortest launch), and
+// exits 1 if any element is
 // wrong or a CUDA call fails.
 #include <cstdio>
 #include <cstdlib>
@@ -54,9 +55,9 @@ int main(int argc, char **argv) {
         if (c[i] != a[i] + b[i]) wrong++;
     std::sort(ms.begin(), ms.end());
     printf("vec_add n=%ld iters=%d block=%d grid=%d threads=%ld ms_per_launch=%.4f "
-           "ms_max=%.4f check=%s\n",
+           "ms_max=%.4f ms_min=%.4f check=%s\n",
            n, iters, block, grid, (long)grid * block, iters ? ms[iters / 2] : 0.0f,
-           iters ? ms[iters - 1] : 0.0f, wrong ? "FAIL" : "ok");
+           iters ? ms[iters - 1] : 0.0f, iters ? ms[0] : 0.0f, wrong ? "FAIL" : "ok");
     CHECK(cudaFree(da));
     CHECK(cudaFree(db));
     CHECK(cudaFree(dc));

@@ -82,6 +82,7 @@ macro_rules! api {
             pub kernel_get_function: Option<unsafe extern "C" fn(*mut Handle, Handle) -> CuResult>,
             /// The graph calls that time a graph's kernel nodes, where the driver has them all.
             pub graph: Option<GraphApi>,
+            pub vmm: Option<VmmApi>,
             /// `cuLibraryGetGlobal` (CUDA 12.0 and newer drivers).
             pub library_get_global: Option<unsafe extern "C" fn(*mut DevicePtr, *mut usize, Handle, *const c_char) -> CuResult>,
             /// `cuFuncGetModule` (CUDA 11 and newer drivers).
@@ -125,6 +126,8 @@ macro_rules! api {
                         .map(|p| unsafe { std::mem::transmute::<*mut c_void, unsafe extern "C" fn(*mut Handle, Handle) -> CuResult>(p) }),
                     // SAFETY: as above.
                     graph: unsafe { GraphApi::resolve(lib) },
+                    // SAFETY: as above.
+                    vmm: unsafe { VmmApi::resolve(lib) },
                     // SAFETY: as above.
                     library_get_global: unsafe { symbol(lib, "cuLibraryGetGlobal") }
                         .map(|p| unsafe { std::mem::transmute::<*mut c_void, unsafe extern "C" fn(*mut DevicePtr, *mut usize, Handle, *const c_char) -> CuResult>(p) }),
@@ -227,22 +230,21 @@ pub struct KernelNodeParams {
 
 const _: () = assert!(std::mem::size_of::<KernelNodeParams>() == 72);
 
-macro_rules! graph_api {
-    ($( $field:ident: $symbol:literal fn($($arg:ty),*) ;)*) => {
-        /// The graph calls of the driver API that GPU attach uses to time a graph's kernel
-        /// nodes (CUDA 12.3 and newer drivers export them all). The edge calls are the
-        /// `_v2` ones, with edge data (passed as null: default edges): CUDA 13's unversioned
-        /// names have their signatures, CUDA 12's the older ones.
+/// A group of driver calls GPU attach uses only when the driver has them all: the struct
+/// `$name` of their entry points, resolved together or not at all.
+macro_rules! optional_api {
+    ($(#[$doc:meta])* $name:ident { $( $field:ident: $symbol:literal fn($($arg:ty),*) ;)* }) => {
+        $(#[$doc])*
         #[derive(Clone, Copy)]
-        pub struct GraphApi {
+        pub struct $name {
             $( pub $field: unsafe extern "C" fn($($arg),*) -> CuResult, )*
         }
 
-        impl GraphApi {
+        impl $name {
             /// # Safety
             /// `lib` must be a live handle of the CUDA driver library.
-            unsafe fn resolve(lib: *mut c_void) -> Option<GraphApi> {
-                Some(GraphApi {
+            unsafe fn resolve(lib: *mut c_void) -> Option<$name> {
+                Some($name {
                     $( $field: {
                         // SAFETY: the driver exports this symbol with this signature.
                         let p = unsafe { symbol(lib, $symbol) }?;
@@ -255,7 +257,12 @@ macro_rules! graph_api {
     };
 }
 
-graph_api! {
+optional_api! {
+    /// The graph calls of the driver API that GPU attach uses to time a graph's kernel
+    /// nodes (CUDA 12.3 and newer drivers export them all). The edge calls are the `_v2`
+    /// ones, with edge data (passed as null: default edges): CUDA 13's unversioned names
+    /// have their signatures, CUDA 12's the older ones.
+    GraphApi {
     get_nodes: "cuGraphGetNodes" fn(Handle, *mut Handle, *mut usize);
     node_get_type: "cuGraphNodeGetType" fn(Handle, *mut c_int);
     kernel_node_get_params: "cuGraphKernelNodeGetParams_v2" fn(Handle, *mut KernelNodeParams);
@@ -265,6 +272,58 @@ graph_api! {
     add_dependencies: "cuGraphAddDependencies_v2" fn(Handle, *const Handle, *const Handle, *const c_void, usize);
     exec_event_record_node_set_event: "cuGraphExecEventRecordNodeSetEvent" fn(Handle, Handle, Handle);
 }
+}
+
+optional_api! {
+    /// The virtual memory calls (CUDA 10.2 and newer) with which GPU attach places its
+    /// device memory at addresses of its choosing (see [`crate::arena`]).
+    VmmApi {
+    address_reserve: "cuMemAddressReserve" fn(*mut DevicePtr, usize, usize, DevicePtr, u64);
+    create: "cuMemCreate" fn(*mut u64, usize, *const MemAllocationProp, u64);
+    map: "cuMemMap" fn(DevicePtr, usize, usize, u64, u64);
+    set_access: "cuMemSetAccess" fn(DevicePtr, usize, *const MemAccessDesc, usize);
+    release: "cuMemRelease" fn(u64);
+    granularity: "cuMemGetAllocationGranularity" fn(*mut usize, *const MemAllocationProp, c_int);
+    }
+}
+
+/// `CUmemLocation`.
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct MemLocation {
+    pub kind: c_int,
+    pub id: c_int,
+}
+
+/// `CU_MEM_LOCATION_TYPE_DEVICE`.
+pub const MEM_LOCATION_DEVICE: c_int = 1;
+
+/// `CUmemAllocationProp`.
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct MemAllocationProp {
+    pub kind: c_int,
+    pub requested_handle_types: c_int,
+    pub location: MemLocation,
+    pub win32_metadata: *mut c_void,
+    pub flags: [u8; 8],
+}
+
+const _: () = assert!(std::mem::size_of::<MemAllocationProp>() == 32);
+
+/// `CU_MEM_ALLOCATION_TYPE_PINNED`.
+pub const MEM_ALLOCATION_PINNED: c_int = 1;
+
+/// `CUmemAccessDesc`.
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct MemAccessDesc {
+    pub location: MemLocation,
+    pub flags: c_int,
+}
+
+/// `CU_MEM_ACCESS_FLAGS_PROT_READWRITE`.
+pub const MEM_ACCESS_READ_WRITE: c_int = 3;
 
 unsafe fn symbol(lib: *mut c_void, name: &str) -> Option<*mut c_void> {
     let name = std::ffi::CString::new(name).ok()?;

@@ -752,8 +752,10 @@ pub fn drain_ring(ring: &[u8], size: u64, tail: u64, head: u64) -> (Vec<RingReco
 /// The per-context values runtime.c asks `bpftime_gpu_config_*` for.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct RuntimeConfig {
-    /// What `bpf_get_current_pid_tgid` answers: the host process.
-    pub pid_tgid: u64,
+    /// Device address of the `u64` that `bpf_get_current_pid_tgid` answers (the host
+    /// process), 0 for none (it answers 0). An address, not the value, so that a probe's
+    /// code is the same text in every run (see `arena`).
+    pub pid_tgid_at: u64,
     /// Device address of the context's trace ring (`bpf_trace_printk`), 0 for none.
     pub trace_ring: u64,
     /// The sharded arrays among the probe's maps.
@@ -766,17 +768,24 @@ const RUNTIME_IR: &str = include_str!(concat!(env!("OUT_DIR"), "/runtime.ll"));
 /// The device runtime as LLVM IR with `config`'s values filled in: the IR a probe's
 /// `GpuEnv::library` gives.
 pub fn library_ir(config: &RuntimeConfig) -> String {
-    let values = [
-        ("bpftime_gpu_config_pid_tgid", config.pid_tgid),
-        ("bpftime_gpu_config_trace_ring", config.trace_ring),
-    ];
     RUNTIME_IR
         .lines()
         .map(|line| {
-            for (name, value) in values {
-                if line.starts_with("declare") && line.contains(&format!("@{name}(")) {
-                    return format!("define i64 @{name}() {{\n  ret i64 {value}\n}}");
-                }
+            if line.starts_with("declare") && line.contains("@bpftime_gpu_config_trace_ring(") {
+                return format!(
+                    "define i64 @bpftime_gpu_config_trace_ring() {{\n  ret i64 {}\n}}",
+                    config.trace_ring
+                );
+            }
+            if line.starts_with("declare") && line.contains("@bpftime_gpu_config_pid_tgid(") {
+                return match config.pid_tgid_at {
+                    0 => "define i64 @bpftime_gpu_config_pid_tgid() {\n  ret i64 0\n}".into(),
+                    at => format!(
+                        "define i64 @bpftime_gpu_config_pid_tgid() {{\n  \
+                         %p = inttoptr i64 {at} to ptr addrspace(1)\n  \
+                         %v = load i64, ptr addrspace(1) %p, align 8\n  ret i64 %v\n}}"
+                    ),
+                };
             }
             if line.starts_with("declare") && line.contains("@bpftime_gpu_shard_address(") {
                 return shard_address_ir(&config.shards);
@@ -1263,11 +1272,14 @@ mod tests {
             copies: 132,
         };
         let ir = library_ir(&RuntimeConfig {
-            pid_tgid: (42 << 32) | 42,
+            pid_tgid_at: 0x7000_1000,
             trace_ring: 0x7000_0000,
             shards: vec![shard],
         });
-        assert!(ir.contains("define i64 @bpftime_gpu_config_pid_tgid() {\n  ret i64 180388626474"));
+        assert!(ir.contains(&format!(
+            "define i64 @bpftime_gpu_config_pid_tgid() {{\n  %p = inttoptr i64 {} to ptr addrspace(1)",
+            0x7000_1000u64
+        )));
         assert!(ir.contains(&format!("ret i64 {}", 0x7000_0000u64)));
         assert!(ir.contains(&format!("sub i64 %addr, {}", 0x7100_0000u64)));
         assert!(ir.contains(&format!(

@@ -17,6 +17,7 @@
 //! - [`runner`] runs a program as a kernel of its own (the conformance suite's GPU engine),
 //!   and [`toolchain`] finds NVIDIA's compilers for the tests.
 
+mod arena;
 pub mod clock;
 mod cuda;
 pub mod device_maps;

@@ -2,6 +2,8 @@
 //! for the GPU with the device runtime linked in, as a PTX function to splice.
 
 use std::collections::HashMap;
+use std::hash::{Hash, Hasher};
+use std::path::{Path, PathBuf};
 
 use bpftime_isa::{opcode as op, Insn};
 use bpftime_jit_ptx::{
@@ -73,6 +75,189 @@ pub fn compile_probe(
         ));
     }
     Ok(program)
+}
+
+/// [`compile_probe`], answered from `cache` when the same inputs were compiled before by
+/// this build of bpftime (in this run or an earlier one), and kept there otherwise. The
+/// inputs include the maps' device addresses: they repeat from run to run where the
+/// context's arena got its usual place (see `arena`).
+pub fn compile_probe_cached(
+    cache: Option<&ProbeCache>,
+    point: ProbePoint,
+    insns: &[Insn],
+    maps: &HashMap<u32, DeviceMapRef>,
+    config: &RuntimeConfig,
+    sm: u32,
+    symbol: &str,
+) -> Result<CachedProbe, String> {
+    let Some(cache) = cache else {
+        return compile_probe(point, insns, maps, config, sm, symbol).map(CachedProbe::from);
+    };
+    // Keyed by what the code is made of: the instructions with their maps' device
+    // addresses in place (not the store's map ids, which differ from run to run).
+    let relocated = relocate(insns, maps)?;
+    let mut arrays: Vec<_> = maps.values().map(|m| (m.desc, m.array)).collect();
+    arrays.sort_by_key(|(desc, _)| *desc);
+    let key = format!(
+        "{}\n{point:?}\nsm_{sm}\n{symbol}\n{relocated:?}\n{arrays:?}\n{config:?}",
+        cache.build
+    );
+    if let Some(hit) = cache.get(&key) {
+        return Ok(hit);
+    }
+    let compiled = CachedProbe::from(compile_probe(point, insns, maps, config, sm, symbol)?);
+    cache.put(&key, &compiled);
+    Ok(compiled)
+}
+
+/// What a compiled probe is spliced with: its PTX and its clock offset's global.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CachedProbe {
+    pub ptx: String,
+    pub clock_offset: Option<String>,
+}
+
+impl From<PtxProgram> for CachedProbe {
+    fn from(p: PtxProgram) -> CachedProbe {
+        CachedProbe {
+            ptx: p.ptx,
+            clock_offset: p.clock_offset,
+        }
+    }
+}
+
+/// Compiled probes on disk, one file per set of inputs, each holding its inputs in full
+/// (a hash names the file; the inputs decide a hit).
+#[derive(Debug, Clone)]
+pub struct ProbeCache {
+    dir: PathBuf,
+    /// This build of bpftime: a rebuilt compiler never answers from an older one's work.
+    build: String,
+}
+
+/// Files kept: past this, the oldest half goes.
+const CACHE_FILES: usize = 1024;
+
+impl ProbeCache {
+    /// The cache at `dir`, for compilers built as `build` says.
+    pub fn at(dir: impl Into<PathBuf>, build: impl Into<String>) -> ProbeCache {
+        ProbeCache {
+            dir: dir.into(),
+            build: build.into(),
+        }
+    }
+
+    /// Where a user's cache is: `BPFTIME_CACHE_DIR`, else `$XDG_CACHE_HOME/bpftime`, else
+    /// `~/.cache/bpftime`, under `gpu-probes`; `None` with `BPFTIME_CACHE_DISABLE=1` (as
+    /// `CUDA_CACHE_DISABLE` turns off the driver's) or without a home.
+    pub fn for_user() -> Option<ProbeCache> {
+        if std::env::var("BPFTIME_CACHE_DISABLE").is_ok_and(|v| v == "1") {
+            return None;
+        }
+        let env_dir = |name: &str| std::env::var_os(name).filter(|v| !v.is_empty());
+        let root = env_dir("BPFTIME_CACHE_DIR")
+            .map(PathBuf::from)
+            .or_else(|| env_dir("XDG_CACHE_HOME").map(|d| PathBuf::from(d).join("bpftime")))
+            .or_else(|| env_dir("HOME").map(|d| PathBuf::from(d).join(".cache/bpftime")))?;
+        Some(ProbeCache::at(root.join("gpu-probes"), this_build()?))
+    }
+
+    fn file(&self, key: &str) -> PathBuf {
+        let mut h = std::collections::hash_map::DefaultHasher::new();
+        key.hash(&mut h);
+        self.dir.join(format!("{:016x}.probe", h.finish()))
+    }
+
+    fn get(&self, key: &str) -> Option<CachedProbe> {
+        let text = std::fs::read_to_string(self.file(key)).ok()?;
+        let mut parts = text.splitn(3, '\0');
+        if parts.next()? != key {
+            return None;
+        }
+        let clock = parts.next()?;
+        let ptx = parts.next()?;
+        Some(CachedProbe {
+            ptx: ptx.to_string(),
+            clock_offset: (!clock.is_empty()).then(|| clock.to_string()),
+        })
+    }
+
+    /// Best effort: a cache that cannot be written costs the next run a compilation.
+    fn put(&self, key: &str, probe: &CachedProbe) {
+        if let Err(e) = self.try_put(key, probe) {
+            tracing::debug!(dir = %self.dir.display(), "GPU probe cache not written: {e}");
+        }
+    }
+
+    fn try_put(&self, key: &str, probe: &CachedProbe) -> std::io::Result<()> {
+        std::fs::create_dir_all(&self.dir)?;
+        let file = self.file(key);
+        let tmp = file.with_extension(format!("tmp{}", std::process::id()));
+        let clock = probe.clock_offset.as_deref().unwrap_or("");
+        std::fs::write(&tmp, format!("{key}\0{clock}\0{}", probe.ptx))?;
+        std::fs::rename(&tmp, &file)?;
+        trim(&self.dir, CACHE_FILES);
+        Ok(())
+    }
+}
+
+/// Removes the older half of `dir`'s probes once it holds more than `most`.
+fn trim(dir: &Path, most: usize) {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return;
+    };
+    let mut files: Vec<(std::time::SystemTime, PathBuf)> = entries
+        .flatten()
+        .filter(|e| e.path().extension().is_some_and(|x| x == "probe"))
+        .filter_map(|e| Some((e.metadata().ok()?.modified().ok()?, e.path())))
+        .collect();
+    if files.len() <= most {
+        return;
+    }
+    files.sort();
+    for (_, path) in &files[..files.len() - most / 2] {
+        let _ = std::fs::remove_file(path);
+    }
+}
+
+/// The object this code was loaded from (the agent's library, or a binary), by its path,
+/// size and modification time: what changes whenever bpftime is rebuilt.
+fn this_build() -> Option<String> {
+    static BUILD: std::sync::OnceLock<Option<String>> = std::sync::OnceLock::new();
+    BUILD
+        .get_or_init(|| {
+            // SAFETY: Dl_info is plain pointers and integers, for which zero is valid.
+            let mut info: libc::Dl_info = unsafe { std::mem::zeroed() };
+            // SAFETY: dladdr reads our own function's address and fills `info` with
+            // pointers into the loader's data, which live as long as the object.
+            let found = unsafe { libc::dladdr(this_build as *const libc::c_void, &mut info) };
+            let loaded = (found != 0 && !info.dli_fname.is_null()).then(|| {
+                use std::os::unix::ffi::OsStrExt;
+                // SAFETY: a NUL-terminated path the loader keeps.
+                let name = unsafe { std::ffi::CStr::from_ptr(info.dli_fname) };
+                PathBuf::from(std::ffi::OsStr::from_bytes(name.to_bytes()))
+            });
+            // The main program's name may be bare; /proc says where it is.
+            let (path, meta) = loaded
+                .and_then(|p| Some((p.clone(), std::fs::metadata(&p).ok()?)))
+                .or_else(|| {
+                    let p = std::fs::read_link("/proc/self/exe").ok()?;
+                    Some((p.clone(), std::fs::metadata(&p).ok()?))
+                })?;
+            let modified = meta
+                .modified()
+                .ok()?
+                .duration_since(std::time::UNIX_EPOCH)
+                .ok()?;
+            Some(format!(
+                "{} {} {} {}",
+                env!("CARGO_PKG_VERSION"),
+                path.display(),
+                meta.len(),
+                modified.as_nanos()
+            ))
+        })
+        .clone()
 }
 
 /// Rewrites `lddw` map references (store ids) into device addresses: a map becomes its

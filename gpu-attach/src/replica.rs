@@ -11,6 +11,7 @@ use std::sync::{Arc, Mutex};
 use bpftime_jit_ptx::ArrayMapLayout;
 use bpftime_runtime::Map;
 
+use crate::arena::Arena;
 use crate::cuda::{Api, CudaError, DevicePtr, Handle};
 use crate::device_maps::{
     add_deltas, device_kind, drain_ring, encode_hash_ops, hash_capacity, is_per_cpu, ring_shards,
@@ -37,10 +38,18 @@ pub(crate) struct Mover<'a> {
     pub api: &'a Api,
     /// A non-blocking stream of GPU attach's own in the current context.
     pub stream: Handle,
+    /// The context's arena, where there is one: addresses that repeat from run to run.
+    pub arena: Option<&'a Arena>,
 }
 
 impl Mover<'_> {
     pub fn alloc(&self, bytes: usize) -> Result<DevicePtr, CudaError> {
+        if let Some(arena) = self.arena {
+            match arena.alloc(self.api, bytes) {
+                Ok(p) => return Ok(p),
+                Err(e) => tracing::debug!(bytes, "device memory outside the arena: {e}"),
+            }
+        }
         let mut p = 0;
         // SAFETY: writes one device pointer.
         self.api.check("cuMemAlloc", unsafe {

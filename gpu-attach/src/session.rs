@@ -20,6 +20,7 @@ use bpftime_isa::Insn;
 use bpftime_jit_ptx::{compile, PtxOptions};
 use bpftime_runtime::Map;
 
+use crate::arena::Arena;
 use crate::clock::{self, ClockCalibration};
 use crate::cuda::{
     self, Api, CuResult, DevicePtr, Handle, Owned, ATTR_MULTIPROCESSOR_COUNT, CUDA_ERROR_NOT_READY,
@@ -31,7 +32,7 @@ use crate::launch::{
     EventClock, Geometry, LaunchContext, LaunchProbe, PHASE_COMPLETED, PHASE_LAUNCHED,
 };
 use crate::names;
-use crate::probe::{compile_probe, DeviceMapRef};
+use crate::probe::{compile_probe_cached, DeviceMapRef, ProbeCache};
 use crate::ptx::{strip_header, ProbeCall, ProbePoint, PtxModule, Splice, Version};
 use crate::replica::{DeviceDelta, HashOpsLaunch, Mover, Replica, RingReader};
 use crate::scan::FatbinIndex;
@@ -264,6 +265,11 @@ struct Context {
     device_name: String,
     sm: u32,
     stream: Handle,
+    /// Where our device memory goes (`None`: `cuMemAlloc`, where the driver lacks the
+    /// virtual memory calls).
+    arena: Option<Arena>,
+    /// Device address of the process's pid and tgid, as `bpf_get_current_pid_tgid` gives.
+    pid_tgid_at: DevicePtr,
     replicas: Mutex<HashMap<u32, Arc<Replica>>>,
     /// Device address of the trace ring (`bpf_trace_printk` lines), and its reader.
     trace_ring: DevicePtr,
@@ -453,6 +459,8 @@ pub struct GpuAttach {
     anchoring: Mutex<()>,
     pid_tgid: u64,
     driver_version: i32,
+    /// Probes compiled before, by this run or an earlier one.
+    probe_cache: Option<ProbeCache>,
     /// Notices already given, so each is given once.
     noticed: Mutex<HashSet<String>>,
     /// Links whose probe named a kernel this process launched.
@@ -562,6 +570,7 @@ pub fn install() -> Result<&'static GpuAttach, InstallError> {
         anchoring: Mutex::new(()),
         pid_tgid: (pid << 32) | pid,
         driver_version,
+        probe_cache: ProbeCache::for_user(),
         noticed: Mutex::new(HashSet::new()),
         matched: Mutex::new(HashSet::new()),
         launch: RwLock::new(LaunchProbes::default()),
@@ -2203,9 +2212,24 @@ impl GpuAttach {
                 return None;
             }
         };
+        // The probes this module gets, each named by its place among them: the same tool
+        // on the same module compiles to the same text in every run, whatever link ids
+        // the store handed out (the caches key on the text).
+        let used: Vec<Arc<GpuProbe>> = probes
+            .iter()
+            .filter(|p| {
+                module
+                    .kernels
+                    .iter()
+                    .any(|k| names::matches(&p.pattern, &k.name))
+            })
+            .cloned()
+            .collect();
+        let symbol_of = |link_id: u32| {
+            probe_symbol(used.iter().position(|u| u.link_id == link_id).unwrap_or(0) as u32)
+        };
         // Which probes go where.
         let mut calls: Vec<(String, Vec<ProbeCall>)> = Vec::new();
-        let mut used: Vec<Arc<GpuProbe>> = Vec::new();
         for k in &module.kernels {
             let mine: Vec<&Arc<GpuProbe>> = probes
                 .iter()
@@ -2235,15 +2259,12 @@ impl GpuAttach {
                 mine.iter()
                     .map(|p| ProbeCall {
                         point: p.point,
-                        symbol: probe_symbol(p.link_id),
+                        symbol: symbol_of(p.link_id),
                     })
                     .collect(),
             ));
             for p in mine {
                 self.lock_matched().insert(p.link_id);
-                if !used.iter().any(|u| u.link_id == p.link_id) {
-                    used.push(p.clone());
-                }
             }
         }
         if calls.is_empty() {
@@ -2283,8 +2304,7 @@ impl GpuAttach {
                     format!("GPU probe {name} cannot run: {e}")
                 });
             }
-            let failed_symbols: Vec<String> =
-                failed.iter().map(|(l, _)| probe_symbol(*l)).collect();
+            let failed_symbols: Vec<String> = failed.iter().map(|(l, _)| symbol_of(*l)).collect();
             for (_, c) in &mut calls {
                 c.retain(|call| !failed_symbols.contains(&call.symbol));
             }
@@ -2430,7 +2450,7 @@ impl GpuAttach {
             })
             .collect();
         let config = RuntimeConfig {
-            pid_tgid: self.pid_tgid,
+            pid_tgid_at: context.pid_tgid_at,
             trace_ring: context.trace_ring,
             shards: replicas.values().filter_map(|r| r.shards).collect(),
         };
@@ -2442,7 +2462,8 @@ impl GpuAttach {
     }
 
     /// Compiles `probes` for `context` (LLVM, one thread each: a module's probes are
-    /// ready when the slowest is): each one's PTX, clock global and replicas, or why not.
+    /// ready when the slowest is), the n-th as `probe_symbol(n)`: each one's PTX, clock
+    /// global and replicas, or why not.
     fn compile_probes(
         &self,
         context: &Context,
@@ -2456,14 +2477,18 @@ impl GpuAttach {
             .collect();
         let replicas_ms = started.elapsed().as_secs_f64() * 1e3;
         let started = Instant::now();
-        let compile = |probe: &GpuProbe, inputs: ProbeInputs| -> Result<CompiledProbe, String> {
-            let program = compile_probe(
+        let compile = |index: usize,
+                       probe: &GpuProbe,
+                       inputs: ProbeInputs|
+         -> Result<CompiledProbe, String> {
+            let program = compile_probe_cached(
+                self.probe_cache.as_ref(),
                 probe.point,
                 &probe.insns,
                 &inputs.maps,
                 &inputs.config,
                 sm,
-                &probe_symbol(probe.link_id),
+                &probe_symbol(index as u32),
             )?;
             Ok(CompiledProbe {
                 ptx: program.ptx,
@@ -2475,13 +2500,14 @@ impl GpuAttach {
             let running: Vec<_> = probes
                 .iter()
                 .zip(inputs)
-                .map(|(probe, inputs)| {
+                .enumerate()
+                .map(|(index, (probe, inputs))| {
                     inputs.map(|inputs| {
                         std::thread::Builder::new()
                             .name("bpftime-gpu-jit".into())
                             .spawn_scoped(scope, move || {
                                 bpftime_attach::never_run_handlers_on_this_thread();
-                                compile(probe, inputs)
+                                compile(index, probe, inputs)
                             })
                     })
                 })
@@ -2579,14 +2605,25 @@ impl GpuAttach {
             (api.stream_create)(&mut stream, STREAM_NON_BLOCKING)
         })
         .map_err(|e| e.to_string())?;
-        let mover = Mover { api, stream };
-        let trace = RingReader::new(&mover, TRACE_RING_BYTES, 1).map_err(|e| e.to_string())?;
         let mut device = 0;
         // SAFETY: writes one int.
         api.check("cuCtxGetDevice", unsafe {
             (api.ctx_get_device)(&mut device)
         })
         .map_err(|e| e.to_string())?;
+        let arena = Arena::new(api, device)
+            .map_err(|e| tracing::debug!("GPU attach's device memory from cuMemAlloc: {e}"))
+            .ok();
+        let mover = Mover {
+            api,
+            stream,
+            arena: arena.as_ref(),
+        };
+        let pid_tgid_at = mover.alloc(8).map_err(|e| e.to_string())?;
+        mover
+            .put(pid_tgid_at, &self.pid_tgid.to_le_bytes())
+            .map_err(|e| e.to_string())?;
+        let trace = RingReader::new(&mover, TRACE_RING_BYTES, 1).map_err(|e| e.to_string())?;
         let load_kernel = |ptx: &str, name: &CStr| -> Result<Handle, String> {
             let source = CString::new(ptx).map_err(|e| e.to_string())?;
             let (mut module, mut f) = (0, 0);
@@ -2617,6 +2654,8 @@ impl GpuAttach {
             sm_count: sms,
             sm,
             stream,
+            arena,
+            pid_tgid_at,
             replicas: Mutex::new(HashMap::new()),
             trace_ring: trace.ring,
             trace: Mutex::new(trace),
@@ -2945,10 +2984,11 @@ impl GpuAttach {
     }
 
     /// Moves bytes in `context` on its stream of ours.
-    fn mover<'a>(&'a self, context: &Context) -> Mover<'a> {
+    fn mover<'a>(&'a self, context: &'a Context) -> Mover<'a> {
         Mover {
             api: &self.api,
             stream: context.stream,
+            arena: context.arena.as_ref(),
         }
     }
 
@@ -3131,8 +3171,9 @@ fn run_watchers(probes: &Watchers, kernel: &str, info: LaunchContext) {
     }
 }
 
-pub(crate) fn probe_symbol(link_id: u32) -> String {
-    format!("__bpftime_probe_{link_id}")
+/// The PTX name of a module's `index`-th probe.
+pub(crate) fn probe_symbol(index: u32) -> String {
+    format!("__bpftime_probe_{index}")
 }
 
 #[cfg(test)]

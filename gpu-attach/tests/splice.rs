@@ -333,6 +333,12 @@ fn every_nvcc_kernel_spliced_at_entry_and_exit_passes_ptxas() {
         assert!(out.contains(".maxntid 128, 1, 1") && out.contains(".minnctapersm 2"));
         // The struct parameter goes in as an address, the others as values.
         assert!(out.contains("cvta.param.u64"), "{out}");
+        // The same text each time (the driver's JIT cache keys on it).
+        let again = PtxModule::parse(&text)
+            .unwrap()
+            .splice(&splice, Version::newest_for_driver(13000))
+            .unwrap();
+        assert_eq!(again, out);
         assert_ptxas_accepts(fatbin_name.trim_end_matches(".fatbin"), &out);
     }
 }
@@ -525,7 +531,7 @@ fn a_probe_using_the_whole_device_runtime_compiles_and_splices() {
         })
         .collect();
     let config = RuntimeConfig {
-        pid_tgid: (4242 << 32) | 4242,
+        pid_tgid_at: base + 0x8000,
         trace_ring: base + 0x9000,
         shards: vec![],
     };

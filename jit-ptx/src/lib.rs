@@ -50,6 +50,23 @@ mod tests {
     }
 
     #[test]
+    fn the_same_program_is_the_same_text_however_many_were_compiled_before() {
+        // The driver's JIT cache keys on the text: a counter of calls that LLVM keeps
+        // across compilations must not show in it.
+        let opts = PtxOptions {
+            opt_level: OptLevel::O0,
+            ..PtxOptions::default()
+        };
+        let src = "mov %r1, 2\ncall local sub\nexit\nsub:\nmov %r0, %r1\nexit";
+        let first = ptx_with(src, &StandardGpuEnv, &opts).ptx;
+        assert!(first.contains("call"), "{first}");
+        for _ in 0..3 {
+            assert_eq!(ptx_with(src, &StandardGpuEnv, &opts).ptx, first);
+        }
+        assert!(!first.contains("callseq"), "{first}");
+    }
+
+    #[test]
     fn header_names_version_and_target() {
         let p = ptx("mov %r0, 1\nexit");
         assert!(p.ptx.contains(".version 7.8\n"), "{}", p.ptx);

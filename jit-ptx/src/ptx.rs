@@ -264,6 +264,25 @@ fn nvptx_machine(opts: &PtxOptions) -> Result<TargetMachine, CompileError> {
         })
 }
 
+/// `ptx` without the NVPTX backend's `// callseq N` comments. Their numbers count calls
+/// lowered by every compilation in the process so far, so the same program would be
+/// different text in each; the driver's JIT cache keys on the text.
+fn without_call_numbers(ptx: &str) -> String {
+    let mut out = String::with_capacity(ptx.len());
+    for line in ptx.split_inclusive('\n') {
+        match line.find("// callseq") {
+            Some(at) => {
+                out.push_str(line[..at].trim_end());
+                if line.ends_with('\n') {
+                    out.push('\n');
+                }
+            }
+            None => out.push_str(line),
+        }
+    }
+    out
+}
+
 /// The optimized LLVM IR [`compile`] would turn into PTX, as text.
 pub fn lifted_ir(
     insns: &[Insn],
@@ -344,7 +363,7 @@ pub fn compile(
         message: format!("PTX is not UTF-8: {e}"),
     })?;
     // PTX text must not carry the NUL that LLVM's buffers may end with.
-    let ptx = ptx.trim_end_matches('\0').to_string();
+    let ptx = without_call_numbers(ptx.trim_end_matches('\0'));
     debug!(
         insns = insns.len(),
         ptx_bytes = ptx.len(),
