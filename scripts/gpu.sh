@@ -183,6 +183,10 @@ uprobe_bench() {
     plain_runs=$(for _ in $(seq $runs); do "$dir/bench_calls" $n | ns; done)
     count_runs=$(for _ in $(seq $runs); do "${bt[@]}" run "$dir/globals.bpf.o" -- "$dir/bench_calls" $n | ns; done)
     both_runs=$(for _ in $(seq $runs); do "${bt[@]}" run "$dir/funclatency.bpf.o" -- "$dir/bench_calls" $n | ns; done)
+    # The same with bpf_ktime_get_ns forced onto the vDSO: where the two agree, the TSC
+    # clock is not in use on this host (it needs clocksource tsc and an invariant TSC).
+    local vdso_runs
+    vdso_runs=$(for _ in $(seq $runs); do BPFTIME_KTIME_VDSO=1 "${bt[@]}" run "$dir/funclatency.bpf.o" -- "$dir/bench_calls" $n | ns; done)
     rm -rf "$dir"
     plain=$(median <<<"$plain_runs")
     count=$(median <<<"$count_runs")
@@ -196,7 +200,11 @@ uprobe_bench() {
         echo "  plain call: $plain ns (median of $runs runs of bench_calls $n)"
         echo "  counting uprobe (globals.bpf.o: call count, sum and last argument in globals): $count ns per call, $(awk "BEGIN {printf \"%.1f\", $count - $plain}") ns added"
         echo "  uprobe + uretprobe (funclatency.bpf.o): $both ns per call, $(awk "BEGIN {printf \"%.1f\", $both - $plain}") ns added"
-        echo "  every run, ns per call: plain" $plain_runs "| counting" $count_runs "| uprobe + uretprobe" $both_runs
+        echo "  uprobe + uretprobe with bpf_ktime_get_ns on the vDSO (BPFTIME_KTIME_VDSO=1): $(median <<<"$vdso_runs") ns per call"
+        echo "  every run, ns per call: plain" $plain_runs "| counting" $count_runs "| uprobe + uretprobe" $both_runs "| the same on the vDSO" $vdso_runs
+        local cs=/sys/devices/system/clocksource/clocksource0
+        echo "  clocksource: $(cat $cs/current_clocksource 2>/dev/null) (available: $(cat $cs/available_clocksource 2>/dev/null | xargs));" \
+            "TSC flags: $(grep -m1 '^flags' /proc/cpuinfo | tr ' ' '\n' | grep -E '^(constant_tsc|nonstop_tsc|tsc_reliable|tsc_known_freq|rdtscp)$' | xargs)"
     } | tee "$out/uprobe-bench.txt"
 }
 

@@ -123,14 +123,27 @@ struct Attached {
     failed: AtomicBool,
 }
 
-/// A site's handlers in attach order, plus what kinds are among them.
+/// A site's handlers in attach order, and the same split by kind for the hot paths.
 #[derive(Default, Clone)]
 #[repr(C)]
 pub(crate) struct List {
     /// Read by the entry stubs (see `stubs`), hence first and `repr(C)`.
     direct: DirectCall,
     entries: Vec<Arc<Attached>>,
-    any_return: bool,
+    /// The entry handlers, then the return handlers, in attach order: a hit walks only
+    /// its own kind, and calls code without reaching through its `Attached`.
+    on_entry: Box<[Run]>,
+    on_return: Box<[Run]>,
+}
+
+/// One handler as a hit runs it.
+#[derive(Clone)]
+enum Run {
+    Code {
+        entry: unsafe extern "C" fn(regs: *mut PtRegs, arg: u64, zero: u64) -> u64,
+        arg: u64,
+    },
+    Closure(Arc<Attached>),
 }
 
 /// When a site's only handler is code, the entry stubs call it themselves rather than
@@ -155,7 +168,20 @@ const _: () = assert!(std::mem::offset_of!(Site, list) == 8);
 
 impl List {
     fn new(entries: Vec<Arc<Attached>>) -> List {
-        let any_return = entries.iter().any(|a| a.kind == Kind::Return);
+        let runs = |kind: Kind| -> Box<[Run]> {
+            entries
+                .iter()
+                .filter(|a| a.kind == kind)
+                .map(|a| match &a.action {
+                    Action::Code(code) => Run::Code {
+                        entry: code.entry,
+                        arg: code.arg,
+                    },
+                    Action::Closure(_) => Run::Closure(a.clone()),
+                })
+                .collect()
+        };
+        let (on_entry, on_return) = (runs(Kind::Entry), runs(Kind::Return));
         let direct = match entries.as_slice() {
             [only] if only.kind == Kind::Entry => match &only.action {
                 Action::Code(code) => DirectCall {
@@ -170,7 +196,8 @@ impl List {
         List {
             direct,
             entries,
-            any_return,
+            on_entry,
+            on_return,
         }
     }
 }
@@ -526,15 +553,19 @@ impl Drop for Reentry {
 }
 
 #[inline]
-fn run(entry: &Attached, regs: &mut PtRegs) {
-    let handler = match &entry.action {
-        Action::Code(code) => {
-            // SAFETY: the attacher vouched for the code (`attach_uprobe_code`), which
-            // `owner` keeps alive as long as this entry; `regs` is live for the call.
-            unsafe { (code.entry)(regs, code.arg, 0) };
+fn run(what: &Run, regs: &mut PtRegs) {
+    let entry = match what {
+        Run::Code { entry, arg } => {
+            // SAFETY: the attacher vouched for the code (`attach_uprobe_code`), which the
+            // `owner` of its `Attached`, in the same list, keeps alive; `regs` is live for
+            // the call.
+            unsafe { entry(regs, *arg, 0) };
             return;
         }
-        Action::Closure(handler) => handler,
+        Run::Closure(entry) => entry,
+    };
+    let Action::Closure(handler) = &entry.action else {
+        return;
     };
     if entry.failed.load(Ordering::Relaxed) {
         return;
@@ -562,10 +593,10 @@ pub(crate) extern "C" fn on_entry(site: *const Site, regs: *mut PtRegs) {
         return;
     };
     let sp = regs.sp;
-    for entry in list.entries.iter().filter(|e| e.kind == Kind::Entry) {
-        run(entry, regs);
+    for what in list.on_entry.iter() {
+        run(what, regs);
     }
-    if list.any_return {
+    if !list.on_return.is_empty() {
         hijack_return(site, sp);
     }
 }
@@ -616,8 +647,8 @@ pub(crate) extern "C" fn on_return(regs: *mut PtRegs) -> u64 {
     let list = frame.site.list.load(Ordering::Acquire);
     // SAFETY: published lists are never freed (see `Site::list`).
     if let (Some(list), Some(_guard)) = (unsafe { list.as_ref() }, Reentry::enter()) {
-        for entry in list.entries.iter().filter(|e| e.kind == Kind::Return) {
-            run(entry, regs);
+        for what in list.on_return.iter() {
+            run(what, regs);
         }
     }
     frame.ret

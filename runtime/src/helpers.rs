@@ -101,13 +101,15 @@ pub(crate) fn fork_generation() -> u64 {
 /// This thread's `tgid << 32 | tid`, cached per thread (a system call costs more
 /// than most programs) and refreshed in a forked child.
 pub(crate) fn pid_tgid() -> u64 {
-    init_process();
-    let gen = FORKS.load(Ordering::Relaxed);
     IDS.with(|c| {
         let (g, v) = c.get();
-        if g == gen {
+        // No value is cached before the fork handler is registered (below), so a cached
+        // value from before a fork always meets a bumped count in the child; the
+        // registration's check stays off the path every map lock and helper call takes.
+        if g == FORKS.load(Ordering::Relaxed) {
             return v;
         }
+        let gen = fork_generation();
         // SAFETY: getpid and gettid have no preconditions.
         let v = unsafe { ((libc::getpid() as u64) << 32) | libc::gettid() as u64 };
         c.set((gen, v));
@@ -633,6 +635,36 @@ pub fn helper_by_id(helper: u32) -> Option<HelperFn> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The ids are cached per thread: a child forked after the parent's thread cached
+    /// them must still report its own process and thread.
+    #[test]
+    fn a_forked_child_reports_its_own_pid_tgid() {
+        let parent = pid_tgid();
+        // SAFETY: getpid has no preconditions.
+        assert_eq!(parent >> 32, unsafe { libc::getpid() } as u64);
+        // SAFETY: the child only calls pid_tgid (a cached read, or getpid/gettid and a
+        // thread-local write on this thread's own cell) and `_exit`s.
+        match unsafe { libc::fork() } {
+            0 => {
+                let child = pid_tgid();
+                // SAFETY: getpid and gettid have no preconditions.
+                let own = unsafe { ((libc::getpid() as u64) << 32) | libc::gettid() as u64 };
+                // SAFETY: ends the child without running the test harness's exit path.
+                unsafe { libc::_exit(i32::from(child != own || child == parent)) };
+            }
+            -1 => panic!("fork: {}", std::io::Error::last_os_error()),
+            pid => {
+                let mut status = 0;
+                // SAFETY: waits for our own child.
+                assert_eq!(unsafe { libc::waitpid(pid, &mut status, 0) }, pid);
+                assert!(
+                    libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0,
+                    "the child saw its parent's ids (status {status:#x})"
+                );
+            }
+        }
+    }
 
     #[test]
     fn probe_read_faults_cleanly() {

@@ -31,6 +31,23 @@ pub(super) fn elems_offset(nbuckets: u32) -> usize {
     (nbuckets as usize * 4 + 63) & !63
 }
 
+/// Copies a key or value of `n` bytes. Tracing keys and values are mostly one 8-byte word
+/// (a pid_tgid, a timestamp): a fixed-size copy is one load and store, where a copy of
+/// unknown size is a call into libc's memmove.
+///
+/// # Safety
+/// As `ptr::copy_nonoverlapping(src, dst, n)`.
+unsafe fn copy_small(src: *const u8, dst: *mut u8, n: usize) {
+    // SAFETY: forwarded caller obligation, in each arm.
+    unsafe {
+        match n {
+            8 => std::ptr::copy_nonoverlapping(src, dst, 8),
+            4 => std::ptr::copy_nonoverlapping(src, dst, 4),
+            _ => std::ptr::copy_nonoverlapping(src, dst, n),
+        }
+    }
+}
+
 fn hash_key(key: &[u8]) -> u32 {
     let mut h: u64 = 0x9e37_79b9_7f4a_7c15 ^ key.len() as u64;
     let mut chunks = key.chunks_exact(8);
@@ -363,10 +380,10 @@ pub(super) fn update(
             }
             let cpu = current_cpu(v.h.ncpus);
             // SAFETY: the program's value holds value_size bytes; the slot is in range.
-            unsafe { std::ptr::copy_nonoverlapping(value, dst.add(cpu * vstride), vsize) };
+            unsafe { copy_small(value, dst.add(cpu * vstride), vsize) };
         } else {
             // SAFETY: one value of value_size bytes each side.
-            unsafe { std::ptr::copy_nonoverlapping(value, dst, vsize) };
+            unsafe { copy_small(value, dst, vsize) };
         }
     };
     v.bump_counter(&v.h.updates, 1);
@@ -404,7 +421,7 @@ fn place(
         return Err(err(libc::E2BIG, "map is full"));
     }
     // SAFETY: a free element is ours alone under the lock; the key area holds key_size bytes.
-    unsafe { std::ptr::copy_nonoverlapping(key.as_ptr(), v.key_ptr(idx), key.len()) };
+    unsafe { copy_small(key.as_ptr(), v.key_ptr(idx), key.len()) };
     write(v.value_ptr(idx));
     // SAFETY: elem_ptr points at the element header, which we own until it is linked.
     let e = unsafe { &mut *(v.elem_ptr(idx) as *mut Elem) };
