@@ -105,9 +105,9 @@ int main(int argc, char **argv) {
         if (c[i] != a[i] + b[i]) wrong++;
     qsort(ms, iters, sizeof(float), cmp);
     printf("vec_add n=%ld iters=%d block=%u grid=%u threads=%ld ms_per_launch=%.4f "
-           "ms_max=%.4f check=%s\n",
+           "ms_max=%.4f ms_min=%.4f check=%s\n",
            n, iters, block, grid, (long)grid * block, iters ? ms[iters / 2] : 0.0f,
-           iters ? ms[iters - 1] : 0.0f, wrong ? "FAIL" : "ok");
+           iters ? ms[iters - 1] : 0.0f, iters ? ms[0] : 0.0f, wrong ? "FAIL" : "ok");
     CHECK(cuModuleUnload(module));
     CHECK(cuDevicePrimaryCtxRelease(dev));
     return wrong ? 1 : 0;
