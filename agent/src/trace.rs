@@ -97,8 +97,16 @@ pub(crate) fn start() {
                 } else {
                     String::new()
                 };
+                let unfinished = match s.unfinished {
+                    0 => String::new(),
+                    1 => "; 1 call had not returned (its span ends here, marked unfinished)"
+                        .to_string(),
+                    n => format!(
+                        "; {n} calls had not returned (their spans end here, marked unfinished)"
+                    ),
+                };
                 eprintln!(
-                    "bpftime: trace of {} CPU events{gpu} in {} (open it in ui.perfetto.dev){dropped}",
+                    "bpftime: trace of {} CPU events{gpu} in {} (open it in ui.perfetto.dev){dropped}{unfinished}",
                     s.cpu_events,
                     s.path.display()
                 );

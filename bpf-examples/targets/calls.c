@@ -2,7 +2,7 @@
 /*
  * calls: a deterministic target for the examples and their tests.
  *
- * Usage: calls N [--wait-for FILE] [--delay-ms MS] [--threads T]
+ * Usage: calls N [--wait-for FILE] [--delay-ms MS] [--threads T] [--exit-at I]
  *
  * Calls work(i) for i = 0 .. N-1 and, in the same loop, malloc(CALLS_MALLOC_SIZE)
  * N times (each block is touched and freed), then exits 0. Nothing is printed.
@@ -12,6 +12,8 @@
  *   --wait-for FILE  do not start until FILE exists (polled every 10 ms),
  *                    so a tracer can be attached first
  *   --delay-ms MS    sleep MS milliseconds before starting
+ *   --exit-at I      work(I) calls exit(0) instead of returning: a process
+ *                    that ends inside a probed function
  *
  * CALLS_MALLOC_SIZE is an odd size that libc itself never asks for, so a
  * tracer can count exactly N mallocs of that size for this process.
@@ -40,11 +42,15 @@
 #define NOT_OPTIMIZED_AWAY __attribute__((noinline, used))
 #endif
 
+static volatile long exit_at = -1;
+
 NOT_OPTIMIZED_AWAY int work(int x)
 {
 	volatile int scratch[4];
 	int i, sum = 0;
 
+	if (x == exit_at)
+		exit(0);
 	for (i = 0; i < 4; i++)
 		scratch[i] = x + i;
 	for (i = 0; i < 4; i++)
@@ -63,7 +69,8 @@ static void sleep_ms(long ms)
 
 static int usage(void)
 {
-	fprintf(stderr, "Usage: calls N [--wait-for FILE] [--delay-ms MS] [--threads T]\n");
+	fprintf(stderr,
+		"Usage: calls N [--wait-for FILE] [--delay-ms MS] [--threads T] [--exit-at I]\n");
 	return 2;
 }
 
@@ -115,6 +122,10 @@ int main(int argc, char **argv)
 		} else if (strcmp(argv[i], "--delay-ms") == 0 && i + 1 < argc) {
 			delay_ms = strtol(argv[++i], &end, 10);
 			if (*end || delay_ms < 0)
+				return usage();
+		} else if (strcmp(argv[i], "--exit-at") == 0 && i + 1 < argc) {
+			exit_at = strtol(argv[++i], &end, 10);
+			if (*end || exit_at < 0)
 				return usage();
 		} else if (strcmp(argv[i], "--threads") == 0 && i + 1 < argc) {
 			threads = strtol(argv[++i], &end, 10);

@@ -58,6 +58,9 @@ pub struct Summary {
     /// times).
     pub kernels: u64,
     pub gpu_lines: u64,
+    /// Traced calls that had not returned when the trace was written, in it as spans
+    /// that end there (`"unfinished": true`).
+    pub unfinished: u64,
     /// GPU lines that could not be placed: no clock calibration, or no kernel ran then.
     pub gpu_lines_unplaced: u64,
     /// Events not kept: a thread over its limit.
@@ -121,6 +124,79 @@ struct ThreadBuffer {
     name: String,
     head: Box<Chunk>,
     dropped: AtomicU64,
+    /// Calls entered and not yet returned, so that a trace written while they are (at
+    /// exit, from a function that called `exit`) still shows them.
+    open: OpenCalls,
+}
+
+/// A thread's open calls, oldest first: written by that thread alone, each slot before
+/// the Release store of `len` that covers it; read by the trace's writer after an
+/// Acquire load of `len`. A writer racing with a thread that still runs may read a slot
+/// being reused (a name index and a time from two calls), never memory out of bounds.
+struct OpenCalls {
+    len: AtomicUsize,
+    /// Name index, entry stack pointer and entry time of each.
+    slots: Box<[[AtomicU64; 3]]>,
+}
+
+impl OpenCalls {
+    fn new() -> OpenCalls {
+        OpenCalls {
+            len: AtomicUsize::new(0),
+            slots: (0..MAX_OPEN)
+                .map(|_| std::array::from_fn(|_| AtomicU64::new(0)))
+                .collect(),
+        }
+    }
+
+    fn get(&self, i: usize) -> Open {
+        let [name, sp, begin] = &self.slots[i];
+        Open {
+            name: name.load(Ordering::Relaxed) as u32,
+            sp: sp.load(Ordering::Relaxed),
+            begin: begin.load(Ordering::Relaxed),
+        }
+    }
+
+    fn set(&self, i: usize, o: &Open) {
+        let [name, sp, begin] = &self.slots[i];
+        name.store(o.name as u64, Ordering::Relaxed);
+        sp.store(o.sp, Ordering::Relaxed);
+        begin.store(o.begin, Ordering::Relaxed);
+    }
+
+    /// By the owning thread only.
+    fn push(&self, o: Open) {
+        let mut len = self.len.load(Ordering::Relaxed);
+        if len >= MAX_OPEN {
+            // Calls left by longjmp or never returning: the oldest half goes.
+            for i in MAX_OPEN / 2..len {
+                self.set(i - MAX_OPEN / 2, &self.get(i));
+            }
+            len -= MAX_OPEN / 2;
+        }
+        self.set(len, &o);
+        self.len.store(len + 1, Ordering::Release);
+    }
+
+    /// By the owning thread only: the newest open call of `name` entered at `sp`, and
+    /// everything opened after it (calls left by longjmp) closed with it.
+    fn pop(&self, name: u32, sp: u64) -> Option<Open> {
+        let len = self.len.load(Ordering::Relaxed);
+        let i = (0..len).rev().find(|&i| {
+            let o = self.get(i);
+            o.name == name && o.sp == sp
+        })?;
+        let o = self.get(i);
+        self.len.store(i, Ordering::Release);
+        Some(o)
+    }
+
+    /// What is open now, oldest first.
+    fn snapshot(&self) -> Vec<Open> {
+        let len = self.len.load(Ordering::Acquire).min(MAX_OPEN);
+        (0..len).map(|i| self.get(i)).collect()
+    }
 }
 
 // SAFETY: slots below a chunk's published `len` are written once, before the Release store
@@ -167,6 +243,7 @@ impl Drop for ThreadBuffer {
 }
 
 /// A call entered and not yet returned.
+#[derive(Debug, Clone, Copy)]
 struct Open {
     name: u32,
     /// The stack pointer at the entry, where the return address was.
@@ -180,7 +257,6 @@ struct Local {
     buffer: Arc<ThreadBuffer>,
     tail: *const Chunk,
     count: usize,
-    open: Vec<Open>,
 }
 
 impl Local {
@@ -333,6 +409,7 @@ impl Timeline {
                         name: thread_name(tid).unwrap_or_default(),
                         head: Chunk::new(),
                         dropped: AtomicU64::new(0),
+                        open: OpenCalls::new(),
                     });
                     lock(&self.threads).push(buffer.clone());
                     let tail: *const Chunk = &*buffer.head;
@@ -341,7 +418,6 @@ impl Timeline {
                         buffer,
                         tail,
                         count: 0,
-                        open: Vec::new(),
                     });
                     locals.len() - 1
                 }
@@ -355,15 +431,11 @@ impl Timeline {
     pub fn call_entered(&self, name: Name, sp: u64) {
         let begin = now_ns();
         self.with_local(|l| {
-            if l.open.len() >= MAX_OPEN {
-                // Calls left by longjmp or never returning: the oldest go.
-                l.open.drain(..MAX_OPEN / 2);
-            }
-            l.open.push(Open {
+            l.buffer.open.push(Open {
                 name: name.0,
                 sp,
                 begin,
-            });
+            })
         });
     }
 
@@ -372,33 +444,23 @@ impl Timeline {
     /// whose entry was not seen is an instant.
     pub fn call_returned(&self, name: Name, sp: u64) {
         let end = now_ns();
-        self.with_local(|l| {
-            let entry_sp = sp.wrapping_sub(8);
-            match l
-                .open
-                .iter()
-                .rposition(|o| o.name == name.0 && o.sp == entry_sp)
-            {
-                Some(i) => {
-                    let begin = l.open[i].begin;
-                    // Calls opened after it were left without returning (longjmp).
-                    l.open.truncate(i);
-                    l.push(Event {
-                        label: Label::Interned(name.0),
-                        kind: Kind::Call,
-                        begin,
-                        end,
-                        result: 0,
-                    });
-                }
-                None => l.push(Event {
+        self.with_local(|l| match l.buffer.open.pop(name.0, sp.wrapping_sub(8)) {
+            Some(open) => {
+                l.push(Event {
                     label: Label::Interned(name.0),
-                    kind: Kind::Return,
-                    begin: end,
+                    kind: Kind::Call,
+                    begin: open.begin,
                     end,
                     result: 0,
-                }),
+                });
             }
+            None => l.push(Event {
+                label: Label::Interned(name.0),
+                kind: Kind::Return,
+                begin: end,
+                end,
+                result: 0,
+            }),
         });
     }
 
@@ -508,6 +570,7 @@ impl Timeline {
 
     /// The trace as JSON into `out`.
     pub fn write_to(&self, out: &mut impl std::io::Write) -> std::io::Result<Summary> {
+        let written_at = now_ns();
         let pid = std::process::id() as u64;
         let names = lock(&self.names).list.clone();
         let threads: Vec<Arc<ThreadBuffer>> = lock(&self.threads).clone();
@@ -612,6 +675,22 @@ impl Timeline {
                 };
             });
             result?;
+            // Calls not returned when the trace is written (the process exiting inside
+            // them) end at the writing, marked as such.
+            for o in t.open.snapshot() {
+                let name = names.get(o.name as usize).map_or("?", String::as_str);
+                summary.cpu_events += 1;
+                summary.unfinished += 1;
+                w.span(
+                    pid,
+                    tid,
+                    "uprobe",
+                    name,
+                    o.begin,
+                    written_at.max(o.begin),
+                    Some("{\"unfinished\":true}"),
+                )?;
+            }
         }
 
         // Launches and their kernels, joined by flows.
@@ -971,6 +1050,78 @@ mod tests {
             .collect();
         assert!(names.iter().any(|e| e["tid"] == gettid() as u64));
         assert_eq!(v["metadata"]["clock"], "CLOCK_MONOTONIC");
+    }
+
+    #[test]
+    fn a_thread_with_too_many_calls_open_keeps_the_newest() {
+        let open = OpenCalls::new();
+        for i in 0..MAX_OPEN as u64 + 3 {
+            open.push(Open {
+                name: 1,
+                sp: 0x10_0000 - i * 16,
+                begin: i,
+            });
+        }
+        let kept = open.snapshot();
+        assert_eq!(kept.len(), MAX_OPEN / 2 + 3);
+        assert_eq!(kept[0].begin, MAX_OPEN as u64 / 2);
+        assert_eq!(kept.last().unwrap().begin, MAX_OPEN as u64 + 2);
+        // A return pairs with its entry and closes what was opened after it.
+        let at = kept[10];
+        assert_eq!(open.pop(1, at.sp).unwrap().begin, at.begin);
+        assert_eq!(open.snapshot().len(), 10);
+        assert!(open.pop(2, kept[0].sp).is_none());
+        assert!(open.pop(1, at.sp).is_none());
+    }
+
+    #[test]
+    fn calls_open_when_the_trace_is_written_end_there() {
+        let t = Timeline::new();
+        let main = t.name("main");
+        let work = t.name("work");
+        let done = t.name("done");
+        t.call_entered(main, 0x2000);
+        t.call_entered(done, 0x1f00);
+        t.call_returned(done, 0x1f08);
+        // `work` calls exit: it never returns, nor does main.
+        t.call_entered(work, 0x1e00);
+        // Another thread blocked inside a call.
+        let other = std::thread::scope(|s| {
+            s.spawn(|| {
+                t.call_entered(work, 0x9000);
+                gettid() as u64
+            })
+            .join()
+            .unwrap()
+        });
+        let (v, s) = trace(&t);
+        assert_eq!(s.unfinished, 3);
+        assert_eq!(s.cpu_events, 4);
+        let spans = events(&v, "X");
+        let unfinished: Vec<(&str, u64)> = spans
+            .iter()
+            .filter(|e| e["args"]["unfinished"] == true)
+            .map(|e| (e["name"].as_str().unwrap(), e["tid"].as_u64().unwrap()))
+            .collect();
+        let me = gettid() as u64;
+        assert_eq!(unfinished, [("main", me), ("work", me), ("work", other)]);
+        let span = |n: &str, tid: u64| {
+            *spans
+                .iter()
+                .find(|e| e["name"] == n && e["tid"] == tid)
+                .unwrap()
+        };
+        let (m, w, d) = (span("main", me), span("work", me), span("done", me));
+        assert!(d["args"].is_null(), "{d}");
+        // Nested as they were entered, both ending when the trace was written.
+        let end = |e: &Value| ns(&e["ts"]) + ns(&e["dur"]);
+        assert!(ns(&m["ts"]) <= ns(&d["ts"]) && ns(&d["ts"]) <= ns(&w["ts"]));
+        assert_eq!(end(m), end(w));
+        assert!(end(d) <= ns(&w["ts"]));
+        // Returned calls close their slots: only what is still open is reported.
+        t.call_returned(work, 0x1e08);
+        let (_, s) = trace(&t);
+        assert_eq!(s.unfinished, 2);
     }
 
     #[test]

@@ -230,6 +230,58 @@ fn run_traces_each_thread_on_its_own_track() {
     }
 }
 
+/// `calls 10 --exit-at 5`: work(5) calls exit. The five calls before it are spans; the
+/// one the process ended in is a span to the trace's writing, marked unfinished, and
+/// the consumer places it with the others.
+#[test]
+fn a_call_the_process_exits_in_ends_at_the_exit() {
+    let s = Session::new("trace-exit");
+    let tool = s.compile_bpf("work", WORK_TOOL);
+    let target = s.target_copy(examples::CALLS);
+    let trace = s.tmp.join("trace.json");
+    let err = bpftime_ok(
+        &s,
+        &[
+            "run",
+            "--trace",
+            trace.to_str().unwrap(),
+            tool.to_str().unwrap(),
+            "--",
+            target.to_str().unwrap(),
+            "10",
+            "--exit-at",
+            "5",
+        ],
+    );
+    assert!(err.contains("1 call had not returned"), "{err}");
+    let raw: Value = serde_json::from_slice(&std::fs::read(&trace).unwrap()).unwrap();
+    let works: Vec<&Value> = raw["traceEvents"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|e| e["ph"] == "X" && e["name"] == "work")
+        .collect();
+    assert_eq!(works.len(), 6, "{works:?}");
+    let unfinished: Vec<&&Value> = works
+        .iter()
+        .filter(|e| e["args"]["unfinished"] == true)
+        .collect();
+    assert_eq!(unfinished.len(), 1, "{works:?}");
+    let last = works
+        .iter()
+        .map(|e| e["ts"].as_f64().unwrap())
+        .fold(0.0, f64::max);
+    assert_eq!(unfinished[0]["ts"].as_f64().unwrap(), last, "the last call");
+    let summary = consumer(&trace);
+    let main: Vec<&Value> = threads(&summary)
+        .iter()
+        .filter(|t| !spans_named(t, "work").is_empty())
+        .collect();
+    assert_eq!(main.len(), 1, "{summary}");
+    assert_eq!(spans_named(main[0], "work").len(), 6);
+    assert_eq!(main[0]["unplaced"], 0);
+}
+
 /// An unmodified libbpf tool (funclatency) under `bpftime load`, the target under
 /// `bpftime start --trace`: the tool's uprobe and uretprobe on work() make a span per call.
 #[test]
