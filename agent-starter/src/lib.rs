@@ -75,6 +75,9 @@ static INIT: extern "C" fn() = starter_init;
 // The hooks' per-thread flag, in this library's TLS: for free when preloaded, and from the
 // loader's surplus for such libraries when injected (this library's TLS is about 100 bytes).
 bpftime_attach::static_tls_flag!(fn hook_flag_offset, "bpftime_starter_hook_flag");
+// The runtime's per-thread ids (pid_tgid, the map locks' owner), read on every map
+// update and delete: static TLS for the same reason.
+bpftime_attach::static_tls_flag!(fn ids_offset, "bpftime_starter_ids");
 
 /// `on_own_thread`: called on a thread this library made, not one of the application's.
 fn start_agent(on_own_thread: bool) -> Result<(), String> {
@@ -92,11 +95,11 @@ fn start_agent(on_own_thread: bool) -> Result<(), String> {
     if sym.is_null() {
         return Err(format!("{path} has no {AGENT_ENTRY:?}: {}", dl_error()));
     }
-    // SAFETY: the agent exports `bpftime_agent_start` as `extern "C" fn(isize, bool)`
+    // SAFETY: the agent exports `bpftime_agent_start` as `extern "C" fn(isize, bool, isize)`
     // (built with this library, from the same directory); the library stays loaded
     // (never dlclose'd), so the code outlives the call.
-    let start: extern "C" fn(isize, bool) = unsafe { std::mem::transmute(sym) };
-    start(hook_flag_offset(), on_own_thread);
+    let start: extern "C" fn(isize, bool, isize) = unsafe { std::mem::transmute(sym) };
+    start(hook_flag_offset(), on_own_thread, ids_offset());
     Ok(())
 }
 

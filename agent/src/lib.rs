@@ -14,12 +14,18 @@ mod watch;
 /// a byte of the starter's static TLS for the hooks (see
 /// `bpftime_attach::use_static_tls_flag`), or 0 for none. `on_starter_thread` says the
 /// caller is a thread the starter made for this call (injection), not the application's.
+/// `ids_tp_offset` is 8 bytes of the starter's static TLS for the runtime's per-thread ids
+/// (see `bpftime_runtime::helpers::use_static_tls_ids`), or 0 for none.
 #[no_mangle]
-pub extern "C" fn bpftime_agent_start(hook_flag_tp_offset: isize, on_starter_thread: bool) {
+pub extern "C" fn bpftime_agent_start(
+    hook_flag_tp_offset: isize,
+    on_starter_thread: bool,
+    ids_tp_offset: isize,
+) {
     static STARTED: std::sync::Once = std::sync::Once::new();
     STARTED.call_once(|| {
         // A failing agent must never take the target down with it.
-        let start = || watch::start(hook_flag_tp_offset, on_starter_thread);
+        let start = || watch::start(hook_flag_tp_offset, on_starter_thread, ids_tp_offset);
         if std::panic::catch_unwind(start).is_err() {
             eprintln!("bpftime agent: internal error during start; the target runs uninstrumented");
         }

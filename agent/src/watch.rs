@@ -59,7 +59,7 @@ impl Drop for Semaphore {
     }
 }
 
-pub(crate) fn start(hook_flag_tp_offset: isize, on_starter_thread: bool) {
+pub(crate) fn start(hook_flag_tp_offset: isize, on_starter_thread: bool, ids_tp_offset: isize) {
     bpftime_runtime::init_logging();
     // First: a thread masked from handlers before the switch would not stay masked.
     if hook_flag_tp_offset != 0 {
@@ -75,6 +75,11 @@ pub(crate) fn start(hook_flag_tp_offset: isize, on_starter_thread: bool) {
         bpftime_attach::never_run_handlers_on_this_thread();
     }
     helpers::init_process();
+    if ids_tp_offset != 0 {
+        // SAFETY: the starter's 8 bytes of static TLS, zero in every thread and used by
+        // nothing else.
+        unsafe { helpers::use_static_tls_ids(ids_tp_offset) };
+    }
     // User stacks read through pending uretprobes, whose trampoline stands in
     // for the caller's return address on the stack, as the kernel's do.
     bpftime_runtime::stack::set_return_address_resolver(bpftime_attach::original_return_address);

@@ -62,8 +62,9 @@ pub use resolve::{
 };
 pub use site::{function_at, plan_site, SitePlan};
 
-/// Defines a byte of static TLS for [`use_static_tls_flag`] in the crate that invokes it,
-/// and `fn $name() -> isize` answering its offset from the thread pointer. `$symbol` names
+/// Defines 8 zeroed bytes of static TLS (for [`use_static_tls_flag`], which uses one, or any
+/// other per-thread word) in the crate that invokes it, and `fn $name() -> isize`
+/// answering their offset from the thread pointer. `$symbol` names
 /// the variable (hidden, so each library has its own). The access is initial-exec, which
 /// makes the loader give the defining library's TLS a place in the static block: free for
 /// an executable or a preloaded library, taken from the loader's surplus for a `dlopen`ed
@@ -81,7 +82,7 @@ macro_rules! static_tls_flag {
             ".popsection",
         );
 
-        /// The offset of this library's hook flag from the thread pointer, the same in
+        /// The offset of these 8 bytes of static TLS from the thread pointer, the same in
         /// every thread.
         $vis fn $name() -> isize {
             let offset: isize;

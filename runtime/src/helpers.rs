@@ -9,7 +9,7 @@ use bpftime_isa::uapi::helper as id;
 use std::cell::Cell;
 use std::io::Write;
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicIsize, AtomicU64, Ordering};
 use std::sync::OnceLock;
 
 pub use bpftime_isa::HelperFn;
@@ -79,8 +79,67 @@ pub fn set_trace_output(path: PathBuf) {
 /// Bumped in a forked child, so cached process ids are refreshed.
 static FORKS: AtomicU64 = AtomicU64::new(0);
 
+/// Offset from the thread pointer of 8 bytes of static TLS that cache [`pid_tgid`], or 0
+/// while the ids are cached in `IDS` (see [`use_static_tls_ids`]).
+static IDS_TP_OFFSET: AtomicIsize = AtomicIsize::new(0);
+
 extern "C" fn after_fork_in_child() {
     FORKS.fetch_add(1, Ordering::Relaxed);
+    // The child's only thread is this one: clearing its static slot clears them all.
+    let offset = IDS_TP_OFFSET.load(Ordering::Relaxed);
+    if offset != 0 {
+        // SAFETY: `use_static_tls_ids`'s caller vouched for 8 bytes of static TLS here.
+        unsafe { write_static_ids(offset, 0) };
+    }
+}
+
+/// Keeps each thread's `tgid << 32 | tid` in 8 bytes of static TLS at `tp_offset` from the
+/// thread pointer, 0 until first read. A thread-local of a `dlopen`ed library (the agent)
+/// costs a `__tls_get_addr` call per access, and the ids are read by every map lock and
+/// `bpf_get_current_pid_tgid`; static TLS is one load.
+///
+/// # Safety
+/// `tp_offset` must be the offset of 8 bytes, 8-aligned, in the static TLS block of a
+/// module that stays loaded (an initial-exec variable, `var@gottpoff`), zero in every
+/// thread that has not read its ids yet, and used by nothing else.
+pub unsafe fn use_static_tls_ids(tp_offset: isize) {
+    init_process();
+    IDS_TP_OFFSET.store(tp_offset, Ordering::Relaxed);
+}
+
+/// # Safety
+/// `offset` is as `use_static_tls_ids` requires.
+unsafe fn read_static_ids(offset: isize) -> u64 {
+    let v: u64;
+    // SAFETY: caller obligation; the slot is this thread's own.
+    unsafe {
+        std::arch::asm!(
+            "mov {v}, qword ptr fs:[{offset}]",
+            offset = in(reg) offset,
+            v = out(reg) v,
+            options(nostack, readonly, preserves_flags),
+        )
+    };
+    v
+}
+
+/// # Safety
+/// As [`read_static_ids`].
+unsafe fn write_static_ids(offset: isize, v: u64) {
+    // SAFETY: caller obligation; the slot is this thread's own.
+    unsafe {
+        std::arch::asm!(
+            "mov qword ptr fs:[{offset}], {v}",
+            offset = in(reg) offset,
+            v = in(reg) v,
+            options(nostack, preserves_flags),
+        )
+    };
+}
+
+fn fresh_pid_tgid() -> u64 {
+    // SAFETY: getpid and gettid have no preconditions.
+    unsafe { ((libc::getpid() as u64) << 32) | libc::gettid() as u64 }
 }
 
 /// Registers what helpers need to stay right across `fork`; call once per process.
@@ -100,7 +159,22 @@ pub(crate) fn fork_generation() -> u64 {
 
 /// This thread's `tgid << 32 | tid`, cached per thread (a system call costs more
 /// than most programs) and refreshed in a forked child.
+#[inline]
 pub(crate) fn pid_tgid() -> u64 {
+    let offset = IDS_TP_OFFSET.load(Ordering::Relaxed);
+    if offset != 0 {
+        // SAFETY: `use_static_tls_ids`'s caller vouched for the slot. A forked child's
+        // slot was cleared by the fork handler, registered before the offset was set.
+        unsafe {
+            let v = read_static_ids(offset);
+            if v != 0 {
+                return v;
+            }
+            let v = fresh_pid_tgid();
+            write_static_ids(offset, v);
+            return v;
+        }
+    }
     IDS.with(|c| {
         let (g, v) = c.get();
         // No value is cached before the fork handler is registered (below), so a cached
@@ -110,8 +184,7 @@ pub(crate) fn pid_tgid() -> u64 {
             return v;
         }
         let gen = fork_generation();
-        // SAFETY: getpid and gettid have no preconditions.
-        let v = unsafe { ((libc::getpid() as u64) << 32) | libc::gettid() as u64 };
+        let v = fresh_pid_tgid();
         c.set((gen, v));
         v
     })

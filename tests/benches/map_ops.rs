@@ -5,11 +5,14 @@
 //!   `BPF_PROG_TEST_RUN` (an XDP program, whose test runs report their own mean
 //!   time) and by bpftime's x86-64 JIT against a store map. Each figure has the
 //!   cost of running an empty program subtracted, so it is the operation alone.
+//!   "insert, lookup, delete" is funclatency's pattern on its map of start times:
+//!   a u64 key inserted, looked up and deleted again in one run.
 //! - From a loader: `bpf(BPF_MAP_*_ELEM)` served by the kernel, and by the shim
 //!   in this process (what a preloaded tool pays, minus the interposition).
 //!
-//! Run: `cargo bench -p bpftime-tests --bench map_ops` (as root for the kernel
-//! columns). Prints a Markdown table of medians over rounds.
+//! Run: `cargo bench -p bpftime-tests --bench map_ops [-- WORD]` (as root for the
+//! kernel columns; WORD keeps only the rows whose operation contains it, as `program`).
+//! Prints a Markdown table of medians over rounds.
 
 use bpftime_isa::uapi::{cmd, helper, map_type, prog_type};
 use bpftime_isa::{asm::assemble, opcode as op, Insn};
@@ -47,17 +50,46 @@ const UPDATE: &str = "
     mov %r0, 2
     exit";
 
+/// funclatency's use of its `starts` map in one run: the entry probe's insert, then
+/// the return probe's lookup and delete of the same u64 key.
+const INSERT_LOOKUP_DELETE: &str = "
+    stdw [%r10-8], 0x1234
+    stdw [%r10-16], 7
+    lddw %r1, 0
+    mov %r2, %r10
+    add %r2, -8
+    mov %r3, %r10
+    add %r3, -16
+    mov %r4, 0
+    call 2
+    lddw %r1, 0
+    mov %r2, %r10
+    add %r2, -8
+    call 1
+    jeq %r0, 0, +5
+    lddw %r1, 0
+    mov %r2, %r10
+    add %r2, -8
+    call 3
+    mov %r0, 2
+    exit";
+
 fn median(mut v: Vec<f64>) -> f64 {
     v.sort_by(f64::total_cmp);
     v[v.len() / 2]
 }
 
-/// `text` with its `lddw` loading `map` the way `patch` says.
+/// `text` with each of its `lddw`s loading `map` the way `patch` says.
 fn program(text: &str, patch: impl Fn(&mut Insn, &mut Insn)) -> Vec<Insn> {
     let mut insns = assemble(text).expect("bench programs assemble");
-    if let Some(pc) = insns.iter().position(|i| i.is_lddw()) {
-        let (a, b) = insns.split_at_mut(pc + 1);
-        patch(&mut a[pc], &mut b[0]);
+    let mut pc = 0;
+    while pc < insns.len() {
+        if insns[pc].is_lddw() {
+            let (a, b) = insns.split_at_mut(pc + 1);
+            patch(&mut a[pc], &mut b[0]);
+            pc += 1;
+        }
+        pc += 1;
     }
     insns
 }
@@ -67,16 +99,21 @@ struct KernelMap {
 }
 
 impl KernelMap {
+    /// A map with 4-byte keys, 8-byte values and 1024 entries, holding key `KEY`.
     fn create(t: u32) -> Option<KernelMap> {
+        let m = KernelMap::empty(t, 4, 1024)?;
+        elem(&mut Kernel, m.fd, cmd::MAP_UPDATE_ELEM);
+        Some(m)
+    }
+
+    fn empty(t: u32, key_size: u32, max_entries: u32) -> Option<KernelMap> {
         let mut a = [0u8; 128];
         put32(&mut a, 0, t);
-        put32(&mut a, 4, 4);
+        put32(&mut a, 4, key_size);
         put32(&mut a, 8, 8);
-        put32(&mut a, 12, 1024);
+        put32(&mut a, 12, max_entries);
         let fd = Kernel.call(cmd::MAP_CREATE, &mut a).ok()? as u32;
-        let m = KernelMap { fd };
-        elem(&mut Kernel, fd, cmd::MAP_UPDATE_ELEM);
-        Some(m)
+        Some(KernelMap { fd })
     }
 
     /// Mean ns per run of `text` as an XDP program under `BPF_PROG_TEST_RUN`.
@@ -213,6 +250,12 @@ fn main() {
         .map(|why| eprintln!("kernel columns skipped: {why}"))
         .is_none();
 
+    // `cargo bench` passes `--bench` to the binary; any other word filters the rows.
+    let only = std::env::args()
+        .skip(1)
+        .find(|a| !a.starts_with("--"))
+        .unwrap_or_default();
+    let wanted = |op: &str| op.contains(only.as_str());
     println!("| operation | map | bpftime ns | kernel ns | kernel / bpftime |");
     println!("|---|---|---|---|---|");
     for (label, t) in [("hash", map_type::HASH), ("array", map_type::ARRAY)] {
@@ -231,6 +274,9 @@ fn main() {
         let ours_empty = jit_cost(&map, EMPTY);
         let kernel_empty = kmap.as_ref().and_then(|k| k.run(EMPTY));
         for (op_name, text) in [("program lookup", LOOKUP), ("program update", UPDATE)] {
+            if !wanted(op_name) {
+                continue;
+            }
             let ours = (jit_cost(&map, text) - ours_empty).max(0.0);
             let kernel = kmap
                 .as_ref()
@@ -257,6 +303,9 @@ fn main() {
             ("bpf() lookup", cmd::MAP_LOOKUP_ELEM),
             ("bpf() update", cmd::MAP_UPDATE_ELEM),
         ] {
+            if !wanted(op_name) {
+                continue;
+            }
             let ours = syscall_cost(&mut shim, fd, command);
             let kernel = kmap
                 .as_ref()
@@ -268,7 +317,37 @@ fn main() {
             );
         }
     }
+
+    // funclatency's `starts`: u64 pid_tgid -> u64 start time, 10240 entries.
+    const FUNCLATENCY_ROW: &str = "program insert, lookup, delete";
+    if wanted(FUNCLATENCY_ROW) {
+        insert_lookup_delete_row(&store, kernel_ok, FUNCLATENCY_ROW);
+    }
     if let Ok(s) = Store::open(&name) {
         let _ = s.destroy();
     }
+}
+
+fn insert_lookup_delete_row(store: &Store, kernel_ok: bool, row: &str) {
+    let spec = MapSpec {
+        map_type: map_type::HASH,
+        key_size: 8,
+        value_size: 8,
+        max_entries: 10240,
+        ..MapSpec::default()
+    };
+    let map = Map::create(store, &spec).expect("a store map");
+    let kmap = kernel_ok
+        .then(|| KernelMap::empty(map_type::HASH, 8, 10240))
+        .flatten();
+    let ours = (jit_cost(&map, INSERT_LOOKUP_DELETE) - jit_cost(&map, EMPTY)).max(0.0);
+    let kernel = kmap
+        .as_ref()
+        .and_then(|k| Some(k.run(INSERT_LOOKUP_DELETE)? - k.run(EMPTY)?))
+        .map(|v| v.max(0.0));
+    println!(
+        "| {row} | hash, u64 keys | {ours:.1} | {} | {} |",
+        fmt(kernel),
+        ratio(kernel, ours)
+    );
 }

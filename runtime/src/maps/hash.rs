@@ -48,91 +48,178 @@ unsafe fn copy_small(src: *const u8, dst: *mut u8, n: usize) {
     }
 }
 
-fn hash_key(key: &[u8]) -> u32 {
-    let mut h: u64 = 0x9e37_79b9_7f4a_7c15 ^ key.len() as u64;
-    let mut chunks = key.chunks_exact(8);
-    for c in &mut chunks {
-        let v = u64::from_le_bytes([c[0], c[1], c[2], c[3], c[4], c[5], c[6], c[7]]);
-        h = (h ^ v).wrapping_mul(0xff51_afd7_ed55_8ccd);
-        h ^= h >> 32;
-    }
-    for &b in chunks.remainder() {
-        h = (h ^ b as u64).wrapping_mul(0x0100_0000_01b3);
-    }
+const HASH_SEED: u64 = 0x9e37_79b9_7f4a_7c15;
+
+#[inline]
+fn mix_word(h: u64, v: u64) -> u64 {
+    let h = (h ^ v).wrapping_mul(0xff51_afd7_ed55_8ccd);
+    h ^ (h >> 32)
+}
+
+#[inline]
+fn finish(mut h: u64) -> u32 {
     h ^= h >> 33;
     h = h.wrapping_mul(0xc4ce_b9fe_1a85_ec53);
     h ^= h >> 29;
     h as u32
 }
 
+#[inline]
+fn hash_key(key: &[u8]) -> u32 {
+    // One word, the common tracing key, without the loop (the same hash as the loop's).
+    if let Ok(word) = <[u8; 8]>::try_from(key) {
+        return finish(mix_word(HASH_SEED ^ 8, u64::from_le_bytes(word)));
+    }
+    let mut h: u64 = HASH_SEED ^ key.len() as u64;
+    let mut chunks = key.chunks_exact(8);
+    for c in &mut chunks {
+        h = mix_word(
+            h,
+            u64::from_le_bytes([c[0], c[1], c[2], c[3], c[4], c[5], c[6], c[7]]),
+        );
+    }
+    for &b in chunks.remainder() {
+        h = (h ^ b as u64).wrapping_mul(0x0100_0000_01b3);
+    }
+    finish(h)
+}
+
+/// Where a hash-laid-out map's buckets and elements lie in this process, read once from
+/// its header when the map is opened: none of it changes after creation, and the
+/// operations then need no header reads and no arithmetic to find an element.
+#[derive(Clone, Copy, Debug, Default)]
+pub(super) struct Shape {
+    /// Addresses, in this process, of the bucket array and of element 1.
+    buckets: usize,
+    elems: usize,
+    /// nbuckets - 1 (a power of two).
+    mask: u32,
+    nelems: u32,
+    elem_size: usize,
+    key_size: usize,
+    /// From an element's start to its value.
+    value_offset: usize,
+}
+
+impl Shape {
+    /// The shape of a map whose header is `h`, with `data_len` bytes of data at `data`;
+    /// `None` when the header's numbers do not fit a hash map of that length.
+    pub(super) fn of(
+        h: &MapHeader,
+        data: *mut u8,
+        data_len: usize,
+        key_size: usize,
+    ) -> Option<Shape> {
+        let value_offset = ELEM_HEADER + round8(key_size as u32);
+        let elem_size = h.elem_size as usize;
+        let pool = elem_size.checked_mul(h.nelems as usize)?;
+        if !h.nbuckets.is_power_of_two()
+            || elem_size < value_offset
+            || !elem_size.is_multiple_of(8)
+            || elems_offset(h.nbuckets).checked_add(pool)? > data_len
+        {
+            return None;
+        }
+        Some(Shape {
+            buckets: data as usize,
+            elems: data as usize + elems_offset(h.nbuckets),
+            mask: h.nbuckets - 1,
+            nelems: h.nelems,
+            elem_size,
+            key_size,
+            value_offset,
+        })
+    }
+}
+
 #[derive(Clone, Copy)]
 struct View<'a> {
     map: &'a Map,
     h: &'a MapHeader,
+    s: Shape,
     key_size: usize,
 }
 
 impl<'a> View<'a> {
+    #[inline]
     fn new(map: &'a Map) -> Self {
-        let h = map.header();
+        let s = map.hash_shape();
         View {
             map,
-            h,
-            key_size: map.hash_key_size(),
+            h: map.header(),
+            s,
+            key_size: s.key_size,
         }
     }
 
+    fn nbuckets(&self) -> u32 {
+        self.s.mask + 1
+    }
+
+    #[inline]
     fn bucket(&self, hash: u32) -> &AtomicU32 {
-        let i = (hash & (self.h.nbuckets - 1)) as usize;
-        // SAFETY: the bucket array of nbuckets u32 starts the data area.
-        unsafe { &*(self.map.data().cast::<AtomicU32>().add(i)) }
+        // SAFETY: the bucket array holds mask + 1 u32s (checked in `Shape::of`).
+        unsafe { &*(self.s.buckets as *const AtomicU32).add((hash & self.s.mask) as usize) }
     }
 
+    #[inline]
     fn elem_ptr(&self, idx: u32) -> *mut u8 {
-        debug_assert!(idx >= 1 && idx <= self.h.nelems);
-        // SAFETY: idx is in 1..=nelems, inside the element pool.
-        unsafe {
-            self.map
-                .data()
-                .add(elems_offset(self.h.nbuckets) + (idx as usize - 1) * self.h.elem_size as usize)
-        }
+        debug_assert!(idx >= 1 && idx <= self.s.nelems);
+        (self.s.elems + (idx as usize - 1) * self.s.elem_size) as *mut u8
     }
 
+    #[inline]
     fn elem(&self, idx: u32) -> &Elem {
         // SAFETY: elem_ptr points at an element header, 8-byte aligned (elem_size is a multiple of 8).
         unsafe { &*(self.elem_ptr(idx) as *const Elem) }
     }
 
+    #[inline]
     fn key_ptr(&self, idx: u32) -> *mut u8 {
         // SAFETY: the key follows the element header.
         unsafe { self.elem_ptr(idx).add(ELEM_HEADER) }
     }
 
+    #[inline]
     fn value_ptr(&self, idx: u32) -> *mut u8 {
-        // SAFETY: the value follows the 8-byte rounded key.
-        unsafe { self.key_ptr(idx).add(round8(self.key_size as u32)) }
-    }
-
-    fn key_eq(&self, idx: u32, key: &[u8]) -> bool {
-        let at = self.key_ptr(idx);
-        // Tracing keys are mostly a pid_tgid or a pid: one compare, not a memcmp call.
-        match key.len() {
-            // SAFETY: the element's key holds key_size (== key.len()) bytes, 8-byte aligned.
-            8 => unsafe { *(at as *const [u8; 8]) == *(key.as_ptr() as *const [u8; 8]) },
-            // SAFETY: as above, 4 bytes.
-            4 => unsafe { *(at as *const [u8; 4]) == *(key.as_ptr() as *const [u8; 4]) },
-            // SAFETY: as above.
-            n => unsafe { std::slice::from_raw_parts(at, n) == key },
-        }
+        // SAFETY: the value follows the 8-byte rounded key, inside the element.
+        unsafe { self.elem_ptr(idx).add(self.s.value_offset) }
     }
 
     /// Finds the element holding `key`, without the lock.
+    #[inline]
     fn find(&self, key: &[u8], hash: u32) -> u32 {
+        // Tracing keys are mostly a pid_tgid or a pid: one compare, not a memcmp call.
+        // Keys in elements are 8-byte aligned; the caller's may not be.
+        match key.len() {
+            8 => {
+                let k = u64::from_ne_bytes(key.try_into().unwrap_or_default());
+                // SAFETY: the element's key holds 8 bytes, 8-byte aligned.
+                self.find_by(hash, |at| unsafe { *(at as *const u64) } == k)
+            }
+            4 => {
+                let k = u32::from_ne_bytes(key.try_into().unwrap_or_default());
+                // SAFETY: as above, 4 bytes.
+                self.find_by(hash, |at| unsafe { *(at as *const u32) } == k)
+            }
+            // SAFETY: the element's key holds key_size (== key.len()) bytes.
+            n => self.find_by(
+                hash,
+                |at| unsafe { std::slice::from_raw_parts(at, n) } == key,
+            ),
+        }
+    }
+
+    #[inline(always)]
+    fn find_by(&self, hash: u32, same_key: impl Fn(*const u8) -> bool) -> u32 {
         let mut idx = self.bucket(hash).load(Ordering::Acquire);
+        // A chain that writers relink under a walk may lead round or astray: the walk
+        // stops after nelems steps, and at an index outside the pool.
         let mut steps = 0u32;
-        while idx != 0 && steps <= self.h.nelems {
+        while idx != 0 && idx <= self.s.nelems && steps <= self.s.nelems {
             let e = self.elem(idx);
-            if e.hash == hash && self.key_eq(idx, key) && e.used.load(Ordering::Acquire) != 0 {
+            if e.hash == hash && same_key(self.key_ptr(idx)) && e.used.load(Ordering::Acquire) != 0
+            {
                 return idx;
             }
             idx = e.next.load(Ordering::Acquire);
@@ -212,12 +299,11 @@ impl<'a> View<'a> {
     /// Rebuilds the free list and the count from the chains, after a writer died
     /// holding the lock.
     fn repair(&self) {
-        let n = self.h.nelems as usize;
+        let n = self.s.nelems as usize;
         let mut linked = vec![false; n + 1];
         let mut count = 0;
-        for b in 0..self.h.nbuckets {
-            // SAFETY: b < nbuckets.
-            let bucket = unsafe { &*(self.map.data().cast::<AtomicU32>().add(b as usize)) };
+        for b in 0..self.nbuckets() {
+            let bucket = self.bucket(b);
             let mut prev: Option<&AtomicU32> = None;
             let mut idx = bucket.load(Ordering::Relaxed);
             while idx != 0 && (idx as usize) <= n && !linked[idx as usize] {
@@ -252,7 +338,7 @@ impl<'a> View<'a> {
 
     /// Evicts the least recently used of a sample of elements (lock held).
     fn evict(&self) -> bool {
-        let n = self.h.nelems;
+        let n = self.s.nelems;
         let start = (self.h.lru_clock.load(Ordering::Relaxed) as u32) % n;
         let mut best: Option<(u64, u32)> = None;
         let mut seen = 0;
@@ -523,12 +609,10 @@ pub(super) fn lookup_and_delete(map: &Map, key: &[u8], value: &mut [u8]) -> Resu
 pub(super) fn keys(map: &Map) -> Vec<Vec<u8>> {
     let v = View::new(map);
     let mut out = Vec::new();
-    for b in 0..v.h.nbuckets {
-        // SAFETY: b < nbuckets.
-        let mut idx =
-            unsafe { &*(map.data().cast::<AtomicU32>().add(b as usize)) }.load(Ordering::Acquire);
+    for b in 0..v.nbuckets() {
+        let mut idx = v.bucket(b).load(Ordering::Acquire);
         let mut steps = 0;
-        while idx != 0 && steps <= v.h.nelems {
+        while idx != 0 && idx <= v.s.nelems && steps <= v.s.nelems {
             // SAFETY: the element's key holds key_size bytes.
             let k = unsafe { std::slice::from_raw_parts(v.key_ptr(idx), v.key_size) };
             out.push(k.to_vec());
@@ -542,11 +626,9 @@ pub(super) fn keys(map: &Map) -> Vec<Vec<u8>> {
 pub(super) fn next_key(map: &Map, key: Option<&[u8]>, out: &mut [u8]) -> Result<()> {
     let v = View::new(map);
     let first_from = |start: u32| -> Option<u32> {
-        (start..v.h.nbuckets).find_map(|b| {
-            // SAFETY: b < nbuckets.
-            let idx = unsafe { &*(map.data().cast::<AtomicU32>().add(b as usize)) }
-                .load(Ordering::Acquire);
-            (idx != 0).then_some(idx)
+        (start..v.nbuckets()).find_map(|b| {
+            let idx = v.bucket(b).load(Ordering::Acquire);
+            (idx != 0 && idx <= v.s.nelems).then_some(idx)
         })
     };
     let found = key.map(|k| (k, hash_key(k))).and_then(|(k, h)| {
@@ -556,8 +638,9 @@ pub(super) fn next_key(map: &Map, key: Option<&[u8]>, out: &mut [u8]) -> Result<
     let next = match found {
         None => first_from(0),
         Some((idx, h)) => match v.elem(idx).next.load(Ordering::Acquire) {
-            0 => first_from((h & (v.h.nbuckets - 1)) + 1),
-            n => Some(n),
+            0 => first_from((h & v.s.mask) + 1),
+            n if n <= v.s.nelems => Some(n),
+            _ => None,
         },
     };
     let Some(idx) = next else {

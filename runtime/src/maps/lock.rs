@@ -19,6 +19,7 @@ pub(crate) struct Guard<'a> {
 }
 
 impl Drop for Guard<'_> {
+    #[inline]
     fn drop(&mut self) {
         self.word.store(0, Ordering::Release);
     }
@@ -26,8 +27,25 @@ impl Drop for Guard<'_> {
 
 /// Takes the lock. `repair` runs (with the lock held) when the previous holder
 /// died while holding it.
+#[inline]
 pub(crate) fn lock<'a>(word: &'a AtomicU32, repair: impl FnOnce()) -> Guard<'a> {
     let me = current_tid();
+    // A free lock is taken here, inline in the map operation; waiting is out of line.
+    if word
+        .compare_exchange_weak(0, me, Ordering::Acquire, Ordering::Relaxed)
+        .is_err()
+        && wait(word, me)
+    {
+        repair();
+    }
+    Guard { word }
+}
+
+/// Spins until `word` is taken for `me`; true when it was taken over from a holder
+/// that died.
+#[cold]
+#[inline(never)]
+fn wait(word: &AtomicU32, me: u32) -> bool {
     let mut spins: u32 = 0;
     loop {
         let cur = word.load(Ordering::Relaxed);
@@ -36,7 +54,7 @@ pub(crate) fn lock<'a>(word: &'a AtomicU32, repair: impl FnOnce()) -> Guard<'a> 
                 .compare_exchange_weak(0, me, Ordering::Acquire, Ordering::Relaxed)
                 .is_ok()
             {
-                return Guard { word };
+                return false;
             }
             continue;
         }
@@ -51,8 +69,7 @@ pub(crate) fn lock<'a>(word: &'a AtomicU32, repair: impl FnOnce()) -> Guard<'a> 
                     dead_tid = cur,
                     "took over a map lock held by a dead thread; repairing the map"
                 );
-                repair();
-                return Guard { word };
+                return true;
             }
             std::thread::yield_now();
         } else {

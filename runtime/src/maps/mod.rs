@@ -308,6 +308,8 @@ pub struct Map {
     /// A handle lives as long as the outer one, so the address a program got stays valid
     /// while the program (which holds the outer map) runs.
     inner_maps: std::sync::RwLock<std::collections::HashMap<u32, std::sync::Arc<Map>>>,
+    /// Hash-laid-out maps: their layout in this process, read from the header at open.
+    hash_shape: hash::Shape,
 }
 
 impl std::fmt::Debug for Map {
@@ -458,7 +460,7 @@ impl Map {
         } else {
             None
         };
-        Ok(Map {
+        let mut map = Map {
             id,
             kind,
             mapping,
@@ -467,7 +469,29 @@ impl Map {
             path,
             perf_rings: Default::default(),
             inner_maps: Default::default(),
-        })
+            hash_shape: Default::default(),
+        };
+        if let Kind::Hash { .. } | Kind::MapHash | Kind::LocalStorage(_) = kind {
+            let data_len = map.mapping.len().saturating_sub(PAGE_SIZE);
+            map.hash_shape =
+                hash::Shape::of(map.header(), map.data(), data_len, map.hash_key_size())
+                    .ok_or_else(|| {
+                        err(
+                            libc::EINVAL,
+                            format!(
+                                "{}: the hash map's buckets and elements do not fit its file",
+                                map.path.display()
+                            ),
+                        )
+                    })?;
+        }
+        Ok(map)
+    }
+
+    /// Where a hash-laid-out map's buckets and elements are (default for other maps).
+    #[inline]
+    fn hash_shape(&self) -> hash::Shape {
+        self.hash_shape
     }
 
     pub(crate) fn header(&self) -> &MapHeader {

@@ -401,6 +401,10 @@ fn percpu_hash_additions_race_from_threads_and_processes_and_all_count() {
         }
     }
     let stop = std::sync::atomic::AtomicBool::new(false);
+    // The threads' adds start once the churn has, so the two overlap however the
+    // scheduler orders the threads (on 2 busy cores the adds could otherwise all end
+    // before the churn's first round).
+    let churning = std::sync::atomic::AtomicBool::new(false);
     std::thread::scope(|scope| {
         let churn = scope.spawn(|| {
             let zero = vec![0u8; m.syscall_value_size()];
@@ -408,6 +412,7 @@ fn percpu_hash_additions_race_from_threads_and_processes_and_all_count() {
             while !stop.load(std::sync::atomic::Ordering::Relaxed) {
                 for k in 100u32..164 {
                     m.update(&k.to_ne_bytes(), &zero, uf::ANY).unwrap();
+                    churning.store(true, std::sync::atomic::Ordering::Relaxed);
                 }
                 for k in 100u32..164 {
                     m.delete(&k.to_ne_bytes()).unwrap();
@@ -416,8 +421,16 @@ fn percpu_hash_additions_race_from_threads_and_processes_and_all_count() {
             }
             rounds
         });
+        let churning = &churning;
         let adders: Vec<_> = (0..THREADS)
-            .map(|t| scope.spawn(move || adder(t)))
+            .map(|t| {
+                scope.spawn(move || {
+                    while !churning.load(std::sync::atomic::Ordering::Relaxed) {
+                        std::thread::yield_now();
+                    }
+                    adder(t)
+                })
+            })
             .collect();
         for a in adders {
             a.join().unwrap();
@@ -491,4 +504,44 @@ fn percpu_hash_values_take_additions_per_cpu_and_keys_are_made_zeroed() {
         errno(h.with_percpu_values(&k(1), true, |_| ())),
         libc::EINVAL
     );
+}
+
+#[test]
+fn a_process_dying_mid_update_with_the_lock_held_wedges_no_one() {
+    let s = TempStore::new("deadholder");
+    let m = Map::create(&s, &spec(mt::HASH, 8, 8, 4)).unwrap();
+    m.update(&1u64.to_ne_bytes(), &10u64.to_ne_bytes(), uf::ANY)
+        .unwrap();
+    // SAFETY: the child takes the lock, leaves the free list as a writer cut off
+    // mid-insert would, and `_exit`s holding the lock; no other thread runs yet.
+    match unsafe { libc::fork() } {
+        0 => {
+            std::mem::forget(lock::lock(&m.header().lock, || {}));
+            m.header()
+                .free_head
+                .store(0, std::sync::atomic::Ordering::Relaxed);
+            // SAFETY: ends the child at once, the lock still held.
+            unsafe { libc::_exit(0) }
+        }
+        -1 => panic!("fork: {}", std::io::Error::last_os_error()),
+        pid => {
+            let mut status = 0;
+            // SAFETY: waits for our own child.
+            assert_eq!(unsafe { libc::waitpid(pid, &mut status, 0) }, pid);
+        }
+    }
+    // The next writer takes the dead process's lock over and rebuilds the free list:
+    // the map still holds its key and takes as many as max_entries allows.
+    for k in 2..=4u64 {
+        m.update(&k.to_ne_bytes(), &(k * 10).to_ne_bytes(), uf::NOEXIST)
+            .unwrap();
+    }
+    assert_eq!(
+        errno(m.update(&5u64.to_ne_bytes(), &50u64.to_ne_bytes(), uf::ANY)),
+        libc::E2BIG
+    );
+    let mut v = [0u8; 8];
+    m.lookup(&1u64.to_ne_bytes(), &mut v).unwrap();
+    assert_eq!(u64::from_ne_bytes(v), 10);
+    m.delete(&1u64.to_ne_bytes()).unwrap();
 }
