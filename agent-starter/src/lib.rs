@@ -78,6 +78,9 @@ bpftime_attach::static_tls_flag!(fn hook_flag_offset, "bpftime_starter_hook_flag
 // The runtime's per-thread ids (pid_tgid, the map locks' owner), read on every map
 // update and delete: static TLS for the same reason.
 bpftime_attach::static_tls_flag!(fn ids_offset, "bpftime_starter_ids");
+// Where each thread's shadow stack of pending uretprobe calls is, read at every hooked
+// entry with a uretprobe and at every such return.
+bpftime_attach::static_tls_flag!(fn shadow_offset, "bpftime_starter_shadow");
 
 /// `on_own_thread`: called on a thread this library made, not one of the application's.
 fn start_agent(on_own_thread: bool) -> Result<(), String> {
@@ -95,11 +98,17 @@ fn start_agent(on_own_thread: bool) -> Result<(), String> {
     if sym.is_null() {
         return Err(format!("{path} has no {AGENT_ENTRY:?}: {}", dl_error()));
     }
-    // SAFETY: the agent exports `bpftime_agent_start` as `extern "C" fn(isize, bool, isize)`
+    // SAFETY: the agent exports `bpftime_agent_start` as
+    // `extern "C" fn(isize, bool, isize, isize)`
     // (built with this library, from the same directory); the library stays loaded
     // (never dlclose'd), so the code outlives the call.
-    let start: extern "C" fn(isize, bool, isize) = unsafe { std::mem::transmute(sym) };
-    start(hook_flag_offset(), on_own_thread, ids_offset());
+    let start: extern "C" fn(isize, bool, isize, isize) = unsafe { std::mem::transmute(sym) };
+    start(
+        hook_flag_offset(),
+        on_own_thread,
+        ids_offset(),
+        shadow_offset(),
+    );
     Ok(())
 }
 

@@ -16,16 +16,26 @@ mod watch;
 /// caller is a thread the starter made for this call (injection), not the application's.
 /// `ids_tp_offset` is 8 bytes of the starter's static TLS for the runtime's per-thread ids
 /// (see `bpftime_runtime::helpers::use_static_tls_ids`), or 0 for none.
+/// `shadow_tp_offset` is 8 bytes of it for the hooks' shadow stacks (see
+/// `bpftime_attach::use_static_tls_shadow`), or 0 for none.
 #[no_mangle]
 pub extern "C" fn bpftime_agent_start(
     hook_flag_tp_offset: isize,
     on_starter_thread: bool,
     ids_tp_offset: isize,
+    shadow_tp_offset: isize,
 ) {
     static STARTED: std::sync::Once = std::sync::Once::new();
     STARTED.call_once(|| {
         // A failing agent must never take the target down with it.
-        let start = || watch::start(hook_flag_tp_offset, on_starter_thread, ids_tp_offset);
+        let start = || {
+            watch::start(
+                hook_flag_tp_offset,
+                on_starter_thread,
+                ids_tp_offset,
+                shadow_tp_offset,
+            )
+        };
         if std::panic::catch_unwind(start).is_err() {
             eprintln!("bpftime agent: internal error during start; the target runs uninstrumented");
         }

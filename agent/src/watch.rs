@@ -59,7 +59,12 @@ impl Drop for Semaphore {
     }
 }
 
-pub(crate) fn start(hook_flag_tp_offset: isize, on_starter_thread: bool, ids_tp_offset: isize) {
+pub(crate) fn start(
+    hook_flag_tp_offset: isize,
+    on_starter_thread: bool,
+    ids_tp_offset: isize,
+    shadow_tp_offset: isize,
+) {
     bpftime_runtime::init_logging();
     // First: a thread masked from handlers before the switch would not stay masked.
     if hook_flag_tp_offset != 0 {
@@ -67,6 +72,13 @@ pub(crate) fn start(hook_flag_tp_offset: isize, on_starter_thread: bool, ids_tp_
         // nothing else; nothing is attached yet.
         if let Err(e) = unsafe { bpftime_attach::use_static_tls_flag(hook_flag_tp_offset) } {
             tracing::warn!("hooks keep their per-thread flag in dynamic TLS: {e}");
+        }
+    }
+    if shadow_tp_offset != 0 {
+        // SAFETY: the starter's 8 bytes of static TLS, zero in every thread and used by
+        // nothing else; nothing is attached yet.
+        if let Err(e) = unsafe { bpftime_attach::use_static_tls_shadow(shadow_tp_offset) } {
+            tracing::warn!("hooks keep their shadow stacks in dynamic TLS only: {e}");
         }
     }
     // The starter's thread runs on (frees, exits) once probes are live; the kernel

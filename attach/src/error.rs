@@ -56,7 +56,7 @@ pub enum AttachError {
         source: io::Error,
     },
 
-    #[error("the hooks' per-thread flag (offset {tp_offset} from the thread pointer) must be given at a non-zero offset, before the first hook is attached")]
+    #[error("the hooks' static TLS (offset {tp_offset} from the thread pointer) must be given at a non-zero offset, before the first hook is attached")]
     ThreadFlagRefused { tp_offset: isize },
 
     #[error("{id} is not attached (already detached?)")]

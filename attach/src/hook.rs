@@ -450,7 +450,86 @@ thread_local! {
     /// say) must not run handlers again, as the kernel does not nest BPF programs. Unused
     /// once [`use_static_tls_flag`] gave a byte for it.
     static IN_HANDLERS: Cell<bool> = const { Cell::new(false) };
-    static SHADOW: RefCell<Vec<Frame>> = const { RefCell::new(Vec::new()) };
+    static SHADOW: ShadowStack = const { ShadowStack(RefCell::new(Vec::new())) };
+}
+
+/// A thread's pending uretprobe calls. Where the starter gave 8 bytes of static TLS
+/// ([`use_static_tls_shadow`]), they hold its address, so that an entry and a return reach
+/// it with one load rather than through `__tls_get_addr` (the agent is `dlopen`ed).
+struct ShadowStack(RefCell<Vec<Frame>>);
+
+impl Drop for ShadowStack {
+    fn drop(&mut self) {
+        // A hooked call during the thread's later TLS destructors finds no stack, as
+        // `SHADOW.try_with` then says, instead of this freed one.
+        set_static_shadow(0);
+    }
+}
+
+/// The offset from the thread pointer of the slot that caches this thread's
+/// `SHADOW`'s address, or 0 for none.
+static STATIC_TLS_SHADOW: AtomicIsize = AtomicIsize::new(0);
+
+/// Gives the hooks 8 bytes of static TLS, at `tp_offset` from the thread pointer in every
+/// thread, to find each thread's shadow stack of pending uretprobe calls without
+/// `__tls_get_addr`. Call it before anything is attached; it fails afterwards.
+///
+/// # Safety
+/// `tp_offset` must be the offset of 8 bytes in the static TLS block of a module that
+/// stays loaded, zero in every new thread, and used by nothing else.
+pub unsafe fn use_static_tls_shadow(tp_offset: isize) -> Result<(), AttachError> {
+    let reg = registry();
+    if !reg.sites.is_empty() || tp_offset == 0 {
+        return Err(AttachError::ThreadFlagRefused { tp_offset });
+    }
+    STATIC_TLS_SHADOW.store(tp_offset, Ordering::Relaxed);
+    Ok(())
+}
+
+fn set_static_shadow(address: usize) {
+    let offset = STATIC_TLS_SHADOW.load(Ordering::Relaxed);
+    if offset == 0 {
+        return;
+    }
+    // SAFETY: `use_static_tls_shadow`'s caller vouched for 8 bytes of static TLS at this
+    // offset in every thread; these are this thread's own.
+    unsafe {
+        std::arch::asm!(
+            "mov qword ptr fs:[{offset}], {v}",
+            offset = in(reg) offset,
+            v = in(reg) address,
+            options(nostack, preserves_flags),
+        )
+    };
+}
+
+/// `f` on this thread's shadow stack, or `None` once the thread's TLS is going.
+fn with_shadow<R>(f: impl FnOnce(&RefCell<Vec<Frame>>) -> R) -> Option<R> {
+    let offset = STATIC_TLS_SHADOW.load(Ordering::Relaxed);
+    if offset != 0 {
+        let address: usize;
+        // SAFETY: as in `set_static_shadow`.
+        unsafe {
+            std::arch::asm!(
+                "mov {v}, qword ptr fs:[{offset}]",
+                offset = in(reg) offset,
+                v = out(reg) address,
+                options(nostack, readonly, preserves_flags),
+            )
+        };
+        if address != 0 {
+            // SAFETY: this thread's `SHADOW`, stored below while it lived; its destructor
+            // clears the slot before it goes. A forked child's copy of the slot points at
+            // the child's copy of the same thread-local.
+            return Some(f(unsafe { &*(address as *const RefCell<Vec<Frame>>) }));
+        }
+    }
+    SHADOW
+        .try_with(|s| {
+            set_static_shadow(&s.0 as *const RefCell<Vec<Frame>> as usize);
+            f(&s.0)
+        })
+        .ok()
 }
 
 /// The offset from the thread pointer of the per-thread byte that says handlers run on the
@@ -606,7 +685,7 @@ fn hijack_return(site: &'static Site, sp: u64) {
     // SAFETY: at a function entry (the caller's contract) `[sp]` is the return address the
     // call pushed, on this thread's stack.
     let ret = unsafe { slot.read() };
-    let pushed = SHADOW.try_with(|s| {
+    let pushed = with_shadow(|s| {
         let Ok(mut s) = s.try_borrow_mut() else {
             return false;
         };
@@ -616,7 +695,7 @@ fn hijack_return(site: &'static Site, sp: u64) {
         s.push(Frame { ret, sp, site });
         true
     });
-    if pushed == Ok(true) {
+    if pushed == Some(true) {
         // SAFETY: as above; `on_return` gives the real address back when the call returns.
         unsafe { slot.write(stubs::return_stub() as u64) };
     }
@@ -627,14 +706,12 @@ pub(crate) extern "C" fn on_return(regs: *mut PtRegs) -> u64 {
     // SAFETY: the stub passes a PtRegs on its stack, live and unaliased for this call.
     let regs = unsafe { &mut *regs };
     let sp = regs.sp;
-    let frame = SHADOW
-        .try_with(|s| {
-            s.try_borrow_mut()
-                .ok()
-                .and_then(|mut s| take_frame(&mut s, sp))
-        })
-        .ok()
-        .flatten();
+    let frame = with_shadow(|s| {
+        s.try_borrow_mut()
+            .ok()
+            .and_then(|mut s| take_frame(&mut s, sp))
+    })
+    .flatten();
     let Some(frame) = frame else {
         // We replaced a return address and lost the real one: there is nowhere correct to go.
         tracing::error!(
@@ -662,16 +739,14 @@ pub fn original_return_address(slot: u64, value: u64) -> u64 {
     if value != stubs::return_stub() as u64 {
         return value;
     }
-    SHADOW
-        .try_with(|s| {
-            let s = s.try_borrow().ok()?;
-            // The innermost pending call at that slot: a recursive call reuses no slot
-            // while its caller's is still pending, but a frame left by longjmp may linger.
-            s.iter().rev().find(|f| f.sp == slot).map(|f| f.ret)
-        })
-        .ok()
-        .flatten()
-        .unwrap_or(value)
+    with_shadow(|s| {
+        let s = s.try_borrow().ok()?;
+        // The innermost pending call at that slot: a recursive call reuses no slot
+        // while its caller's is still pending, but a frame left by longjmp may linger.
+        s.iter().rev().find(|f| f.sp == slot).map(|f| f.ret)
+    })
+    .flatten()
+    .unwrap_or(value)
 }
 
 /// The frame of the call that just returned with stack pointer `sp`: its entry sp was
