@@ -155,26 +155,19 @@ fn a_probe_is_the_same_text_in_every_process() {
         shards: vec![],
     };
     let insns = assemble("call 14\nexit").unwrap();
-    let a = compile_probe_cached(
-        None,
-        ProbePoint::Entry,
-        &insns,
-        &HashMap::new(),
-        &config,
-        90,
-        "__bpftime_probe_1",
-    )
-    .unwrap();
-    let b = compile_probe_cached(
-        Some(&cache),
-        ProbePoint::Entry,
-        &insns,
-        &HashMap::new(),
-        &config,
-        90,
-        "__bpftime_probe_1",
-    )
-    .unwrap();
+    let compiled = |cache: Option<&ProbeCache>| {
+        compile_probe_cached(
+            cache,
+            ProbePoint::Entry,
+            &insns,
+            &HashMap::new(),
+            &config,
+            90,
+            "__bpftime_probe_1",
+        )
+        .unwrap()
+    };
+    let (a, b) = (compiled(None), compiled(Some(&cache)));
     assert_eq!(a, b);
     assert!(a.ptx.contains("ld.global.u64"), "{}", a.ptx);
     assert!(
