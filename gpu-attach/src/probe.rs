@@ -51,7 +51,19 @@ pub fn compile_probe(
     sm: u32,
     symbol: &str,
 ) -> Result<PtxProgram, String> {
-    let insns = relocate(insns, maps)?;
+    let relocated = relocate(insns, maps)?;
+    compile_relocated(point, &relocated, maps, config, sm, symbol)
+}
+
+/// [`compile_probe`] of instructions [`relocate`] already gave device addresses.
+fn compile_relocated(
+    point: ProbePoint,
+    insns: &[Insn],
+    maps: &HashMap<u32, DeviceMapRef>,
+    config: &RuntimeConfig,
+    sm: u32,
+    symbol: &str,
+) -> Result<PtxProgram, String> {
     let env = ProbeEnv {
         library: library_ir(config),
         arrays: maps
@@ -67,7 +79,7 @@ pub fn compile_probe(
         probe_abi: probe_abi(point),
         ..PtxOptions::default()
     };
-    let program = compile(&insns, &env, &opts).map_err(|e| e.to_string())?;
+    let program = compile(insns, &env, &opts).map_err(|e| e.to_string())?;
     if !program.externs.is_empty() {
         return Err(format!(
             "it calls helpers the GPU runtime lacks: {}",
@@ -105,7 +117,9 @@ pub fn compile_probe_cached(
     if let Some(hit) = cache.get(&key) {
         return Ok(hit);
     }
-    let compiled = CachedProbe::from(compile_probe(point, insns, maps, config, sm, symbol)?);
+    let compiled = CachedProbe::from(compile_relocated(
+        point, &relocated, maps, config, sm, symbol,
+    )?);
     cache.put(&key, &compiled);
     Ok(compiled)
 }

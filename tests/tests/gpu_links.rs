@@ -471,18 +471,14 @@ fn bpftime_run_attaches_the_gpu_helper_example() {
     );
 }
 
-/// A GPU probe on per-CPU hash maps (a value per SM on the device) verifies under the
-/// GPU rules, beside the launch program that writes them on the CPU.
-/// The shared-memory example checks under the GPU rules with its access context.
-#[test]
-fn bpftime_verify_accepts_the_shared_memory_access_example() {
-    let s = Session::new("gpu-verify-shared");
+/// `bpftime verify OBJECT` exits 0 and says `PROG: ok (` for each of `progs`.
+fn assert_verifies(s: &Session, object: &str, progs: &[&str]) {
     let mut c = s.bpftime();
-    c.args(["verify", examples::ACCESS_SHARED_BPF_O]);
+    c.args(["verify", object]);
     let out = run_with_timeout(c, Duration::from_secs(60));
     assert_eq!(out.status.code(), Some(0), "{}", text(&out));
     let stdout = String::from_utf8_lossy(&out.stdout);
-    for prog in ["vector_add_access", "matmul_access"] {
+    for prog in progs {
         assert!(
             stdout
                 .lines()
@@ -493,23 +489,27 @@ fn bpftime_verify_accepts_the_shared_memory_access_example() {
     }
 }
 
+/// The shared-memory example checks under the GPU rules with its access context.
+#[test]
+fn bpftime_verify_accepts_the_shared_memory_access_example() {
+    let s = Session::new("gpu-verify-shared");
+    assert_verifies(
+        &s,
+        examples::ACCESS_SHARED_BPF_O,
+        &["vector_add_access", "matmul_access"],
+    );
+}
+
+/// A GPU probe on per-CPU hash maps (a value per SM on the device) verifies under the
+/// GPU rules, beside the launch program that writes them on the CPU.
 #[test]
 fn bpftime_verify_accepts_per_cpu_hash_maps_on_the_gpu() {
     let s = Session::new("gpu-verify-pcpu");
-    let mut c = s.bpftime();
-    c.args(["verify", examples::PERCPU_HASHCOUNT_BPF_O]);
-    let out = run_with_timeout(c, Duration::from_secs(60));
-    assert_eq!(out.status.code(), Some(0), "{}", text(&out));
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    for prog in ["count_thread", "after_call"] {
-        assert!(
-            stdout
-                .lines()
-                .any(|l| l.starts_with(&format!("{prog}: ok ("))),
-            "{}",
-            text(&out)
-        );
-    }
+    assert_verifies(
+        &s,
+        examples::PERCPU_HASHCOUNT_BPF_O,
+        &["count_thread", "after_call"],
+    );
 }
 
 /// `bpftime verify` loads through the same handler: `cuda:` entry and exit
@@ -517,25 +517,16 @@ fn bpftime_verify_accepts_per_cpu_hash_maps_on_the_gpu() {
 #[test]
 fn bpftime_verify_checks_cuda_sections_under_the_gpu_rules() {
     let s = Session::new("gpu-verify");
-    let mut c = s.bpftime();
-    c.args(["verify", examples::GPU_PROBES_BPF_O]);
-    let out = run_with_timeout(c, Duration::from_secs(60));
-    assert_eq!(out.status.code(), Some(0), "{}", text(&out));
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    for prog in [
-        "vector_add_exit",
-        "cuda__vector_add_entry",
-        "mangled_entry",
-        "vector_add_launch",
-    ] {
-        assert!(
-            stdout
-                .lines()
-                .any(|l| l.starts_with(&format!("{prog}: ok ("))),
-            "{}",
-            text(&out)
-        );
-    }
+    assert_verifies(
+        &s,
+        examples::GPU_PROBES_BPF_O,
+        &[
+            "vector_add_exit",
+            "cuda__vector_add_entry",
+            "mangled_entry",
+            "vector_add_launch",
+        ],
+    );
     let exit = s.compile_bpf("exit", &comm_program("cuda:vectorAdd:exit", "comm_at_exit"));
     let launch = s.compile_bpf(
         "launch",

@@ -68,6 +68,20 @@ fn bpftime_ok(s: &Session, args: &[&str]) -> String {
     err
 }
 
+/// `bpftime run --trace TRACE TOOL -- TARGET ARGS`, checked to succeed; its stderr.
+fn run_traced(s: &Session, trace: &Path, tool: &str, target: &str, args: &[&str]) -> String {
+    let mut all = vec![
+        "run",
+        "--trace",
+        trace.to_str().unwrap(),
+        tool,
+        "--",
+        target,
+    ];
+    all.extend_from_slice(args);
+    bpftime_ok(s, &all)
+}
+
 const NESTED_TOOL: &str = r#"
 #include <linux/bpf.h>
 #include <linux/ptrace.h>
@@ -108,17 +122,13 @@ fn run_traces_each_call_as_a_span_nested_as_the_calls_nest() {
     let tool = s.compile_bpf("nest", NESTED_TOOL);
     let target = s.target_copy(examples::STACK_TARGET);
     let trace = s.tmp.join("trace.json");
-    let err = bpftime_ok(
+    let n = N.to_string();
+    let err = run_traced(
         &s,
-        &[
-            "run",
-            "--trace",
-            trace.to_str().unwrap(),
-            tool.to_str().unwrap(),
-            "--",
-            target.to_str().unwrap(),
-            &N.to_string(),
-        ],
+        &trace,
+        tool.to_str().unwrap(),
+        target.to_str().unwrap(),
+        &[&n],
     );
     assert!(err.contains("bpftime: trace of "), "{err}");
     let summary = consumer(&trace);
@@ -196,19 +206,13 @@ fn run_traces_each_thread_on_its_own_track() {
     let tool = s.compile_bpf("work", WORK_TOOL);
     let target = s.target_copy(examples::CALLS);
     let trace = s.tmp.join("trace.json");
-    bpftime_ok(
+    let n = N.to_string();
+    run_traced(
         &s,
-        &[
-            "run",
-            "--trace",
-            trace.to_str().unwrap(),
-            tool.to_str().unwrap(),
-            "--",
-            target.to_str().unwrap(),
-            &N.to_string(),
-            "--threads",
-            "3",
-        ],
+        &trace,
+        tool.to_str().unwrap(),
+        target.to_str().unwrap(),
+        &[&n, "--threads", "3"],
     );
     let summary = consumer(&trace);
     let workers: Vec<&Value> = threads(&summary)
@@ -239,19 +243,12 @@ fn a_call_the_process_exits_in_ends_at_the_exit() {
     let tool = s.compile_bpf("work", WORK_TOOL);
     let target = s.target_copy(examples::CALLS);
     let trace = s.tmp.join("trace.json");
-    let err = bpftime_ok(
+    let err = run_traced(
         &s,
-        &[
-            "run",
-            "--trace",
-            trace.to_str().unwrap(),
-            tool.to_str().unwrap(),
-            "--",
-            target.to_str().unwrap(),
-            "10",
-            "--exit-at",
-            "5",
-        ],
+        &trace,
+        tool.to_str().unwrap(),
+        target.to_str().unwrap(),
+        &["10", "--exit-at", "5"],
     );
     assert!(err.contains("1 call had not returned"), "{err}");
     let raw: Value = serde_json::from_slice(&std::fs::read(&trace).unwrap()).unwrap();
@@ -419,17 +416,13 @@ fn a_cuda_program_traced_on_cpu_and_gpu() {
     );
     let rounds = 10;
     let trace = s.tmp.join("trace.json");
-    bpftime_ok(
+    let rounds_arg = rounds.to_string();
+    run_traced(
         &s,
-        &[
-            "run",
-            "--trace",
-            trace.to_str().unwrap(),
-            examples::GPU_TIMELINE_BPF_O,
-            "--",
-            exe.to_str().unwrap(),
-            &rounds.to_string(),
-        ],
+        &trace,
+        examples::GPU_TIMELINE_BPF_O,
+        exe.to_str().unwrap(),
+        &[&rounds_arg],
     );
     let value: Value = serde_json::from_slice(&std::fs::read(&trace).unwrap()).unwrap();
     let r = trace_check::check(&value);
