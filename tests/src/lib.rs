@@ -454,3 +454,43 @@ pub fn kernel_unavailable() -> Option<String> {
     }
     None
 }
+
+/// Why the kernel cannot pin (serve as the oracle for pinning and `bpftool prog loadall`),
+/// if it cannot. A freshly booted machine may have nothing mounted at `/sys/fs/bpf`
+/// (systemd mounts it on most distributions, and bpftool mounts it when it pins): the
+/// kernel's pins then fail with ENOENT until something mounts it, so a test that compares
+/// with the kernel mounts bpffs there first, as bpftool would.
+pub fn kernel_bpffs_unavailable() -> Option<String> {
+    if let Some(why) = kernel_unavailable() {
+        return Some(why);
+    }
+    static MOUNTED: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    let _one_at_a_time = MOUNTED.lock().unwrap_or_else(|e| e.into_inner());
+    const BPF_FS_MAGIC: i64 = 0xcafe_4a11;
+    let root = c"/sys/fs/bpf";
+    let is_bpffs = || {
+        // SAFETY: statfs writes into a zeroed struct of its own type; the path is NUL-terminated.
+        let mut st: libc::statfs = unsafe { std::mem::zeroed() };
+        (unsafe { libc::statfs(root.as_ptr(), &mut st) } == 0) && st.f_type as i64 == BPF_FS_MAGIC
+    };
+    if is_bpffs() {
+        return None;
+    }
+    // SAFETY: NUL-terminated strings; mounting a new bpffs instance changes nothing else.
+    let r = unsafe {
+        libc::mount(
+            c"bpf".as_ptr(),
+            root.as_ptr(),
+            c"bpf".as_ptr(),
+            0,
+            c"mode=0700".as_ptr().cast(),
+        )
+    };
+    if r != 0 && !is_bpffs() {
+        return Some(format!(
+            "no bpffs at /sys/fs/bpf, and mounting one failed: {}",
+            std::io::Error::last_os_error()
+        ));
+    }
+    None
+}

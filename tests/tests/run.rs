@@ -740,7 +740,7 @@ fn run_streams_perf_buffer_events_decoded_with_btf_and_prints_globals() {
 /// kernel can serve as the oracle: Some(the log) when it refuses, Some("")
 /// when it accepts.
 fn kernel_verdict(s: &Session, object: &str) -> Option<String> {
-    if let Some(why) = bpftime_tests::kernel_unavailable() {
+    if let Some(why) = bpftime_tests::kernel_bpffs_unavailable() {
         eprintln!("kernel comparison skipped: {why}");
         return None;
     }
