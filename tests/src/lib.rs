@@ -466,12 +466,20 @@ pub fn kernel_bpffs_unavailable() -> Option<String> {
     }
     static MOUNTED: std::sync::Mutex<()> = std::sync::Mutex::new(());
     let _one_at_a_time = MOUNTED.lock().unwrap_or_else(|e| e.into_inner());
-    const BPF_FS_MAGIC: i64 = 0xcafe_4a11;
     let root = c"/sys/fs/bpf";
+    // From the mount table, not statfs(): this process links the syscall shim, whose
+    // statfs() answers for paths under /sys/fs/bpf from a store.
     let is_bpffs = || {
-        // SAFETY: statfs writes into a zeroed struct of its own type; the path is NUL-terminated.
-        let mut st: libc::statfs = unsafe { std::mem::zeroed() };
-        (unsafe { libc::statfs(root.as_ptr(), &mut st) } == 0) && st.f_type as i64 == BPF_FS_MAGIC
+        std::fs::read_to_string("/proc/self/mountinfo")
+            .unwrap_or_default()
+            .lines()
+            .filter_map(|l| {
+                let mount_point = l.split(' ').nth(4)?;
+                let fs_type = l.split(" - ").nth(1)?.split(' ').next()?;
+                (mount_point == "/sys/fs/bpf").then_some(fs_type == "bpf")
+            })
+            .last()
+            .unwrap_or(false)
     };
     if is_bpffs() {
         return None;
@@ -486,10 +494,10 @@ pub fn kernel_bpffs_unavailable() -> Option<String> {
             c"mode=0700".as_ptr().cast(),
         )
     };
+    let mount_error = std::io::Error::last_os_error();
     if r != 0 && !is_bpffs() {
         return Some(format!(
-            "no bpffs at /sys/fs/bpf, and mounting one failed: {}",
-            std::io::Error::last_os_error()
+            "no bpffs at /sys/fs/bpf, and mounting one failed: {mount_error}"
         ));
     }
     None
