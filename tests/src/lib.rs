@@ -473,12 +473,13 @@ pub fn kernel_bpffs_unavailable() -> Option<String> {
         std::fs::read_to_string("/proc/self/mountinfo")
             .unwrap_or_default()
             .lines()
-            .filter_map(|l| {
+            .rev()
+            .find_map(|l| {
+                // The last mount at a path is the one its users see.
                 let mount_point = l.split(' ').nth(4)?;
                 let fs_type = l.split(" - ").nth(1)?.split(' ').next()?;
                 (mount_point == "/sys/fs/bpf").then_some(fs_type == "bpf")
             })
-            .last()
             .unwrap_or(false)
     };
     if is_bpffs() {
