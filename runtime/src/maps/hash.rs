@@ -336,8 +336,10 @@ impl<'a> View<'a> {
         matches!(self.map.kind, super::Kind::Hash { lru: true, .. })
     }
 
-    /// Evicts the least recently used of a sample of elements (lock held).
-    fn evict(&self) -> bool {
+    /// Evicts the least recently used of a sample of elements other than `keep` (lock
+    /// held): an update of a key in a full map replaces its element with a fresh one, and
+    /// evicting the one it replaces would unlink the fresh one in its place.
+    fn evict(&self, keep: u32) -> bool {
         let n = self.s.nelems;
         let start = (self.h.lru_clock.load(Ordering::Relaxed) as u32) % n;
         let mut best: Option<(u64, u32)> = None;
@@ -345,7 +347,7 @@ impl<'a> View<'a> {
         for i in 0..n {
             let idx = (start + i) % n + 1;
             let e = self.elem(idx);
-            if e.used.load(Ordering::Relaxed) == 0 {
+            if e.used.load(Ordering::Relaxed) == 0 || idx == keep {
                 continue;
             }
             let t = e.tick.load(Ordering::Relaxed);
@@ -495,12 +497,12 @@ fn place(
 ) -> Result<u32> {
     if old == 0
         && v.h.count.load(Ordering::Relaxed) >= map.hash_capacity()
-        && !(v.is_lru() && v.evict())
+        && !(v.is_lru() && v.evict(0))
     {
         return Err(err(libc::E2BIG, "map is full"));
     }
     let mut idx = v.pop_free();
-    if idx == 0 && v.is_lru() && v.evict() {
+    if idx == 0 && v.is_lru() && v.evict(old) {
         idx = v.pop_free();
     }
     if idx == 0 {

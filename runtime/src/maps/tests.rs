@@ -198,6 +198,27 @@ fn lru_evicts_instead_of_failing() {
     m.lookup(&99u32.to_ne_bytes(), &mut v).unwrap();
 }
 
+/// Updating a key of a full LRU map takes a fresh element, evicting another key if it
+/// must, never the key being updated (which the kernel keeps too).
+#[test]
+fn updating_a_key_of_a_full_lru_map_keeps_it_whatever_was_used_least() {
+    let s = TempStore::new("lru-update");
+    let m = Map::create(&s, &spec(mt::LRU_HASH, 4, 4, 4)).unwrap();
+    for i in 0..4u32 {
+        m.update(&i.to_ne_bytes(), &i.to_ne_bytes(), uf::ANY)
+            .unwrap();
+    }
+    // Key 0 is the least recently used, so it is what an eviction would pick.
+    for round in 0..20u32 {
+        m.update(&0u32.to_ne_bytes(), &(100 + round).to_ne_bytes(), uf::ANY)
+            .unwrap();
+        let mut v = [0u8; 4];
+        m.lookup(&0u32.to_ne_bytes(), &mut v)
+            .unwrap_or_else(|e| panic!("round {round}: key 0 lost ({e})"));
+        assert_eq!(u32::from_ne_bytes(v), 100 + round);
+    }
+}
+
 #[test]
 fn queue_and_stack_orders() {
     let s = TempStore::new("queue");
