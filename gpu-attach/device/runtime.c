@@ -20,14 +20,22 @@ typedef unsigned char u8;
 /* Device memory (cuMemAlloc's): an atomic through such a pointer is `atom.global`, where a
  * generic one makes ptxas add a check for shared memory and a compare-and-swap loop for it
  * at every site. */
-typedef __attribute__((address_space(1))) u64 global_u64;
-typedef __attribute__((address_space(1))) u32 global_u32;
+#ifdef BPFTIME_HOST_TEST
+/* Built for the host by the table tests (tests/device_table.rs), threads standing in for
+ * GPU threads: one address space. */
+#define DEVICE_GLOBAL
+#else
+#define DEVICE_GLOBAL __attribute__((address_space(1)))
+#endif
+typedef DEVICE_GLOBAL u64 global_u64;
+typedef DEVICE_GLOBAL u32 global_u32;
 
 #define BPF_MAP_TYPE_HASH 1
 #define BPF_MAP_TYPE_ARRAY 2
 #define BPF_MAP_TYPE_PERF_EVENT_ARRAY 4
 #define BPF_MAP_TYPE_PERCPU_HASH 5
 #define BPF_MAP_TYPE_PERCPU_ARRAY 6
+#define BPF_MAP_TYPE_LRU_HASH 9
 #define BPF_MAP_TYPE_RINGBUF 27
 #define BPF_MAP_TYPE_GPU_HASH 1501
 #define BPF_MAP_TYPE_GPU_ARRAY 1503
@@ -206,7 +214,79 @@ static u8 *hash_value(const struct gpu_map *m, u32 slot)
 
 static int is_hash(u32 t)
 {
-    return t == BPF_MAP_TYPE_HASH || t == BPF_MAP_TYPE_PERCPU_HASH || t == BPF_MAP_TYPE_GPU_HASH;
+    return t == BPF_MAP_TYPE_HASH || t == BPF_MAP_TYPE_PERCPU_HASH ||
+           t == BPF_MAP_TYPE_GPU_HASH || t == BPF_MAP_TYPE_LRU_HASH;
+}
+
+/* LRU hash maps: when full, an insert evicts an entry not used lately, as the kernel's
+ * LRU maps do (approximately, as theirs). Their states array is followed by a reference
+ * flag per slot (set by a lookup or update that finds the slot, and by the insert that
+ * fills it) and by the clock's hand (device_maps.rs, `lru_extra_bytes`): the hand passes
+ * over slots, clearing the flags it finds set, and evicts the first full slot whose flag
+ * is clear, so an entry used since the hand last passed is kept. */
+static int is_lru(const struct gpu_map *m)
+{
+    return m->map_type == BPF_MAP_TYPE_LRU_HASH;
+}
+
+static u32 *lru_refs(const struct gpu_map *m)
+{
+    return (u32 *)m->states + m->capacity;
+}
+
+static u32 *lru_hand(const struct gpu_map *m)
+{
+    return (u32 *)m->states + 2 * (u64)m->capacity;
+}
+
+/* Read first: a flag already set is not written again, which keeps lookups of a hot
+ * key from writing its cache line from every thread. */
+static void lru_touch(const struct gpu_map *m, u32 slot)
+{
+    if (!is_lru(m))
+        return;
+    u32 *ref = &lru_refs(m)[slot];
+    if (volatile_load32(ref) == 0)
+        *(volatile u32 *)ref = 1;
+}
+
+/* Evicts one entry (it becomes DELETED, as a delete makes it); 0 when the hand found none
+ * to take in two turns of the table. */
+static int lru_evict(const struct gpu_map *m)
+{
+    u32 *states = (u32 *)m->states;
+    u32 *refs = lru_refs(m);
+    u32 mask = m->capacity - 1;
+    for (u64 n = 0; n < 2 * (u64)m->capacity; n++) {
+        u32 at = __atomic_fetch_add(lru_hand(m), 1, __ATOMIC_RELAXED) & mask;
+        if (volatile_load32(&states[at]) != SLOT_FULL)
+            continue;
+        if (volatile_load32(&refs[at]) != 0) {
+            *(volatile u32 *)&refs[at] = 0;
+            continue;
+        }
+        u32 expected = SLOT_FULL;
+        if (__atomic_compare_exchange_n(&states[at], &expected, SLOT_DELETED, 0,
+                                        __ATOMIC_RELAXED, __ATOMIC_RELAXED)) {
+            __atomic_fetch_sub((u32 *)m->count, 1, __ATOMIC_RELAXED);
+            return 1;
+        }
+    }
+    return 0;
+}
+
+/* Counts one more entry if the map has room for it; in a full LRU map, evicts one to
+ * make the room. Every thread that finds the map full evicts for itself, so no thread
+ * loses its room to another and inserts never fail for room. */
+static int reserve_entry(const struct gpu_map *m)
+{
+    u32 *count = (u32 *)m->count;
+    if (__atomic_fetch_add(count, 1, __ATOMIC_RELAXED) < m->max_entries)
+        return 1;
+    if (is_lru(m) && lru_evict(m))
+        return 1;
+    __atomic_fetch_sub(count, 1, __ATOMIC_RELAXED);
+    return 0;
 }
 
 static int is_array(u32 t)
@@ -222,7 +302,10 @@ u64 bpftime_gpu_map_lookup_elem(u64 map, u64 key, u64 r3, u64 r4, u64 r5)
         return (u64)array_value(m, (const u8 *)key);
     if (is_hash(m->map_type)) {
         s64 slot = hash_find(m, (const u8 *)key);
-        return slot < 0 ? 0 : (u64)hash_value(m, (u32)slot);
+        if (slot < 0)
+            return 0;
+        lru_touch(m, (u32)slot);
+        return (u64)hash_value(m, (u32)slot);
     }
     return 0;
 }
@@ -231,29 +314,37 @@ u64 bpftime_gpu_map_lookup_elem(u64 map, u64 key, u64 r3, u64 r4, u64 r5)
 /* Inserts `key` with every copy of its value zeroed (the kernel's per-CPU semantics for
  * copies other than this SM's), or finds it if another thread got there first. Returns
  * the slot, -E2BIG when full, or -EEXIST (slot in *found) when the key exists. */
+/* Takes slot `at` from state `from` for `key` (already counted): its key written, every
+ * copy of its value zeroed; the caller publishes it. 0 if another thread took it first. */
+static int claim_slot(const struct gpu_map *m, u32 at, u32 from, const u8 *key)
+{
+    u32 expected = from;
+    if (!__atomic_compare_exchange_n(&((u32 *)m->states)[at], &expected, SLOT_BUSY, 0,
+                                     __ATOMIC_RELAXED, __ATOMIC_RELAXED))
+        return 0;
+    copy_bytes((u8 *)m->keys + (u64)at * m->key_stride, key, m->key_size);
+    u8 *values = (u8 *)m->values + (u64)at * m->copies * m->value_stride;
+    for (u64 i = 0; i < (u64)m->copies * m->value_stride; i += 8)
+        *(u64 *)(values + i) = 0;
+    if (is_lru(m))
+        *(volatile u32 *)&lru_refs(m)[at] = 1;
+    return 1;
+}
+
 static s64 hash_insert(const struct gpu_map *m, const u8 *key, s64 *found)
 {
     u32 *states = (u32 *)m->states;
     u32 mask = m->capacity - 1;
     u32 at = hash_key(key, m->key_size) & mask;
+    s64 deleted = -1;
     for (u32 n = 0; n < m->capacity; n++, at = (at + 1) & mask) {
         u32 state = volatile_load32(&states[at]);
         if (state == SLOT_EMPTY) {
-            u32 *count = (u32 *)m->count;
-            if (__atomic_fetch_add(count, 1, __ATOMIC_RELAXED) >= m->max_entries) {
-                __atomic_fetch_sub(count, 1, __ATOMIC_RELAXED);
+            if (!reserve_entry(m))
                 return -E2BIG;
-            }
-            u32 expected = SLOT_EMPTY;
-            if (__atomic_compare_exchange_n(&states[at], &expected, SLOT_BUSY, 0,
-                                            __ATOMIC_RELAXED, __ATOMIC_RELAXED)) {
-                copy_bytes((u8 *)m->keys + (u64)at * m->key_stride, key, m->key_size);
-                u8 *values = (u8 *)m->values + (u64)at * m->copies * m->value_stride;
-                for (u64 i = 0; i < (u64)m->copies * m->value_stride; i += 8)
-                    *(u64 *)(values + i) = 0;
+            if (claim_slot(m, at, SLOT_EMPTY, key))
                 return at;
-            }
-            __atomic_fetch_sub(count, 1, __ATOMIC_RELAXED);
+            __atomic_fetch_sub((u32 *)m->count, 1, __ATOMIC_RELAXED);
         }
         state = wait_while_busy(&states[at]);
         if (state == SLOT_FULL &&
@@ -261,7 +352,21 @@ static s64 hash_insert(const struct gpu_map *m, const u8 *key, s64 *found)
             *found = at;
             return -EEXIST;
         }
+        if (state == SLOT_DELETED && deleted < 0)
+            deleted = at;
     }
+    /* No empty slot is left: evictions (and deletes) of this launch used them all, and
+     * the host makes the table anew between launches (replica.rs). An LRU map, whose
+     * inserts must not fail for room, then takes a deleted slot; two threads inserting
+     * one key at once here may each take one, and the host keeps one of the two. */
+    if (!is_lru(m) || deleted < 0 || !reserve_entry(m))
+        return -E2BIG;
+    for (u32 n = 0; n < m->capacity; n++, deleted = (deleted + 1) & mask) {
+        if (volatile_load32(&states[deleted]) == SLOT_DELETED &&
+            claim_slot(m, (u32)deleted, SLOT_DELETED, key))
+            return deleted;
+    }
+    __atomic_fetch_sub((u32 *)m->count, 1, __ATOMIC_RELAXED);
     return -E2BIG;
 }
 
@@ -311,6 +416,7 @@ u64 bpftime_gpu_map_update_elem(u64 map, u64 key, u64 value, u64 flags, u64 r5)
         if (flags == BPF_NOEXIST)
             return (u64)-EEXIST;
         copy_bytes(hash_value(m, (u32)slot), (const u8 *)value, m->value_size);
+        lru_touch(m, (u32)slot);
         return 0;
     }
     if (flags == BPF_EXIST)
@@ -321,6 +427,7 @@ u64 bpftime_gpu_map_update_elem(u64 map, u64 key, u64 value, u64 flags, u64 r5)
         if (flags == BPF_NOEXIST)
             return (u64)-EEXIST;
         copy_bytes(hash_value(m, (u32)found), (const u8 *)value, m->value_size);
+        lru_touch(m, (u32)found);
         return 0;
     }
     if (slot < 0)
@@ -595,7 +702,9 @@ u64 bpftime_gpu_probe_read_kernel_str(u64 dst, u64 size, u64 src, u64 r4, u64 r5
 /* bpftime's helper 507: the thread stops here. */
 u64 bpftime_gpu_exit(u64 r1, u64 r2, u64 r3, u64 r4, u64 r5)
 {
+#ifndef BPFTIME_HOST_TEST
     __asm__ volatile("exit;");
+#endif
     return 0;
 }
 

@@ -148,13 +148,15 @@ pub enum DeviceKind {
 pub fn device_kind(map_type: u32) -> Result<DeviceKind, String> {
     Ok(match map_type {
         map_type::ARRAY | map_type::PERCPU_ARRAY | map_type::GPU_ARRAY => DeviceKind::Array,
-        map_type::HASH | map_type::PERCPU_HASH | map_type::GPU_HASH => DeviceKind::Hash,
+        map_type::HASH | map_type::PERCPU_HASH | map_type::GPU_HASH | map_type::LRU_HASH => {
+            DeviceKind::Hash
+        }
         map_type::RINGBUF | map_type::GPU_RINGBUF => DeviceKind::Ringbuf,
         map_type::PERF_EVENT_ARRAY => DeviceKind::PerfEventArray,
         other => {
             return Err(format!(
-                "map type {other} has no GPU replica (GPU probes use array, hash, per-CPU \
-                 array and hash, ringbuf and perf_event_array maps)"
+                "map type {other} has no GPU replica (GPU probes use array, hash, LRU hash, \
+                 per-CPU array and hash, ringbuf and perf_event_array maps)"
             ))
         }
     })
@@ -171,6 +173,25 @@ pub fn hash_capacity(max_entries: u32) -> u32 {
     (max_entries.max(1) as u64 * 2)
         .next_power_of_two()
         .min(1 << 31) as u32
+}
+
+/// Bytes an LRU hash table keeps after its states (runtime.c's `lru_refs` and `lru_hand`):
+/// a reference flag per slot, then the clock's hand; none for other maps.
+pub fn lru_extra_bytes(map_type: u32, capacity: u32) -> usize {
+    if map_type == map_type::LRU_HASH {
+        capacity as usize * 4 + 8
+    } else {
+        0
+    }
+}
+
+/// Whether a device hash table should be made anew from the store before its next
+/// launch: the device turns a deleted (or evicted) slot into a tombstone it never reuses,
+/// so that concurrent inserts of one key always meet at the first empty slot; once a
+/// quarter of the slots are tombstones, the empty ones that inserts need run short.
+pub fn needs_rebuild(states: &[u32]) -> bool {
+    let deleted = states.iter().filter(|&&s| s == SLOT_DELETED).count();
+    deleted * 4 >= states.len().max(1)
 }
 
 /// FNV-1a, as runtime.c's `hash_key`.
@@ -1127,6 +1148,28 @@ mod tests {
         let _ = std::fs::remove_dir_all(&dir);
         // The parameters fit a launch's 4 KiB.
         assert!(HASH_OPS_PTX.contains(&format!(".b8 __bpftime_hash_ops_param_4[{HASH_OPS_BYTES}]")));
+    }
+
+    #[test]
+    fn a_table_is_made_anew_once_a_quarter_of_its_slots_are_tombstones() {
+        let table = |deleted: usize, full: usize| {
+            let mut states = vec![SLOT_EMPTY; 64];
+            states[..deleted].fill(SLOT_DELETED);
+            states[deleted..deleted + full].fill(SLOT_FULL);
+            states
+        };
+        assert!(!needs_rebuild(&table(0, 32)));
+        assert!(!needs_rebuild(&table(15, 32)));
+        assert!(needs_rebuild(&table(16, 0)));
+        assert!(needs_rebuild(&table(40, 20)));
+    }
+
+    #[test]
+    fn lru_tables_keep_a_flag_per_slot_and_a_hand_after_their_states() {
+        assert_eq!(lru_extra_bytes(map_type::LRU_HASH, 2048), 2048 * 4 + 8);
+        assert_eq!(lru_extra_bytes(map_type::HASH, 2048), 0);
+        assert_eq!(device_kind(map_type::LRU_HASH), Ok(DeviceKind::Hash));
+        assert!(device_kind(map_type::LRU_PERCPU_HASH).is_err());
     }
 
     #[test]

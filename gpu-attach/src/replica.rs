@@ -5,7 +5,7 @@
 
 use std::collections::HashMap;
 use std::ffi::c_void;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use bpftime_jit_ptx::ArrayMapLayout;
@@ -14,10 +14,10 @@ use bpftime_runtime::Map;
 use crate::arena::Arena;
 use crate::cuda::{Api, CudaError, DevicePtr, Handle};
 use crate::device_maps::{
-    add_deltas, device_kind, drain_ring, encode_hash_ops, hash_capacity, is_per_cpu, ring_shards,
-    round8, value_deltas, DeviceKind, DeviceRing, GpuMapDesc, HashImage, HashShape, PerCpuHashSync,
-    RingRecord, ShardEntry, StoreChange, WordDelta, HASH_OPS_BYTES, HASH_OP_HEADER, RING_TAIL,
-    SHARDED_ARRAY_MAX,
+    add_deltas, device_kind, drain_ring, encode_hash_ops, hash_capacity, is_per_cpu,
+    lru_extra_bytes, needs_rebuild, ring_shards, round8, value_deltas, DeviceKind, DeviceRing,
+    GpuMapDesc, HashImage, HashShape, PerCpuHashSync, RingRecord, ShardEntry, StoreChange,
+    WordDelta, HASH_OPS_BYTES, HASH_OP_HEADER, RING_TAIL, SHARDED_ARRAY_MAX,
 };
 
 /// Why a replica could not be made or synced.
@@ -198,6 +198,10 @@ pub(crate) struct Replica {
     /// only wrote the device's own values), read without the lock: a launch must not
     /// wait for a pull just to learn that nothing changed.
     seen_updates: AtomicU64,
+    /// Set by a pull that found a hash table's deleted slots piling up (the device never
+    /// reuses them, see `needs_rebuild`): the next push makes the table anew from the
+    /// store, as it does after a CPU change.
+    rebuild: AtomicBool,
     state: Mutex<SyncState>,
 }
 
@@ -339,6 +343,7 @@ impl Replica {
         Ok(Replica {
             shards,
             seen_updates: AtomicU64::new(updates),
+            rebuild: AtomicBool::new(false),
             map,
             kind,
             desc_addr,
@@ -379,7 +384,10 @@ impl Replica {
             DeviceKind::Hash => true,
             DeviceKind::Ringbuf | DeviceKind::PerfEventArray => return Ok(Pushed::default()),
         };
-        if counted_only && self.seen_updates.load(Ordering::Acquire) == self.map.updates() {
+        if counted_only
+            && !self.rebuild.load(Ordering::Acquire)
+            && self.seen_updates.load(Ordering::Acquire) == self.map.updates()
+        {
             return Ok(Pushed::default());
         }
         let mut state = self.state.lock().unwrap_or_else(|e| e.into_inner());
@@ -388,7 +396,10 @@ impl Replica {
         // the count looks like someone else's change, and rebuilding the device's table
         // from the store would drop what a running launch added since that pull.
         let updates = self.map.updates();
-        if counted_only && self.seen_updates.load(Ordering::Acquire) == updates {
+        if counted_only
+            && !self.rebuild.load(Ordering::Acquire)
+            && self.seen_updates.load(Ordering::Acquire) == updates
+        {
             return Ok(Pushed::default());
         }
         self.seen_updates.store(updates, Ordering::Release);
@@ -458,6 +469,7 @@ impl Replica {
                 })
             }
             SyncState::Hash { shape, shadow } => {
+                self.rebuild.store(false, Ordering::Release);
                 push_hash(mover, &self.map, &self.desc, shape, shadow).map(|()| Pushed::default())
             }
             SyncState::PerCpuHash { shape, sync, done } => {
@@ -570,19 +582,12 @@ impl Replica {
                 };
                 mover.get(self.desc.keys, &mut image.keys)?;
                 mover.get(self.desc.values, &mut image.values)?;
+                if needs_rebuild(&image.states) {
+                    self.rebuild.store(true, Ordering::Release);
+                }
                 let device: HashMap<Vec<u8>, Vec<u8>> = shape.read(&image).into_iter().collect();
                 let before = self.map.updates();
-                let mut writes = 0u64;
-                for (k, v) in &device {
-                    if shadow.get(k) != Some(v) && self.map.update(k, v, 0).is_ok() {
-                        writes += 1;
-                    }
-                }
-                for k in shadow.keys() {
-                    if !device.contains_key(k) && self.map.delete(k).is_ok() {
-                        writes += 1;
-                    }
-                }
+                let writes = apply_device_hash(&self.map, shadow, &device);
                 let after = self.map.updates();
                 // Our own writes do not make the device stale; anyone else's does.
                 if self.seen_updates.load(Ordering::Acquire) == before && after - before == writes {
@@ -897,6 +902,29 @@ fn host_array(map: &Map, desc: &GpuMapDesc) -> Vec<u8> {
 }
 
 /// Rebuilds the device table from the store's entries.
+/// Makes the store's hash map what the device's table holds (`device`), given what both
+/// held at the last sync (`shadow`): deletes first, so that a device that replaced
+/// entries of a full map (deleted or evicted some, inserted others) fits in the store's;
+/// then inserts and changed values. Returns how many writes the store took.
+fn apply_device_hash(
+    map: &Map,
+    shadow: &HashMap<Vec<u8>, Vec<u8>>,
+    device: &HashMap<Vec<u8>, Vec<u8>>,
+) -> u64 {
+    let mut writes = 0u64;
+    for k in shadow.keys() {
+        if !device.contains_key(k) && map.delete(k).is_ok() {
+            writes += 1;
+        }
+    }
+    for (k, v) in device {
+        if shadow.get(k) != Some(v) && map.update(k, v, 0).is_ok() {
+            writes += 1;
+        }
+    }
+    writes
+}
+
 fn push_hash(
     mover: &Mover<'_>,
     map: &Map,
@@ -970,7 +998,11 @@ fn alloc_hash_table(mover: &Mover<'_>, desc: &mut GpuMapDesc) -> Result<HashShap
     };
     desc.capacity = shape.capacity;
     let cap = shape.capacity as usize;
-    desc.states = mover.alloc(cap * 4)?;
+    let lru = lru_extra_bytes(desc.map_type, shape.capacity);
+    desc.states = mover.alloc(cap * 4 + lru)?;
+    if lru > 0 {
+        mover.zero(desc.states + cap as u64 * 4, lru)?;
+    }
     desc.keys = mover.alloc(cap * shape.key_stride())?;
     desc.values = mover.alloc(cap * shape.slot_values())?;
     desc.count = mover.alloc(8)?;
@@ -1015,5 +1047,62 @@ fn apply_store_change(map: &Map, change: StoreChange) -> bool {
                 }
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use bpftime_isa::uapi::map_type;
+    use bpftime_runtime::{MapSpec, Store};
+
+    fn key(k: u64) -> Vec<u8> {
+        k.to_ne_bytes().to_vec()
+    }
+
+    /// A device that replaced entries of a full map (an LRU map's evictions, or a hash
+    /// map's deletes and inserts in one launch) leaves the store's map holding what the
+    /// device holds: its deletes go first, so the inserts fit.
+    #[test]
+    fn a_full_map_whose_entries_the_device_replaced_ends_as_the_device_has_it() {
+        let name = format!("unit-replica-{}", std::process::id());
+        let _ = std::fs::remove_dir_all(Store::dir_for(&name));
+        let store = Store::create_or_open(&name).unwrap();
+        for map_type in [map_type::HASH, map_type::LRU_HASH] {
+            let map = Map::create(
+                &store,
+                &MapSpec {
+                    map_type,
+                    key_size: 8,
+                    value_size: 8,
+                    max_entries: 4,
+                    ..Default::default()
+                },
+            )
+            .unwrap();
+            let shadow: HashMap<Vec<u8>, Vec<u8>> = (0..4).map(|k| (key(k), key(k))).collect();
+            for (k, v) in &shadow {
+                map.update(k, v, 0).unwrap();
+            }
+            // The device evicted or deleted keys 0 and 1, inserted 10 and 11, changed 2.
+            let device: HashMap<Vec<u8>, Vec<u8>> = [(2, 20), (3, 3), (10, 10), (11, 11)]
+                .into_iter()
+                .map(|(k, v)| (key(k), key(v)))
+                .collect();
+            assert_eq!(apply_device_hash(&map, &shadow, &device), 5);
+            let mut value = vec![0u8; 8];
+            for (k, v) in &device {
+                map.lookup(k, &mut value)
+                    .unwrap_or_else(|e| panic!("map type {map_type}, key {k:?}: {e}"));
+                assert_eq!(&value, v, "map type {map_type}");
+            }
+            for k in [0, 1] {
+                assert!(
+                    map.lookup(&key(k), &mut value).is_err(),
+                    "map type {map_type}"
+                );
+            }
+        }
+        let _ = store.destroy();
     }
 }

@@ -285,6 +285,7 @@ const XYZ: &[Arg] = &[MemOutFixed(8), MemOutFixed(8), MemOutFixed(8)];
 pub const GPU_MAP_TYPES: &[u32] = &[
     mt::ARRAY,
     mt::HASH,
+    mt::LRU_HASH,
     mt::PERCPU_ARRAY,
     mt::PERCPU_HASH,
     mt::RINGBUF,

@@ -823,6 +823,9 @@ fn gpu_allows_gpu_helpers_and_maps() {
     gpu("stdw [%r10-8], 0\nstdw [%r10-16], 0\nstdw [%r10-24], 0\nmov %r1, %r10\nadd %r1, -8\nmov %r2, %r10\nadd %r2, -16\nmov %r3, %r10\nadd %r3, -24\ncall 505\ncall 506\ncall 502\nmov %r0, 0\nexit")
         .unwrap();
     gpu(&LOOKUP.replace("ldmap %r1, 1", "ldmap %r1, 7").add_exit()).unwrap();
+    // LRU hash maps, whose inserts evict on the GPU as in the kernel.
+    gpu("stdw [%r10-8], 0\nmov %r2, %r10\nadd %r2, -8\nldmap %r1, 10\ncall 1\nmov %r0, 0\nexit")
+        .unwrap();
 }
 
 #[test]
@@ -841,13 +844,16 @@ fn gpu_rejects_cpu_only_helpers_and_maps() {
         "{}",
         e.log()
     );
-    let e = gpu("ldmap %r1, 10\nmov %r0, 0\nexit").unwrap_err();
-    assert!(
-        matches!(e.kind, RejectKind::MapTypeNotOnGpu { .. }),
-        "{}",
-        e.log()
-    );
-    assert_eq!(e.insn, 0);
+    // Queues and stack trace maps have no GPU replica either.
+    for fd in [6, 8] {
+        let e = gpu(&format!("ldmap %r1, {fd}\nmov %r0, 0\nexit")).unwrap_err();
+        assert!(
+            matches!(e.kind, RejectKind::MapTypeNotOnGpu { .. }),
+            "{}",
+            e.log()
+        );
+        assert_eq!(e.insn, 0);
+    }
     let e = gpu(&format!("{RESERVE}mov %r0, 0\nexit")).unwrap_err();
     assert!(
         matches!(e.kind, RejectKind::HelperNotOnGpu { id: 131, .. }),

@@ -1,0 +1,133 @@
+//! The device runtime's hash map helpers (device/runtime.c), built for the host by
+//! clang-19 with tests/host_table.c, and run from 8 threads standing in for GPU threads:
+//! concurrent inserts of one key, deletes, and LRU eviction, checked without a GPU, each
+//! threaded case repeated to catch a rare interleaving. The GPU's memory model is weaker
+//! than x86's, so this checks the table's logic, not its fences: the examples check
+//! those on a GPU (scripts/gpu-examples.sh).
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::OnceLock;
+
+/// The host build of the table tests, made once per test process.
+fn host_table() -> &'static Path {
+    static BUILT: OnceLock<PathBuf> = OnceLock::new();
+    BUILT.get_or_init(|| {
+        let dir = Path::new(env!("CARGO_TARGET_TMPDIR"));
+        let out = dir.join(format!("host_table-{}", std::process::id()));
+        let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/host_table.c");
+        let clang = std::env::var("CLANG").unwrap_or_else(|_| "clang-19".into());
+        let built = Command::new(&clang)
+            .args([
+                "-O2",
+                "-pthread",
+                "-Wall",
+                "-Werror",
+                "-Wno-unused-parameter",
+            ])
+            .arg(&src)
+            .arg("-o")
+            .arg(&out)
+            .output()
+            .unwrap_or_else(|e| panic!("cannot run {clang} ({e}): scripts/setup.sh installs it"));
+        assert!(
+            built.status.success(),
+            "{clang} failed on {}:\n{}",
+            src.display(),
+            String::from_utf8_lossy(&built.stderr)
+        );
+        out
+    })
+}
+
+/// Runs `scenario` and returns its `name=value` numbers.
+fn run(scenario: &str) -> HashMap<String, u64> {
+    let out = Command::new(host_table())
+        .arg(scenario)
+        .output()
+        .expect("running host_table");
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        out.status.success(),
+        "{scenario}: {}\n{text}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    text.split_whitespace()
+        .filter_map(|w| w.split_once('='))
+        .map(|(k, v)| (k.to_string(), v.parse().expect("a number")))
+        .collect()
+}
+
+#[test]
+fn concurrent_inserts_of_one_key_make_one_entry() {
+    for round in 0..50 {
+        let r = run("same_keys");
+        let line = format!("round {round}: {r:?}");
+        assert_eq!(r["updates"], 8 * 4096, "{line}");
+        assert_eq!(r["failed"], 0, "{line}");
+        assert_eq!(r["wrong"], 0, "{line}");
+        assert_eq!(r["entries"], 4096, "{line}");
+        assert_eq!(r["duplicates"], 0, "{line}");
+        assert_eq!(r["count"], 4096, "{line}");
+    }
+}
+
+/// Within one launch a hash map takes as many inserts as it has slots, whatever it
+/// deletes meanwhile (a deleted slot is never reused on the device, so that inserts of
+/// one key always meet); `needs_rebuild` has the host make the table anew between
+/// launches long before.
+#[test]
+fn a_hash_table_takes_as_many_inserts_as_it_has_slots_within_a_launch() {
+    for round in 0..10 {
+        let r = run("churn");
+        let line = format!("round {round}: {r:?}");
+        assert_eq!(r["inserted"], r["capacity"], "{line}");
+        assert_eq!(r["failed"], 8, "every thread stops at a full table: {line}");
+        assert_eq!(r["wrong"], 0, "{line}");
+        assert_eq!(r["count"], 0, "{line}");
+    }
+}
+
+#[test]
+fn lru_inserts_never_fail_for_room_even_once_every_slot_was_used() {
+    let r = run("lru_churn");
+    assert_eq!(r["inserted"], 8 * 100_000, "{r:?}");
+    assert_eq!(r["failed"], 0, "{r:?}");
+    assert_eq!(r["wrong"], 0, "{r:?}");
+    assert_eq!(r["count"], 0, "{r:?}");
+}
+
+/// 8 threads insert 40000 keys of their own into a 1024-entry LRU map while looking up
+/// 64 hot keys between inserts. Without recency, a key inserted first would be gone after
+/// 40000 inserts (each survives an eviction with probability 1 - 1/1024: e^-39 for all of
+/// them); with it, the hot keys stay. The clock's first turn clears every flag at once, so
+/// a few hot keys not looked up again before the hand comes back are evicted, as the
+/// kernel's LRU, approximate too, may evict them: at least three quarters stay.
+#[test]
+fn an_lru_map_keeps_its_used_keys_and_never_holds_more_than_max_entries() {
+    for round in 0..20 {
+        let r = run("lru");
+        let line = format!("round {round}: {r:?}");
+        assert_eq!(r["updates"], 40_000, "{line}");
+        assert_eq!(r["failed"], 0, "{line}");
+        assert_eq!(
+            r["entries"], r["max_entries"],
+            "a full map stays full: {line}"
+        );
+        assert_eq!(r["count"], r["entries"], "{line}");
+        assert_eq!(r["duplicates"], 0, "{line}");
+        assert!(r["hot_missing"] <= 16, "{line}");
+    }
+}
+
+#[test]
+fn an_lru_map_evicts_the_keys_not_used_since_the_hand_last_passed() {
+    let r = run("lru_order");
+    assert_eq!(r["failed"], 0, "{r:?}");
+    assert_eq!(r["entries"], 1024, "{r:?}");
+    assert_eq!(r["used_missing"], 0, "{r:?}");
+    assert_eq!(r["unused_kept"], 0, "{r:?}");
+    assert_eq!(r["new_missing"], 0, "{r:?}");
+    assert_eq!(r["extra_missing"], 0, "{r:?}");
+}

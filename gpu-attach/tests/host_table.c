@@ -1,0 +1,310 @@
+/*
+ * The device runtime's map helpers (device/runtime.c) built for the host, with threads
+ * standing in for GPU threads, for tests/device_table.rs: the hash table's logic (inserts
+ * of one key meeting in one slot, deletes, LRU eviction) checked at full speed from
+ * several threads without a GPU. The warp builtins answer as for a thread alone in its
+ * warp, so every add is its own atomic.
+ *
+ *   host_table SCENARIO    prints `name=value` lines, exits 0 (1 on bad usage)
+ */
+#include <pthread.h>
+#include <sched.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#define BPFTIME_HOST_TEST
+static __thread unsigned host_sm;
+#define __nvvm_read_ptx_sreg_smid() host_sm
+#define __nvvm_nanosleep(n) sched_yield()
+#define __nvvm_membar_gl() __atomic_thread_fence(__ATOMIC_SEQ_CST)
+#define __nvvm_activemask() 1u
+#define __nvvm_isspacep_local(p) 0
+#define __nvvm_match_any_sync_i64(mask, v) 1u
+#define __nvvm_shfl_sync_bfly_i32(mask, v, off, c) (v)
+#define __nvvm_read_ptx_sreg_laneid() 0u
+#define __nvvm_read_ptx_sreg_clock() 0u
+#define __nvvm_read_ptx_sreg_globaltimer() 0ull
+#define __nvvm_read_ptx_sreg_ctaid_x() 0u
+#define __nvvm_read_ptx_sreg_ctaid_y() 0u
+#define __nvvm_read_ptx_sreg_ctaid_z() 0u
+#define __nvvm_read_ptx_sreg_nctaid_x() 1u
+#define __nvvm_read_ptx_sreg_nctaid_y() 1u
+#define __nvvm_read_ptx_sreg_tid_x() 0u
+#define __nvvm_read_ptx_sreg_tid_y() 0u
+#pragma clang diagnostic ignored "-Wunused-function"
+#include "../device/runtime.c"
+
+u64 bpftime_gpu_shard_address(u64 addr, u64 wide, u64 sm) { return addr; }
+u64 bpftime_gpu_config_pid_tgid(void) { return 0; }
+u64 bpftime_gpu_config_trace_ring(void) { return 0; }
+
+#define THREADS 8
+
+/* A hash map as device_maps.rs lays one out: capacity slots, twice max_entries rounded
+ * up to a power of two; an LRU map's states followed by its reference flags and hand. */
+static struct gpu_map *new_map(u32 type, u32 max_entries)
+{
+    struct gpu_map *m = calloc(1, sizeof(*m));
+    u32 cap = 1;
+    while (cap < 2 * max_entries)
+        cap <<= 1;
+    m->map_type = type;
+    m->key_size = 8;
+    m->value_size = 8;
+    m->max_entries = max_entries;
+    m->key_stride = 8;
+    m->value_stride = 8;
+    m->copies = 1;
+    m->capacity = cap;
+    m->states = (u64)calloc(2 * (u64)cap + 2, 4);
+    m->keys = (u64)calloc(cap, 8);
+    m->values = (u64)calloc(cap, 8);
+    m->count = (u64)calloc(1, 8);
+    return m;
+}
+
+static u64 update(struct gpu_map *m, u64 key, u64 value, u64 flags)
+{
+    return bpftime_gpu_map_update_elem((u64)m, (u64)&key, (u64)&value, flags, 0);
+}
+
+static u64 *lookup(struct gpu_map *m, u64 key)
+{
+    return (u64 *)bpftime_gpu_map_lookup_elem((u64)m, (u64)&key, 0, 0, 0);
+}
+
+static u64 delete(struct gpu_map *m, u64 key)
+{
+    return bpftime_gpu_map_delete_elem((u64)m, (u64)&key, 0, 0, 0);
+}
+
+static int cmp_u64(const void *a, const void *b)
+{
+    u64 x = *(const u64 *)a, y = *(const u64 *)b;
+    return x < y ? -1 : x > y;
+}
+
+/* The keys of FULL slots, sorted; how many there are in *n. */
+static u64 *full_keys(struct gpu_map *m, u32 *n)
+{
+    u64 *keys = malloc((u64)m->capacity * 8);
+    *n = 0;
+    for (u32 s = 0; s < m->capacity; s++)
+        if (((u32 *)m->states)[s] == SLOT_FULL)
+            keys[(*n)++] = ((u64 *)m->keys)[s];
+    qsort(keys, *n, 8, cmp_u64);
+    return keys;
+}
+
+static u32 duplicates(const u64 *sorted, u32 n)
+{
+    u32 d = 0;
+    for (u32 i = 1; i < n; i++)
+        d += sorted[i] == sorted[i - 1];
+    return d;
+}
+
+static int contains(const u64 *sorted, u32 n, u64 key)
+{
+    return bsearch(&key, sorted, n, 8, cmp_u64) != NULL;
+}
+
+struct job {
+    struct gpu_map *m;
+    u32 thread;
+    u64 failed;   /* updates that did not return 0 */
+    u64 wrong;    /* lookups that saw what they should not */
+    u64 done;
+};
+
+static void run_threads(void *(*body)(void *), struct job *jobs, struct gpu_map *m)
+{
+    pthread_t t[THREADS];
+    for (u32 i = 0; i < THREADS; i++) {
+        jobs[i] = (struct job){ .m = m, .thread = i };
+        pthread_create(&t[i], NULL, body, &jobs[i]);
+    }
+    for (u32 i = 0; i < THREADS; i++)
+        pthread_join(t[i], NULL);
+}
+
+static void totals(const struct job *jobs, u64 *failed, u64 *wrong, u64 *done)
+{
+    *failed = *wrong = *done = 0;
+    for (u32 i = 0; i < THREADS; i++) {
+        *failed += jobs[i].failed;
+        *wrong += jobs[i].wrong;
+        *done += jobs[i].done;
+    }
+}
+
+#define SAME_KEYS 4096
+
+/* Every thread inserts the same keys, each from its own starting point: the inserts of
+ * a key meet in one slot. */
+static void *same_keys_body(void *arg)
+{
+    struct job *j = arg;
+    host_sm = j->thread;
+    for (u64 i = 0; i < SAME_KEYS; i++) {
+        u64 k = (i + j->thread * 517) % SAME_KEYS;
+        if (update(j->m, k, k * 3, BPF_ANY) != 0)
+            j->failed++;
+        u64 *v = lookup(j->m, k);
+        if (!v || *v != k * 3)
+            j->wrong++;
+        j->done++;
+    }
+    return NULL;
+}
+
+static int same_keys(void)
+{
+    struct gpu_map *m = new_map(BPF_MAP_TYPE_HASH, SAME_KEYS);
+    struct job jobs[THREADS];
+    u64 failed, wrong, done;
+    u32 n;
+    run_threads(same_keys_body, jobs, m);
+    totals(jobs, &failed, &wrong, &done);
+    u64 *keys = full_keys(m, &n);
+    printf("updates=%llu failed=%llu wrong=%llu entries=%u duplicates=%u count=%llu\n", done,
+           failed, wrong, n, duplicates(keys, n), *(u64 *)m->count);
+    return 0;
+}
+
+#define CHURN_ROUNDS 100000
+
+/* Each thread inserts, finds and deletes keys of its own, one at a time, until an
+ * insert fails: how many inserts a table takes within one launch when its deletes' slots
+ * are not reused (the host makes the table anew between launches). */
+static void *churn_body(void *arg)
+{
+    struct job *j = arg;
+    host_sm = j->thread;
+    for (u64 i = 0; i < CHURN_ROUNDS; i++) {
+        u64 k = ((u64)j->thread << 32) | i;
+        if (update(j->m, k, i, BPF_ANY) != 0) {
+            j->failed++;
+            break;
+        }
+        u64 *v = lookup(j->m, k);
+        if (!v || *v != i)
+            j->wrong++;
+        if (delete(j->m, k) != 0 || lookup(j->m, k))
+            j->wrong++;
+        j->done++;
+    }
+    return NULL;
+}
+
+static int churn(u32 type)
+{
+    struct gpu_map *m = new_map(type, 1024);
+    struct job jobs[THREADS];
+    u64 failed, wrong, done;
+    run_threads(churn_body, jobs, m);
+    totals(jobs, &failed, &wrong, &done);
+    printf("capacity=%u inserted=%llu failed=%llu wrong=%llu count=%llu\n", m->capacity, done,
+           failed, wrong, *(u64 *)m->count);
+    return 0;
+}
+
+#define LRU_ENTRIES 1024
+#define LRU_INSERTS 5000
+#define HOT_KEYS 64
+#define HOT_BASE (1ull << 60)
+
+/* Each thread inserts keys of its own, far more than the map holds, and looks up a few
+ * hot keys between inserts: every insert succeeds, the map never holds more than its
+ * max_entries, and the hot keys, used all the time, stay. */
+static void *lru_body(void *arg)
+{
+    struct job *j = arg;
+    host_sm = j->thread;
+    for (u64 i = 0; i < LRU_INSERTS; i++) {
+        u64 k = ((u64)j->thread << 32) | i;
+        if (update(j->m, k, i, BPF_ANY) != 0)
+            j->failed++;
+        u64 h = HOT_BASE + (i + j->thread) % HOT_KEYS;
+        u64 *v = lookup(j->m, h);
+        if (!v || *v != h)
+            j->wrong++;
+        j->done++;
+    }
+    return NULL;
+}
+
+static int lru(void)
+{
+    struct gpu_map *m = new_map(BPF_MAP_TYPE_LRU_HASH, LRU_ENTRIES);
+    struct job jobs[THREADS];
+    u64 failed, wrong, done, hot_missing = 0;
+    u32 n;
+    for (u64 h = HOT_BASE; h < HOT_BASE + HOT_KEYS; h++)
+        update(m, h, h, BPF_ANY);
+    run_threads(lru_body, jobs, m);
+    totals(jobs, &failed, &wrong, &done);
+    u64 *keys = full_keys(m, &n);
+    for (u64 h = HOT_BASE; h < HOT_BASE + HOT_KEYS; h++)
+        hot_missing += !contains(keys, n, h);
+    printf("max_entries=%u updates=%llu failed=%llu hot_lookups_missed=%llu entries=%u "
+           "count=%llu duplicates=%u hot_missing=%llu\n",
+           m->max_entries, done, failed, wrong, n, *(u64 *)m->count, duplicates(keys, n),
+           hot_missing);
+    return 0;
+}
+
+/* One thread: fill the map, insert one more (the hand's first turn clears every flag and
+ * evicts one key), look up the even keys, then insert as many new keys as odd keys are
+ * left: the odd keys, not used since the hand passed, are the ones evicted; the even ones
+ * and the new ones stay. */
+static int lru_order(void)
+{
+    struct gpu_map *m = new_map(BPF_MAP_TYPE_LRU_HASH, LRU_ENTRIES);
+    u64 failed = 0, used_missing = 0, unused_kept = 0, new_missing = 0;
+    u32 n, odd_left = 0;
+    for (u64 k = 0; k < LRU_ENTRIES; k++)
+        failed += update(m, k, k, BPF_ANY) != 0;
+    failed += update(m, 1000000, 0, BPF_ANY) != 0;
+    u64 *before = full_keys(m, &n);
+    for (u64 k = 1; k < LRU_ENTRIES; k += 2)
+        odd_left += contains(before, n, k);
+    for (u64 k = 0; k < LRU_ENTRIES; k += 2)
+        lookup(m, k);
+    for (u64 k = 0; k < odd_left; k++)
+        failed += update(m, 2000000 + k, 0, BPF_ANY) != 0;
+    u32 after_n;
+    u64 *after = full_keys(m, &after_n);
+    for (u64 k = 0; k < LRU_ENTRIES; k++) {
+        if (k % 2 == 0)
+            used_missing += contains(before, n, k) && !contains(after, after_n, k);
+        else
+            unused_kept += contains(after, after_n, k);
+    }
+    for (u64 k = 0; k < odd_left; k++)
+        new_missing += !contains(after, after_n, 2000000 + k);
+    printf("failed=%llu entries=%u used_missing=%llu unused_kept=%llu new_missing=%llu "
+           "extra_missing=%d\n",
+           failed, after_n, used_missing, unused_kept, new_missing,
+           !contains(after, after_n, 1000000));
+    return 0;
+}
+
+int main(int argc, char **argv)
+{
+    const char *s = argc > 1 ? argv[1] : "";
+    if (!strcmp(s, "same_keys"))
+        return same_keys();
+    if (!strcmp(s, "churn"))
+        return churn(BPF_MAP_TYPE_HASH);
+    if (!strcmp(s, "lru_churn"))
+        return churn(BPF_MAP_TYPE_LRU_HASH);
+    if (!strcmp(s, "lru"))
+        return lru();
+    if (!strcmp(s, "lru_order"))
+        return lru_order();
+    fprintf(stderr, "usage: host_table same_keys|churn|lru_churn|lru|lru_order\n");
+    return 1;
+}
