@@ -159,6 +159,19 @@ run() {  # run LOG ARGS... : bpftime run ARGS, output and exit status in LOG.out
     ok=0; [ "$keys" = 64 ] && [ "$off" = 0 ] && grep -q 'check=ok' "$log.out" && ok=1
     result "hashcount: concurrent inserts of one key make one entry" $ok "$keys keys (expected 64), $off not holding 1048576 / 64 x 10 = 163840"
 
+    # lru_hashcount: LRU hash maps on the GPU, one never full (exact counts, as hashcount)
+    # and one that a key per thread keeps full (every update succeeds, by eviction).
+    log=$work/lru_hashcount
+    run "$log" "$objs/lru_hashcount.bpf.o" -- "$cuda/vec_add" 1048576 10 256
+    keys=$(grep -c '^by_lane\[' "$log.out")
+    off=$(sed -n 's/^by_lane\[[0-9]*\]: \([0-9]*\)$/\1/p' "$log.out" | grep -vcx 163840)
+    recent=$(grep -c '^recent\[' "$log.out")
+    updated=$(value "$log.out" outcome 0) refused=$(value "$log.out" outcome 1)
+    ok=0
+    [ "$keys" = 64 ] && [ "$off" = 0 ] && [ "$updated" = 10485760 ] && [ "${refused:-0}" = 0 ] &&
+        [ "$recent" -gt 0 ] && [ "$recent" -le 1024 ] && grep -q 'check=ok' "$log.out" && ok=1
+    result "lru_hashcount: LRU hash maps on the GPU count as hash maps until full, then evict" $ok "$keys keys (expected 64), $off not holding 163840; updates of a full LRU map: $updated succeeded (expected 10485760), ${refused:-0} failed; it holds $recent keys (at most 1024)"
+
     # smcount: a per-CPU array on the GPU (a value per SM), summed over CPUs by the tool,
     # against an array indexed by SM id.
     log=$work/smcount

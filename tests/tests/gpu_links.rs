@@ -512,6 +512,13 @@ fn bpftime_verify_accepts_per_cpu_hash_maps_on_the_gpu() {
     );
 }
 
+/// A GPU probe on LRU hash maps verifies under the GPU rules.
+#[test]
+fn bpftime_verify_accepts_lru_hash_maps_on_the_gpu() {
+    let s = Session::new("gpu-verify-lru");
+    assert_verifies(&s, examples::LRU_HASHCOUNT_BPF_O, &["count_thread"]);
+}
+
 /// `bpftime verify` loads through the same handler: `cuda:` entry and exit
 /// programs are checked under the GPU rules, launch programs under the CPU's.
 #[test]
