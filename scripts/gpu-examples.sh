@@ -166,11 +166,15 @@ run() {  # run LOG ARGS... : bpftime run ARGS, output and exit status in LOG.out
     keys=$(grep -c '^by_lane\[' "$log.out")
     off=$(sed -n 's/^by_lane\[[0-9]*\]: \([0-9]*\)$/\1/p' "$log.out" | grep -vcx 163840)
     recent=$(grep -c '^recent\[' "$log.out")
+    recent_pc=$(grep -c '^recent_percpu\[' "$log.out")
     updated=$(value "$log.out" outcome 0) refused=$(value "$log.out" outcome 1)
+    updated_pc=$(value "$log.out" outcome 2) refused_pc=$(value "$log.out" outcome 3)
     ok=0
     [ "$keys" = 64 ] && [ "$off" = 0 ] && [ "$updated" = 10485760 ] && [ "${refused:-0}" = 0 ] &&
-        [ "$recent" -gt 0 ] && [ "$recent" -le 1024 ] && grep -q 'check=ok' "$log.out" && ok=1
-    result "lru_hashcount: LRU hash maps on the GPU count as hash maps until full, then evict" $ok "$keys keys (expected 64), $off not holding 163840; updates of a full LRU map: $updated succeeded (expected 10485760), ${refused:-0} failed; it holds $recent keys (at most 1024)"
+        [ "$updated_pc" = 10485760 ] && [ "${refused_pc:-0}" = 0 ] &&
+        [ "$recent" -gt 0 ] && [ "$recent" -le 1024 ] && [ "$recent_pc" -gt 0 ] && [ "$recent_pc" -le 1024 ] &&
+        grep -q 'check=ok' "$log.out" && ok=1
+    result "lru_hashcount: LRU hash maps on the GPU count as hash maps until full, then evict" $ok "$keys keys (expected 64), $off not holding 163840; updates of a full LRU map: $updated succeeded (expected 10485760), ${refused:-0} failed, it holds $recent keys (at most 1024); per-CPU: $updated_pc succeeded, ${refused_pc:-0} failed, $recent_pc keys"
 
     # smcount: a per-CPU array on the GPU (a value per SM), summed over CPUs by the tool,
     # against an array indexed by SM id.

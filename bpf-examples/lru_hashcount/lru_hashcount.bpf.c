@@ -12,8 +12,10 @@
  * recent: every thread puts its global index in an LRU map of 1024 entries: N keys per
  *   launch, so the map is full almost at once and evicts on nearly every update. It ends
  *   holding at most 1024 keys.
+ * recent_percpu: the same in a per-CPU LRU map (a value per SM on the GPU).
  * outcome: [0] the updates of `recent` that succeeded, [1] those that failed: N * ITERS
- *   and none (a hash map of 1024 entries would refuse all but 1024).
+ *   and none (a hash map of 1024 entries would refuse all but 1024); [2] and [3] the same
+ *   for `recent_percpu`.
  */
 #include <linux/bpf.h>
 #include <bpf/bpf_helpers.h>
@@ -36,8 +38,15 @@ struct {
 } recent SEC(".maps");
 
 struct {
+	__uint(type, BPF_MAP_TYPE_LRU_PERCPU_HASH);
+	__uint(max_entries, 1024);
+	__type(key, __u32);
+	__type(value, __u64);
+} recent_percpu SEC(".maps");
+
+struct {
 	__uint(type, BPF_MAP_TYPE_ARRAY);
-	__uint(max_entries, 2);
+	__uint(max_entries, 4);
 	__type(key, __u32);
 	__type(value, __u64);
 } outcome SEC(".maps");
@@ -62,6 +71,10 @@ int count_thread(void *ctx)
 	__u32 slot = bpf_map_update_elem(&recent, &id, &one, BPF_ANY) == 0 ? 0 : 1;
 	__u64 *n = bpf_map_lookup_elem(&outcome, &slot);
 
+	if (n)
+		__sync_fetch_and_add(n, 1);
+	slot = bpf_map_update_elem(&recent_percpu, &id, &one, BPF_ANY) == 0 ? 2 : 3;
+	n = bpf_map_lookup_elem(&outcome, &slot);
 	if (n)
 		__sync_fetch_and_add(n, 1);
 	return 0;

@@ -98,8 +98,8 @@ pub const LAUNCHSNOOP_BPF_O: &str = env!("BPF_EXAMPLES_LAUNCHSNOOP_BPF_O");
 /// `percpu_hashcount`: per-CPU hash maps on the GPU, written by the CPU between
 /// launches (a `cuda:` entry probe and a launch program).
 pub const PERCPU_HASHCOUNT_BPF_O: &str = env!("BPF_EXAMPLES_PERCPU_HASHCOUNT_BPF_O");
-/// `lru_hashcount`: LRU hash maps on the GPU, one that never fills and one that evicts
-/// on nearly every update (a `cuda:` entry probe).
+/// `lru_hashcount`: LRU hash maps on the GPU, one that never fills and two (plain and
+/// per-CPU) that evict on nearly every update (a `cuda:` entry probe).
 pub const LRU_HASHCOUNT_BPF_O: &str = env!("BPF_EXAMPLES_LRU_HASHCOUNT_BPF_O");
 /// `access_shared`: global and shared-memory accesses of vectorAdd and the tiled matmul
 /// by kind and space (`cuda:KERNEL:ldst.shared`).

@@ -36,6 +36,7 @@ typedef DEVICE_GLOBAL u32 global_u32;
 #define BPF_MAP_TYPE_PERCPU_HASH 5
 #define BPF_MAP_TYPE_PERCPU_ARRAY 6
 #define BPF_MAP_TYPE_LRU_HASH 9
+#define BPF_MAP_TYPE_LRU_PERCPU_HASH 10
 #define BPF_MAP_TYPE_RINGBUF 27
 #define BPF_MAP_TYPE_GPU_HASH 1501
 #define BPF_MAP_TYPE_GPU_ARRAY 1503
@@ -215,10 +216,11 @@ static u8 *hash_value(const struct gpu_map *m, u32 slot)
 static int is_hash(u32 t)
 {
     return t == BPF_MAP_TYPE_HASH || t == BPF_MAP_TYPE_PERCPU_HASH ||
-           t == BPF_MAP_TYPE_GPU_HASH || t == BPF_MAP_TYPE_LRU_HASH;
+           t == BPF_MAP_TYPE_GPU_HASH || t == BPF_MAP_TYPE_LRU_HASH ||
+           t == BPF_MAP_TYPE_LRU_PERCPU_HASH;
 }
 
-/* LRU hash maps: when full, an insert evicts an entry not used lately, as the kernel's
+/* LRU hash maps, plain and per-CPU: when full, an insert evicts an entry not used lately, as the kernel's
  * LRU maps do (approximately, as theirs). Their states array is followed by a reference
  * flag per slot (set by a lookup or update that finds the slot, and by the insert that
  * fills it) and by the clock's hand (device_maps.rs, `lru_extra_bytes`): the hand passes
@@ -226,7 +228,7 @@ static int is_hash(u32 t)
  * is clear, so an entry used since the hand last passed is kept. */
 static int is_lru(const struct gpu_map *m)
 {
-    return m->map_type == BPF_MAP_TYPE_LRU_HASH;
+    return m->map_type == BPF_MAP_TYPE_LRU_HASH || m->map_type == BPF_MAP_TYPE_LRU_PERCPU_HASH;
 }
 
 static u32 *lru_refs(const struct gpu_map *m)

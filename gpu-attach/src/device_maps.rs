@@ -148,15 +148,17 @@ pub enum DeviceKind {
 pub fn device_kind(map_type: u32) -> Result<DeviceKind, String> {
     Ok(match map_type {
         map_type::ARRAY | map_type::PERCPU_ARRAY | map_type::GPU_ARRAY => DeviceKind::Array,
-        map_type::HASH | map_type::PERCPU_HASH | map_type::GPU_HASH | map_type::LRU_HASH => {
-            DeviceKind::Hash
-        }
+        map_type::HASH
+        | map_type::PERCPU_HASH
+        | map_type::GPU_HASH
+        | map_type::LRU_HASH
+        | map_type::LRU_PERCPU_HASH => DeviceKind::Hash,
         map_type::RINGBUF | map_type::GPU_RINGBUF => DeviceKind::Ringbuf,
         map_type::PERF_EVENT_ARRAY => DeviceKind::PerfEventArray,
         other => {
             return Err(format!(
                 "map type {other} has no GPU replica (GPU probes use array, hash, LRU hash, \
-                 per-CPU array and hash, ringbuf and perf_event_array maps)"
+                 per-CPU array, hash and LRU hash, ringbuf and perf_event_array maps)"
             ))
         }
     })
@@ -164,7 +166,10 @@ pub fn device_kind(map_type: u32) -> Result<DeviceKind, String> {
 
 /// Whether a map type keeps one value per CPU: on the device, one per SM.
 pub fn is_per_cpu(map_type: u32) -> bool {
-    matches!(map_type, map_type::PERCPU_ARRAY | map_type::PERCPU_HASH)
+    matches!(
+        map_type,
+        map_type::PERCPU_ARRAY | map_type::PERCPU_HASH | map_type::LRU_PERCPU_HASH
+    )
 }
 
 /// Slots of a device hash table for `max_entries`: at least twice as many, a power of
@@ -178,7 +183,7 @@ pub fn hash_capacity(max_entries: u32) -> u32 {
 /// Bytes an LRU hash table keeps after its states (runtime.c's `lru_refs` and `lru_hand`):
 /// a reference flag per slot, then the clock's hand; none for other maps.
 pub fn lru_extra_bytes(map_type: u32, capacity: u32) -> usize {
-    if map_type == map_type::LRU_HASH {
+    if matches!(map_type, map_type::LRU_HASH | map_type::LRU_PERCPU_HASH) {
         capacity as usize * 4 + 8
     } else {
         0
@@ -1168,8 +1173,10 @@ mod tests {
     fn lru_tables_keep_a_flag_per_slot_and_a_hand_after_their_states() {
         assert_eq!(lru_extra_bytes(map_type::LRU_HASH, 2048), 2048 * 4 + 8);
         assert_eq!(lru_extra_bytes(map_type::HASH, 2048), 0);
+        assert_eq!(lru_extra_bytes(map_type::LRU_PERCPU_HASH, 64), 64 * 4 + 8);
         assert_eq!(device_kind(map_type::LRU_HASH), Ok(DeviceKind::Hash));
-        assert!(device_kind(map_type::LRU_PERCPU_HASH).is_err());
+        assert_eq!(device_kind(map_type::LRU_PERCPU_HASH), Ok(DeviceKind::Hash));
+        assert!(is_per_cpu(map_type::LRU_PERCPU_HASH));
     }
 
     #[test]

@@ -602,7 +602,9 @@ impl Replica {
                 let mut made = [0u8; 8];
                 mover.get(*done, &mut made)?;
                 let image = read_hash_image(mover, &self.desc, shape)?;
-                let changes = sync.pull(shape.read(&image), u64::from_le_bytes(made));
+                let mut changes = sync.pull(shape.read(&image), u64::from_le_bytes(made));
+                // Deletes first, so that a full map's replaced keys fit (as for hash maps).
+                changes.sort_by_key(|c| !matches!(c, StoreChange::Delete { .. }));
                 let before = self.map.updates();
                 let mut writes = 0u64;
                 for change in changes {

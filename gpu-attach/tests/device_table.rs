@@ -106,8 +106,18 @@ fn lru_inserts_never_fail_for_room_even_once_every_slot_was_used() {
 /// kernel's LRU, approximate too, may evict them: at least three quarters stay.
 #[test]
 fn an_lru_map_keeps_its_used_keys_and_never_holds_more_than_max_entries() {
+    lru_rounds("lru");
+}
+
+/// The same on a per-CPU LRU map, a value per thread's SM in each slot.
+#[test]
+fn a_per_cpu_lru_map_keeps_its_used_keys_and_never_holds_more_than_max_entries() {
+    lru_rounds("lru_percpu");
+}
+
+fn lru_rounds(scenario: &str) {
     for round in 0..20 {
-        let r = run("lru");
+        let r = run(scenario);
         let line = format!("round {round}: {r:?}");
         assert_eq!(r["updates"], 40_000, "{line}");
         assert_eq!(r["failed"], 0, "{line}");

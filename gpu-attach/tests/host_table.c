@@ -43,8 +43,9 @@ u64 bpftime_gpu_config_trace_ring(void) { return 0; }
 #define THREADS 8
 
 /* A hash map as device_maps.rs lays one out: capacity slots, twice max_entries rounded
- * up to a power of two; an LRU map's states followed by its reference flags and hand. */
-static struct gpu_map *new_map(u32 type, u32 max_entries)
+ * up to a power of two, `copies` values per slot (a per-CPU map's, one per SM); an LRU
+ * map's states followed by its reference flags and hand. */
+static struct gpu_map *new_map_of(u32 type, u32 max_entries, u32 copies)
 {
     struct gpu_map *m = calloc(1, sizeof(*m));
     u32 cap = 1;
@@ -56,13 +57,18 @@ static struct gpu_map *new_map(u32 type, u32 max_entries)
     m->max_entries = max_entries;
     m->key_stride = 8;
     m->value_stride = 8;
-    m->copies = 1;
+    m->copies = copies;
     m->capacity = cap;
     m->states = (u64)calloc(2 * (u64)cap + 2, 4);
     m->keys = (u64)calloc(cap, 8);
-    m->values = (u64)calloc(cap, 8);
+    m->values = (u64)calloc((u64)cap * copies, 8);
     m->count = (u64)calloc(1, 8);
     return m;
+}
+
+static struct gpu_map *new_map(u32 type, u32 max_entries)
+{
+    return new_map_of(type, max_entries, 1);
 }
 
 static u64 update(struct gpu_map *m, u64 key, u64 value, u64 flags)
@@ -223,6 +229,10 @@ static void *lru_body(void *arg)
 {
     struct job *j = arg;
     host_sm = j->thread;
+    /* A per-CPU map's hot keys hold each SM's own value: each thread stores its own. */
+    if (j->m->copies > 1)
+        for (u64 h = HOT_BASE; h < HOT_BASE + HOT_KEYS; h++)
+            update(j->m, h, h, BPF_EXIST);
     for (u64 i = 0; i < LRU_INSERTS; i++) {
         u64 k = ((u64)j->thread << 32) | i;
         if (update(j->m, k, i, BPF_ANY) != 0)
@@ -236,9 +246,9 @@ static void *lru_body(void *arg)
     return NULL;
 }
 
-static int lru(void)
+static int lru(u32 type, u32 copies)
 {
-    struct gpu_map *m = new_map(BPF_MAP_TYPE_LRU_HASH, LRU_ENTRIES);
+    struct gpu_map *m = new_map_of(type, LRU_ENTRIES, copies);
     struct job jobs[THREADS];
     u64 failed, wrong, done, hot_missing = 0;
     u32 n;
@@ -302,9 +312,11 @@ int main(int argc, char **argv)
     if (!strcmp(s, "lru_churn"))
         return churn(BPF_MAP_TYPE_LRU_HASH);
     if (!strcmp(s, "lru"))
-        return lru();
+        return lru(BPF_MAP_TYPE_LRU_HASH, 1);
+    if (!strcmp(s, "lru_percpu"))
+        return lru(BPF_MAP_TYPE_LRU_PERCPU_HASH, THREADS);
     if (!strcmp(s, "lru_order"))
         return lru_order();
-    fprintf(stderr, "usage: host_table same_keys|churn|lru_churn|lru|lru_order\n");
+    fprintf(stderr, "usage: host_table same_keys|churn|lru_churn|lru|lru_percpu|lru_order\n");
     return 1;
 }

@@ -286,6 +286,7 @@ pub const GPU_MAP_TYPES: &[u32] = &[
     mt::ARRAY,
     mt::HASH,
     mt::LRU_HASH,
+    mt::LRU_PERCPU_HASH,
     mt::PERCPU_ARRAY,
     mt::PERCPU_HASH,
     mt::RINGBUF,
