@@ -190,13 +190,33 @@ pub fn lru_extra_bytes(map_type: u32, capacity: u32) -> usize {
     }
 }
 
-/// Whether a device hash table should be made anew from the store before its next
-/// launch: the device turns a deleted (or evicted) slot into a tombstone it never reuses,
-/// so that concurrent inserts of one key always meet at the first empty slot; once a
-/// quarter of the slots are tombstones, the empty ones that inserts need run short.
+/// Whether a device hash table should be laid out anew before its next launch: the
+/// device turns a deleted (or evicted) slot into a tombstone it never reuses, so that
+/// concurrent inserts of one key always meet at the first empty slot; once a quarter of
+/// the slots are tombstones, the empty ones that inserts need run short.
 pub fn needs_rebuild(states: &[u32]) -> bool {
     let deleted = states.iter().filter(|&&s| s == SLOT_DELETED).count();
     deleted * 4 >= states.len().max(1)
+}
+
+/// The table `image` holds, laid out anew without tombstones: the same entries, every
+/// copy of their values, one per key (of two that an LRU insert left, the later in slot
+/// order, the one a pull reads).
+pub fn compact_image(shape: &HashShape, image: &HashImage) -> HashImage {
+    let mut at: HashMap<Vec<u8>, usize> = HashMap::new();
+    let mut entries: Vec<Entry> = Vec::new();
+    for (key, value) in shape.read(image) {
+        match at.get(&key) {
+            Some(&i) => entries[i].1 = value,
+            None => {
+                at.insert(key.clone(), entries.len());
+                entries.push((key, value));
+            }
+        }
+    }
+    shape
+        .build(&entries)
+        .expect("a table's own entries fit its slots")
 }
 
 /// FNV-1a, as runtime.c's `hash_key`.
@@ -1167,6 +1187,70 @@ mod tests {
         assert!(!needs_rebuild(&table(15, 32)));
         assert!(needs_rebuild(&table(16, 0)));
         assert!(needs_rebuild(&table(40, 20)));
+    }
+
+    /// A table with tombstones (deleted or evicted keys) and a key an LRU insert left
+    /// twice, laid out anew: no tombstone, every entry with every copy of its value, the
+    /// doubled key once with the value a pull reads.
+    #[test]
+    fn a_table_laid_out_anew_keeps_its_entries_and_drops_its_tombstones() {
+        let shape = HashShape {
+            key_size: 8,
+            value_size: 8,
+            capacity: 16,
+            copies: 2,
+        };
+        let entry = |k: u64, v: u64| {
+            (
+                k.to_ne_bytes().to_vec(),
+                [v, v + 1]
+                    .iter()
+                    .flat_map(|x| x.to_ne_bytes())
+                    .collect::<Vec<u8>>(),
+            )
+        };
+        let entries: Vec<Entry> = (0..6).map(|k| entry(k, 100 * k)).collect();
+        let mut image = shape.build(&entries).unwrap();
+        let slot_of = |image: &HashImage, k: u64| {
+            (0..16)
+                .find(|&s| {
+                    image.states[s] == SLOT_FULL && image.keys[s * 8..s * 8 + 8] == k.to_ne_bytes()
+                })
+                .unwrap()
+        };
+        // Keys 1 and 4 deleted on the device.
+        for k in [1, 4] {
+            let s = slot_of(&image, k);
+            image.states[s] = SLOT_DELETED;
+        }
+        // The key in the lowest slot, inserted again later in the table with another value.
+        let first = (0..16).find(|&s| image.states[s] == SLOT_FULL).unwrap();
+        let doubled = u64::from_ne_bytes(image.keys[first * 8..first * 8 + 8].try_into().unwrap());
+        let spare = (first + 1..16)
+            .find(|&s| image.states[s] == SLOT_EMPTY)
+            .unwrap();
+        let (key, value) = entry(doubled, 7000);
+        image.states[spare] = SLOT_FULL;
+        image.keys[spare * 8..spare * 8 + 8].copy_from_slice(&key);
+        image.values[spare * 16..spare * 16 + 16].copy_from_slice(&value);
+        assert!(needs_rebuild(&image.states) == (2 * 4 >= 16));
+
+        let fresh = compact_image(&shape, &image);
+        assert!(!fresh.states.contains(&SLOT_DELETED));
+        let mut got = shape.read(&fresh);
+        got.sort();
+        let mut want: Vec<Entry> = [0, 2, 3, 5]
+            .into_iter()
+            .map(|k| {
+                if k == doubled {
+                    entry(k, 7000)
+                } else {
+                    entry(k, 100 * k)
+                }
+            })
+            .collect();
+        want.sort();
+        assert_eq!(got, want);
     }
 
     #[test]

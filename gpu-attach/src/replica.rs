@@ -8,16 +8,17 @@ use std::ffi::c_void;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
+use bpftime_isa::uapi::map_type;
 use bpftime_jit_ptx::ArrayMapLayout;
 use bpftime_runtime::Map;
 
 use crate::arena::Arena;
 use crate::cuda::{Api, CudaError, DevicePtr, Handle};
 use crate::device_maps::{
-    add_deltas, device_kind, drain_ring, encode_hash_ops, hash_capacity, is_per_cpu,
+    add_deltas, compact_image, device_kind, drain_ring, encode_hash_ops, hash_capacity, is_per_cpu,
     lru_extra_bytes, needs_rebuild, ring_shards, round8, value_deltas, DeviceKind, DeviceRing,
     GpuMapDesc, HashImage, HashShape, PerCpuHashSync, RingRecord, ShardEntry, StoreChange,
-    WordDelta, HASH_OPS_BYTES, HASH_OP_HEADER, RING_TAIL, SHARDED_ARRAY_MAX,
+    WordDelta, HASH_OPS_BYTES, HASH_OP_HEADER, RING_TAIL, SHARDED_ARRAY_MAX, SLOT_FULL,
 };
 
 /// Why a replica could not be made or synced.
@@ -199,9 +200,9 @@ pub(crate) struct Replica {
     /// wait for a pull just to learn that nothing changed.
     seen_updates: AtomicU64,
     /// Set by a pull that found a hash table's deleted slots piling up (the device never
-    /// reuses them, see `needs_rebuild`): the next push makes the table anew from the
-    /// store, as it does after a CPU change.
-    rebuild: AtomicBool,
+    /// reuses them, see `needs_rebuild`): before the next launch, once the launches before
+    /// it in its stream are done, the table is laid out anew ([`Replica::compact`]).
+    compact: AtomicBool,
     state: Mutex<SyncState>,
 }
 
@@ -343,7 +344,7 @@ impl Replica {
         Ok(Replica {
             shards,
             seen_updates: AtomicU64::new(updates),
-            rebuild: AtomicBool::new(false),
+            compact: AtomicBool::new(false),
             map,
             kind,
             desc_addr,
@@ -384,10 +385,7 @@ impl Replica {
             DeviceKind::Hash => true,
             DeviceKind::Ringbuf | DeviceKind::PerfEventArray => return Ok(Pushed::default()),
         };
-        if counted_only
-            && !self.rebuild.load(Ordering::Acquire)
-            && self.seen_updates.load(Ordering::Acquire) == self.map.updates()
-        {
+        if counted_only && self.seen_updates.load(Ordering::Acquire) == self.map.updates() {
             return Ok(Pushed::default());
         }
         let mut state = self.state.lock().unwrap_or_else(|e| e.into_inner());
@@ -396,10 +394,7 @@ impl Replica {
         // the count looks like someone else's change, and rebuilding the device's table
         // from the store would drop what a running launch added since that pull.
         let updates = self.map.updates();
-        if counted_only
-            && !self.rebuild.load(Ordering::Acquire)
-            && self.seen_updates.load(Ordering::Acquire) == updates
-        {
+        if counted_only && self.seen_updates.load(Ordering::Acquire) == updates {
             return Ok(Pushed::default());
         }
         self.seen_updates.store(updates, Ordering::Release);
@@ -469,7 +464,6 @@ impl Replica {
                 })
             }
             SyncState::Hash { shape, shadow } => {
-                self.rebuild.store(false, Ordering::Release);
                 push_hash(mover, &self.map, &self.desc, shape, shadow).map(|()| Pushed::default())
             }
             SyncState::PerCpuHash { shape, sync, done } => {
@@ -495,6 +489,40 @@ impl Replica {
             }
             SyncState::Ring(_) => Ok(Pushed::default()),
         }
+    }
+
+    /// Whether a pull asked for the hash table to be laid out anew.
+    pub fn wants_compaction(&self) -> bool {
+        self.compact.load(Ordering::Acquire)
+    }
+
+    /// Lays a hash table (plain, per-CPU or LRU) out anew without its tombstones: the same
+    /// entries and values, read from the device and written back, so the store's view and
+    /// the sync state (both by key, not by slot) stay as they are. The caller makes sure
+    /// no launch that uses the table runs meanwhile (the launch's stream synchronized);
+    /// an LRU table's reference flags start clear, its hand where it was.
+    pub fn compact(&self, mover: &Mover<'_>) -> Result<(), CudaError> {
+        let state = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        let shape = match &*state {
+            SyncState::Hash { shape, .. } | SyncState::PerCpuHash { shape, .. } => *shape,
+            _ => return Ok(()),
+        };
+        let image = read_hash_image(mover, &self.desc, &shape)?;
+        if needs_rebuild(&image.states) {
+            let fresh = compact_image(&shape, &image);
+            let entries = fresh.states.iter().filter(|&&s| s == SLOT_FULL).count() as u64;
+            mover.put(self.desc.states, u32s_as_bytes(&fresh.states))?;
+            mover.put(self.desc.keys, &fresh.keys)?;
+            mover.put(self.desc.values, &fresh.values)?;
+            mover.put(self.desc.count, &entries.to_le_bytes())?;
+            let cap = u64::from(shape.capacity);
+            let flags = lru_extra_bytes(self.desc.map_type, shape.capacity).saturating_sub(8);
+            if flags > 0 {
+                mover.zero(self.desc.states + cap * 4, flags)?;
+            }
+        }
+        self.compact.store(false, Ordering::Release);
+        Ok(())
     }
 
     /// After a launch completed (or while a long one runs): brings what the GPU changed
@@ -583,7 +611,7 @@ impl Replica {
                 mover.get(self.desc.keys, &mut image.keys)?;
                 mover.get(self.desc.values, &mut image.values)?;
                 if needs_rebuild(&image.states) {
-                    self.rebuild.store(true, Ordering::Release);
+                    self.compact.store(true, Ordering::Release);
                 }
                 let device: HashMap<Vec<u8>, Vec<u8>> = shape.read(&image).into_iter().collect();
                 let before = self.map.updates();
@@ -602,6 +630,9 @@ impl Replica {
                 let mut made = [0u8; 8];
                 mover.get(*done, &mut made)?;
                 let image = read_hash_image(mover, &self.desc, shape)?;
+                if needs_rebuild(&image.states) {
+                    self.compact.store(true, Ordering::Release);
+                }
                 let mut changes = sync.pull(shape.read(&image), u64::from_le_bytes(made));
                 // Deletes first, so that a full map's replaced keys fit (as for hash maps).
                 changes.sort_by_key(|c| !matches!(c, StoreChange::Delete { .. }));
@@ -907,7 +938,9 @@ fn host_array(map: &Map, desc: &GpuMapDesc) -> Vec<u8> {
 /// Makes the store's hash map what the device's table holds (`device`), given what both
 /// held at the last sync (`shadow`): deletes first, so that a device that replaced
 /// entries of a full map (deleted or evicted some, inserted others) fits in the store's;
-/// then inserts and changed values. Returns how many writes the store took.
+/// then changed values and inserts. An LRU map's changed values are written in place: an
+/// update of a key takes a fresh element, which in a full LRU map evicts another key, one
+/// the device still holds. Returns how many counted writes (`Map::updates`) the store took.
 fn apply_device_hash(
     map: &Map,
     shadow: &HashMap<Vec<u8>, Vec<u8>>,
@@ -919,8 +952,23 @@ fn apply_device_hash(
             writes += 1;
         }
     }
+    let in_place = map.map_type() == map_type::LRU_HASH;
+    let value_size = map.value_size() as usize;
     for (k, v) in device {
-        if shadow.get(k) != Some(v) && map.update(k, v, 0).is_ok() {
+        if shadow.get(k) == Some(v) {
+            continue;
+        }
+        if in_place && k.len() == map.key_size() as usize && v.len() >= value_size {
+            // SAFETY: `k` holds the map's key_size bytes (checked above).
+            let at = unsafe { map.prog_lookup(k.as_ptr()) };
+            if !at.is_null() {
+                // SAFETY: `at` is the key's value in the map, value_size bytes; `v` holds
+                // at least as many.
+                unsafe { std::ptr::copy_nonoverlapping(v.as_ptr(), at, value_size) };
+                continue;
+            }
+        }
+        if map.update(k, v, 0).is_ok() {
             writes += 1;
         }
     }
@@ -1055,7 +1103,6 @@ fn apply_store_change(map: &Map, change: StoreChange) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use bpftime_isa::uapi::map_type;
     use bpftime_runtime::{MapSpec, Store};
 
     fn key(k: u64) -> Vec<u8> {
@@ -1091,7 +1138,10 @@ mod tests {
                 .into_iter()
                 .map(|(k, v)| (key(k), key(v)))
                 .collect();
-            assert_eq!(apply_device_hash(&map, &shadow, &device), 5);
+            // Deleting 0 and 1 and inserting 10 and 11 are counted; changing 2 is, but for
+            // the LRU map, written in place.
+            let counted = if map_type == map_type::LRU_HASH { 4 } else { 5 };
+            assert_eq!(apply_device_hash(&map, &shadow, &device), counted);
             let mut value = vec![0u8; 8];
             for (k, v) in &device {
                 map.lookup(k, &mut value)

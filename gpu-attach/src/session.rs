@@ -1127,6 +1127,21 @@ impl GpuAttach {
         let mut deltas = Vec::new();
         let mut hash_ops = Vec::new();
         for r in &patched.replicas {
+            // A table a pull found full of tombstones is laid out anew once the launches
+            // queued before this one in its stream are done (none uses it meanwhile); not
+            // inside a capture, which a synchronization would invalidate.
+            if r.wants_compaction() && !self.api.stream_capturing(stream) {
+                // SAFETY: the application's stream, as it handed it to the launch.
+                let synced = self.api.check("cuStreamSynchronize", unsafe {
+                    (self.api.stream_synchronize)(stream)
+                });
+                if let Err(e) = synced.and_then(|()| r.compact(&mover)) {
+                    tracing::warn!(
+                        map = r.map.id(),
+                        "laying a GPU hash table out anew failed: {e}"
+                    );
+                }
+            }
             match r.push(&mover) {
                 Ok(p) => {
                     deltas.extend(p.deltas);

@@ -280,6 +280,12 @@ mod tests {
             assert_eq!(is_held(&path), Some(true));
         }
         drop(holder);
+        // Other tests of this process fork: a child forked while `holder` was open holds a
+        // copy of its description (as the kernel counts it) until the child exits.
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        while is_held(&path) == Some(true) && std::time::Instant::now() < deadline {
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
         assert_eq!(is_held(&path), Some(false));
         let _ = std::fs::remove_dir_all(&dir);
     }
