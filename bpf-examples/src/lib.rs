@@ -101,6 +101,9 @@ pub const PERCPU_HASHCOUNT_BPF_O: &str = env!("BPF_EXAMPLES_PERCPU_HASHCOUNT_BPF
 /// `lru_hashcount`: LRU hash maps on the GPU, one that never fills and two (plain and
 /// per-CPU) that evict on nearly every update (a `cuda:` entry probe).
 pub const LRU_HASHCOUNT_BPF_O: &str = env!("BPF_EXAMPLES_LRU_HASHCOUNT_BPF_O");
+/// `hashstarts`: per-thread start times in a hash map, inserted at a kernel's entry and
+/// deleted at its exit, over many launches.
+pub const HASHSTARTS_BPF_O: &str = env!("BPF_EXAMPLES_HASHSTARTS_BPF_O");
 /// `access_shared`: global and shared-memory accesses of vectorAdd and the tiled matmul
 /// by kind and space (`cuda:KERNEL:ldst.shared`).
 pub const ACCESS_SHARED_BPF_O: &str = env!("BPF_EXAMPLES_ACCESS_SHARED_BPF_O");

@@ -517,6 +517,11 @@ fn bpftime_verify_accepts_per_cpu_hash_maps_on_the_gpu() {
 fn bpftime_verify_accepts_lru_hash_maps_on_the_gpu() {
     let s = Session::new("gpu-verify-lru");
     assert_verifies(&s, examples::LRU_HASHCOUNT_BPF_O, &["count_thread"]);
+    assert_verifies(
+        &s,
+        examples::HASHSTARTS_BPF_O,
+        &["start_thread", "end_thread"],
+    );
 }
 
 /// `bpftime verify` loads through the same handler: `cuda:` entry and exit
