@@ -177,17 +177,17 @@ run() {  # run LOG ARGS... : bpftime run ARGS, output and exit status in LOG.out
     result "lru_hashcount: LRU hash maps on the GPU count as hash maps until full, then evict" $ok "$keys keys (expected 64), $off not holding 163840; updates of a full LRU map: $updated succeeded (expected 10485760), ${refused:-0} failed, it holds $recent keys (at most 1024); per-CPU: $updated_pc succeeded, ${refused_pc:-0} failed, $recent_pc keys"
 
     # hashstarts: start times in a hash map, inserted at entry and deleted at exit, over 50
-    # launches of 512 threads: 25600 deletes leave tombstones in a table of 2048 slots,
+    # launches of 256 threads: 12800 deletes leave tombstones in a table of 2048 slots,
     # which is laid out anew between launches, so no insert fails.
     log=$work/hashstarts
-    run "$log" "$objs/hashstarts.bpf.o" -- "$cuda/vec_add" 512 50 256
+    run "$log" "$objs/hashstarts.bpf.o" -- "$cuda/vec_add" 256 50 256
     ins=$(value "$log.out" outcome 0) ins_failed=$(value "$log.out" outcome 1)
     found=$(value "$log.out" outcome 2) lost=$(value "$log.out" outcome 3)
     left=$(grep -c '^starts\[' "$log.out")
     ok=0
-    [ "$ins" = 25600 ] && [ "${ins_failed:-0}" = 0 ] && [ "$found" = 25600 ] && [ "${lost:-0}" = 0 ] &&
+    [ "$ins" = 12800 ] && [ "${ins_failed:-0}" = 0 ] && [ "$found" = 12800 ] && [ "${lost:-0}" = 0 ] &&
         [ "$left" = 0 ] && grep -q 'check=ok' "$log.out" && ok=1
-    result "hashstarts: a hash map's deleted slots do not run it out of room across launches" $ok "inserts $ins (expected 25600), $ins_failed failed; exits that found their start $found (expected 25600), $lost did not; $left keys left (expected 0)"
+    result "hashstarts: a hash map's deleted slots do not run it out of room across launches" $ok "inserts $ins (expected 12800), $ins_failed failed; exits that found their start $found (expected 12800), $lost did not; $left keys left (expected 0)"
 
     # smcount: a per-CPU array on the GPU (a value per SM), summed over CPUs by the tool,
     # against an array indexed by SM id.

@@ -4,15 +4,15 @@
  * the kernel's entry and deleted at its exit, as tools time calls on the CPU. A GPU hash
  * table does not reuse a deleted slot within a launch, so it runs out of empty slots
  * after as many inserts as it has slots unless it is laid out anew between launches:
- * with 512 threads a launch and a map of 1024 entries (2048 slots), the fifth launch
+ * with 256 threads a launch and a map of 1024 entries (2048 slots), the ninth launch
  * would find none. Run it with
- *   bpftime run hashstarts.bpf.o -- vec_add 512 50 256
+ *   bpftime run hashstarts.bpf.o -- vec_add 256 50 256
  *
  *   outcome[0]  inserts that succeeded     outcome[1]  inserts that failed
  *   outcome[2]  exits that found their start and deleted it
  *   outcome[3]  exits that did not
  *   outcome[4]  sum of the threads' entry-to-exit times, in ns
- * expected: 512 x 50 = 25600 inserts and found starts, no failure, and `starts` empty.
+ * expected: 256 x 50 = 12800 inserts and found starts, no failure, and `starts` empty.
  */
 #include <linux/bpf.h>
 #include <bpf/bpf_helpers.h>
