@@ -354,6 +354,16 @@ fn script(bpf: &mut dyn Bpf) -> Vec<(String, Outcome)> {
         );
     }
     s.lookup(Some(&k32(199)), 4);
+    // LRU, full: updating a key takes a fresh element, evicting another key, never the
+    // one updated.
+    s.create(mt::LRU_HASH, 4, 4, 4, 0).unwrap();
+    for i in 0..4 {
+        s.update(&k32(i), &k32(i), uf::ANY);
+    }
+    for round in 0..6 {
+        s.update(&k32(0), &k32(100 + round), uf::ANY);
+        s.lookup(Some(&k32(0)), 4);
+    }
     // Queue and stack.
     for t in [mt::QUEUE, mt::STACK] {
         s.create(t, 0, 4, 2, 0).unwrap();
