@@ -313,9 +313,6 @@ u64 bpftime_gpu_map_lookup_elem(u64 map, u64 key, u64 r3, u64 r4, u64 r5)
 }
 #endif
 
-/* Inserts `key` with every copy of its value zeroed (the kernel's per-CPU semantics for
- * copies other than this SM's), or finds it if another thread got there first. Returns
- * the slot, -E2BIG when full, or -EEXIST (slot in *found) when the key exists. */
 /* Takes slot `at` from state `from` for `key` (already counted): its key written, every
  * copy of its value zeroed; the caller publishes it. 0 if another thread took it first. */
 static int claim_slot(const struct gpu_map *m, u32 at, u32 from, const u8 *key)
@@ -333,6 +330,9 @@ static int claim_slot(const struct gpu_map *m, u32 at, u32 from, const u8 *key)
     return 1;
 }
 
+/* Inserts `key` with every copy of its value zeroed (the kernel's per-CPU semantics for
+ * copies other than this SM's), or finds it if another thread got there first. Returns
+ * the slot, -E2BIG when full, or -EEXIST (slot in *found) when the key exists. */
 static s64 hash_insert(const struct gpu_map *m, const u8 *key, s64 *found)
 {
     u32 *states = (u32 *)m->states;

@@ -515,10 +515,10 @@ impl Replica {
             mover.put(self.desc.keys, &fresh.keys)?;
             mover.put(self.desc.values, &fresh.values)?;
             mover.put(self.desc.count, &entries.to_le_bytes())?;
-            let cap = u64::from(shape.capacity);
-            let flags = lru_extra_bytes(self.desc.map_type, shape.capacity).saturating_sub(8);
-            if flags > 0 {
-                mover.zero(self.desc.states + cap * 4, flags)?;
+            if lru_extra_bytes(self.desc.map_type, shape.capacity) > 0 {
+                // The reference flags, one u32 a slot after the states; not the hand.
+                let cap = u64::from(shape.capacity);
+                mover.zero(self.desc.states + cap * 4, cap as usize * 4)?;
             }
         }
         self.compact.store(false, Ordering::Release);
@@ -596,20 +596,7 @@ impl Replica {
                 Ok(())
             }
             SyncState::Hash { shape, shadow } => {
-                let cap = shape.capacity as usize;
-                let mut states = vec![0u32; cap];
-                // SAFETY: u32s written as bytes by the copy.
-                let states_bytes = unsafe {
-                    std::slice::from_raw_parts_mut(states.as_mut_ptr().cast::<u8>(), cap * 4)
-                };
-                mover.get(self.desc.states, states_bytes)?;
-                let mut image = HashImage {
-                    states,
-                    keys: vec![0; cap * shape.key_stride()],
-                    values: vec![0; cap * shape.slot_values()],
-                };
-                mover.get(self.desc.keys, &mut image.keys)?;
-                mover.get(self.desc.values, &mut image.values)?;
+                let image = read_hash_image(mover, &self.desc, shape)?;
                 if needs_rebuild(&image.states) {
                     self.compact.store(true, Ordering::Release);
                 }
@@ -934,7 +921,6 @@ fn host_array(map: &Map, desc: &GpuMapDesc) -> Vec<u8> {
     out
 }
 
-/// Rebuilds the device table from the store's entries.
 /// Makes the store's hash map what the device's table holds (`device`), given what both
 /// held at the last sync (`shadow`): deletes first, so that a device that replaced
 /// entries of a full map (deleted or evicted some, inserted others) fits in the store's;
@@ -975,6 +961,7 @@ fn apply_device_hash(
     writes
 }
 
+/// Rebuilds the device table from the store's entries.
 fn push_hash(
     mover: &Mover<'_>,
     map: &Map,
