@@ -277,16 +277,25 @@ static int lru_evict(const struct gpu_map *m)
     return 0;
 }
 
-/* Counts one more entry if the map has room for it; in a full LRU map, evicts one to
- * make the room. Every thread that finds the map full evicts for itself, so no thread
- * loses its room to another and inserts never fail for room. */
+/* Counts one more entry, for a slot the caller has already claimed, if the map has room
+ * for it. A full LRU map makes the room by evicting; when the hand finds nothing to
+ * evict (every other entry was just inserted or used), the entry is counted anyway and
+ * the map holds one more than max_entries until later inserts evict it back down: an
+ * LRU update must not fail for room. Only claimers count, so a crowd of threads racing
+ * to insert one key cannot push the count past max_entries and evict live entries. */
 static int reserve_entry(const struct gpu_map *m)
 {
     u32 *count = (u32 *)m->count;
-    if (__atomic_fetch_add(count, 1, __ATOMIC_RELAXED) < m->max_entries)
+    u32 before = __atomic_fetch_add(count, 1, __ATOMIC_RELAXED);
+    if (before < m->max_entries)
         return 1;
-    if (is_lru(m) && lru_evict(m))
+    if (is_lru(m)) {
+        lru_evict(m);
+        /* Over max_entries already: one more eviction brings the count back down. */
+        if (before > m->max_entries)
+            lru_evict(m);
         return 1;
+    }
     __atomic_fetch_sub(count, 1, __ATOMIC_RELAXED);
     return 0;
 }
@@ -313,21 +322,68 @@ u64 bpftime_gpu_map_lookup_elem(u64 map, u64 key, u64 r3, u64 r4, u64 r5)
 }
 #endif
 
-/* Takes slot `at` from state `from` for `key` (already counted): its key written, every
- * copy of its value zeroed; the caller publishes it. 0 if another thread took it first. */
-static int claim_slot(const struct gpu_map *m, u32 at, u32 from, const u8 *key)
+/* Writes `key` into slot `at`, which the caller holds BUSY, with every copy of its value
+ * zeroed and, in an LRU map, its reference flag set. */
+static void fill_slot(const struct gpu_map *m, u32 at, const u8 *key)
 {
-    u32 expected = from;
-    if (!__atomic_compare_exchange_n(&((u32 *)m->states)[at], &expected, SLOT_BUSY, 0,
-                                     __ATOMIC_RELAXED, __ATOMIC_RELAXED))
-        return 0;
     copy_bytes((u8 *)m->keys + (u64)at * m->key_stride, key, m->key_size);
     u8 *values = (u8 *)m->values + (u64)at * m->copies * m->value_stride;
     for (u64 i = 0; i < (u64)m->copies * m->value_stride; i += 8)
         *(u64 *)(values + i) = 0;
     if (is_lru(m))
         *(volatile u32 *)&lru_refs(m)[at] = 1;
+}
+
+/* Takes slot `at` from state `from` for `key`, and counts it: its key written, every copy
+ * of its value zeroed; the caller publishes it. 0 if another thread took it first; -1 if
+ * the map has no room (the slot is given back as it was). The slot is claimed before it
+ * is counted: threads racing to insert one key all reserving first would count many
+ * entries for the one that gets in. */
+static int claim_slot(const struct gpu_map *m, u32 at, u32 from, const u8 *key)
+{
+    u32 *state = &((u32 *)m->states)[at];
+    u32 expected = from;
+    if (!__atomic_compare_exchange_n(state, &expected, SLOT_BUSY, 0, __ATOMIC_RELAXED,
+                                     __ATOMIC_RELAXED))
+        return 0;
+    if (!reserve_entry(m)) {
+        __nvvm_membar_gl();
+        *(volatile u32 *)state = from;
+        return -1;
+    }
+    fill_slot(m, at, key);
     return 1;
+}
+
+/* How many times an LRU insert into a table without empty slots looks for a deleted slot
+ * and for an entry to replace before it fails. */
+#define LRU_INSERT_TRIES 16
+
+/* Replaces an entry not used lately (found by the clock's hand, as lru_evict does) with
+ * `key`: its slot goes from FULL to BUSY in one step, so no other thread can take the room
+ * in between, and the count stays as it was. The slot, or -1 when the hand found none to
+ * take in two turns of the table. */
+static s64 lru_take(const struct gpu_map *m, const u8 *key)
+{
+    u32 *states = (u32 *)m->states;
+    u32 *refs = lru_refs(m);
+    u32 mask = m->capacity - 1;
+    for (u64 n = 0; n < 2 * (u64)m->capacity; n++) {
+        u32 at = __atomic_fetch_add(lru_hand(m), 1, __ATOMIC_RELAXED) & mask;
+        if (volatile_load32(&states[at]) != SLOT_FULL)
+            continue;
+        if (volatile_load32(&refs[at]) != 0) {
+            *(volatile u32 *)&refs[at] = 0;
+            continue;
+        }
+        u32 expected = SLOT_FULL;
+        if (!__atomic_compare_exchange_n(&states[at], &expected, SLOT_BUSY, 0,
+                                         __ATOMIC_RELAXED, __ATOMIC_RELAXED))
+            continue;
+        fill_slot(m, at, key);
+        return at;
+    }
+    return -1;
 }
 
 /* Inserts `key` with every copy of its value zeroed (the kernel's per-CPU semantics for
@@ -342,11 +398,11 @@ static s64 hash_insert(const struct gpu_map *m, const u8 *key, s64 *found)
     for (u32 n = 0; n < m->capacity; n++, at = (at + 1) & mask) {
         u32 state = volatile_load32(&states[at]);
         if (state == SLOT_EMPTY) {
-            if (!reserve_entry(m))
-                return -E2BIG;
-            if (claim_slot(m, at, SLOT_EMPTY, key))
+            int claimed = claim_slot(m, at, SLOT_EMPTY, key);
+            if (claimed > 0)
                 return at;
-            __atomic_fetch_sub((u32 *)m->count, 1, __ATOMIC_RELAXED);
+            if (claimed < 0)
+                return -E2BIG;
         }
         state = wait_while_busy(&states[at]);
         if (state == SLOT_FULL &&
@@ -358,17 +414,28 @@ static s64 hash_insert(const struct gpu_map *m, const u8 *key, s64 *found)
             deleted = at;
     }
     /* No empty slot is left: evictions (and deletes) of this launch used them all, and
-     * the host makes the table anew between launches (replica.rs). An LRU map, whose
-     * inserts must not fail for room, then takes a deleted slot; two threads inserting
-     * one key at once here may each take one, and the host keeps one of the two. */
-    if (!is_lru(m) || deleted < 0 || !reserve_entry(m))
+     * the host makes the table anew between launches (replica.rs), so none comes back
+     * within the launch and a key may go in any slot (lookups walk the whole table). An
+     * LRU map, whose inserts must not fail for room, then takes a deleted slot, or, when
+     * thousands of threads inserting at once leave none unclaimed, an entry not used
+     * lately in place. Two threads inserting one key at once here may each take a slot,
+     * and the host keeps one of the two. */
+    if (!is_lru(m))
         return -E2BIG;
-    for (u32 n = 0; n < m->capacity; n++, deleted = (deleted + 1) & mask) {
-        if (volatile_load32(&states[deleted]) == SLOT_DELETED &&
-            claim_slot(m, (u32)deleted, SLOT_DELETED, key))
-            return deleted;
+    for (u32 tries = 0; tries < LRU_INSERT_TRIES; tries++) {
+        for (u32 n = 0; deleted >= 0 && n < m->capacity; n++, deleted = (deleted + 1) & mask) {
+            if (volatile_load32(&states[deleted]) != SLOT_DELETED)
+                continue;
+            int claimed = claim_slot(m, (u32)deleted, SLOT_DELETED, key);
+            if (claimed > 0)
+                return deleted;
+            if (claimed < 0)
+                return -E2BIG;
+        }
+        s64 taken = lru_take(m, key);
+        if (taken >= 0)
+            return taken;
     }
-    __atomic_fetch_sub((u32 *)m->count, 1, __ATOMIC_RELAXED);
     return -E2BIG;
 }
 

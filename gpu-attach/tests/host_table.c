@@ -266,6 +266,127 @@ static int lru(u32 type, u32 copies)
     return 0;
 }
 
+#define COUNTER_KEYS 64
+#define COUNTER_THREADS 32
+#define COUNTER_LAUNCHES 200
+#define COUNTER_ROUNDS 20
+
+struct counter_job {
+    struct gpu_map *m;
+    pthread_barrier_t *start;
+    u32 thread;
+    u64 adds;
+};
+
+/* A counter per key, the way a tool counts on the GPU: look the key up, insert it
+ * (BPF_NOEXIST) when missing, look it up again and add one. Every thread starts on the
+ * same key at once, as the threads of a launch do. */
+static void *counter_body(void *arg)
+{
+    struct counter_job *j = arg;
+    host_sm = j->thread;
+    pthread_barrier_wait(j->start);
+    for (u64 r = 0; r < COUNTER_ROUNDS; r++) {
+        for (u64 k = 0; k < COUNTER_KEYS; k++) {
+            u64 *v = lookup(j->m, k);
+            if (!v) {
+                update(j->m, k, 0, BPF_NOEXIST);
+                v = lookup(j->m, k);
+            }
+            if (v) {
+                __atomic_fetch_add(v, 1, __ATOMIC_RELAXED);
+                j->adds++;
+            }
+        }
+    }
+    return NULL;
+}
+
+/* Launches of COUNTER_THREADS threads counting COUNTER_KEYS keys in a map of exactly as
+ * many entries (LRU or not), each launch on a fresh map: the sum of the counts is every
+ * add made, and no key is ever evicted (the map is never asked to hold more than it
+ * can). Prints the totals over all launches. */
+static int counters(u32 type)
+{
+    u64 adds = 0, counted = 0, keys = 0, wrong_launches = 0;
+    for (u32 launch = 0; launch < COUNTER_LAUNCHES; launch++) {
+        struct gpu_map *m = new_map(type, COUNTER_KEYS);
+        pthread_barrier_t start;
+        pthread_t t[COUNTER_THREADS];
+        struct counter_job jobs[COUNTER_THREADS];
+        u64 launch_adds = 0, launch_counted = 0;
+        u32 n;
+        pthread_barrier_init(&start, NULL, COUNTER_THREADS);
+        for (u32 i = 0; i < COUNTER_THREADS; i++) {
+            jobs[i] = (struct counter_job){ .m = m, .start = &start, .thread = i };
+            pthread_create(&t[i], NULL, counter_body, &jobs[i]);
+        }
+        for (u32 i = 0; i < COUNTER_THREADS; i++) {
+            pthread_join(t[i], NULL);
+            launch_adds += jobs[i].adds;
+        }
+        pthread_barrier_destroy(&start);
+        u64 *full = full_keys(m, &n);
+        for (u32 i = 0; i < n; i++) {
+            u64 *v = lookup(m, full[i]);
+            launch_counted += v ? *v : 0;
+        }
+        keys += n;
+        adds += launch_adds;
+        counted += launch_counted;
+        wrong_launches += launch_counted != launch_adds || n != COUNTER_KEYS;
+    }
+    printf("launches=%u adds=%llu counted=%llu keys=%llu wrong_launches=%llu\n",
+           COUNTER_LAUNCHES, adds, counted, keys, wrong_launches);
+    return 0;
+}
+
+#define CROWD_THREADS 128
+#define CROWD_ENTRIES 8
+#define CROWD_INSERTS 2000
+
+struct crowd_job {
+    struct gpu_map *m;
+    pthread_barrier_t *start;
+    u32 thread;
+    u64 failed;
+};
+
+static void *crowd_body(void *arg)
+{
+    struct crowd_job *j = arg;
+    host_sm = j->thread;
+    pthread_barrier_wait(j->start);
+    for (u64 i = 0; i < CROWD_INSERTS; i++)
+        j->failed += update(j->m, ((u64)j->thread << 32) | i, i, BPF_ANY) != 0;
+    return NULL;
+}
+
+/* Far more threads than the LRU map has entries, all inserting keys of their own at once,
+ * as a launch's threads do into a small map: every insert succeeds. */
+static int lru_crowd(void)
+{
+    struct gpu_map *m = new_map(BPF_MAP_TYPE_LRU_HASH, CROWD_ENTRIES);
+    pthread_barrier_t start;
+    pthread_t t[CROWD_THREADS];
+    struct crowd_job jobs[CROWD_THREADS];
+    u64 failed = 0;
+    u32 n;
+    pthread_barrier_init(&start, NULL, CROWD_THREADS);
+    for (u32 i = 0; i < CROWD_THREADS; i++) {
+        jobs[i] = (struct crowd_job){ .m = m, .start = &start, .thread = i };
+        pthread_create(&t[i], NULL, crowd_body, &jobs[i]);
+    }
+    for (u32 i = 0; i < CROWD_THREADS; i++) {
+        pthread_join(t[i], NULL);
+        failed += jobs[i].failed;
+    }
+    u64 *keys = full_keys(m, &n);
+    printf("updates=%u failed=%llu entries=%u capacity=%u duplicates=%u\n",
+           CROWD_THREADS * CROWD_INSERTS, failed, n, m->capacity, duplicates(keys, n));
+    return 0;
+}
+
 /* One thread: fill the map, insert one more (the hand's first turn clears every flag and
  * evicts one key), look up the even keys, then insert as many new keys as odd keys are
  * left: the odd keys, not used since the hand passed, are the ones evicted; the even ones
@@ -317,6 +438,12 @@ int main(int argc, char **argv)
         return lru(BPF_MAP_TYPE_LRU_PERCPU_HASH, THREADS);
     if (!strcmp(s, "lru_order"))
         return lru_order();
-    fprintf(stderr, "usage: host_table same_keys|churn|lru_churn|lru|lru_percpu|lru_order\n");
+    if (!strcmp(s, "lru_crowd"))
+        return lru_crowd();
+    if (!strcmp(s, "counters"))
+        return counters(BPF_MAP_TYPE_HASH);
+    if (!strcmp(s, "lru_counters"))
+        return counters(BPF_MAP_TYPE_LRU_HASH);
+    fprintf(stderr, "usage: host_table same_keys|churn|lru_churn|lru|lru_percpu|lru_order|counters|lru_counters|lru_crowd\n");
     return 1;
 }
