@@ -68,11 +68,69 @@ impl ShardEntry {
     pub fn shard_bytes(len: u64, copies: u32) -> u64 {
         2 * Self::stride_for(len) * copies as u64
     }
+
+    /// The entry of an array whose `len` bytes of values are at `base` in a shard window
+    /// of `copies` copies (see [`SHARD_WINDOW_SPAN`]).
+    pub fn in_window(base: u64, len: u64, copies: u32) -> ShardEntry {
+        ShardEntry {
+            base,
+            len,
+            shards64: base + SHARD_WINDOW_SPAN,
+            shards32: base + SHARD_WINDOW_SPAN * (1 + u64::from(copies)),
+            stride: SHARD_WINDOW_SPAN,
+            copies,
+        }
+    }
 }
 
-/// `bpftime_gpu_shard_address` for `shards`, as LLVM IR: a compare per array, with
-/// every address a constant.
+/// The bytes of a context's shard window that its sharded arrays' values share. SM k's
+/// copy of the value byte at `addr` is at `addr + SPAN * (1 + k)` for 8-byte adds and at
+/// `addr + SPAN * (1 + copies + k)` for 4-byte adds, `copies` a power of two: finding an
+/// add's copy is then one range check and a multiply, whichever array the address is in
+/// (a probe that picks one of several histograms by a computed index does not know
+/// which), where a compare per array was needed before.
+pub const SHARD_WINDOW_SPAN: u64 = 32 << 10;
+
+/// The window `shards` share, `(lo, hi, copies)` (the bytes of their values, and the
+/// copies each has), when every one of them lies in one laid out as
+/// [`ShardEntry::in_window`] does.
+fn shard_window(shards: &[ShardEntry]) -> Option<(u64, u64, u32)> {
+    let first = shards.first()?;
+    let copies = first.copies;
+    if !copies.is_power_of_two() {
+        return None;
+    }
+    let lo = shards.iter().map(|s| s.base).min()?;
+    let hi = shards.iter().map(|s| s.base + s.len).max()?;
+    let laid_out = shards
+        .iter()
+        .all(|s| *s == ShardEntry::in_window(s.base, s.len, copies));
+    (laid_out && hi - lo <= SHARD_WINDOW_SPAN).then_some((lo, hi, copies))
+}
+
+/// `bpftime_gpu_shard_address` for `shards`, as LLVM IR, every address a constant: one
+/// range check for shards in one window, else a compare per array.
 fn shard_address_ir(shards: &[ShardEntry]) -> String {
+    match shard_window(shards) {
+        Some((lo, hi, copies)) => format!(
+            "define i64 @bpftime_gpu_shard_address(i64 %addr, i64 %wide, i64 %sm) {{\nentry:\n  \
+             %off = sub i64 %addr, {lo}\n  %in = icmp ult i64 %off, {len}\n  \
+             br i1 %in, label %hit, label %miss\nhit:\n  %k = and i64 %sm, {mask}\n  \
+             %w = icmp ne i64 %wide, 0\n  %first = select i1 %w, i64 1, i64 {first32}\n  \
+             %n = add i64 %k, %first\n  %d = mul i64 %n, {span}\n  %a = add i64 %addr, %d\n  \
+             ret i64 %a\nmiss:\n  ret i64 %addr\n}}",
+            len = hi - lo,
+            mask = copies - 1,
+            first32 = 1 + u64::from(copies),
+            span = SHARD_WINDOW_SPAN,
+        ),
+        None => shard_address_chain_ir(shards),
+    }
+}
+
+/// `bpftime_gpu_shard_address` for shards not laid out in one window: a compare per
+/// array.
+fn shard_address_chain_ir(shards: &[ShardEntry]) -> String {
     let mut ir = String::from(
         "define i64 @bpftime_gpu_shard_address(i64 %addr, i64 %wide, i64 %sm) {\nentry:\n  br label %e0\n",
     );
@@ -1393,6 +1451,36 @@ mod tests {
         let mut same = old.clone();
         add_deltas(&mut same, &deltas);
         assert_eq!(same, new);
+    }
+
+    #[test]
+    fn shards_in_one_window_are_found_by_one_range_check() {
+        let window = 0x3000_0020_0000u64;
+        let shards = vec![
+            ShardEntry::in_window(window, 4096, 256),
+            ShardEntry::in_window(window + 4096, 512, 256),
+        ];
+        let ir = shard_address_ir(&shards);
+        assert_eq!(ir.matches("icmp ult").count(), 1, "{ir}");
+        assert!(ir.contains(&format!("sub i64 %addr, {window}")), "{ir}");
+        assert!(ir.contains("icmp ult i64 %off, 4608"), "{ir}");
+        assert!(ir.contains("and i64 %sm, 255"), "{ir}");
+        assert!(
+            ir.contains(&format!("mul i64 %n, {SHARD_WINDOW_SPAN}")),
+            "{ir}"
+        );
+        assert!(ir.contains("select i1 %w, i64 1, i64 257"), "{ir}");
+        // Not laid out as one window (a copy count that is no power of two, as entries
+        // made elsewhere may have): a compare per array.
+        let scattered = [
+            ShardEntry {
+                copies: 132,
+                ..shards[0]
+            },
+            shards[1],
+        ];
+        let ir = shard_address_ir(&scattered);
+        assert_eq!(ir.matches("icmp ult").count(), 2, "{ir}");
     }
 
     #[test]

@@ -18,7 +18,8 @@ use crate::device_maps::{
     add_deltas, compact_image, device_kind, drain_ring, encode_hash_ops, hash_capacity, is_per_cpu,
     lru_extra_bytes, needs_rebuild, ring_shards, round8, value_deltas, DeviceKind, DeviceRing,
     GpuMapDesc, HashImage, HashShape, PerCpuHashSync, RingRecord, ShardEntry, StoreChange,
-    WordDelta, HASH_OPS_BYTES, HASH_OP_HEADER, RING_TAIL, SHARDED_ARRAY_MAX, SLOT_FULL,
+    WordDelta, HASH_OPS_BYTES, HASH_OP_HEADER, RING_TAIL, SHARDED_ARRAY_MAX, SHARD_WINDOW_SPAN,
+    SLOT_FULL,
 };
 
 /// Why a replica could not be made or synced.
@@ -206,6 +207,62 @@ pub(crate) struct Replica {
     state: Mutex<SyncState>,
 }
 
+/// A context's shard window (see `SHARD_WINDOW_SPAN`): made on first use, its arrays'
+/// values handed out from its start.
+pub(crate) struct ShardWindow {
+    copies: u32,
+    state: Mutex<WindowState>,
+}
+
+#[derive(Default)]
+struct WindowState {
+    base: Option<DevicePtr>,
+    used: u64,
+    /// The window could not be made: arrays go unsharded.
+    unavailable: bool,
+}
+
+impl ShardWindow {
+    /// A window with a copy per SM of a device of `sm_count` SMs (rounded up to a power
+    /// of two: `%smid` is masked, not divided).
+    pub fn new(sm_count: u32) -> ShardWindow {
+        ShardWindow {
+            copies: sm_count.max(1).next_power_of_two(),
+            state: Mutex::new(WindowState::default()),
+        }
+    }
+
+    /// Room for `len` bytes of an array's values (zeroed; the caller writes them) with
+    /// its copies: the array's shard entry, or `None` when the window is full or cannot
+    /// be made, and the array goes unsharded.
+    pub fn place(&self, mover: &Mover<'_>, len: u64) -> Option<ShardEntry> {
+        let mut state = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        let at = state.used.div_ceil(256) * 256;
+        if state.unavailable || at + len > SHARD_WINDOW_SPAN {
+            return None;
+        }
+        let base = match state.base {
+            Some(base) => base,
+            None => {
+                let bytes = (SHARD_WINDOW_SPAN * (1 + 2 * u64::from(self.copies))) as usize;
+                let made = mover
+                    .alloc(bytes)
+                    .and_then(|b| mover.zero(b, bytes).map(|()| b));
+                match made {
+                    Ok(base) => *state.base.insert(base),
+                    Err(e) => {
+                        tracing::debug!(bytes, "small arrays go unsharded: {e}");
+                        state.unavailable = true;
+                        return None;
+                    }
+                }
+            }
+        };
+        state.used = at + len;
+        Some(ShardEntry::in_window(base + at, len, self.copies))
+    }
+}
+
 /// Default size of the device ring of a perf event array (the kernel's rings are per
 /// CPU, sized by the consumer; ours is one ring the host splits by CPU index).
 const PERF_RING_BYTES: u64 = 1 << 20;
@@ -213,8 +270,14 @@ const PERF_RING_BYTES: u64 = 1 << 20;
 impl Replica {
     /// Makes the replica of `map` with the store's current contents, for a device of
     /// `sm_count` SMs: a per-CPU array keeps a value per SM, and an array of at most
-    /// [`SHARDED_ARRAY_MAX`] bytes gets per-SM copies for its adds (none for 1 SM).
-    pub fn new(mover: &Mover<'_>, map: Arc<Map>, sm_count: u32) -> Result<Replica, ReplicaError> {
+    /// [`SHARDED_ARRAY_MAX`] bytes gets per-SM copies for its adds in the context's
+    /// `window` while it has room (none for 1 SM).
+    pub fn new(
+        mover: &Mover<'_>,
+        map: Arc<Map>,
+        sm_count: u32,
+        window: &ShardWindow,
+    ) -> Result<Replica, ReplicaError> {
         let unsupported = |reason: String| ReplicaError::Unsupported {
             id: map.id(),
             name: map.name(),
@@ -243,6 +306,7 @@ impl Replica {
             copies: 1,
             ..GpuMapDesc::default()
         };
+        let mut shards = None;
         let state = match kind {
             DeviceKind::Array if per_cpu => {
                 desc.copies = sm_count.max(1);
@@ -276,7 +340,13 @@ impl Replica {
             }
             DeviceKind::Array => {
                 let bytes = desc.max_entries as usize * desc.value_stride as usize;
-                desc.values = mover.alloc(bytes)?;
+                shards = (sm_count > 1 && bytes as u64 <= SHARDED_ARRAY_MAX)
+                    .then(|| window.place(mover, bytes as u64))
+                    .flatten();
+                desc.values = match shards {
+                    Some(s) => s.base,
+                    None => mover.alloc(bytes)?,
+                };
                 let shadow = host_array(&map, &desc);
                 mover.put(desc.values, &shadow)?;
                 SyncState::Array { shadow }
@@ -319,28 +389,6 @@ impl Replica {
         };
         let desc_addr = mover.alloc(std::mem::size_of::<GpuMapDesc>())?;
         mover.put(desc_addr, as_bytes(&desc))?;
-        let len = desc.max_entries as u64 * desc.value_stride as u64;
-        let shard_copies = sm_count;
-        let shards = if kind == DeviceKind::Array
-            && !per_cpu
-            && shard_copies > 1
-            && len <= SHARDED_ARRAY_MAX
-        {
-            let bytes = ShardEntry::shard_bytes(len, shard_copies);
-            let copies = mover.alloc(bytes as usize)?;
-            mover.zero(copies, bytes as usize)?;
-            let stride = ShardEntry::stride_for(len);
-            Some(ShardEntry {
-                base: desc.values,
-                len,
-                shards64: copies,
-                shards32: copies + stride * shard_copies as u64,
-                stride,
-                copies: shard_copies,
-            })
-        } else {
-            None
-        };
         Ok(Replica {
             shards,
             seen_updates: AtomicU64::new(updates),

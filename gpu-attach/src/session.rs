@@ -34,7 +34,7 @@ use crate::launch::{
 use crate::names;
 use crate::probe::{compile_probe_cached, DeviceMapRef, ProbeCache};
 use crate::ptx::{strip_header, ProbeCall, ProbePoint, PtxModule, Splice, Version};
-use crate::replica::{DeviceDelta, HashOpsLaunch, Mover, Replica, RingReader};
+use crate::replica::{DeviceDelta, HashOpsLaunch, Mover, Replica, RingReader, ShardWindow};
 use crate::scan::FatbinIndex;
 
 /// What kind of handle an image was loaded as.
@@ -280,8 +280,10 @@ struct Context {
     fold_shards: Handle,
     /// The kernel that makes the CPU's changes to per-CPU hash maps (`HASH_OPS_PTX`).
     hash_ops: Handle,
-    /// The device's SM count: copies of a sharded array.
+    /// The device's SM count: values of a per-CPU map.
     sm_count: u32,
+    /// Where small arrays' values and their per-SM copies go.
+    shard_window: ShardWindow,
     clock: Mutex<ContextClock>,
     events: Mutex<Vec<Handle>>,
     /// Timing events (launch events' start and end), ready for reuse.
@@ -2442,8 +2444,13 @@ impl GpuAttach {
                 Some(r) => r.clone(),
                 None => {
                     let r = Arc::new(
-                        Replica::new(&self.mover(context), m.clone(), context.sm_count)
-                            .map_err(|e| e.to_string())?,
+                        Replica::new(
+                            &self.mover(context),
+                            m.clone(),
+                            context.sm_count,
+                            &context.shard_window,
+                        )
+                        .map_err(|e| e.to_string())?,
                     );
                     all.insert(m.id(), r.clone());
                     r
@@ -2667,6 +2674,7 @@ impl GpuAttach {
             fold_shards,
             hash_ops,
             sm_count: sms,
+            shard_window: ShardWindow::new(sms),
             sm,
             stream,
             arena,

@@ -746,6 +746,95 @@ fn a_constant_counter_needs_no_warp_shuffles() {
     assert!(sum.contains("shfl.sync.bfly"), "{sum}");
 }
 
+/// A histogram's add: an array value picked by an index the probe computes, in one of two
+/// arrays picked by another (memtrace's offset histograms). The value is device memory
+/// whatever the index, so the add needs no test for the stack; and with the arrays in
+/// the context's shard window, its SM's copy is one range check away, not a compare per
+/// array.
+#[test]
+fn a_histogram_add_at_a_computed_index_goes_straight_to_its_sms_copy() {
+    use bpftime_gpu_attach::device_maps::{RuntimeConfig, ShardEntry, SHARD_WINDOW_SPAN};
+    use bpftime_gpu_attach::probe::{compile_probe, DeviceMapRef};
+    let mut insns = assemble(
+        "ldxdw %r2, [%r1+112]\nmov %r3, %r2\nand %r2, 63\nstxw [%r10-4], %r2\n\
+         mov %r2, %r10\nadd %r2, -4\njset %r3, 64, +4\nlddw %r1, 2\ncall 1\nja +3\n\
+         lddw %r1, 3\ncall 1\njeq %r0, 0, +2\nmov %r1, 1\nlock add [%r0+0], %r1\n\
+         mov %r0, 0\nexit",
+    )
+    .expect("assembles");
+    for insn in insns.iter_mut() {
+        if insn.is_lddw() && (2..=3).contains(&insn.imm) {
+            insn.src = bpftime_isa::opcode::PSEUDO_MAP_FD;
+        }
+    }
+    let window = 0x3000_0010_0000u64;
+    let mut maps = std::collections::HashMap::new();
+    let mut shards = vec![];
+    for (id, at) in [(2u32, 0u64), (3, 512)] {
+        let values = window + at;
+        let array = bpftime_jit_ptx::ArrayMapLayout {
+            values,
+            key_stride: 8,
+            max_entries: 64,
+            update_size: 8,
+            per_cpu: None,
+        };
+        maps.insert(
+            id,
+            DeviceMapRef {
+                desc: 0x3000_0000_1000 + u64::from(id) * 0x100,
+                values: Some(values),
+                array: Some(array),
+            },
+        );
+        shards.push(ShardEntry::in_window(values, 512, 256));
+    }
+    let config = RuntimeConfig {
+        shards,
+        ..RuntimeConfig::default()
+    };
+    let p = compile_probe(
+        ProbePoint::Entry,
+        &insns,
+        &maps,
+        &config,
+        90,
+        "__bpftime_probe_8",
+    )
+    .expect("compiles");
+    assert!(!p.ptx.contains("isspacep"), "{}", p.ptx);
+    assert!(p.ptx.contains("%smid"), "{}", p.ptx);
+    // SM k's copy is `SPAN * (1 + k)` past the value, which is in the window whichever
+    // array it is in: no address is compared with anything.
+    assert!(
+        p.ptx.contains(&format!("{}", SHARD_WINDOW_SPAN)),
+        "{}",
+        p.ptx
+    );
+    for compare in ["setp.lt.u64", "setp.gt.u64", "setp.le.u64", "setp.ge.u64"] {
+        assert!(!p.ptx.contains(compare), "{}", p.ptx);
+    }
+    let text = String::from_utf8(read("kernels.ptx")).unwrap();
+    let module = PtxModule::parse(&text).unwrap();
+    let splice = Splice {
+        definitions: bpftime_gpu_attach::ptx::strip_header(&p.ptx),
+        needs_version: Some(Version::new(7, 8)),
+        needs_sm: Some(90),
+        calls: vec![(
+            "_Z9vectorAddPKfS0_Pfi".to_string(),
+            vec![ProbeCall {
+                point: ProbePoint::Entry,
+                symbol: "__bpftime_probe_8".into(),
+            }],
+        )],
+        inline: true,
+    };
+    let out = module
+        .splice(&splice, Version::newest_for_driver(13000))
+        .unwrap();
+    assert_ptxas_accepts("histogram-add", &out);
+}
+
 #[test]
 fn two_probes_at_one_point_each_get_their_own_arguments() {
     let text = String::from_utf8(read("kernels.ptx")).unwrap();

@@ -722,6 +722,66 @@ fn is_stack_address(v: inkwell::values::BasicValueEnum<'_>, depth: u32) -> bool 
     }
 }
 
+/// Whether `v` is an address made from a constant one (a relocated map's values, or a
+/// value in them picked by a computed index): a non-null constant, or derived from one
+/// through pointer casts, GEPs and integer arithmetic with values that are not stack
+/// addresses, or a phi/select whose every input is. eBPF cannot make up pointers, so such
+/// an address is in device memory, never in a thread's stack.
+fn is_map_address(v: inkwell::values::BasicValueEnum<'_>, depth: u32) -> bool {
+    use inkwell::values::{BasicValue, BasicValueEnum as V, InstructionOpcode as Op};
+    let constant = match v {
+        V::IntValue(i) => i
+            .is_const()
+            .then(|| i.get_zero_extended_constant() != Some(0)),
+        V::PointerValue(p) => p.is_const().then(|| !p.is_null()),
+        _ => None,
+    };
+    if let Some(non_null) = constant {
+        return non_null;
+    }
+    let Some(i) = v.as_instruction_value() else {
+        return false;
+    };
+    if depth > 32 {
+        return false;
+    }
+    let operands = || {
+        i.get_operands().filter_map(|o| match o {
+            Some(inkwell::values::Operand::Value(v)) => Some(v),
+            _ => None,
+        })
+    };
+    match i.get_opcode() {
+        Op::GetElementPtr => {
+            let mut ops = operands();
+            ops.next()
+                .is_some_and(|base| is_map_address(base, depth + 1))
+                && ops.all(|o| !is_stack_address(o, depth + 1))
+        }
+        Op::BitCast | Op::AddrSpaceCast | Op::IntToPtr | Op::PtrToInt => operands()
+            .next()
+            .is_some_and(|base| is_map_address(base, depth + 1)),
+        Op::Add | Op::Or => {
+            operands().any(|o| is_map_address(o, depth + 1))
+                && operands().all(|o| !is_stack_address(o, depth + 1))
+        }
+        Op::Sub => {
+            let mut ops = operands();
+            ops.next().is_some_and(|o| is_map_address(o, depth + 1))
+                && ops.all(|o| !is_stack_address(o, depth + 1))
+        }
+        Op::Phi => {
+            let mut incoming = operands().peekable();
+            incoming.peek().is_some() && incoming.all(|o| is_map_address(o, depth + 1))
+        }
+        Op::Select => {
+            let mut arms = operands().skip(1).peekable();
+            arms.peek().is_some() && arms.all(|o| is_map_address(o, depth + 1))
+        }
+        _ => false,
+    }
+}
+
 /// Every instruction of `module` that `keep` picks, in order; collected before a pass
 /// rewrites or erases any of them.
 fn instructions_where<'ctx>(
@@ -885,7 +945,7 @@ fn route_atomic_adds(module: &Module<'_>) -> Result<usize, CompileError> {
 /// Folds warp-wide operations on values every lane holds alike (constants, after
 /// inlining): a `match.any.sync` of one value is its member mask, and a `shfl.sync` of
 /// one value is that value; and `isspacep.local` is true of the eBPF stack and false of
-/// a constant address. A counter's add then needs no match and no shuffles: the
+/// an address made from a constant one (an inlined array lookup's). A counter's add then needs no match and no shuffles: the
 /// device runtime's warp-aggregated add of a constant to a constant address reduces to
 /// one atomic of 32 times the constant by the first lane. Returns how many it folded.
 pub fn fold_uniform_warp_ops(module: &Module<'_>) -> Result<usize, CompileError> {
@@ -898,9 +958,9 @@ pub fn fold_uniform_warp_ops(module: &Module<'_>) -> Result<usize, CompileError>
         };
         let name = callee.get_name().to_string_lossy().into_owned();
         if name == "llvm.nvvm.isspacep.local" {
-            // A constant address is a relocated map's: device memory, never a
-            // thread's stack (eBPF cannot make up pointers). The stack is seen
-            // through the casts from its slot.
+            // An address made from a constant one is a relocated map's: device
+            // memory, never a thread's stack. The stack is seen through the casts
+            // from its slot.
             let Some(Operand::Value(ptr)) = call.get_operand(0) else {
                 continue;
             };
@@ -908,10 +968,9 @@ pub fn fold_uniform_warp_ops(module: &Module<'_>) -> Result<usize, CompileError>
             if !ptr.is_pointer_value() || !this.is_int_value() {
                 continue;
             }
-            let p = ptr.into_pointer_value();
             let answer = if is_stack_address(ptr, 0) {
                 1
-            } else if p.is_const() && !p.is_null() {
+            } else if is_map_address(ptr, 0) {
                 0
             } else {
                 continue;
