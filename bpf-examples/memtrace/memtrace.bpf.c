@@ -91,18 +91,31 @@ struct {
 	__uint(max_entries, 1 << 24);
 } timeline SEC(".maps");
 
+/* floor(log2(v)), 0 for 0: in 32-bit halves, as a GPU does 32-bit arithmetic in one
+ * instruction and 64-bit in two or three. */
+static __always_inline __u32 log2_32(__u32 v)
+{
+	__u32 r, shift;
+
+	r = (v > 0xFFFF) << 4;
+	v >>= r;
+	shift = (v > 0xFF) << 3;
+	v >>= shift;
+	r |= shift;
+	shift = (v > 0xF) << 2;
+	v >>= shift;
+	r |= shift;
+	shift = (v > 0x3) << 1;
+	v >>= shift;
+	r |= shift;
+	return r | (v >> 1);
+}
+
 static __always_inline __u32 log2_slot(__u64 v)
 {
-	__u32 slot = 0;
+	__u32 hi = v >> 32;
 
-#pragma unroll
-	for (int shift = 32; shift > 0; shift >>= 1) {
-		if (v >> shift) {
-			v >>= shift;
-			slot += shift;
-		}
-	}
-	return slot;
+	return hi ? 32 + log2_32(hi) : log2_32((__u32)v);
 }
 
 static __always_inline void count(void *hist, __u32 slot)
