@@ -22,6 +22,12 @@
  *   kernel_id  FNV-1a of the kernel's mangled name, as struct bpftime_cuda_launch carries it
  *   site       the access's index among the kernel's accesses this kind of probe sees
  *              (global ones for :ldst, global and shared ones for :ldst.shared), in PTX order
+ *   arg        the kernel parameter (0 for the first) the address is computed from, the
+ *              buffer the access is in for a kernel handed its buffers: bpftime follows the
+ *              address register back through moves, conversions and added offsets to one
+ *              pointer parameter; BPFTIME_GPU_NO_ARG (-1) when it leads to none or to
+ *              several (a pointer read from memory, a shared-memory address). A constant
+ *              for each access, so a probe that branches on it costs nothing there.
  *
  * Accesses through generic addresses count when the address is a global one (or, for
  * :ldst.shared, a shared one of the thread's own block). Local, constant and parameter
@@ -44,7 +50,9 @@
 #define BPFTIME_GPU_GLOBAL 0
 #define BPFTIME_GPU_SHARED 1
 
-/* The first 40 bytes of the context: pt_regs' r15, r14, r13, r12 and bp slots. */
+#define BPFTIME_GPU_NO_ARG (-1)
+
+/* The first 48 bytes of the context: pt_regs' r15, r14, r13, r12, bp and bx slots. */
 struct bpftime_gpu_access {
 	__u64 addr;
 	__u64 value;
@@ -54,6 +62,8 @@ struct bpftime_gpu_access {
 	__u16 space;
 	__u32 kernel_id;
 	__u32 site;
+	__s32 arg;
+	__u32 reserved;
 };
 
 static __always_inline const struct bpftime_gpu_access *bpftime_gpu_access(const void *ctx)

@@ -13,8 +13,9 @@
  *                       (filled at launch, on the CPU), and `collisions` counts launches
  *                       of a kernel whose slot another kernel holds (their counts merge)
  *   offset_hist_argN    a log2 histogram of each access's offset from the kernel's
- *                       pointer argument N it falls after (the buffer it is in, for a
- *                       kernel handed its buffers as arguments), in bytes
+ *                       pointer argument N its address is computed from (the buffer it
+ *                       is in, for a kernel handed its buffers as arguments; where the
+ *                       code does not say, the argument it falls after), in bytes
  * Sampled (the first lane's access to one 128-byte line in 256, about one access in 8192):
  *   timeline            records of when (bpf_ktime_get_ns, the host's clock) and where;
  *                       `bpftime run --out DIR` draws them as DIR/timeline.png
@@ -118,6 +119,25 @@ static __always_inline __u32 log2_slot(__u64 v)
 	return hi ? 32 + log2_32(hi) : log2_32((__u32)v);
 }
 
+/* The kernel's parameter `i` (0 to 5) from the context. Each is read at its own offset
+ * and made opaque to clang first: one read at an offset picked at run time would be a
+ * context access the verifier refuses (libbpf's barrier_var). */
+#define opaque(v) asm volatile("" : "+r"(v))
+
+static __always_inline __u64 param(const __u64 *regs, __u32 i)
+{
+	__u64 p0 = regs[14], p1 = regs[13], p2 = regs[12], p3 = regs[11], p4 = regs[9],
+	      p5 = regs[8];
+
+	opaque(p0);
+	opaque(p1);
+	opaque(p2);
+	opaque(p3);
+	opaque(p4);
+	opaque(p5);
+	return i == 0 ? p0 : i == 1 ? p1 : i == 2 ? p2 : i == 3 ? p3 : i == 4 ? p4 : p5;
+}
+
 static __always_inline void count(void *hist, __u32 slot)
 {
 	__u64 *n = bpf_map_lookup_elem(hist, &slot);
@@ -139,20 +159,27 @@ int memtrace_access(void *ctx)
 	if (kind < KINDS)
 		count(&accesses, KERNEL_SLOTS * kind + a->kernel_id % KERNEL_SLOTS);
 
-	/* The pointer argument the address is after, nearest first: pt_regs' di, si, dx,
-	 * cx, r8 and r9 hold the kernel's first six parameters. An address below an
-	 * argument wraps around to a distance no buffer has. */
+	/* The pointer argument the address is computed from, as bpftime found it in the
+	 * kernel's code (a constant for each access); else the one it is after, nearest
+	 * first. pt_regs' di, si, dx, cx, r8 and r9 hold the kernel's first six
+	 * parameters. An address below an argument wraps around to a distance no buffer
+	 * has. */
+	if (a->arg >= 0 && a->arg < 6) {
+		arg = a->arg;
+		offset = addr - param(regs, arg);
+	} else {
 #define NEAREST(i, reg)                                                                  \
 	if (addr - regs[reg] < offset) {                                                 \
 		offset = addr - regs[reg];                                               \
 		arg = i;                                                                 \
 	}
-	NEAREST(0, 14)
-	NEAREST(1, 13)
-	NEAREST(2, 12)
-	NEAREST(3, 11)
-	NEAREST(4, 9)
-	NEAREST(5, 8)
+		NEAREST(0, 14)
+		NEAREST(1, 13)
+		NEAREST(2, 12)
+		NEAREST(3, 11)
+		NEAREST(4, 9)
+		NEAREST(5, 8)
+	}
 	__u32 slot = log2_slot(offset);
 
 	switch (arg) {

@@ -21,10 +21,12 @@
 //! - before every load, store, atomic and reduction in global memory (`ld.global`,
 //!   `ldu.global`, `st.global`, `atom.global`, `red.global`, vector forms included, and the
 //!   generic-address forms, whose calls run only when `isspacep.global` says the address
-//!   is global), a call of each access probe with five more arguments ([`ACCESS_ARGS`]):
+//!   is global), a call of each access probe with six more arguments ([`ACCESS_ARGS`]):
 //!   the address, the first 16 bytes of the value written (0 for loads), the size and kind
-//!   ([`AccessKind`]), and the kernel's id ([`kernel_id`]) with the access's index in the
-//!   kernel. Shared, local, constant and parameter memory are left out.
+//!   ([`AccessKind`]), the kernel's id ([`kernel_id`]) with the access's index in the
+//!   kernel, and the kernel parameter the address is computed from (found by following
+//!   its register back, [`NO_BASE_ARG`] when that leads to no one parameter). Shared,
+//!   local, constant and parameter memory are left out.
 //! - with shared-memory access probes (`cuda:KERNEL:ldst.shared`), a call of each before
 //!   every access the above sees and every shared-memory one too (`ld.shared`,
 //!   `st.shared`, `atom.shared`, `red.shared`, vector forms, and generic-address ones
@@ -53,13 +55,18 @@ pub const CTX_SIZE: usize = 168;
 pub const ARG_OFFSETS: [usize; 6] = [112, 104, 96, 88, 72, 64];
 
 /// How many arguments an access probe gets after the kernel's six.
-pub const ACCESS_ARGS: usize = 5;
+pub const ACCESS_ARGS: usize = 6;
 
 /// Where an access probe's own arguments land in its `pt_regs`-shaped context, the slots
 /// no kernel argument uses (`struct bpftime_gpu_access` of `bpf-examples/common/gpu_access.h`):
 /// r15 the address, r14 and r13 the value's low and high 8 bytes, r12 the size (low 32
-/// bits) and kind (high), bp the kernel id (low) and the access's index (high).
-pub const ACCESS_OFFSETS: [usize; ACCESS_ARGS] = [0, 8, 16, 24, 32];
+/// bits) and kind (high), bp the kernel id (low) and the access's index (high), bx the
+/// kernel parameter the address is computed from ([`NO_BASE_ARG`] when not one alone).
+pub const ACCESS_OFFSETS: [usize; ACCESS_ARGS] = [0, 8, 16, 24, 32, 40];
+
+/// An access's base argument when its address is not computed from one kernel pointer
+/// parameter alone (or the splicer cannot tell): -1 as the context's 32-bit `arg`.
+pub const NO_BASE_ARG: u32 = u32::MAX;
 
 /// Which memory an access is in, as an access probe's context says it (bits 48..63 of
 /// the size-and-kind argument: the high half of `kind`'s 32-bit slot in
@@ -187,6 +194,12 @@ struct AccessSite {
     /// PTX setting `%__bta6` to the (generic) address and `%__bta7`/`%__bta8` to the
     /// value written.
     prepare: String,
+    /// The register the address is in, if any.
+    base_reg: Option<String>,
+    /// The kernel parameter (by position) every definition of `base_reg` comes from,
+    /// through moves, conversions to global and additions of offsets: the buffer the
+    /// access is in, for a kernel handed its buffers. Found once the body is read.
+    base_arg: Option<usize>,
 }
 
 /// A kernel (`.entry`) with a body.
@@ -233,6 +246,16 @@ impl Kernel {
             .iter()
             .filter(|a| point.sees(a.space))
             .map(|a| (a.kind, a.size, a.space))
+            .collect()
+    }
+
+    /// Each access's base argument (the kernel parameter, by position, its address is
+    /// computed from), in the order the probes at `point` number them.
+    pub fn access_base_args(&self, point: ProbePoint) -> Vec<Option<usize>> {
+        self.accesses
+            .iter()
+            .filter(|a| point.sees(a.space))
+            .map(|a| a.base_arg)
             .collect()
     }
 }
@@ -759,6 +782,7 @@ fn parse_kernel(
     let mut unseen_accesses = Vec::new();
     let mut unseen_shared_accesses = Vec::new();
     let mut regs = Registers::default();
+    let mut defs = Definitions::default();
     let mut vector = 0usize;
     // The current statement's first token (after any labels).
     let mut stmt: Option<usize> = None;
@@ -789,6 +813,7 @@ fn parse_kernel(
                         exits.push(site);
                     } else if regs.declare(text, statement) {
                     } else {
+                        defs.take(text, statement);
                         match access_site(text, statement, &regs) {
                             Some(Ok(site)) => accesses.push(site),
                             Some(Err((SiteSpace::Shared, why))) => unseen_shared_accesses.push(why),
@@ -814,6 +839,12 @@ fn parse_kernel(
         }
         j += 1;
     };
+    for site in &mut accesses {
+        site.base_arg = site
+            .base_reg
+            .as_deref()
+            .and_then(|reg| defs.base_param(reg, &params));
+    }
     Ok((
         Some(Kernel {
             name,
@@ -953,6 +984,127 @@ fn split_operands(s: &str) -> Vec<&str> {
     out
 }
 
+/// Every register definition of a kernel's body (the statement's first operand), by
+/// register: `(opcode, operands)`.
+#[derive(Default)]
+struct Definitions {
+    by_register: HashMap<String, Vec<(String, Vec<String>)>>,
+}
+
+/// What tracing a register back finds: no parameter (an offset, a constant), exactly one,
+/// or something else (a pointer loaded from memory, two parameters added).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Traced {
+    Nothing,
+    Param(usize),
+    Unknown,
+}
+
+impl Traced {
+    fn join(self, other: Traced) -> Traced {
+        match (self, other) {
+            (Traced::Nothing, t) | (t, Traced::Nothing) => t,
+            (Traced::Param(a), Traced::Param(b)) if a == b => Traced::Param(a),
+            _ => Traced::Unknown,
+        }
+    }
+}
+
+impl Definitions {
+    /// Takes one statement's tokens (a guarded definition counts: it may happen).
+    fn take(&mut self, text: &str, stmt: &[(Tok, usize, usize)]) {
+        let op_at = match stmt {
+            [(Tok::Punct(b'@'), _, _), (Tok::Punct(b'!'), _, _), _, op, ..] => op.1,
+            [(Tok::Punct(b'@'), _, _), _, op, ..] => op.1,
+            [op, ..] => op.1,
+            [] => return,
+        };
+        let Some(end) = stmt.last().map(|t| t.1) else {
+            return;
+        };
+        let statement = text[op_at..end].trim();
+        let Some((opcode, operands)) = statement.split_once(|c: char| c.is_whitespace()) else {
+            return;
+        };
+        let ops: Vec<String> = split_operands(operands)
+            .into_iter()
+            .map(str::to_string)
+            .collect();
+        if let Some(dest) = ops.first().filter(|d| d.starts_with('%')) {
+            self.by_register
+                .entry(dest.clone())
+                .or_default()
+                .push((opcode.to_string(), ops.clone()));
+        }
+    }
+
+    /// The position of the kernel parameter (of `params`) that `reg`'s value is a pointer
+    /// into, when every definition of it comes from that one parameter's 64-bit value
+    /// through moves, conversions to global, and additions (or subtractions) of values
+    /// that come from no parameter.
+    fn base_param(&self, reg: &str, params: &[Param]) -> Option<usize> {
+        let mut visiting = Vec::new();
+        match self.trace(reg, params, &mut visiting) {
+            Traced::Param(i) => Some(i),
+            _ => None,
+        }
+    }
+
+    fn trace(&self, operand: &str, params: &[Param], visiting: &mut Vec<String>) -> Traced {
+        if !operand.starts_with('%') {
+            // An immediate: an offset.
+            return if operand.starts_with(|c: char| c.is_ascii_digit() || c == '-') {
+                Traced::Nothing
+            } else {
+                Traced::Unknown
+            };
+        }
+        // A loop's pointer advanced by itself: what enters the loop decides.
+        if visiting.iter().any(|v| v == operand) || visiting.len() > 64 {
+            return Traced::Nothing;
+        }
+        let Some(defs) = self.by_register.get(operand) else {
+            return Traced::Unknown;
+        };
+        visiting.push(operand.to_string());
+        let mut found = Traced::Nothing;
+        for (opcode, ops) in defs {
+            let pieces: Vec<&str> = opcode.split('.').collect();
+            let wide = pieces.iter().any(|p| matches!(*p, "u64" | "s64" | "b64"));
+            let from = |i: usize| ops.get(i).map(String::as_str).unwrap_or("");
+            let traced = match pieces[0] {
+                "ld" if pieces.contains(&"param") && wide => {
+                    let name = from(1).trim_start_matches('[').trim_end_matches(']');
+                    params
+                        .iter()
+                        .position(|p| p.name == name)
+                        .map_or(Traced::Unknown, Traced::Param)
+                }
+                "mov" | "cvta" if wide => self.trace(from(1), params, visiting),
+                "add" if wide => self.trace(from(1), params, visiting).join(self.trace(
+                    from(2),
+                    params,
+                    visiting,
+                )),
+                "sub" if wide => match self.trace(from(2), params, visiting) {
+                    Traced::Nothing => self.trace(from(1), params, visiting),
+                    _ => Traced::Unknown,
+                },
+                "mad" if pieces.contains(&"wide") || wide => self.trace(from(3), params, visiting),
+                // Offsets: products, shifts and widenings of indices.
+                "mul" | "shl" | "cvt" => Traced::Nothing,
+                _ => Traced::Unknown,
+            };
+            found = found.join(traced);
+            if found == Traced::Unknown {
+                break;
+            }
+        }
+        visiting.pop();
+        found
+    }
+}
+
 /// A global or shared memory access (`Some(Ok)`), a memory statement probes cannot see
 /// (`Some(Err((space, why)))`), or neither (`None`), from one statement's tokens.
 fn access_site(
@@ -1046,6 +1198,12 @@ fn access_site(
     if let Some(value) = value {
         value_code(value, bits, regs, &mut prepare);
     }
+    let base_reg = address
+        .split('+')
+        .next()
+        .map(str::trim)
+        .filter(|b| b.starts_with('%'))
+        .map(str::to_string);
     Some(Ok(AccessSite {
         start: stmt[0].1,
         guard,
@@ -1053,6 +1211,8 @@ fn access_site(
         kind,
         size: (bits * lanes).div_ceil(8),
         prepare,
+        base_reg,
+        base_arg: None,
     }))
 }
 
@@ -1353,8 +1513,9 @@ fn kernel_edits(
                 }
             };
             prepare.push_str(&format!(
-                "mov.u64 %__bta10, {};\n",
-                u64::from(id) | (index as u64) << 32
+                "mov.u64 %__bta10, {};\nmov.u64 %__bta11, {};\n",
+                u64::from(id) | (index as u64) << 32,
+                site.base_arg.map_or(NO_BASE_ARG, |i| i as u32)
             ));
             edits.push((
                 site.start,
@@ -1377,8 +1538,8 @@ fn kernel_edits(
 
 /// A block that loads the kernel's first six parameters, widened to 64 bits (0 for the
 /// ones it lacks), and calls each of `symbols` with them, under `guard` if any. With
-/// `access` (PTX setting `%__bta6`..`%__bta10`, see [`AccessSite`]), the calls pass
-/// those five too.
+/// `access` (PTX setting `%__bta6`..`%__bta11`, see [`AccessSite`]), the calls pass
+/// those six too.
 fn probe_calls(
     params: &[Param],
     symbols: &[&str],

@@ -887,6 +887,98 @@ fn access_splice(symbol: &str, sm: u32, kernels: &[&str]) -> Splice {
     splice_of(ACCESS_PROBE, symbol, sm, kernels, &[ProbePoint::Access])
 }
 
+/// Each access says which kernel parameter its address is computed from: vectorAdd's and
+/// the tiled matmul's loads of `a` and `b` and stores to `c` (the matmul's through a
+/// pointer its loop advances); `scaled`'s accesses all go through `out`. A shared-memory
+/// access is in no parameter's buffer. The spliced calls pass it in the context's `bx`
+/// slot, -1 where there is none.
+#[test]
+fn accesses_know_the_kernel_parameter_their_buffer_came_from() {
+    let bytes = read("kernels.fatbin");
+    let (text, _) = Image::from_bytes(&bytes)
+        .unwrap()
+        .ptx_for(90)
+        .unwrap()
+        .expect("PTX");
+    let module = PtxModule::parse(&text).unwrap();
+    let kernel = |name: &str| {
+        module
+            .kernels
+            .iter()
+            .find(|k| k.name.contains(name))
+            .unwrap_or_else(|| panic!("no {name}"))
+    };
+    for name in ["vectorAdd", "matmul"] {
+        let k = kernel(name);
+        let mut by_kind: Vec<(AccessKind, Option<usize>)> = k
+            .access_sizes(ProbePoint::Access)
+            .iter()
+            .map(|a| a.0)
+            .zip(k.access_base_args(ProbePoint::Access))
+            .collect();
+        by_kind.sort_by_key(|&(kind, arg)| (kind as u32, arg));
+        assert_eq!(
+            by_kind,
+            vec![
+                (AccessKind::Load, Some(0)),
+                (AccessKind::Load, Some(1)),
+                (AccessKind::Store, Some(2))
+            ],
+            "{name}"
+        );
+    }
+    let scaled = kernel("scaled").access_base_args(ProbePoint::Access);
+    assert!(!scaled.is_empty());
+    assert!(scaled.iter().all(|&a| a == Some(0)), "{scaled:?}");
+    let shared = kernel("matmul").access_base_args(ProbePoint::SharedAccess);
+    assert!(shared.contains(&None), "{shared:?}");
+    assert_eq!(shared.iter().flatten().count(), 3, "{shared:?}");
+    let splice = access_splice(
+        "__bpftime_probe_7",
+        module.sm.unwrap(),
+        &["_Z9vectorAddPKfS0_Pfi"],
+    );
+    let out = module
+        .splice(&splice, Version::newest_for_driver(13000))
+        .unwrap();
+    let passed: Vec<&str> = out
+        .lines()
+        .filter_map(|l| l.trim().strip_prefix("mov.u64 %__bta11, "))
+        .collect();
+    let expected: Vec<String> = kernel("vectorAdd")
+        .access_base_args(ProbePoint::Access)
+        .iter()
+        .map(|a| format!("{};", a.unwrap()))
+        .collect();
+    assert_eq!(passed, expected, "{out}");
+
+    // A pointer read from memory, or two parameters added, has no one base argument.
+    let text = "
+.version 8.0
+.target sm_90
+.address_size 64
+.visible .entry k(.param .u64 k_param_0, .param .u64 k_param_1)
+{
+.reg .b64 %rd<8>;
+.reg .f32 %f<2>;
+ld.param.u64 %rd1, [k_param_0];
+ld.param.u64 %rd2, [k_param_1];
+cvta.to.global.u64 %rd3, %rd1;
+ld.global.u64 %rd4, [%rd3];
+ld.global.f32 %f1, [%rd4];
+add.s64 %rd5, %rd1, %rd2;
+st.global.f32 [%rd5], %f1;
+st.global.f32 [%rd3+8], %f1;
+ret;
+}
+";
+    let module = PtxModule::parse(text).unwrap();
+    assert_eq!(
+        module.kernels[0].access_base_args(ProbePoint::Access),
+        vec![Some(0), None, None, Some(0)]
+    );
+}
+
 #[test]
 fn nvcc_kernels_probed_at_every_global_access_pass_ptxas() {
     let bytes = read("kernels.fatbin");
