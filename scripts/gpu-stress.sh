@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # GPU attach's concurrent paths, again and again, on the GPU machine: the device hash
-# map's inserts racing across every thread (hashcount, and into a per-CPU hash with the
-# CPU writing between launches: percpu_hashcount), ring buffer records from every
+# map's inserts racing across every thread (hashcount; into LRU maps, full ones evicting
+# on nearly every insert: lru_hashcount; and into a per-CPU hash with the CPU writing
+# between launches: percpu_hashcount), ring buffer records from every
 # thread at once (kernelretsnoop, 131072 per run), and an unmodified libbpf C tool
 # (gpu_probes, Debian's libbpf) under `bpftime load` sharing its maps with two CUDA
 # processes launching at the same time under `bpftime start`; and one process launching
@@ -30,6 +31,21 @@ value() { sed -n "s/^$2\[$3\]: \([0-9]*\)$/\1/p" "$1" | head -1; }
         off=$(sed -n 's/^by_lane\[[0-9]*\]: \([0-9]*\)$/\1/p' "$log" | grep -vcx 163840)
         ok=0; [ "$keys" = 64 ] && [ "$off" = 0 ] && ok=1
         result hashcount $ok "$keys keys, $off off"
+        # lru_hashcount: the same counts in an LRU map, and a million threads a launch
+        # inserting keys of their own into full LRU maps (plain and per-CPU): every
+        # update succeeds, by eviction, and each map ends holding at most 1024 keys.
+        log=$work/lru
+        timeout 300 "$bt" --store "$store" run "$objs/lru_hashcount.bpf.o" -- "$cuda/vec_add" 1048576 10 256 >"$log" 2>&1
+        keys=$(grep -c '^by_lane\[' "$log")
+        off=$(sed -n 's/^by_lane\[[0-9]*\]: \([0-9]*\)$/\1/p' "$log" | grep -vcx 163840)
+        recent=$(grep -c '^recent\[' "$log") recent_pc=$(grep -c '^recent_percpu\[' "$log")
+        updated=$(value "$log" outcome 0) refused=$(value "$log" outcome 1)
+        updated_pc=$(value "$log" outcome 2) refused_pc=$(value "$log" outcome 3)
+        ok=0
+        [ "$keys" = 64 ] && [ "$off" = 0 ] && [ "$updated" = 10485760 ] && [ "${refused:-0}" = 0 ] &&
+            [ "$updated_pc" = 10485760 ] && [ "${refused_pc:-0}" = 0 ] &&
+            [ "$recent" -gt 0 ] && [ "$recent" -le 1024 ] && [ "$recent_pc" -gt 0 ] && [ "$recent_pc" -le 1024 ] && ok=1
+        result lru_hashcount $ok "$keys keys, $off off; updates $updated/$updated_pc, failed ${refused:-0}/${refused_pc:-0}, keys $recent/$recent_pc"
         # percpu_hashcount: the same races into a per-CPU hash (a value per key and SM),
         # with the CPU making and writing keys between launches.
         log=$work/percpu-hash
@@ -83,7 +99,7 @@ value() { sed -n "s/^$2\[$3\]: \([0-9]*\)$/\1/p" "$1" | head -1; }
         result "device probes on launches from 8 threads" $ok "entries $entries exits $exits (expected 104857600 each)"
         rm -rf "/dev/shm/bpftime-$store"
     done
-    echo "GPU stress, $(date -u +%Y-%m-%d), $(nvidia-smi --query-gpu=name --format=csv,noheader | head -1): $runs runs of 6 checks"
+    echo "GPU stress, $(date -u +%Y-%m-%d), $(nvidia-smi --query-gpu=name --format=csv,noheader | head -1): $runs runs of 7 checks"
     echo "$passed passed, $failed failed"
 } | tee "$out"
 grep -q ' 0 failed$' "$out"
