@@ -252,9 +252,10 @@ static void lru_touch(const struct gpu_map *m, u32 slot)
         *(volatile u32 *)ref = 1;
 }
 
-/* Evicts one entry (it becomes DELETED, as a delete makes it); 0 when the hand found none
- * to take in two turns of the table. */
-static int lru_evict(const struct gpu_map *m)
+/* The clock: the hand passes over slots, clearing the reference flags it finds set, and
+ * moves the first full slot whose flag is clear to state `to`. That slot, or -1 when the
+ * hand found none to take in two turns of the table. */
+static s64 lru_victim(const struct gpu_map *m, u32 to)
 {
     u32 *states = (u32 *)m->states;
     u32 *refs = lru_refs(m);
@@ -268,13 +269,21 @@ static int lru_evict(const struct gpu_map *m)
             continue;
         }
         u32 expected = SLOT_FULL;
-        if (__atomic_compare_exchange_n(&states[at], &expected, SLOT_DELETED, 0,
-                                        __ATOMIC_RELAXED, __ATOMIC_RELAXED)) {
-            __atomic_fetch_sub((u32 *)m->count, 1, __ATOMIC_RELAXED);
-            return 1;
-        }
+        if (__atomic_compare_exchange_n(&states[at], &expected, to, 0, __ATOMIC_RELAXED,
+                                        __ATOMIC_RELAXED))
+            return at;
     }
-    return 0;
+    return -1;
+}
+
+/* Evicts one entry (it becomes DELETED, as a delete makes it); 0 when there was none to
+ * take. */
+static int lru_evict(const struct gpu_map *m)
+{
+    if (lru_victim(m, SLOT_DELETED) < 0)
+        return 0;
+    __atomic_fetch_sub((u32 *)m->count, 1, __ATOMIC_RELAXED);
+    return 1;
 }
 
 /* Counts one more entry, for a slot the caller has already claimed, if the map has room
@@ -363,31 +372,15 @@ static int claim_slot(const struct gpu_map *m, u32 at, u32 from, const u8 *key)
 #define LRU_INSERT_TRIES 256
 #define LRU_INSERT_NS 2000000ull
 
-/* Replaces an entry not used lately (found by the clock's hand, as lru_evict does) with
- * `key`: its slot goes from FULL to BUSY in one step, so no other thread can take the room
- * in between, and the count stays as it was. The slot, or -1 when the hand found none to
- * take in two turns of the table. */
+/* Replaces an entry not used lately with `key`: its slot goes from FULL to BUSY in one
+ * step, so no other thread can take the room in between, and the count stays as it was.
+ * The slot, or -1 when the hand found none to take. */
 static s64 lru_take(const struct gpu_map *m, const u8 *key)
 {
-    u32 *states = (u32 *)m->states;
-    u32 *refs = lru_refs(m);
-    u32 mask = m->capacity - 1;
-    for (u64 n = 0; n < 2 * (u64)m->capacity; n++) {
-        u32 at = __atomic_fetch_add(lru_hand(m), 1, __ATOMIC_RELAXED) & mask;
-        if (volatile_load32(&states[at]) != SLOT_FULL)
-            continue;
-        if (volatile_load32(&refs[at]) != 0) {
-            *(volatile u32 *)&refs[at] = 0;
-            continue;
-        }
-        u32 expected = SLOT_FULL;
-        if (!__atomic_compare_exchange_n(&states[at], &expected, SLOT_BUSY, 0,
-                                         __ATOMIC_RELAXED, __ATOMIC_RELAXED))
-            continue;
-        fill_slot(m, at, key);
-        return at;
-    }
-    return -1;
+    s64 at = lru_victim(m, SLOT_BUSY);
+    if (at >= 0)
+        fill_slot(m, (u32)at, key);
+    return at;
 }
 
 /* Inserts `key` with every copy of its value zeroed (the kernel's per-CPU semantics for
