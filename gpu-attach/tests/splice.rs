@@ -679,25 +679,32 @@ fn a_counter_on_every_thread_adds_once_per_warp() {
             p.ptx
         );
     }
+    assert_ptxas_accepts(
+        "warp-add",
+        &splice_into_vector_add(&p.ptx, "__bpftime_probe_5", false),
+    );
+}
+
+/// `ptx`'s probe `symbol` spliced at vectorAdd's entry (kernels.ptx), called or inlined.
+fn splice_into_vector_add(ptx: &str, symbol: &str, inline: bool) -> String {
     let text = String::from_utf8(read("kernels.ptx")).unwrap();
     let module = PtxModule::parse(&text).unwrap();
     let splice = Splice {
-        definitions: bpftime_gpu_attach::ptx::strip_header(&p.ptx),
+        definitions: bpftime_gpu_attach::ptx::strip_header(ptx),
         needs_version: Some(Version::new(7, 8)),
         needs_sm: Some(90),
         calls: vec![(
             "_Z9vectorAddPKfS0_Pfi".to_string(),
             vec![ProbeCall {
                 point: ProbePoint::Entry,
-                symbol: "__bpftime_probe_5".into(),
+                symbol: symbol.into(),
             }],
         )],
-        inline: false,
+        inline,
     };
-    let out = module
+    module
         .splice(&splice, Version::newest_for_driver(13000))
-        .unwrap();
-    assert_ptxas_accepts("warp-add", &out);
+        .unwrap()
 }
 
 /// A counter of a constant at a constant address (an array value with a constant key)
@@ -814,25 +821,10 @@ fn a_histogram_add_at_a_computed_index_goes_straight_to_its_sms_copy() {
     for compare in ["setp.lt.u64", "setp.gt.u64", "setp.le.u64", "setp.ge.u64"] {
         assert!(!p.ptx.contains(compare), "{}", p.ptx);
     }
-    let text = String::from_utf8(read("kernels.ptx")).unwrap();
-    let module = PtxModule::parse(&text).unwrap();
-    let splice = Splice {
-        definitions: bpftime_gpu_attach::ptx::strip_header(&p.ptx),
-        needs_version: Some(Version::new(7, 8)),
-        needs_sm: Some(90),
-        calls: vec![(
-            "_Z9vectorAddPKfS0_Pfi".to_string(),
-            vec![ProbeCall {
-                point: ProbePoint::Entry,
-                symbol: "__bpftime_probe_8".into(),
-            }],
-        )],
-        inline: true,
-    };
-    let out = module
-        .splice(&splice, Version::newest_for_driver(13000))
-        .unwrap();
-    assert_ptxas_accepts("histogram-add", &out);
+    assert_ptxas_accepts(
+        "histogram-add",
+        &splice_into_vector_add(&p.ptx, "__bpftime_probe_8", true),
+    );
 }
 
 #[test]
@@ -887,6 +879,26 @@ fn access_splice(symbol: &str, sm: u32, kernels: &[&str]) -> Splice {
     splice_of(ACCESS_PROBE, symbol, sm, kernels, &[ProbePoint::Access])
 }
 
+/// kernels.fatbin's PTX for sm_90 (nvcc's), parsed.
+fn nvcc_module() -> PtxModule {
+    let bytes = read("kernels.fatbin");
+    let (text, _) = Image::from_bytes(&bytes)
+        .unwrap()
+        .ptx_for(90)
+        .unwrap()
+        .expect("PTX");
+    PtxModule::parse(&text).unwrap()
+}
+
+/// The kernel of `module` whose (mangled) name contains `name`.
+fn kernel_named<'m>(module: &'m PtxModule, name: &str) -> &'m bpftime_gpu_attach::ptx::Kernel {
+    module
+        .kernels
+        .iter()
+        .find(|k| k.name.contains(name))
+        .unwrap_or_else(|| panic!("no {name}"))
+}
+
 /// Each access says which kernel parameter its address is computed from: vectorAdd's and
 /// the tiled matmul's loads of `a` and `b` and stores to `c` (the matmul's through a
 /// pointer its loop advances); `scaled`'s accesses all go through `out`. A shared-memory
@@ -894,20 +906,8 @@ fn access_splice(symbol: &str, sm: u32, kernels: &[&str]) -> Splice {
 /// slot, -1 where there is none.
 #[test]
 fn accesses_know_the_kernel_parameter_their_buffer_came_from() {
-    let bytes = read("kernels.fatbin");
-    let (text, _) = Image::from_bytes(&bytes)
-        .unwrap()
-        .ptx_for(90)
-        .unwrap()
-        .expect("PTX");
-    let module = PtxModule::parse(&text).unwrap();
-    let kernel = |name: &str| {
-        module
-            .kernels
-            .iter()
-            .find(|k| k.name.contains(name))
-            .unwrap_or_else(|| panic!("no {name}"))
-    };
+    let module = nvcc_module();
+    let kernel = |name: &str| kernel_named(&module, name);
     for name in ["vectorAdd", "matmul"] {
         let k = kernel(name);
         let mut by_kind: Vec<(AccessKind, Option<usize>)> = k
@@ -981,20 +981,8 @@ ret;
 
 #[test]
 fn nvcc_kernels_probed_at_every_global_access_pass_ptxas() {
-    let bytes = read("kernels.fatbin");
-    let (text, _) = Image::from_bytes(&bytes)
-        .unwrap()
-        .ptx_for(90)
-        .unwrap()
-        .expect("PTX");
-    let module = PtxModule::parse(&text).unwrap();
-    let kernel = |name: &str| {
-        module
-            .kernels
-            .iter()
-            .find(|k| k.name.contains(name))
-            .unwrap_or_else(|| panic!("no {name}"))
-    };
+    let module = nvcc_module();
+    let kernel = |name: &str| kernel_named(&module, name);
     // vectorAdd reads a[i] and b[i] and writes c[i]; the tiled matmul reads one element
     // of a and one of b per tile step (its shared-memory traffic is left out) and
     // writes c once.

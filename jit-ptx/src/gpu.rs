@@ -685,49 +685,32 @@ pub fn extern_functions(module: &Module<'_>) -> Vec<String> {
         .collect()
 }
 
+/// Where an address can come from, as the IR shows it.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Origin {
+    /// An `alloca`: the eBPF stack.
+    Stack,
+    /// A non-null constant: a relocated map's values (eBPF cannot make up pointers).
+    Map,
+}
+
 /// Whether `v` is an address inside an `alloca` (the eBPF stack): derived from one
 /// through pointer casts, GEPs and integer arithmetic, or a phi/select whose every
 /// input is. Loads are not looked through: a loaded value is data.
 fn is_stack_address(v: inkwell::values::BasicValueEnum<'_>, depth: u32) -> bool {
-    use inkwell::values::{BasicValue, InstructionOpcode as Op};
-    let Some(i) = v.as_instruction_value() else {
-        return false;
-    };
-    if depth > 32 {
-        return false;
-    }
-    let operands = || {
-        i.get_operands().filter_map(|o| match o {
-            Some(inkwell::values::Operand::Value(v)) => Some(v),
-            _ => None,
-        })
-    };
-    match i.get_opcode() {
-        Op::Alloca => true,
-        Op::GetElementPtr | Op::BitCast | Op::AddrSpaceCast | Op::IntToPtr | Op::PtrToInt => {
-            operands()
-                .next()
-                .is_some_and(|base| is_stack_address(base, depth + 1))
-        }
-        Op::Add | Op::Sub | Op::Or => operands().any(|o| is_stack_address(o, depth + 1)),
-        Op::Phi => {
-            let mut incoming = operands().peekable();
-            incoming.peek().is_some() && incoming.all(|o| is_stack_address(o, depth + 1))
-        }
-        Op::Select => {
-            let mut arms = operands().skip(1).peekable();
-            arms.peek().is_some() && arms.all(|o| is_stack_address(o, depth + 1))
-        }
-        _ => false,
-    }
+    derives_from(v, Origin::Stack, depth)
 }
 
 /// Whether `v` is an address made from a constant one (a relocated map's values, or a
 /// value in them picked by a computed index): a non-null constant, or derived from one
 /// through pointer casts, GEPs and integer arithmetic with values that are not stack
-/// addresses, or a phi/select whose every input is. eBPF cannot make up pointers, so such
-/// an address is in device memory, never in a thread's stack.
+/// addresses, or a phi/select whose every input is. Such an address is in device
+/// memory, never in a thread's stack.
 fn is_map_address(v: inkwell::values::BasicValueEnum<'_>, depth: u32) -> bool {
+    derives_from(v, Origin::Map, depth)
+}
+
+fn derives_from(v: inkwell::values::BasicValueEnum<'_>, origin: Origin, depth: u32) -> bool {
     use inkwell::values::{BasicValue, BasicValueEnum as V, InstructionOpcode as Op};
     let constant = match v {
         V::IntValue(i) => i
@@ -737,7 +720,7 @@ fn is_map_address(v: inkwell::values::BasicValueEnum<'_>, depth: u32) -> bool {
         _ => None,
     };
     if let Some(non_null) = constant {
-        return non_null;
+        return origin == Origin::Map && non_null;
     }
     let Some(i) = v.as_instruction_value() else {
         return false;
@@ -751,32 +734,30 @@ fn is_map_address(v: inkwell::values::BasicValueEnum<'_>, depth: u32) -> bool {
             _ => None,
         })
     };
+    let from = |o| derives_from(o, origin, depth + 1);
+    // What a map address is combined with must not be a stack address.
+    let no_stack = |skip: usize| {
+        origin == Origin::Stack
+            || operands()
+                .skip(skip)
+                .all(|o| !is_stack_address(o, depth + 1))
+    };
     match i.get_opcode() {
-        Op::GetElementPtr => {
-            let mut ops = operands();
-            ops.next()
-                .is_some_and(|base| is_map_address(base, depth + 1))
-                && ops.all(|o| !is_stack_address(o, depth + 1))
+        Op::Alloca => origin == Origin::Stack,
+        Op::GetElementPtr => operands().next().is_some_and(from) && no_stack(1),
+        Op::BitCast | Op::AddrSpaceCast | Op::IntToPtr | Op::PtrToInt => {
+            operands().next().is_some_and(from)
         }
-        Op::BitCast | Op::AddrSpaceCast | Op::IntToPtr | Op::PtrToInt => operands()
-            .next()
-            .is_some_and(|base| is_map_address(base, depth + 1)),
-        Op::Add | Op::Or => {
-            operands().any(|o| is_map_address(o, depth + 1))
-                && operands().all(|o| !is_stack_address(o, depth + 1))
-        }
-        Op::Sub => {
-            let mut ops = operands();
-            ops.next().is_some_and(|o| is_map_address(o, depth + 1))
-                && ops.all(|o| !is_stack_address(o, depth + 1))
-        }
+        Op::Add | Op::Or => operands().any(from) && no_stack(0),
+        Op::Sub if origin == Origin::Stack => operands().any(from),
+        Op::Sub => operands().next().is_some_and(from) && no_stack(1),
         Op::Phi => {
             let mut incoming = operands().peekable();
-            incoming.peek().is_some() && incoming.all(|o| is_map_address(o, depth + 1))
+            incoming.peek().is_some() && incoming.all(from)
         }
         Op::Select => {
             let mut arms = operands().skip(1).peekable();
-            arms.peek().is_some() && arms.all(|o| is_map_address(o, depth + 1))
+            arms.peek().is_some() && arms.all(from)
         }
         _ => false,
     }
