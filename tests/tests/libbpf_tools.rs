@@ -167,12 +167,16 @@ fn gethostlatency_prints_every_lookup_like_the_kernel() {
     let s = Session::new("lt-gethost");
     let t = s.target_copy(examples::LOOKUPS);
     let t = t.to_str().unwrap();
+    let is_lookup = |l: &str| l.contains(" lookups ");
     let mut c = s.bpftime();
     c.args(["load", "stdbuf", "-oL", GETHOSTLATENCY]);
-    let tool = Tool::spawn_until(c, header);
+    let mut tool = Tool::spawn_until(c, header);
     let mut app = s.bpftime();
     app.args(["start", t, &ROUNDS.to_string()]);
     run_in(app, None);
+    // gethostlatency stops polling at Ctrl-C without draining its buffer: a line not yet
+    // read then is lost, on the kernel as here, so both are given time to print them.
+    tool.wait_for_count(is_lookup, 2 * ROUNDS, Duration::from_secs(10));
     let (_, ours, err) = tool.stop();
     // getaddrinfo and gethostbyname, each round, each naming the host.
     assert_eq!(lookups_of(&ours), 2 * ROUNDS, "{ours:?} {err}");
@@ -188,10 +192,11 @@ fn gethostlatency_prints_every_lookup_like_the_kernel() {
     }
     let mut c = Command::new("stdbuf");
     c.args(["-oL", GETHOSTLATENCY]);
-    let tool = Tool::spawn_until(c, header);
+    let mut tool = Tool::spawn_until(c, header);
     let mut app = Command::new(t);
     app.arg(ROUNDS.to_string());
     run_in(app, None);
+    tool.wait_for_count(is_lookup, 2 * ROUNDS, Duration::from_secs(10));
     let (_, kernel, err) = tool.stop();
     assert_eq!(
         lookups_of(&kernel),
