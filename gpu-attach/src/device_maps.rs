@@ -58,17 +58,6 @@ pub struct ShardEntry {
 }
 
 impl ShardEntry {
-    /// Bytes between two SMs' copies of `len` bytes of values: whole 256-byte blocks, so
-    /// that no two SMs add into one cache line.
-    pub fn stride_for(len: u64) -> u64 {
-        len.div_ceil(256) * 256
-    }
-
-    /// Bytes of both regions of copies for `copies` SMs.
-    pub fn shard_bytes(len: u64, copies: u32) -> u64 {
-        2 * Self::stride_for(len) * copies as u64
-    }
-
     /// The entry of an array whose `len` bytes of values are at `base` in a shard window
     /// of `copies` copies (see [`SHARD_WINDOW_SPAN`]).
     pub fn in_window(base: u64, len: u64, copies: u32) -> ShardEntry {

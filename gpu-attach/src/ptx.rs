@@ -984,6 +984,39 @@ fn split_operands(s: &str) -> Vec<&str> {
     out
 }
 
+/// One statement's parts: its guard (`@%p` or `@!%p`), and its text from the opcode to
+/// before the `;`, whole and split at the first space into opcode and operands.
+struct Statement<'t> {
+    guard: Option<String>,
+    text: &'t str,
+    opcode: &'t str,
+    operands: &'t str,
+}
+
+/// The parts of one statement's tokens (ending with its `;`).
+fn statement<'t>(text: &'t str, stmt: &[(Tok, usize, usize)]) -> Option<Statement<'t>> {
+    let (guard, op_at) = match stmt {
+        [(Tok::Punct(b'@'), a, _), (Tok::Punct(b'!'), _, _), reg, op, ..] => (
+            Some(text[*a..reg.2].split_whitespace().collect::<String>()),
+            op.1,
+        ),
+        [(Tok::Punct(b'@'), a, _), reg, op, ..] => (Some(text[*a..reg.2].to_string()), op.1),
+        [op, ..] => (None, op.1),
+        [] => return None,
+    };
+    let end = stmt.last()?.1;
+    let whole = text[op_at..end].trim();
+    let (opcode, operands) = whole
+        .split_once(|c: char| c.is_whitespace())
+        .unwrap_or((whole, ""));
+    Some(Statement {
+        guard,
+        text: whole,
+        opcode,
+        operands,
+    })
+}
+
 /// Every register definition of a kernel's body (the statement's first operand), by
 /// register: `(opcode, operands)`.
 #[derive(Default)]
@@ -1013,17 +1046,10 @@ impl Traced {
 impl Definitions {
     /// Takes one statement's tokens (a guarded definition counts: it may happen).
     fn take(&mut self, text: &str, stmt: &[(Tok, usize, usize)]) {
-        let op_at = match stmt {
-            [(Tok::Punct(b'@'), _, _), (Tok::Punct(b'!'), _, _), _, op, ..] => op.1,
-            [(Tok::Punct(b'@'), _, _), _, op, ..] => op.1,
-            [op, ..] => op.1,
-            [] => return,
-        };
-        let Some(end) = stmt.last().map(|t| t.1) else {
-            return;
-        };
-        let statement = text[op_at..end].trim();
-        let Some((opcode, operands)) = statement.split_once(|c: char| c.is_whitespace()) else {
+        let Some(Statement {
+            opcode, operands, ..
+        }) = statement(text, stmt)
+        else {
             return;
         };
         let ops: Vec<String> = split_operands(operands)
@@ -1112,20 +1138,12 @@ fn access_site(
     stmt: &[(Tok, usize, usize)],
     regs: &Registers,
 ) -> Option<Result<AccessSite, (SiteSpace, String)>> {
-    let (guard, op_at) = match stmt {
-        [(Tok::Punct(b'@'), a, _), (Tok::Punct(b'!'), _, _), reg, op, ..] => (
-            Some(text[*a..reg.2].split_whitespace().collect::<String>()),
-            op.1,
-        ),
-        [(Tok::Punct(b'@'), a, _), reg, op, ..] => (Some(text[*a..reg.2].to_string()), op.1),
-        [op, ..] => (None, op.1),
-        [] => return None,
-    };
-    let end = stmt.last()?.1;
-    let statement = text[op_at..end].trim();
-    let (opcode, operands) = statement
-        .split_once(|c: char| c.is_whitespace())
-        .unwrap_or((statement, ""));
+    let Statement {
+        guard,
+        text: statement,
+        opcode,
+        operands,
+    } = statement(text, stmt)?;
     let pieces: Vec<&str> = opcode.split('.').collect();
     let kind = match pieces[0] {
         "ld" | "ldu" => AccessKind::Load,

@@ -119,27 +119,43 @@ static int contains(const u64 *sorted, u32 n, u64 key)
 
 struct job {
     struct gpu_map *m;
+    void (*body)(struct job *);
+    pthread_barrier_t *start;
     u32 thread;
     u64 failed;   /* updates that did not return 0 */
     u64 wrong;    /* lookups that saw what they should not */
     u64 done;
 };
 
-static void run_threads(void *(*body)(void *), struct job *jobs, struct gpu_map *m)
+/* A thread standing in for a GPU thread of SM `thread`: it starts when all have. */
+static void *start_job(void *arg)
 {
-    pthread_t t[THREADS];
-    for (u32 i = 0; i < THREADS; i++) {
-        jobs[i] = (struct job){ .m = m, .thread = i };
-        pthread_create(&t[i], NULL, body, &jobs[i]);
-    }
-    for (u32 i = 0; i < THREADS; i++)
-        pthread_join(t[i], NULL);
+    struct job *j = arg;
+    host_sm = j->thread;
+    pthread_barrier_wait(j->start);
+    j->body(j);
+    return NULL;
 }
 
-static void totals(const struct job *jobs, u64 *failed, u64 *wrong, u64 *done)
+/* Runs `body` on `n` threads at once (at most 128), each with its job in `jobs`. */
+static void run_threads(void (*body)(struct job *), struct job *jobs, u32 n, struct gpu_map *m)
+{
+    pthread_t t[128];
+    pthread_barrier_t start;
+    pthread_barrier_init(&start, NULL, n);
+    for (u32 i = 0; i < n; i++) {
+        jobs[i] = (struct job){ .m = m, .body = body, .start = &start, .thread = i };
+        pthread_create(&t[i], NULL, start_job, &jobs[i]);
+    }
+    for (u32 i = 0; i < n; i++)
+        pthread_join(t[i], NULL);
+    pthread_barrier_destroy(&start);
+}
+
+static void totals(const struct job *jobs, u32 n, u64 *failed, u64 *wrong, u64 *done)
 {
     *failed = *wrong = *done = 0;
-    for (u32 i = 0; i < THREADS; i++) {
+    for (u32 i = 0; i < n; i++) {
         *failed += jobs[i].failed;
         *wrong += jobs[i].wrong;
         *done += jobs[i].done;
@@ -150,10 +166,8 @@ static void totals(const struct job *jobs, u64 *failed, u64 *wrong, u64 *done)
 
 /* Every thread inserts the same keys, each from its own starting point: the inserts of
  * a key meet in one slot. */
-static void *same_keys_body(void *arg)
+static void same_keys_body(struct job *j)
 {
-    struct job *j = arg;
-    host_sm = j->thread;
     for (u64 i = 0; i < SAME_KEYS; i++) {
         u64 k = (i + j->thread * 517) % SAME_KEYS;
         if (update(j->m, k, k * 3, BPF_ANY) != 0)
@@ -163,7 +177,6 @@ static void *same_keys_body(void *arg)
             j->wrong++;
         j->done++;
     }
-    return NULL;
 }
 
 static int same_keys(void)
@@ -172,8 +185,8 @@ static int same_keys(void)
     struct job jobs[THREADS];
     u64 failed, wrong, done;
     u32 n;
-    run_threads(same_keys_body, jobs, m);
-    totals(jobs, &failed, &wrong, &done);
+    run_threads(same_keys_body, jobs, THREADS, m);
+    totals(jobs, THREADS, &failed, &wrong, &done);
     u64 *keys = full_keys(m, &n);
     printf("updates=%llu failed=%llu wrong=%llu entries=%u duplicates=%u count=%llu\n", done,
            failed, wrong, n, duplicates(keys, n), *(u64 *)m->count);
@@ -185,10 +198,8 @@ static int same_keys(void)
 /* Each thread inserts, finds and deletes keys of its own, one at a time, until an
  * insert fails: how many inserts a table takes within one launch when its deletes' slots
  * are not reused (the host makes the table anew between launches). */
-static void *churn_body(void *arg)
+static void churn_body(struct job *j)
 {
-    struct job *j = arg;
-    host_sm = j->thread;
     for (u64 i = 0; i < CHURN_ROUNDS; i++) {
         u64 k = ((u64)j->thread << 32) | i;
         if (update(j->m, k, i, BPF_ANY) != 0) {
@@ -202,7 +213,6 @@ static void *churn_body(void *arg)
             j->wrong++;
         j->done++;
     }
-    return NULL;
 }
 
 static int churn(u32 type)
@@ -210,8 +220,8 @@ static int churn(u32 type)
     struct gpu_map *m = new_map(type, 1024);
     struct job jobs[THREADS];
     u64 failed, wrong, done;
-    run_threads(churn_body, jobs, m);
-    totals(jobs, &failed, &wrong, &done);
+    run_threads(churn_body, jobs, THREADS, m);
+    totals(jobs, THREADS, &failed, &wrong, &done);
     printf("capacity=%u inserted=%llu failed=%llu wrong=%llu count=%llu\n", m->capacity, done,
            failed, wrong, *(u64 *)m->count);
     return 0;
@@ -225,10 +235,8 @@ static int churn(u32 type)
 /* Each thread inserts keys of its own, far more than the map holds, and looks up a few
  * hot keys between inserts: every insert succeeds, the map never holds more than its
  * max_entries, and the hot keys, used all the time, stay. */
-static void *lru_body(void *arg)
+static void lru_body(struct job *j)
 {
-    struct job *j = arg;
-    host_sm = j->thread;
     /* A per-CPU map's hot keys hold each SM's own value: each thread stores its own. */
     if (j->m->copies > 1)
         for (u64 h = HOT_BASE; h < HOT_BASE + HOT_KEYS; h++)
@@ -243,7 +251,6 @@ static void *lru_body(void *arg)
             j->wrong++;
         j->done++;
     }
-    return NULL;
 }
 
 static int lru(u32 type, u32 copies)
@@ -254,8 +261,8 @@ static int lru(u32 type, u32 copies)
     u32 n;
     for (u64 h = HOT_BASE; h < HOT_BASE + HOT_KEYS; h++)
         update(m, h, h, BPF_ANY);
-    run_threads(lru_body, jobs, m);
-    totals(jobs, &failed, &wrong, &done);
+    run_threads(lru_body, jobs, THREADS, m);
+    totals(jobs, THREADS, &failed, &wrong, &done);
     u64 *keys = full_keys(m, &n);
     for (u64 h = HOT_BASE; h < HOT_BASE + HOT_KEYS; h++)
         hot_missing += !contains(keys, n, h);
@@ -271,21 +278,11 @@ static int lru(u32 type, u32 copies)
 #define COUNTER_LAUNCHES 200
 #define COUNTER_ROUNDS 20
 
-struct counter_job {
-    struct gpu_map *m;
-    pthread_barrier_t *start;
-    u32 thread;
-    u64 adds;
-};
-
 /* A counter per key, the way a tool counts on the GPU: look the key up, insert it
  * (BPF_NOEXIST) when missing, look it up again and add one. Every thread starts on the
  * same key at once, as the threads of a launch do. */
-static void *counter_body(void *arg)
+static void counter_body(struct job *j)
 {
-    struct counter_job *j = arg;
-    host_sm = j->thread;
-    pthread_barrier_wait(j->start);
     for (u64 r = 0; r < COUNTER_ROUNDS; r++) {
         for (u64 k = 0; k < COUNTER_KEYS; k++) {
             u64 *v = lookup(j->m, k);
@@ -295,11 +292,10 @@ static void *counter_body(void *arg)
             }
             if (v) {
                 __atomic_fetch_add(v, 1, __ATOMIC_RELAXED);
-                j->adds++;
+                j->done++;
             }
         }
     }
-    return NULL;
 }
 
 /* Launches of COUNTER_THREADS threads counting COUNTER_KEYS keys in a map of exactly as
@@ -311,21 +307,11 @@ static int counters(u32 type)
     u64 adds = 0, counted = 0, keys = 0, wrong_launches = 0;
     for (u32 launch = 0; launch < COUNTER_LAUNCHES; launch++) {
         struct gpu_map *m = new_map(type, COUNTER_KEYS);
-        pthread_barrier_t start;
-        pthread_t t[COUNTER_THREADS];
-        struct counter_job jobs[COUNTER_THREADS];
-        u64 launch_adds = 0, launch_counted = 0;
+        struct job jobs[COUNTER_THREADS];
+        u64 failed, wrong, launch_adds, launch_counted = 0;
         u32 n;
-        pthread_barrier_init(&start, NULL, COUNTER_THREADS);
-        for (u32 i = 0; i < COUNTER_THREADS; i++) {
-            jobs[i] = (struct counter_job){ .m = m, .start = &start, .thread = i };
-            pthread_create(&t[i], NULL, counter_body, &jobs[i]);
-        }
-        for (u32 i = 0; i < COUNTER_THREADS; i++) {
-            pthread_join(t[i], NULL);
-            launch_adds += jobs[i].adds;
-        }
-        pthread_barrier_destroy(&start);
+        run_threads(counter_body, jobs, COUNTER_THREADS, m);
+        totals(jobs, COUNTER_THREADS, &failed, &wrong, &launch_adds);
         u64 *full = full_keys(m, &n);
         for (u32 i = 0; i < n; i++) {
             u64 *v = lookup(m, full[i]);
@@ -345,21 +331,10 @@ static int counters(u32 type)
 #define CROWD_ENTRIES 8
 #define CROWD_INSERTS 2000
 
-struct crowd_job {
-    struct gpu_map *m;
-    pthread_barrier_t *start;
-    u32 thread;
-    u64 failed;
-};
-
-static void *crowd_body(void *arg)
+static void crowd_body(struct job *j)
 {
-    struct crowd_job *j = arg;
-    host_sm = j->thread;
-    pthread_barrier_wait(j->start);
     for (u64 i = 0; i < CROWD_INSERTS; i++)
         j->failed += update(j->m, ((u64)j->thread << 32) | i, i, BPF_ANY) != 0;
-    return NULL;
 }
 
 /* Far more threads than the LRU map has entries, all inserting keys of their own at once,
@@ -367,20 +342,11 @@ static void *crowd_body(void *arg)
 static int lru_crowd(void)
 {
     struct gpu_map *m = new_map(BPF_MAP_TYPE_LRU_HASH, CROWD_ENTRIES);
-    pthread_barrier_t start;
-    pthread_t t[CROWD_THREADS];
-    struct crowd_job jobs[CROWD_THREADS];
-    u64 failed = 0;
+    struct job jobs[CROWD_THREADS];
+    u64 failed, wrong, done;
     u32 n;
-    pthread_barrier_init(&start, NULL, CROWD_THREADS);
-    for (u32 i = 0; i < CROWD_THREADS; i++) {
-        jobs[i] = (struct crowd_job){ .m = m, .start = &start, .thread = i };
-        pthread_create(&t[i], NULL, crowd_body, &jobs[i]);
-    }
-    for (u32 i = 0; i < CROWD_THREADS; i++) {
-        pthread_join(t[i], NULL);
-        failed += jobs[i].failed;
-    }
+    run_threads(crowd_body, jobs, CROWD_THREADS, m);
+    totals(jobs, CROWD_THREADS, &failed, &wrong, &done);
     u64 *keys = full_keys(m, &n);
     printf("updates=%u failed=%llu entries=%u capacity=%u duplicates=%u\n",
            CROWD_THREADS * CROWD_INSERTS, failed, n, m->capacity, duplicates(keys, n));
