@@ -364,13 +364,15 @@ static int claim_slot(const struct gpu_map *m, u32 at, u32 from, const u8 *key)
     return 1;
 }
 
-/* How many times, and for how long, an LRU insert into a table without empty slots looks
- * for a deleted slot and for an entry to replace before it fails. A million threads
- * inserting at once into a map of a thousand entries can each lose the race for every
- * victim the hand offers for a while (16 tries without waiting failed one insert in 40
- * million on an H200); between tries the thread waits, so the winners publish. */
+/* How many times an LRU insert into a table without empty slots looks for a deleted slot
+ * and for an entry to replace before it fails. A million threads inserting at once into a
+ * map of a thousand entries can each lose the race for every victim the hand offers for a
+ * while (16 tries without waiting failed one insert in 40 million on an H200); between
+ * tries the thread waits, longer each time, so the winners publish. The bound is in tries,
+ * not time: each try is bounded work, and under such a crowd one insert may take longer
+ * than a millisecond (a 2 ms limit failed 1.5% of the updates of a full map). */
 #define LRU_INSERT_TRIES 256
-#define LRU_INSERT_NS 2000000ull
+#define LRU_WAIT_MAX_NS 8192u
 
 /* Replaces an entry not used lately with `key`: its slot goes from FULL to BUSY in one
  * step, so no other thread can take the room in between, and the count stays as it was.
@@ -419,24 +421,25 @@ static s64 hash_insert(const struct gpu_map *m, const u8 *key, s64 *found)
      * and the host keeps one of the two. */
     if (!is_lru(m))
         return -E2BIG;
-    u64 started = __nvvm_read_ptx_sreg_globaltimer();
-    u32 from = deleted >= 0 ? (u32)deleted : at;
+    u32 wait_ns = 64;
     for (u32 tries = 0; tries < LRU_INSERT_TRIES; tries++) {
-        for (u32 n = 0; n < m->capacity; n++, from = (from + 1) & mask) {
-            if (volatile_load32(&states[from]) != SLOT_DELETED)
+        /* Deleted slots come and go while the crowd inserts (each insert into one evicts
+         * another); only a walk that met one looks for them again. */
+        for (u32 n = 0; deleted >= 0 && n < m->capacity; n++, deleted = (deleted + 1) & mask) {
+            if (volatile_load32(&states[deleted]) != SLOT_DELETED)
                 continue;
-            int claimed = claim_slot(m, from, SLOT_DELETED, key);
+            int claimed = claim_slot(m, (u32)deleted, SLOT_DELETED, key);
             if (claimed > 0)
-                return from;
+                return deleted;
             if (claimed < 0)
                 return -E2BIG;
         }
         s64 taken = lru_take(m, key);
         if (taken >= 0)
             return taken;
-        if (__nvvm_read_ptx_sreg_globaltimer() - started > LRU_INSERT_NS)
-            break;
-        __nvvm_nanosleep(256);
+        __nvvm_nanosleep(wait_ns);
+        if (wait_ns < LRU_WAIT_MAX_NS)
+            wait_ns *= 2;
     }
     return -E2BIG;
 }
