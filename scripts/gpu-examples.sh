@@ -5,6 +5,7 @@
 # cases. One PASS or FAIL line per check, then `N passed, M failed`.
 #
 #   scripts/gpu-examples.sh BPFTIME OBJECT_DIR OUT_FILE
+#   GPU_EXAMPLES_ONLY=several_gpus: only the checks that need two GPUs or more
 set -uo pipefail
 bt=$1 objs=$2 out=$3
 cd "$(dirname "$0")/.."
@@ -36,10 +37,59 @@ run() {  # run LOG ARGS... : bpftime run ARGS, output and exit status in LOG.out
     # Kept for a failed check to be looked at (without the long per-thread maps).
     grep -v '^starts\[' "$log.out" | head -c 2000000 >"$logs/$(basename "$log").out" 2>/dev/null
 }
+several_gpus() {  # the checks that need two GPUs or more; a SKIP line on one
+    # Several GPUs: vectorAdd on every device of the machine (a context each), counted at
+    # entry and exit and at every access, exact over all of them.
+    gpus=$(nvidia-smi --query-gpu=index --format=csv,noheader | wc -l)
+    if [ "$gpus" -ge 2 ]; then
+        n=1048576 iters=5
+        expect=$((gpus * iters * n))
+        log=$work/multi-counter
+        run "$log" "$objs/cuda_counter.bpf.o" -- "$cuda/multi_gpu" $n $iters
+        entries=$(value "$log.out" counts 0) exits=$(value "$log.out" counts 1)
+        ok=0; grep -q 'check=ok' "$log.out" && [ "$entries" = $expect ] && [ "$exits" = $expect ] && ok=1
+        result "cuda_counter on $gpus GPUs" $ok "entries $entries exits $exits (expected $expect each)"
+        log=$work/multi-ldst
+        run "$log" "$objs/access_check.bpf.o" -- "$cuda/multi_gpu" $n $iters
+        la=$(value "$log.out" vector_add 0) lb=$(value "$log.out" vector_add 1) sc=$(value "$log.out" vector_add 2)
+        outside=$(value "$log.out" vector_add 4)
+        ok=0; grep -q 'check=ok' "$log.out" && [ "$la" = $expect ] && [ "$lb" = $expect ] && [ "$sc" = $expect ] && [ "$outside" = 0 ] && ok=1
+        result "memory-access probe on $gpus GPUs, exact" $ok "loads a $la b $lb, stores c $sc (expected $expect each), outside $outside"
+        # The same with a host thread per GPU, all launching at once: contexts made,
+        # modules built and maps synced from several threads together.
+        log=$work/multi-counter-threads
+        run "$log" "$objs/cuda_counter.bpf.o" -- "$cuda/multi_gpu" $n $iters 1
+        entries=$(value "$log.out" counts 0) exits=$(value "$log.out" counts 1)
+        ok=0; grep -q 'host_threads=1 .*check=ok' "$log.out" && [ "$entries" = $expect ] && [ "$exits" = $expect ] && ok=1
+        result "cuda_counter on $gpus GPUs, a host thread each" $ok "entries $entries exits $exits (expected $expect each)"
+        log=$work/multi-ldst-threads
+        run "$log" "$objs/access_check.bpf.o" -- "$cuda/multi_gpu" $n $iters 1
+        la=$(value "$log.out" vector_add 0) lb=$(value "$log.out" vector_add 1) sc=$(value "$log.out" vector_add 2)
+        outside=$(value "$log.out" vector_add 4)
+        ok=0; grep -q 'host_threads=1 .*check=ok' "$log.out" && [ "$la" = $expect ] && [ "$lb" = $expect ] && [ "$sc" = $expect ] && [ "$outside" = 0 ] && ok=1
+        result "memory-access probe on $gpus GPUs, a host thread each, exact" $ok "loads a $la b $lb, stores c $sc (expected $expect each), outside $outside"
+        log=$work/multi-snoop-threads
+        run "$log" "$objs/launchsnoop.bpf.o" -- "$cuda/multi_gpu" $n $iters 1
+        calls=$(value "$log.out" stats 0) done=$(value "$log.out" stats 1) threads=$(value "$log.out" stats 6)
+        orphan=$(value "$log.out" stats 8)
+        ok=0; grep -q 'host_threads=1 .*check=ok' "$log.out" && [ "$calls" = $((gpus * iters)) ] &&
+            [ "$done" = $((gpus * iters)) ] && [ "$threads" = $expect ] && [ "$orphan" = 0 ] && ok=1
+        result "launch events on $gpus GPUs, a host thread each" $ok "$calls calls, $done completed (expected $((gpus * iters)) each), $threads threads (expected $expect), $orphan completions without a call run"
+    else
+        echo "SKIP several GPUs: this machine has $gpus (the nvidia-h200-x2 kind has two)"
+    fi
+}
 {
     echo "GPU examples, $(date -u +%Y-%m-%d), $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | head -1), $(nvcc --version | tail -1)"
     if ! make -s -C bpf-examples/cuda OUT="$cuda" NVCC=nvcc >"$work/make.log" 2>&1; then
         result "build the CUDA programs" 0 "$(tail -3 "$work/make.log")"
+    fi
+    # GPU_EXAMPLES_ONLY=several_gpus: the multi-GPU checks alone, for a machine of several
+    # GPUs whose time is dear.
+    if [ "${GPU_EXAMPLES_ONLY:-}" = several_gpus ]; then
+        several_gpus
+        echo "$passed passed, $failed failed"
+        exit
     fi
 
     # cuda_counter: every thread counted at entry and exit, on every kind of build.
@@ -228,46 +278,7 @@ run() {  # run LOG ARGS... : bpftime run ARGS, output and exit status in LOG.out
         result "percpu_hashcount on $app: per-CPU hash on the GPU, summed over CPUs, CPU writes seen by later launches" $ok "$keys keys (expected 64), $off not holding $n / 64 x $iters = $((n / 64 * iters)); from_cpu[0] $made (expected 1000000 + $n x $((iters - 1)) = $((1000000 + n * (iters - 1)))); CPU launch counts 1..$((iters - 1)) unseen by later launches: $unseen, count $iters seen before it was written: ${early:-0}"
     done
 
-    # Several GPUs: vectorAdd on every device of the machine (a context each), counted at
-    # entry and exit and at every access, exact over all of them.
-    gpus=$(nvidia-smi --query-gpu=index --format=csv,noheader | wc -l)
-    if [ "$gpus" -ge 2 ]; then
-        n=1048576 iters=5
-        expect=$((gpus * iters * n))
-        log=$work/multi-counter
-        run "$log" "$objs/cuda_counter.bpf.o" -- "$cuda/multi_gpu" $n $iters
-        entries=$(value "$log.out" counts 0) exits=$(value "$log.out" counts 1)
-        ok=0; grep -q 'check=ok' "$log.out" && [ "$entries" = $expect ] && [ "$exits" = $expect ] && ok=1
-        result "cuda_counter on $gpus GPUs" $ok "entries $entries exits $exits (expected $expect each)"
-        log=$work/multi-ldst
-        run "$log" "$objs/access_check.bpf.o" -- "$cuda/multi_gpu" $n $iters
-        la=$(value "$log.out" vector_add 0) lb=$(value "$log.out" vector_add 1) sc=$(value "$log.out" vector_add 2)
-        outside=$(value "$log.out" vector_add 4)
-        ok=0; grep -q 'check=ok' "$log.out" && [ "$la" = $expect ] && [ "$lb" = $expect ] && [ "$sc" = $expect ] && [ "$outside" = 0 ] && ok=1
-        result "memory-access probe on $gpus GPUs, exact" $ok "loads a $la b $lb, stores c $sc (expected $expect each), outside $outside"
-        # The same with a host thread per GPU, all launching at once: contexts made,
-        # modules built and maps synced from several threads together.
-        log=$work/multi-counter-threads
-        run "$log" "$objs/cuda_counter.bpf.o" -- "$cuda/multi_gpu" $n $iters 1
-        entries=$(value "$log.out" counts 0) exits=$(value "$log.out" counts 1)
-        ok=0; grep -q 'host_threads=1 .*check=ok' "$log.out" && [ "$entries" = $expect ] && [ "$exits" = $expect ] && ok=1
-        result "cuda_counter on $gpus GPUs, a host thread each" $ok "entries $entries exits $exits (expected $expect each)"
-        log=$work/multi-ldst-threads
-        run "$log" "$objs/access_check.bpf.o" -- "$cuda/multi_gpu" $n $iters 1
-        la=$(value "$log.out" vector_add 0) lb=$(value "$log.out" vector_add 1) sc=$(value "$log.out" vector_add 2)
-        outside=$(value "$log.out" vector_add 4)
-        ok=0; grep -q 'host_threads=1 .*check=ok' "$log.out" && [ "$la" = $expect ] && [ "$lb" = $expect ] && [ "$sc" = $expect ] && [ "$outside" = 0 ] && ok=1
-        result "memory-access probe on $gpus GPUs, a host thread each, exact" $ok "loads a $la b $lb, stores c $sc (expected $expect each), outside $outside"
-        log=$work/multi-snoop-threads
-        run "$log" "$objs/launchsnoop.bpf.o" -- "$cuda/multi_gpu" $n $iters 1
-        calls=$(value "$log.out" stats 0) done=$(value "$log.out" stats 1) threads=$(value "$log.out" stats 6)
-        orphan=$(value "$log.out" stats 8)
-        ok=0; grep -q 'host_threads=1 .*check=ok' "$log.out" && [ "$calls" = $((gpus * iters)) ] &&
-            [ "$done" = $((gpus * iters)) ] && [ "$threads" = $expect ] && [ "$orphan" = 0 ] && ok=1
-        result "launch events on $gpus GPUs, a host thread each" $ok "$calls calls, $done completed (expected $((gpus * iters)) each), $threads threads (expected $expect), $orphan completions without a call run"
-    else
-        echo "SKIP several GPUs: this machine has $gpus (the nvidia-h200-x2 kind has two)"
-    fi
+    several_gpus
 
     # Memory-access probes (`cuda:KERNEL:ldst`), exact against a count by hand:
     # vectorAdd over n elements loads n floats from a and n from b and stores n into c;
