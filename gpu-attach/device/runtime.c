@@ -521,12 +521,27 @@ u64 bpftime_gpu_map_delete_elem(u64 map, u64 key, u64 r3, u64 r4, u64 r5)
     return (u64)hash_delete(m, (const u8 *)key);
 }
 
+/* 1 when bpftime-jit-ptx proves `x` the same in every lane of a warp (a constant, the
+ * call site's constants, a kernel argument, arithmetic on those), else 0: it answers
+ * every call when it compiles a probe (`fold_uniform_warp_ops`), so none is left to
+ * run. */
+extern int bpftime_gpu_known_uniform(u64 x) __attribute__((const));
+
 /* An atomic add that many threads make to one address (a counter on every thread), as
- * bpftime-jit-ptx routes the programs' non-fetching atomic adds here: when the whole warp
- * adds to the same address, its values are summed across the warp and one lane makes
- * the one atomic; otherwise each lane adds its own. Always inlined, so that a constant
- * address or value (a counter's) lets the match and the shuffles fold away
- * (`fold_uniform_warp_ops` in bpftime-jit-ptx). */
+ * bpftime-jit-ptx routes the programs' non-fetching atomic adds here. Made of values
+ * every lane holds alike (a counter's add of a constant to a constant address, or to one
+ * made of the call site's constants), the first active lane adds for all of them,
+ * whichever lanes are active, with no match. Otherwise, when a whole warp adds to the
+ * same address, its values are summed across the warp and one lane makes the one atomic
+ * (the match has a constant mask: one with the active mask costs a warp sync); else
+ * each lane adds its own. Always inlined, so that a uniform value or address lets the
+ * match and the shuffles fold away. */
+/* The lowest lane in `mask`. */
+static unsigned first_lane(unsigned mask)
+{
+    return (unsigned)__builtin_ctz(mask);
+}
+
 __attribute__((always_inline))
 u64 bpftime_gpu_warp_add_u64(u64 addr, u64 v, u64 r3, u64 r4, u64 r5)
 {
@@ -536,7 +551,11 @@ u64 bpftime_gpu_warp_add_u64(u64 addr, u64 v, u64 r3, u64 r4, u64 r5)
         return 0;
     }
     unsigned mask = __nvvm_activemask();
-    if (mask == 0xffffffffu && __nvvm_match_any_sync_i64(mask, addr) == mask) {
+    if (bpftime_gpu_known_uniform(addr) && bpftime_gpu_known_uniform(v)) {
+        if (__nvvm_read_ptx_sreg_laneid() != first_lane(mask))
+            return 0;
+        v *= (u64)__builtin_popcount(mask);
+    } else if (mask == 0xffffffffu && __nvvm_match_any_sync_i64(mask, addr) == mask) {
         for (int off = 16; off > 0; off >>= 1) {
             unsigned lo = __nvvm_shfl_sync_bfly_i32(mask, (unsigned)v, off, 0x1f);
             unsigned hi = __nvvm_shfl_sync_bfly_i32(mask, (unsigned)(v >> 32), off, 0x1f);
@@ -560,7 +579,11 @@ u64 bpftime_gpu_warp_add_u32(u64 addr, u64 v, u64 r3, u64 r4, u64 r5)
     }
     unsigned mask = __nvvm_activemask();
     u32 sum = (u32)v;
-    if (mask == 0xffffffffu && __nvvm_match_any_sync_i64(mask, addr) == mask) {
+    if (bpftime_gpu_known_uniform(addr) && bpftime_gpu_known_uniform(v)) {
+        if (__nvvm_read_ptx_sreg_laneid() != first_lane(mask))
+            return 0;
+        sum *= (u32)__builtin_popcount(mask);
+    } else if (mask == 0xffffffffu && __nvvm_match_any_sync_i64(mask, addr) == mask) {
         for (int off = 16; off > 0; off >>= 1)
             sum += __nvvm_shfl_sync_bfly_i32(mask, sum, off, 0x1f);
         if (__nvvm_read_ptx_sreg_laneid() != 0)
@@ -639,7 +662,22 @@ static u64 ring_output(struct ring *r, const u8 *data, u64 size)
     return 0;
 }
 
-u64 bpftime_gpu_ringbuf_output(u64 map, u64 data, u64 size, u64 flags, u64 r5)
+/* Records up to this size are copied before they are written out (see OUTPUT_COPY). */
+#define OUTPUT_COPY_MAX 128u
+
+/* A record handed to an output helper, copied into a buffer of the helper's own when it
+ * is small, and the address to write it from. The program's stack address handed to a
+ * call that is not inlined keeps every store the program makes to its stack, on every
+ * path (memtrace's keys of its counters, stored for lookups that inline to nothing): the
+ * copy, inlined where the program calls, is what reads the stack, so LLVM sees which
+ * bytes it needs and keeps the rest in registers. A macro, as the buffer must live in the
+ * inlined caller's frame. */
+#define OUTPUT_COPY(buffer, data, size)                                                   \
+    ((size) <= OUTPUT_COPY_MAX                                                             \
+         ? (__builtin_memcpy((buffer), (const void *)(data), (size)), (u64)(buffer))       \
+         : (u64)(data))
+
+static __attribute__((noinline)) u64 ringbuf_output(u64 map, u64 data, u64 size)
 {
     const struct gpu_map *m = (const struct gpu_map *)map;
     if (m->map_type != BPF_MAP_TYPE_RINGBUF && m->map_type != BPF_MAP_TYPE_GPU_RINGBUF)
@@ -647,9 +685,25 @@ u64 bpftime_gpu_ringbuf_output(u64 map, u64 data, u64 size, u64 flags, u64 r5)
     return ring_output(ring_shard((struct ring *)m->ring), (const u8 *)data, size);
 }
 
+__attribute__((always_inline))
+u64 bpftime_gpu_ringbuf_output(u64 map, u64 data, u64 size, u64 flags, u64 r5)
+{
+    u64 buffer[OUTPUT_COPY_MAX / 8];
+    return ringbuf_output(map, OUTPUT_COPY(buffer, data, size), size);
+}
+
 /* A perf record goes into the map's ring with the perf event flags (the CPU index) in
  * front of it; the host writes it to the store's perf buffer of that CPU. */
+static __attribute__((noinline)) u64 perf_event_output(u64 map, u64 flags, u64 data, u64 size);
+
+__attribute__((always_inline))
 u64 bpftime_gpu_perf_event_output(u64 ctx, u64 map, u64 flags, u64 data, u64 size)
+{
+    u64 buffer[OUTPUT_COPY_MAX / 8];
+    return perf_event_output(map, flags, OUTPUT_COPY(buffer, data, size), size);
+}
+
+static __attribute__((noinline)) u64 perf_event_output(u64 map, u64 flags, u64 data, u64 size)
 {
     const struct gpu_map *m = (const struct gpu_map *)map;
     if (m->map_type != BPF_MAP_TYPE_PERF_EVENT_ARRAY || size == 0 || size > 0x7fff0000ull)

@@ -12,7 +12,7 @@ use bpftime_jit_ptx::{
 
 use crate::cuda::DevicePtr;
 use crate::device_maps::{library_ir, RuntimeConfig};
-use crate::ptx::{ProbePoint, ACCESS_OFFSETS, ARG_OFFSETS, CTX_SIZE};
+use crate::ptx::{ProbePoint, ACCESS_OFFSETS, ACCESS_UNIFORM, ARG_OFFSETS, CTX_SIZE};
 
 /// Where one of a probe's maps lives on the device.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -27,15 +27,24 @@ pub struct DeviceMapRef {
 }
 
 /// The ABI spliced calls at `point` use (see `ptx`): the kernel's six arguments, and an
-/// access probe's five more, laid out as `pt_regs`.
+/// access probe's six more, laid out as `pt_regs`. The kernel's arguments are the same in
+/// every thread, and so are an access's site constants ([`ACCESS_UNIFORM`]).
 pub fn probe_abi(point: ProbePoint) -> ProbeAbi {
-    let extra: &[usize] = match point {
-        ProbePoint::Entry | ProbePoint::Exit => &[],
-        ProbePoint::Access | ProbePoint::SharedAccess => &ACCESS_OFFSETS,
+    let (extra, extra_uniform): (&[usize], &[bool]) = match point {
+        ProbePoint::Entry | ProbePoint::Exit => (&[], &[]),
+        ProbePoint::Access | ProbePoint::SharedAccess => (&ACCESS_OFFSETS, &ACCESS_UNIFORM),
     };
+    let uniform = ARG_OFFSETS
+        .iter()
+        .map(|_| true)
+        .chain(extra_uniform.iter().copied())
+        .enumerate()
+        .filter(|&(_, u)| u)
+        .fold(0u64, |mask, (i, _)| mask | 1 << i);
     ProbeAbi::Arguments {
         size: CTX_SIZE as u32,
         offsets: ARG_OFFSETS.iter().chain(extra).map(|&o| o as u32).collect(),
+        uniform,
     }
 }
 
@@ -316,6 +325,10 @@ struct ProbeEnv {
 impl GpuEnv for ProbeEnv {
     fn array_map(&self, map: u64) -> Option<ArrayMapLayout> {
         self.arrays.get(&map).copied()
+    }
+
+    fn array_maps(&self) -> Vec<ArrayMapLayout> {
+        self.arrays.values().copied().collect()
     }
 
     fn library(&self) -> Option<&str> {

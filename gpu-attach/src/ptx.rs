@@ -64,6 +64,11 @@ pub const ACCESS_ARGS: usize = 6;
 /// kernel parameter the address is computed from ([`NO_BASE_ARG`] when not one alone).
 pub const ACCESS_OFFSETS: [usize; ACCESS_ARGS] = [0, 8, 16, 24, 32, 40];
 
+/// Which of an access probe's own arguments are the same in every lane of a warp that
+/// makes the call: the size and kind, the kernel id and access index, and the base
+/// argument are the call site's constants; the address and the value are the lane's.
+pub const ACCESS_UNIFORM: [bool; ACCESS_ARGS] = [false, false, false, true, true, true];
+
 /// An access's base argument when its address is not computed from one kernel pointer
 /// parameter alone (or the splicer cannot tell): -1 as the context's 32-bit `arg`.
 pub const NO_BASE_ARG: u32 = u32::MAX;

@@ -196,6 +196,12 @@ pub trait GpuEnv {
         None
     }
 
+    /// Every array map [`GpuEnv::array_map`] answers for: where their values lie bounds
+    /// the addresses made from them ([`fold_map_bounds_checks`]).
+    fn array_maps(&self) -> Vec<ArrayMapLayout> {
+        Vec::new()
+    }
+
     /// LLVM IR, as text, linked into the module before optimization: definitions of
     /// [`GpuHelper::Extern`] functions that should live inside the program rather than
     /// in the runtime. Its definitions become internal to the program.
@@ -287,7 +293,16 @@ pub enum ProbeAbi {
     /// kernel's parameters). Reads the program makes at constant offsets then become the
     /// arguments themselves, and a context it never reads costs nothing: a context built
     /// by the caller in local memory costs every thread its size in stores.
-    Arguments { size: u32, offsets: Vec<u32> },
+    ///
+    /// Bit `i` of `uniform` says argument `i` is the same in every lane of a warp that
+    /// makes one call (a kernel parameter, a constant of the call site): warp-wide
+    /// operations on values made only from such arguments and constants fold away
+    /// ([`fold_uniform_warp_ops`]), as they would for constants.
+    Arguments {
+        size: u32,
+        offsets: Vec<u32>,
+        uniform: u64,
+    },
 }
 
 /// A lifted GPU module before optimization and code generation.
@@ -495,7 +510,7 @@ pub fn build_module<'ctx>(
     // The probe function: r1 = ctx.
     let params: Vec<_> = match abi {
         ProbeAbi::Context => vec![ptr.into()],
-        ProbeAbi::Arguments { size, offsets } => {
+        ProbeAbi::Arguments { size, offsets, .. } => {
             if offsets.iter().any(|&o| o % 8 != 0 || o + 8 > *size) {
                 return Err(CompileError::InvalidOption {
                     message: format!(
@@ -515,7 +530,7 @@ pub fn build_module<'ctx>(
     builder.position_at_end(context.append_basic_block(func, "entry"));
     let ctx = match abi {
         ProbeAbi::Context => param_ptr(func, 0)?,
-        ProbeAbi::Arguments { size, offsets } => {
+        ProbeAbi::Arguments { size, offsets, .. } => {
             let slots = i64t.array_type(size.div_ceil(8));
             let ctx = builder.build_alloca(slots, "ctx")?;
             builder.build_store(ctx, slots.const_zero())?;
@@ -763,6 +778,314 @@ fn derives_from(v: inkwell::values::BasicValueEnum<'_>, origin: Origin, depth: u
     }
 }
 
+/// The bytes `[start, end)` of each array map's values that `arrays` lays out (per-CPU
+/// ones left out: their copies lie elsewhere).
+pub fn array_extents(arrays: &[ArrayMapLayout]) -> Vec<(u64, u64)> {
+    arrays
+        .iter()
+        .filter(|a| a.per_cpu.is_none())
+        .filter_map(|a| {
+            let len = u64::from(a.key_stride).checked_mul(u64::from(a.max_entries))?;
+            Some((a.values, a.values.checked_add(len)?))
+        })
+        .collect()
+}
+
+/// Folds range checks on addresses the verifier has already bounded: `(addr - LO) <u LEN`
+/// is true when every address `addr` can be is in an array map's values that lie within
+/// `[LO, LO + LEN)`. `addr` is such an address when it is made from a constant inside one
+/// of `extents` (an inlined lookup's value, a global's) by adding offsets, through casts,
+/// phis and selects: the verifier let the program reach memory through it only inside
+/// that map's values, and a pointer cannot leave its map by arithmetic. The device
+/// runtime's test for a sharded array (is this add's address in the context's shard
+/// window?) is such a check, which LLVM cannot prove when the histogram is one of several
+/// picked at run time. Returns how many it folded.
+pub fn fold_map_bounds_checks(
+    module: &Module<'_>,
+    extents: &[(u64, u64)],
+) -> Result<usize, CompileError> {
+    use inkwell::values::{AnyValue, BasicValue, InstructionOpcode as Op};
+    use inkwell::IntPredicate;
+    if extents.is_empty() {
+        return Ok(0);
+    }
+    let mut folded = 0;
+    for cmp in instructions_where(module, |i| i.get_opcode() == Op::ICmp) {
+        let Some((diff, len)) = first_two_operands(cmp) else {
+            continue;
+        };
+        let Some(len) = constant_u64(len) else {
+            continue;
+        };
+        let answer = match cmp.get_icmp_predicate() {
+            Some(IntPredicate::ULT) => true,
+            Some(IntPredicate::UGE) => false,
+            _ => continue,
+        };
+        let Some(sub) = diff.as_instruction_value() else {
+            continue;
+        };
+        let Some((addr, k)) = first_two_operands(sub) else {
+            continue;
+        };
+        let Some(k) = constant_u64(k) else {
+            continue;
+        };
+        let lo = match sub.get_opcode() {
+            Op::Add => k.wrapping_neg(),
+            Op::Sub => k,
+            _ => continue,
+        };
+        let Some((start, end)) = address_extent(addr, extents, 0) else {
+            continue;
+        };
+        if !(start >= lo && end.checked_sub(lo).is_some_and(|n| n <= len)) {
+            continue;
+        }
+        let this = cmp.as_any_value_enum().into_int_value();
+        this.replace_all_uses_with(this.get_type().const_int(u64::from(answer), false));
+        cmp.erase_from_basic_block();
+        folded += 1;
+    }
+    Ok(folded)
+}
+
+/// An instruction's first two operands, when both are values.
+fn first_two_operands(
+    i: inkwell::values::InstructionValue<'_>,
+) -> Option<(
+    inkwell::values::BasicValueEnum<'_>,
+    inkwell::values::BasicValueEnum<'_>,
+)> {
+    use inkwell::values::Operand;
+    match (i.get_operand(0), i.get_operand(1)) {
+        (Some(Operand::Value(a)), Some(Operand::Value(b))) => Some((a, b)),
+        _ => None,
+    }
+}
+
+fn constant_u64(v: inkwell::values::BasicValueEnum<'_>) -> Option<u64> {
+    v.is_int_value()
+        .then(|| v.into_int_value())
+        .filter(|i| i.is_const())
+        .and_then(|i| i.get_zero_extended_constant())
+}
+
+/// The hull of the extents `v` can point into, made as [`fold_map_bounds_checks`] says;
+/// `None` when it is not made so.
+fn address_extent(
+    v: inkwell::values::BasicValueEnum<'_>,
+    extents: &[(u64, u64)],
+    depth: u32,
+) -> Option<(u64, u64)> {
+    use inkwell::values::{BasicValue, InstructionOpcode as Op, Operand};
+    if let Some(c) = constant_u64(v) {
+        return extents.iter().copied().find(|&(s, e)| s <= c && c < e);
+    }
+    let i = v.as_instruction_value()?;
+    if depth > 32 {
+        return None;
+    }
+    let operands: Vec<_> = i
+        .get_operands()
+        .map(|o| match o {
+            Some(Operand::Value(v)) => Some(v),
+            _ => None,
+        })
+        .collect::<Option<_>>()?;
+    let hull = |a: (u64, u64), b: (u64, u64)| (a.0.min(b.0), a.1.max(b.1));
+    match i.get_opcode() {
+        Op::BitCast | Op::AddrSpaceCast | Op::IntToPtr | Op::PtrToInt => {
+            address_extent(*operands.first()?, extents, depth + 1)
+        }
+        // An offset added to a map address: exactly one side is the address (LLVM writes
+        // a disjoint add as `or`).
+        Op::Add | Op::Or => {
+            let mut sides = operands
+                .iter()
+                .map(|&o| address_extent(o, extents, depth + 1));
+            match (sides.next()?, sides.next()?) {
+                (Some(e), None) | (None, Some(e)) => Some(e),
+                _ => None,
+            }
+        }
+        Op::GetElementPtr => {
+            let e = address_extent(*operands.first()?, extents, depth + 1)?;
+            operands[1..]
+                .iter()
+                .all(|&o| address_extent(o, extents, depth + 1).is_none())
+                .then_some(e)
+        }
+        Op::Sub => {
+            let e = address_extent(*operands.first()?, extents, depth + 1)?;
+            (address_extent(*operands.get(1)?, extents, depth + 1).is_none()).then_some(e)
+        }
+        Op::Phi => operands
+            .iter()
+            .map(|&o| address_extent(o, extents, depth + 1))
+            .reduce(|a, b| Some(hull(a?, b?)))?,
+        Op::Select => operands[1..]
+            .iter()
+            .map(|&o| address_extent(o, extents, depth + 1))
+            .reduce(|a, b| Some(hull(a?, b?)))?,
+        _ => None,
+    }
+}
+
+/// Turns clang's BPF expansion of a count of leading zeros back into one: eBPF has no
+/// such instruction, so `__builtin_clz` (and the loop LLVM recognizes as one, such as a
+/// log2's `while (v >>= 1) r++`) reaches us as the bits below the highest set one smeared
+/// down (`x |= x >> 1`, `>> 2`, .. `>> N/2`) and a population count of the complement,
+/// about 15 GPU instructions where `clz` is one. Returns how many it turned back.
+pub fn fold_smeared_ctlz(module: &Module<'_>) -> Result<usize, CompileError> {
+    use inkwell::values::{AnyValue, InstructionOpcode as Op, Operand};
+    let builder = module.get_context().create_builder();
+    let mut folded = 0;
+    for call in instructions_where(module, |i| i.get_opcode() == Op::Call) {
+        let n = call.get_num_operands();
+        let Some(Operand::Value(callee)) = call.get_operand(n.saturating_sub(1)) else {
+            continue;
+        };
+        if !callee
+            .get_name()
+            .to_string_lossy()
+            .starts_with("llvm.ctpop.i")
+        {
+            continue;
+        }
+        let Some(Operand::Value(arg)) = call.get_operand(0) else {
+            continue;
+        };
+        let Some(x) = unsmeared_complement(arg) else {
+            continue;
+        };
+        let int = x.into_int_value();
+        let ctlz = intrinsic(module, "llvm.ctlz", &[int.get_type().into()])?;
+        builder.position_before(&call);
+        let zeros = call_int(
+            &builder,
+            ctlz,
+            &[
+                int.into(),
+                module.get_context().bool_type().const_zero().into(),
+            ],
+            "clz",
+        )?;
+        call.as_any_value_enum()
+            .into_int_value()
+            .replace_all_uses_with(zeros);
+        call.erase_from_basic_block();
+        folded += 1;
+    }
+    Ok(folded)
+}
+
+/// `x` when `v` is `~smear(x)`: `smear` the ors of shifts right by N/2, .., 2, 1 (outermost
+/// first) of an N-bit integer (32 or 64).
+fn unsmeared_complement<'ctx>(
+    v: inkwell::values::BasicValueEnum<'ctx>,
+) -> Option<inkwell::values::BasicValueEnum<'ctx>> {
+    use inkwell::values::{AsValueRef, BasicValue, BasicValueEnum, InstructionOpcode as Op};
+    use inkwell::values::{InstructionValue, Operand};
+    fn value(i: InstructionValue<'_>, n: u32) -> Option<BasicValueEnum<'_>> {
+        match i.get_operand(n) {
+            Some(Operand::Value(v)) => Some(v),
+            _ => None,
+        }
+    }
+    let same =
+        |a: BasicValueEnum<'ctx>, b: BasicValueEnum<'ctx>| a.as_value_ref() == b.as_value_ref();
+    let not = v.as_instruction_value()?;
+    if not.get_opcode() != Op::Xor {
+        return None;
+    }
+    let (a, b) = (value(not, 0)?, value(not, 1)?);
+    let mut smeared = match (constant_u64(b), constant_u64(a)) {
+        (Some(_), _) if b.into_int_value().get_sign_extended_constant() == Some(-1) => a,
+        (_, Some(_)) if a.into_int_value().get_sign_extended_constant() == Some(-1) => b,
+        _ => return None,
+    };
+    let bits = smeared.into_int_value().get_type().get_bit_width();
+    if bits != 32 && bits != 64 {
+        return None;
+    }
+    let mut shift = bits / 2;
+    while shift >= 1 {
+        let or = smeared.as_instruction_value()?;
+        if or.get_opcode() != Op::Or {
+            return None;
+        }
+        let (p, q) = (value(or, 0)?, value(or, 1)?);
+        // One side is `inner >> shift`, the other `inner`.
+        let shifted_of = |s: BasicValueEnum<'ctx>| {
+            let i = s.as_instruction_value()?;
+            (i.get_opcode() == Op::LShr && constant_u64(value(i, 1)?) == Some(u64::from(shift)))
+                .then(|| value(i, 0))?
+        };
+        smeared = match (shifted_of(p), shifted_of(q)) {
+            (Some(inner), _) if same(inner, q) => q,
+            (_, Some(inner)) if same(inner, p) => p,
+            _ => return None,
+        };
+        shift /= 2;
+    }
+    Some(smeared)
+}
+
+/// Whether every lane of a warp holds `v` alike: a constant, one of `uniform` (values by
+/// their LLVM references), or pure arithmetic, casts, compares and selects of such
+/// values. A phi is not: lanes that reach it by different edges hold different inputs.
+/// Nor is a load, or a call's result.
+fn is_warp_uniform(v: inkwell::values::BasicValueEnum<'_>, uniform: &[usize], depth: u32) -> bool {
+    use inkwell::values::{AsValueRef, BasicValue, BasicValueEnum as V, InstructionOpcode as Op};
+    let constant = match v {
+        V::IntValue(i) => i.is_const(),
+        V::PointerValue(p) => p.is_const(),
+        _ => false,
+    };
+    if constant || uniform.contains(&(v.as_value_ref() as usize)) {
+        return true;
+    }
+    let Some(i) = v.as_instruction_value() else {
+        return false;
+    };
+    if depth > 32 {
+        return false;
+    }
+    let pure = matches!(
+        i.get_opcode(),
+        Op::Add
+            | Op::Sub
+            | Op::Mul
+            | Op::UDiv
+            | Op::SDiv
+            | Op::URem
+            | Op::SRem
+            | Op::Shl
+            | Op::LShr
+            | Op::AShr
+            | Op::And
+            | Op::Or
+            | Op::Xor
+            | Op::Trunc
+            | Op::ZExt
+            | Op::SExt
+            | Op::PtrToInt
+            | Op::IntToPtr
+            | Op::BitCast
+            | Op::AddrSpaceCast
+            | Op::GetElementPtr
+            | Op::ICmp
+            | Op::Select
+            | Op::Freeze
+    );
+    pure && i.get_operands().all(|o| match o {
+        Some(inkwell::values::Operand::Value(o)) => is_warp_uniform(o, uniform, depth + 1),
+        Some(inkwell::values::Operand::Block(_)) => false,
+        None => true,
+    })
+}
+
 /// Every instruction of `module` that `keep` picks, in order; collected before a pass
 /// rewrites or erases any of them.
 fn instructions_where<'ctx>(
@@ -923,14 +1246,27 @@ fn route_atomic_adds(module: &Module<'_>) -> Result<usize, CompileError> {
     Ok(routed)
 }
 
-/// Folds warp-wide operations on values every lane holds alike (constants, after
-/// inlining): a `match.any.sync` of one value is its member mask, and a `shfl.sync` of
-/// one value is that value; and `isspacep.local` is true of the eBPF stack and false of
-/// an address made from a constant one (an inlined array lookup's). A counter's add then needs no match and no shuffles: the
-/// device runtime's warp-aggregated add of a constant to a constant address reduces to
-/// one atomic of 32 times the constant by the first lane. Returns how many it folded.
-pub fn fold_uniform_warp_ops(module: &Module<'_>) -> Result<usize, CompileError> {
-    use inkwell::values::{AnyValue, InstructionOpcode as Op, Operand};
+/// The device runtime's question "is this value the same in every lane of the warp?",
+/// which [`fold_uniform_warp_ops`] answers at compile time: 1 when it can prove so, else 0.
+pub const KNOWN_UNIFORM: &str = "bpftime_gpu_known_uniform";
+
+/// Folds warp-wide operations on values every lane holds alike: a `match.any.sync` of
+/// one value is its member mask, and a `shfl.sync` of one value is that value; and
+/// `isspacep.local` is true of the eBPF stack and false of an address made from a
+/// constant one (an inlined array lookup's). A value every lane holds alike is a
+/// constant, one of `uniform` (the probe's arguments that are the same across a warp's
+/// call), or arithmetic on such values alone ([`is_warp_uniform`]). A counter's add then
+/// needs no match and no shuffles: the device runtime's warp-aggregated add of a
+/// constant to a constant address, or to an address made from the call site's
+/// constants (memtrace's count per kernel and kind), reduces to one atomic of 32 times
+/// the constant by the first lane. It also answers every [`KNOWN_UNIFORM`] question the
+/// device runtime asks. Returns how many it folded.
+pub fn fold_uniform_warp_ops<'ctx>(
+    module: &Module<'ctx>,
+    uniform: &[inkwell::values::BasicValueEnum<'ctx>],
+) -> Result<usize, CompileError> {
+    use inkwell::values::{AnyValue, AsValueRef, InstructionOpcode as Op, Operand};
+    let uniform: Vec<usize> = uniform.iter().map(|v| v.as_value_ref() as usize).collect();
     let mut folded = 0;
     for call in instructions_where(module, |i| i.get_opcode() == Op::Call) {
         let n = call.get_num_operands();
@@ -962,6 +1298,23 @@ pub fn fold_uniform_warp_ops(module: &Module<'_>) -> Result<usize, CompileError>
             folded += 1;
             continue;
         }
+        if name == KNOWN_UNIFORM {
+            // Answered now, whatever it is: the device runtime has no definition of it.
+            let (Some(Operand::Value(value)), this) =
+                (call.get_operand(0), call.as_any_value_enum())
+            else {
+                continue;
+            };
+            if !this.is_int_value() {
+                continue;
+            }
+            let answer = u64::from(is_warp_uniform(value, &uniform, 0));
+            let int = this.into_int_value();
+            int.replace_all_uses_with(int.get_type().const_int(answer, false));
+            call.erase_from_basic_block();
+            folded += 1;
+            continue;
+        }
         // (intrinsic, operand that becomes the result)
         let keep = if name.starts_with("llvm.nvvm.match.any.sync.") {
             0
@@ -975,7 +1328,7 @@ pub fn fold_uniform_warp_ops(module: &Module<'_>) -> Result<usize, CompileError>
         else {
             continue;
         };
-        if !(value.is_int_value() && value.into_int_value().is_const()) {
+        if !(value.is_int_value() && is_warp_uniform(value, &uniform, 0)) {
             continue;
         }
         let this = call.as_any_value_enum();
@@ -989,6 +1342,16 @@ pub fn fold_uniform_warp_ops(module: &Module<'_>) -> Result<usize, CompileError>
             .replace_all_uses_with(result.into_int_value());
         call.erase_from_basic_block();
         folded += 1;
+    }
+    // Every question is answered: the declaration goes, or it would read as a helper the
+    // runtime lacks.
+    if let Some(f) = module.get_function(KNOWN_UNIFORM) {
+        if inkwell::values::BasicValue::get_first_use(&f.as_global_value().as_pointer_value())
+            .is_none()
+        {
+            // SAFETY: a declaration nothing refers to any more.
+            unsafe { f.delete() };
+        }
     }
     Ok(folded)
 }
@@ -1065,4 +1428,156 @@ pub fn fold_stack_pointer_casts<'ctx>(module: &Module<'ctx>) -> Result<usize, Co
         rewritten += 1;
     }
     Ok(rewritten)
+}
+
+#[cfg(test)]
+mod fold_tests {
+    use super::*;
+
+    fn module<'ctx>(context: &'ctx Context, ir: &str) -> Module<'ctx> {
+        let buffer = MemoryBuffer::create_from_memory_range_copy(ir.as_bytes(), "test");
+        context
+            .create_module_from_ir(buffer)
+            .expect("test IR parses")
+    }
+
+    fn text(m: &Module<'_>) -> String {
+        m.verify().expect("still valid IR");
+        m.print_to_string().to_string()
+    }
+
+    const MATCH: &str = "declare i32 @llvm.nvvm.match.any.sync.i64(i32, i64)\n";
+
+    /// A match of a value made from the arguments a warp's lanes share folds to its mask;
+    /// one made from a lane's own argument, or through a phi (lanes may arrive by
+    /// different edges), stays.
+    #[test]
+    fn matches_of_values_every_lane_shares_fold() {
+        let context = Context::create();
+        let m = module(
+            &context,
+            &format!(
+                "{MATCH}define i32 @probe(i64 %site, i64 %addr, i1 %c) {{
+entry:
+  %k = and i64 %site, 4294967295
+  %slot = shl i64 %k, 3
+  %shared = add i64 %slot, 4096
+  %a = call i32 @llvm.nvvm.match.any.sync.i64(i32 -1, i64 %shared)
+  %own = add i64 %addr, %slot
+  %b = call i32 @llvm.nvvm.match.any.sync.i64(i32 -1, i64 %own)
+  br i1 %c, label %x, label %y
+x:
+  br label %y
+y:
+  %p = phi i64 [ %shared, %entry ], [ 8, %x ]
+  %d = call i32 @llvm.nvvm.match.any.sync.i64(i32 -1, i64 %p)
+  %s1 = add i32 %a, %b
+  %s2 = add i32 %s1, %d
+  ret i32 %s2
+}}"
+            ),
+        );
+        let f = m.get_function("probe").unwrap();
+        let site = f.get_nth_param(0).unwrap();
+        assert_eq!(fold_uniform_warp_ops(&m, &[site]).unwrap(), 1);
+        let ir = text(&m);
+        assert_eq!(
+            ir.matches("call i32 @llvm.nvvm.match.any").count(),
+            2,
+            "{ir}"
+        );
+        assert!(!ir.contains("i64 %shared)"), "{ir}");
+        // With no argument known to be shared, only constants fold (none here).
+        let m = module(
+            &context,
+            &format!(
+                "{MATCH}define i32 @probe(i64 %site) {{
+  %a = call i32 @llvm.nvvm.match.any.sync.i64(i32 -1, i64 %site)
+  ret i32 %a
+}}"
+            ),
+        );
+        assert_eq!(fold_uniform_warp_ops(&m, &[]).unwrap(), 0);
+    }
+
+    /// `(addr - LO) <u LEN` folds to true when `addr` is made from a constant inside an
+    /// array's values and every array it can be in lies in `[LO, LO + LEN)`; not for an
+    /// address from a constant outside every array, nor when an array reaches past
+    /// the range.
+    #[test]
+    fn range_checks_of_addresses_in_arrays_fold() {
+        let check = |base_a: u64, base_b: u64, extents: &[(u64, u64)]| {
+            let context = Context::create();
+            let m = module(
+                &context,
+                &format!(
+                    "define i1 @probe(i64 %slot, i1 %c) {{
+entry:
+  %off = shl i64 %slot, 3
+  %b = add i64 %off, {base_b}
+  br i1 %c, label %x, label %y
+x:
+  %a = or disjoint i64 %off, {base_a}
+  br label %y
+y:
+  %addr = phi i64 [ %a, %x ], [ %b, %entry ]
+  %rel = add i64 %addr, -4096
+  %in = icmp ult i64 %rel, 1024
+  ret i1 %in
+}}"
+                ),
+            );
+            let folded = fold_map_bounds_checks(&m, extents).unwrap();
+            let ir = text(&m);
+            assert_eq!(folded == 1, ir.contains("ret i1 true"), "{ir}");
+            folded == 1
+        };
+        let arrays = [(4096, 4096 + 512), (4096 + 512, 4096 + 1024)];
+        assert!(check(4096, 4096 + 512, &arrays));
+        // One side from a constant in no array: the verifier says nothing about it.
+        assert!(!check(4096, 8192, &arrays));
+        // An array that reaches past the checked range.
+        assert!(!check(
+            4096,
+            4096 + 512,
+            &[(4096, 4096 + 512), (4096 + 512, 4096 + 2048)]
+        ));
+        assert!(!check(4096, 4096 + 512, &[]));
+    }
+
+    /// clang's eBPF expansion of a count of leading zeros (smeared bits, a population
+    /// count of their complement) becomes `llvm.ctlz` again, at 64 and 32 bits; a chain
+    /// with a shift missing is some other computation and stays.
+    #[test]
+    fn smeared_population_counts_become_clz() {
+        let smear = |bits: u32, shifts: &[u32]| {
+            let mut body = String::new();
+            let mut last = "%x".to_string();
+            for (n, s) in shifts.iter().enumerate() {
+                body.push_str(&format!(
+                    "  %s{n} = lshr i{bits} {last}, {s}\n  %o{n} = or i{bits} %s{n}, {last}\n"
+                ));
+                last = format!("%o{n}");
+            }
+            format!(
+                "declare i{bits} @llvm.ctpop.i{bits}(i{bits})
+define i{bits} @probe(i{bits} %x) {{
+{body}  %not = xor i{bits} {last}, -1
+  %n = call i{bits} @llvm.ctpop.i{bits}(i{bits} %not)
+  ret i{bits} %n
+}}"
+            )
+        };
+        for (bits, shifts, folds) in [
+            (64, vec![1, 2, 4, 8, 16, 32], true),
+            (32, vec![1, 2, 4, 8, 16], true),
+            (64, vec![1, 2, 4, 16, 32], false),
+        ] {
+            let context = Context::create();
+            let m = module(&context, &smear(bits, &shifts));
+            assert_eq!(fold_smeared_ctlz(&m).unwrap(), usize::from(folds));
+            let ir = text(&m);
+            assert_eq!(ir.contains("@llvm.ctlz"), folds, "{ir}");
+        }
+    }
 }

@@ -416,6 +416,7 @@ mod probe_abi_tests {
             probe_abi: ProbeAbi::Arguments {
                 size: 168,
                 offsets: vec![112, 104, 96, 88, 72, 64],
+                uniform: 0x3f,
             },
             ..PtxOptions::default()
         }
@@ -455,6 +456,7 @@ mod probe_abi_tests {
             probe_abi: ProbeAbi::Arguments {
                 size: 16,
                 offsets: vec![12],
+                uniform: 0,
             },
             ..args_abi()
         };

@@ -14,9 +14,9 @@ use inkwell::values::{FunctionValue, IntValue};
 use tracing::debug;
 
 use crate::gpu::{
-    build_module, call_int, demote_stack_atomics, extern_functions, fold_stack_pointer_casts,
-    fold_uniform_warp_ops, intrinsic, Axis, Dimension, GpuBackend, GpuEnv, GpuModule, OptLevel,
-    ProbeAbi, SpecialRegister,
+    array_extents, build_module, call_int, demote_stack_atomics, extern_functions,
+    fold_map_bounds_checks, fold_smeared_ctlz, fold_stack_pointer_casts, fold_uniform_warp_ops,
+    intrinsic, Axis, Dimension, GpuBackend, GpuEnv, GpuModule, OptLevel, ProbeAbi, SpecialRegister,
 };
 use crate::CompileError;
 
@@ -323,19 +323,32 @@ fn optimized_module<'ctx>(
         optimize(
             &gpu.module,
             machine,
-            "function(sroa,early-cse,instcombine<no-verify-fixpoint>,simplifycfg,adce)",
+            "function(sroa,early-cse,instcombine<no-verify-fixpoint>,simplifycfg,sroa,early-cse,instcombine<no-verify-fixpoint>,simplifycfg,adce)",
         )?;
     }
     // Each round's folding makes the next shuffle's operand a constant (a warp sum of a
     // constant doubles at every step), so it goes round until nothing is left to fold.
+    let uniform: Vec<_> = match (&opts.probe_abi, gpu.module.get_function(&gpu.func)) {
+        (ProbeAbi::Arguments { uniform, .. }, Some(f)) => f
+            .get_param_iter()
+            .enumerate()
+            .filter(|&(i, _)| i < 64 && uniform & (1 << i) != 0)
+            .map(|(_, p)| p)
+            .collect(),
+        _ => Vec::new(),
+    };
+    let extents = array_extents(&env.array_maps());
     for _ in 0..8 {
-        if fold_uniform_warp_ops(&gpu.module)? == 0 {
+        let folded = fold_uniform_warp_ops(&gpu.module, &uniform)?
+            + fold_map_bounds_checks(&gpu.module, &extents)?
+            + fold_smeared_ctlz(&gpu.module)?;
+        if folded == 0 {
             break;
         }
         optimize(
             &gpu.module,
             machine,
-            "function(instcombine<no-verify-fixpoint>,simplifycfg,adce)",
+            "function(instcombine<no-verify-fixpoint>,correlated-propagation,instcombine<no-verify-fixpoint>,simplifycfg,adce)",
         )?;
     }
     demote_stack_atomics(&gpu.module)?;
