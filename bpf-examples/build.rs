@@ -59,6 +59,7 @@ const GPU_ARTIFACTS: &[&str] = &[
     "smcount.bpf.o",
     "percpu_hashcount.bpf.o",
     "access_shared.bpf.o",
+    "memtrace.bpf.o",
     "bench_empty.bpf.o",
     "bench_count.bpf.o",
     "bench_exit_time.bpf.o",

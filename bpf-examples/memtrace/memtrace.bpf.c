@@ -92,31 +92,16 @@ struct {
 	__uint(max_entries, 1 << 24);
 } timeline SEC(".maps");
 
-/* floor(log2(v)), 0 for 0: in 32-bit halves, as a GPU does 32-bit arithmetic in one
- * instruction and 64-bit in two or three. */
-static __always_inline __u32 log2_32(__u32 v)
-{
-	__u32 r, shift;
-
-	r = (v > 0xFFFF) << 4;
-	v >>= r;
-	shift = (v > 0xFF) << 3;
-	v >>= shift;
-	r |= shift;
-	shift = (v > 0xF) << 2;
-	v >>= shift;
-	r |= shift;
-	shift = (v > 0x3) << 1;
-	v >>= shift;
-	r |= shift;
-	return r | (v >> 1);
-}
-
+/* floor(log2(v)), 0 for 0. clang finds the count of leading zeros in this loop, and
+ * writes it without a loop in eBPF (which has no such instruction); bpftime's GPU
+ * compiler turns that back into the GPU's one `clz`. */
 static __always_inline __u32 log2_slot(__u64 v)
 {
-	__u32 hi = v >> 32;
+	__u32 r = 0;
 
-	return hi ? 32 + log2_32(hi) : log2_32((__u32)v);
+	while (v >>= 1)
+		r++;
+	return r;
 }
 
 /* The kernel's parameter `i` (0 to 5) from the context. Each is read at its own offset
@@ -193,8 +178,9 @@ int memtrace_access(void *ctx)
 
 	/* One 128-byte line in 256, picked by a hash of its address: each picked line
 	 * shows every access to it, the same lines in every launch, and no random
-	 * number costs every access. */
-	if ((addr & 127) == 0 && (((addr >> 7) * 0x9E3779B97F4A7C15ULL) >> 56) == 0) {
+	 * number costs every access. The hash is of the line number's low 32 bits, a
+	 * multiply a GPU does in one instruction. */
+	if ((addr & 127) == 0 && ((__u32)(addr >> 7) * 0x9E3779B1U) >> 24 == 0) {
 		struct access_sample s = {
 			.time_ns = bpf_ktime_get_ns(),
 			.addr = addr,

@@ -107,6 +107,9 @@ pub const HASHSTARTS_BPF_O: &str = env!("BPF_EXAMPLES_HASHSTARTS_BPF_O");
 /// `access_shared`: global and shared-memory accesses of vectorAdd and the tiled matmul
 /// by kind and space (`cuda:KERNEL:ldst.shared`).
 pub const ACCESS_SHARED_BPF_O: &str = env!("BPF_EXAMPLES_ACCESS_SHARED_BPF_O");
+/// `memtrace`: a memory-access probe on every kernel (`cuda:*:ldst`): counts per kernel
+/// and kind, log2 histograms of offsets into each buffer, a sampled timeline.
+pub const MEMTRACE_BPF_O: &str = env!("BPF_EXAMPLES_MEMTRACE_BPF_O");
 /// `gpu_timeline`: uprobes and a uretprobe on two_paths' CPU functions and probes inside
 /// its `scale` kernel (a printk among them), for `bpftime run --trace`.
 pub const GPU_TIMELINE_BPF_O: &str = env!("BPF_EXAMPLES_GPU_TIMELINE_BPF_O");
