@@ -15,6 +15,9 @@
 #                               uprobe bench; ldst-shared: the shared-memory access probes'
 #                               check alone, scripts/gpu-ldst-shared.sh, which examples
 #                               runs too), to fit the device tool's 10-minute calls
+#   GPU_EXEC='CMD' scripts/gpu.sh --on-device exec: CMD with $BT, $OBJS and $CUDA set
+#                               (bpftime, the objects, the CUDA programs), for a look at
+#                               one case
 #
 # The examples (scripts/gpu-examples.sh), the overhead benchmark (scripts/gpu-bench.sh)
 # and the concurrency stress runs (scripts/gpu-stress.sh, GPU_STRESS_RUNS times, 10 by
@@ -146,6 +149,15 @@ gpu_examples() {
         cp "$carry/cpu/$f" "$dir/"
     done
     local status=0
+    if [ "$part" = exec ]; then
+        # A command of one's own with what the examples use: $BT (bpftime), $OBJS (the
+        # objects) and $CUDA (the CUDA programs, built here).
+        make -s -C bpf-examples/cuda OUT="$dir/cuda" NVCC=nvcc >/dev/null 2>&1
+        BT=$dir/bpftime OBJS=$dir CUDA=$dir/cuda bash -c "$GPU_EXEC"
+        status=$?
+        rm -rf "$dir"
+        return $status
+    fi
     if [ "$part" = ldst-shared ]; then
         bash scripts/gpu-ldst-shared.sh "$dir/bpftime" "$dir" | tee "$out/gpu-ldst-shared.txt"
         status=${PIPESTATUS[0]}
@@ -212,7 +224,7 @@ case "${1:-}" in
 "") build ;;
 --on-device) on_device "${2:-all}" ;;
 *)
-    echo "usage: scripts/gpu.sh [--on-device [all|conformance|examples|bench|stress|ldst-shared]]" >&2
+    echo "usage: scripts/gpu.sh [--on-device [all|conformance|examples|bench|stress|ldst-shared|exec]]" >&2
     exit 2
     ;;
 esac
