@@ -703,7 +703,7 @@ fn per_cpu_lookups_inline_to_the_running_cpus_copy() {
 }
 
 #[test]
-fn array_updates_inline_as_copies_and_leave_the_rest_to_the_helper() {
+fn array_updates_inline_as_copies_or_the_kernels_errors_and_leave_the_rest_to_the_helper() {
     // Updates key r1 of the map in r2's low half (0xabc per-CPU, 0xdef plain) with the
     // flags in r2's high half, from the 16 bytes (0x1111, 0x2222) at [r10-16].
     let p = asm("
@@ -755,13 +755,34 @@ fn array_updates_inline_as_copies_and_leave_the_rest_to_the_helper() {
             "12 bytes copied, not the stride's 16"
         );
         assert_eq!(slow(), before, "no helper call so far");
+        // The kernel's errors for an array, without the helper.
+        assert_eq!(call(0, 0xdef, 1), (-17i64) as u64, "BPF_NOEXIST: -EEXIST");
+        assert_eq!(
+            call(2, 0xdef, 0),
+            (-7i64) as u64,
+            "key out of range: -E2BIG"
+        );
+        assert_eq!(
+            call(2, 0xdef, 1),
+            (-7i64) as u64,
+            "out of range before NOEXIST"
+        );
+        assert_eq!(
+            read(plain, 0),
+            0x1111,
+            "nothing written by a refused update"
+        );
+        assert_eq!(
+            slow(),
+            before,
+            "no helper call for errors the map's type decides"
+        );
         // Each of these is the helper's to answer.
-        assert_eq!(call(0, 0xdef, 1), 7, "BPF_NOEXIST");
         assert_eq!(call(0, 0xdef, 4), 7, "BPF_F_LOCK");
-        assert_eq!(call(2, 0xdef, 0), 7, "key out of range");
+        assert_eq!(call(0, 0xdef, 3), 7, "unknown flags");
         FAKE_CPU.with(|c| c.set(3));
         assert_eq!(call(0, 0xabc, 0), 7, "a CPU without a copy");
-        assert_eq!(slow(), before + 4);
+        assert_eq!(slow(), before + 3);
     }
 }
 

@@ -3,6 +3,10 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use bpftime_isa::opcode as op;
 use bpftime_isa::uapi::{helper, update_flags, MAX_TAIL_CALLS, STACK_SIZE};
+
+/// Linux's errno values that inlined map updates return negated.
+const E2BIG: u64 = 7;
+const EEXIST: u64 = 17;
 use bpftime_isa::Insn;
 use inkwell::attributes::{Attribute, AttributeLoc};
 use inkwell::basic_block::BasicBlock;
@@ -926,6 +930,23 @@ impl<'ctx> Lifter<'_, 'ctx> {
         id: u32,
         fast: impl FnOnce() -> Result<IntValue<'ctx>>,
     ) -> Result<()> {
+        self.inline_answer_or_helper(f, pc, usable, None, lowering, id, fast)
+    }
+
+    /// [`Self::inline_or_helper`], with the answers the helper would give where `known`'s
+    /// condition holds (an error the map's type decides) given without a call: a call
+    /// left in the code, even one never made, costs a GPU module the whole helper.
+    #[allow(clippy::too_many_arguments)]
+    fn inline_answer_or_helper(
+        &self,
+        f: &Frame<'ctx>,
+        pc: usize,
+        usable: IntValue<'ctx>,
+        known: Option<(IntValue<'ctx>, IntValue<'ctx>)>,
+        lowering: &HelperLowering,
+        id: u32,
+        fast: impl FnOnce() -> Result<IntValue<'ctx>>,
+    ) -> Result<()> {
         let b = &self.builder;
         let inline = self.context.append_basic_block(f.function, "inline");
         let call = self.context.append_basic_block(f.function, "helper");
@@ -936,12 +957,23 @@ impl<'ctx> Lifter<'_, 'ctx> {
         let inline_end = b.get_insert_block().unwrap_or(inline);
         b.build_unconditional_branch(join)?;
         b.position_at_end(call);
+        let mut incoming = vec![(r0_fast, inline_end)];
+        if let Some((answered, answer)) = known {
+            let calling = self.context.append_basic_block(f.function, "helper_call");
+            b.build_conditional_branch(answered, join, calling)?;
+            incoming.push((answer, call));
+            b.position_at_end(calling);
+        }
         let args = self.args(f, pc)?;
         let r0_call = self.call_helper_on_slow_path(lowering, id, args)?;
+        let call_end = b.get_insert_block().unwrap_or(call);
         b.build_unconditional_branch(join)?;
+        incoming.push((r0_call, call_end));
         b.position_at_end(join);
         let r0 = b.build_phi(self.i64t, "r0")?;
-        r0.add_incoming(&[(&r0_fast, inline_end), (&r0_call, call)]);
+        for (value, block) in &incoming {
+            r0.add_incoming(&[(value, *block)]);
+        }
         self.write(f, pc, 0, r0.as_basic_value().into_int_value())
     }
 
@@ -968,8 +1000,9 @@ impl<'ctx> Lifter<'_, 'ctx> {
     }
 
     /// `bpf_map_update_elem` on an array map: with the key in range and flags `BPF_ANY`
-    /// or `BPF_EXIST`, the value at `*r3` is copied into place and r0 = 0; anything else
-    /// (an error to report, `BPF_F_LOCK`) goes to the helper.
+    /// or `BPF_EXIST`, the value at `*r3` is copied into place and r0 = 0; a key out of
+    /// range, or `BPF_NOEXIST`, is the kernel's error; anything else (other flags,
+    /// `BPF_F_LOCK`, a per-CPU map on a CPU without a copy) goes to the helper.
     fn inline_array_update(
         &self,
         f: &Frame<'ctx>,
@@ -991,18 +1024,43 @@ impl<'ctx> Lifter<'_, 'ctx> {
         )?;
         let plain = b.build_or(any, exist, "plain_flags")?;
         let usable = b.build_and(usable, plain, "inline_update")?;
-        self.inline_or_helper(f, pc, usable, lowering, helper::MAP_UPDATE_ELEM, || {
-            let ptr = self.context.ptr_type(self.target.memory_address_space());
-            let dst = b.build_int_to_ptr(value, ptr, "dst")?;
-            let src = self.read(f, pc, 3)?;
-            let src = b.build_int_to_ptr(src, ptr, "src")?;
-            let size = i64t.const_int(u64::from(map.update_size), false);
-            b.build_memcpy(dst, 1, src, 1, size)
-                .map_err(|e| LiftError::InvalidIr {
-                    message: format!("inline update: {e}"),
-                })?;
-            Ok(i64t.const_zero())
-        })
+        // The kernel's array update, for flags it takes: a key out of range is -E2BIG,
+        // else BPF_NOEXIST is -EEXIST (every key of an array exists).
+        let noexist = b.build_int_compare(
+            IntPredicate::EQ,
+            flags,
+            i64t.const_int(update_flags::NOEXIST, false),
+            "noexist",
+        )?;
+        let settled_flags = b.build_or(plain, noexist, "settled_flags")?;
+        let answered = b.build_and(has_copy, settled_flags, "answered")?;
+        let error = b.build_select(
+            in_range,
+            i64t.const_int(EEXIST.wrapping_neg(), false),
+            i64t.const_int(E2BIG.wrapping_neg(), false),
+            "update_error",
+        )?;
+        let known = Some((answered, error.into_int_value()));
+        self.inline_answer_or_helper(
+            f,
+            pc,
+            usable,
+            known,
+            lowering,
+            helper::MAP_UPDATE_ELEM,
+            || {
+                let ptr = self.context.ptr_type(self.target.memory_address_space());
+                let dst = b.build_int_to_ptr(value, ptr, "dst")?;
+                let src = self.read(f, pc, 3)?;
+                let src = b.build_int_to_ptr(src, ptr, "src")?;
+                let size = i64t.const_int(u64::from(map.update_size), false);
+                b.build_memcpy(dst, 1, src, 1, size)
+                    .map_err(|e| LiftError::InvalidIr {
+                        message: format!("inline update: {e}"),
+                    })?;
+                Ok(i64t.const_zero())
+            },
+        )
     }
 
     /// A helper call on the slow path of an inlined map operation: through the target's

@@ -8,14 +8,21 @@ fn index(map: &Map, key: &[u8]) -> Result<u32> {
     Ok(u32::from_ne_bytes([key[0], key[1], key[2], key[3]]))
 }
 
-fn check_flags(flags: u64) -> Result<()> {
+/// The index an update of `key` with `flags` writes, checked in the kernel's order:
+/// unknown flags, then the index, then `BPF_NOEXIST` (every element of an array exists).
+/// The GPU and x86 JITs' inlined updates give the same answers (bpftime-lifter).
+fn update_index(map: &Map, key: &[u8], flags: u64) -> Result<u32> {
     if flags & !update_flags::LOCK > update_flags::EXIST {
         return Err(err(libc::EINVAL, "unknown update flags"));
+    }
+    let idx = index(map, key)?;
+    if idx >= map.max_entries() {
+        return Err(err(libc::E2BIG, "index out of range"));
     }
     if flags & !update_flags::LOCK == update_flags::NOEXIST {
         return Err(err(libc::EEXIST, "array elements always exist"));
     }
-    Ok(())
+    Ok(idx)
 }
 
 fn slot(map: &Map, idx: u32) -> *mut u8 {
@@ -49,11 +56,7 @@ pub(super) fn copy_out(map: &Map, src: *const u8, value: &mut [u8]) -> Result<()
 }
 
 pub(super) fn update(map: &Map, key: &[u8], value: &[u8], flags: u64) -> Result<()> {
-    check_flags(flags)?;
-    let idx = index(map, key)?;
-    if idx >= map.max_entries() {
-        return Err(err(libc::E2BIG, "index out of range"));
-    }
+    let idx = update_index(map, key, flags)?;
     if value.len() != map.syscall_value_size() {
         return Err(err(libc::EINVAL, "value size mismatch"));
     }
@@ -95,11 +98,7 @@ pub(super) fn prog_update(
     flags: u64,
     percpu: bool,
 ) -> Result<()> {
-    check_flags(flags)?;
-    let idx = index(map, key)?;
-    if idx >= map.max_entries() {
-        return Err(err(libc::E2BIG, "index out of range"));
-    }
+    let idx = update_index(map, key, flags)?;
     let mut dst = slot(map, idx);
     if percpu {
         // SAFETY: the slot holds ncpus copies.
@@ -138,11 +137,7 @@ fn id_slot(map: &Map, idx: u32) -> &AtomicU32 {
 }
 
 pub(super) fn set_id(map: &Map, key: &[u8], id: u32, flags: u64) -> Result<()> {
-    check_flags(flags)?;
-    let idx = index(map, key)?;
-    if idx >= map.max_entries() {
-        return Err(err(libc::E2BIG, "index out of range"));
-    }
+    let idx = update_index(map, key, flags)?;
     id_slot(map, idx).store(id, Ordering::Release);
     Ok(())
 }

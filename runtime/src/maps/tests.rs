@@ -148,6 +148,12 @@ fn array_and_percpu_array() {
         errno(m.update(&0u32.to_ne_bytes(), &v, uf::NOEXIST)),
         libc::EEXIST
     );
+    // The kernel checks the index before BPF_NOEXIST, and unknown flags before both.
+    assert_eq!(
+        errno(m.update(&3u32.to_ne_bytes(), &v, uf::NOEXIST)),
+        libc::E2BIG
+    );
+    assert_eq!(errno(m.update(&3u32.to_ne_bytes(), &v, 3)), libc::EINVAL);
     assert_eq!(errno(m.delete(&0u32.to_ne_bytes())), libc::EINVAL);
     let mut out = [0u8; 4];
     m.next_key(Some(&1u32.to_ne_bytes()), &mut out).unwrap();
