@@ -136,7 +136,16 @@ fn id_slot(map: &Map, idx: u32) -> &AtomicU32 {
     unsafe { &*(map.data().cast::<AtomicU32>().add(idx as usize)) }
 }
 
+/// Stores an object id at `key` of an array of ids (a prog, perf event or cgroup array,
+/// an array of maps), which, as the kernel's arrays of file descriptors, takes
+/// `BPF_ANY` only.
 pub(super) fn set_id(map: &Map, key: &[u8], id: u32, flags: u64) -> Result<()> {
+    if flags != update_flags::ANY {
+        return Err(err(
+            libc::EINVAL,
+            "arrays of file descriptors take BPF_ANY only",
+        ));
+    }
     let idx = update_index(map, key, flags)?;
     id_slot(map, idx).store(id, Ordering::Release);
     Ok(())

@@ -963,13 +963,7 @@ impl Map {
         }
         let id = inner.id().to_ne_bytes();
         match self.kind {
-            Kind::MapArray => {
-                // The kernel takes no other flag for an array of maps.
-                if flags != bpftime_isa::uapi::update_flags::ANY {
-                    return Err(err(libc::EINVAL, "arrays of maps take BPF_ANY only"));
-                }
-                array::set_id(self, key, inner.id(), flags)
-            }
+            Kind::MapArray => array::set_id(self, key, inner.id(), flags),
             _ => hash::update(self, key, id.as_ptr(), flags, true),
         }
     }

@@ -572,3 +572,20 @@ fn a_process_dying_mid_update_with_the_lock_held_wedges_no_one() {
     assert_eq!(u64::from_ne_bytes(v), 10);
     m.delete(&1u64.to_ne_bytes()).unwrap();
 }
+
+/// Arrays of ids take what the kernel's arrays of file descriptors take: `BPF_ANY` only
+/// (anything else is EINVAL, before the index is looked at), then a key in range.
+#[test]
+fn arrays_of_ids_take_bpf_any_only() {
+    let s = TempStore::new("id-array");
+    let m = Map::create(&s, &spec(mt::PROG_ARRAY, 4, 4, 3)).unwrap();
+    for flags in [uf::NOEXIST, uf::EXIST, uf::LOCK] {
+        assert_eq!(errno(m.set_id(&0u32.to_ne_bytes(), 7, flags)), libc::EINVAL);
+        assert_eq!(errno(m.set_id(&5u32.to_ne_bytes(), 7, flags)), libc::EINVAL);
+    }
+    assert_eq!(
+        errno(m.set_id(&3u32.to_ne_bytes(), 7, uf::ANY)),
+        libc::E2BIG
+    );
+    m.set_id(&2u32.to_ne_bytes(), 7, uf::ANY).unwrap();
+}
