@@ -98,16 +98,21 @@ fn shard_window(shards: &[ShardEntry]) -> Option<(u64, u64, u32)> {
 }
 
 /// `bpftime_gpu_shard_address` for `shards`, as LLVM IR, every address a constant: one
-/// range check for shards in one window, else a compare per array.
+/// range check for shards in one window, else a compare per array. The window's check
+/// first asks the compiler (`bpftime_jit_ptx::KNOWN_IN_RANGE`), which answers yes for an
+/// address it knows is in one of the window's arrays.
 fn shard_address_ir(shards: &[ShardEntry]) -> String {
     match shard_window(shards) {
         Some((lo, hi, copies)) => format!(
-            "define i64 @bpftime_gpu_shard_address(i64 %addr, i64 %wide, i64 %sm) {{\nentry:\n  \
-             %off = sub i64 %addr, {lo}\n  %in = icmp ult i64 %off, {len}\n  \
+            "declare i1 @{known}(i64, i64, i64) nounwind willreturn memory(none)\n\
+             define i64 @bpftime_gpu_shard_address(i64 %addr, i64 %wide, i64 %sm) {{\nentry:\n  \
+             %off = sub i64 %addr, {lo}\n  %known = call i1 @{known}(i64 %addr, i64 {lo}, i64 {len})\n  \
+             %tested = icmp ult i64 %off, {len}\n  %in = or i1 %known, %tested\n  \
              br i1 %in, label %hit, label %miss\nhit:\n  %k = and i64 %sm, {mask}\n  \
              %w = icmp ne i64 %wide, 0\n  %first = select i1 %w, i64 1, i64 {first32}\n  \
              %n = add i64 %k, %first\n  %d = mul i64 %n, {span}\n  %a = add i64 %addr, %d\n  \
              ret i64 %a\nmiss:\n  ret i64 %addr\n}}",
+            known = bpftime_jit_ptx::KNOWN_IN_RANGE,
             len = hi - lo,
             mask = copies - 1,
             first32 = 1 + u64::from(copies),
@@ -1453,6 +1458,10 @@ mod tests {
         assert_eq!(ir.matches("icmp ult").count(), 1, "{ir}");
         assert!(ir.contains(&format!("sub i64 %addr, {window}")), "{ir}");
         assert!(ir.contains("icmp ult i64 %off, 4608"), "{ir}");
+        assert!(
+            ir.contains(&format!("(i64 %addr, i64 {window}, i64 4608)")),
+            "the compiler is asked first: {ir}"
+        );
         assert!(ir.contains("and i64 %sm, 255"), "{ir}");
         assert!(
             ir.contains(&format!("mul i64 %n, {SHARD_WINDOW_SPAN}")),

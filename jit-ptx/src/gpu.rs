@@ -197,7 +197,7 @@ pub trait GpuEnv {
     }
 
     /// Every array map [`GpuEnv::array_map`] answers for: where their values lie bounds
-    /// the addresses made from them ([`fold_map_bounds_checks`]).
+    /// the addresses made from them ([`fold_known_in_range`]).
     fn array_maps(&self) -> Vec<ArrayMapLayout> {
         Vec::new()
     }
@@ -791,61 +791,62 @@ pub fn array_extents(arrays: &[ArrayMapLayout]) -> Vec<(u64, u64)> {
         .collect()
 }
 
-/// Folds range checks on addresses the verifier has already bounded: `(addr - LO) <u LEN`
-/// is true when every address `addr` can be is in an array map's values that lie within
-/// `[LO, LO + LEN)`. `addr` is such an address when it is made from a constant inside one
-/// of `extents` (an inlined lookup's value, a global's) by adding offsets, through casts,
-/// phis and selects: the verifier let the program reach memory through it only inside
-/// that map's values, and a pointer cannot leave its map by arithmetic. The device
-/// runtime's test for a sharded array (is this add's address in the context's shard
-/// window?) is such a check, which LLVM cannot prove when the histogram is one of several
-/// picked at run time. Returns how many it folded.
-pub fn fold_map_bounds_checks(
+/// The device runtime's question "is this address, which a program's atomic add is about
+/// to reach, in `[LO, LO + LEN)`?", `i1 KNOWN_IN_RANGE(i64 addr, i64 LO, i64 LEN)`, which
+/// [`fold_known_in_range`] answers at compile time: 1 when it can prove so, else 0 (the
+/// runtime then tests the address itself).
+pub const KNOWN_IN_RANGE: &str = "bpftime_gpu_known_in_range";
+
+/// Answers every [`KNOWN_IN_RANGE`] question: yes when every address `addr` can be is in
+/// an array map's values (`extents`) and those lie within the range. `addr` is such an
+/// address when it is made from a constant inside one of `extents` (an inlined lookup's
+/// value, a global's) by adding offsets, through casts, phis and selects: the runtime
+/// asks only of addresses a program's atomic reaches, which the verifier let it reach
+/// only inside that map's values. The device runtime's test for a sharded array (is this
+/// add's address in the context's shard window?) asks it, as LLVM cannot prove it when
+/// the histogram is one of several picked at run time. Returns how many it answered.
+pub fn fold_known_in_range(
     module: &Module<'_>,
     extents: &[(u64, u64)],
 ) -> Result<usize, CompileError> {
-    use inkwell::values::{AnyValue, BasicValue, InstructionOpcode as Op};
-    use inkwell::IntPredicate;
-    if extents.is_empty() {
-        return Ok(0);
-    }
+    use inkwell::values::{AnyValue, BasicValue, InstructionOpcode as Op, Operand};
     let mut folded = 0;
-    for cmp in instructions_where(module, |i| i.get_opcode() == Op::ICmp) {
-        let Some((diff, len)) = first_two_operands(cmp) else {
+    for call in instructions_where(module, |i| i.get_opcode() == Op::Call) {
+        let n = call.get_num_operands();
+        let Some(Operand::Value(callee)) = call.get_operand(n.saturating_sub(1)) else {
             continue;
         };
-        let Some(len) = constant_u64(len) else {
-            continue;
-        };
-        let answer = match cmp.get_icmp_predicate() {
-            Some(IntPredicate::ULT) => true,
-            Some(IntPredicate::UGE) => false,
-            _ => continue,
-        };
-        let Some(sub) = diff.as_instruction_value() else {
-            continue;
-        };
-        let Some((addr, k)) = first_two_operands(sub) else {
-            continue;
-        };
-        let Some(k) = constant_u64(k) else {
-            continue;
-        };
-        let lo = match sub.get_opcode() {
-            Op::Add => k.wrapping_neg(),
-            Op::Sub => k,
-            _ => continue,
-        };
-        let Some((start, end)) = address_extent(addr, extents, 0) else {
-            continue;
-        };
-        if !(start >= lo && end.checked_sub(lo).is_some_and(|n| n <= len)) {
+        if callee.get_name().to_string_lossy() != KNOWN_IN_RANGE {
             continue;
         }
-        let this = cmp.as_any_value_enum().into_int_value();
-        this.replace_all_uses_with(this.get_type().const_int(u64::from(answer), false));
-        cmp.erase_from_basic_block();
+        let (Some((addr, lo)), Some(Operand::Value(len))) =
+            (first_two_operands(call), call.get_operand(2))
+        else {
+            continue;
+        };
+        let proved = match (constant_u64(lo), constant_u64(len)) {
+            (Some(lo), Some(len)) => address_extent(addr, extents, 0)
+                .is_some_and(|(s, e)| s >= lo && e.checked_sub(lo).is_some_and(|n| n <= len)),
+            _ => false,
+        };
+        let this = call.as_any_value_enum();
+        if !this.is_int_value() {
+            continue;
+        }
+        let int = this.into_int_value();
+        int.replace_all_uses_with(int.get_type().const_int(u64::from(proved), false));
+        call.erase_from_basic_block();
         folded += 1;
+    }
+    if let Some(f) = module.get_function(KNOWN_IN_RANGE) {
+        if f.as_global_value()
+            .as_pointer_value()
+            .get_first_use()
+            .is_none()
+        {
+            // SAFETY: a declaration nothing refers to any more.
+            unsafe { f.delete() };
+        }
     }
     Ok(folded)
 }
@@ -871,7 +872,7 @@ fn constant_u64(v: inkwell::values::BasicValueEnum<'_>) -> Option<u64> {
         .and_then(|i| i.get_zero_extended_constant())
 }
 
-/// The hull of the extents `v` can point into, made as [`fold_map_bounds_checks`] says;
+/// The hull of the extents `v` can point into, made as [`fold_known_in_range`] says;
 /// `None` when it is not made so.
 fn address_extent(
     v: inkwell::values::BasicValueEnum<'_>,
@@ -1500,18 +1501,20 @@ y:
         assert_eq!(fold_uniform_warp_ops(&m, &[]).unwrap(), 0);
     }
 
-    /// `(addr - LO) <u LEN` folds to true when `addr` is made from a constant inside an
-    /// array's values and every array it can be in lies in `[LO, LO + LEN)`; not for an
-    /// address from a constant outside every array, nor when an array reaches past
-    /// the range.
+    /// The runtime's question "is this address in `[LO, LO + LEN)`?" is answered yes when
+    /// `addr` is made from a constant inside an array's values and every array it can be
+    /// in lies in the range; no for an address from a constant outside every array, or
+    /// when an array reaches past the range. A program's own compare of the same kind is
+    /// left alone (it may compare a pointer it never dereferences).
     #[test]
-    fn range_checks_of_addresses_in_arrays_fold() {
+    fn range_questions_about_addresses_in_arrays_are_answered() {
         let check = |base_a: u64, base_b: u64, extents: &[(u64, u64)]| {
             let context = Context::create();
             let m = module(
                 &context,
                 &format!(
-                    "define i1 @probe(i64 %slot, i1 %c) {{
+                    "declare i1 @{KNOWN_IN_RANGE}(i64, i64, i64) nounwind willreturn memory(none)
+define i1 @probe(i64 %slot, i1 %c) {{
 entry:
   %off = shl i64 %slot, 3
   %b = add i64 %off, {base_b}
@@ -1521,22 +1524,28 @@ x:
   br label %y
 y:
   %addr = phi i64 [ %a, %x ], [ %b, %entry ]
+  %known = call i1 @{KNOWN_IN_RANGE}(i64 %addr, i64 4096, i64 1024)
   %rel = add i64 %addr, -4096
-  %in = icmp ult i64 %rel, 1024
-  ret i1 %in
+  %own = icmp ult i64 %rel, 1024
+  %both = and i1 %known, %own
+  ret i1 %both
 }}"
                 ),
             );
-            let folded = fold_map_bounds_checks(&m, extents).unwrap();
+            assert_eq!(fold_known_in_range(&m, extents).unwrap(), 1);
             let ir = text(&m);
-            assert_eq!(folded == 1, ir.contains("ret i1 true"), "{ir}");
-            folded == 1
+            assert!(
+                !ir.contains(KNOWN_IN_RANGE),
+                "every question answered: {ir}"
+            );
+            assert!(ir.contains("icmp ult i64 %rel, 1024"), "{ir}");
+            ir.contains("and i1 true, %own")
         };
         let arrays = [(4096, 4096 + 512), (4096 + 512, 4096 + 1024)];
         assert!(check(4096, 4096 + 512, &arrays));
         // One side from a constant in no array: the verifier says nothing about it.
         assert!(!check(4096, 8192, &arrays));
-        // An array that reaches past the checked range.
+        // An array that reaches past the range.
         assert!(!check(
             4096,
             4096 + 512,

@@ -21,7 +21,10 @@ mod ptx;
 
 pub use bpftime_lifter::{ArrayMapLayout, LiftError, PerCpuCopies};
 pub use error::CompileError;
-pub use gpu::{GpuEnv, GpuHelper, OptLevel, ProbeAbi, StandardGpuEnv, EXTERN_HELPERS};
+pub use gpu::{
+    GpuEnv, GpuHelper, OptLevel, ProbeAbi, StandardGpuEnv, EXTERN_HELPERS, KNOWN_IN_RANGE,
+    KNOWN_UNIFORM,
+};
 pub use ptx::{compile, lifted_ir, PtxOptions, PtxProgram, PtxVersion};
 
 #[cfg(test)]

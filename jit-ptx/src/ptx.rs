@@ -15,7 +15,7 @@ use tracing::debug;
 
 use crate::gpu::{
     array_extents, build_module, call_int, demote_stack_atomics, extern_functions,
-    fold_map_bounds_checks, fold_smeared_ctlz, fold_stack_pointer_casts, fold_uniform_warp_ops,
+    fold_known_in_range, fold_smeared_ctlz, fold_stack_pointer_casts, fold_uniform_warp_ops,
     intrinsic, Axis, Dimension, GpuBackend, GpuEnv, GpuModule, OptLevel, ProbeAbi, SpecialRegister,
 };
 use crate::CompileError;
@@ -340,7 +340,7 @@ fn optimized_module<'ctx>(
     let extents = array_extents(&env.array_maps());
     for _ in 0..8 {
         let folded = fold_uniform_warp_ops(&gpu.module, &uniform)?
-            + fold_map_bounds_checks(&gpu.module, &extents)?
+            + fold_known_in_range(&gpu.module, &extents)?
             + fold_smeared_ctlz(&gpu.module)?;
         if folded == 0 {
             break;
