@@ -12,20 +12,8 @@
 set -uo pipefail
 bt=$1 cuda=$2 objs=$3 out=$4
 store="gpu-bench-$$"
-ms() { grep -o 'ms_per_launch=[0-9.]*' | cut -d= -f2; }
-median() { sort -g | awk '{v[NR]=$1} END {print (NR%2) ? v[(NR+1)/2] : (v[NR/2]+v[NR/2+1])/2}'; }
+source "$(dirname "$0")/bench-lib.sh"
 runs=5
-bench() {  # bench NAME APP ARGS... (APP is run as given; $wrap prefixes it)
-    local name=$1; shift
-    local vals
-    vals=$(for _ in $(seq $runs); do "$@" 2>/dev/null | ms; done)
-    local m
-    m=$(median <<<"$vals")
-    [ "$name" = native ] && base=$m
-    local ratio
-    ratio=$(awk -v m="${m:-0}" -v b="${base:-0}" 'BEGIN { if (m > 0 && b > 0) printf "%.3fx", m / b; else print "-" }')
-    echo "$name ${m:-FAIL} $ratio ($(echo $vals | tr '\n' ' '))"
-}
 flames=$(mktemp -d)
 {
     echo "GPU overhead, $(date -u +%Y-%m-%d), $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader)"

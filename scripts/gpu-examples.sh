@@ -44,30 +44,24 @@ several_gpus() {  # the checks that need two GPUs or more; a SKIP line on one
     if [ "$gpus" -ge 2 ]; then
         n=1048576 iters=5
         expect=$((gpus * iters * n))
-        log=$work/multi-counter
-        run "$log" "$objs/cuda_counter.bpf.o" -- "$cuda/multi_gpu" $n $iters
-        entries=$(value "$log.out" counts 0) exits=$(value "$log.out" counts 1)
-        ok=0; grep -q 'check=ok' "$log.out" && [ "$entries" = $expect ] && [ "$exits" = $expect ] && ok=1
-        result "cuda_counter on $gpus GPUs" $ok "entries $entries exits $exits (expected $expect each)"
-        log=$work/multi-ldst
-        run "$log" "$objs/access_check.bpf.o" -- "$cuda/multi_gpu" $n $iters
-        la=$(value "$log.out" vector_add 0) lb=$(value "$log.out" vector_add 1) sc=$(value "$log.out" vector_add 2)
-        outside=$(value "$log.out" vector_add 4)
-        ok=0; grep -q 'check=ok' "$log.out" && [ "$la" = $expect ] && [ "$lb" = $expect ] && [ "$sc" = $expect ] && [ "$outside" = 0 ] && ok=1
-        result "memory-access probe on $gpus GPUs, exact" $ok "loads a $la b $lb, stores c $sc (expected $expect each), outside $outside"
-        # The same with a host thread per GPU, all launching at once: contexts made,
-        # modules built and maps synced from several threads together.
-        log=$work/multi-counter-threads
-        run "$log" "$objs/cuda_counter.bpf.o" -- "$cuda/multi_gpu" $n $iters 1
-        entries=$(value "$log.out" counts 0) exits=$(value "$log.out" counts 1)
-        ok=0; grep -q 'host_threads=1 .*check=ok' "$log.out" && [ "$entries" = $expect ] && [ "$exits" = $expect ] && ok=1
-        result "cuda_counter on $gpus GPUs, a host thread each" $ok "entries $entries exits $exits (expected $expect each)"
-        log=$work/multi-ldst-threads
-        run "$log" "$objs/access_check.bpf.o" -- "$cuda/multi_gpu" $n $iters 1
-        la=$(value "$log.out" vector_add 0) lb=$(value "$log.out" vector_add 1) sc=$(value "$log.out" vector_add 2)
-        outside=$(value "$log.out" vector_add 4)
-        ok=0; grep -q 'host_threads=1 .*check=ok' "$log.out" && [ "$la" = $expect ] && [ "$lb" = $expect ] && [ "$sc" = $expect ] && [ "$outside" = 0 ] && ok=1
-        result "memory-access probe on $gpus GPUs, a host thread each, exact" $ok "loads a $la b $lb, stores c $sc (expected $expect each), outside $outside"
+        # One host thread launching on every GPU, then a host thread per GPU, all launching
+        # at once: contexts made, modules built and maps synced from several threads
+        # together.
+        for threads in 0 1; do
+            how="" tag=""
+            [ $threads = 1 ] && how=", a host thread each" tag=-threads
+            log=$work/multi-counter$tag
+            run "$log" "$objs/cuda_counter.bpf.o" -- "$cuda/multi_gpu" $n $iters $threads
+            entries=$(value "$log.out" counts 0) exits=$(value "$log.out" counts 1)
+            ok=0; grep -q "host_threads=$threads .*check=ok" "$log.out" && [ "$entries" = $expect ] && [ "$exits" = $expect ] && ok=1
+            result "cuda_counter on $gpus GPUs$how" $ok "entries $entries exits $exits (expected $expect each)"
+            log=$work/multi-ldst$tag
+            run "$log" "$objs/access_check.bpf.o" -- "$cuda/multi_gpu" $n $iters $threads
+            la=$(value "$log.out" vector_add 0) lb=$(value "$log.out" vector_add 1) sc=$(value "$log.out" vector_add 2)
+            outside=$(value "$log.out" vector_add 4)
+            ok=0; grep -q "host_threads=$threads .*check=ok" "$log.out" && [ "$la" = $expect ] && [ "$lb" = $expect ] && [ "$sc" = $expect ] && [ "$outside" = 0 ] && ok=1
+            result "memory-access probe on $gpus GPUs$how, exact" $ok "loads a $la b $lb, stores c $sc (expected $expect each), outside $outside"
+        done
         log=$work/multi-snoop-threads
         run "$log" "$objs/launchsnoop.bpf.o" -- "$cuda/multi_gpu" $n $iters 1
         calls=$(value "$log.out" stats 0) done=$(value "$log.out" stats 1) threads=$(value "$log.out" stats 6)

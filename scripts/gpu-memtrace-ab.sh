@@ -18,16 +18,7 @@ for f in bpftime libbpftime_agent.so libbpftime_agent_starter.so libbpftime_sysc
 done
 chmod +x "$old/bpftime"
 cp "$old_src"/*.bpf.o "$old_src/libbpf.so.1" "$old/"
-ms() { grep -o 'ms_per_launch=[0-9.]*' | cut -d= -f2; }
-median() { sort -g | awk '{v[NR]=$1} END {print (NR%2) ? v[(NR+1)/2] : (v[NR/2]+v[NR/2+1])/2}'; }
-bench() {  # bench NAME CMD...
-    local name=$1 vals m
-    shift
-    vals=$(for _ in 1 2 3 4 5; do "$@" 2>/dev/null | ms; done)
-    m=$(median <<<"$vals")
-    [ "$name" = native ] && base=$m
-    echo "$name ${m:-FAIL} $(awk -v m="${m:-0}" -v b="${base:-0}" 'BEGIN { if (m > 0 && b > 0) printf "%.3fx", m / b; else print "-" }') ($(echo $vals))"
-}
+source "$(dirname "$0")/bench-lib.sh"
 out=$(mktemp -d)
 echo "memtrace A/B, $(date -u +%Y-%m-%d), $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | head -1); median ms per launch of 5 runs"
 for target in "vec_add_sm90 67108864 50" "matmul_sm90 4096 5"; do

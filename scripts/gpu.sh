@@ -131,10 +131,8 @@ on_device() {
     exit "$status"
 }
 
-# Median of the ns_per_call lines on stdin.
-median() {
-    sort -g | awk '{v[NR] = $1} END {print (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2}'
-}
+# median (of the numbers on stdin) and the GPU benchmarks' other helpers.
+source "$(dirname "${BASH_SOURCE[0]}")/bench-lib.sh"
 
 # The GPU examples and the overhead benchmark, with bpftime and its libraries unpacked.
 gpu_examples() {

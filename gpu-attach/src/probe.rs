@@ -34,13 +34,10 @@ pub fn probe_abi(point: ProbePoint) -> ProbeAbi {
         ProbePoint::Entry | ProbePoint::Exit => (&[], &[]),
         ProbePoint::Access | ProbePoint::SharedAccess => (&ACCESS_OFFSETS, &ACCESS_UNIFORM),
     };
-    let uniform = ARG_OFFSETS
-        .iter()
-        .map(|_| true)
-        .chain(extra_uniform.iter().copied())
-        .enumerate()
-        .filter(|&(_, u)| u)
-        .fold(0u64, |mask, (i, _)| mask | 1 << i);
+    let mut uniform = (1u64 << ARG_OFFSETS.len()) - 1;
+    for (i, _) in extra_uniform.iter().enumerate().filter(|(_, &u)| u) {
+        uniform |= 1 << (ARG_OFFSETS.len() + i);
+    }
     ProbeAbi::Arguments {
         size: CTX_SIZE as u32,
         offsets: ARG_OFFSETS.iter().chain(extra).map(|&o| o as u32).collect(),

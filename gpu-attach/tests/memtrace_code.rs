@@ -6,11 +6,13 @@
 
 use std::collections::HashMap;
 
+mod support;
+
+use support::{assert_ptxas_accepts, kernel_named, nvcc_module};
+
 use bpftime_gpu_attach::device_maps::{RuntimeConfig, ShardEntry, SHARD_WINDOW_SPAN};
-use bpftime_gpu_attach::fatbin::Image;
 use bpftime_gpu_attach::probe::{compile_probe, DeviceMapRef};
-use bpftime_gpu_attach::ptx::{ProbeCall, ProbePoint, PtxModule, Splice, Version};
-use bpftime_gpu_attach::toolchain;
+use bpftime_gpu_attach::ptx::{ProbeCall, ProbePoint, Splice, Version};
 use bpftime_isa::Insn;
 use goblin::elf::Elf;
 
@@ -136,24 +138,8 @@ fn memtrace_matches_only_its_histogram_and_keeps_no_stack_in_memory() {
         "the probe keeps {depot:?} bytes in local memory (the eBPF stack is 512):\n{body}"
     );
 
-    let fatbin = std::fs::read(concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/tests/fixtures/kernels.fatbin"
-    ))
-    .unwrap();
-    let (text, _) = Image::from_bytes(&fatbin)
-        .unwrap()
-        .ptx_for(90)
-        .unwrap()
-        .expect("PTX");
-    let module = PtxModule::parse(&text).unwrap();
-    let kernel = module
-        .kernels
-        .iter()
-        .find(|k| k.name.contains("vectorAdd"))
-        .expect("vectorAdd")
-        .name
-        .clone();
+    let module = nvcc_module();
+    let kernel = kernel_named(&module, "vectorAdd").name.clone();
     let splice = Splice {
         definitions: bpftime_gpu_attach::ptx::strip_header(&probe.ptx),
         needs_version: Some(Version::new(7, 8)),
@@ -170,14 +156,5 @@ fn memtrace_matches_only_its_histogram_and_keeps_no_stack_in_memory() {
     let spliced = module
         .splice(&splice, Version::newest_for_driver(13000))
         .expect("splices");
-    let Some(ptxas) = toolchain::ptxas_for_tests() else {
-        return;
-    };
-    let file = std::env::temp_dir().join(format!("memtrace-code-{}.ptx", std::process::id()));
-    std::fs::write(&file, &spliced).unwrap();
-    let checked = toolchain::run_ptxas(&ptxas, &file, 90, false);
-    let _ = std::fs::remove_file(&file);
-    if let Err(e) = checked {
-        panic!("ptxas refused memtrace spliced into vectorAdd: {e}");
-    }
+    assert_ptxas_accepts("memtrace-vectorAdd", &spliced);
 }

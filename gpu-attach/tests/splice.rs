@@ -3,51 +3,17 @@
 //! without a GPU. ptxas is found as `bpftime_gpu_attach::toolchain` says; without it
 //! these tests fail unless `BPFTIME_NO_PTXAS` is set, which they say.
 
-use std::path::{Path, PathBuf};
+mod support;
+
+use support::{assert_ptxas_accepts, assert_ptxas_accepts_for, kernel_named, nvcc_module, read};
 
 use bpftime_gpu_attach::fatbin::{self, EntryKind, FatbinError, Image, FLAG_ZSTD};
 use bpftime_gpu_attach::ptx::{
     AccessKind, AccessSpace, ParamType, ProbeCall, ProbePoint, PtxModule, SiteSpace, Splice,
     Version,
 };
-use bpftime_gpu_attach::toolchain;
 use bpftime_isa::asm::assemble;
 use bpftime_jit_ptx::{compile, PtxOptions, PtxVersion, StandardGpuEnv};
-
-fn fixture(name: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("tests/fixtures")
-        .join(name)
-}
-
-fn read(name: &str) -> Vec<u8> {
-    std::fs::read(fixture(name)).unwrap_or_else(|e| panic!("{name}: {e}"))
-}
-
-fn ptxas() -> Option<PathBuf> {
-    toolchain::ptxas_for_tests()
-}
-
-fn scratch(tag: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("bpftime-splice-{tag}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).expect("scratch directory");
-    dir
-}
-
-fn assert_ptxas_accepts(tag: &str, ptx: &str) {
-    assert_ptxas_accepts_for(tag, ptx, 90);
-}
-
-fn assert_ptxas_accepts_for(tag: &str, ptx: &str, sm: u32) {
-    let Some(ptxas) = ptxas() else { return };
-    let dir = scratch(tag);
-    let file = dir.join(format!("{tag}.ptx"));
-    std::fs::write(&file, ptx).expect("writing PTX");
-    if let Err(e) = toolchain::run_ptxas(&ptxas, &file, sm, false) {
-        panic!("ptxas refused the spliced module {tag} for sm_{sm}: {e}\n{ptx}");
-    }
-}
 
 /// A probe that reads every argument slot of the context and the host clock, and sums
 /// them, so nothing is optimized away: what a `BPF_KPROBE` program touches.
@@ -881,26 +847,6 @@ fn access_splice(symbol: &str, sm: u32, kernels: &[&str]) -> Splice {
     splice_of(ACCESS_PROBE, symbol, sm, kernels, &[ProbePoint::Access])
 }
 
-/// kernels.fatbin's PTX for sm_90 (nvcc's), parsed.
-fn nvcc_module() -> PtxModule {
-    let bytes = read("kernels.fatbin");
-    let (text, _) = Image::from_bytes(&bytes)
-        .unwrap()
-        .ptx_for(90)
-        .unwrap()
-        .expect("PTX");
-    PtxModule::parse(&text).unwrap()
-}
-
-/// The kernel of `module` whose (mangled) name contains `name`.
-fn kernel_named<'m>(module: &'m PtxModule, name: &str) -> &'m bpftime_gpu_attach::ptx::Kernel {
-    module
-        .kernels
-        .iter()
-        .find(|k| k.name.contains(name))
-        .unwrap_or_else(|| panic!("no {name}"))
-}
-
 /// Each access says which kernel parameter its address is computed from: vectorAdd's and
 /// the tiled matmul's loads of `a` and `b` and stores to `c` (the matmul's through a
 /// pointer its loop advances); `scaled`'s accesses all go through `out`. A shared-memory
@@ -1391,18 +1337,8 @@ fn shared_probes_see_what_ldst_sees_and_the_shared_accesses_besides() {
 /// global store. What bpf-examples/access_check counts on the GPU, site by site here.
 #[test]
 fn nvcc_matmul_probed_at_every_shared_access_passes_ptxas() {
-    let bytes = read("kernels.fatbin");
-    let (text, _) = Image::from_bytes(&bytes)
-        .unwrap()
-        .ptx_for(90)
-        .unwrap()
-        .expect("PTX");
-    let module = PtxModule::parse(&text).unwrap();
-    let k = module
-        .kernels
-        .iter()
-        .find(|k| k.name.contains("matmul"))
-        .expect("matmul");
+    let module = nvcc_module();
+    let k = kernel_named(&module, "matmul");
     use AccessKind::*;
     use SiteSpace::*;
     let sites = k.access_sizes(ProbePoint::SharedAccess);

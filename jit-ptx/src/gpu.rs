@@ -809,18 +809,13 @@ pub fn fold_known_in_range(
     module: &Module<'_>,
     extents: &[(u64, u64)],
 ) -> Result<usize, CompileError> {
-    use inkwell::values::{AnyValue, BasicValue, InstructionOpcode as Op, Operand};
+    use inkwell::values::{AnyValue, InstructionOpcode as Op};
     let mut folded = 0;
     for call in instructions_where(module, |i| i.get_opcode() == Op::Call) {
-        let n = call.get_num_operands();
-        let Some(Operand::Value(callee)) = call.get_operand(n.saturating_sub(1)) else {
-            continue;
-        };
-        if callee.get_name().to_string_lossy() != KNOWN_IN_RANGE {
+        if callee_name(call).as_deref() != Some(KNOWN_IN_RANGE) {
             continue;
         }
-        let (Some((addr, lo)), Some(Operand::Value(len))) =
-            (first_two_operands(call), call.get_operand(2))
+        let (Some((addr, lo)), Some(len)) = (first_two_operands(call), value_operand(call, 2))
         else {
             continue;
         };
@@ -838,16 +833,7 @@ pub fn fold_known_in_range(
         call.erase_from_basic_block();
         folded += 1;
     }
-    if let Some(f) = module.get_function(KNOWN_IN_RANGE) {
-        if f.as_global_value()
-            .as_pointer_value()
-            .get_first_use()
-            .is_none()
-        {
-            // SAFETY: a declaration nothing refers to any more.
-            unsafe { f.delete() };
-        }
-    }
+    drop_unused_declaration(module, KNOWN_IN_RANGE);
     Ok(folded)
 }
 
@@ -858,10 +844,40 @@ fn first_two_operands(
     inkwell::values::BasicValueEnum<'_>,
     inkwell::values::BasicValueEnum<'_>,
 )> {
-    use inkwell::values::Operand;
-    match (i.get_operand(0), i.get_operand(1)) {
-        (Some(Operand::Value(a)), Some(Operand::Value(b))) => Some((a, b)),
+    Some((value_operand(i, 0)?, value_operand(i, 1)?))
+}
+
+/// Operand `n` of `i`, when it is a value (not a block).
+fn value_operand(
+    i: inkwell::values::InstructionValue<'_>,
+    n: u32,
+) -> Option<inkwell::values::BasicValueEnum<'_>> {
+    match i.get_operand(n) {
+        Some(inkwell::values::Operand::Value(v)) => Some(v),
         _ => None,
+    }
+}
+
+/// The name of the function `call` calls (its last operand).
+fn callee_name(call: inkwell::values::InstructionValue<'_>) -> Option<String> {
+    let callee = value_operand(call, call.get_num_operands().checked_sub(1)?)?;
+    Some(callee.get_name().to_string_lossy().into_owned())
+}
+
+/// Deletes the declaration of `name` once nothing calls it: a question of the device
+/// runtime's that a fold has answered everywhere, which would otherwise read as a helper
+/// the runtime lacks.
+fn drop_unused_declaration(module: &Module<'_>, name: &str) {
+    use inkwell::values::BasicValue;
+    if let Some(f) = module.get_function(name) {
+        if f.as_global_value()
+            .as_pointer_value()
+            .get_first_use()
+            .is_none()
+        {
+            // SAFETY: a declaration nothing refers to any more.
+            unsafe { f.delete() };
+        }
     }
 }
 
@@ -943,15 +959,7 @@ pub fn fold_smeared_ctlz(module: &Module<'_>) -> Result<usize, CompileError> {
     let builder = module.get_context().create_builder();
     let mut folded = 0;
     for call in instructions_where(module, |i| i.get_opcode() == Op::Call) {
-        let n = call.get_num_operands();
-        let Some(Operand::Value(callee)) = call.get_operand(n.saturating_sub(1)) else {
-            continue;
-        };
-        if !callee
-            .get_name()
-            .to_string_lossy()
-            .starts_with("llvm.ctpop.i")
-        {
+        if !callee_name(call).is_some_and(|n| n.starts_with("llvm.ctpop.i")) {
             continue;
         }
         let Some(Operand::Value(arg)) = call.get_operand(0) else {
@@ -987,13 +995,7 @@ fn unsmeared_complement<'ctx>(
     v: inkwell::values::BasicValueEnum<'ctx>,
 ) -> Option<inkwell::values::BasicValueEnum<'ctx>> {
     use inkwell::values::{AsValueRef, BasicValue, BasicValueEnum, InstructionOpcode as Op};
-    use inkwell::values::{InstructionValue, Operand};
-    fn value(i: InstructionValue<'_>, n: u32) -> Option<BasicValueEnum<'_>> {
-        match i.get_operand(n) {
-            Some(Operand::Value(v)) => Some(v),
-            _ => None,
-        }
-    }
+    let value = value_operand;
     let same =
         |a: BasicValueEnum<'ctx>, b: BasicValueEnum<'ctx>| a.as_value_ref() == b.as_value_ref();
     let not = v.as_instruction_value()?;
@@ -1270,11 +1272,9 @@ pub fn fold_uniform_warp_ops<'ctx>(
     let uniform: Vec<usize> = uniform.iter().map(|v| v.as_value_ref() as usize).collect();
     let mut folded = 0;
     for call in instructions_where(module, |i| i.get_opcode() == Op::Call) {
-        let n = call.get_num_operands();
-        let Some(Operand::Value(callee)) = call.get_operand(n.saturating_sub(1)) else {
+        let Some(name) = callee_name(call) else {
             continue;
         };
-        let name = callee.get_name().to_string_lossy().into_owned();
         if name == "llvm.nvvm.isspacep.local" {
             // An address made from a constant one is a relocated map's: device
             // memory, never a thread's stack. The stack is seen through the casts
@@ -1344,16 +1344,7 @@ pub fn fold_uniform_warp_ops<'ctx>(
         call.erase_from_basic_block();
         folded += 1;
     }
-    // Every question is answered: the declaration goes, or it would read as a helper the
-    // runtime lacks.
-    if let Some(f) = module.get_function(KNOWN_UNIFORM) {
-        if inkwell::values::BasicValue::get_first_use(&f.as_global_value().as_pointer_value())
-            .is_none()
-        {
-            // SAFETY: a declaration nothing refers to any more.
-            unsafe { f.delete() };
-        }
-    }
+    drop_unused_declaration(module, KNOWN_UNIFORM);
     Ok(folded)
 }
 
@@ -1363,17 +1354,12 @@ pub fn fold_uniform_warp_ops<'ctx>(
 /// after which SROA turns the reads at constant offsets into the values stored there
 /// (the probe's arguments). Returns how many it rewrote.
 pub fn fold_stack_pointer_casts<'ctx>(module: &Module<'ctx>) -> Result<usize, CompileError> {
-    use inkwell::values::{AnyValue, BasicValue, BasicValueEnum, InstructionOpcode as Op, Operand};
+    use inkwell::values::{AnyValue, BasicValue, BasicValueEnum, InstructionOpcode as Op};
     let context = module.get_context();
     let builder = context.create_builder();
     let i8t = context.i8_type();
     let mut rewritten = 0;
-    fn value_of(i: inkwell::values::InstructionValue<'_>, n: u32) -> Option<BasicValueEnum<'_>> {
-        match i.get_operand(n) {
-            Some(Operand::Value(v)) => Some(v),
-            _ => None,
-        }
-    }
+    let value_of = value_operand;
     // The alloca behind `v` when `v` is `ptrtoint %alloca`.
     let cast_alloca = |v: BasicValueEnum<'ctx>| {
         let i = v.as_instruction_value()?;

@@ -320,6 +320,9 @@ fn optimized_module<'ctx>(
     if matches!(opts.probe_abi, ProbeAbi::Arguments { .. })
         && fold_stack_pointer_casts(&gpu.module)? > 0
     {
+        // SROA twice: the first leaves the context's slots in memory wherever a pointer
+        // to them still goes through a phi or select, which instcombine and simplifycfg
+        // then clear (memtrace's context stayed in local memory with one round).
         optimize(
             &gpu.module,
             machine,

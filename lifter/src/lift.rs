@@ -1015,24 +1015,17 @@ impl<'ctx> Lifter<'_, 'ctx> {
         let (value, in_range, has_copy) = self.array_slot(f, pc, &map)?;
         let usable = b.build_and(in_range, has_copy, "usable")?;
         let flags = self.read(f, pc, 4)?;
-        let any = b.build_int_compare(IntPredicate::EQ, flags, i64t.const_zero(), "any")?;
-        let exist = b.build_int_compare(
-            IntPredicate::EQ,
-            flags,
-            i64t.const_int(update_flags::EXIST, false),
-            "exist",
-        )?;
+        let flags_are = |p: IntPredicate, v: u64, name: &str| {
+            b.build_int_compare(p, flags, i64t.const_int(v, false), name)
+        };
+        let any = flags_are(IntPredicate::EQ, update_flags::ANY, "any")?;
+        let exist = flags_are(IntPredicate::EQ, update_flags::EXIST, "exist")?;
         let plain = b.build_or(any, exist, "plain_flags")?;
         let usable = b.build_and(usable, plain, "inline_update")?;
-        // The kernel's array update, for flags it takes: a key out of range is -E2BIG,
-        // else BPF_NOEXIST is -EEXIST (every key of an array exists).
-        let noexist = b.build_int_compare(
-            IntPredicate::EQ,
-            flags,
-            i64t.const_int(update_flags::NOEXIST, false),
-            "noexist",
-        )?;
-        let settled_flags = b.build_or(plain, noexist, "settled_flags")?;
+        // The kernel's array update, for flags it takes (BPF_ANY, BPF_NOEXIST, BPF_EXIST):
+        // a key out of range is -E2BIG, else BPF_NOEXIST is -EEXIST (every key of an
+        // array exists).
+        let settled_flags = flags_are(IntPredicate::ULE, update_flags::EXIST, "settled_flags")?;
         let answered = b.build_and(has_copy, settled_flags, "answered")?;
         let error = b.build_select(
             in_range,
