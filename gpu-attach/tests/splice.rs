@@ -1076,13 +1076,7 @@ fn probes_put_in_place_of_their_calls_pass_ptxas_everywhere_a_call_goes() {
     assert!(out.contains("@!%__btp bra $__bti"), "{out}");
     assert_ptxas_accepts("accesses-inlined", &out);
 
-    let bytes = read("kernels.fatbin");
-    let (text, _) = Image::from_bytes(&bytes)
-        .unwrap()
-        .ptx_for(90)
-        .unwrap()
-        .expect("PTX");
-    let module = PtxModule::parse(&text).unwrap();
+    let module = nvcc_module();
     let kernels: Vec<&str> = module.kernels.iter().map(|k| k.name.as_str()).collect();
     let mut splice = splice_for(
         "__bpftime_probe_13",
