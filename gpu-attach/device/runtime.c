@@ -147,13 +147,18 @@ static u32 wait_while_busy(const u32 *state)
     return s;
 }
 
+/* Not unrolled: an unrolled copy keeps many words in flight, and in the out-of-line
+ * output writers (cold, but a call's callee counts towards every register the kernel
+ * needs) that made vectorAdd with memtrace need 46 registers instead of 40. */
 static void copy_bytes(u8 *dst, const u8 *src, u64 n)
 {
     if ((((u64)dst | (u64)src | n) & 7) == 0) {
+#pragma clang loop unroll(disable)
         for (u64 i = 0; i < n; i += 8)
             *(u64 *)(dst + i) = *(const u64 *)(src + i);
         return;
     }
+#pragma clang loop unroll(disable)
     for (u64 i = 0; i < n; i++)
         dst[i] = src[i];
 }
@@ -530,17 +535,57 @@ extern int bpftime_gpu_known_uniform(u64 x) __attribute__((const));
 /* An atomic add that many threads make to one address (a counter on every thread), as
  * bpftime-jit-ptx routes the programs' non-fetching atomic adds here. Made of values
  * every lane holds alike (a counter's add of a constant to a constant address, or to one
- * made of the call site's constants), the first active lane adds for all of them,
- * whichever lanes are active, with no match. Otherwise, when a whole warp adds to the
- * same address, its values are summed across the warp and one lane makes the one atomic
- * (the match has a constant mask: one with the active mask costs a warp sync); else
- * each lane adds its own. Always inlined, so that a uniform value or address lets the
- * match and the shuffles fold away. */
-/* The lowest lane in `mask`. */
-static unsigned first_lane(unsigned mask)
+ * made of the call site's constants), one active lane adds for all of them, whichever
+ * lanes are active, with no match. A value every lane holds alike added to addresses
+ * that differ (a histogram's slot): the lanes with the same address are matched and one
+ * of each group adds for its group. Otherwise, when a whole warp adds to the same
+ * address, its values are summed across the warp and one lane makes the one atomic (the
+ * match has a constant mask: one with the active mask costs a warp sync); else each lane
+ * adds its own. Always inlined, so that a uniform value or address lets the match and the
+ * shuffles fold away. */
+
+/* Where this thread's add of 8 (`wide`) or 4 bytes at `addr` goes (its SM's copy, or
+ * `addr`), worked out in every lane before the lanes that add are picked: left to LLVM,
+ * the arithmetic would sink into the branch of the lanes that add, and ptxas redo it in
+ * each branch, where worked out in line it shares the SM's part with every other add of
+ * the kernel (bpftime's splice reads the SM's id once per thread). */
+static u64 shard_address_here(u64 addr, u64 wide)
 {
-    return (unsigned)__builtin_ctz(mask);
+    u64 at = bpftime_gpu_shard_address(addr, wide, sm_id());
+#ifndef BPFTIME_HOST_TEST
+    __asm__ volatile("" : "+l"(at));
+#endif
+    return at;
 }
+
+/* Whether this lane is the highest in `lanes` (which holds it): `bfind`, the GPU's
+ * find-leading-one, is one instruction where the lowest lane (a count of trailing zeros)
+ * takes three. */
+static int leads(unsigned lanes)
+{
+    unsigned highest;
+#ifdef BPFTIME_HOST_TEST
+    highest = 31 - (unsigned)__builtin_clz(lanes);
+#else
+    __asm__("bfind.u32 %0, %1;" : "=r"(highest) : "r"(lanes));
+#endif
+    return __nvvm_read_ptx_sreg_laneid() == highest;
+}
+
+/* The lanes that add to `addr`, each adding `v` when `v` is known uniform, and whether
+ * this lane makes the add for them (`*count` the lanes it adds for). */
+#define WARP_GROUP(addr, v, count, leader)                                                 \
+    do {                                                                                   \
+        unsigned mask_ = __nvvm_activemask();                                              \
+        if (bpftime_gpu_known_uniform(addr) && bpftime_gpu_known_uniform(v)) {             \
+            (leader) = leads(mask_);                                                       \
+            (count) = (unsigned)__builtin_popcount(mask_);                                 \
+        } else if (bpftime_gpu_known_uniform(v)) {                                         \
+            unsigned peers_ = __nvvm_match_any_sync_i64(mask_, (addr));                    \
+            (leader) = leads(peers_);                                                      \
+            (count) = (unsigned)__builtin_popcount(peers_);                                \
+        }                                                                                  \
+    } while (0)
 
 __attribute__((always_inline))
 u64 bpftime_gpu_warp_add_u64(u64 addr, u64 v, u64 r3, u64 r4, u64 r5)
@@ -550,23 +595,24 @@ u64 bpftime_gpu_warp_add_u64(u64 addr, u64 v, u64 r3, u64 r4, u64 r5)
         *(u64 *)addr += v;
         return 0;
     }
-    unsigned mask = __nvvm_activemask();
-    if (bpftime_gpu_known_uniform(addr) && bpftime_gpu_known_uniform(v)) {
-        if (__nvvm_read_ptx_sreg_laneid() != first_lane(mask))
-            return 0;
-        v *= (u64)__builtin_popcount(mask);
-    } else if (mask == 0xffffffffu && __nvvm_match_any_sync_i64(mask, addr) == mask) {
-        for (int off = 16; off > 0; off >>= 1) {
-            unsigned lo = __nvvm_shfl_sync_bfly_i32(mask, (unsigned)v, off, 0x1f);
-            unsigned hi = __nvvm_shfl_sync_bfly_i32(mask, (unsigned)(v >> 32), off, 0x1f);
-            v += ((u64)hi << 32) | lo;
+    int leader = 1;
+    unsigned count = 1;
+    WARP_GROUP(addr, v, count, leader);
+    if (!bpftime_gpu_known_uniform(v)) {
+        unsigned mask = __nvvm_activemask();
+        if (mask == 0xffffffffu && __nvvm_match_any_sync_i64(mask, addr) == mask) {
+            for (int off = 16; off > 0; off >>= 1) {
+                unsigned lo = __nvvm_shfl_sync_bfly_i32(mask, (unsigned)v, off, 0x1f);
+                unsigned hi = __nvvm_shfl_sync_bfly_i32(mask, (unsigned)(v >> 32), off, 0x1f);
+                v += ((u64)hi << 32) | lo;
+            }
+            leader = __nvvm_read_ptx_sreg_laneid() == 0;
         }
-        if (__nvvm_read_ptx_sreg_laneid() != 0)
-            return 0;
     }
     /* Not the stack (above): a map's value or its SM's copy, in device memory. */
-    __atomic_fetch_add((global_u64 *)bpftime_gpu_shard_address(addr, 1, sm_id()), v,
-                       __ATOMIC_RELAXED);
+    u64 at = shard_address_here(addr, 1);
+    if (leader)
+        __atomic_fetch_add((global_u64 *)at, v * count, __ATOMIC_RELAXED);
     return 0;
 }
 
@@ -577,20 +623,21 @@ u64 bpftime_gpu_warp_add_u32(u64 addr, u64 v, u64 r3, u64 r4, u64 r5)
         *(u32 *)addr += (u32)v;
         return 0;
     }
-    unsigned mask = __nvvm_activemask();
+    int leader = 1;
+    unsigned count = 1;
     u32 sum = (u32)v;
-    if (bpftime_gpu_known_uniform(addr) && bpftime_gpu_known_uniform(v)) {
-        if (__nvvm_read_ptx_sreg_laneid() != first_lane(mask))
-            return 0;
-        sum *= (u32)__builtin_popcount(mask);
-    } else if (mask == 0xffffffffu && __nvvm_match_any_sync_i64(mask, addr) == mask) {
-        for (int off = 16; off > 0; off >>= 1)
-            sum += __nvvm_shfl_sync_bfly_i32(mask, sum, off, 0x1f);
-        if (__nvvm_read_ptx_sreg_laneid() != 0)
-            return 0;
+    WARP_GROUP(addr, v, count, leader);
+    if (!bpftime_gpu_known_uniform(v)) {
+        unsigned mask = __nvvm_activemask();
+        if (mask == 0xffffffffu && __nvvm_match_any_sync_i64(mask, addr) == mask) {
+            for (int off = 16; off > 0; off >>= 1)
+                sum += __nvvm_shfl_sync_bfly_i32(mask, sum, off, 0x1f);
+            leader = __nvvm_read_ptx_sreg_laneid() == 0;
+        }
     }
-    __atomic_fetch_add((global_u32 *)bpftime_gpu_shard_address(addr, 0, sm_id()), sum,
-                       __ATOMIC_RELAXED);
+    u64 at = shard_address_here(addr, 0);
+    if (leader)
+        __atomic_fetch_add((global_u32 *)at, sum * count, __ATOMIC_RELAXED);
     return 0;
 }
 
@@ -662,20 +709,44 @@ static u64 ring_output(struct ring *r, const u8 *data, u64 size)
     return 0;
 }
 
-/* Records up to this size are copied before they are written out (see OUTPUT_COPY). */
-#define OUTPUT_COPY_MAX 128u
+/* A record of up to 128 bytes handed to an output helper reaches the helper's
+ * out-of-line writer as words in registers, copied where the program calls (the helper
+ * is inlined there). The program's stack address handed to a call that is not inlined
+ * would keep every store the program makes to its stack, on every path (memtrace's keys
+ * of its counters, stored for lookups that inline to nothing), and a copy in a buffer of
+ * the helper's would keep the address of a stack frame, worked out at every access a
+ * probe sits at whether it writes a record or not: copied into words, what the program
+ * stored is read where the record is written, and the rest stays in registers. Records
+ * of up to 32 bytes (most events) pass 4 words, larger ones 16: every word is a register
+ * at the call, and a kernel needs as many registers as its busiest point. */
+#define SMALL_WORDS 4
+#define LARGE_WORDS 16
+#define SMALL_PARAMS u64 w0, u64 w1, u64 w2, u64 w3
+#define SMALL_LIST w0, w1, w2, w3
+#define LARGE_PARAMS                                                                       \
+    SMALL_PARAMS, u64 w4, u64 w5, u64 w6, u64 w7, u64 w8, u64 w9, u64 w10, u64 w11,      \
+        u64 w12, u64 w13, u64 w14, u64 w15
+#define LARGE_LIST SMALL_LIST, w4, w5, w6, w7, w8, w9, w10, w11, w12, w13, w14, w15
+#define SMALL_OF(w) (w)[0], (w)[1], (w)[2], (w)[3]
+#define LARGE_OF(w)                                                                        \
+    SMALL_OF(w), (w)[4], (w)[5], (w)[6], (w)[7], (w)[8], (w)[9], (w)[10], (w)[11],       \
+        (w)[12], (w)[13], (w)[14], (w)[15]
 
-/* A record handed to an output helper, copied into a buffer of the helper's own when it
- * is small, and the address to write it from. The program's stack address handed to a
- * call that is not inlined keeps every store the program makes to its stack, on every
- * path (memtrace's keys of its counters, stored for lookups that inline to nothing): the
- * copy, inlined where the program calls, is what reads the stack, so LLVM sees which
- * bytes it needs and keeps the rest in registers. A macro, as the buffer must live in the
- * inlined caller's frame. */
-#define OUTPUT_COPY(buffer, data, size)                                                   \
-    ((size) <= OUTPUT_COPY_MAX                                                             \
-         ? (__builtin_memcpy((buffer), (const void *)(data), (size)), (u64)(buffer))       \
-         : (u64)(data))
+/* `CALL(words)` with the record at `data` of `size` bytes as words where it fits in 16
+ * (CALL_SMALL or CALL_LARGE's `w`), else CALL_WHOLE with its address. */
+#define OUTPUT_IN_WORDS(data, size, CALL_SMALL, CALL_LARGE, CALL_WHOLE)                    \
+    do {                                                                                   \
+        u64 w[LARGE_WORDS];                                                                \
+        if ((size) <= SMALL_WORDS * 8) {                                                   \
+            __builtin_memcpy(w, (const void *)(data), (size));                             \
+            return CALL_SMALL;                                                             \
+        }                                                                                  \
+        if ((size) <= LARGE_WORDS * 8) {                                                   \
+            __builtin_memcpy(w, (const void *)(data), (size));                             \
+            return CALL_LARGE;                                                             \
+        }                                                                                  \
+        return CALL_WHOLE;                                                                 \
+    } while (0)
 
 static __attribute__((noinline)) u64 ringbuf_output(u64 map, u64 data, u64 size)
 {
@@ -685,22 +756,50 @@ static __attribute__((noinline)) u64 ringbuf_output(u64 map, u64 data, u64 size)
     return ring_output(ring_shard((struct ring *)m->ring), (const u8 *)data, size);
 }
 
+static __attribute__((noinline)) u64 ringbuf_output_small(u64 map, u64 size, SMALL_PARAMS)
+{
+    u64 w[SMALL_WORDS] = {SMALL_LIST};
+    return ringbuf_output(map, (u64)w, size);
+}
+
+static __attribute__((noinline)) u64 ringbuf_output_large(u64 map, u64 size, LARGE_PARAMS)
+{
+    u64 w[LARGE_WORDS] = {LARGE_LIST};
+    return ringbuf_output(map, (u64)w, size);
+}
+
 __attribute__((always_inline))
 u64 bpftime_gpu_ringbuf_output(u64 map, u64 data, u64 size, u64 flags, u64 r5)
 {
-    u64 buffer[OUTPUT_COPY_MAX / 8];
-    return ringbuf_output(map, OUTPUT_COPY(buffer, data, size), size);
+    OUTPUT_IN_WORDS(data, size, ringbuf_output_small(map, size, SMALL_OF(w)),
+                    ringbuf_output_large(map, size, LARGE_OF(w)),
+                    ringbuf_output(map, data, size));
 }
 
 /* A perf record goes into the map's ring with the perf event flags (the CPU index) in
  * front of it; the host writes it to the store's perf buffer of that CPU. */
 static __attribute__((noinline)) u64 perf_event_output(u64 map, u64 flags, u64 data, u64 size);
 
+static __attribute__((noinline)) u64 perf_event_output_small(u64 map, u64 flags, u64 size,
+                                                             SMALL_PARAMS)
+{
+    u64 w[SMALL_WORDS] = {SMALL_LIST};
+    return perf_event_output(map, flags, (u64)w, size);
+}
+
+static __attribute__((noinline)) u64 perf_event_output_large(u64 map, u64 flags, u64 size,
+                                                             LARGE_PARAMS)
+{
+    u64 w[LARGE_WORDS] = {LARGE_LIST};
+    return perf_event_output(map, flags, (u64)w, size);
+}
+
 __attribute__((always_inline))
 u64 bpftime_gpu_perf_event_output(u64 ctx, u64 map, u64 flags, u64 data, u64 size)
 {
-    u64 buffer[OUTPUT_COPY_MAX / 8];
-    return perf_event_output(map, flags, OUTPUT_COPY(buffer, data, size), size);
+    OUTPUT_IN_WORDS(data, size, perf_event_output_small(map, flags, size, SMALL_OF(w)),
+                    perf_event_output_large(map, flags, size, LARGE_OF(w)),
+                    perf_event_output(map, flags, data, size));
 }
 
 static __attribute__((noinline)) u64 perf_event_output(u64 map, u64 flags, u64 data, u64 size)

@@ -16,6 +16,10 @@
 //! stay calls. A body this module does not understand is not inlined: the site keeps
 //! its call.
 
+/// The register a kernel with inlined probes reads its SM's id into once, at entry
+/// ([`InlineBody::reads_sm`]): each instance reads it in place of `%smid`.
+pub const SM_REGISTER: &str = "%__bt_smid";
+
 /// Bodies longer than this many statements stay out of line: each site gets a copy.
 pub const MAX_INLINE_STATEMENTS: usize = 3000;
 
@@ -105,6 +109,16 @@ impl InlineBody {
         self.lines.len()
     }
 
+    /// Whether the body reads `%smid` (to find its SM's copy of a map or ring), which its
+    /// instances read from [`SM_REGISTER`]: ptxas reads the special register again at
+    /// each read, and then redoes the arithmetic on it, which at an access probe's every
+    /// atomic was most of the work of finding the address. A block stays on the SM it
+    /// started on (only compute preemption moves one), and the copy a thread adds to is
+    /// any SM's as far as the sum goes.
+    pub fn reads_sm(&self) -> bool {
+        self.lines.iter().any(|l| reads_special(l, "%smid"))
+    }
+
     /// The body as a block at one site: `site` makes its names unique in the module,
     /// `guard` (`@%p` or `@!%p`) is the call's predicate, and the site's arguments are
     /// in `%__bta0`..
@@ -129,6 +143,11 @@ impl InlineBody {
                 out.push_str(&code);
                 continue;
             }
+            let line = if reads_special(&line, "%smid") {
+                replace_special(&line, "%smid", SM_REGISTER)
+            } else {
+                line
+            };
             out.push_str(&ret_to_branch(&line, &end));
             out.push('\n');
         }
@@ -172,6 +191,35 @@ impl InlineBody {
         }
         out
     }
+}
+
+/// Whether `line` names the special register `name` (`%smid`, not `%smid2`).
+fn reads_special(line: &str, name: &str) -> bool {
+    line.match_indices(name).any(|(at, _)| {
+        !line
+            .as_bytes()
+            .get(at + name.len())
+            .copied()
+            .is_some_and(is_name_byte)
+            && (at == 0 || !is_name_byte(line.as_bytes()[at - 1]))
+    })
+}
+
+/// `line` with every whole `name` replaced by `with`.
+fn replace_special(line: &str, name: &str, with: &str) -> String {
+    let mut out = String::with_capacity(line.len() + with.len());
+    let mut rest = line;
+    while let Some(at) = rest.find(name) {
+        let before = &rest[..at];
+        let after = &rest[at + name.len()..];
+        let whole = !after.as_bytes().first().copied().is_some_and(is_name_byte)
+            && !before.as_bytes().last().copied().is_some_and(is_name_byte);
+        out.push_str(before);
+        out.push_str(if whole { with } else { name });
+        rest = after;
+    }
+    out.push_str(rest);
+    out
 }
 
 fn is_name_byte(b: u8) -> bool {
@@ -279,7 +327,12 @@ $L__BB0_2:
         );
         assert!(out.contains("@%__bti7_p1 bra \t$__bti7_L__BB0_2;"), "{out}");
         assert!(out.contains("$__bti7_L__BB0_2:"), "{out}");
-        assert!(out.contains("mov.u32 \t%__bti7_r2, %smid;"), "{out}");
+        // The SM's id from the register the kernel reads it into once.
+        assert!(body.reads_sm());
+        assert!(
+            out.contains(&format!("mov.u32 \t%__bti7_r2, {SM_REGISTER};")),
+            "{out}"
+        );
         // Parameters from the site's registers, a high half by a shift.
         assert!(out.contains("mov.b64 %__bti7_rd1, %__bta0;"), "{out}");
         assert!(out.contains("shr.u64 %__btw, %__bta1, 32;\ncvt.u32.u64 %__bti7_r1, %__btw;"));

@@ -18,7 +18,7 @@
 //! - before every `ret` and `exit` of the kernel's own body (predicated ones under the same
 //!   predicate, labelled ones after their label, so jumps to the label run the probe too),
 //!   a call of each exit probe.
-//! - before every load, store, atomic and reduction in global memory (`ld.global`,
+//! - after every load, store, atomic and reduction in global memory (`ld.global`,
 //!   `ldu.global`, `st.global`, `atom.global`, `red.global`, vector forms included, and the
 //!   generic-address forms, whose calls run only when `isspacep.global` says the address
 //!   is global), a call of each access probe with six more arguments ([`ACCESS_ARGS`]):
@@ -26,8 +26,11 @@
 //!   ([`AccessKind`]), the kernel's id ([`kernel_id`]) with the access's index in the
 //!   kernel, and the kernel parameter the address is computed from (found by following
 //!   its register back, [`NO_BASE_ARG`] when that leads to no one parameter). Shared,
-//!   local, constant and parameter memory are left out.
-//! - with shared-memory access probes (`cuda:KERNEL:ldst.shared`), a call of each before
+//!   local, constant and parameter memory are left out. The address and value are read
+//!   before the access, and the calls made right after it, so that the access is issued
+//!   first and the probe's work overlaps its wait; where the access overwrites a
+//!   register they are read from (`ld.global.u64 %rd1, [%rd1]`), the calls go before it.
+//! - with shared-memory access probes (`cuda:KERNEL:ldst.shared`), a call of each at
 //!   every access the above sees and every shared-memory one too (`ld.shared`,
 //!   `st.shared`, `atom.shared`, `red.shared`, vector forms, and generic-address ones
 //!   where `isspacep.shared` says the address is in the CTA's shared memory). The address
@@ -188,8 +191,15 @@ struct ExitSite {
 /// arguments.
 #[derive(Debug, Clone, PartialEq, Eq)]
 struct AccessSite {
-    /// Where the statement (its guard included) begins: the probe calls go before it.
+    /// Where the statement (its guard included) begins.
     start: usize,
+    /// Where it ends (after its `;`).
+    end: usize,
+    /// Whether the probe calls go after the statement: the access is issued first, and
+    /// the probe's work overlaps its wait (a load's value is not waited for, as the probe
+    /// does not read it). Not where the access writes a register its address or value is
+    /// read from (`ld.global.u64 %rd1, [%rd1]`): the calls go before it there.
+    after: bool,
     guard: Option<String>,
     /// A generic address: the calls run only where it is one of the spaces probed.
     space: SiteSpace,
@@ -1227,8 +1237,20 @@ fn access_site(
         .map(str::trim)
         .filter(|b| b.starts_with('%'))
         .map(str::to_string);
+    let written = match kind {
+        AccessKind::Load | AccessKind::Atomic => {
+            ops.first().map_or(Vec::new(), |d| registers_in(d))
+        }
+        AccessKind::Store | AccessKind::Reduction => Vec::new(),
+    };
+    let read: Vec<&str> = registers_in(address)
+        .into_iter()
+        .chain(value.map_or(Vec::new(), |v| registers_in(v)))
+        .collect();
     Some(Ok(AccessSite {
         start: stmt[0].1,
+        end: stmt.last().map_or(stmt[0].2, |t| t.2),
+        after: !written.iter().any(|w| read.contains(w)),
         guard,
         space: site_space,
         kind,
@@ -1237,6 +1259,15 @@ fn access_site(
         base_reg,
         base_arg: None,
     }))
+}
+
+/// The registers (`%name`) an operand names: a register, a `{..}` vector of them, an
+/// address `reg+offset`.
+fn registers_in(operand: &str) -> Vec<&str> {
+    operand
+        .split(|c: char| !(c.is_ascii_alphanumeric() || matches!(c, '%' | '_' | '$')))
+        .filter(|w| w.starts_with('%'))
+        .collect()
 }
 
 /// PTX setting `%__bta6` to the generic address of `[address]`, an address in state
@@ -1432,6 +1463,9 @@ struct Inlining<'a> {
     sites: &'a mut usize,
     /// Statements still allowed ([`crate::inline::MODULE_INLINE_BUDGET`]).
     budget: &'a mut usize,
+    /// Whether an instance in this kernel reads the SM's id
+    /// ([`crate::inline::SM_REGISTER`]).
+    reads_sm: bool,
 }
 
 fn kernel_edits(
@@ -1441,10 +1475,12 @@ fn kernel_edits(
     sites: &mut usize,
     budget: &mut usize,
 ) -> Vec<(usize, usize, String)> {
+    let first_site = *sites;
     let mut inlining = Inlining {
         bodies,
         sites,
         budget,
+        reads_sm: false,
     };
     let of = |point| -> Vec<&str> {
         calls
@@ -1540,21 +1576,30 @@ fn kernel_edits(
                 u64::from(id) | (index as u64) << 32,
                 site.base_arg.map_or(NO_BASE_ARG, |i| i as u32)
             ));
-            edits.push((
-                site.start,
-                0,
-                format!(
-                    "{}\n",
-                    probe_calls(
-                        &kernel.params,
-                        symbols,
-                        guard,
-                        Some(&prepare),
-                        &mut inlining
-                    )
-                ),
-            ));
+            let calls = probe_calls(
+                &kernel.params,
+                symbols,
+                guard,
+                Some(&prepare),
+                &mut inlining,
+            );
+            edits.push(match site.after {
+                true => (site.end, 0, format!("\n{calls}")),
+                false => (site.start, 0, format!("{calls}\n")),
+            });
         }
+    }
+    // Pushed last, so that it lands first at the body's opening (edits at one offset are
+    // applied back to front): the register is declared before any probe reads it.
+    if *inlining.sites > first_site && inlining.reads_sm {
+        edits.push((
+            kernel.body_open + 1,
+            0,
+            format!(
+                "\n.reg .b32 {sm};\nmov.u32 {sm}, %smid;",
+                sm = crate::inline::SM_REGISTER
+            ),
+        ));
     }
     edits
 }
@@ -1629,6 +1674,7 @@ fn probe_calls(
             .filter(|b| b.statements() <= *inlining.budget)
         {
             s.push_str(&body.instantiate(*inlining.sites, predicate));
+            inlining.reads_sm |= body.reads_sm();
             *inlining.sites += 1;
             *inlining.budget -= body.statements();
             continue;

@@ -996,6 +996,7 @@ fn every_form_of_global_access_is_probed_and_other_spaces_are_not() {
             (Load, 4, Global),
             (Load, 4, Generic),
             (Store, 4, Generic),
+            (Load, 8, Global),
         ]
     );
     assert!(k.unseen_accesses.is_empty(), "{:?}", k.unseen_accesses);
@@ -1005,7 +1006,7 @@ fn every_form_of_global_access_is_probed_and_other_spaces_are_not() {
         .unwrap();
     assert_eq!(
         out.matches("call (__bt_ret), __bpftime_probe_8").count(),
-        11
+        12
     );
     let id = bpftime_gpu_attach::ptx::kernel_id("accesses") as u64;
     // Size and kind, kernel id and site, as immediates.
@@ -1041,11 +1042,30 @@ fn every_form_of_global_access_is_probed_and_other_spaces_are_not() {
     assert!(out.contains("and.b64 %__btv, %__btv, 255;"), "{out}");
     assert!(out.contains("mov.u64 %__btv, 42;"), "{out}");
     assert!(out.contains("mov.u64 %__btv, 1065353216;"), "{out}");
-    // The label still leads to the probe before its load.
+    // A probe follows its access, so the access is issued first: the label leads to
+    // the load, then its probe, then the next statement.
     let label = out.find("$L_again:").unwrap();
-    let probe_after = out[label..].find("__bpftime_probe_8").unwrap();
-    let load_after = out[label..].find("ld.global.u32 %r4").unwrap();
-    assert!(probe_after < load_after, "{}", &out[label..]);
+    let load = label + out[label..].find("ld.global.u32 %r4").unwrap();
+    let probe = load + out[load..].find("__bpftime_probe_8").unwrap();
+    let next = load + out[load..].find("ld.u32 %r5").unwrap();
+    assert!(probe < next, "{}", &out[label..]);
+    // Also an atomic that returns a value into a register of its own.
+    let atomic = out.find("atom.global.add.u32 %r3, [%rd3], %r2;").unwrap();
+    let cas = out.find("atom.global.cas.b64").unwrap();
+    assert!(out[atomic..cas].contains("__bpftime_probe_8"), "{out}");
+    // A load that overwrites its address register is probed before it.
+    let chase = out.find("ld.global.u64 %rd4, [%rd4+8];").unwrap();
+    let before = out[..chase].rfind("ld.param").unwrap();
+    assert!(
+        out[before..chase].contains("call (__bt_ret), __bpftime_probe_8"),
+        "{}",
+        &out[before..]
+    );
+    assert!(
+        !out[chase..].contains("__bpftime_probe_8"),
+        "{}",
+        &out[chase..]
+    );
     assert_ptxas_accepts("accesses", &out);
 }
 
@@ -1072,7 +1092,7 @@ fn probes_put_in_place_of_their_calls_pass_ptxas_everywhere_a_call_goes() {
         .splice(&splice, Version::newest_for_driver(13000))
         .unwrap();
     assert!(!out.contains("call (__bt_ret)"), "{out}");
-    assert_eq!(out.matches("_end:\n}").count(), 11, "{out}");
+    assert_eq!(out.matches("_end:\n}").count(), 12, "{out}");
     assert!(out.contains("@!%__btp bra $__bti"), "{out}");
     assert_ptxas_accepts("accesses-inlined", &out);
 
