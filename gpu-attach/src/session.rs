@@ -26,7 +26,7 @@ use crate::cuda::{
     self, Api, CuResult, DevicePtr, Handle, Owned, ATTR_MULTIPROCESSOR_COUNT, CUDA_ERROR_NOT_READY,
     CUDA_SUCCESS, EVENT_DEFAULT, EVENT_DISABLE_TIMING, STREAM_NON_BLOCKING,
 };
-use crate::device_maps::{DeviceKind, RuntimeConfig};
+use crate::device_maps::{DeviceKind, RuntimeConfig, ShardEntry};
 use crate::fatbin::{FatbinError, ModulePtx};
 use crate::launch::{
     EventClock, Geometry, LaunchContext, LaunchProbe, PHASE_COMPLETED, PHASE_LAUNCHED,
@@ -100,25 +100,25 @@ DONE:
 ";
 const DELTAS_PER_LAUNCH: usize = 64;
 
-/// The kernel that folds a sharded array's per-SM copies into it (runtime.c's
-/// `struct shard_entry`), queued in a launch's stream after each instrumented kernel whose
-/// probes use one: a thread per (copy, word), for the 8-byte then the 4-byte copies; a
-/// word that is not zero is taken (exchanged with 0) and added to the array.
+/// The kernel that folds sharded arrays' per-SM copies into them (runtime.c's `struct
+/// shard_entry`), queued in a launch's stream after each instrumented kernel whose probes
+/// use one: one launch for up to [`FOLD_ENTRIES`] arrays (a kernel launch in the
+/// application's stream costs microseconds of its time, and memtrace alone has seven
+/// arrays), their entries in its parameters (base, len, shards64, shards32, stride,
+/// copies: 48 bytes each). A thread per (array, copy, word), for each array's 8-byte then
+/// 4-byte copies; a word that is not zero is taken (exchanged with 0) and added to the
+/// array.
 const FOLD_SHARDS_PTX: &str = "
 .version 7.0
 .target sm_70
 .address_size 64
 
 .visible .entry __bpftime_fold_shards(
-\t.param .u64 __bt_base,
-\t.param .u64 __bt_len,
-\t.param .u64 __bt_shards64,
-\t.param .u64 __bt_shards32,
-\t.param .u64 __bt_stride,
-\t.param .u32 __bt_copies
+\t.param .align 8 .b8 __bt_entries[768],
+\t.param .u32 __bt_count
 )
 {
-\t.reg .pred %p<4>;
+\t.reg .pred %p<5>;
 \t.reg .b32 %r<8>;
 \t.reg .b64 %rd<24>;
 
@@ -128,52 +128,65 @@ const FOLD_SHARDS_PTX: &str = "
 \tmad.wide.u32 %rd1, %r1, %r2, 0;
 \tcvt.u64.u32 %rd2, %r3;
 \tadd.u64 %rd1, %rd1, %rd2;
-\tld.param.u64 %rd3, [__bt_base];
-\tld.param.u64 %rd4, [__bt_len];
-\tld.param.u64 %rd5, [__bt_shards64];
-\tld.param.u64 %rd6, [__bt_shards32];
-\tld.param.u64 %rd7, [__bt_stride];
-\tld.param.u32 %r4, [__bt_copies];
-\tcvt.u64.u32 %rd8, %r4;
+\tld.param.u32 %r4, [__bt_count];
+\tmov.u32 %r5, 0;
+\tmov.u64 %rd20, __bt_entries;
+NEXT:
+\tsetp.ge.u32 %p1, %r5, %r4;
+\t@%p1 bra DONE;
+\tld.param.u64 %rd3, [%rd20];
+\tld.param.u64 %rd4, [%rd20+8];
+\tld.param.u64 %rd5, [%rd20+16];
+\tld.param.u64 %rd6, [%rd20+24];
+\tld.param.u64 %rd7, [%rd20+32];
+\tld.param.u32 %r6, [%rd20+40];
+\tcvt.u64.u32 %rd8, %r6;
 \tshr.u64 %rd9, %rd4, 3;
 \tmul.lo.u64 %rd10, %rd9, %rd8;
-\tsetp.ge.u64 %p1, %rd1, %rd10;
-\t@%p1 bra WORD32;
-\tdiv.u64 %rd11, %rd1, %rd9;
-\trem.u64 %rd12, %rd1, %rd9;
-\tshl.b64 %rd12, %rd12, 3;
-\tmad.lo.u64 %rd13, %rd11, %rd7, %rd5;
-\tadd.u64 %rd13, %rd13, %rd12;
-\tld.volatile.global.u64 %rd14, [%rd13];
-\tsetp.eq.u64 %p2, %rd14, 0;
-\t@%p2 bra DONE;
-\tmov.u64 %rd15, 0;
-\tatom.global.exch.b64 %rd14, [%rd13], %rd15;
-\tadd.u64 %rd16, %rd3, %rd12;
-\tred.global.add.u64 [%rd16], %rd14;
+\tsetp.lt.u64 %p2, %rd1, %rd10;
+\t@%p2 bra WORD64;
+\tsub.u64 %rd1, %rd1, %rd10;
+\tshr.u64 %rd11, %rd4, 2;
+\tmul.lo.u64 %rd12, %rd11, %rd8;
+\tsetp.lt.u64 %p3, %rd1, %rd12;
+\t@%p3 bra WORD32;
+\tsub.u64 %rd1, %rd1, %rd12;
+\tadd.u32 %r5, %r5, 1;
+\tadd.u64 %rd20, %rd20, 48;
+\tbra NEXT;
+WORD64:
+\tdiv.u64 %rd13, %rd1, %rd9;
+\trem.u64 %rd14, %rd1, %rd9;
+\tshl.b64 %rd14, %rd14, 3;
+\tmad.lo.u64 %rd15, %rd13, %rd7, %rd5;
+\tadd.u64 %rd15, %rd15, %rd14;
+\tld.volatile.global.u64 %rd16, [%rd15];
+\tsetp.eq.u64 %p4, %rd16, 0;
+\t@%p4 bra DONE;
+\tmov.u64 %rd17, 0;
+\tatom.global.exch.b64 %rd16, [%rd15], %rd17;
+\tadd.u64 %rd18, %rd3, %rd14;
+\tred.global.add.u64 [%rd18], %rd16;
 \tbra DONE;
 WORD32:
-\tsub.u64 %rd1, %rd1, %rd10;
-\tshr.u64 %rd9, %rd4, 2;
-\tmul.lo.u64 %rd10, %rd9, %rd8;
-\tsetp.ge.u64 %p1, %rd1, %rd10;
-\t@%p1 bra DONE;
-\tdiv.u64 %rd11, %rd1, %rd9;
-\trem.u64 %rd12, %rd1, %rd9;
-\tshl.b64 %rd12, %rd12, 2;
-\tmad.lo.u64 %rd13, %rd11, %rd7, %rd6;
-\tadd.u64 %rd13, %rd13, %rd12;
-\tld.volatile.global.u32 %r5, [%rd13];
-\tsetp.eq.u32 %p3, %r5, 0;
-\t@%p3 bra DONE;
+\tdiv.u64 %rd13, %rd1, %rd11;
+\trem.u64 %rd14, %rd1, %rd11;
+\tshl.b64 %rd14, %rd14, 2;
+\tmad.lo.u64 %rd15, %rd13, %rd7, %rd6;
+\tadd.u64 %rd15, %rd15, %rd14;
+\tld.volatile.global.u32 %r7, [%rd15];
+\tsetp.eq.u32 %p4, %r7, 0;
+\t@%p4 bra DONE;
 \tmov.u32 %r6, 0;
-\tatom.global.exch.b32 %r5, [%rd13], %r6;
-\tadd.u64 %rd16, %rd3, %rd12;
-\tred.global.add.u32 [%rd16], %r5;
+\tatom.global.exch.b32 %r7, [%rd15], %r6;
+\tadd.u64 %rd18, %rd3, %rd14;
+\tred.global.add.u32 [%rd18], %r7;
 DONE:
 \tret;
 }
 ";
+/// Arrays one fold launch takes (its 768-byte parameter list).
+const FOLD_ENTRIES: usize = 16;
 /// Threads per block of the fold kernel.
 const FOLD_THREADS: u32 = 256;
 
@@ -637,6 +650,11 @@ pub(crate) fn may_log() -> bool {
 extern "C" fn flush_at_exit() {
     EXITING.store(true, Ordering::Relaxed);
     if let Some(s) = SESSION.get() {
+        // Our threads' CUDA work under way (an instrumented module built ahead of a launch
+        // that never came, say) ends before the CUDA runtime tears the driver down after
+        // us: driver calls racing that teardown fail, or crash the process as it exits,
+        // losing what it had not flushed. None starts from now on (`quiet`).
+        drop(s.cuda_work.write().unwrap_or_else(|e| e.into_inner()));
         // A panic must not cross into the C runtime's exit.
         let _ = std::panic::catch_unwind(|| {
             s.flush();
@@ -772,10 +790,16 @@ impl GpuAttach {
         if ctx == 0 {
             return;
         }
+        // The exit-time flush waits for the build: registered now, after the CUDA
+        // runtime's teardown (a module load comes after the runtime's start), it runs
+        // before it.
+        flush_at_exit_once();
         let build = move || {
             bpftime_attach::never_run_handlers_on_this_thread();
             let _capture = self.api.relaxed_capture();
-            let _quiet = self.wait_quiet();
+            let Some(_quiet) = self.wait_quiet() else {
+                return;
+            };
             self.set_context(ctx);
             let Ok(ptx) = &image.ptx else { return };
             let Ok(sm) = self.api.device_sm() else { return };
@@ -911,6 +935,11 @@ impl GpuAttach {
                 return plain;
             }
             return self.prepare_captured(ctx, image, name, function, stream);
+        }
+        // A launch from another thread while the process exits runs as it is: the
+        // exit-time flush has the last word, and the driver goes away right after it.
+        if EXITING.load(Ordering::Relaxed) {
+            return plain;
         }
         // Building and pushing beside another stream's capture would invalidate it:
         // this launch runs as it is (rare: captures are short, and made after warm-up).
@@ -1400,22 +1429,27 @@ impl GpuAttach {
         }
     }
 
-    /// Leave to do CUDA work of GPU attach's own now: none while a capture runs.
+    /// Leave to do CUDA work of GPU attach's own now: none while a capture runs, nor once
+    /// the process is exiting (the exit-time flush's own work excepted).
     fn quiet(&self) -> Option<std::sync::RwLockReadGuard<'_, ()>> {
-        if self.captures.load(Ordering::Acquire) != 0 {
+        if self.captures.load(Ordering::Acquire) != 0 || EXITING.load(Ordering::Relaxed) {
             return None;
         }
         let guard = self.cuda_work.read().unwrap_or_else(|e| e.into_inner());
-        // A capture that began before the lock was ours is still running.
-        (self.captures.load(Ordering::Acquire) == 0).then_some(guard)
+        // A capture that began, or an exit that came, before the lock was ours.
+        (self.captures.load(Ordering::Acquire) == 0 && !EXITING.load(Ordering::Relaxed))
+            .then_some(guard)
     }
 
     /// [`Session::quiet`], waiting for the application's captures to end (they are
-    /// short: a few launches recorded into a graph).
-    fn wait_quiet(&self) -> std::sync::RwLockReadGuard<'_, ()> {
+    /// short: a few launches recorded into a graph); `None` once the process exits.
+    fn wait_quiet(&self) -> Option<std::sync::RwLockReadGuard<'_, ()>> {
         loop {
             if let Some(g) = self.quiet() {
-                return g;
+                return Some(g);
+            }
+            if EXITING.load(Ordering::Relaxed) {
+                return None;
             }
             std::thread::sleep(Duration::from_millis(1));
         }
@@ -2562,27 +2596,35 @@ impl GpuAttach {
         stream: Handle,
         replicas: &[Arc<Replica>],
     ) -> Result<(), crate::cuda::CudaError> {
-        for entry in replicas.iter().filter_map(|r| r.shards) {
-            let pairs = (entry.len / 8 + entry.len / 4) * entry.copies as u64;
-            let blocks = pairs.div_ceil(FOLD_THREADS as u64) as u32;
-            let (mut base, mut len, mut s64, mut s32, mut stride, mut copies) = (
-                entry.base,
-                entry.len,
-                entry.shards64,
-                entry.shards32,
-                entry.stride,
-                entry.copies,
-            );
+        let entries: Vec<ShardEntry> = replicas.iter().filter_map(|r| r.shards).collect();
+        for chunk in entries.chunks(FOLD_ENTRIES) {
+            let mut table = [0u64; FOLD_ENTRIES * 6];
+            let mut words = 0u64;
+            for (e, row) in chunk.iter().zip(table.chunks_mut(6)) {
+                row.copy_from_slice(&[
+                    e.base,
+                    e.len,
+                    e.shards64,
+                    e.shards32,
+                    e.stride,
+                    u64::from(e.copies),
+                ]);
+                words += (e.len / 8 + e.len / 4) * u64::from(e.copies);
+            }
+            if words == 0 {
+                continue;
+            }
+            // Sharded arrays are small (SHARDED_ARRAY_MAX bytes, a copy per SM): far
+            // fewer blocks than a grid takes.
+            let blocks = words.div_ceil(u64::from(FOLD_THREADS)) as u32;
+            let mut count = chunk.len() as u32;
             let mut params = [
-                (&mut base as *mut u64).cast::<std::ffi::c_void>(),
-                (&mut len as *mut u64).cast(),
-                (&mut s64 as *mut u64).cast(),
-                (&mut s32 as *mut u64).cast(),
-                (&mut stride as *mut u64).cast(),
-                (&mut copies as *mut u32).cast(),
+                table.as_mut_ptr().cast::<std::ffi::c_void>(),
+                (&mut count as *mut u32).cast(),
             ];
-            // SAFETY: the fold kernel takes five u64s and a u32, copied at the launch; it
-            // touches only the replica's values and copies.
+            // SAFETY: the fold kernel takes a 768-byte list of entries and a u32 count,
+            // which the driver copies at the launch; it touches only the replicas' values
+            // and copies.
             self.api.check("cuLaunchKernel", unsafe {
                 (self.api.launch_kernel)(
                     context.fold_shards,
@@ -3246,6 +3288,8 @@ mod tests {
 
     #[test]
     fn the_fold_kernel_passes_ptxas() {
+        // FOLD_ENTRIES entries of six u64s fill the kernel's parameter list.
+        assert!(FOLD_SHARDS_PTX.contains(&format!("__bt_entries[{}]", FOLD_ENTRIES * 48)));
         let Some(ptxas) = crate::toolchain::ptxas_for_tests() else {
             return;
         };
