@@ -26,6 +26,9 @@ result() {  # result NAME OK DETAIL
 value() {  # value LOG MAP KEY
     sed -n "s/^$2\[$3\]: \([0-9]*\)$/\1/p" "$1" | head -1
 }
+hist_sum() {  # hist_sum FILE MAP: the counts of a log2 histogram as bpftime prints it, summed
+    awk -v m="$2" '/^[a-z_0-9]+ \(/ { on = ($1 == m) } on && /^\[/ { s += $3 } END { print s + 0 }' "$1"
+}
 field() {  # field LOG NAME (from the app's own line)
     grep -o "$2=[0-9.]*" "$1" | head -1 | cut -d= -f2
 }
@@ -315,7 +318,9 @@ several_gpus() {  # the checks that need two GPUs or more; a SKIP line on one
     done < <(bash scripts/gpu-ldst-shared.sh "$bt" "$objs" "$cuda" 2>&1)
 
     # memtrace: counts per kernel and kind, offsets within each buffer as log2
-    # histograms, and a timeline PNG of sampled accesses (kept beside the results).
+    # histograms, and a timeline PNG of sampled accesses (kept beside the results). Both
+    # kernels take (a, b, c, ...) and read a and b alike: every load lands in the
+    # histogram of a or of b, half each, every store in c's, none elsewhere.
     keep=$(dirname "$out")
     memtrace() {  # memtrace NAME LOADS STORES APP ARGS...
         local name=$1 loads=$2 stores=$3
@@ -324,18 +329,23 @@ several_gpus() {  # the checks that need two GPUs or more; a SKIP line on one
         run "$log" --out "$work/memtrace-$name.d" "$objs/memtrace.bpf.o" -- "$@"
         cp "$work/memtrace-$name.d/timeline.png" "$keep/memtrace-$name.png" 2>/dev/null
         cp "$work/memtrace-$name.d/maps.txt" "$keep/memtrace-$name.maps.txt" 2>/dev/null
-        local slot got_loads got_stores
+        local slot got_loads got_stores maps="$work/memtrace-$name.d/maps.txt" h0 h1 h2 h_rest
         # accesses[128 * kind + slot] (loads kind 0, stores 1); kernels[slot] names it.
         slot=$(sed -n 's/^kernels\[\([0-9]*\)\]: .*name=.*/\1/p' "$log.out" | head -1)
         got_loads=$(value "$log.out" accesses "${slot:-x}")
         got_stores=$(value "$log.out" accesses "$((128 + ${slot:-0}))")
+        h0=$(hist_sum "$maps" offset_hist_arg0) h1=$(hist_sum "$maps" offset_hist_arg1)
+        h2=$(hist_sum "$maps" offset_hist_arg2)
+        h_rest=$(($(hist_sum "$maps" offset_hist_arg3) + $(hist_sum "$maps" offset_hist_arg4) + $(hist_sum "$maps" offset_hist_arg5)))
         ok=0
         if grep -q 'check=ok' "$log.out" && grep -q '^exit=0' "$log.out" &&
             [ "$got_loads" = "$loads" ] && [ "$got_stores" = "$stores" ] &&
+            [ "$h0" = $((loads / 2)) ] && [ "$h1" = $((loads / 2)) ] && [ "$h2" = "$stores" ] &&
+            [ "$h_rest" = 0 ] &&
             [ -s "$work/memtrace-$name.d/timeline.png" ] && [ "$(value "$log.out" collisions 0)" = 0 ]; then
             ok=1
         fi
-        result "memtrace on $name" $ok "loads $got_loads (expected $loads), stores $got_stores (expected $stores); $(grep -o 'timeline.png ([0-9]* sampled[^)]*' "$log.out" | cut -c15-)"
+        result "memtrace on $name" $ok "loads $got_loads (expected $loads), stores $got_stores (expected $stores); offset histograms: a $h0 b $h1 (expected $((loads / 2)) each), c $h2 (expected $stores), other arguments $h_rest; $(grep -o 'timeline.png ([0-9]* sampled[^)]*' "$log.out" | cut -c15-)"
     }
     memtrace vectorAdd $((2 * 16777216)) 16777216 "$cuda/vec_add" 16777216 1
     memtrace matmul $((2 * 1024 * 1024 * 1024 / 16)) $((1024 * 1024)) "$cuda/matmul" 1024 1
