@@ -147,9 +147,9 @@ static u32 wait_while_busy(const u32 *state)
     return s;
 }
 
-/* Not unrolled: an unrolled copy keeps many words in flight, and in the out-of-line
- * output writers (cold, but a call's callee counts towards every register the kernel
- * needs) that made vectorAdd with memtrace need 46 registers instead of 40. */
+/* Not unrolled: what it copies is short (a record, a key, a value), and unrolled it made
+ * every kernel a probe's out-of-line writers are spliced into longer for the driver's
+ * JIT (memtrace in vectorAdd: 48 instructions of 752). */
 static void copy_bytes(u8 *dst, const u8 *src, u64 n)
 {
     if ((((u64)dst | (u64)src | n) & 7) == 0) {
@@ -539,10 +539,9 @@ extern int bpftime_gpu_known_uniform(u64 x) __attribute__((const));
  * lanes are active, with no match. A value every lane holds alike added to addresses
  * that differ (a histogram's slot): the lanes with the same address are matched and one
  * of each group adds for its group. Otherwise, when a whole warp adds to the same
- * address, its values are summed across the warp and one lane makes the one atomic (the
- * match has a constant mask: one with the active mask costs a warp sync); else each lane
- * adds its own. Always inlined, so that a uniform value or address lets the match and the
- * shuffles fold away. */
+ * address, its values are summed across the warp and one lane makes the one atomic; else
+ * each lane adds its own. Always inlined, so that a uniform value or address lets the
+ * match and the shuffles fold away. */
 
 /* Where this thread's add of 8 (`wide`) or 4 bytes at `addr` goes (its SM's copy, or
  * `addr`), worked out in every lane before the lanes that add are picked: left to LLVM,
@@ -572,8 +571,8 @@ static int leads(unsigned lanes)
     return __nvvm_read_ptx_sreg_laneid() == highest;
 }
 
-/* The lanes that add to `addr`, each adding `v` when `v` is known uniform, and whether
- * this lane makes the add for them (`*count` the lanes it adds for). */
+/* Where `v` is known uniform: whether this lane (`leader`) makes the add of `v` for the
+ * `count` lanes that add it to `addr`. Left as they are otherwise. */
 #define WARP_GROUP(addr, v, count, leader)                                                 \
     do {                                                                                   \
         unsigned mask_ = __nvvm_activemask();                                              \
