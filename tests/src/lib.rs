@@ -330,7 +330,14 @@ impl Tool {
     }
 
     /// Interrupts the tool as Ctrl-C would and returns (exit code, stdout lines, stderr).
-    pub fn stop(mut self) -> (i32, Vec<String>, String) {
+    pub fn stop(self) -> (i32, Vec<String>, String) {
+        self.try_stop().unwrap_or_else(|why| panic!("{why}"))
+    }
+
+    /// [`Tool::stop`], or why not: the tool did not exit within 60 s of SIGINT (it is
+    /// killed then). For a tool the test runs as an oracle (bpftrace on the kernel),
+    /// whose own failure says nothing of ours.
+    pub fn try_stop(mut self) -> Result<(i32, Vec<String>, String), String> {
         // SAFETY: sends SIGINT to our own child.
         unsafe { libc::kill(self.child.id() as i32, libc::SIGINT) };
         self.output_held.store(false, Ordering::Release);
@@ -341,10 +348,10 @@ impl Tool {
             }
             if Instant::now() > end {
                 let err = self.kill_and_take_stderr();
-                panic!(
+                return Err(format!(
                     "loader did not exit within 60 s of SIGINT; stdout {:?}\nstderr: {err}",
                     self.seen
-                );
+                ));
             }
             std::thread::sleep(Duration::from_millis(20));
         };
@@ -356,11 +363,11 @@ impl Tool {
             .take()
             .and_then(|h| h.join().ok())
             .unwrap_or_default();
-        (
+        Ok((
             status.code().unwrap_or(-1),
             std::mem::take(&mut self.seen),
             err,
-        )
+        ))
     }
 
     pub fn pid(&self) -> u32 {
