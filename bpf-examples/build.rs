@@ -49,6 +49,7 @@ const GPU_ARTIFACTS: &[&str] = &[
     "cuda_counter.bpf.o",
     "threadhist.bpf.o",
     "kernelretsnoop.bpf.o",
+    "kernelretsnoop_perf.bpf.o",
     "launchlate.bpf.o",
     "hashcount.bpf.o",
     "lru_hashcount.bpf.o",

@@ -43,7 +43,7 @@ bins=(bpftime-gpu-conformance bpf-conformance-plugin)
 cpu_bins=(bpftime libbpftime_syscall_shim.so libbpftime_agent.so libbpftime_agent_starter.so bpftime-trace-check)
 cpu_inputs=(bench_calls globals.bpf.o funclatency.bpf.o)
 # The GPU examples' and benchmark's objects.
-gpu_inputs=(cuda_counter.bpf.o threadhist.bpf.o kernelretsnoop.bpf.o launchlate.bpf.o hashcount.bpf.o lru_hashcount.bpf.o hashstarts.bpf.o launchsnoop.bpf.o gpu_printk.bpf.o smcount.bpf.o percpu_hashcount.bpf.o bench_empty.bpf.o
+gpu_inputs=(cuda_counter.bpf.o threadhist.bpf.o kernelretsnoop.bpf.o kernelretsnoop_perf.bpf.o launchlate.bpf.o hashcount.bpf.o lru_hashcount.bpf.o hashstarts.bpf.o launchsnoop.bpf.o gpu_printk.bpf.o smcount.bpf.o percpu_hashcount.bpf.o bench_empty.bpf.o
     bench_count.bpf.o bench_exit_time.bpf.o bench_ldst_count.bpf.o bench_ldst_ring.bpf.o memtrace.bpf.o access_check.bpf.o access_shared.bpf.o gpu_probes.bpf.o gpu_timeline.bpf.o)
 
 build() {

@@ -3,6 +3,9 @@
  * kernelretsnoop: one ring buffer record per thread of the CUDA kernel vectorAdd as it
  * exits: its block and thread index, the SM it ran on, the timestamp (host clock) and
  * the kernel's fourth argument (n), read from the probe's kprobe-shaped context.
+ *
+ * Built with -DPERF_OUTPUT (kernelretsnoop_perf.bpf.o), the records go through a perf
+ * event array (bpf_perf_event_output, BPF_F_CURRENT_CPU) instead.
  */
 #include <linux/bpf.h>
 #include <linux/ptrace.h>
@@ -18,10 +21,18 @@ struct thread_exit {
 	__u32 n;
 };
 
+#ifdef PERF_OUTPUT
+struct {
+	__uint(type, BPF_MAP_TYPE_PERF_EVENT_ARRAY);
+	__uint(key_size, sizeof(__u32));
+	__uint(value_size, sizeof(__u32));
+} events SEC(".maps");
+#else
 struct {
 	__uint(type, BPF_MAP_TYPE_RINGBUF);
 	__uint(max_entries, 1 << 24);
 } events SEC(".maps");
+#endif
 
 SEC("cuda:vectorAdd:exit")
 int BPF_KPROBE(thread_exit, const float *a, const float *b, float *c, int n)
@@ -36,7 +47,11 @@ int BPF_KPROBE(thread_exit, const float *a, const float *b, float *c, int n)
 	e.sm = bpf_get_sm_id();
 	e.ts = bpf_ktime_get_ns();
 	e.n = n;
+#ifdef PERF_OUTPUT
+	bpf_perf_event_output(ctx, &events, BPF_F_CURRENT_CPU, &e, sizeof(e));
+#else
 	bpf_ringbuf_output(&events, &e, sizeof(e), 0);
+#endif
 	return 0;
 }
 

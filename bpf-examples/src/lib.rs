@@ -110,6 +110,10 @@ pub const ACCESS_SHARED_BPF_O: &str = env!("BPF_EXAMPLES_ACCESS_SHARED_BPF_O");
 /// `memtrace`: a memory-access probe on every kernel (`cuda:*:ldst`): counts per kernel
 /// and kind, log2 histograms of offsets into each buffer, a sampled timeline.
 pub const MEMTRACE_BPF_O: &str = env!("BPF_EXAMPLES_MEMTRACE_BPF_O");
+/// `kernelretsnoop`: a record per thread of `vectorAdd` at its exit, into a ring buffer.
+pub const KERNELRETSNOOP_BPF_O: &str = env!("BPF_EXAMPLES_KERNELRETSNOOP_BPF_O");
+/// The same records through a perf event array (`bpf_perf_event_output`).
+pub const KERNELRETSNOOP_PERF_BPF_O: &str = env!("BPF_EXAMPLES_KERNELRETSNOOP_PERF_BPF_O");
 /// `gpu_timeline`: uprobes and a uretprobe on two_paths' CPU functions and probes inside
 /// its `scale` kernel (a printk among them), for `bpftime run --trace`.
 pub const GPU_TIMELINE_BPF_O: &str = env!("BPF_EXAMPLES_GPU_TIMELINE_BPF_O");

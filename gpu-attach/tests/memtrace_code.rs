@@ -4,17 +4,12 @@
 //! its overhead, read from the PTX; and the spliced module checked by NVIDIA's `ptxas`
 //! where it is found (as `splice.rs` finds it).
 
-use std::collections::HashMap;
-
 mod support;
 
-use support::{assert_ptxas_accepts, kernel_named, nvcc_module};
+use support::{clang_program, vector_add_with};
 
-use bpftime_gpu_attach::device_maps::{RuntimeConfig, ShardEntry, SHARD_WINDOW_SPAN};
-use bpftime_gpu_attach::probe::{compile_probe, DeviceMapRef};
-use bpftime_gpu_attach::ptx::{ProbeCall, ProbePoint, Splice, Version};
-use bpftime_isa::Insn;
-use goblin::elf::Elf;
+use bpftime_gpu_attach::probe::compile_probe;
+use bpftime_gpu_attach::ptx::ProbePoint;
 
 const SYMBOL: &str = "__bpftime_probe_9";
 /// Where the test puts the shard window, as a session's arena would.
@@ -32,78 +27,6 @@ const ARRAYS: &[(&str, u32)] = &[
     ("offset_hist_arg5", 64),
 ];
 
-/// The program of section `section` of `object`, its map references given ids, with the
-/// maps those ids name: memtrace's arrays laid out in the shard window, each sharded.
-fn program(object: &str, section: &str) -> (Vec<Insn>, HashMap<u32, DeviceMapRef>, RuntimeConfig) {
-    let bytes = std::fs::read(object).expect("the memtrace object");
-    let elf = Elf::parse(&bytes).expect("an ELF object");
-    let (index, header) = elf
-        .section_headers
-        .iter()
-        .enumerate()
-        .find(|(_, s)| elf.shdr_strtab.get_at(s.sh_name) == Some(section))
-        .unwrap_or_else(|| panic!("no section {section} in {object}"));
-    let code = &bytes[header.sh_offset as usize..(header.sh_offset + header.sh_size) as usize];
-    let mut insns = bpftime_isa::decode(code).expect("eBPF instructions");
-    let mut ids: HashMap<String, u32> = HashMap::new();
-    let mut maps = HashMap::new();
-    let mut shards = Vec::new();
-    let mut next_value = WINDOW;
-    for (target, relocs) in &elf.shdr_relocs {
-        if elf.section_headers[*target].sh_info as usize != index {
-            continue;
-        }
-        for r in relocs.iter() {
-            let sym = elf.syms.get(r.r_sym).expect("a symbol");
-            let name = elf.strtab.get_at(sym.st_name).expect("a name").to_string();
-            let fresh = ids.len() as u32 + 2;
-            let id = *ids.entry(name.clone()).or_insert(fresh);
-            let pc = r.r_offset as usize / 8;
-            assert!(insns[pc].is_lddw(), "{name} is not loaded by an lddw");
-            insns[pc].src = bpftime_isa::opcode::PSEUDO_MAP_FD;
-            insns[pc].imm = id as i32;
-            if maps.contains_key(&id) {
-                continue;
-            }
-            let desc = 0x3000_0000_1000 + u64::from(id) * 0x100;
-            let map = match ARRAYS.iter().find(|(n, _)| *n == name) {
-                Some(&(_, entries)) => {
-                    let array = bpftime_jit_ptx::ArrayMapLayout {
-                        values: next_value,
-                        key_stride: 8,
-                        max_entries: entries,
-                        update_size: 8,
-                        per_cpu: None,
-                    };
-                    shards.push(ShardEntry::in_window(
-                        next_value,
-                        u64::from(entries) * 8,
-                        256,
-                    ));
-                    next_value += u64::from(entries) * 8;
-                    DeviceMapRef {
-                        desc,
-                        values: Some(array.values),
-                        array: Some(array),
-                    }
-                }
-                None => DeviceMapRef {
-                    desc,
-                    values: None,
-                    array: None,
-                },
-            };
-            maps.insert(id, map);
-        }
-    }
-    assert!(next_value - WINDOW < SHARD_WINDOW_SPAN);
-    let config = RuntimeConfig {
-        shards,
-        ..RuntimeConfig::default()
-    };
-    (insns, maps, config)
-}
-
 /// memtrace's access probe at every global access of vectorAdd matches addresses across
 /// the warp only for its histogram, whose slot each lane computes, and:
 /// - the count per kernel and kind adds to an address made of the call site's
@@ -119,7 +42,12 @@ fn program(object: &str, section: &str) -> (Vec<Insn>, HashMap<u32, DeviceMapRef
 /// - spliced, the kernel reads its SM's id once, at entry, for all its probes' adds.
 #[test]
 fn memtrace_matches_only_its_histogram_and_keeps_no_stack_in_memory() {
-    let (insns, maps, config) = program(bpftime_bpf_examples::MEMTRACE_BPF_O, "cuda:*:ldst");
+    let (insns, maps, config) = clang_program(
+        bpftime_bpf_examples::MEMTRACE_BPF_O,
+        "cuda:*:ldst",
+        ARRAYS,
+        WINDOW,
+    );
     let probe = compile_probe(ProbePoint::Access, &insns, &maps, &config, 90, SYMBOL)
         .expect("memtrace's probe compiles");
     let head = format!(".visible .func  (.param .b64 func_retval0) {SYMBOL}(");
@@ -141,25 +69,7 @@ fn memtrace_matches_only_its_histogram_and_keeps_no_stack_in_memory() {
         "the probe keeps {depot:?} bytes in local memory (the eBPF stack is 512):\n{body}"
     );
 
-    let module = nvcc_module();
-    let kernel = kernel_named(&module, "vectorAdd").name.clone();
-    let splice = Splice {
-        definitions: bpftime_gpu_attach::ptx::strip_header(&probe.ptx),
-        needs_version: Some(Version::new(7, 8)),
-        needs_sm: Some(90),
-        calls: vec![(
-            kernel,
-            vec![ProbeCall {
-                point: ProbePoint::Access,
-                symbol: SYMBOL.into(),
-            }],
-        )],
-        inline: true,
-    };
-    let spliced = module
-        .splice(&splice, Version::newest_for_driver(13000))
-        .expect("splices");
+    let spliced = vector_add_with(&probe.ptx, SYMBOL, ProbePoint::Access, "memtrace-vectorAdd");
     let kernel_text = &spliced[spliced.find(".entry _Z9vectorAdd").expect("vectorAdd")..];
     assert_eq!(kernel_text.matches("%smid").count(), 1, "{kernel_text}");
-    assert_ptxas_accepts("memtrace-vectorAdd", &spliced);
 }

@@ -943,6 +943,19 @@ fn verify_accepts_the_gpu_example_under_gpu_rules() {
         "{}",
         out.context()
     );
+    // A `cuda:` exit probe writing its records to a ring buffer, and to a perf event array.
+    for object in [
+        examples::KERNELRETSNOOP_BPF_O,
+        examples::KERNELRETSNOOP_PERF_BPF_O,
+    ] {
+        let out = verify(&s, &[object]);
+        assert_eq!(out.code, Some(0), "{object}: {}", out.context());
+        assert!(
+            out.stdout.len() == 1 && out.stdout[0].starts_with("thread_exit: ok ("),
+            "{object}: {}",
+            out.context()
+        );
+    }
 }
 
 /// The shim prints nothing of its own into the tool's terminal for what the kernel
