@@ -21,7 +21,10 @@
 //! - after every load, store, atomic and reduction in global memory (`ld.global`,
 //!   `ldu.global`, `st.global`, `atom.global`, `red.global`, vector forms included, and the
 //!   generic-address forms, whose calls run only when `isspacep.global` says the address
-//!   is global), a call of each access probe with six more arguments ([`ACCESS_ARGS`]):
+//!   is global, and the asynchronous copies from global into shared memory
+//!   (`cp.async.ca.shared.global`, `.cg`), whose read of global memory is a load of the
+//!   bytes it reads; bulk copies (TMA) are named as missed): a call of each access probe
+//!   with six more arguments ([`ACCESS_ARGS`]):
 //!   the address, the first 16 bytes of the value written (0 for loads), the size and kind
 //!   ([`AccessKind`]), the kernel's id ([`kernel_id`]) with the access's index in the
 //!   kernel, and the kernel parameter the address is computed from (found by following
@@ -829,6 +832,9 @@ fn parse_kernel(
                     } else if regs.declare(text, statement) {
                     } else {
                         defs.take(text, statement);
+                        if let Some(why) = async_copy_shared_side(text, statement) {
+                            unseen_shared_accesses.push(why);
+                        }
                         match access_site(text, statement, &regs) {
                             Some(Ok(site)) => accesses.push(site),
                             Some(Err((SiteSpace::Shared, why))) => unseen_shared_accesses.push(why),
@@ -1160,13 +1166,27 @@ fn access_site(
         operands,
     } = statement(text, stmt)?;
     let pieces: Vec<&str> = opcode.split('.').collect();
+    // An asynchronous copy from global into shared memory (`cp.async.ca.shared.global`,
+    // `.cg`): its read of global memory is a load (its write into shared memory is said
+    // to be missed, see `async_copy_shared_side`).
+    let async_copy = is_async_copy(&pieces);
     let kind = match pieces[0] {
+        _ if async_copy => AccessKind::Load,
         "ld" | "ldu" => AccessKind::Load,
         "st" => AccessKind::Store,
         "atom" => AccessKind::Atomic,
         "red" => AccessKind::Reduction,
-        // Shared memory that matrix loads and stores and asynchronous copies read or write:
-        // not single accesses a probe's context can describe, so said to be missed.
+        // Bulk copies (the tensor memory accelerator) move a tile between global and
+        // shared memory whose size and layout are not one access a probe's context can
+        // describe: said to be missed, as a global access where global memory is one end.
+        "cp" if pieces.contains(&"bulk") && pieces.iter().any(|p| p.starts_with("global")) => {
+            return Some(Err((
+                SiteSpace::Global,
+                format!("`{statement}`: a bulk copy is not probed"),
+            )));
+        }
+        // Shared memory that matrix loads and stores and other copies read or write: not
+        // single accesses a probe's context can describe, so said to be missed.
         "ldmatrix" | "stmatrix" | "cp" if pieces.iter().any(|p| p.starts_with("shared")) => {
             return Some(Err((
                 SiteSpace::Shared,
@@ -1188,25 +1208,39 @@ fn access_site(
             _ => "shared",
         });
     let site_space = match (shared, space("global")) {
+        _ if async_copy => SiteSpace::Global,
         (Some(_), _) => SiteSpace::Shared,
         (None, true) => SiteSpace::Global,
         (None, false) => SiteSpace::Generic,
     };
     let unseen = |why: &str| Some(Err((site_space, format!("`{statement}`: {why}"))));
-    let bits = pieces
-        .iter()
-        .filter_map(|p| type_bits(p))
-        .next_back()
-        .unwrap_or(0);
-    if bits == 0 {
-        return unseen("no operand type");
-    }
-    let lanes = pieces
-        .iter()
-        .find_map(|p| p.strip_prefix('v')?.parse::<u32>().ok())
-        .unwrap_or(1);
     let ops = split_operands(operands);
+    // Bytes accessed, and the bits of each lane of a value written.
+    let (size, bits) = if async_copy {
+        // `cp-size` bytes, or the `src-size` it reads where that is a number (the rest is
+        // filled with zeros, not read).
+        let Some(copied) = ops.get(2).and_then(|o| parse_int(o)).filter(|n| *n > 0) else {
+            return unseen("no copy size");
+        };
+        let read = ops.get(3).and_then(|o| parse_int(o)).unwrap_or(copied);
+        (read.clamp(0, copied) as u32, 0)
+    } else {
+        let bits = pieces
+            .iter()
+            .filter_map(|p| type_bits(p))
+            .next_back()
+            .unwrap_or(0);
+        if bits == 0 {
+            return unseen("no operand type");
+        }
+        let lanes = pieces
+            .iter()
+            .find_map(|p| p.strip_prefix('v')?.parse::<u32>().ok())
+            .unwrap_or(1);
+        ((bits * lanes).div_ceil(8), bits)
+    };
     let (address, value) = match kind {
+        _ if async_copy => (ops.get(1), None),
         AccessKind::Load => (ops.get(1), None),
         AccessKind::Store | AccessKind::Reduction => (ops.first(), ops.get(1)),
         AccessKind::Atomic if pieces.contains(&"cas") => (ops.get(1), ops.get(3)),
@@ -1254,11 +1288,38 @@ fn access_site(
         guard,
         space: site_space,
         kind,
-        size: (bits * lanes).div_ceil(8),
+        size,
         prepare,
         base_reg,
         base_arg: None,
     }))
+}
+
+/// Whether an opcode's pieces are those of an asynchronous copy from global into shared
+/// memory, one thread's (`cp.async.ca.shared.global`, `cp.async.cg.shared::cta.global`),
+/// not a bulk one.
+fn is_async_copy(pieces: &[&str]) -> bool {
+    pieces.len() > 2
+        && pieces[0] == "cp"
+        && pieces[1] == "async"
+        && !pieces.contains(&"bulk")
+        && pieces.iter().any(|p| p.starts_with("global"))
+        && pieces.iter().any(|p| p.starts_with("shared"))
+}
+
+/// What a shared-memory access probe misses of an asynchronous copy (`cp.async`): its
+/// write into shared memory, which lands when the thread waits for its group, not where
+/// the copy is issued.
+fn async_copy_shared_side(text: &str, stmt: &[(Tok, usize, usize)]) -> Option<String> {
+    let s = statement(text, stmt)?;
+    let pieces: Vec<&str> = s.opcode.split('.').collect();
+    is_async_copy(&pieces).then(|| {
+        format!(
+            "`{}`: the shared-memory write of an asynchronous copy is not probed (its \
+             global read is)",
+            s.text
+        )
+    })
 }
 
 /// The registers (`%name`) an operand names: a register, a `{..}` vector of them, an

@@ -1382,10 +1382,13 @@ fn nvcc_matmul_probed_at_every_shared_access_passes_ptxas() {
 }
 
 /// sm_90's distributed shared memory: a `.shared::cluster` access is made generic as
-/// such; matrix loads and asynchronous copies into shared memory are said to be missed
-/// (by `.shared` probes only: `:ldst` probes never looked at shared memory).
+/// such. An asynchronous copy into shared memory (`cp.async`) is a 16-byte load of
+/// global memory, after which its probe runs (it writes no register); its write into
+/// shared memory is said to be missed, as matrix loads are (by `.shared` probes only:
+/// `:ldst` probes never looked at shared memory). A bulk copy (TMA) is said to be missed
+/// by both.
 #[test]
-fn cluster_shared_accesses_are_probed_and_matrix_and_async_copies_are_named_missed() {
+fn cluster_shared_accesses_are_probed_async_copies_read_global_and_the_rest_is_named() {
     let text = "\
 .version 8.0
 .target sm_90
@@ -1395,11 +1398,15 @@ fn cluster_shared_accesses_are_probed_and_matrix_and_async_copies_are_named_miss
 	.reg .b32 %r<8>;
 	.reg .b64 %rd<4>;
 	.shared .align 16 .b32 t[64];
+	.shared .align 8 .b64 bar;
 	mov.u32 %r1, t;
 	ld.shared::cluster.u32 %r2, [%r1+8];
 	ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%r3, %r4, %r5, %r6}, [%r1];
 	ld.param.u64 %rd3, [out];
 	cp.async.ca.shared.global [%r1+16], [%rd3], 16;
+	cp.async.commit_group;
+	cp.async.wait_group 0;
+	cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [t], [%rd3], 128, [bar];
 	st.global.u32 [%rd3+8], %r2;
 	ret;
 }
@@ -1410,9 +1417,14 @@ fn cluster_shared_accesses_are_probed_and_matrix_and_async_copies_are_named_miss
     use SiteSpace::*;
     assert_eq!(
         k.access_sizes(ProbePoint::SharedAccess),
-        vec![(Load, 4, Shared), (Store, 4, Global)]
+        vec![(Load, 4, Shared), (Load, 16, Global), (Store, 4, Global)]
     );
-    assert!(k.unseen_accesses.is_empty(), "{:?}", k.unseen_accesses);
+    assert_eq!(
+        k.access_sizes(ProbePoint::Access),
+        vec![(Load, 16, Global), (Store, 4, Global)]
+    );
+    assert_eq!(k.unseen_accesses.len(), 1, "{:?}", k.unseen_accesses);
+    assert!(k.unseen_accesses[0].contains("a bulk copy is not probed"));
     assert_eq!(
         k.unseen_shared_accesses.len(),
         2,
@@ -1420,7 +1432,8 @@ fn cluster_shared_accesses_are_probed_and_matrix_and_async_copies_are_named_miss
         k.unseen_shared_accesses
     );
     assert!(k.unseen_shared_accesses[0].contains("ldmatrix is not probed"));
-    assert!(k.unseen_shared_accesses[1].contains("cp is not probed"));
+    assert!(k.unseen_shared_accesses[1]
+        .contains("the shared-memory write of an asynchronous copy is not probed"));
     let splice = shared_access_splice("__bpftime_probe_18", 90, &["cluster"]);
     let out = module
         .splice(&splice, Version::newest_for_driver(13000))
@@ -1431,7 +1444,30 @@ fn cluster_shared_accesses_are_probed_and_matrix_and_async_copies_are_named_miss
     );
     assert_eq!(
         out.matches("call (__bt_ret), __bpftime_probe_18").count(),
-        2
+        3
+    );
+    // The copy's probe: after it, with the global address (a register's is generic
+    // already) and 16 bytes.
+    let copy = out.find("cp.async.ca.shared.global").unwrap();
+    let next = copy + out[copy..].find("cp.async.commit_group").unwrap();
+    let probe = &out[copy..next];
+    assert!(
+        probe.contains("call (__bt_ret), __bpftime_probe_18"),
+        "{probe}"
+    );
+    assert!(probe.contains("mov.b64 %__bta6, %rd3;"), "{probe}");
+    assert!(
+        probe.contains(&format!("mov.u64 %__bta9, {};", 16 | (Load as u64) << 32)),
+        "{probe}"
     );
     assert_ptxas_accepts("cluster-shared", &out);
+
+    // `:ldst` probes too, inlined.
+    let mut splice = access_splice("__bpftime_probe_19", 90, &["cluster"]);
+    splice.inline = true;
+    let out = module
+        .splice(&splice, Version::newest_for_driver(13000))
+        .unwrap();
+    assert_eq!(out.matches("_end:\n}").count(), 2, "{out}");
+    assert_ptxas_accepts("cluster-ldst-inlined", &out);
 }
