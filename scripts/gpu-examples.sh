@@ -309,6 +309,13 @@ several_gpus() {  # the checks that need two GPUs or more; a SKIP line on one
     n=1048576
     ldst "vectorAdd (static cudart)" vector_add $((n * 3)) $((n * 3)) "$cuda/vec_add" $n 3
     ldst "vectorAdd (driver API, PTX)" vector_add $((n * 3)) $((n * 3)) "$cuda/vec_add_driver" "$cuda/vec_add.ptx" $n 3
+    # a and b read by asynchronous copies into shared memory (`cp.async`, checked to be
+    # in the PTX), each a 4-byte load of global memory.
+    if grep -q 'cp.async.ca.shared.global' "$cuda/vec_add_async.ptx"; then
+        ldst "vectorAdd through asynchronous copies (cp.async)" vector_add $((n * 3)) $((n * 3)) "$cuda/vec_add_async" $n 3
+    else
+        result "memory-access probe on vectorAdd through asynchronous copies" 0 "no cp.async in $cuda/vec_add_async.ptx"
+    fi
     n=512
     ldst "matmul" matmul $((n * n * n / 16 * 2)) $((n * n * 2)) "$cuda/matmul" $n 2
 

@@ -14,10 +14,29 @@
 #include <cuda_runtime.h>
 #include "check.h"
 
+#ifdef ASYNC_COPY
+// Built with -DASYNC_COPY for sm_80 or newer (vec_add_async): a and b reach shared memory
+// through asynchronous copies (`cp.async`, as `__pipeline_memcpy_async` and CUTLASS's
+// pipelines issue them), one 4-byte copy of each per thread, then c is stored.
+__global__ void vectorAdd(const float *a, const float *b, float *c, int n) {
+    __shared__ float sa[1024], sb[1024];
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) {
+        unsigned to_a = (unsigned)__cvta_generic_to_shared(&sa[threadIdx.x]);
+        unsigned to_b = (unsigned)__cvta_generic_to_shared(&sb[threadIdx.x]);
+        asm volatile("cp.async.ca.shared.global [%0], [%1], 4;" ::"r"(to_a), "l"(a + i));
+        asm volatile("cp.async.ca.shared.global [%0], [%1], 4;" ::"r"(to_b), "l"(b + i));
+        asm volatile("cp.async.commit_group;");
+        asm volatile("cp.async.wait_group 0;" ::: "memory");
+        c[i] = sa[threadIdx.x] + sb[threadIdx.x];
+    }
+}
+#else
 __global__ void vectorAdd(const float *a, const float *b, float *c, int n) {
     int i = blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n) c[i] = a[i] + b[i];
 }
+#endif
 
 int main(int argc, char **argv) {
     long n = argc > 1 ? strtol(argv[1], 0, 0) : 1 << 20;

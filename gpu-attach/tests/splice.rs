@@ -1381,6 +1381,45 @@ fn nvcc_matmul_probed_at_every_shared_access_passes_ptxas() {
     }
 }
 
+/// nvcc's vectorAdd reading a and b through asynchronous copies into shared memory
+/// (bpf-examples/cuda/vec_add.cu with -DASYNC_COPY): each copy is a 4-byte load of the
+/// buffer its kernel argument names, c's store a store, the copies' shared-memory writes
+/// named as missed; probed (called and inlined), the module passes ptxas.
+#[test]
+fn nvcc_async_copies_are_loads_of_their_buffers() {
+    let text = String::from_utf8(read("vec_add_async.ptx")).unwrap();
+    assert_eq!(text.matches("cp.async.ca.shared.global").count(), 2);
+    let module = PtxModule::parse(&text).unwrap();
+    let k = kernel_named(&module, "vectorAdd");
+    use AccessKind::*;
+    use SiteSpace::*;
+    assert_eq!(
+        k.access_sizes(ProbePoint::Access),
+        vec![(Load, 4, Global), (Load, 4, Global), (Store, 4, Global)]
+    );
+    assert_eq!(
+        k.access_base_args(ProbePoint::Access),
+        vec![Some(0), Some(1), Some(2)]
+    );
+    assert!(k.unseen_accesses.is_empty(), "{:?}", k.unseen_accesses);
+    assert_eq!(k.unseen_shared_accesses.len(), 2);
+    let name = k.name.clone();
+    for inline in [false, true] {
+        let mut splice = access_splice("__bpftime_probe_20", 90, &[name.as_str()]);
+        splice.inline = inline;
+        let out = module
+            .splice(&splice, Version::newest_for_driver(13000))
+            .unwrap();
+        let probes = if inline {
+            out.matches("_end:\n}").count()
+        } else {
+            out.matches("call (__bt_ret), __bpftime_probe_20").count()
+        };
+        assert_eq!(probes, 3, "{out}");
+        assert_ptxas_accepts(&format!("vec-add-async-{inline}"), &out);
+    }
+}
+
 /// sm_90's distributed shared memory: a `.shared::cluster` access is made generic as
 /// such. An asynchronous copy into shared memory (`cp.async`) is a 16-byte load of
 /// global memory, after which its probe runs (it writes no register); its write into
