@@ -989,6 +989,131 @@ pub fn fold_smeared_ctlz(module: &Module<'_>) -> Result<usize, CompileError> {
     Ok(folded)
 }
 
+/// Rewrites `select (v <u 2), C, g(ctlz(v))` as `g(ctlz(v | 1))` where `g(ctlz(1))` is
+/// `C`, and returns how many it rewrote. A log2 written as `while (v >>= 1) r++` (which
+/// LLVM turns into a count of leading zeros) is 0 for 0 and 1, so its count comes guarded
+/// by a compare; but `v | 1` has the same leading zeros as `v` for every `v` above 1, and
+/// those of 1 for 0 and 1, so the guard's answer is the count's own where `g` maps
+/// `ctlz(1)` to it. On a GPU the compare and the select of a 64-bit value are four
+/// instructions, the `or` one. `g` is a chain of single-use integer operations with a
+/// constant operand each (memtrace's slot address: `(clz << 3) ^ 504`), evaluated at
+/// `ctlz(1)` by constant folding.
+pub fn fold_guarded_ctlz(module: &Module<'_>) -> Result<usize, CompileError> {
+    use inkwell::values::{AnyValue, AsValueRef, BasicValue, InstructionOpcode as Op};
+    use inkwell::IntPredicate;
+    let builder = module.get_context().create_builder();
+    let mut folded = 0;
+    for select in instructions_where(module, |i| i.get_opcode() == Op::Select) {
+        let (Some(cond), Some(yes), Some(no)) = (
+            value_operand(select, 0),
+            value_operand(select, 1),
+            value_operand(select, 2),
+        ) else {
+            continue;
+        };
+        let Some(icmp) = cond
+            .as_instruction_value()
+            .filter(|i| i.get_opcode() == Op::ICmp)
+        else {
+            continue;
+        };
+        let (Some(v), Some(bound)) = (
+            value_operand(icmp, 0),
+            value_operand(icmp, 1).and_then(constant_u64),
+        ) else {
+            continue;
+        };
+        // (the guard's answer, the guarded count's chain)
+        let (guarded, chain) = match (icmp.get_icmp_predicate(), bound) {
+            (Some(IntPredicate::ULT), 2) | (Some(IntPredicate::ULE), 1) => (yes, no),
+            (Some(IntPredicate::UGT), 1) | (Some(IntPredicate::UGE), 2) => (no, yes),
+            _ => continue,
+        };
+        let Some(answer) = constant_u64(guarded) else {
+            continue;
+        };
+        // Down the chain to the count, each link used once (by the next).
+        let mut links = Vec::new();
+        let mut at = chain;
+        let ctlz = loop {
+            let Some(i) = at.as_instruction_value() else {
+                break None;
+            };
+            if i.get_first_use().is_none_or(|u| u.get_next_use().is_some()) {
+                break None;
+            }
+            if i.get_opcode() == Op::Call {
+                let is_ctlz = callee_name(i).is_some_and(|n| n.starts_with("llvm.ctlz.i"));
+                let of_v =
+                    value_operand(i, 0).is_some_and(|x| x.as_value_ref() == v.as_value_ref());
+                break (is_ctlz && of_v).then_some(i);
+            }
+            let next = match i.get_opcode() {
+                Op::ZExt | Op::Trunc => value_operand(i, 0),
+                Op::Shl | Op::LShr | Op::Xor | Op::Or | Op::And | Op::Add | Op::Sub => {
+                    match (value_operand(i, 0), value_operand(i, 1)) {
+                        (Some(a), Some(b)) if constant_u64(b).is_some() => Some(a),
+                        (Some(a), Some(b)) if constant_u64(a).is_some() => Some(b),
+                        _ => None,
+                    }
+                }
+                _ => None,
+            };
+            let Some(next) = next else { break None };
+            links.push(i);
+            at = next;
+        };
+        let Some(ctlz) = ctlz else { continue };
+        // g(ctlz(1)): the chain again, on the constant.
+        let ty = ctlz.get_type().into_int_type();
+        let mut value = ty.const_int(u64::from(ty.get_bit_width()) - 1, false);
+        builder.position_before(&select);
+        let mut evaluated = true;
+        for link in links.iter().rev() {
+            let other = |n| value_operand(*link, n).map(|o| o.into_int_value());
+            let on_left = value_operand(*link, 0).and_then(constant_u64).is_none();
+            let (lhs, rhs) = match (on_left, other(0), other(1)) {
+                (true, _, Some(k)) => (value, k),
+                (false, Some(k), _) => (k, value),
+                _ => (value, value),
+            };
+            let result = match link.get_opcode() {
+                Op::ZExt => builder.build_int_z_extend(value, link.get_type().into_int_type(), ""),
+                Op::Trunc => builder.build_int_truncate(value, link.get_type().into_int_type(), ""),
+                Op::Shl => builder.build_left_shift(lhs, rhs, ""),
+                Op::LShr => builder.build_right_shift(lhs, rhs, false, ""),
+                Op::Xor => builder.build_xor(lhs, rhs, ""),
+                Op::Or => builder.build_or(lhs, rhs, ""),
+                Op::And => builder.build_and(lhs, rhs, ""),
+                Op::Add => builder.build_int_add(lhs, rhs, ""),
+                Op::Sub => builder.build_int_sub(lhs, rhs, ""),
+                _ => unreachable!("only these links are followed"),
+            }?;
+            if !result.is_const() {
+                evaluated = false;
+                break;
+            }
+            value = result;
+        }
+        if !evaluated || value.get_zero_extended_constant() != Some(answer) {
+            continue;
+        }
+        builder.position_before(&ctlz);
+        let v = v.into_int_value();
+        let or = builder.build_or(v, v.get_type().const_int(1, false), "nonzero")?;
+        if !ctlz.set_operand(0, or) {
+            continue;
+        }
+        select
+            .as_any_value_enum()
+            .into_int_value()
+            .replace_all_uses_with(chain.into_int_value());
+        select.erase_from_basic_block();
+        folded += 1;
+    }
+    Ok(folded)
+}
+
 /// `x` when `v` is `~smear(x)`: `smear` the ors of shifts right by N/2, .., 2, 1 (outermost
 /// first) of an N-bit integer (32 or 64).
 fn unsmeared_complement<'ctx>(
@@ -1538,6 +1663,48 @@ y:
             &[(4096, 4096 + 512), (4096 + 512, 4096 + 2048)]
         ));
         assert!(!check(4096, 4096 + 512, &[]));
+    }
+
+    /// A log2's guarded count of leading zeros (`v < 2 ? 0 : (clz(v) << 3) ^ 504`, a
+    /// histogram's slot offset) loses its compare: `clz(v | 1)` gives the guard's answer
+    /// for 0 and 1 and the same count above. A guard answering something else, or a count
+    /// used elsewhere too, stays.
+    #[test]
+    fn guarded_clz_becomes_the_clz_of_v_or_1() {
+        let ir = |answer: u64, extra_use: bool| {
+            format!(
+                "declare i64 @llvm.ctlz.i64(i64, i1)
+declare void @keep(i64)
+define i64 @probe(i64 %v) {{
+  %c = call i64 @llvm.ctlz.i64(i64 %v, i1 true)
+  %s = shl i64 %c, 3
+  %x = xor i64 %s, 504
+  {}
+  %lt = icmp ult i64 %v, 2
+  %r = select i1 %lt, i64 {answer}, i64 %x
+  ret i64 %r
+}}",
+                if extra_use {
+                    "call void @keep(i64 %c)"
+                } else {
+                    ""
+                }
+            )
+        };
+        for (answer, extra_use, folds) in [(0, false, true), (8, false, false), (0, true, false)] {
+            let context = Context::create();
+            let m = module(&context, &ir(answer, extra_use));
+            assert_eq!(fold_guarded_ctlz(&m).unwrap(), usize::from(folds));
+            let text = text(&m);
+            assert_eq!(!text.contains("select"), folds, "{text}");
+            assert_eq!(text.contains("or i64 %v, 1"), folds, "{text}");
+        }
+        // The rewrite's premise, at the values where it matters.
+        let slot = |lz: u32| (u64::from(lz) << 3) ^ 504;
+        for v in [0u64, 1, 2, 3, 4, 7, 8, 1 << 40, u64::MAX] {
+            let guarded = if v < 2 { 0 } else { slot(v.leading_zeros()) };
+            assert_eq!(slot((v | 1).leading_zeros()), guarded, "{v}");
+        }
     }
 
     /// clang's eBPF expansion of a count of leading zeros (smeared bits, a population

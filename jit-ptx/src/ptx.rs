@@ -15,8 +15,9 @@ use tracing::debug;
 
 use crate::gpu::{
     array_extents, build_module, call_int, demote_stack_atomics, extern_functions,
-    fold_known_in_range, fold_smeared_ctlz, fold_stack_pointer_casts, fold_uniform_warp_ops,
-    intrinsic, Axis, Dimension, GpuBackend, GpuEnv, GpuModule, OptLevel, ProbeAbi, SpecialRegister,
+    fold_guarded_ctlz, fold_known_in_range, fold_smeared_ctlz, fold_stack_pointer_casts,
+    fold_uniform_warp_ops, intrinsic, Axis, Dimension, GpuBackend, GpuEnv, GpuModule, OptLevel,
+    ProbeAbi, SpecialRegister,
 };
 use crate::CompileError;
 
@@ -344,7 +345,8 @@ fn optimized_module<'ctx>(
     for _ in 0..8 {
         let folded = fold_uniform_warp_ops(&gpu.module, &uniform)?
             + fold_known_in_range(&gpu.module, &extents)?
-            + fold_smeared_ctlz(&gpu.module)?;
+            + fold_smeared_ctlz(&gpu.module)?
+            + fold_guarded_ctlz(&gpu.module)?;
         if folded == 0 {
             break;
         }
