@@ -571,20 +571,13 @@ static int leads(unsigned lanes)
     return __nvvm_read_ptx_sreg_laneid() == highest;
 }
 
-/* Where `v` is known uniform: whether this lane (`leader`) makes the add of `v` for the
- * `count` lanes that add it to `addr`. Left as they are otherwise. */
-#define WARP_GROUP(addr, v, count, leader)                                                 \
-    do {                                                                                   \
-        unsigned mask_ = __nvvm_activemask();                                              \
-        if (bpftime_gpu_known_uniform(addr) && bpftime_gpu_known_uniform(v)) {             \
-            (leader) = leads(mask_);                                                       \
-            (count) = (unsigned)__builtin_popcount(mask_);                                 \
-        } else if (bpftime_gpu_known_uniform(v)) {                                         \
-            unsigned peers_ = __nvvm_match_any_sync_i64(mask_, (addr));                    \
-            (leader) = leads(peers_);                                                      \
-            (count) = (unsigned)__builtin_popcount(peers_);                                \
-        }                                                                                  \
-    } while (0)
+/* Where every lane adds the same value: the active lanes in `mask` that add to this
+ * lane's `addr`, all of them for an address known alike in every lane, else those one
+ * `match.any` groups with it. */
+__attribute__((always_inline)) static unsigned lanes_adding_here(unsigned mask, u64 addr)
+{
+    return bpftime_gpu_known_uniform(addr) ? mask : __nvvm_match_any_sync_i64(mask, addr);
+}
 
 __attribute__((always_inline))
 u64 bpftime_gpu_warp_add_u64(u64 addr, u64 v, u64 r3, u64 r4, u64 r5)
@@ -594,19 +587,19 @@ u64 bpftime_gpu_warp_add_u64(u64 addr, u64 v, u64 r3, u64 r4, u64 r5)
         *(u64 *)addr += v;
         return 0;
     }
+    unsigned mask = __nvvm_activemask(), count = 1;
     int leader = 1;
-    unsigned count = 1;
-    WARP_GROUP(addr, v, count, leader);
-    if (!bpftime_gpu_known_uniform(v)) {
-        unsigned mask = __nvvm_activemask();
-        if (mask == 0xffffffffu && __nvvm_match_any_sync_i64(mask, addr) == mask) {
-            for (int off = 16; off > 0; off >>= 1) {
-                unsigned lo = __nvvm_shfl_sync_bfly_i32(mask, (unsigned)v, off, 0x1f);
-                unsigned hi = __nvvm_shfl_sync_bfly_i32(mask, (unsigned)(v >> 32), off, 0x1f);
-                v += ((u64)hi << 32) | lo;
-            }
-            leader = __nvvm_read_ptx_sreg_laneid() == 0;
+    if (bpftime_gpu_known_uniform(v)) {
+        unsigned lanes = lanes_adding_here(mask, addr);
+        leader = leads(lanes);
+        count = (unsigned)__builtin_popcount(lanes);
+    } else if (mask == 0xffffffffu && __nvvm_match_any_sync_i64(mask, addr) == mask) {
+        for (int off = 16; off > 0; off >>= 1) {
+            unsigned lo = __nvvm_shfl_sync_bfly_i32(mask, (unsigned)v, off, 0x1f);
+            unsigned hi = __nvvm_shfl_sync_bfly_i32(mask, (unsigned)(v >> 32), off, 0x1f);
+            v += ((u64)hi << 32) | lo;
         }
+        leader = __nvvm_read_ptx_sreg_laneid() == 0;
     }
     /* Not the stack (above): a map's value or its SM's copy, in device memory. */
     u64 at = shard_address_here(addr, 1);
@@ -622,17 +615,17 @@ u64 bpftime_gpu_warp_add_u32(u64 addr, u64 v, u64 r3, u64 r4, u64 r5)
         *(u32 *)addr += (u32)v;
         return 0;
     }
+    unsigned mask = __nvvm_activemask(), count = 1;
     int leader = 1;
-    unsigned count = 1;
     u32 sum = (u32)v;
-    WARP_GROUP(addr, v, count, leader);
-    if (!bpftime_gpu_known_uniform(v)) {
-        unsigned mask = __nvvm_activemask();
-        if (mask == 0xffffffffu && __nvvm_match_any_sync_i64(mask, addr) == mask) {
-            for (int off = 16; off > 0; off >>= 1)
-                sum += __nvvm_shfl_sync_bfly_i32(mask, sum, off, 0x1f);
-            leader = __nvvm_read_ptx_sreg_laneid() == 0;
-        }
+    if (bpftime_gpu_known_uniform(v)) {
+        unsigned lanes = lanes_adding_here(mask, addr);
+        leader = leads(lanes);
+        count = (unsigned)__builtin_popcount(lanes);
+    } else if (mask == 0xffffffffu && __nvvm_match_any_sync_i64(mask, addr) == mask) {
+        for (int off = 16; off > 0; off >>= 1)
+            sum += __nvvm_shfl_sync_bfly_i32(mask, sum, off, 0x1f);
+        leader = __nvvm_read_ptx_sreg_laneid() == 0;
     }
     u64 at = shard_address_here(addr, 0);
     if (leader)

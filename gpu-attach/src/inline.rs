@@ -35,6 +35,8 @@ pub struct InlineBody {
     lines: Vec<String>,
     /// Register names and `%name<N>` prefixes the body declares.
     registers: Vec<String>,
+    /// Whether it reads `%smid` ([`InlineBody::reads_sm`]).
+    reads_sm: bool,
 }
 
 impl InlineBody {
@@ -97,10 +99,15 @@ impl InlineBody {
                 return None;
             }
         }
+        let reads_sm = lines.iter().any(|l| {
+            l.split(|c: char| !(is_name_byte(c as u8) || c == '%'))
+                .any(|w| w == "%smid")
+        });
         Some(InlineBody {
             symbol: symbol.to_string(),
             lines,
             registers,
+            reads_sm,
         })
     }
 
@@ -116,7 +123,7 @@ impl InlineBody {
     /// started on (only compute preemption moves one), and the copy a thread adds to is
     /// any SM's as far as the sum goes.
     pub fn reads_sm(&self) -> bool {
-        self.lines.iter().any(|l| reads_special(l, "%smid"))
+        self.reads_sm
     }
 
     /// The body as a block at one site: `site` makes its names unique in the module,
@@ -143,11 +150,6 @@ impl InlineBody {
                 out.push_str(&code);
                 continue;
             }
-            let line = if reads_special(&line, "%smid") {
-                replace_special(&line, "%smid", SM_REGISTER)
-            } else {
-                line
-            };
             out.push_str(&ret_to_branch(&line, &end));
             out.push('\n');
         }
@@ -155,7 +157,8 @@ impl InlineBody {
         out
     }
 
-    /// `line` with the body's registers, labels and local arrays renamed for `tag`.
+    /// `line` with the body's registers, labels and local arrays renamed for `tag`, and
+    /// `%smid` read from [`SM_REGISTER`].
     fn rename(&self, line: &str, tag: &str) -> String {
         let mut out = String::with_capacity(line.len() + 16);
         let bytes = line.as_bytes();
@@ -177,7 +180,9 @@ impl InlineBody {
             let renamed = match c {
                 b'%' => {
                     let prefix = word.trim_end_matches(|c: char| c.is_ascii_digit());
-                    if self.registers.iter().any(|r| r == word || r == prefix) {
+                    if word == "%smid" {
+                        SM_REGISTER.to_string()
+                    } else if self.registers.iter().any(|r| r == word || r == prefix) {
                         format!("%{tag}{}", &word[1..])
                     } else {
                         word.to_string()
@@ -191,35 +196,6 @@ impl InlineBody {
         }
         out
     }
-}
-
-/// Whether `line` names the special register `name` (`%smid`, not `%smid2`).
-fn reads_special(line: &str, name: &str) -> bool {
-    line.match_indices(name).any(|(at, _)| {
-        !line
-            .as_bytes()
-            .get(at + name.len())
-            .copied()
-            .is_some_and(is_name_byte)
-            && (at == 0 || !is_name_byte(line.as_bytes()[at - 1]))
-    })
-}
-
-/// `line` with every whole `name` replaced by `with`.
-fn replace_special(line: &str, name: &str, with: &str) -> String {
-    let mut out = String::with_capacity(line.len() + with.len());
-    let mut rest = line;
-    while let Some(at) = rest.find(name) {
-        let before = &rest[..at];
-        let after = &rest[at + name.len()..];
-        let whole = !after.as_bytes().first().copied().is_some_and(is_name_byte)
-            && !before.as_bytes().last().copied().is_some_and(is_name_byte);
-        out.push_str(before);
-        out.push_str(if whole { with } else { name });
-        rest = after;
-    }
-    out.push_str(rest);
-    out
 }
 
 fn is_name_byte(b: u8) -> bool {

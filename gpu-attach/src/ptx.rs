@@ -832,10 +832,7 @@ fn parse_kernel(
                     } else if regs.declare(text, statement) {
                     } else {
                         defs.take(text, statement);
-                        if let Some(why) = async_copy_shared_side(text, statement) {
-                            unseen_shared_accesses.push(why);
-                        }
-                        match access_site(text, statement, &regs) {
+                        match access_site(text, statement, &regs, &mut unseen_shared_accesses) {
                             Some(Ok(site)) => accesses.push(site),
                             Some(Err((SiteSpace::Shared, why))) => unseen_shared_accesses.push(why),
                             Some(Err((_, why))) => unseen_accesses.push(why),
@@ -1153,11 +1150,14 @@ impl Definitions {
 }
 
 /// A global or shared memory access (`Some(Ok)`), a memory statement probes cannot see
-/// (`Some(Err((space, why)))`), or neither (`None`), from one statement's tokens.
+/// (`Some(Err((space, why)))`), or neither (`None`), from one statement's tokens. What a
+/// shared-memory probe misses of it besides (an asynchronous copy's write) goes to
+/// `missed_shared`.
 fn access_site(
     text: &str,
     stmt: &[(Tok, usize, usize)],
     regs: &Registers,
+    missed_shared: &mut Vec<String>,
 ) -> Option<Result<AccessSite, (SiteSpace, String)>> {
     let Statement {
         guard,
@@ -1170,6 +1170,13 @@ fn access_site(
     // `.cg`): its read of global memory is a load (its write into shared memory is said
     // to be missed, see `async_copy_shared_side`).
     let async_copy = is_async_copy(&pieces);
+    if async_copy {
+        // Its write lands when the thread waits for its group, not where it is issued.
+        missed_shared.push(format!(
+            "`{statement}`: the shared-memory write of an asynchronous copy is not probed \
+             (its global read is)"
+        ));
+    }
     let kind = match pieces[0] {
         _ if async_copy => AccessKind::Load,
         "ld" | "ldu" => AccessKind::Load,
@@ -1305,21 +1312,6 @@ fn is_async_copy(pieces: &[&str]) -> bool {
         && !pieces.contains(&"bulk")
         && pieces.iter().any(|p| p.starts_with("global"))
         && pieces.iter().any(|p| p.starts_with("shared"))
-}
-
-/// What a shared-memory access probe misses of an asynchronous copy (`cp.async`): its
-/// write into shared memory, which lands when the thread waits for its group, not where
-/// the copy is issued.
-fn async_copy_shared_side(text: &str, stmt: &[(Tok, usize, usize)]) -> Option<String> {
-    let s = statement(text, stmt)?;
-    let pieces: Vec<&str> = s.opcode.split('.').collect();
-    is_async_copy(&pieces).then(|| {
-        format!(
-            "`{}`: the shared-memory write of an asynchronous copy is not probed (its \
-             global read is)",
-            s.text
-        )
-    })
 }
 
 /// The registers (`%name`) an operand names: a register, a `{..}` vector of them, an
