@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# memtrace and ldst_count on vectorAdd (2^26 floats, 50 launches) and the tiled matmul
-# (4096^2, 5 launches), under two builds of bpftime in one run, each against native in
+# memtrace and ldst_count on vectorAdd (2^26 floats, 50 launches), the tiled matmul
+# (4096^2, 5 launches) and a small vectorAdd (2^16 floats, 200 launches, for the cost per
+# launch), under two builds of bpftime in one run, each against native in
 # the same run: the median ms per launch of five runs (CUDA events in the application).
 # On the GPU machine, through scripts/gpu.sh's exec part:
 #
@@ -21,10 +22,12 @@ cp "$old_src"/*.bpf.o "$old_src/libbpf.so.1" "$old/"
 source "$(dirname "$0")/bench-lib.sh"
 out=$(mktemp -d)
 echo "memtrace A/B, $(date -u +%Y-%m-%d), $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | head -1); median ms per launch of 5 runs"
-for target in "vec_add_sm90 67108864 50" "matmul_sm90 4096 5"; do
-    # AB_ONLY=vec_add or =matmul runs one half.
-    case "${AB_ONLY:-}" in "" | "${target%%_sm90*}") ;; *) continue ;; esac
-    set -- $target
+# The third target shows the cost every launch pays whatever its size: 2^16 elements (a
+# kernel of a few microseconds), the application waiting for each launch.
+for target in "vec_add:vec_add_sm90 67108864 50" "matmul:matmul_sm90 4096 5" "launch_cost:vec_add_sm90 65536 200"; do
+    # AB_ONLY=vec_add, =matmul or =launch_cost runs one of them.
+    case "${AB_ONLY:-}" in "" | "${target%%:*}") ;; *) continue ;; esac
+    set -- ${target#*:}
     app=$1
     shift
     kernel=vectorAdd

@@ -168,6 +168,7 @@ api! {
     module_get_function: "cuModuleGetFunction" fn(*mut Handle, Handle, *const c_char);
     module_get_global: "cuModuleGetGlobal_v2" fn(*mut DevicePtr, *mut usize, Handle, *const c_char);
     mem_alloc: "cuMemAlloc_v2" fn(*mut DevicePtr, usize);
+    mem_host_alloc: "cuMemHostAlloc" fn(*mut *mut c_void, usize, c_uint);
     memcpy_htod_async: "cuMemcpyHtoDAsync_v2" fn(DevicePtr, *const c_void, usize, Handle);
     memcpy_dtoh_async: "cuMemcpyDtoHAsync_v2" fn(*mut c_void, DevicePtr, usize, Handle);
     memset_d8_async: "cuMemsetD8Async" fn(DevicePtr, u8, usize, Handle);

@@ -2893,31 +2893,68 @@ impl GpuAttach {
             done.push(pending.remove(i).expect("in range"));
         }
         drop(pending);
-        // Launches that completed together are synced together: each map once.
+        // Launches that completed together are synced together: each map once. Arrays'
+        // copies are queued together and waited for once, without their locks, which the
+        // next launch's push takes (an application that waits for each launch makes its
+        // next one while we pull).
         let mut pulled: Vec<*const Replica> = Vec::new();
+        let warn = |r: &Replica, e: &dyn std::fmt::Display| {
+            if may_log() {
+                tracing::warn!(
+                    map = r.map.id(),
+                    "reading a map back from the GPU failed: {e}"
+                );
+            }
+        };
         for c in &done {
             self.set_context(c.context.ctx);
             let mover = self.mover(&c.context);
+            let mut copies = Vec::new();
             for r in &c.replicas {
                 if pulled.contains(&Arc::as_ptr(r)) {
                     continue;
                 }
                 pulled.push(Arc::as_ptr(r));
-                if let Err(e) = r.pull(&mover) {
-                    if may_log() {
-                        tracing::warn!(
-                            map = r.map.id(),
-                            "reading a map back from the GPU failed: {e}"
-                        );
+                match r.take_copy(&mover) {
+                    Ok(Some(copy)) => copies.push((r, copy)),
+                    Ok(None) => {
+                        if let Err(e) = r.pull(&mover) {
+                            warn(r, &e);
+                        }
+                    }
+                    Err(e) => warn(r, &e),
+                }
+            }
+            if !copies.is_empty() {
+                match mover.wait() {
+                    Ok(()) => {
+                        for (r, copy) in copies {
+                            if let Err(e) = r.pull_taken(copy, &mover) {
+                                warn(r, &e);
+                            }
+                        }
+                    }
+                    Err(e) => {
+                        if let Some((r, _)) = copies.first() {
+                            warn(r, &e);
+                        }
                     }
                 }
             }
-            self.drain_trace(&c.context);
             c.context
                 .events
                 .lock()
                 .unwrap_or_else(|e| e.into_inner())
                 .push(c.event);
+        }
+        // Each context's trace lines once, however many of its launches completed.
+        let mut drained: Vec<*const Context> = Vec::new();
+        for c in &done {
+            if !drained.contains(&Arc::as_ptr(&c.context)) {
+                drained.push(Arc::as_ptr(&c.context));
+                self.set_context(c.context.ctx);
+                self.drain_trace(&c.context);
+            }
         }
     }
 
