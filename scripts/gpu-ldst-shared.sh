@@ -4,7 +4,8 @@
 # tile step, one global load in a, one in b, 2 shared stores and 2 x 16 shared loads, and
 # one global store in c per thread; vectorAdd makes n loads in a and in b, n stores in c
 # and no shared access. Every shared address must be a generic one outside the three
-# buffers, every access 4 bytes. One PASS or FAIL line per check, then `N passed, M failed`.
+# buffers, every access 4 bytes. matrix_rows' matrix loads and stores count a 16-byte row
+# per lane that names one. One PASS or FAIL line per check, then `N passed, M failed`.
 # scripts/gpu-examples.sh runs it; alone, on the GPU machine:
 #
 #   scripts/gpu-ldst-shared.sh BPFTIME OBJECT_DIR [CUDA_DIR]
@@ -29,9 +30,9 @@ result() {  # result NAME OK DETAIL
 value() {  # value LOG MAP KEY
     sed -n "s/^$2\[$3\]: \([0-9]*\)$/\1/p" "$1" | head -1
 }
-if [ ! -x "$cuda/matmul" ] || [ ! -x "$cuda/vec_add" ]; then
-    if ! make -s -C bpf-examples/cuda OUT="$cuda" NVCC=nvcc "$cuda/matmul" "$cuda/vec_add" >"$work/make.log" 2>&1; then
-        result "build matmul and vec_add for the shared-memory access probes" 0 "$(tail -3 "$work/make.log")"
+if [ ! -x "$cuda/matmul" ] || [ ! -x "$cuda/vec_add" ] || [ ! -x "$cuda/matrix_rows" ]; then
+    if ! make -s -C bpf-examples/cuda OUT="$cuda" NVCC=nvcc "$cuda/matmul" "$cuda/vec_add" "$cuda/matrix_rows" >"$work/make.log" 2>&1; then
+        result "build matmul, vec_add and matrix_rows for the shared-memory access probes" 0 "$(tail -3 "$work/make.log")"
         echo "$passed passed, $failed failed"
         exit 1
     fi
@@ -68,6 +69,25 @@ check "matmul ${n}x${n}" matmul $((per * iters)) $((n * n * iters)) $((32 * per 
     "$cuda/matmul" $n $iters
 n=1048576 iters=3
 check "vectorAdd (no shared memory)" vector_add $((n * iters)) $((n * iters)) 0 0 "$cuda/vec_add" $n $iters
+# Matrix loads and stores (matrix_rows.cu): per launch of W warps and REPS turns, 56 W REPS
+# 16-byte row loads (ldmatrix .x1, .x2, .x4: 8 + 16 + 32 lanes), 32 W REPS row stores
+# (stmatrix .x4) and 32 W 16-byte stores (the fill), 32 W 2-byte shared loads, 32 W
+# 16-byte global loads and 32 W 4-byte global stores.
+blocks=64 reps=5 iters=2
+w=$((4 * blocks))
+log=$work/ldst-shared-matrix_rows
+timeout 300 "$bt" --store "gpu-ldst-shared-$$" run "$objs/access_shared.bpf.o" -- "$cuda/matrix_rows" $blocks $reps $iters >"$log.out" 2>&1
+echo "exit=$?" >>"$log.out"
+got=""
+for i in 0 1 2 3 4 5 6 7; do got="$got $(value "$log.out" matrix_rows $i)"; done
+# shellcheck disable=SC2086
+set -- $got
+want="$((56 * w * reps * iters)) $((32 * w * (reps + 1) * iters)) $((32 * w * iters)) $((32 * w * iters)) $((32 * w * iters)) 0 0 $(((56 * reps + 32 * (reps + 1) + 96) * w * iters))"
+ok=0
+grep -q 'check=ok' "$log.out" && grep -q '^exit=0' "$log.out" && [ "$(echo $got)" = "$want" ] && ok=1
+result "shared-memory access probe (ldst.shared) on matrix loads and stores (ldmatrix, stmatrix), exact" $ok \
+    "row loads ${1:-?} row stores and fills ${2:-?} 2-byte loads ${3:-?} global loads ${4:-?} global stores ${5:-?} other ${6:-?} misplaced ${7:-?} all ${8:-?} (expected $want)"
+[ $ok = 1 ] || grep -v '^matrix_rows\[' "$log.out" | tail -20
 rm -rf "/dev/shm/bpftime-gpu-ldst-shared-$$"
 echo "$passed passed, $failed failed"
 [ "$failed" = 0 ]

@@ -1,7 +1,8 @@
 // SPDX-License-Identifier: MIT
 /*
- * access_shared: every global and shared-memory access of vectorAdd(a, b, c, n) and of the
- * tiled matmul(a, b, c, n) (bpf-examples/cuda, 16 x 16 tiles in two __shared__ arrays),
+ * access_shared: every global and shared-memory access of vectorAdd(a, b, c, n), of the
+ * tiled matmul(a, b, c, n) (bpf-examples/cuda, 16 x 16 tiles in two __shared__ arrays) and
+ * of matrix_rows (matrix loads and stores, at the end),
  * counted by kind and space, to check SEC("cuda:KERNEL:ldst.shared") against a count by
  * hand. Per launch:
  *   vectorAdd over n elements:  n loads in a, n in b, n stores in c; nothing shared
@@ -98,6 +99,51 @@ int matmul_access(void *ctx)
 	__u64 n = (__u32)((const __u64 *)ctx)[11];
 
 	classify(&matmul, ctx, n * n * 4);
+	return 0;
+}
+
+/*
+ * matrix_rows[] (bpf-examples/cuda/matrix_rows.cu: ldmatrix and stmatrix, each of the
+ * lanes that name a row accessing its 16 bytes):
+ *   0 shared loads of 16 bytes    1 shared stores of 16 bytes
+ *   2 shared loads of 2 bytes     3 global loads of 16 bytes    4 global stores of 4 bytes
+ *   5 any other access
+ *   6 shared accesses whose address is not a generic one, or a 16-byte one not 16-aligned
+ *   7 accesses counted
+ */
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, 8);
+	__type(key, __u32);
+	__type(value, __u64);
+} matrix_rows SEC(".maps");
+
+SEC("cuda:matrix_rows:ldst.shared")
+int matrix_rows_access(void *ctx)
+{
+	const struct bpftime_gpu_access *acc = bpftime_gpu_access(ctx);
+	__u64 addr = acc->addr;
+	__u32 kind = acc->kind, size = acc->size;
+
+	add(&matrix_rows, 7);
+	if (acc->space == BPFTIME_GPU_SHARED) {
+		if (addr < SHARED_WINDOW_MAX || (size == 16 && (addr & 15)))
+			add(&matrix_rows, 6);
+		if (kind == BPFTIME_GPU_LOAD && size == 16)
+			add(&matrix_rows, 0);
+		else if (kind == BPFTIME_GPU_STORE && size == 16)
+			add(&matrix_rows, 1);
+		else if (kind == BPFTIME_GPU_LOAD && size == 2)
+			add(&matrix_rows, 2);
+		else
+			add(&matrix_rows, 5);
+	} else if (kind == BPFTIME_GPU_LOAD && size == 16) {
+		add(&matrix_rows, 3);
+	} else if (kind == BPFTIME_GPU_STORE && size == 4) {
+		add(&matrix_rows, 4);
+	} else {
+		add(&matrix_rows, 5);
+	}
 	return 0;
 }
 

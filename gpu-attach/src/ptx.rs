@@ -38,8 +38,10 @@
 //!   `st.shared`, `atom.shared`, `red.shared`, vector forms, and generic-address ones
 //!   where `isspacep.shared` says the address is in the CTA's shared memory). The address
 //!   is made generic (`cvta.shared`), so buffers can be told apart, and the context's
-//!   space ([`AccessSpace`]) says which memory it is. Local, constant and parameter
-//!   memory are still left out.
+//!   space ([`AccessSpace`]) says which memory it is. A matrix load or store of 8x8
+//!   16-bit matrices (`ldmatrix`, `stmatrix`) is a 16-byte row's access in each lane
+//!   that names a row (the first 8, 16 or 32; the calls test `%laneid` for fewer than
+//!   32). Local, constant and parameter memory are still left out.
 //!
 //! Everything else is kept as written: the directives between the parameter list and the
 //! body (`.maxnreg`, `.maxntid`, `.reqntid`, `.minnctapersm`, ...), other kernels and
@@ -209,6 +211,9 @@ struct AccessSite {
     kind: AccessKind,
     /// Bytes accessed.
     size: u32,
+    /// Where only the warp's first lanes access (a matrix load or store: each of the
+    /// first 8, 16 or 32 lanes names one row), how many; `None` for every lane.
+    lanes: Option<u32>,
     /// PTX setting `%__bta6` to the (generic) address and `%__bta7`/`%__bta8` to the
     /// value written.
     prepare: String,
@@ -1177,10 +1182,26 @@ fn access_site(
              (its global read is)"
         ));
     }
+    // A matrix load or store of 8x8 16-bit elements (`ldmatrix`, `stmatrix`, .x1, .x2 or
+    // .x4 matrices): each of the warp's first 8, 16 or 32 lanes names one 16-byte row,
+    // which is that lane's access. Other shapes (sm_100's 8-bit ones) are said missed.
+    let matrix = matches!(pieces[0], "ldmatrix" | "stmatrix")
+        .then(|| {
+            let count = pieces.iter().find_map(|p| match *p {
+                "x1" => Some(1),
+                "x2" => Some(2),
+                "x4" => Some(4),
+                _ => None,
+            })?;
+            (pieces.contains(&"m8n8") && pieces.contains(&"b16")).then_some(8 * count)
+        })
+        .flatten();
     let kind = match pieces[0] {
         _ if async_copy => AccessKind::Load,
         "ld" | "ldu" => AccessKind::Load,
         "st" => AccessKind::Store,
+        "ldmatrix" if matrix.is_some() => AccessKind::Load,
+        "stmatrix" if matrix.is_some() => AccessKind::Store,
         "atom" => AccessKind::Atomic,
         "red" => AccessKind::Reduction,
         // Bulk copies (the tensor memory accelerator) move a tile between global and
@@ -1192,9 +1213,16 @@ fn access_site(
                 format!("`{statement}`: a bulk copy is not probed"),
             )));
         }
-        // Shared memory that matrix loads and stores and other copies read or write: not
-        // single accesses a probe's context can describe, so said to be missed.
-        "ldmatrix" | "stmatrix" | "cp" if pieces.iter().any(|p| p.starts_with("shared")) => {
+        // Shared memory that other matrix loads and stores (shared memory whether named or
+        // generic) and other copies read or write: not single accesses a probe's context
+        // can describe, so said to be missed.
+        "ldmatrix" | "stmatrix" => {
+            return Some(Err((
+                SiteSpace::Shared,
+                format!("`{statement}`: this shape of {} is not probed", pieces[0]),
+            )));
+        }
+        "cp" if pieces.iter().any(|p| p.starts_with("shared")) => {
             return Some(Err((
                 SiteSpace::Shared,
                 format!("`{statement}`: a {} is not probed", pieces[0]),
@@ -1223,7 +1251,11 @@ fn access_site(
     let unseen = |why: &str| Some(Err((site_space, format!("`{statement}`: {why}"))));
     let ops = split_operands(operands);
     // Bytes accessed, and the bits of each lane of a value written.
-    let (size, bits) = if async_copy {
+    let (size, bits) = if matrix.is_some() {
+        // A row; a lane's registers hold its share of the matrices, not its row's bytes,
+        // so a store passes no value.
+        (16, 0)
+    } else if async_copy {
         // `cp-size` bytes, or the `src-size` it reads where that is a number (the rest is
         // filled with zeros, not read).
         let Some(copied) = ops.get(2).and_then(|o| parse_int(o)).filter(|n| *n > 0) else {
@@ -1248,6 +1280,7 @@ fn access_site(
     };
     let (address, value) = match kind {
         _ if async_copy => (ops.get(1), None),
+        AccessKind::Store if matrix.is_some() => (ops.first(), None),
         AccessKind::Load => (ops.get(1), None),
         AccessKind::Store | AccessKind::Reduction => (ops.first(), ops.get(1)),
         AccessKind::Atomic if pieces.contains(&"cas") => (ops.get(1), ops.get(3)),
@@ -1296,6 +1329,7 @@ fn access_site(
         space: site_space,
         kind,
         size,
+        lanes: matrix.filter(|&n| n < 32),
         prepare,
         base_reg,
         base_arg: None,
@@ -1624,6 +1658,25 @@ fn kernel_edits(
                     Some("@%__btp")
                 }
             };
+            // A matrix row's probe runs in the lanes that name a row.
+            let guard = match site.lanes {
+                None => guard,
+                Some(n) => {
+                    prepare.push_str(&format!(
+                        "mov.u32 %__btl, %laneid;\nsetp.lt.u32 %__btq, %__btl, {n};\n"
+                    ));
+                    match guard.map(|g| g.trim_start_matches('@')) {
+                        None => prepare.push_str("mov.pred %__btp, %__btq;\n"),
+                        Some(g) => match g.strip_prefix('!') {
+                            Some(reg) => prepare.push_str(&format!(
+                                "not.pred %__btr, {reg};\nand.pred %__btp, %__btq, %__btr;\n"
+                            )),
+                            None => prepare.push_str(&format!("and.pred %__btp, %__btq, {g};\n")),
+                        },
+                    }
+                    Some("@%__btp")
+                }
+            };
             prepare.push_str(&format!(
                 "mov.u64 %__bta10, {};\nmov.u64 %__bta11, {};\n",
                 u64::from(id) | (index as u64) << 32,
@@ -1671,7 +1724,7 @@ fn probe_calls(
     let count = PROBE_ARGS + if access.is_some() { ACCESS_ARGS } else { 0 };
     let mut s = format!("{{\n.reg .b64 %__bta<{count}>;\n.reg .b32 %__bth;\n.reg .b16 %__bts;\n");
     if access.is_some() {
-        s.push_str(".reg .b64 %__btv;\n.reg .pred %__btp, %__btq, %__btr;\n");
+        s.push_str(".reg .b64 %__btv;\n.reg .pred %__btp, %__btq, %__btr;\n.reg .b32 %__btl;\n");
     }
     for i in 0..PROBE_ARGS {
         let to = format!("%__bta{i}");

@@ -1423,9 +1423,9 @@ fn nvcc_async_copies_are_loads_of_their_buffers() {
 /// sm_90's distributed shared memory: a `.shared::cluster` access is made generic as
 /// such. An asynchronous copy into shared memory (`cp.async`) is a 16-byte load of
 /// global memory, after which its probe runs (it writes no register); its write into
-/// shared memory is said to be missed, as matrix loads are (by `.shared` probes only:
-/// `:ldst` probes never looked at shared memory). A bulk copy (TMA) is said to be missed
-/// by both.
+/// shared memory is said to be missed (by `.shared` probes only: `:ldst` probes never
+/// looked at shared memory). A matrix load of four 8x8 matrices is a 16-byte row's load in
+/// every lane. A bulk copy (TMA) is said to be missed by both.
 #[test]
 fn cluster_shared_accesses_are_probed_async_copies_read_global_and_the_rest_is_named() {
     let text = "\
@@ -1456,7 +1456,12 @@ fn cluster_shared_accesses_are_probed_async_copies_read_global_and_the_rest_is_n
     use SiteSpace::*;
     assert_eq!(
         k.access_sizes(ProbePoint::SharedAccess),
-        vec![(Load, 4, Shared), (Load, 16, Global), (Store, 4, Global)]
+        vec![
+            (Load, 4, Shared),
+            (Load, 16, Shared),
+            (Load, 16, Global),
+            (Store, 4, Global)
+        ]
     );
     assert_eq!(
         k.access_sizes(ProbePoint::Access),
@@ -1466,12 +1471,11 @@ fn cluster_shared_accesses_are_probed_async_copies_read_global_and_the_rest_is_n
     assert!(k.unseen_accesses[0].contains("a bulk copy is not probed"));
     assert_eq!(
         k.unseen_shared_accesses.len(),
-        2,
+        1,
         "{:?}",
         k.unseen_shared_accesses
     );
-    assert!(k.unseen_shared_accesses[0].contains("ldmatrix is not probed"));
-    assert!(k.unseen_shared_accesses[1]
+    assert!(k.unseen_shared_accesses[0]
         .contains("the shared-memory write of an asynchronous copy is not probed"));
     let splice = shared_access_splice("__bpftime_probe_18", 90, &["cluster"]);
     let out = module
@@ -1483,8 +1487,17 @@ fn cluster_shared_accesses_are_probed_async_copies_read_global_and_the_rest_is_n
     );
     assert_eq!(
         out.matches("call (__bt_ret), __bpftime_probe_18").count(),
-        3
+        4
     );
+    // The matrix load writes its address register's neighbours, not it: its probe runs
+    // after it, in every lane (four matrices name 32 rows).
+    let matrix = out.find("ldmatrix.sync").unwrap();
+    let after = &out[matrix..matrix + out[matrix..].find("ld.param.u64 %rd3, [out];").unwrap()];
+    assert!(
+        after.contains("call (__bt_ret), __bpftime_probe_18"),
+        "{after}"
+    );
+    assert!(!after.contains("%laneid"), "{after}");
     // The copy's probe: after it, with the global address (a register's is generic
     // already) and 16 bytes.
     let copy = out.find("cp.async.ca.shared.global").unwrap();
@@ -1509,4 +1522,158 @@ fn cluster_shared_accesses_are_probed_async_copies_read_global_and_the_rest_is_n
         .unwrap();
     assert_eq!(out.matches("_end:\n}").count(), 2, "{out}");
     assert_ptxas_accepts("cluster-ldst-inlined", &out);
+}
+
+/// nvcc's PTX of bpf-examples/cuda/matrix_rows.cu: its fill's 16-byte global load and
+/// shared store, its matrix loads (`.x1` and `.x2` under a lane test, `.x4` not) and
+/// stores as 16-byte rows, its 2-byte shared load and 4-byte global store; probed (called
+/// and inlined), the module passes ptxas.
+#[test]
+fn nvcc_matrix_loads_and_stores_are_rows() {
+    let text = String::from_utf8(read("matrix_rows.ptx")).unwrap();
+    let module = PtxModule::parse(&text).unwrap();
+    let k = kernel_named(&module, "matrix_rows");
+    use AccessKind::*;
+    use SiteSpace::*;
+    let sites = k.access_sizes(ProbePoint::SharedAccess);
+    // nvcc unrolls the REPS loop by four, with one more turn for the rest.
+    let turns = text.matches("stmatrix.sync").count();
+    assert_eq!(turns, 5);
+    let mut want = vec![(Load, 16, Global), (Store, 16, Shared)];
+    for _ in 0..turns {
+        want.extend([(Load, 16, Shared), (Load, 16, Shared), (Load, 16, Shared)]);
+        want.push((Store, 16, Shared));
+    }
+    want.extend([(Load, 2, Shared), (Store, 4, Global)]);
+    assert_eq!(sites, want);
+    assert!(
+        k.unseen_shared_accesses.is_empty(),
+        "{:?}",
+        k.unseen_shared_accesses
+    );
+    let name = k.name.clone();
+    for inline in [false, true] {
+        let mut splice = shared_access_splice("__bpftime_probe_22", 90, &[name.as_str()]);
+        splice.inline = inline;
+        let out = module
+            .splice(&splice, Version::newest_for_driver(13000))
+            .unwrap();
+        // The .x1 and .x2 loads of every turn test their lanes.
+        assert_eq!(
+            out.matches("mov.u32 %__btl, %laneid;").count(),
+            2 * turns,
+            "{out}"
+        );
+        assert_ptxas_accepts(&format!("matrix-rows-{inline}"), &out);
+    }
+}
+
+/// Matrix loads and stores (`ldmatrix`, `stmatrix`) of 8x8 16-bit matrices: each of the
+/// warp's first 8, 16 or 32 lanes names one 16-byte row, which is its access, so the
+/// probe runs under a lane test for one or two matrices (with the statement's own guard,
+/// and through a generic address's space test); a store passes no value (a lane's
+/// registers hold its share of the matrices, not its row). Other shapes are said missed.
+#[test]
+fn matrix_loads_and_stores_are_a_row_per_addressing_lane() {
+    let text = "\
+.version 8.0
+.target sm_90
+.address_size 64
+.visible .entry matrices(.param .u64 out)
+{
+	.reg .pred %p<2>;
+	.reg .b32 %r<12>;
+	.reg .b64 %rd<4>;
+	.shared .align 16 .b16 t[1024];
+	mov.u32 %r1, t;
+	mov.u32 %r9, %tid.x;
+	setp.lt.u32 %p1, %r9, 64;
+	ldmatrix.sync.aligned.m8n8.x1.shared.b16 {%r2}, [%r1];
+	@!%p1 ldmatrix.sync.aligned.m8n8.x2.trans.shared::cta.b16 {%r3, %r4}, [%r1+256];
+	stmatrix.sync.aligned.m8n8.x4.trans.shared.b16 [%r1+512], {%r2, %r3, %r4, %r9};
+	cvta.shared.u64 %rd1, t;
+	ldmatrix.sync.aligned.m8n8.x2.b16 {%r5, %r6}, [%rd1];
+	ld.param.u64 %rd3, [out];
+	st.global.u32 [%rd3], %r5;
+	ret;
+}
+";
+    let module = PtxModule::parse(text).unwrap();
+    let k = module.kernel("matrices").unwrap();
+    use AccessKind::*;
+    use SiteSpace::*;
+    assert_eq!(
+        k.access_sizes(ProbePoint::SharedAccess),
+        vec![
+            (Load, 16, Shared),
+            (Load, 16, Shared),
+            (Store, 16, Shared),
+            (Load, 16, Generic),
+            (Store, 4, Global)
+        ]
+    );
+    assert!(
+        k.unseen_shared_accesses.is_empty(),
+        "{:?}",
+        k.unseen_shared_accesses
+    );
+    let splice = shared_access_splice("__bpftime_probe_21", 90, &["matrices"]);
+    let out = module
+        .splice(&splice, Version::newest_for_driver(13000))
+        .unwrap();
+    assert_eq!(
+        out.matches("call (__bt_ret), __bpftime_probe_21").count(),
+        5,
+        "{out}"
+    );
+    // One matrix: its 8 rows' lanes; two under `@!%p1`: 16 lanes where %p1 is false.
+    assert!(
+        out.contains(
+            "mov.u32 %__btl, %laneid;\nsetp.lt.u32 %__btq, %__btl, 8;\nmov.pred %__btp, %__btq;"
+        ),
+        "{out}"
+    );
+    assert!(
+        out.contains("setp.lt.u32 %__btq, %__btl, 16;\nnot.pred %__btr, %p1;\nand.pred %__btp, %__btq, %__btr;"),
+        "{out}"
+    );
+    // The generic one: its lanes, and only where the address is shared memory.
+    assert!(
+        out.contains("setp.lt.u32 %__btq, %__btl, 16;\nand.pred %__btp, %__btq, %__btp;"),
+        "{out}"
+    );
+    // Four matrices stored: every lane, no lane test, no value.
+    let store = out.find("stmatrix.sync").unwrap();
+    let probe = &out[store..store + out[store..].find("cvta.shared.u64 %rd1, t;").unwrap()];
+    assert!(
+        probe.contains("call (__bt_ret), __bpftime_probe_21"),
+        "{probe}"
+    );
+    assert!(!probe.contains("%laneid"), "{probe}");
+    assert!(!probe.contains("%__bta7, %r"), "{probe}");
+    assert_ptxas_accepts_for("matrices", &out, 90);
+    // Inlined, the lane test guards the body as it guarded the call.
+    let mut splice = shared_access_splice("__bpftime_probe_21", 90, &["matrices"]);
+    splice.inline = true;
+    let out = module
+        .splice(&splice, Version::newest_for_driver(13000))
+        .unwrap();
+    assert_eq!(out.matches("_end:\n}").count(), 5, "{out}");
+    assert_eq!(out.matches("mov.u32 %__btl, %laneid;").count(), 3, "{out}");
+    assert_ptxas_accepts_for("matrices-inlined", &out, 90);
+
+    // sm_100's 8-bit shapes are not rows of 16 bytes: said missed.
+    let other = text.replace(
+        "ldmatrix.sync.aligned.m8n8.x1.shared.b16 {%r2}, [%r1];",
+        "ldmatrix.sync.aligned.m16n16.x1.trans.shared.b8 {%r2, %r10}, [%r1];",
+    );
+    let module = PtxModule::parse(&other).unwrap();
+    let k = module.kernel("matrices").unwrap();
+    assert_eq!(
+        k.unseen_shared_accesses.len(),
+        1,
+        "{:?}",
+        k.unseen_shared_accesses
+    );
+    assert!(k.unseen_shared_accesses[0].contains("this shape of ldmatrix is not probed"));
 }
