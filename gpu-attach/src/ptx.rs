@@ -1647,14 +1647,7 @@ fn kernel_edits(
                             word(AccessSpace::Global)
                         ));
                     }
-                    if let Some(g) = site.guard.as_deref().map(|g| g.trim_start_matches('@')) {
-                        match g.strip_prefix('!') {
-                            Some(reg) => prepare.push_str(&format!(
-                                "not.pred %__btq, {reg};\nand.pred %__btp, %__btp, %__btq;\n"
-                            )),
-                            None => prepare.push_str(&format!("and.pred %__btp, %__btp, {g};\n")),
-                        }
-                    }
+                    guarded("%__btp", site.guard.as_deref(), "%__btq", &mut prepare);
                     Some("@%__btp")
                 }
             };
@@ -1665,15 +1658,7 @@ fn kernel_edits(
                     prepare.push_str(&format!(
                         "mov.u32 %__btl, %laneid;\nsetp.lt.u32 %__btq, %__btl, {n};\n"
                     ));
-                    match guard.map(|g| g.trim_start_matches('@')) {
-                        None => prepare.push_str("mov.pred %__btp, %__btq;\n"),
-                        Some(g) => match g.strip_prefix('!') {
-                            Some(reg) => prepare.push_str(&format!(
-                                "not.pred %__btr, {reg};\nand.pred %__btp, %__btq, %__btr;\n"
-                            )),
-                            None => prepare.push_str(&format!("and.pred %__btp, %__btq, {g};\n")),
-                        },
-                    }
+                    guarded("%__btq", guard, "%__btr", &mut prepare);
                     Some("@%__btp")
                 }
             };
@@ -1708,6 +1693,22 @@ fn kernel_edits(
         ));
     }
     edits
+}
+
+/// PTX setting `%__btp` to predicate `pred` and, where there is one, `guard` (`@%p` or
+/// `@!%p`, a statement's own), negated into `scratch`: the probe calls then run under
+/// `@%__btp`.
+fn guarded(pred: &str, guard: Option<&str>, scratch: &str, out: &mut String) {
+    match guard.map(|g| g.trim_start_matches('@')) {
+        None if pred == "%__btp" => {}
+        None => out.push_str(&format!("mov.pred %__btp, {pred};\n")),
+        Some(g) => match g.strip_prefix('!') {
+            Some(reg) => out.push_str(&format!(
+                "not.pred {scratch}, {reg};\nand.pred %__btp, {pred}, {scratch};\n"
+            )),
+            None => out.push_str(&format!("and.pred %__btp, {pred}, {g};\n")),
+        },
+    }
 }
 
 /// A block that loads the kernel's first six parameters, widened to 64 bits (0 for the

@@ -844,7 +844,7 @@ pub(crate) struct RingReader {
     pub ring: DevicePtr,
     shards: Vec<ShardReader>,
     /// Page-locked room the reads go through ([`RoomLayout`]); `None` where the driver
-    /// refused it.
+    /// refused it (the reads then go into pageable memory, each copy done when it returns).
     room: Option<Pinned>,
 }
 
@@ -986,18 +986,27 @@ impl RingReader {
     /// (128 shards), read while a 2^16-element vectorAdd was launched and waited for 200
     /// times, each launch took 0.138 ms that way and 0.113 ms through the room (H200).
     pub fn read(&mut self, mover: &Mover<'_>) -> Result<(Vec<RingRecord>, u64), CudaError> {
-        let Some(room) = &self.room else {
-            return self.read_unpinned(mover);
-        };
         let layout = RoomLayout::new(self.shards.len());
         // SAFETY: the reader's own room, used only under `&mut self`. Every copy into it
         // is waited for before it is read; the copies of the last read's tails, which
         // read it, are ordered in our stream before this read's first copy, which is
         // waited for before the tails are written again.
-        let bytes = unsafe { room.bytes() };
-        mover.get_async(self.ring, &mut bytes[layout.headers.clone()])?;
-        mover.wait()?;
-        let (heads, dropped) = shard_heads(&mut self.shards, &bytes[layout.headers.clone()]);
+        let mut room = self.room.as_ref().map(|r| unsafe { r.bytes() });
+        // Every shard's counters, in one copy.
+        let headers = match room.as_deref_mut() {
+            Some(bytes) => {
+                let headers = &mut bytes[layout.headers.clone()];
+                mover.get_async(self.ring, headers)?;
+                mover.wait()?;
+                headers.to_vec()
+            }
+            None => {
+                let mut headers = vec![0u8; layout.headers.len()];
+                mover.get(self.ring, &mut headers)?;
+                headers
+            }
+        };
+        let (heads, dropped) = shard_heads(&mut self.shards, &headers);
         let bounds: Vec<(u64, u64, u64)> = self
             .shards
             .iter()
@@ -1010,18 +1019,31 @@ impl RingReader {
         }
         for round in room_rounds(&spans) {
             let spans = &spans[round];
-            let mut to = layout.records.start;
-            for s in spans {
-                let from = self.shards[s.shard].data + s.at as u64;
-                mover.get_async(from, &mut bytes[to..to + s.len])?;
-                to += s.len;
-            }
-            mover.wait()?;
-            let mut from = layout.records.start;
-            for s in spans {
-                let shard = &mut self.shards[s.shard];
-                shard.bytes[s.at..s.at + s.len].copy_from_slice(&bytes[from..from + s.len]);
-                from += s.len;
+            match room.as_deref_mut() {
+                Some(bytes) => {
+                    let mut to = layout.records.start;
+                    for s in spans {
+                        let from = self.shards[s.shard].data + s.at as u64;
+                        mover.get_async(from, &mut bytes[to..to + s.len])?;
+                        to += s.len;
+                    }
+                    mover.wait()?;
+                    let mut from = layout.records.start;
+                    for s in spans {
+                        let shard = &mut self.shards[s.shard];
+                        shard.bytes[s.at..s.at + s.len].copy_from_slice(&bytes[from..from + s.len]);
+                        from += s.len;
+                    }
+                }
+                // Straight into the shards' copies, each copy done when it returns.
+                None => {
+                    for s in spans {
+                        let shard = &mut self.shards[s.shard];
+                        let at = s.at..s.at + s.len;
+                        mover.get_async(shard.data + s.at as u64, &mut shard.bytes[at])?;
+                    }
+                    mover.wait()?;
+                }
             }
         }
         let mut records = Vec::new();
@@ -1033,47 +1055,20 @@ impl RingReader {
             let Some(tail) = shard.drain(self.ring, i, head, &mut records) else {
                 continue;
             };
-            // Not waited for: the next read's first copy comes after it in our stream.
-            let slot = &mut bytes[layout.tails.start + i * 8..][..8];
-            slot.copy_from_slice(&tail.to_le_bytes());
-            mover.put_async(self.ring + i as u64 * SHARD_HEADER + RING_TAIL, slot)?;
-        }
-        Ok((records, dropped))
-    }
-
-    /// [`RingReader::read`] through pageable memory, where the driver refused the room.
-    fn read_unpinned(&mut self, mover: &Mover<'_>) -> Result<(Vec<RingRecord>, u64), CudaError> {
-        // Every shard's counters, in one copy.
-        let mut headers = vec![0u8; (SHARD_HEADER as usize) * self.shards.len()];
-        mover.get(self.ring, &mut headers)?;
-        let (heads, dropped) = shard_heads(&mut self.shards, &headers);
-        let mut records = Vec::new();
-        let mut read = Vec::new();
-        for (i, (shard, &head)) in self.shards.iter_mut().zip(&heads).enumerate() {
-            for s in new_spans(&[(shard.size, shard.tail, head)], usize::MAX) {
-                mover.get_async(
-                    shard.data + s.at as u64,
-                    &mut shard.bytes[s.at..s.at + s.len],
-                )?;
-            }
-            if head != shard.tail {
-                read.push(i);
+            let to = self.ring + i as u64 * SHARD_HEADER + RING_TAIL;
+            match room.as_deref_mut() {
+                // Not waited for: the next read's first copy comes after it in our stream.
+                Some(bytes) => {
+                    let slot = &mut bytes[layout.tails.start + i * 8..][..8];
+                    slot.copy_from_slice(&tail.to_le_bytes());
+                    mover.put_async(to, slot)?;
+                }
+                None => mover.put_async(to, &tail.to_le_bytes())?,
             }
         }
-        if read.is_empty() {
-            return Ok((records, dropped));
+        if room.is_none() {
+            mover.wait()?;
         }
-        mover.wait()?;
-        for i in read {
-            let shard = &mut self.shards[i];
-            if let Some(tail) = shard.drain(self.ring, i, heads[i], &mut records) {
-                mover.put_async(
-                    self.ring + i as u64 * SHARD_HEADER + RING_TAIL,
-                    &tail.to_le_bytes(),
-                )?;
-            }
-        }
-        mover.wait()?;
         Ok((records, dropped))
     }
 }
