@@ -318,6 +318,32 @@ several_gpus() {  # the checks that need two GPUs or more; a SKIP line on one
     else
         result "memory-access probe on vectorAdd through asynchronous copies" 0 "no cp.async in $cuda/vec_add_async.ptx"
     fi
+    # a and b read and c written by bulk copies (the tensor memory accelerator's
+    # cp.async.bulk; checked to be in the PTX): a block of 256 threads moves 1024 bytes
+    # of each with one copy issued by one thread, c back by a bulk store in even blocks
+    # and a bulk reduction (.and, which leaves a + b in c) in odd ones. Each copy is one
+    # access of its whole size: blocks x launches loads in a and in b, half as many stores
+    # and reductions in c, and every byte of the three buffers moved once per launch.
+    if grep -q 'cp.async.bulk.shared::cluster.global' "$cuda/vec_add_bulk.ptx" &&
+        grep -q 'cp.reduce.async.bulk.global' "$cuda/vec_add_bulk.ptx"; then
+        bulk_iters=3 bulk_blocks=$((n / 256))
+        log=$work/ldst-bulk
+        run "$log" "$objs/access_check.bpf.o" -- "$cuda/vec_add_bulk" $n $bulk_iters
+        la=$(value "$log.out" vector_add 0) lb=$(value "$log.out" vector_add 1) sc=$(value "$log.out" vector_add 2)
+        other=$(value "$log.out" vector_add 3) outside=$(value "$log.out" vector_add 4) all=$(value "$log.out" vector_add 6)
+        ba=$(value "$log.out" vector_add_bytes 0) bb=$(value "$log.out" vector_add_bytes 1)
+        bs=$(value "$log.out" vector_add_bytes 2) br=$(value "$log.out" vector_add_bytes 3) bo=$(value "$log.out" vector_add_bytes 4)
+        want=$((bulk_blocks * bulk_iters)) bytes=$((n * 4 * bulk_iters))
+        ok=0
+        grep -q 'check=ok' "$log.out" && grep -q '^exit=0' "$log.out" &&
+            [ "$la" = $want ] && [ "$lb" = $want ] && [ "$sc" = $((want / 2)) ] &&
+            [ "$other" = $((want / 2)) ] && [ "$outside" = 0 ] && [ "$all" = $((want * 3)) ] &&
+            [ "$ba" = $bytes ] && [ "$bb" = $bytes ] && [ "$bs" = $((bytes / 2)) ] &&
+            [ "$br" = $((bytes / 2)) ] && [ "$bo" = 0 ] && ok=1
+        result "memory-access probe on vectorAdd through bulk copies (cp.async.bulk, cp.reduce.async.bulk), exact" $ok "copies: loads a $la b $lb (expected $want each), stores c $sc and reductions c $other (expected $((want / 2)) each), elsewhere $outside, all $all (expected $((want * 3))); bytes: a $ba b $bb (expected $bytes each), stored $bs reduced $br (expected $((bytes / 2)) each), other $bo"
+    else
+        result "memory-access probe on vectorAdd through bulk copies" 0 "no cp.async.bulk or cp.reduce.async.bulk in $cuda/vec_add_bulk.ptx"
+    fi
     n=512
     ldst "matmul" matmul $((n * n * n / 16 * 2)) $((n * n * 2)) "$cuda/matmul" $n 2
 

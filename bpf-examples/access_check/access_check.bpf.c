@@ -13,6 +13,9 @@
  *   0 loads in a   1 loads in b   2 stores in c   3 other accesses inside a, b or c
  *   4 accesses outside the three buffers          5 accesses of a size other than 4
  *   6 accesses counted
+ * vector_add_bytes[], the bytes those accesses of vectorAdd move (a bulk copy's are many):
+ *   0 loaded from a   1 loaded from b   2 stored into c   3 reduced into c
+ *   4 any other access's
  */
 #include <linux/bpf.h>
 #include <bpf/bpf_helpers.h>
@@ -32,12 +35,24 @@ struct {
 	__type(value, __u64);
 } matmul SEC(".maps");
 
-static __always_inline void add(void *stats, __u32 key)
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, 5);
+	__type(key, __u32);
+	__type(value, __u64);
+} vector_add_bytes SEC(".maps");
+
+static __always_inline void add_n(void *stats, __u32 key, __u64 by)
 {
 	__u64 *n = bpf_map_lookup_elem(stats, &key);
 
 	if (n)
-		__sync_fetch_and_add(n, 1);
+		__sync_fetch_and_add(n, by);
+}
+
+static __always_inline void add(void *stats, __u32 key)
+{
+	add_n(stats, key, 1);
 }
 
 static __always_inline void classify(void *stats, void *ctx, __u64 bytes)
@@ -65,7 +80,21 @@ int vector_add_access(void *ctx)
 {
 	__u64 n = (__u32)((const __u64 *)ctx)[11];
 
+	const struct bpftime_gpu_access *acc = bpftime_gpu_access(ctx);
+	const __u64 *regs = ctx;
+	__u64 addr = acc->addr;
+	__u32 kind = acc->kind, key = 4;
+
 	classify(&vector_add, ctx, n * 4);
+	if (addr - regs[14] < n * 4 && kind == BPFTIME_GPU_LOAD)
+		key = 0;
+	else if (addr - regs[13] < n * 4 && kind == BPFTIME_GPU_LOAD)
+		key = 1;
+	else if (addr - regs[12] < n * 4 && kind == BPFTIME_GPU_STORE)
+		key = 2;
+	else if (addr - regs[12] < n * 4 && kind == BPFTIME_GPU_REDUCTION)
+		key = 3;
+	add_n(&vector_add_bytes, key, acc->size);
 	return 0;
 }
 

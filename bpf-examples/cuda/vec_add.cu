@@ -31,6 +31,77 @@ __global__ void vectorAdd(const float *a, const float *b, float *c, int n) {
         c[i] = sa[threadIdx.x] + sb[threadIdx.x];
     }
 }
+#elif defined(BULK_COPY)
+// Built with -DBULK_COPY for sm_90 or newer (vec_add_bulk): each block's tiles of a and b
+// reach shared memory through the tensor memory accelerator's one-dimensional bulk copies
+// (`cp.async.bulk`, as `cuda::memcpy_async` issues them on Hopper), completing on an
+// mbarrier, and its tile of c goes back the same way from shared memory: a bulk store in
+// even blocks, a bulk reduction (`cp.reduce.async.bulk ... .and.b32`) in odd ones, which
+// leaves a + b in a c that holds all ones bits (as main sets it) or a + b already. One
+// thread issues each copy. A whole block's tile is sized by a number in the statement, a
+// short last one by a register. Blocks of at most 1024 threads, a multiple of 4.
+__device__ __forceinline__ void bulk_to_global(bool reduce, float *to, unsigned from, unsigned bytes,
+                                               bool whole) {
+    if (whole && !reduce)
+        asm volatile("cp.async.bulk.global.shared::cta.bulk_group [%0], [%1], 1024;"
+                     ::"l"(to), "r"(from) : "memory");
+    else if (whole)
+        asm volatile("cp.reduce.async.bulk.global.shared::cta.bulk_group.and.b32 [%0], [%1], 1024;"
+                     ::"l"(to), "r"(from) : "memory");
+    else if (!reduce)
+        asm volatile("cp.async.bulk.global.shared::cta.bulk_group [%0], [%1], %2;"
+                     ::"l"(to), "r"(from), "r"(bytes) : "memory");
+    else
+        asm volatile("cp.reduce.async.bulk.global.shared::cta.bulk_group.and.b32 [%0], [%1], %2;"
+                     ::"l"(to), "r"(from), "r"(bytes) : "memory");
+}
+
+__global__ void vectorAdd(const float *a, const float *b, float *c, int n) {
+    __shared__ alignas(128) float sa[1024], sb[1024];
+    __shared__ alignas(8) unsigned long long bar;
+    int first = blockIdx.x * blockDim.x;
+    int count = min((int)blockDim.x, n - first);
+    // A copy's size is a multiple of 16 bytes: the last block's odd elements are added
+    // by their threads directly.
+    int bulk = count & ~3;
+    unsigned bytes = bulk * 4;
+    unsigned at_bar = (unsigned)__cvta_generic_to_shared(&bar);
+    unsigned at_a = (unsigned)__cvta_generic_to_shared(sa);
+    unsigned at_b = (unsigned)__cvta_generic_to_shared(sb);
+    if (threadIdx.x == 0) {
+        asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(at_bar) : "memory");
+        asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+    }
+    __syncthreads();
+    if (threadIdx.x == 0 && bytes > 0) {
+        asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;"
+                     ::"r"(at_bar), "r"(2 * bytes) : "memory");
+        asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];"
+                     ::"r"(at_a), "l"(a + first), "r"(bytes), "r"(at_bar) : "memory");
+        asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];"
+                     ::"r"(at_b), "l"(b + first), "r"(bytes), "r"(at_bar) : "memory");
+    }
+    if (bytes > 0) {
+        unsigned done = 0;
+        while (!done)
+            asm volatile("{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], 0;\n"
+                         "selp.u32 %0, 1, 0, p;\n}" : "=r"(done) : "r"(at_bar) : "memory");
+    }
+    int t = threadIdx.x;
+    if (t < bulk)
+        sa[t] += sb[t];
+    else if (t < count)
+        c[first + t] = a[first + t] + b[first + t];
+    // The copies out read shared memory through the async proxy: the threads' writes are
+    // made visible to it first.
+    asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+    __syncthreads();
+    if (threadIdx.x == 0 && bytes > 0) {
+        bulk_to_global(blockIdx.x % 2 == 1, c + first, at_a, bytes, count == 256 && bulk == 256);
+        asm volatile("cp.async.bulk.commit_group;" ::: "memory");
+        asm volatile("cp.async.bulk.wait_group.read 0;" ::: "memory");
+    }
+}
 #else
 __global__ void vectorAdd(const float *a, const float *b, float *c, int n) {
     int i = blockIdx.x * blockDim.x + threadIdx.x;

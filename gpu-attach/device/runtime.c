@@ -579,6 +579,28 @@ __attribute__((always_inline)) static unsigned lanes_adding_here(unsigned mask, 
     return bpftime_gpu_known_uniform(addr) ? mask : __nvvm_match_any_sync_i64(mask, addr);
 }
 
+/* The add itself, whose old value nobody reads: a reduction (`red`), which the memory
+ * system carries out without sending anything back. Written as an atomic whose result is
+ * unused, ptxas keeps it an atomic with a reply (`ATOMG`), as LLVM writes every atomic
+ * add as `atom`. Relaxed, at the GPU's scope, as the atomic it stands for. */
+static void add_to_global_u64(u64 at, u64 v)
+{
+#ifdef BPFTIME_HOST_TEST
+    __atomic_fetch_add((global_u64 *)at, v, __ATOMIC_RELAXED);
+#else
+    __asm__ volatile("red.relaxed.gpu.global.add.u64 [%0], %1;" ::"l"(at), "l"(v) : "memory");
+#endif
+}
+
+static void add_to_global_u32(u64 at, u32 v)
+{
+#ifdef BPFTIME_HOST_TEST
+    __atomic_fetch_add((global_u32 *)at, v, __ATOMIC_RELAXED);
+#else
+    __asm__ volatile("red.relaxed.gpu.global.add.u32 [%0], %1;" ::"l"(at), "r"(v) : "memory");
+#endif
+}
+
 __attribute__((always_inline))
 u64 bpftime_gpu_warp_add_u64(u64 addr, u64 v, u64 r3, u64 r4, u64 r5)
 {
@@ -604,7 +626,7 @@ u64 bpftime_gpu_warp_add_u64(u64 addr, u64 v, u64 r3, u64 r4, u64 r5)
     /* Not the stack (above): a map's value or its SM's copy, in device memory. */
     u64 at = shard_address_here(addr, 1);
     if (leader)
-        __atomic_fetch_add((global_u64 *)at, v * count, __ATOMIC_RELAXED);
+        add_to_global_u64(at, v * count);
     return 0;
 }
 
@@ -629,7 +651,7 @@ u64 bpftime_gpu_warp_add_u32(u64 addr, u64 v, u64 r3, u64 r4, u64 r5)
     }
     u64 at = shard_address_here(addr, 0);
     if (leader)
-        __atomic_fetch_add((global_u32 *)at, sum * count, __ATOMIC_RELAXED);
+        add_to_global_u32(at, sum * count);
     return 0;
 }
 

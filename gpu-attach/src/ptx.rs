@@ -23,16 +23,25 @@
 //!   generic-address forms, whose calls run only when `isspacep.global` says the address
 //!   is global, and the asynchronous copies from global into shared memory
 //!   (`cp.async.ca.shared.global`, `.cg`), whose read of global memory is a load of the
-//!   bytes it reads; bulk copies (TMA) are named as missed): a call of each access probe
+//!   bytes it reads, and the tensor memory accelerator's one-dimensional bulk copies
+//!   (`cp.async.bulk` between global and shared memory, `cp.reduce.async.bulk` into
+//!   global memory), each one access of its whole size, a load, store or reduction of
+//!   global memory by the thread that issues it (where the size is a register, the
+//!   calls run one lane at a time: a probe takes a site's size to be the same across
+//!   the warp); tensor copies, whose addresses are in an opaque tensor map, are named as
+//!   missed, and L2 prefetches are not accesses): a call of each access probe
 //!   with six more arguments ([`ACCESS_ARGS`]):
 //!   the address, the first 16 bytes of the value written (0 for loads), the size and kind
 //!   ([`AccessKind`]), the kernel's id ([`kernel_id`]) with the access's index in the
 //!   kernel, and the kernel parameter the address is computed from (found by following
 //!   its register back, [`NO_BASE_ARG`] when that leads to no one parameter). Shared,
-//!   local, constant and parameter memory are left out. The address and value are read
-//!   before the access, and the calls made right after it, so that the access is issued
-//!   first and the probe's work overlaps its wait; where the access overwrites a
-//!   register they are read from (`ld.global.u64 %rd1, [%rd1]`), the calls go before it.
+//!   local, constant and parameter memory are left out. The calls go after the access,
+//!   and after the loads that follow it in the same straight run of arithmetic and loads
+//!   (up to a statement that reads what they load), so that the loads are issued first,
+//!   together, and the probes' work overlaps their wait; the address and value the calls
+//!   pass are read from registers nothing in between writes. Where the access
+//!   overwrites a register they are read from (`ld.global.u64 %rd1, [%rd1]`), the calls
+//!   go before it.
 //! - with shared-memory access probes (`cuda:KERNEL:ldst.shared`), a call of each at
 //!   every access the above sees and every shared-memory one too (`ld.shared`,
 //!   `st.shared`, `atom.shared`, `red.shared`, vector forms, and generic-address ones
@@ -205,6 +214,11 @@ struct AccessSite {
     /// does not read it). Not where the access writes a register its address or value is
     /// read from (`ld.global.u64 %rd1, [%rd1]`): the calls go before it there.
     after: bool,
+    /// Where calls that go after the statement go: its end, or the end of a later load
+    /// of the same straight run of arithmetic and loads (see [`defer_calls`]).
+    call_at: usize,
+    /// The statement's place among the body's steps.
+    step: usize,
     guard: Option<String>,
     /// A generic address: the calls run only where it is one of the spaces probed.
     space: SiteSpace,
@@ -214,6 +228,10 @@ struct AccessSite {
     /// Where only the warp's first lanes access (a matrix load or store: each of the
     /// first 8, 16 or 32 lanes names one row), how many; `None` for every lane.
     lanes: Option<u32>,
+    /// The 32-bit register holding the bytes accessed where that is not a constant (a
+    /// bulk copy's), `size` then 0. A probe takes an access's size to be the same in
+    /// every lane making the call, so such a site's probes run one lane at a time.
+    size_reg: Option<String>,
     /// PTX setting `%__bta6` to the (generic) address and `%__bta7`/`%__bta8` to the
     /// value written.
     prepare: String,
@@ -807,6 +825,7 @@ fn parse_kernel(
     let mut regs = Registers::default();
     let mut defs = Definitions::default();
     let mut vector = 0usize;
+    let mut steps: Vec<Step> = Vec::new();
     // The current statement's first token (after any labels).
     let mut stmt: Option<usize> = None;
     let mut j = i;
@@ -821,10 +840,12 @@ fn parse_kernel(
             Tok::Punct(b'{') => {
                 depth += 1;
                 stmt = None;
+                steps.push(Step::Barrier);
             }
             Tok::Punct(b'}') => {
                 depth -= 1;
                 stmt = None;
+                steps.push(Step::Barrier);
                 if depth == 0 {
                     break a;
                 }
@@ -834,15 +855,21 @@ fn parse_kernel(
                     let statement = &toks[s..=j];
                     if let Some(site) = exit_site(text, statement) {
                         exits.push(site);
+                        steps.push(Step::Barrier);
                     } else if regs.declare(text, statement) {
+                        steps.push(Step::Barrier);
                     } else {
                         defs.take(text, statement);
                         match access_site(text, statement, &regs, &mut unseen_shared_accesses) {
-                            Some(Ok(site)) => accesses.push(site),
+                            Some(Ok(mut site)) => {
+                                site.step = steps.len();
+                                accesses.push(site);
+                            }
                             Some(Err((SiteSpace::Shared, why))) => unseen_shared_accesses.push(why),
                             Some(Err((_, why))) => unseen_accesses.push(why),
                             None => {}
                         }
+                        steps.push(Step::of(text, statement));
                     }
                 }
             }
@@ -853,6 +880,7 @@ fn parse_kernel(
             {
                 // `LABEL:` ends a label, not a statement.
                 stmt = None;
+                steps.push(Step::Barrier);
             }
             _ => {
                 if stmt.is_none() {
@@ -868,6 +896,7 @@ fn parse_kernel(
             .as_deref()
             .and_then(|reg| defs.base_param(reg, &params));
     }
+    defer_calls(&mut accesses, &steps);
     Ok((
         Some(Kernel {
             name,
@@ -882,6 +911,153 @@ fn parse_kernel(
         }),
         j + 1,
     ))
+}
+
+/// One step of a kernel body, in order, as the placing of access probes sees it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Step {
+    /// A label, a brace, a declaration, or a statement a probe's calls are not moved
+    /// past (a branch, a barrier, a store, an atomic, a call, an exit, ...).
+    Barrier,
+    /// Arithmetic or a load, which writes the registers named (its first operand's) and
+    /// nothing else.
+    Plain {
+        end: usize,
+        writes: Vec<String>,
+        /// The registers its other operands and its guard name.
+        reads: Vec<String>,
+        /// A load of global (or generic) memory, whose wait is worth sharing.
+        load: bool,
+    },
+}
+
+/// Statements that write their first operand and have no other effect a probe call
+/// could be ordered against.
+const PLAIN_OPCODES: &[&str] = &[
+    "ld", "ldu", "mov", "add", "sub", "mul", "mad", "mul24", "mad24", "cvt", "cvta", "shl", "shr",
+    "and", "or", "xor", "not", "cnot", "setp", "selp", "set", "slct", "fma", "min", "max", "neg",
+    "abs", "div", "rem", "sad", "popc", "clz", "bfe", "bfi", "bfind", "brev", "prmt", "lop3",
+    "shf", "copysign", "rcp", "sqrt", "rsqrt", "ex2", "lg2", "sin", "cos", "tanh", "testp",
+    "isspacep", "dp4a", "dp2a",
+];
+
+impl Step {
+    fn of(text: &str, stmt: &[(Tok, usize, usize)]) -> Step {
+        let Some(Statement {
+            guard,
+            opcode,
+            operands,
+            ..
+        }) = statement(text, stmt)
+        else {
+            return Step::Barrier;
+        };
+        let pieces: Vec<&str> = opcode.split('.').collect();
+        if !PLAIN_OPCODES.contains(&pieces[0]) {
+            return Step::Barrier;
+        }
+        let ops = split_operands(operands);
+        let Some(&dest) = ops.first() else {
+            return Step::Barrier;
+        };
+        let reads = ops[1..]
+            .iter()
+            .copied()
+            .chain(guard.as_deref())
+            .flat_map(registers_in)
+            .map(str::to_string)
+            .collect();
+        // A load's destination is registers; `ld` into anything else is not one we know.
+        if dest.contains('[') {
+            return Step::Barrier;
+        }
+        let load = matches!(pieces[0], "ld" | "ldu")
+            && !pieces.iter().any(|p| {
+                ["shared", "local", "param", "const"]
+                    .iter()
+                    .any(|s| p.starts_with(s))
+            });
+        Step::Plain {
+            end: stmt.last().map_or(0, |t| t.2),
+            writes: registers_in(dest).into_iter().map(str::to_string).collect(),
+            reads,
+            load,
+        }
+    }
+}
+
+/// The most steps an access's calls are moved over, and the most loads.
+const DEFER_STEPS: usize = 32;
+const DEFER_LOADS: usize = 8;
+
+/// Moves each access's calls (those that go after it) past the loads that follow it in
+/// the same straight run of arithmetic and loads, up to the end of the last such load:
+/// ptxas does not issue a load ahead of the probe's atomics, matches and calls, so left
+/// after their own access the calls would hold back the next load (vectorAdd's load of
+/// `b` waited for the probe of its load of `a`), where moved, the loads are all in flight
+/// while the probes run. A call is not moved past a step that writes a register its
+/// arguments are read from (the address, the value, the size, its guard), nor past
+/// anything but arithmetic and loads, nor past one that reads what a load passed (or the
+/// access itself) loads: that step waits for the load, and the calls are better run
+/// during the wait than after it. Calls keep their accesses' order.
+fn defer_calls(accesses: &mut [AccessSite], steps: &[Step]) {
+    for i in (0..accesses.len()).rev() {
+        let site = &accesses[i];
+        if !site.after {
+            continue;
+        }
+        let mut reads: Vec<&str> = registers_in(&site.prepare)
+            .into_iter()
+            .filter(|r| !r.starts_with("%__bt"))
+            .collect();
+        if let Some(g) = &site.guard {
+            reads.extend(registers_in(g));
+        }
+        if let Some(r) = &site.size_reg {
+            reads.push(r);
+        }
+        let mut call_at = site.end;
+        let mut loads = 0;
+        // Registers loads in the window write.
+        let mut loaded: Vec<&str> = match &steps[site.step] {
+            Step::Plain { writes, .. } => writes.iter().map(String::as_str).collect(),
+            Step::Barrier => Vec::new(),
+        };
+        for step in steps.iter().skip(site.step + 1).take(DEFER_STEPS) {
+            let Step::Plain {
+                end,
+                writes,
+                reads: step_reads,
+                load,
+            } = step
+            else {
+                break;
+            };
+            if writes.iter().any(|w| reads.contains(&w.as_str()))
+                || step_reads.iter().any(|r| loaded.contains(&r.as_str()))
+            {
+                break;
+            }
+            if *load {
+                loaded.extend(writes.iter().map(String::as_str));
+                call_at = *end;
+                loads += 1;
+                if loads == DEFER_LOADS {
+                    break;
+                }
+            }
+        }
+        // Never past a later access whose calls go before it or come earlier: the calls
+        // stay in their accesses' order.
+        for next in &accesses[i + 1..] {
+            if next.start >= call_at {
+                break;
+            }
+            let next_at = if next.after { next.call_at } else { next.start };
+            call_at = call_at.min(next_at.max(site.end));
+        }
+        accesses[i].call_at = call_at;
+    }
 }
 
 /// `ret`, `ret.uni` or `exit`, with an optional guard, as one statement's tokens (ending
@@ -1182,6 +1358,20 @@ fn access_site(
              (its global read is)"
         ));
     }
+    // A bulk copy between global and shared memory (the tensor memory accelerator's
+    // one-dimensional `cp.async.bulk`, and `cp.reduce.async.bulk` into global memory):
+    // one access of `size` bytes of global memory by the thread that issues it.
+    let bulk = bulk_copy(&pieces);
+    if let Some(BulkCopy::Copy { kind, .. }) = bulk {
+        let side = match kind {
+            AccessKind::Load => "write",
+            _ => "read",
+        };
+        missed_shared.push(format!(
+            "`{statement}`: the shared-memory {side} of a bulk copy is not probed (its \
+             global side is)"
+        ));
+    }
     // A matrix load or store of 8x8 16-bit elements (`ldmatrix`, `stmatrix`, .x1, .x2 or
     // .x4 matrices): each of the warp's first 8, 16 or 32 lanes names one 16-byte row,
     // which is that lane's access. Other shapes (sm_100's 8-bit ones) are said missed.
@@ -1198,21 +1388,25 @@ fn access_site(
         .flatten();
     let kind = match pieces[0] {
         _ if async_copy => AccessKind::Load,
+        _ if bulk.is_some() => match bulk {
+            Some(BulkCopy::Copy { kind }) => kind,
+            Some(BulkCopy::Prefetch) => return None,
+            _ => {
+                return Some(Err((
+                    SiteSpace::Global,
+                    format!(
+                        "`{statement}`: a tensor copy's global addresses are in its tensor map \
+                         (an opaque CUtensorMap), not in the statement, so it is not probed"
+                    ),
+                )))
+            }
+        },
         "ld" | "ldu" => AccessKind::Load,
         "st" => AccessKind::Store,
         "ldmatrix" if matrix.is_some() => AccessKind::Load,
         "stmatrix" if matrix.is_some() => AccessKind::Store,
         "atom" => AccessKind::Atomic,
         "red" => AccessKind::Reduction,
-        // Bulk copies (the tensor memory accelerator) move a tile between global and
-        // shared memory whose size and layout are not one access a probe's context can
-        // describe: said to be missed, as a global access where global memory is one end.
-        "cp" if pieces.contains(&"bulk") && pieces.iter().any(|p| p.starts_with("global")) => {
-            return Some(Err((
-                SiteSpace::Global,
-                format!("`{statement}`: a bulk copy is not probed"),
-            )));
-        }
         // Shared memory that other matrix loads and stores (shared memory whether named or
         // generic) and other copies read or write: not single accesses a probe's context
         // can describe, so said to be missed.
@@ -1243,7 +1437,7 @@ fn access_site(
             _ => "shared",
         });
     let site_space = match (shared, space("global")) {
-        _ if async_copy => SiteSpace::Global,
+        _ if async_copy || bulk.is_some() => SiteSpace::Global,
         (Some(_), _) => SiteSpace::Shared,
         (None, true) => SiteSpace::Global,
         (None, false) => SiteSpace::Generic,
@@ -1251,10 +1445,24 @@ fn access_site(
     let unseen = |why: &str| Some(Err((site_space, format!("`{statement}`: {why}"))));
     let ops = split_operands(operands);
     // Bytes accessed, and the bits of each lane of a value written.
+    let mut size_reg = None;
     let (size, bits) = if matrix.is_some() {
         // A row; a lane's registers hold its share of the matrices, not its row's bytes,
         // so a store passes no value.
         (16, 0)
+    } else if bulk.is_some() {
+        // `size` bytes, a number or a 32-bit register read when the probe runs.
+        match ops.get(2).map(|o| o.trim()) {
+            Some(o) if o.starts_with('%') && regs.bits(o) == Some(32) => {
+                size_reg = Some(o.to_string());
+                (0, 0)
+            }
+            Some(o) => match parse_int(o).filter(|n| (1..=u32::MAX as i64).contains(n)) {
+                Some(n) => (n as u32, 0),
+                None => return unseen("no copy size"),
+            },
+            None => return unseen("no copy size"),
+        }
     } else if async_copy {
         // `cp-size` bytes, or the `src-size` it reads where that is a number (the rest is
         // filled with zeros, not read).
@@ -1280,6 +1488,9 @@ fn access_site(
     };
     let (address, value) = match kind {
         _ if async_copy => (ops.get(1), None),
+        // Global memory is the source of a copy into shared memory, else the destination.
+        AccessKind::Load if bulk.is_some() => (ops.get(1), None),
+        _ if bulk.is_some() => (ops.first(), None),
         AccessKind::Store if matrix.is_some() => (ops.first(), None),
         AccessKind::Load => (ops.get(1), None),
         AccessKind::Store | AccessKind::Reduction => (ops.first(), ops.get(1)),
@@ -1312,6 +1523,8 @@ fn access_site(
         .filter(|b| b.starts_with('%'))
         .map(str::to_string);
     let written = match kind {
+        // A copy writes memory, never a register.
+        _ if async_copy || bulk.is_some() => Vec::new(),
         AccessKind::Load | AccessKind::Atomic => {
             ops.first().map_or(Vec::new(), |d| registers_in(d))
         }
@@ -1321,19 +1534,64 @@ fn access_site(
         .into_iter()
         .chain(value.map_or(Vec::new(), |v| registers_in(v)))
         .collect();
+    let end = stmt.last().map_or(stmt[0].2, |t| t.2);
     Some(Ok(AccessSite {
         start: stmt[0].1,
-        end: stmt.last().map_or(stmt[0].2, |t| t.2),
+        end,
+        call_at: end,
+        step: 0,
         after: !written.iter().any(|w| read.contains(w)),
         guard,
         space: site_space,
         kind,
         size,
         lanes: matrix.filter(|&n| n < 32),
+        size_reg,
         prepare,
         base_reg,
         base_arg: None,
     }))
+}
+
+/// What a bulk copy statement (`cp.async.bulk`, `cp.reduce.async.bulk`) with global
+/// memory at one end is to a memory-access probe.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum BulkCopy {
+    /// A one-dimensional copy: a load of global memory into shared memory, a store of
+    /// shared memory into global memory, or a reduction into global memory.
+    Copy { kind: AccessKind },
+    /// A copy of a tensor map's box, whose addresses the statement does not give.
+    Tensor,
+    /// A prefetch into the L2 cache, which reads nothing into the SM.
+    Prefetch,
+}
+
+fn bulk_copy(pieces: &[&str]) -> Option<BulkCopy> {
+    let copy = match pieces {
+        ["cp", "async", "bulk", rest @ ..] => rest,
+        ["cp", "reduce", "async", "bulk", rest @ ..] => rest,
+        _ => return None,
+    };
+    if !copy.iter().any(|p| p.starts_with("global")) {
+        return None;
+    }
+    if copy.contains(&"prefetch") {
+        return Some(BulkCopy::Prefetch);
+    }
+    if copy.contains(&"tensor") {
+        return Some(BulkCopy::Tensor);
+    }
+    // The destination's state space comes first.
+    let kind = match (
+        pieces[1],
+        copy.iter()
+            .find(|p| p.starts_with("global") || p.starts_with("shared")),
+    ) {
+        ("reduce", _) => AccessKind::Reduction,
+        (_, Some(p)) if p.starts_with("shared") => AccessKind::Load,
+        _ => AccessKind::Store,
+    };
+    Some(BulkCopy::Copy { kind })
 }
 
 /// Whether an opcode's pieces are those of an asynchronous copy from global into shared
@@ -1608,6 +1866,9 @@ fn kernel_edits(
         }
     }
     let id = kernel_id(&kernel.name);
+    // Calls after their accesses, by where they go: several accesses' calls may go at
+    // one place (see `defer_calls`), where they run in their accesses' order.
+    let mut after_calls: std::collections::BTreeMap<usize, String> = Default::default();
     for (point, symbols) in accesses.iter().filter(|a| !a.1.is_empty()) {
         // Each kind of probe numbers the sites it sees.
         let sites = kernel.accesses.iter().filter(|a| point.sees(a.space));
@@ -1651,13 +1912,26 @@ fn kernel_edits(
                     Some("@%__btp")
                 }
             };
-            // A matrix row's probe runs in the lanes that name a row.
-            let guard = match site.lanes {
-                None => guard,
-                Some(n) => {
+            if let Some(reg) = &site.size_reg {
+                prepare.push_str(&format!(
+                    "cvt.u64.u32 %__btv, {reg};\nor.b64 %__bta9, %__bta9, %__btv;\n"
+                ));
+            }
+            // A matrix row's probe runs in the lanes that name a row; a probe of an access
+            // whose size is in a register, in one lane at a time (the loop below).
+            let guard = match (site.lanes, &site.size_reg) {
+                (None, None) => guard,
+                (Some(n), _) => {
                     prepare.push_str(&format!(
                         "mov.u32 %__btl, %laneid;\nsetp.lt.u32 %__btq, %__btl, {n};\n"
                     ));
+                    guarded("%__btq", guard, "%__btr", &mut prepare);
+                    Some("@%__btp")
+                }
+                (None, Some(_)) => {
+                    prepare.push_str(
+                        "mov.u32 %__btl, %laneid;\nsetp.eq.u32 %__btq, %__btl, %__btk;\n",
+                    );
                     guarded("%__btq", guard, "%__btr", &mut prepare);
                     Some("@%__btp")
                 }
@@ -1667,19 +1941,31 @@ fn kernel_edits(
                 u64::from(id) | (index as u64) << 32,
                 site.base_arg.map_or(NO_BASE_ARG, |i| i as u32)
             ));
-            let calls = probe_calls(
+            let mut calls = probe_calls(
                 &kernel.params,
                 symbols,
                 guard,
                 Some(&prepare),
                 &mut inlining,
             );
-            edits.push(match site.after {
-                true => (site.end, 0, format!("\n{calls}")),
-                false => (site.start, 0, format!("{calls}\n")),
-            });
+            if site.size_reg.is_some() {
+                let label = format!("$__bt_lane_{}_{index}", *point as u8);
+                calls = format!(
+                    "{{\n.reg .b32 %__btk;\n.reg .pred %__btz;\nmov.u32 %__btk, 0;\n{label}:\n\
+                     {calls}\nadd.u32 %__btk, %__btk, 1;\nsetp.lt.u32 %__btz, %__btk, 32;\n\
+                     @%__btz bra {label};\n}}"
+                );
+            }
+            match site.after {
+                true => after_calls
+                    .entry(site.call_at)
+                    .or_default()
+                    .push_str(&format!("\n{calls}")),
+                false => edits.push((site.start, 0, format!("{calls}\n"))),
+            }
         }
     }
+    edits.extend(after_calls.into_iter().map(|(at, calls)| (at, 0, calls)));
     // Pushed last, so that it lands first at the body's opening (edits at one offset are
     // applied back to front): the register is declared before any probe reads it.
     if *inlining.sites > first_site && inlining.reads_sm {

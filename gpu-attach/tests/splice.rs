@@ -1042,13 +1042,30 @@ fn every_form_of_global_access_is_probed_and_other_spaces_are_not() {
     assert!(out.contains("and.b64 %__btv, %__btv, 255;"), "{out}");
     assert!(out.contains("mov.u64 %__btv, 42;"), "{out}");
     assert!(out.contains("mov.u64 %__btv, 1065353216;"), "{out}");
-    // A probe follows its access, so the access is issued first: the label leads to
-    // the load, then its probe, then the next statement.
+    // A probe follows its access, so the access is issued first, and the next load of
+    // the same straight run too, so both are in flight while the probes run: the label
+    // leads to the load, then the generic load, then the first's probe and the
+    // second's, in that order, before the store (which no call is moved past).
     let label = out.find("$L_again:").unwrap();
     let load = label + out[label..].find("ld.global.u32 %r4").unwrap();
-    let probe = load + out[load..].find("__bpftime_probe_8").unwrap();
     let next = load + out[load..].find("ld.u32 %r5").unwrap();
-    assert!(probe < next, "{}", &out[label..]);
+    let first = load + out[load..].find("__bpftime_probe_8").unwrap();
+    let store = load + out[load..].find("@%p1 st.f32").unwrap();
+    assert!(next < first && first < store, "{}", &out[label..]);
+    let probes: Vec<&str> = out[next..store]
+        .lines()
+        .filter(|l| l.starts_with("mov.u64 %__bta10,"))
+        .collect();
+    assert_eq!(
+        probes,
+        vec![
+            // Sites 9 and 10 of the comments, numbered from 0.
+            format!("mov.u64 %__bta10, {};", id | 8u64 << 32),
+            format!("mov.u64 %__bta10, {};", id | 9u64 << 32)
+        ],
+        "{}",
+        &out[label..]
+    );
     // Also an atomic that returns a value into a register of its own.
     let atomic = out.find("atom.global.add.u32 %r3, [%rd3], %r2;").unwrap();
     let cas = out.find("atom.global.cas.b64").unwrap();
@@ -1420,6 +1437,192 @@ fn nvcc_async_copies_are_loads_of_their_buffers() {
     }
 }
 
+/// An access's probe runs after the loads that follow it in the same straight run, so
+/// that they are in flight together, but never after a statement that reads what one of
+/// them loaded (the probe would wait for the load instead of running during it), nor
+/// after one that overwrites a register the probe reads, nor past a store; probes keep
+/// their accesses' order.
+#[test]
+fn probes_wait_for_the_next_loads_of_their_run_and_no_longer() {
+    let text = "\
+.version 8.0
+.target sm_80
+.address_size 64
+.visible .entry runs(.param .u64 p)
+{
+	.reg .b32 %r<8>;
+	.reg .b64 %rd<8>;
+	ld.param.u64 %rd1, [p];
+	ld.global.u32 %r1, [%rd1];
+	add.s32 %r2, %r1, 1;
+	ld.global.u32 %r3, [%rd1+4];
+	add.s64 %rd1, %rd1, 8;
+	ld.global.u32 %r4, [%rd1];
+	add.s64 %rd2, %rd1, 64;
+	ld.global.u32 %r5, [%rd2];
+	ld.global.u32 %r6, [%rd2+4];
+	st.global.u32 [%rd1], %r2;
+	ld.global.u32 %r7, [%rd2+8];
+	ret;
+}
+";
+    let module = PtxModule::parse(text).unwrap();
+    let splice = access_splice("__bpftime_probe_23", 80, &["runs"]);
+    let out = module
+        .splice(&splice, Version::newest_for_driver(13000))
+        .unwrap();
+    let id = bpftime_gpu_attach::ptx::kernel_id("runs") as u64;
+    // The body as statements and probes (by site), in order.
+    let order: Vec<String> = out[out.find("ld.param.u64 %rd1, [p];").unwrap()..]
+        .lines()
+        .filter_map(|l| {
+            let l = l.trim();
+            if let Some(v) = l.strip_prefix("mov.u64 %__bta10, ") {
+                let v: u64 = v.trim_end_matches(';').parse().unwrap();
+                assert_eq!(v & 0xffff_ffff, id);
+                return Some(format!("probe {}", v >> 32));
+            }
+            let app = ["ld.global", "add.", "st.global"]
+                .iter()
+                .any(|p| l.starts_with(p))
+                && !l.contains("%__bt");
+            app.then(|| l.to_string())
+        })
+        .collect();
+    assert_eq!(
+        order,
+        [
+            "ld.global.u32 %r1, [%rd1];",
+            // Reads %r1, which site 0 loads: the probe runs during the load, before it.
+            "probe 0",
+            "add.s32 %r2, %r1, 1;",
+            "ld.global.u32 %r3, [%rd1+4];",
+            // Overwrites %rd1, which site 1's address is in.
+            "probe 1",
+            "add.s64 %rd1, %rd1, 8;",
+            "ld.global.u32 %r4, [%rd1];",
+            "add.s64 %rd2, %rd1, 64;",
+            "ld.global.u32 %r5, [%rd2];",
+            "ld.global.u32 %r6, [%rd2+4];",
+            // Sites 2, 3 and 4 run after the last of their loads, before the store.
+            "probe 2",
+            "probe 3",
+            "probe 4",
+            // A store's probe waits for the loads after it too.
+            "st.global.u32 [%rd1], %r2;",
+            "ld.global.u32 %r7, [%rd2+8];",
+            "probe 5",
+            "probe 6",
+        ]
+        .map(String::from)
+    );
+    assert_ptxas_accepts("runs", &out);
+}
+
+/// nvcc's vectorAdd moving its tiles by bulk copies (bpf-examples/cuda/vec_add.cu with
+/// -DBULK_COPY): each copy into shared memory is a load of the bytes it copies from the
+/// buffer its kernel argument names, each copy out a store or a reduction of c, sized by
+/// the number or the register in the statement; a copy's shared-memory side is named as
+/// missed. A probe of a copy whose size is in a register runs one lane at a time, with
+/// that register in its size. Probed (called and inlined), the module passes ptxas.
+#[test]
+fn nvcc_bulk_copies_are_accesses_of_their_whole_size() {
+    let text = String::from_utf8(read("vec_add_bulk.ptx")).unwrap();
+    assert_eq!(
+        text.matches("cp.async.bulk.shared::cluster.global").count(),
+        2
+    );
+    assert_eq!(text.matches("cp.reduce.async.bulk.global").count(), 2);
+    let module = PtxModule::parse(&text).unwrap();
+    let k = kernel_named(&module, "vectorAdd");
+    use AccessKind::*;
+    use SiteSpace::*;
+    let mut sites = k.access_sizes(ProbePoint::Access);
+    sites.sort_by_key(|&(kind, size, _)| (kind as u32, size));
+    // The register-sized copies have size 0 here: the probe reads the register.
+    assert_eq!(
+        sites,
+        vec![
+            (Load, 0, Global),
+            (Load, 0, Global),
+            (Load, 4, Global),
+            (Load, 4, Global),
+            (Store, 0, Global),
+            (Store, 4, Global),
+            (Store, 1024, Global),
+            (Reduction, 0, Global),
+            (Reduction, 1024, Global),
+        ]
+    );
+    let mut args = k.access_base_args(ProbePoint::Access);
+    args.sort();
+    assert_eq!(
+        args,
+        vec![
+            Some(0),
+            Some(0),
+            Some(1),
+            Some(1),
+            Some(2),
+            Some(2),
+            Some(2),
+            Some(2),
+            Some(2)
+        ]
+    );
+    assert!(k.unseen_accesses.is_empty(), "{:?}", k.unseen_accesses);
+    assert_eq!(
+        k.unseen_shared_accesses.len(),
+        6,
+        "{:?}",
+        k.unseen_shared_accesses
+    );
+    assert!(k
+        .unseen_shared_accesses
+        .iter()
+        .all(|m| m.contains("of a bulk copy is not probed")));
+    let name = k.name.clone();
+    for inline in [false, true] {
+        let mut splice = access_splice("__bpftime_probe_21", 90, &[name.as_str()]);
+        splice.inline = inline;
+        let out = module
+            .splice(&splice, Version::newest_for_driver(13000))
+            .unwrap();
+        let probes = if inline {
+            out.matches("_end:\n}").count()
+        } else {
+            out.matches("call (__bt_ret), __bpftime_probe_21").count()
+        };
+        assert_eq!(probes, 9, "{out}");
+        // Four copies sized by a register: each probe loops over the lanes.
+        assert_eq!(
+            out.matches("setp.eq.u32 %__btq, %__btl, %__btk;").count(),
+            4
+        );
+        let load = out
+            .find("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes")
+            .unwrap();
+        let probe = &out[load..load + out[load..].find("@%__btz bra").unwrap()];
+        assert!(probe.contains("cvt.u64.u32 %__btv, %r"), "{probe}");
+        assert!(
+            probe.contains(&format!("mov.u64 %__bta9, {};", (Load as u64) << 32)),
+            "{probe}"
+        );
+        let store = out
+            .find("cp.async.bulk.global.shared::cta.bulk_group [%rd1], [%r61], 1024;")
+            .unwrap();
+        let probe = &out[store..store + 4000.min(out.len() - store)];
+        assert!(
+            probe.contains(&format!(
+                "mov.u64 %__bta9, {};",
+                1024 | (Store as u64) << 32
+            )),
+            "{probe}"
+        );
+        assert_ptxas_accepts(&format!("vec-add-bulk-{inline}"), &out);
+    }
+}
+
 /// sm_90's distributed shared memory: a `.shared::cluster` access is made generic as
 /// such. An asynchronous copy into shared memory (`cp.async`) is a 16-byte load of
 /// global memory, after which its probe runs (it writes no register); its write into
@@ -1446,6 +1649,9 @@ fn cluster_shared_accesses_are_probed_async_copies_read_global_and_the_rest_is_n
 	cp.async.commit_group;
 	cp.async.wait_group 0;
 	cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [t], [%rd3], 128, [bar];
+	cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%r1], [%rd3+64], 0x2000, [bar];
+	cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [t], [%rd3, {%r2, %r3}], [bar];
+	cp.async.bulk.prefetch.L2.global [%rd3], 256;
 	st.global.u32 [%rd3+8], %r2;
 	ret;
 }
@@ -1460,23 +1666,33 @@ fn cluster_shared_accesses_are_probed_async_copies_read_global_and_the_rest_is_n
             (Load, 4, Shared),
             (Load, 16, Shared),
             (Load, 16, Global),
+            (Load, 128, Global),
+            (Load, 8192, Global),
             (Store, 4, Global)
         ]
     );
     assert_eq!(
         k.access_sizes(ProbePoint::Access),
-        vec![(Load, 16, Global), (Store, 4, Global)]
+        vec![
+            (Load, 16, Global),
+            (Load, 128, Global),
+            (Load, 8192, Global),
+            (Store, 4, Global)
+        ]
     );
+    // A tensor copy's addresses are in its tensor map; a prefetch reads nothing.
     assert_eq!(k.unseen_accesses.len(), 1, "{:?}", k.unseen_accesses);
-    assert!(k.unseen_accesses[0].contains("a bulk copy is not probed"));
+    assert!(k.unseen_accesses[0].contains("a tensor copy's global addresses are in its tensor map"));
     assert_eq!(
         k.unseen_shared_accesses.len(),
-        1,
+        3,
         "{:?}",
         k.unseen_shared_accesses
     );
     assert!(k.unseen_shared_accesses[0]
         .contains("the shared-memory write of an asynchronous copy is not probed"));
+    assert!(k.unseen_shared_accesses[1]
+        .contains("the shared-memory write of a bulk copy is not probed"));
     let splice = shared_access_splice("__bpftime_probe_18", 90, &["cluster"]);
     let out = module
         .splice(&splice, Version::newest_for_driver(13000))
@@ -1487,7 +1703,7 @@ fn cluster_shared_accesses_are_probed_async_copies_read_global_and_the_rest_is_n
     );
     assert_eq!(
         out.matches("call (__bt_ret), __bpftime_probe_18").count(),
-        4
+        6
     );
     // The matrix load writes its address register's neighbours, not it: its probe runs
     // after it, in every lane (four matrices name 32 rows).
@@ -1520,7 +1736,7 @@ fn cluster_shared_accesses_are_probed_async_copies_read_global_and_the_rest_is_n
     let out = module
         .splice(&splice, Version::newest_for_driver(13000))
         .unwrap();
-    assert_eq!(out.matches("_end:\n}").count(), 2, "{out}");
+    assert_eq!(out.matches("_end:\n}").count(), 4, "{out}");
     assert_ptxas_accepts("cluster-ldst-inlined", &out);
 }
 
