@@ -1204,6 +1204,28 @@ fn shared_access_splice(symbol: &str, sm: u32, kernels: &[&str]) -> Splice {
     )
 }
 
+/// `module` spliced by `splice` with its probes called, then inlined: each output, with
+/// how many calls of `symbol` (or inlined bodies) it holds.
+fn called_and_inlined(
+    module: &PtxModule,
+    splice: &Splice,
+    symbol: &str,
+) -> [(bool, String, usize); 2] {
+    [false, true].map(|inline| {
+        let mut splice = splice.clone();
+        splice.inline = inline;
+        let out = module
+            .splice(&splice, Version::newest_for_driver(13000))
+            .unwrap();
+        let probes = if inline {
+            out.matches("_end:\n}").count()
+        } else {
+            out.matches(&format!("call (__bt_ret), {symbol}")).count()
+        };
+        (inline, out, probes)
+    })
+}
+
 /// The size-and-kind argument of an access, as `struct bpftime_gpu_access` reads it.
 fn access_word(kind: AccessKind, size: u32, space: AccessSpace) -> u64 {
     u64::from(size) | (kind as u64) << 32 | (space as u64) << 48
@@ -1420,18 +1442,8 @@ fn nvcc_async_copies_are_loads_of_their_buffers() {
     );
     assert!(k.unseen_accesses.is_empty(), "{:?}", k.unseen_accesses);
     assert_eq!(k.unseen_shared_accesses.len(), 2);
-    let name = k.name.clone();
-    for inline in [false, true] {
-        let mut splice = access_splice("__bpftime_probe_20", 90, &[name.as_str()]);
-        splice.inline = inline;
-        let out = module
-            .splice(&splice, Version::newest_for_driver(13000))
-            .unwrap();
-        let probes = if inline {
-            out.matches("_end:\n}").count()
-        } else {
-            out.matches("call (__bt_ret), __bpftime_probe_20").count()
-        };
+    let splice = access_splice("__bpftime_probe_20", 90, &[k.name.as_str()]);
+    for (inline, out, probes) in called_and_inlined(&module, &splice, "__bpftime_probe_20") {
         assert_eq!(probes, 3, "{out}");
         assert_ptxas_accepts(&format!("vec-add-async-{inline}"), &out);
     }
@@ -1581,18 +1593,8 @@ fn nvcc_bulk_copies_are_accesses_of_their_whole_size() {
         .unseen_shared_accesses
         .iter()
         .all(|m| m.contains("of a bulk copy is not probed")));
-    let name = k.name.clone();
-    for inline in [false, true] {
-        let mut splice = access_splice("__bpftime_probe_21", 90, &[name.as_str()]);
-        splice.inline = inline;
-        let out = module
-            .splice(&splice, Version::newest_for_driver(13000))
-            .unwrap();
-        let probes = if inline {
-            out.matches("_end:\n}").count()
-        } else {
-            out.matches("call (__bt_ret), __bpftime_probe_21").count()
-        };
+    let splice = access_splice("__bpftime_probe_21", 90, &[k.name.as_str()]);
+    for (inline, out, probes) in called_and_inlined(&module, &splice, "__bpftime_probe_21") {
         assert_eq!(probes, 9, "{out}");
         // Four copies sized by a register: each probe loops over the lanes.
         assert_eq!(
@@ -1767,13 +1769,8 @@ fn nvcc_matrix_loads_and_stores_are_rows() {
         "{:?}",
         k.unseen_shared_accesses
     );
-    let name = k.name.clone();
-    for inline in [false, true] {
-        let mut splice = shared_access_splice("__bpftime_probe_22", 90, &[name.as_str()]);
-        splice.inline = inline;
-        let out = module
-            .splice(&splice, Version::newest_for_driver(13000))
-            .unwrap();
+    let splice = shared_access_splice("__bpftime_probe_22", 90, &[k.name.as_str()]);
+    for (inline, out, _) in called_and_inlined(&module, &splice, "__bpftime_probe_22") {
         // The .x1 and .x2 loads of every turn test their lanes.
         assert_eq!(
             out.matches("mov.u32 %__btl, %laneid;").count(),
