@@ -953,7 +953,8 @@ impl Step {
             return Step::Barrier;
         };
         let pieces: Vec<&str> = opcode.split('.').collect();
-        if !PLAIN_OPCODES.contains(&pieces[0]) {
+        // `.cc` sets the carry flag a later `addc` reads, which calls would clobber.
+        if !PLAIN_OPCODES.contains(&pieces[0]) || pieces.contains(&"cc") {
             return Step::Barrier;
         }
         let ops = split_operands(operands);

@@ -1452,8 +1452,8 @@ fn nvcc_async_copies_are_loads_of_their_buffers() {
 /// An access's probe runs after the loads that follow it in the same straight run, so
 /// that they are in flight together, but never after a statement that reads what one of
 /// them loaded (the probe would wait for the load instead of running during it), nor
-/// after one that overwrites a register the probe reads, nor past a store; probes keep
-/// their accesses' order.
+/// after one that overwrites a register the probe reads, nor past a store or a carry;
+/// probes keep their accesses' order.
 #[test]
 fn probes_wait_for_the_next_loads_of_their_run_and_no_longer() {
     let text = "\
@@ -1529,6 +1529,38 @@ fn probes_wait_for_the_next_loads_of_their_run_and_no_longer() {
         .map(String::from)
     );
     assert_ptxas_accepts("runs", &out);
+
+    // Nor past a statement that sets the carry flag (`.cc`), which the probe's
+    // arithmetic could change before the `addc` that reads it.
+    let text = "\
+.version 8.0
+.target sm_80
+.address_size 64
+.visible .entry carry(.param .u64 p)
+{
+	.reg .b32 %r<8>;
+	.reg .b64 %rd<4>;
+	ld.param.u64 %rd1, [p];
+	ld.global.u32 %r1, [%rd1];
+	add.cc.u32 %r3, %r4, 1;
+	ld.global.u32 %r2, [%rd1+4];
+	addc.u32 %r5, %r6, 0;
+	st.global.u32 [%rd1+8], %r5;
+	ret;
+}
+";
+    let module = PtxModule::parse(text).unwrap();
+    let splice = access_splice("__bpftime_probe_24", 80, &["carry"]);
+    let out = module
+        .splice(&splice, Version::newest_for_driver(13000))
+        .unwrap();
+    let first = out.find("ld.global.u32 %r1").unwrap();
+    let carry = out.find("add.cc.u32").unwrap();
+    assert!(
+        out[first..carry].contains("call (__bt_ret), __bpftime_probe_24"),
+        "{out}"
+    );
+    assert_ptxas_accepts("carry", &out);
 }
 
 /// nvcc's vectorAdd moving its tiles by bulk copies (bpf-examples/cuda/vec_add.cu with
