@@ -232,6 +232,8 @@ struct AccessSite {
     /// bulk copy's), `size` then 0. A probe takes an access's size to be the same in
     /// every lane making the call, so such a site's probes run one lane at a time.
     size_reg: Option<String>,
+    /// The kernel's registers the calls read (see [`defer_calls`]).
+    reads: Vec<String>,
     /// PTX setting `%__bta6` to the (generic) address and `%__bta7`/`%__bta8` to the
     /// value written.
     prepare: String,
@@ -1007,16 +1009,7 @@ fn defer_calls(accesses: &mut [AccessSite], steps: &[Step]) {
         if !site.after {
             continue;
         }
-        let mut reads: Vec<&str> = registers_in(&site.prepare)
-            .into_iter()
-            .filter(|r| !r.starts_with("%__bt"))
-            .collect();
-        if let Some(g) = &site.guard {
-            reads.extend(registers_in(g));
-        }
-        if let Some(r) = &site.size_reg {
-            reads.push(r);
-        }
+        let reads = &site.reads;
         let mut call_at = site.end;
         let mut loads = 0;
         // Registers loads in the window write.
@@ -1034,7 +1027,7 @@ fn defer_calls(accesses: &mut [AccessSite], steps: &[Step]) {
             else {
                 break;
             };
-            if writes.iter().any(|w| reads.contains(&w.as_str()))
+            if writes.iter().any(|w| reads.contains(w))
                 || step_reads.iter().any(|r| loaded.contains(&r.as_str()))
             {
                 break;
@@ -1363,7 +1356,7 @@ fn access_site(
     // one-dimensional `cp.async.bulk`, and `cp.reduce.async.bulk` into global memory):
     // one access of `size` bytes of global memory by the thread that issues it.
     let bulk = bulk_copy(&pieces);
-    if let Some(BulkCopy::Copy { kind, .. }) = bulk {
+    if let Some(BulkCopy::Copy { kind }) = bulk {
         let side = match kind {
             AccessKind::Load => "write",
             _ => "read",
@@ -1387,37 +1380,35 @@ fn access_site(
             (pieces.contains(&"m8n8") && pieces.contains(&"b16")).then_some(8 * count)
         })
         .flatten();
-    let kind = match pieces[0] {
+    let kind = match (bulk, pieces[0]) {
+        (Some(BulkCopy::Copy { kind }), _) => kind,
+        (Some(BulkCopy::Prefetch), _) => return None,
+        (Some(BulkCopy::Tensor), _) => {
+            return Some(Err((
+                SiteSpace::Global,
+                format!(
+                    "`{statement}`: a tensor copy's global addresses are in its tensor map \
+                     (an opaque CUtensorMap), not in the statement, so it is not probed"
+                ),
+            )))
+        }
         _ if async_copy => AccessKind::Load,
-        _ if bulk.is_some() => match bulk {
-            Some(BulkCopy::Copy { kind }) => kind,
-            Some(BulkCopy::Prefetch) => return None,
-            _ => {
-                return Some(Err((
-                    SiteSpace::Global,
-                    format!(
-                        "`{statement}`: a tensor copy's global addresses are in its tensor map \
-                         (an opaque CUtensorMap), not in the statement, so it is not probed"
-                    ),
-                )))
-            }
-        },
-        "ld" | "ldu" => AccessKind::Load,
-        "st" => AccessKind::Store,
-        "ldmatrix" if matrix.is_some() => AccessKind::Load,
-        "stmatrix" if matrix.is_some() => AccessKind::Store,
-        "atom" => AccessKind::Atomic,
-        "red" => AccessKind::Reduction,
+        (_, "ld" | "ldu") => AccessKind::Load,
+        (_, "st") => AccessKind::Store,
+        (_, "ldmatrix") if matrix.is_some() => AccessKind::Load,
+        (_, "stmatrix") if matrix.is_some() => AccessKind::Store,
+        (_, "atom") => AccessKind::Atomic,
+        (_, "red") => AccessKind::Reduction,
         // Shared memory that other matrix loads and stores (shared memory whether named or
         // generic) and other copies read or write: not single accesses a probe's context
         // can describe, so said to be missed.
-        "ldmatrix" | "stmatrix" => {
+        (_, "ldmatrix" | "stmatrix") => {
             return Some(Err((
                 SiteSpace::Shared,
                 format!("`{statement}`: this shape of {} is not probed", pieces[0]),
             )));
         }
-        "cp" if pieces.iter().any(|p| p.starts_with("shared")) => {
+        (_, "cp") if pieces.iter().any(|p| p.starts_with("shared")) => {
             return Some(Err((
                 SiteSpace::Shared,
                 format!("`{statement}`: a {} is not probed", pieces[0]),
@@ -1535,6 +1526,15 @@ fn access_site(
         .into_iter()
         .chain(value.map_or(Vec::new(), |v| registers_in(v)))
         .collect();
+    // Everything the calls read of the kernel's registers: the address, the value, the
+    // size, the guard.
+    let reads = read
+        .iter()
+        .copied()
+        .chain(guard.as_deref().map_or(Vec::new(), registers_in))
+        .chain(size_reg.as_deref())
+        .map(str::to_string)
+        .collect();
     let end = stmt.last().map_or(stmt[0].2, |t| t.2);
     Some(Ok(AccessSite {
         start: stmt[0].1,
@@ -1548,6 +1548,7 @@ fn access_site(
         size,
         lanes: matrix.filter(|&n| n < 32),
         size_reg,
+        reads,
         prepare,
         base_reg,
         base_arg: None,
