@@ -10,7 +10,7 @@ use std::sync::{Arc, Mutex};
 
 use bpftime_isa::uapi::map_type;
 use bpftime_jit_ptx::ArrayMapLayout;
-use bpftime_runtime::Map;
+use bpftime_runtime::{Map, RecordOffer};
 
 use crate::arena::Arena;
 use crate::cuda::{Api, CudaError, DevicePtr, Handle};
@@ -178,7 +178,77 @@ enum SyncState {
         /// last ops it made.
         done: DevicePtr,
     },
-    Ring(RingReader),
+    Ring(RingReader, Backlog),
+}
+
+/// Records read off a device ring that the store's ring had no room for yet. A GPU's
+/// records reach the host in bursts (a launch's, read when it completes, or at a drain),
+/// where the kernel's producers are paced by their CPUs; and a perf event array's records
+/// go to the buffer of the CPU they name, which for all of a burst's `BPF_F_CURRENT_CPU`
+/// records is the one our reading thread runs on. Dropping what does not fit would lose
+/// records a consumer that keeps reading would have had (kernelretsnoop through a perf
+/// event array, 8192 records: 6553 arrived in 4 runs of 6 on an H200's 16-CPU host, none
+/// counted as lost). So they wait here, in order, and go first at the next read; only
+/// past [`Backlog::most`] bytes, or when the process exits and the consumer stops making
+/// room, are they given up, and counted as the store's ring counts what it drops.
+#[derive(Debug, Default)]
+pub(crate) struct Backlog {
+    held: std::collections::VecDeque<RingRecord>,
+    bytes: usize,
+    most: usize,
+}
+
+impl Backlog {
+    pub(crate) fn new(most: usize) -> Backlog {
+        Backlog {
+            most,
+            ..Backlog::default()
+        }
+    }
+
+    pub(crate) fn is_empty(&self) -> bool {
+        self.held.is_empty()
+    }
+
+    pub(crate) fn len(&self) -> usize {
+        self.held.len()
+    }
+
+    /// Delivers what is held, then `new`, in order, until the store's ring is full; keeps
+    /// the rest, up to `most` bytes, and gives up (`lose`) any record past that.
+    pub(crate) fn offer(
+        &mut self,
+        new: Vec<RingRecord>,
+        mut deliver: impl FnMut(&RingRecord) -> RecordOffer,
+        mut lose: impl FnMut(&RingRecord),
+    ) {
+        while let Some(r) = self.held.front() {
+            if deliver(r) == RecordOffer::Full {
+                break;
+            }
+            self.bytes -= r.data.len();
+            self.held.pop_front();
+        }
+        for r in new {
+            if self.held.is_empty() && deliver(&r) != RecordOffer::Full {
+                continue;
+            }
+            if self.bytes + r.data.len() > self.most {
+                lose(&r);
+                continue;
+            }
+            self.bytes += r.data.len();
+            self.held.push_back(r);
+        }
+    }
+
+    /// Gives up everything held.
+    pub(crate) fn give_up(&mut self, mut lose: impl FnMut(&RingRecord)) {
+        for r in self.held.drain(..) {
+            lose(&r);
+        }
+        self.bytes = 0;
+    }
 }
 
 /// What a push leaves for the launch's stream, before the launch.
@@ -440,7 +510,8 @@ impl Replica {
                 };
                 let reader = RingReader::new(mover, size, ring_shards(size, sm_count))?;
                 desc.ring = reader.ring;
-                SyncState::Ring(reader)
+                // As much as the device's ring holds.
+                SyncState::Ring(reader, Backlog::new(size as usize))
             }
         };
         let desc_addr = mover.alloc(std::mem::size_of::<GpuMapDesc>())?;
@@ -594,7 +665,7 @@ impl Replica {
                     ..Pushed::default()
                 })
             }
-            SyncState::Ring(_) => Ok(Pushed::default()),
+            SyncState::Ring(..) => Ok(Pushed::default()),
         }
     }
 
@@ -719,14 +790,12 @@ impl Replica {
                 }
                 Ok(())
             }
-            SyncState::Ring(reader) => {
+            SyncState::Ring(reader, backlog) => {
                 let (records, dropped) = reader.read(mover)?;
                 if dropped > 0 {
                     self.map.count_dropped(dropped);
                 }
-                for r in records {
-                    self.deliver(&r);
-                }
+                backlog.offer(records, |r| self.deliver(r), |r| self.lose(r));
                 Ok(())
             }
         }
@@ -810,31 +879,66 @@ impl Replica {
         Ok(())
     }
 
-    fn deliver(&self, record: &RingRecord) {
+    /// Records of a ring replica held back for want of room in the store's ring
+    /// ([`Backlog`]): tried again; with `give_up`, what still does not fit is counted as
+    /// dropped. How many are still held.
+    pub fn retry_held(&self, give_up: bool) -> usize {
+        let mut state = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        let SyncState::Ring(_, backlog) = &mut *state else {
+            return 0;
+        };
+        if backlog.is_empty() {
+            return 0;
+        }
+        backlog.offer(Vec::new(), |r| self.deliver(r), |r| self.lose(r));
+        if give_up {
+            backlog.give_up(|r| self.lose(r));
+        }
+        backlog.len()
+    }
+
+    /// Offers `record` to the store's ring: nothing is counted when it is full, as the
+    /// record is kept and offered again ([`Backlog`]).
+    fn deliver(&self, record: &RingRecord) -> RecordOffer {
+        let offer = match self.kind {
+            DeviceKind::Ringbuf => self.map.offer_record(0, &record.data),
+            DeviceKind::PerfEventArray => match perf_record(record) {
+                Some((flags, data)) => self.map.offer_record(flags, data),
+                None => RecordOffer::Refused(-(libc::EINVAL as i64)),
+            },
+            DeviceKind::Array | DeviceKind::Hash => RecordOffer::Taken,
+        };
+        if let RecordOffer::Refused(error) = offer {
+            if crate::session::may_log() {
+                tracing::debug!(map = self.map.id(), error, "the store refused a GPU record");
+            }
+        }
+        offer
+    }
+
+    /// A record given up: counted as the kernel counts what its ring had no room for (a
+    /// ring buffer's drop count; a perf buffer's lost records, which its consumer reads
+    /// before its next record).
+    fn lose(&self, record: &RingRecord) {
         match self.kind {
-            DeviceKind::Ringbuf => {
-                // SAFETY: the record's bytes, readable for their length.
-                let r = unsafe {
-                    self.map
-                        .ringbuf_output(record.data.as_ptr(), record.data.len() as u64, 0)
-                };
-                if r < 0 && crate::session::may_log() {
-                    tracing::debug!(
-                        map = self.map.id(),
-                        error = r,
-                        "store ring buffer full: GPU record dropped"
-                    );
-                }
-            }
             DeviceKind::PerfEventArray => {
-                if record.data.len() >= 8 {
-                    let flags = u64::from_le_bytes(record.data[..8].try_into().expect("8 bytes"));
-                    let _ = self.map.perf_event_output(flags, &record.data[8..]);
+                if let Some((flags, data)) = perf_record(record) {
+                    // Full, it counts the record as lost; with room again, it is taken.
+                    let _ = self.map.perf_event_output(flags, data);
                 }
             }
-            DeviceKind::Array | DeviceKind::Hash => {}
+            _ => self.map.count_dropped(1),
         }
     }
+}
+
+/// A perf event array's record as the device wrote it: the helper's flags, then the data.
+fn perf_record(record: &RingRecord) -> Option<(u64, &[u8])> {
+    let flags = record.data.get(..8)?;
+    Some((
+        u64::from_le_bytes(flags.try_into().expect("8 bytes")),
+        &record.data[8..],
+    ))
 }
 
 /// A device ring (`struct ring` of runtime.c: `shards` of them, each with its own space)
@@ -1418,6 +1522,106 @@ fn apply_store_change(map: &Map, change: StoreChange) -> bool {
 mod tests {
     use super::*;
     use bpftime_runtime::{MapSpec, Store};
+
+    fn records(from: u8, n: u8) -> Vec<RingRecord> {
+        (from..from + n)
+            .map(|i| RingRecord {
+                data: vec![i; 8],
+                raw: false,
+            })
+            .collect()
+    }
+
+    /// A store ring with room for `room` records until its consumer reads them.
+    struct Consumer {
+        room: usize,
+        queued: Vec<u8>,
+        read: Vec<u8>,
+    }
+
+    impl Consumer {
+        fn take(&mut self, r: &RingRecord) -> RecordOffer {
+            if self.queued.len() == self.room {
+                return RecordOffer::Full;
+            }
+            self.queued.push(r.data[0]);
+            RecordOffer::Taken
+        }
+
+        fn read_all(&mut self) {
+            self.read.append(&mut self.queued);
+        }
+    }
+
+    #[test]
+    fn records_a_full_ring_cannot_take_wait_and_arrive_in_order() {
+        let mut consumer = Consumer {
+            room: 3,
+            queued: Vec::new(),
+            read: Vec::new(),
+        };
+        let mut backlog = Backlog::new(1 << 20);
+        let mut lost = 0;
+        // A burst of ten into room for three, then four more while seven wait.
+        backlog.offer(records(0, 10), |r| consumer.take(r), |_| lost += 1);
+        assert_eq!((consumer.queued.len(), backlog.len()), (3, 7));
+        consumer.read_all();
+        backlog.offer(records(10, 4), |r| consumer.take(r), |_| lost += 1);
+        assert_eq!(
+            backlog.len(),
+            8,
+            "the new records wait behind the held ones"
+        );
+        while !backlog.is_empty() {
+            consumer.read_all();
+            backlog.offer(Vec::new(), |r| consumer.take(r), |_| lost += 1);
+        }
+        consumer.read_all();
+        assert_eq!(consumer.read, (0..14).collect::<Vec<u8>>());
+        assert_eq!(lost, 0);
+        // With room, records go straight through and nothing is held.
+        backlog.offer(records(14, 2), |r| consumer.take(r), |_| lost += 1);
+        assert_eq!(
+            (backlog.len(), consumer.queued.as_slice()),
+            (0, &[14, 15][..])
+        );
+    }
+
+    #[test]
+    fn a_backlog_past_its_bytes_loses_the_newest_and_gives_up_the_rest_when_told() {
+        let mut lost = Vec::new();
+        // Room for two 8-byte records held.
+        let mut backlog = Backlog::new(16);
+        backlog.offer(
+            records(0, 5),
+            |_| RecordOffer::Full,
+            |r| lost.push(r.data[0]),
+        );
+        assert_eq!(backlog.len(), 2);
+        assert_eq!(lost, [2, 3, 4]);
+        // A record the ring refuses for good (not for room) is not held.
+        backlog.offer(
+            Vec::new(),
+            |_| RecordOffer::Refused(-7),
+            |r| lost.push(r.data[0]),
+        );
+        assert!(backlog.is_empty());
+        backlog.offer(
+            records(5, 2),
+            |_| RecordOffer::Full,
+            |r| lost.push(r.data[0]),
+        );
+        backlog.give_up(|r| lost.push(r.data[0]));
+        assert!(backlog.is_empty());
+        assert_eq!(lost, [2, 3, 4, 5, 6]);
+        // Its bytes were given back with them.
+        backlog.offer(
+            records(7, 2),
+            |_| RecordOffer::Full,
+            |r| lost.push(r.data[0]),
+        );
+        assert_eq!(backlog.len(), 2);
+    }
 
     #[test]
     fn a_read_brings_each_shards_bytes_from_tail_to_head() {

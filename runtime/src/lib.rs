@@ -52,7 +52,7 @@ pub use lifetime::{hold, StoreLock};
 pub use maps::stack_trace::jhash2;
 pub use maps::{
     cpu_number_offset, possible_cpus, ringbuf_commit, ArrayValues, Map, MapSpec, PerCpuValues,
-    ENOTSUPP,
+    RecordOffer, ENOTSUPP,
 };
 pub use objects::{
     publish_btf, read_btf, LinkKind, LinkRecord, PerfEventKind, PerfEventRecord, ProgramRecord,

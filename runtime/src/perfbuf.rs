@@ -7,6 +7,7 @@
 
 use crate::layout::PAGE_SIZE;
 use crate::mapping::Mapping;
+use crate::maps::RecordOffer;
 use crate::store::Store;
 use crate::{Error, Result};
 use std::fs::OpenOptions;
@@ -138,12 +139,28 @@ impl PerfRing {
     /// Writes one `PERF_RECORD_SAMPLE` holding `data` as raw sample bytes.
     /// Returns false (and counts the loss) when the consumer is too far behind.
     pub fn output(&self, data: &[u8]) -> bool {
+        self.put_sample(data, true) == RecordOffer::Taken
+    }
+
+    /// [`PerfRing::output`] for a producer that keeps a record the ring has no room for
+    /// and offers it again later: a full ring counts no loss. A record this ring can never
+    /// hold is refused (`E2BIG`), and counted as `output` counts it.
+    pub fn try_output(&self, data: &[u8]) -> RecordOffer {
+        self.put_sample(data, false)
+    }
+
+    fn put_sample(&self, data: &[u8], count_lost: bool) -> RecordOffer {
         let c = self.control();
         let size = c.data_size;
         let raw = ((data.len() + 4 + 7) & !7) - 4;
         let rec = 8 + 4 + raw;
         if rec > u16::MAX as usize {
-            return false;
+            return RecordOffer::Refused(-(libc::E2BIG as i64));
+        }
+        // Larger than the whole ring: lost, whoever offers it.
+        if rec as u64 > size {
+            c.lost.fetch_add(1, Ordering::Relaxed);
+            return RecordOffer::Refused(-(libc::E2BIG as i64));
         }
         let _g = crate::maps::lock_word(&c.lock);
         let head = self.meta_u64(DATA_HEAD).load(Ordering::Relaxed);
@@ -151,8 +168,10 @@ impl PerfRing {
         let lost = c.lost.load(Ordering::Relaxed);
         let lost_len = if lost > 0 { 24 } else { 0 };
         if head + (rec + lost_len) as u64 - tail > size {
-            c.lost.fetch_add(1, Ordering::Relaxed);
-            return false;
+            if count_lost {
+                c.lost.fetch_add(1, Ordering::Relaxed);
+            }
+            return RecordOffer::Full;
         }
         let mut pos = head;
         let mut put = |bytes: &[u8]| {
@@ -182,7 +201,7 @@ impl PerfRing {
         put(data);
         put(&[0u8; 8][..raw - data.len()]);
         self.meta_u64(DATA_HEAD).store(pos, Ordering::Release);
-        true
+        RecordOffer::Taken
     }
 
     /// Wakes the consumer unless a wake-up is already pending.
@@ -211,5 +230,12 @@ impl PerfRing {
     /// Records lost since the last one written.
     pub fn lost(&self) -> u64 {
         self.control().lost.load(Ordering::Relaxed)
+    }
+
+    /// A consumer's reading of everything written: the tail moved to the head.
+    #[cfg(test)]
+    pub(crate) fn consume_all(&self) {
+        let head = self.meta_u64(DATA_HEAD).load(Ordering::Acquire);
+        self.meta_u64(DATA_TAIL).store(head, Ordering::Release);
     }
 }

@@ -293,6 +293,18 @@ impl Kind {
     }
 }
 
+/// What a ring did with a record offered by [`Map::offer_record`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RecordOffer {
+    /// Written, and the consumer woken.
+    Taken,
+    /// No room now; nothing was counted.
+    Full,
+    /// Refused for good, with the helper's error (a bad index, a record no ring of this
+    /// size can hold).
+    Refused(i64),
+}
+
 /// A process-local handle on a map in the store.
 pub struct Map {
     id: u32,
@@ -1174,9 +1186,54 @@ impl Map {
     /// `bpf_perf_event_output` on a perf_event_array: writes `data` to the ring
     /// of the event at `flags & BPF_F_INDEX_MASK` (or the current CPU's).
     pub fn perf_event_output(&self, flags: u64, data: &[u8]) -> i64 {
+        let ring = match self.perf_event_ring(flags) {
+            Ok(r) => r,
+            Err(e) => return e,
+        };
+        if !ring.output(data) {
+            return -(libc::ENOSPC as i64);
+        }
+        ring.wake();
+        0
+    }
+
+    /// A record offered to a ring buffer (`flags` 0) or a perf event array (`flags` as
+    /// `bpf_perf_event_output`'s) by a producer that keeps what does not fit and offers
+    /// it again: GPU records, which reach the host in bursts. Unlike the helpers, a full
+    /// ring counts no drop or loss for it.
+    pub fn offer_record(&self, flags: u64, data: &[u8]) -> RecordOffer {
+        if self.kind != Kind::Ringbuf {
+            return match self.perf_event_ring(flags) {
+                Ok(ring) => {
+                    let offer = ring.try_output(data);
+                    if offer == RecordOffer::Taken {
+                        ring.wake();
+                    }
+                    offer
+                }
+                Err(e) => RecordOffer::Refused(e),
+            };
+        }
+        if flags != 0 || ringbuf::record_len(data.len() as u64) > u64::from(self.max_entries()) {
+            return RecordOffer::Refused(-(libc::E2BIG as i64));
+        }
+        let rec = ringbuf::reserve_counting(self, data.len() as u64, 0, false);
+        if rec.is_null() {
+            return RecordOffer::Full;
+        }
+        // SAFETY: the record has room for the data's bytes.
+        unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), rec, data.len()) };
+        // SAFETY: `rec` came from reserve on this ring, not committed yet.
+        unsafe { ringbuf::commit(rec, 0, false) };
+        RecordOffer::Taken
+    }
+
+    /// The ring of the perf event `flags` names (`BPF_F_INDEX_MASK`, or the current
+    /// CPU's), or the helper's error.
+    fn perf_event_ring(&self, flags: u64) -> Result<std::sync::Arc<crate::PerfRing>, i64> {
         use bpftime_isa::uapi::{F_CURRENT_CPU, F_INDEX_MASK};
         if self.map_type() != map_type::PERF_EVENT_ARRAY || flags & !F_INDEX_MASK != 0 {
-            return -(libc::EINVAL as i64);
+            return Err(-(libc::EINVAL as i64));
         }
         let index = if flags & F_INDEX_MASK == F_CURRENT_CPU {
             current_cpu(self.header().ncpus) as u32
@@ -1184,33 +1241,21 @@ impl Map {
             (flags & F_INDEX_MASK) as u32
         };
         if index >= self.max_entries() {
-            return -(libc::E2BIG as i64);
+            return Err(-(libc::E2BIG as i64));
         }
         let Some(event) = self.id_at(index) else {
-            return -(libc::ENOENT as i64);
+            return Err(-(libc::ENOENT as i64));
         };
-        let ring = {
-            let mut rings = self.perf_rings.lock().unwrap_or_else(|p| p.into_inner());
-            match rings.get(&event) {
-                Some(r) => r.clone(),
-                None => {
-                    let dir = self.path.parent().unwrap_or(std::path::Path::new("/"));
-                    match crate::PerfRing::open(dir, event) {
-                        Ok(r) => {
-                            let r = std::sync::Arc::new(r);
-                            rings.insert(event, r.clone());
-                            r
-                        }
-                        Err(_) => return -(libc::ENOENT as i64),
-                    }
-                }
-            }
-        };
-        if !ring.output(data) {
-            return -(libc::ENOSPC as i64);
+        let mut rings = self.perf_rings.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(r) = rings.get(&event) {
+            return Ok(r.clone());
         }
-        ring.wake();
-        0
+        let dir = self.path.parent().unwrap_or(std::path::Path::new("/"));
+        let r = std::sync::Arc::new(
+            crate::PerfRing::open(dir, event).map_err(|_| -(libc::ENOENT as i64))?,
+        );
+        rings.insert(event, r.clone());
+        Ok(r)
     }
 
     /// `bpf_ringbuf_reserve`: a record of `size` bytes, or null when the ring is full.

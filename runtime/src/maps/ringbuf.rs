@@ -46,13 +46,24 @@ fn positions(base: *mut u8) -> (&'static AtomicU64, &'static AtomicU64) {
     }
 }
 
+/// The ring bytes a record of `size` bytes of data takes: its header, rounded up to 8.
+pub(super) fn record_len(size: u64) -> u64 {
+    (size + rb::HDR_SZ as u64 + 7) & !7
+}
+
 pub(super) fn reserve(map: &Map, size: u64, flags: u64) -> *mut u8 {
+    reserve_counting(map, size, flags, true)
+}
+
+/// [`reserve`], counting a full ring's refusal as a drop only with `count_drop` (a
+/// producer that keeps the record and offers it again counts nothing).
+pub(super) fn reserve_counting(map: &Map, size: u64, flags: u64, count_drop: bool) -> *mut u8 {
     let h = map.header();
     let ring = h.max_entries as u64;
     if flags != 0 || size > (u32::MAX / 4) as u64 {
         return std::ptr::null_mut();
     }
-    let len = (size + rb::HDR_SZ as u64 + 7) & !7;
+    let len = record_len(size);
     if len > ring {
         return std::ptr::null_mut();
     }
@@ -62,7 +73,9 @@ pub(super) fn reserve(map: &Map, size: u64, flags: u64) -> *mut u8 {
     let c = cons.load(Ordering::Acquire);
     let p = prod.load(Ordering::Relaxed);
     if p + len - c > ring {
-        h.dropped.fetch_add(1, Ordering::Relaxed);
+        if count_drop {
+            h.dropped.fetch_add(1, Ordering::Relaxed);
+        }
         return std::ptr::null_mut();
     }
     // SAFETY: (p & mask) < ring, and the data is followed by its second mapping,

@@ -284,6 +284,75 @@ fn ringbuf_records_wrap_and_drops_are_counted() {
     assert_eq!(consumed, expected);
 }
 
+/// GPU records reach the store in bursts and are kept and offered again while a ring is
+/// full (gpu-attach's backlog): an offer a full ring refuses counts no drop, where the
+/// helper's refusal does, and is taken once the consumer made room.
+#[test]
+fn an_offered_ringbuf_record_counts_no_drop_and_goes_in_once_there_is_room() {
+    let s = TempStore::new("offer-ringbuf");
+    let m = Map::create(&s, &spec(mt::RINGBUF, 0, 0, 4096)).unwrap();
+    let mut offered = 0u8;
+    while m.offer_record(0, &[offered; 100]) == RecordOffer::Taken {
+        offered += 1;
+    }
+    // 112 bytes each with the header: 36 fit.
+    assert_eq!(offered, 36);
+    assert_eq!(m.offer_record(0, &[offered; 100]), RecordOffer::Full);
+    assert_eq!(m.dropped(), 0);
+    // SAFETY: 100 readable bytes.
+    assert_eq!(
+        unsafe { m.ringbuf_output([0u8; 100].as_ptr(), 100, 0) },
+        -(libc::EAGAIN as i64)
+    );
+    assert_eq!(m.dropped(), 1);
+    let mut firsts = Vec::new();
+    m.ringbuf_drain(|r| firsts.push(r[0]));
+    assert_eq!(firsts, (0..36).collect::<Vec<u8>>());
+    assert_eq!(m.offer_record(0, &[36; 100]), RecordOffer::Taken);
+    // Never: larger than the ring, or with flags.
+    assert_eq!(
+        m.offer_record(0, &[0; 4096]),
+        RecordOffer::Refused(-(libc::E2BIG as i64))
+    );
+    assert!(matches!(
+        m.offer_record(1, &[0; 8]),
+        RecordOffer::Refused(_)
+    ));
+    assert_eq!(m.dropped(), 1);
+}
+
+#[test]
+fn an_offered_perf_sample_counts_no_loss_and_goes_in_once_there_is_room() {
+    let s = TempStore::new("offer-perf");
+    let m = Map::create(&s, &spec(mt::PERF_EVENT_ARRAY, 4, 4, 1)).unwrap();
+    // One metadata page and one data page.
+    crate::PerfRing::create(&s, 42, 2 * PAGE_SIZE).unwrap();
+    m.set_id(&0u32.to_ne_bytes(), 42, uf::ANY).unwrap();
+    let ring = crate::PerfRing::open(s.dir(), 42).unwrap();
+    let mut taken = 0;
+    while m.offer_record(0, &[7; 100]) == RecordOffer::Taken {
+        taken += 1;
+    }
+    // 112 bytes each (header, size word, data padded to 8): 36 fit in 4096.
+    assert_eq!(taken, 36);
+    assert_eq!(m.offer_record(0, &[7; 100]), RecordOffer::Full);
+    assert_eq!(ring.lost(), 0);
+    assert_eq!(m.perf_event_output(0, &[7; 100]), -(libc::ENOSPC as i64));
+    assert_eq!(ring.lost(), 1);
+    ring.consume_all();
+    // The lost record goes first, then the sample.
+    assert_eq!(m.offer_record(0, &[7; 100]), RecordOffer::Taken);
+    assert_eq!(ring.lost(), 0);
+    assert_eq!(
+        m.offer_record(0, &[7; 8192]),
+        RecordOffer::Refused(-(libc::E2BIG as i64))
+    );
+    assert_eq!(
+        m.offer_record(3, &[7; 8]),
+        RecordOffer::Refused(-(libc::E2BIG as i64))
+    );
+}
+
 #[test]
 fn rejects_bad_specs_like_the_kernel() {
     let s = TempStore::new("specs");
