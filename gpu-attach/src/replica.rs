@@ -880,9 +880,19 @@ impl Replica {
     }
 
     /// Records of a ring replica held back for want of room in the store's ring
-    /// ([`Backlog`]): tried again; with `give_up`, what still does not fit is counted as
-    /// dropped. How many are still held.
-    pub fn retry_held(&self, give_up: bool) -> usize {
+    /// ([`Backlog`]), offered again. How many are still held.
+    pub fn retry_held(&self) -> usize {
+        self.with_backlog(|_| ())
+    }
+
+    /// [`Replica::retry_held`], then what is still held given up and counted as dropped
+    /// (or lost). How many were given up.
+    pub fn give_up_held(&self) -> usize {
+        self.with_backlog(|b| b.give_up(|r| self.lose(r)))
+    }
+
+    /// Offers the backlog's records again, then `then` on it; its length before `then`.
+    fn with_backlog(&self, then: impl FnOnce(&mut Backlog)) -> usize {
         let mut state = self.state.lock().unwrap_or_else(|e| e.into_inner());
         let SyncState::Ring(_, backlog) = &mut *state else {
             return 0;
@@ -891,10 +901,9 @@ impl Replica {
             return 0;
         }
         backlog.offer(Vec::new(), |r| self.deliver(r), |r| self.lose(r));
-        if give_up {
-            backlog.give_up(|r| self.lose(r));
-        }
-        backlog.len()
+        let held = backlog.len();
+        then(backlog);
+        held
     }
 
     /// Offers `record` to the store's ring: nothing is counted when it is full, as the

@@ -3010,7 +3010,7 @@ impl GpuAttach {
         let mut least = usize::MAX;
         let mut since = Instant::now();
         loop {
-            let held: usize = rings.iter().map(|r| r.retry_held(false)).sum();
+            let held: usize = rings.iter().map(|r| r.retry_held()).sum();
             if held == 0 {
                 return;
             }
@@ -3022,11 +3022,7 @@ impl GpuAttach {
             }
             std::thread::sleep(Duration::from_millis(1));
         }
-        let mut lost = 0;
-        for r in &rings {
-            lost += r.retry_held(false);
-            r.retry_held(true);
-        }
+        let lost: usize = rings.iter().map(|r| r.give_up_held()).sum();
         if lost > 0 {
             // Also at exit, when tracing may be gone (`may_log`).
             eprintln!(

@@ -1217,15 +1217,12 @@ impl Map {
         if flags != 0 || ringbuf::record_len(data.len() as u64) > u64::from(self.max_entries()) {
             return RecordOffer::Refused(-(libc::E2BIG as i64));
         }
-        let rec = ringbuf::reserve_counting(self, data.len() as u64, 0, false);
-        if rec.is_null() {
-            return RecordOffer::Full;
+        // SAFETY: `data` is a slice of its length.
+        if unsafe { ringbuf::output(self, data.as_ptr(), data.len() as u64, 0, false) } {
+            RecordOffer::Taken
+        } else {
+            RecordOffer::Full
         }
-        // SAFETY: the record has room for the data's bytes.
-        unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), rec, data.len()) };
-        // SAFETY: `rec` came from reserve on this ring, not committed yet.
-        unsafe { ringbuf::commit(rec, 0, false) };
-        RecordOffer::Taken
     }
 
     /// The ring of the perf event `flags` names (`BPF_F_INDEX_MASK`, or the current
@@ -1274,21 +1271,12 @@ impl Map {
         if self.kind != Kind::Ringbuf {
             return -(libc::EINVAL as i64);
         }
-        let rec = ringbuf::reserve(
-            self,
-            size,
-            flags
-                & !(bpftime_isa::uapi::ringbuf::NO_WAKEUP
-                    | bpftime_isa::uapi::ringbuf::FORCE_WAKEUP),
-        );
-        if rec.is_null() {
-            return -(libc::EAGAIN as i64);
+        // SAFETY: `data` is readable for `size` bytes per the caller.
+        if unsafe { ringbuf::output(self, data, size, flags, true) } {
+            0
+        } else {
+            -(libc::EAGAIN as i64)
         }
-        // SAFETY: the record has room for `size` bytes; `data` is readable per the caller.
-        unsafe { std::ptr::copy_nonoverlapping(data, rec, size as usize) };
-        // SAFETY: `rec` came from reserve on this ring.
-        unsafe { ringbuf::commit(rec, flags, false) };
-        0
     }
 
     /// `bpf_ringbuf_query`.

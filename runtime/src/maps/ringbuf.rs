@@ -93,6 +93,35 @@ pub(super) fn reserve_counting(map: &Map, size: u64, flags: u64, count_drop: boo
     unsafe { hdr.add(rb::HDR_SZ as usize) }
 }
 
+/// Writes a record of `size` bytes from `data` and submits it: `bpf_ringbuf_output`, and
+/// a producer's offer that counts no drop when the ring is full (`count_drop` false).
+/// False when there is no room.
+///
+/// # Safety
+/// `data` must point to `size` readable bytes.
+pub(super) unsafe fn output(
+    map: &Map,
+    data: *const u8,
+    size: u64,
+    flags: u64,
+    count_drop: bool,
+) -> bool {
+    let rec = reserve_counting(
+        map,
+        size,
+        flags & !(rb::NO_WAKEUP | rb::FORCE_WAKEUP),
+        count_drop,
+    );
+    if rec.is_null() {
+        return false;
+    }
+    // SAFETY: the record has room for `size` bytes; `data` is readable per the caller.
+    unsafe { std::ptr::copy_nonoverlapping(data, rec, size as usize) };
+    // SAFETY: `rec` came from reserve on this ring, not committed yet.
+    unsafe { commit(rec, flags, false) };
+    true
+}
+
 /// Submits (or discards) a record returned by `reserve`.
 ///
 /// # Safety
