@@ -235,7 +235,40 @@ impl PerfRing {
     /// A consumer's reading of everything written: the tail moved to the head.
     #[cfg(test)]
     pub(crate) fn consume_all(&self) {
+        self.consume(|_| {}, |_| {});
+    }
+
+    /// Reads what is written, as a consumer does: each sample's bytes to `sample`, each
+    /// lost record's count to `lost`; then moves the tail past them.
+    #[cfg(test)]
+    pub(crate) fn consume(&self, mut sample: impl FnMut(&[u8]), mut lost: impl FnMut(u64)) {
+        let size = self.control().data_size;
         let head = self.meta_u64(DATA_HEAD).load(Ordering::Acquire);
-        self.meta_u64(DATA_TAIL).store(head, Ordering::Release);
+        let mut tail = self.meta_u64(DATA_TAIL).load(Ordering::Relaxed);
+        let byte = |at: u64| {
+            // SAFETY: data pages follow the metadata page; the index is taken modulo their size.
+            unsafe {
+                *self
+                    .mapping
+                    .base()
+                    .add(2 * PAGE_SIZE + (at % size) as usize)
+            }
+        };
+        let bytes = |at: u64, n: usize| (0..n as u64).map(|i| byte(at + i)).collect::<Vec<u8>>();
+        let word = |at: u64| u64::from_ne_bytes(bytes(at, 8).try_into().expect("8 bytes"));
+        while tail < head {
+            let kind = u32::from_ne_bytes(bytes(tail, 4).try_into().expect("4 bytes"));
+            let len = u16::from_ne_bytes(bytes(tail + 6, 2).try_into().expect("2 bytes"));
+            match kind {
+                RECORD_SAMPLE => {
+                    let raw = u32::from_ne_bytes(bytes(tail + 8, 4).try_into().expect("4 bytes"));
+                    sample(&bytes(tail + 12, raw as usize));
+                }
+                RECORD_LOST => lost(word(tail + 16)),
+                other => panic!("record type {other} in a perf ring"),
+            }
+            tail += u64::from(len);
+        }
+        self.meta_u64(DATA_TAIL).store(tail, Ordering::Release);
     }
 }
