@@ -87,8 +87,10 @@ struct ring {
 
 static struct ring *ring_shard(struct ring *r)
 {
-    u64 n = r->shards;
-    return n > 1 ? r + __nvvm_read_ptx_sreg_smid() % n : r;
+    /* The count is at most the SM count: a 32-bit remainder, where a 64-bit one is a
+     * call of its own, whose registers every kernel that writes records pays for. */
+    u32 n = (u32)r->shards;
+    return n > 1 ? r + (u32)__nvvm_read_ptx_sreg_smid() % n : r;
 }
 
 struct gpu_map {

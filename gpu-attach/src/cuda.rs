@@ -167,6 +167,8 @@ api! {
     module_load_data: "cuModuleLoadData" fn(*mut Handle, *const c_void);
     module_get_function: "cuModuleGetFunction" fn(*mut Handle, Handle, *const c_char);
     module_get_global: "cuModuleGetGlobal_v2" fn(*mut DevicePtr, *mut usize, Handle, *const c_char);
+    module_unload: "cuModuleUnload" fn(Handle);
+    func_get_attribute: "cuFuncGetAttribute" fn(*mut c_int, c_int, Handle);
     mem_alloc: "cuMemAlloc_v2" fn(*mut DevicePtr, usize);
     mem_host_alloc: "cuMemHostAlloc" fn(*mut *mut c_void, usize, c_uint);
     memcpy_htod_async: "cuMemcpyHtoDAsync_v2" fn(DevicePtr, *const c_void, usize, Handle);

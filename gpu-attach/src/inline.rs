@@ -111,6 +111,12 @@ impl InlineBody {
         })
     }
 
+    /// Whether the body calls functions of its own (the ring writers): those stay out of
+    /// line wherever the body goes.
+    pub fn calls_out(&self) -> bool {
+        self.lines.iter().any(|l| l.starts_with("call"))
+    }
+
     /// Statements one instance adds.
     pub fn statements(&self) -> usize {
         self.lines.len()

@@ -252,6 +252,8 @@ pub struct Kernel {
     pub params: Vec<Param>,
     /// Byte offset of the `.entry` directive (or the linkage before it) in the module.
     start: usize,
+    /// The register limit its `.maxnreg` directive sets, if it has one.
+    pub maxnreg: Option<u32>,
     /// Byte offsets of the body's `{` and its matching `}`.
     body_open: usize,
     body_close: usize,
@@ -596,6 +598,26 @@ impl PtxModule {
         self.kernels.iter().find(|k| k.name == name)
     }
 
+    /// The module with each `(kernel, cap)` of `caps` limited to `cap` registers a thread
+    /// (`.maxnreg`, before its body); a kernel with a `.maxnreg` of its own keeps it.
+    pub fn with_register_caps(&self, caps: &[(String, u32)]) -> Result<String, PtxError> {
+        let mut edits = Vec::new();
+        for (name, cap) in caps {
+            let kernel = self
+                .kernel(name)
+                .ok_or_else(|| PtxError::NoSuchKernel(name.clone()))?;
+            if kernel.maxnreg.is_none() {
+                edits.push((kernel.body_open, format!(".maxnreg {cap}\n")));
+            }
+        }
+        edits.sort_by_key(|e| std::cmp::Reverse(e.0));
+        let mut out = self.text.clone();
+        for (at, inserted) in edits {
+            out.insert_str(at, &inserted);
+        }
+        Ok(out)
+    }
+
     /// Writes the module with `splice` applied. `driver_limit` is the newest PTX ISA the
     /// driver accepts: the module's `.version` is raised to what the definitions need, never
     /// past it.
@@ -810,7 +832,11 @@ fn parse_kernel(
         i = close + 1;
     }
     // Performance directives, then the body or a `;`.
+    let mut maxnreg = None;
     while i < toks.len() && !matches!(toks[i].0, Tok::Punct(b'{') | Tok::Punct(b';')) {
+        if w(i) == Some(".maxnreg") {
+            maxnreg = w(i + 1).and_then(|n| n.parse().ok());
+        }
         i += 1;
     }
     match toks.get(i) {
@@ -904,6 +930,7 @@ fn parse_kernel(
             name,
             params,
             start,
+            maxnreg,
             body_open,
             body_close,
             exits,

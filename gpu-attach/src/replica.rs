@@ -8,7 +8,7 @@ use std::ffi::c_void;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
-use bpftime_isa::uapi::map_type;
+use bpftime_isa::uapi::{map_type, F_CURRENT_CPU};
 use bpftime_jit_ptx::ArrayMapLayout;
 use bpftime_runtime::{Map, RecordOffer};
 
@@ -296,6 +296,9 @@ pub(crate) struct Replica {
     shadow_changes: AtomicU64,
     /// An array's staging memory, `None` where page-locked memory was refused.
     staging: std::sync::OnceLock<Option<Pinned>>,
+    /// A ring's records the device dropped for want of room, not yet said
+    /// ([`Replica::take_device_dropped`]).
+    device_dropped: AtomicU64,
     state: Mutex<SyncState>,
 }
 
@@ -390,8 +393,11 @@ impl ShardWindow {
 }
 
 /// Default size of the device ring of a perf event array (the kernel's rings are per
-/// CPU, sized by the consumer; ours is one ring the host splits by CPU index).
-const PERF_RING_BYTES: u64 = 1 << 20;
+/// CPU, sized by the consumer; ours is one ring the host splits by CPU index). It is
+/// split in shards by SM ([`ring_shards`]), and a launch's records arrive all at once: at
+/// 1 MiB (16 shards of 64 KiB on an H200), a launch of 65536 threads with a record each
+/// lost two in three of them. 16 MiB is 128 KiB a shard: several such launches.
+pub(crate) const PERF_RING_BYTES: u64 = 1 << 24;
 
 impl Replica {
     /// Makes the replica of `map` with the store's current contents, for a device of
@@ -522,6 +528,7 @@ impl Replica {
             compact: AtomicBool::new(false),
             shadow_changes: AtomicU64::new(0),
             staging: std::sync::OnceLock::new(),
+            device_dropped: AtomicU64::new(0),
             map,
             kind,
             desc_addr,
@@ -793,7 +800,8 @@ impl Replica {
             SyncState::Ring(reader, backlog) => {
                 let (records, dropped) = reader.read(mover)?;
                 if dropped > 0 {
-                    self.map.count_dropped(dropped);
+                    self.device_dropped.fetch_add(dropped, Ordering::Relaxed);
+                    self.lose_dropped(dropped);
                 }
                 backlog.offer(records, |r| self.deliver(r), |r| self.lose(r));
                 Ok(())
@@ -923,6 +931,22 @@ impl Replica {
             }
         }
         offer
+    }
+
+    /// `n` records the device dropped, counted as given-up ones are ([`Replica::lose`]).
+    /// Their perf flags were never written: they count as lost in the buffer of the CPU
+    /// `BPF_F_CURRENT_CPU` names here, where such records go.
+    fn lose_dropped(&self, n: u64) {
+        match self.kind {
+            DeviceKind::PerfEventArray => self.map.count_lost_records(F_CURRENT_CPU, n),
+            _ => self.map.count_dropped(n),
+        }
+    }
+
+    /// The records the device dropped since the last call: what a consumer may not have
+    /// been told (a perf buffer says what it lost only before its next record).
+    pub fn take_device_dropped(&self) -> u64 {
+        self.device_dropped.swap(0, Ordering::Relaxed)
     }
 
     /// A record given up: counted as the kernel counts what its ring had no room for (a

@@ -9,8 +9,8 @@ use support::{assert_ptxas_accepts, assert_ptxas_accepts_for, kernel_named, nvcc
 
 use bpftime_gpu_attach::fatbin::{self, EntryKind, FatbinError, Image, FLAG_ZSTD};
 use bpftime_gpu_attach::ptx::{
-    AccessKind, AccessSpace, ParamType, ProbeCall, ProbePoint, PtxModule, SiteSpace, Splice,
-    Version,
+    AccessKind, AccessSpace, ParamType, ProbeCall, ProbePoint, PtxError, PtxModule, SiteSpace,
+    Splice, Version,
 };
 use bpftime_isa::asm::assemble;
 use bpftime_jit_ptx::{compile, PtxOptions, PtxVersion, StandardGpuEnv};
@@ -377,6 +377,37 @@ fn predicated_labelled_and_nested_exits_all_call_the_exit_probe() {
     assert!(out.contains(".reqntid 64, 1, 1") && out.contains(".maxnreg 40"));
     assert!(out.contains(".version 8.0"), "{out}");
     assert_ptxas_accepts("exits", &out);
+}
+
+/// A register cap (what a session asks for when a probe's out-of-line call raised a
+/// kernel's registers) goes before the named kernel's body, and only there; a kernel
+/// with a `.maxnreg` of its own keeps it; ptxas takes the result.
+#[test]
+fn register_caps_go_on_the_named_kernels_and_spare_their_own_limits() {
+    let module = nvcc_module();
+    let vector_add = "_Z9vectorAddPKfS0_Pfi";
+    assert_eq!(kernel_named(&module, vector_add).maxnreg, None);
+    let capped = module
+        .with_register_caps(&[(vector_add.to_string(), 40)])
+        .unwrap();
+    let again = PtxModule::parse(&capped).unwrap();
+    for k in &again.kernels {
+        let want = (k.name == vector_add).then_some(40);
+        assert_eq!(k.maxnreg, want, "{}", k.name);
+    }
+    assert_eq!(capped.matches(".maxnreg").count(), 1, "{capped}");
+    assert_ptxas_accepts("register-cap", &capped);
+
+    let own = PtxModule::parse(&String::from_utf8(read("exits.ptx")).unwrap()).unwrap();
+    assert_eq!(kernel_named(&own, "exits").maxnreg, Some(40));
+    let kept = own
+        .with_register_caps(&[("exits".to_string(), 32)])
+        .unwrap();
+    assert_eq!(kept.matches(".maxnreg").count(), 1, "{kept}");
+    assert!(matches!(
+        own.with_register_caps(&[("nowhere".to_string(), 32)]),
+        Err(PtxError::NoSuchKernel(_))
+    ));
 }
 
 #[test]

@@ -192,7 +192,9 @@ impl PerfRing {
             put(&24u16.to_ne_bytes());
             put(&0u64.to_ne_bytes());
             put(&lost.to_ne_bytes());
-            c.lost.store(0, Ordering::Relaxed);
+            // Not a store of 0: a loss counted meanwhile without the lock (`count_lost`,
+            // or a record too large for the ring) waits for the next record.
+            c.lost.fetch_sub(lost, Ordering::Relaxed);
         }
         put(&RECORD_SAMPLE.to_ne_bytes());
         put(&0u16.to_ne_bytes());
@@ -225,6 +227,13 @@ impl PerfRing {
 
     pub fn fifo_fd(&self) -> RawFd {
         self.fifo.as_raw_fd()
+    }
+
+    /// Counts `n` records lost that never reached this ring (a producer's own buffer was
+    /// full): its consumer reads them in the lost record before the next sample, as it
+    /// reads this ring's own losses.
+    pub fn count_lost(&self, n: u64) {
+        self.control().lost.fetch_add(n, Ordering::Relaxed);
     }
 
     /// Records lost since the last one written.

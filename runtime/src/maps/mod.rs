@@ -1225,6 +1225,17 @@ impl Map {
         }
     }
 
+    /// Counts `n` records a producer dropped before they reached this map (a GPU's ring,
+    /// full): a perf event array's as lost records of the ring `flags` names (as
+    /// [`Map::offer_record`]'s), which its consumer reads before that ring's next sample;
+    /// a ring buffer's, or where `flags` names no open ring, in the map's drop count.
+    pub fn count_lost_records(&self, flags: u64, n: u64) {
+        match self.perf_event_ring(flags) {
+            Ok(ring) => ring.count_lost(n),
+            Err(_) => self.count_dropped(n),
+        }
+    }
+
     /// The ring of the perf event `flags` names (`BPF_F_INDEX_MASK`, or the current
     /// CPU's), or the helper's error.
     fn perf_event_ring(&self, flags: u64) -> Result<std::sync::Arc<crate::PerfRing>, i64> {

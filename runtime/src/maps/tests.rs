@@ -353,6 +353,39 @@ fn an_offered_perf_sample_counts_no_loss_and_goes_in_once_there_is_room() {
     );
 }
 
+/// Records a producer dropped before they reached the map (a GPU's full ring): a perf
+/// consumer reads their count in a lost record before the ring's next sample, as it
+/// reads the ring's own losses; a ring buffer counts them as dropped; a perf event
+/// array with no ring at the CPU they name counts them as dropped too, not nowhere.
+#[test]
+fn records_lost_before_the_map_reach_the_consumer_as_lost_or_dropped() {
+    let s = TempStore::new("lost-before");
+    let perf = Map::create(&s, &spec(mt::PERF_EVENT_ARRAY, 4, 4, 1)).unwrap();
+    crate::PerfRing::create(&s, 43, 2 * PAGE_SIZE).unwrap();
+    perf.set_id(&0u32.to_ne_bytes(), 43, uf::ANY).unwrap();
+    let ring = crate::PerfRing::open(s.dir(), 43).unwrap();
+    perf.count_lost_records(0, 5);
+    assert_eq!(perf.offer_record(0, &[1; 8]), RecordOffer::Taken);
+    perf.count_lost_records(0, 2);
+    assert_eq!(perf.perf_event_output(0, &[2; 8]), 0);
+    let seen = std::cell::RefCell::new(Vec::new());
+    ring.consume(
+        |d| seen.borrow_mut().push(format!("sample {}", d[0])),
+        |n| seen.borrow_mut().push(format!("lost {n}")),
+    );
+    assert_eq!(
+        seen.into_inner(),
+        ["lost 5", "sample 1", "lost 2", "sample 2"]
+    );
+    assert_eq!(perf.dropped(), 0);
+    perf.count_lost_records(1, 3);
+    assert_eq!(perf.dropped(), 3);
+
+    let rb = Map::create(&s, &spec(mt::RINGBUF, 0, 0, 4096)).unwrap();
+    rb.count_lost_records(0, 4);
+    assert_eq!(rb.dropped(), 4);
+}
+
 #[test]
 fn rejects_bad_specs_like_the_kernel() {
     let s = TempStore::new("specs");
@@ -657,6 +690,77 @@ fn arrays_of_ids_take_bpf_any_only() {
         libc::E2BIG
     );
     m.set_id(&2u32.to_ne_bytes(), 7, uf::ANY).unwrap();
+}
+
+/// Losses counted from outside a perf buffer (a GPU ring's drops, `count_lost_records`)
+/// while helpers write into it from other threads and a consumer reads it as fast as it
+/// can: every loss and every record is told to the consumer once, none twice, none
+/// wiped by a lost record written meanwhile.
+#[test]
+fn losses_counted_beside_writers_all_reach_the_consumer_once() {
+    const WRITERS: u64 = 3;
+    const RECORDS: u64 = 50_000;
+    const COUNTERS: u64 = 2;
+    const COUNTS: u64 = 50_000;
+    let s = TempStore::new("lost-stress");
+    let perf = Map::create(&s, &spec(mt::PERF_EVENT_ARRAY, 4, 4, 1)).unwrap();
+    crate::PerfRing::create(&s, 44, 2 * PAGE_SIZE).unwrap();
+    perf.set_id(&0u32.to_ne_bytes(), 44, uf::ANY).unwrap();
+    let ring = crate::PerfRing::open(s.dir(), 44).unwrap();
+    let done = std::sync::atomic::AtomicBool::new(false);
+    let (mut samples, mut told) = (0u64, 0u64);
+    let (written, counted) = std::thread::scope(|scope| {
+        let writers: Vec<_> = (0..WRITERS)
+            .map(|_| {
+                let perf = &perf;
+                scope.spawn(move || {
+                    (0..RECORDS)
+                        .filter(|i| perf.perf_event_output(0, &i.to_ne_bytes()) == 0)
+                        .count() as u64
+                })
+            })
+            .collect();
+        let counters: Vec<_> = (0..COUNTERS)
+            .map(|c| {
+                let perf = &perf;
+                scope.spawn(move || {
+                    let mut n = 0;
+                    for i in 0..COUNTS {
+                        let k = 1 + (i + c) % 3;
+                        perf.count_lost_records(0, k);
+                        n += k;
+                    }
+                    n
+                })
+            })
+            .collect();
+        let reader = scope.spawn(|| {
+            let (mut samples, mut told) = (0u64, 0u64);
+            loop {
+                let finished = done.load(std::sync::atomic::Ordering::Acquire);
+                ring.consume(|_| samples += 1, |n| told += n);
+                if finished {
+                    return (samples, told);
+                }
+            }
+        });
+        let written: u64 = writers.into_iter().map(|w| w.join().unwrap()).sum();
+        let counted: u64 = counters.into_iter().map(|c| c.join().unwrap()).sum();
+        done.store(true, std::sync::atomic::Ordering::Release);
+        (samples, told) = reader.join().unwrap();
+        (written, counted)
+    });
+    let refused = WRITERS * RECORDS - written;
+    assert_eq!(samples, written, "every record written is read once");
+    assert_eq!(
+        told + ring.lost(),
+        counted + refused,
+        "every loss, counted outside or by a full ring, is told once or still pending"
+    );
+    assert!(
+        refused > 0 && told > 0,
+        "the ring was full at times: {refused} refused, {told} told"
+    );
 }
 
 /// Records per producer of the offer stress test, its producer threads per process, and
