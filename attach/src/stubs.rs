@@ -22,6 +22,10 @@
 //! (System V ABI): it reads the status flags for `PtRegs::flags` with `lahf`/`seto` and
 //! restores none, which saves `pushfq` and the restore sequence, about 2 ns per hit.
 //!
+//! `return_stub` reads the flags as `function_entry_stub` does and restores none either: a
+//! hijacked return is a function's return, where the status flags are dead and DF is clear
+//! too; `pushfq` and the restore sequence cost about 2 ns of each uretprobe hit.
+//!
 //! When a site's only handler is code (`hook::DirectCall`), the entry stubs test and set
 //! the per-thread flag in static TLS themselves and call the code directly, saving the
 //! vector registers only if it may change them: a counting program then costs neither the
@@ -277,7 +281,7 @@ std::arch::global_asm!(
     "bpftime_attach_return_stub:",
     // A slot for the real return address, filled from what `on_return` answers.
     "push 0",
-    save_pushed_flags!(),
+    read_flags!(),
     save_registers!(),
     // The caller's sp after the return: above PtRegs+xmm (424), flags (8), the slot (8).
     "lea rax, [rsp + 440]",
@@ -291,7 +295,6 @@ std::arch::global_asm!(
     "mov rsp, rbx",
     "mov [rsp + 432], rax",
     restore_vectors!(),
-    restore_flags!(),
     restore_registers!(),
     // Not `ret`: the hooked function's own `ret` already consumed its return-stack-buffer
     // entry, so a second `ret` would be mispredicted here and leave every later return of the

@@ -7,7 +7,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, Once};
 
 use bpftime_attach::{
-    attach_uprobe, attach_uprobe_code, detach, never_run_handlers_on_this_thread,
+    attach_uprobe, attach_uprobe_code, attach_uretprobe, detach, never_run_handlers_on_this_thread,
     use_static_tls_flag, AttachError, CodeHandler, Handler, HookAddress, PtRegs,
 };
 
@@ -149,6 +149,13 @@ std::arch::global_asm!(
     "add rax, rbx",
     "pop rbx",
     "ret",
+    // Returns its first argument with the flags of comparing it to its second live at
+    // the return.
+    ".globl bpftime_test_cmp_then_return",
+    "bpftime_test_cmp_then_return:",
+    "mov rax, rdi",
+    "cmp rdi, rsi",
+    "ret",
     // Compares its first two arguments, then calls the third with the flags of that
     // comparison live at the callee's entry.
     ".globl bpftime_test_cmp_then_call",
@@ -170,6 +177,7 @@ extern "C" {
     fn bpftime_test_leaf();
     fn bpftime_test_scratch_kept(x: u64) -> u64;
     fn bpftime_test_cmp_then_call(a: u64, b: u64, f: extern "C" fn());
+    fn bpftime_test_cmp_then_return(a: u64, b: u64) -> u64;
 }
 
 fn code(entry: CodeEntry, cell: &Arc<AtomicU64>, keeps_vector_registers: bool) -> CodeHandler {
@@ -361,6 +369,41 @@ fn function_entry_hooks_report_the_status_flags_live_at_the_call() {
                 "DF is clear at a function entry: {flags:#x}"
             );
         }
+    }
+}
+
+/// The return stub reads the flags as the function-entry stub does (restoring none, as
+/// they are dead at a return): a uretprobe's handler sees the status flags live at the
+/// return, and the function's return value is the caller's.
+#[test]
+fn uretprobes_report_the_status_flags_live_at_the_return() {
+    with_flag();
+    let cases = [
+        (1u64, 2u64),
+        (2, 1),
+        (5, 5),
+        (i64::MIN as u64, 1),
+        (i64::MAX as u64, u64::MAX),
+        (0x10, 0x01),
+    ];
+    let f = addr(bpftime_test_cmp_then_return as *const ());
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    let s = seen.clone();
+    let closure: Handler = Arc::new(move |r: &mut PtRegs| s.lock().unwrap().push((r.flags, r.ax)));
+    // SAFETY: a whole assembly function of this binary, entered by call, returning by `ret`.
+    let id = unsafe { attach_uretprobe(f, closure) }.unwrap();
+    for &(a, b) in &cases {
+        // SAFETY: plain assembly: moves, compares and returns.
+        let r = unsafe { bpftime_test_cmp_then_return(a, b) };
+        assert_eq!(r, a, "the return value");
+    }
+    detach(id).unwrap();
+    let seen = seen.lock().unwrap().clone();
+    assert_eq!(seen.len(), cases.len());
+    for ((flags, ax), &(a, b)) in seen.iter().zip(&cases) {
+        assert_eq!(flags & STATUS, status_flags_of_cmp(a, b), "{flags:#x}");
+        assert_eq!(flags & 0x202, 0x202, "IF and bit 1 are set: {flags:#x}");
+        assert_eq!(*ax, a, "rax as returned");
     }
 }
 
