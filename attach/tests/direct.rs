@@ -313,18 +313,21 @@ fn status_flags_of_cmp(a: u64, b: u64) -> u64 {
 
 const STATUS: u64 = 0x800 | 0x80 | 0x40 | 0x10 | 0x4 | 0x1;
 
+/// Pairs whose `cmp` sets each status flag, OF included, and clears it.
+const CMP_CASES: [(u64, u64); 7] = [
+    (1, 2),
+    (2, 1),
+    (5, 5),
+    (i64::MIN as u64, 1),
+    (i64::MAX as u64, u64::MAX),
+    (0x10, 0x01),
+    (0, 0x8000_0000_0000_0000),
+];
+
 #[test]
 fn function_entry_hooks_report_the_status_flags_live_at_the_call() {
     with_flag();
-    let cases = [
-        (1u64, 2u64),
-        (2, 1),
-        (5, 5),
-        (i64::MIN as u64, 1),
-        (i64::MAX as u64, u64::MAX),
-        (0x10, 0x01),
-        (0, 0x8000_0000_0000_0000),
-    ];
+    let cases = CMP_CASES;
     let expected: Vec<u64> = cases
         .iter()
         .map(|&(a, b)| status_flags_of_cmp(a, b))
@@ -378,14 +381,7 @@ fn function_entry_hooks_report_the_status_flags_live_at_the_call() {
 #[test]
 fn uretprobes_report_the_status_flags_live_at_the_return() {
     with_flag();
-    let cases = [
-        (1u64, 2u64),
-        (2, 1),
-        (5, 5),
-        (i64::MIN as u64, 1),
-        (i64::MAX as u64, u64::MAX),
-        (0x10, 0x01),
-    ];
+    let cases = CMP_CASES;
     let f = addr(bpftime_test_cmp_then_return as *const ());
     let seen = Arc::new(Mutex::new(Vec::new()));
     let s = seen.clone();

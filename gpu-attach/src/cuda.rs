@@ -7,7 +7,7 @@
 //! detours, the session's [`Api`] holds the originals, so that our own calls never come
 //! back through our replacements.
 
-use std::ffi::{c_char, c_int, c_uint, c_void, CStr};
+use std::ffi::{c_char, c_int, c_uint, c_void, CStr, CString};
 
 /// `CUresult`.
 pub type CuResult = c_uint;
@@ -381,6 +381,31 @@ impl Api {
                 name: self.error_name(code),
             })
         }
+    }
+
+    /// Loads the PTX `text` as a module in the current context: its handle, or the
+    /// driver's error code (`CUDA_ERROR_INVALID_VALUE` for text holding a NUL).
+    pub fn load_ptx(&self, text: &str) -> Result<Handle, CuResult> {
+        /// `CUDA_ERROR_INVALID_VALUE`.
+        const INVALID_VALUE: CuResult = 1;
+        let source = CString::new(text).map_err(|_| INVALID_VALUE)?;
+        let mut module = 0;
+        // SAFETY: a NUL-terminated PTX module; writes one module handle.
+        let r = unsafe { (self.module_load_data)(&mut module, source.as_ptr().cast()) };
+        if r == CUDA_SUCCESS {
+            Ok(module)
+        } else {
+            Err(r)
+        }
+    }
+
+    /// The function `name` of `module`, if it has one.
+    pub fn module_function(&self, module: Handle, name: &str) -> Option<Handle> {
+        let name = CString::new(name).ok()?;
+        let mut f = 0;
+        // SAFETY: a NUL-terminated name; writes one function handle.
+        let r = unsafe { (self.module_get_function)(&mut f, module, name.as_ptr()) };
+        (r == CUDA_SUCCESS).then_some(f)
     }
 
     /// The current context (0 for none).

@@ -2413,31 +2413,26 @@ impl GpuAttach {
             tracing::info!(path = %path.display(), "instrumented PTX written");
         }
         let compile_ms = compile_started.elapsed().as_secs_f64() * 1e3;
-        let source = CString::new(spliced.as_str()).ok()?;
-        let mut handle = 0;
         let load_started = Instant::now();
-        // SAFETY: a NUL-terminated PTX module; writes one module handle.
-        let r = unsafe { (self.api.module_load_data)(&mut handle, source.as_ptr().cast()) };
-        if r != CUDA_SUCCESS {
-            let names: Vec<&str> = splice.calls.iter().map(|(k, _)| k.as_str()).collect();
-            let why = self.api.error_name(r);
-            self.notice(&format!("load:{kernel}"), || {
-                format!(
-                    "kernels {} run uninstrumented: the driver refused the instrumented module ({why})",
-                    names.join(", ")
-                )
-            });
-            return None;
-        }
+        let handle = match self.api.load_ptx(&spliced) {
+            Ok(handle) => handle,
+            Err(r) => {
+                let names: Vec<&str> = splice.calls.iter().map(|(k, _)| k.as_str()).collect();
+                let why = self.api.error_name(r);
+                self.notice(&format!("load:{kernel}"), || {
+                    format!(
+                        "kernels {} run uninstrumented: the driver refused the instrumented module ({why})",
+                        names.join(", ")
+                    )
+                });
+                return None;
+            }
+        };
         let handle = self.with_fewer_registers(&splice, &spliced, handle);
         let load_ms = load_started.elapsed().as_secs_f64() * 1e3;
         let mut functions = HashMap::new();
         for (k, _) in &splice.calls {
-            let name = CString::new(k.as_str()).ok()?;
-            let mut f = 0;
-            // SAFETY: writes one function handle.
-            let r = unsafe { (self.api.module_get_function)(&mut f, handle, name.as_ptr()) };
-            if r == CUDA_SUCCESS {
+            if let Some(f) = self.api.module_function(handle, k) {
                 functions.insert(Arc::<str>::from(k.as_str()), f);
             }
         }
@@ -2505,13 +2500,6 @@ impl GpuAttach {
     /// keeps both); the new module is kept only if none of them uses more local memory,
     /// i.e. saves what does not fit only in the called function, else the first stays.
     fn with_fewer_registers(&self, splice: &Splice, spliced: &str, handle: Handle) -> Handle {
-        let function = |module: Handle, name: &str| {
-            let name = CString::new(name).ok()?;
-            let mut f = 0;
-            // SAFETY: writes one function handle.
-            let r = unsafe { (self.api.module_get_function)(&mut f, module, name.as_ptr()) };
-            (r == CUDA_SUCCESS).then_some(f)
-        };
         let attribute = |f: Handle, which: c_int| {
             let mut v = 0;
             // SAFETY: writes one int.
@@ -2519,7 +2507,7 @@ impl GpuAttach {
             (r == CUDA_SUCCESS).then_some(v)
         };
         let usage = |module: Handle, name: &str| {
-            let f = function(module, name)?;
+            let f = self.api.module_function(module, name)?;
             Some((
                 attribute(f, FUNC_NUM_REGS)?,
                 attribute(f, FUNC_LOCAL_SIZE_BYTES)?,
@@ -2547,20 +2535,12 @@ impl GpuAttach {
         if caps.is_empty() {
             return handle;
         }
-        let Some(source) = PtxModule::parse(spliced)
-            .and_then(|m| m.with_register_caps(&caps))
-            .ok()
-            .and_then(|t| CString::new(t).ok())
-        else {
+        let Ok(text) = PtxModule::parse(spliced).and_then(|m| m.with_register_caps(&caps)) else {
             return handle;
         };
-        let mut capped = 0;
-        // SAFETY: a NUL-terminated PTX module; writes one module handle.
-        if unsafe { (self.api.module_load_data)(&mut capped, source.as_ptr().cast()) }
-            != CUDA_SUCCESS
-        {
+        let Ok(capped) = self.api.load_ptx(&text) else {
             return handle;
-        }
+        };
         let after: Vec<Option<(c_int, c_int)>> =
             caps.iter().map(|(k, _)| usage(capped, k)).collect();
         let spills = caps

@@ -36,6 +36,17 @@ fn spec(map_type: u32, key: u32, value: u32, max: u32) -> MapSpec {
     }
 }
 
+/// A perf event array of one CPU whose entry is perf event `event`, a ring of one
+/// metadata page and one data page (4096 bytes of records), and that ring as its
+/// consumer maps it.
+fn perf_array_with_ring(s: &TempStore, event: u32) -> (Map, crate::PerfRing) {
+    let perf = Map::create(s, &spec(mt::PERF_EVENT_ARRAY, 4, 4, 1)).unwrap();
+    crate::PerfRing::create(s, event, 2 * PAGE_SIZE).unwrap();
+    perf.set_id(&0u32.to_ne_bytes(), event, uf::ANY).unwrap();
+    let ring = crate::PerfRing::open(s.dir(), event).unwrap();
+    (perf, ring)
+}
+
 fn errno<T: std::fmt::Debug>(r: Result<T>) -> i32 {
     r.unwrap_err().errno()
 }
@@ -324,11 +335,7 @@ fn an_offered_ringbuf_record_counts_no_drop_and_goes_in_once_there_is_room() {
 #[test]
 fn an_offered_perf_sample_counts_no_loss_and_goes_in_once_there_is_room() {
     let s = TempStore::new("offer-perf");
-    let m = Map::create(&s, &spec(mt::PERF_EVENT_ARRAY, 4, 4, 1)).unwrap();
-    // One metadata page and one data page.
-    crate::PerfRing::create(&s, 42, 2 * PAGE_SIZE).unwrap();
-    m.set_id(&0u32.to_ne_bytes(), 42, uf::ANY).unwrap();
-    let ring = crate::PerfRing::open(s.dir(), 42).unwrap();
+    let (m, ring) = perf_array_with_ring(&s, 42);
     let mut taken = 0;
     while m.offer_record(0, &[7; 100]) == RecordOffer::Taken {
         taken += 1;
@@ -360,10 +367,7 @@ fn an_offered_perf_sample_counts_no_loss_and_goes_in_once_there_is_room() {
 #[test]
 fn records_lost_before_the_map_reach_the_consumer_as_lost_or_dropped() {
     let s = TempStore::new("lost-before");
-    let perf = Map::create(&s, &spec(mt::PERF_EVENT_ARRAY, 4, 4, 1)).unwrap();
-    crate::PerfRing::create(&s, 43, 2 * PAGE_SIZE).unwrap();
-    perf.set_id(&0u32.to_ne_bytes(), 43, uf::ANY).unwrap();
-    let ring = crate::PerfRing::open(s.dir(), 43).unwrap();
+    let (perf, ring) = perf_array_with_ring(&s, 43);
     perf.count_lost_records(0, 5);
     assert_eq!(perf.offer_record(0, &[1; 8]), RecordOffer::Taken);
     perf.count_lost_records(0, 2);
@@ -703,10 +707,7 @@ fn losses_counted_beside_writers_all_reach_the_consumer_once() {
     const COUNTERS: u64 = 2;
     const COUNTS: u64 = 50_000;
     let s = TempStore::new("lost-stress");
-    let perf = Map::create(&s, &spec(mt::PERF_EVENT_ARRAY, 4, 4, 1)).unwrap();
-    crate::PerfRing::create(&s, 44, 2 * PAGE_SIZE).unwrap();
-    perf.set_id(&0u32.to_ne_bytes(), 44, uf::ANY).unwrap();
-    let ring = crate::PerfRing::open(s.dir(), 44).unwrap();
+    let (perf, ring) = perf_array_with_ring(&s, 44);
     let done = std::sync::atomic::AtomicBool::new(false);
     let (mut samples, mut told) = (0u64, 0u64);
     let (written, counted) = std::thread::scope(|scope| {
@@ -825,10 +826,7 @@ fn offered_records_from_threads_and_processes_arrive_in_order_and_none_is_lost()
     let s = TempStore::new("offer-stress");
     // Small rings, so that producers find them full often.
     let rb = Map::create(&s, &spec(mt::RINGBUF, 0, 0, 4096)).unwrap();
-    let perf = Map::create(&s, &spec(mt::PERF_EVENT_ARRAY, 4, 4, 1)).unwrap();
-    crate::PerfRing::create(&s, 7, 2 * PAGE_SIZE).unwrap();
-    perf.set_id(&0u32.to_ne_bytes(), 7, uf::ANY).unwrap();
-    let ring = crate::PerfRing::open(s.dir(), 7).unwrap();
+    let (perf, ring) = perf_array_with_ring(&s, 7);
     let offered = OFFER_THREADS * (1 + OFFER_CHILDREN);
     let helper = offered;
     let store_name = s.dir().file_name().unwrap().to_str().unwrap().to_string();
