@@ -391,6 +391,15 @@ several_gpus() {  # the checks that need two GPUs or more; a SKIP line on one
     }
     memtrace vectorAdd $((2 * 16777216)) 16777216 "$cuda/vec_add" 16777216 1
     memtrace matmul $((2 * 1024 * 1024 * 1024 / 16)) $((1024 * 1024)) "$cuda/matmul" 1024 1
+    # 400 launches: vectorAdd's second build with fewer registers (kept there: no more
+    # local memory) takes the first one's place while they run, and every access is still
+    # counted once, whichever build made it.
+    BPFTIME_LOG=info memtrace vectorAdd-400 $((2 * 16777216 * 400)) $((16777216 * 400)) "$cuda/vec_add" 16777216 400
+    refit=$(sed 's/\x1b\[[0-9;]*m//g' "$work/memtrace-vectorAdd-400.out" | grep 'built again with fewer registers' | head -1)
+    swapped=$(sed 's/\x1b\[[0-9;]*m//g' "$work/memtrace-vectorAdd-400.out" | grep -c 'second build takes the first')
+    ok=0; grep -q 'kept=true' <<<"$refit" && [ "$swapped" = 1 ] && ok=1
+    result "memtrace: vectorAdd's second build with fewer registers takes the first one's place while 400 launches run" $ok \
+        "$(grep -o 'kernels=.*kept=[a-z]*' <<<"$refit"), swapped $swapped time(s); counts in the check above"
 
     # launchsnoop: a launch program on every kernel, run at each launch call and again
     # once the kernel completed, with its GPU start and end on the host clock; on each

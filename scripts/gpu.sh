@@ -163,7 +163,9 @@ gpu_examples() {
         return $status
     fi
     if [ "$part" = all ] || [ "$part" = examples ]; then
-        bash scripts/gpu-examples.sh "$dir/bpftime" "$dir" "$out/gpu-examples.txt" || status=1
+        # A failed check's logs come back in one file (the device returns few files).
+        GPU_EXAMPLES_LOGS=$dir/logs bash scripts/gpu-examples.sh "$dir/bpftime" "$dir" "$out/gpu-examples.txt" ||
+            { status=1; tar -C "$dir" -cJf "$out/gpu-examples-logs.tar.xz" logs 2>/dev/null; }
     fi
     make -s -C bpf-examples/cuda OUT="$dir/cuda" NVCC=nvcc >/dev/null 2>&1
     if [ "$part" = all ] || [ "$part" = bench ]; then

@@ -292,6 +292,43 @@ impl Patched {
     }
 }
 
+/// What [`Session::patched_from`] makes a [`Patched`] of, besides the module loaded.
+struct Built<'a> {
+    context: Arc<Context>,
+    image: &'a Image,
+    /// The application's module, parsed.
+    module: &'a PtxModule,
+    /// The kernels instrumented.
+    kernels: &'a [String],
+    clock_globals: &'a [String],
+    replicas: &'a [Arc<Replica>],
+    generation: u64,
+    /// The kernel whose launch asked for the build (for notices).
+    kernel: &'a str,
+}
+
+/// A kernel's register cap for the second build, and what it took without one.
+struct RegisterCap {
+    kernel: String,
+    cap: c_int,
+    /// Registers a thread and bytes of local memory.
+    before: (c_int, c_int),
+}
+
+/// The second build of an instrumented module, with fewer registers for its kernels
+/// whose probes call out of line (see [`Session::register_caps`]): what it is made from.
+struct Refit {
+    caps: Vec<RegisterCap>,
+    spliced: String,
+    image: Arc<Image>,
+    module: PtxModule,
+    kernels: Vec<String>,
+    clock_globals: Vec<String>,
+    replicas: Vec<Arc<Replica>>,
+    generation: u64,
+    kernel: String,
+}
+
 /// What one context holds for us.
 struct Context {
     ctx: Handle,
@@ -910,7 +947,7 @@ impl GpuAttach {
 
     /// Before a launch of `function` on `stream`: the function to launch instead, with the
     /// maps it uses pushed to the device.
-    pub(crate) fn before_launch(&self, function: Handle, stream: Handle) -> Launch {
+    pub(crate) fn before_launch(&'static self, function: Handle, stream: Handle) -> Launch {
         let plain = Launch::plain(function, stream);
         if !self.active.load(Ordering::Acquire) {
             return plain;
@@ -1143,7 +1180,7 @@ impl GpuAttach {
     /// The instrumented function for a launch of `function` (built if need be), with the
     /// maps' CPU-written values pushed to the device before it.
     fn prepare_launch(
-        &self,
+        &'static self,
         ctx: Handle,
         image: u64,
         name: Arc<str>,
@@ -2188,7 +2225,7 @@ impl GpuAttach {
             .cloned()
     }
 
-    fn patched(&self, ctx: Handle, image: u64, kernel: &str) -> Option<Arc<Patched>> {
+    fn patched(&'static self, ctx: Handle, image: u64, kernel: &str) -> Option<Arc<Patched>> {
         if let Some(p) = self.ready_patched(ctx, image) {
             return Some(p);
         }
@@ -2206,7 +2243,10 @@ impl GpuAttach {
             )
         };
         let started = Instant::now();
-        let built = self.build_patched(ctx, &img, &probes, kernel, generation);
+        let (built, refit) = match self.build_patched(ctx, &img, &probes, kernel, generation) {
+            Some((built, refit)) => (Some(built), refit),
+            None => (None, None),
+        };
         let patched = Arc::new(built.unwrap_or_else(|| Patched {
             generation,
             context: None,
@@ -2222,17 +2262,22 @@ impl GpuAttach {
             );
         }
         self.write().patched.insert((ctx, image), patched.clone());
+        if let Some(refit) = refit {
+            self.refit_behind(ctx, image, refit, patched.clone());
+        }
         Some(patched)
     }
 
+    /// The instrumented module of `image` for the probes, and its second build with fewer
+    /// registers to make off the launch path where one may pay (see [`Refit`]).
     fn build_patched(
         &self,
         ctx: Handle,
-        image: &Image,
+        image: &Arc<Image>,
         probes: &[Arc<GpuProbe>],
         kernel: &str,
         generation: u64,
-    ) -> Option<Patched> {
+    ) -> Option<(Patched, Option<Refit>)> {
         let context = match self.context(ctx) {
             Ok(c) => c,
             Err(e) => {
@@ -2428,34 +2473,64 @@ impl GpuAttach {
                 return None;
             }
         };
-        let handle = self.with_fewer_registers(&splice, &spliced, handle);
+        let caps = self.register_caps(&splice, handle);
         let load_ms = load_started.elapsed().as_secs_f64() * 1e3;
-        let mut functions = HashMap::new();
-        for (k, _) in &splice.calls {
-            if let Some(f) = self.api.module_function(handle, k) {
-                functions.insert(Arc::<str>::from(k.as_str()), f);
-            }
-        }
-        let variables = match self.share_variables(image, &module, handle) {
-            Ok(v) => v,
-            Err(why) => {
-                let names: Vec<&str> = splice.calls.iter().map(|(k, _)| k.as_str()).collect();
-                self.notice(&format!("variables:{kernel}"), || {
-                    format!("kernels {} run uninstrumented: {why}", names.join(", "))
-                });
-                return None;
-            }
+        let kernels: Vec<String> = splice.calls.iter().map(|(k, _)| k.clone()).collect();
+        let built = Built {
+            context,
+            image,
+            module: &module,
+            kernels: &kernels,
+            clock_globals: &clock_globals,
+            replicas: &replicas,
+            generation,
+            kernel,
         };
+        let patched = self.patched_from(&built, handle)?;
         tracing::info!(
             kernel,
             probes_and_splice_ms = compile_ms,
             driver_load_ms = load_ms,
             "instrumented module built"
         );
+        let refit = (!caps.is_empty()).then(|| Refit {
+            caps,
+            spliced,
+            image: image.clone(),
+            module,
+            kernels,
+            clock_globals,
+            replicas,
+            generation,
+            kernel: kernel.to_string(),
+        });
+        Some((patched, refit))
+    }
+
+    /// Patched from the loaded instrumented module `handle`: its functions, its twins of
+    /// the application's module variables, and its probes' clock offsets set.
+    fn patched_from(&self, b: &Built<'_>, handle: Handle) -> Option<Patched> {
+        let context = b.context.clone();
+        let mut functions = HashMap::new();
+        for k in b.kernels {
+            if let Some(f) = self.api.module_function(handle, k) {
+                functions.insert(Arc::<str>::from(k.as_str()), f);
+            }
+        }
+        let variables = match self.share_variables(b.image, b.module, handle) {
+            Ok(v) => v,
+            Err(why) => {
+                let kernel = b.kernel;
+                self.notice(&format!("variables:{kernel}"), || {
+                    format!("kernels {} run uninstrumented: {why}", b.kernels.join(", "))
+                });
+                return None;
+            }
+        };
         // The probes' clock offsets, and the context's clock.
         let mut globals = Vec::new();
-        for g in clock_globals {
-            let name = CString::new(g).ok()?;
+        for g in b.clock_globals {
+            let name = CString::new(g.as_str()).ok()?;
             let (mut ptr, mut size) = (0, 0);
             // SAFETY: writes a device pointer and a size.
             if unsafe { (self.api.module_get_global)(&mut ptr, &mut size, handle, name.as_ptr()) }
@@ -2481,90 +2556,146 @@ impl GpuAttach {
             clock.globals.extend(globals);
         }
         Some(Patched {
-            generation,
+            generation: b.generation,
             context: Some(context),
             functions,
-            replicas,
+            replicas: b.replicas.to_vec(),
             variables: variables.into(),
         })
     }
 
-    /// The instrumented module `handle` (loaded from `spliced`), or the same built again
-    /// with fewer registers a thread for its kernels whose probes call out of line (the
-    /// ring writers), when that spills nothing. ptxas gives a called function registers
+    /// The register caps worth a second build of the instrumented module `handle`: for
+    /// its kernels whose probes call out of line (the ring writers), one allocation unit
+    /// fewer a thread wherever they take more than [`FULL_OCCUPANCY_REGS`], with the
+    /// registers and local memory they take now. ptxas gives a called function registers
     /// above all its callers', so that a probe's one rarely taken call (memtrace's one
     /// sampled access in 8192) raised vectorAdd from 40 registers to 44: 5 blocks of 256
-    /// threads an SM instead of 6 (H200, 2.00x native against 1.83x at 40). Each such
-    /// kernel above [`FULL_OCCUPANCY_REGS`] is asked for one allocation unit fewer
-    /// (`.maxnreg`), which costs a second compile on the first run (the driver's cache
-    /// keeps both); the new module is kept only if none of them uses more local memory,
-    /// i.e. saves what does not fit only in the called function, else the first stays.
-    fn with_fewer_registers(&self, splice: &Splice, spliced: &str, handle: Handle) -> Handle {
-        let attribute = |f: Handle, which: c_int| {
+    /// threads an SM instead of 6 (H200, 2.00x native against 1.83x at 40).
+    fn register_caps(&self, splice: &Splice, handle: Handle) -> Vec<RegisterCap> {
+        let calls_out = |symbol: &str| {
+            InlineBody::find(&splice.definitions, symbol).is_none_or(|b| b.calls_out())
+        };
+        splice
+            .calls
+            .iter()
+            .filter(|(_, calls)| calls.iter().any(|c| calls_out(&c.symbol)))
+            .filter_map(|(kernel, _)| {
+                let (regs, local) = self.register_usage(handle, kernel)?;
+                (regs > FULL_OCCUPANCY_REGS).then(|| RegisterCap {
+                    kernel: kernel.clone(),
+                    cap: (regs + REGISTER_UNIT - 1) / REGISTER_UNIT * REGISTER_UNIT - REGISTER_UNIT,
+                    before: (regs, local),
+                })
+            })
+            .collect()
+    }
+
+    /// The registers a thread and the bytes of local memory `kernel` of `module` takes.
+    fn register_usage(&self, module: Handle, kernel: &str) -> Option<(c_int, c_int)> {
+        let f = self.api.module_function(module, kernel)?;
+        let attribute = |which: c_int| {
             let mut v = 0;
             // SAFETY: writes one int.
             let r = unsafe { (self.api.func_get_attribute)(&mut v, which, f) };
             (r == CUDA_SUCCESS).then_some(v)
         };
-        let usage = |module: Handle, name: &str| {
-            let f = self.api.module_function(module, name)?;
-            Some((
-                attribute(f, FUNC_NUM_REGS)?,
-                attribute(f, FUNC_LOCAL_SIZE_BYTES)?,
-            ))
-        };
-        let calls_out = |symbol: &str| {
-            InlineBody::find(&splice.definitions, symbol).is_none_or(|b| b.calls_out())
-        };
-        let mut caps = Vec::new();
-        let mut before = Vec::new();
-        for (kernel, calls) in &splice.calls {
-            if !calls.iter().any(|c| calls_out(&c.symbol)) {
-                continue;
-            }
-            let Some((regs, local)) = usage(handle, kernel) else {
-                continue;
+        Some((attribute(FUNC_NUM_REGS)?, attribute(FUNC_LOCAL_SIZE_BYTES)?))
+    }
+
+    /// Builds `refit` on a thread of ours, after `built` went into use: when none of its
+    /// kernels then takes more local memory (what no longer fits is saved only in the
+    /// called function), its module takes `built`'s place for the launches that follow;
+    /// otherwise `built` stays. The driver's JIT of the second build (matmul: 25 ms on an
+    /// H200) is then never on a launch's path; the launches before the swap run the first
+    /// build, with the same maps.
+    fn refit_behind(&'static self, ctx: Handle, image: u64, refit: Refit, built: Arc<Patched>) {
+        let run = move || {
+            bpftime_attach::never_run_handlers_on_this_thread();
+            let _capture = self.api.relaxed_capture();
+            let Some(_quiet) = self.wait_quiet() else {
+                return;
             };
-            if regs > FULL_OCCUPANCY_REGS {
-                let cap =
-                    (regs + REGISTER_UNIT - 1) / REGISTER_UNIT * REGISTER_UNIT - REGISTER_UNIT;
-                caps.push((kernel.clone(), cap as u32));
-                before.push((regs, local));
+            let current = |st: &State| {
+                st.patched
+                    .get(&(ctx, image))
+                    .is_some_and(|p| Arc::ptr_eq(p, &built))
+            };
+            // Unless the probes changed, or the image or the context went, meanwhile.
+            if !current(&self.read()) {
+                return;
             }
+            self.set_context(ctx);
+            let Some(context) = built.context.clone() else {
+                return;
+            };
+            let caps: Vec<(String, u32)> = refit
+                .caps
+                .iter()
+                .map(|c| (c.kernel.clone(), c.cap as u32))
+                .collect();
+            let Ok(text) =
+                PtxModule::parse(&refit.spliced).and_then(|m| m.with_register_caps(&caps))
+            else {
+                return;
+            };
+            let started = Instant::now();
+            let Ok(capped) = self.api.load_ptx(&text) else {
+                return;
+            };
+            let after: Vec<Option<(c_int, c_int)>> = refit
+                .caps
+                .iter()
+                .map(|c| self.register_usage(capped, &c.kernel))
+                .collect();
+            let spills = refit
+                .caps
+                .iter()
+                .zip(&after)
+                .any(|(c, now)| now.is_none_or(|(r, l)| r > c.cap || l > c.before.1));
+            tracing::info!(
+                kernels = ?caps,
+                before = ?refit.caps.iter().map(|c| c.before).collect::<Vec<_>>(),
+                ?after,
+                kept = !spills,
+                driver_load_ms = started.elapsed().as_secs_f64() * 1e3,
+                "instrumented module built again with fewer registers"
+            );
+            if spills {
+                // SAFETY: a module of ours that nothing else holds.
+                unsafe { (self.api.module_unload)(capped) };
+                return;
+            }
+            let b = Built {
+                context,
+                image: &refit.image,
+                module: &refit.module,
+                kernels: &refit.kernels,
+                clock_globals: &refit.clock_globals,
+                replicas: &refit.replicas,
+                generation: refit.generation,
+                kernel: &refit.kernel,
+            };
+            // Once made, its clock offsets are among the context's, which the clock's
+            // recalibration writes: the module stays loaded even if it is not used.
+            let Some(patched) = self.patched_from(&b, capped) else {
+                return;
+            };
+            let mut st = self.write();
+            if current(&st) {
+                st.patched.insert((ctx, image), Arc::new(patched));
+                drop(st);
+                tracing::info!(
+                    kernel = %refit.kernel,
+                    "the second build takes the first one's place for the launches that follow"
+                );
+            }
+        };
+        if let Err(e) = std::thread::Builder::new()
+            .name("bpftime-gpu-refit".into())
+            .spawn(run)
+        {
+            tracing::debug!("no thread for the second build ({e}): the first one stays");
         }
-        if caps.is_empty() {
-            return handle;
-        }
-        let Ok(text) = PtxModule::parse(spliced).and_then(|m| m.with_register_caps(&caps)) else {
-            return handle;
-        };
-        let Ok(capped) = self.api.load_ptx(&text) else {
-            return handle;
-        };
-        let after: Vec<Option<(c_int, c_int)>> =
-            caps.iter().map(|(k, _)| usage(capped, k)).collect();
-        let spills = caps
-            .iter()
-            .zip(&before)
-            .zip(&after)
-            .any(|(((_, cap), &(_, local)), now)| {
-                now.is_none_or(|(r, l)| r > *cap as c_int || l > local)
-            });
-        tracing::info!(
-            kernels = ?caps,
-            ?before,
-            ?after,
-            kept = !spills,
-            "instrumented module built again with fewer registers"
-        );
-        let (keep, unload) = if spills {
-            (handle, capped)
-        } else {
-            (capped, handle)
-        };
-        // SAFETY: a module of ours that nothing else holds.
-        unsafe { (self.api.module_unload)(unload) };
-        keep
     }
 
     /// What compiling `probe` for `context` needs: its maps' replicas there (made on
@@ -3068,6 +3199,9 @@ impl GpuAttach {
         if !self.contexts().iter().any(|c| hit(c)) {
             return;
         }
+        // Our threads' CUDA work under way there (a build ahead of a launch, a second
+        // build) ends before the context goes.
+        drop(self.cuda_work.write().unwrap_or_else(|e| e.into_inner()));
         self.sync_completed(true);
         self.sync_timings(true);
         self.pull_all(hit);
