@@ -7,7 +7,7 @@ use bpftime_isa::uapi::{helper, prog_type};
 use bpftime_isa::{opcode as op, HelperFn, Insn};
 use bpftime_jit_x86::{ArrayMapLayout, JitCache, JitEnv, JitOptions, JitProgram, PerCpuCopies};
 use bpftime_runtime::{helpers, Map, ProgramRecord, Store};
-use bpftime_verifier::{verify, MapDesc, Options, ProgramInfo};
+use bpftime_verifier::{verify, MapDesc, Options, ProgramInfo, Verified};
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, OnceLock};
 
@@ -22,6 +22,8 @@ pub(crate) struct LoadedProgram {
     pub(crate) insns: Arc<[Insn]>,
     /// Machine code; `None` where the program runs on the interpreter.
     pub(crate) jit: Option<JitProgram>,
+    /// The words of its context (`pt_regs`) it may read, as the verifier found them.
+    pub(crate) ctx_words_read: u64,
     /// Keeps the maps the relocated instructions point at alive.
     _maps: Vec<Arc<Map>>,
 }
@@ -62,7 +64,7 @@ impl Programs {
             return Ok(p.clone());
         }
         let rec = ProgramRecord::read(store, id).map_err(|e| format!("program {id}: {e}"))?;
-        self.verify(store, &rec)?;
+        let ctx_words_read = self.verify(store, &rec)?.ctx_words_read;
         let (insns, maps) = self.relocate(store, &rec)?;
         let jit = self.jit.as_ref().and_then(|cache| {
             match cache.get_or_compile(&insns, &CompileEnv { maps: &maps }, &JitOptions::default()) {
@@ -83,6 +85,7 @@ impl Programs {
             name: rec.name,
             insns: insns.into(),
             jit,
+            ctx_words_read,
             _maps: maps,
         });
         Ok(self
@@ -97,17 +100,22 @@ impl Programs {
     /// The store is a directory any process of the user can write, so a program
     /// is verified again here, against the context the agent gives it (a uprobe's
     /// `pt_regs`), before it runs.
-    fn verify(&self, store: &Store, rec: &ProgramRecord) -> Result<(), String> {
+    fn verify(&self, store: &Store, rec: &ProgramRecord) -> Result<Verified, String> {
         self.verify_with(store, rec, false)
     }
 
     /// [`verify`](Self::verify) under the GPU rules, for a program spliced into CUDA
     /// kernels (its context is kprobe-shaped too).
     pub(crate) fn verify_for_gpu(&self, store: &Store, rec: &ProgramRecord) -> Result<(), String> {
-        self.verify_with(store, rec, true)
+        self.verify_with(store, rec, true).map(|_| ())
     }
 
-    fn verify_with(&self, store: &Store, rec: &ProgramRecord, gpu: bool) -> Result<(), String> {
+    fn verify_with(
+        &self,
+        store: &Store,
+        rec: &ProgramRecord,
+        gpu: bool,
+    ) -> Result<Verified, String> {
         let mut descs = HashMap::new();
         for &m in &rec.map_ids {
             let map = self.map(store, m)?;
@@ -142,7 +150,6 @@ impl Programs {
             mem_len: 0,
         };
         verify(&info, &Options::default())
-            .map(|_| ())
             .map_err(|r| format!("program {} fails verification:\n{}", rec.name, r.log()))
     }
 

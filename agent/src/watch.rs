@@ -288,6 +288,7 @@ impl Agent {
                         arg: 0,
                         owner: Arc::new((agent.clone(), prog.clone())),
                         keeps_vector_registers: jit.keeps_vector_registers(),
+                        regs_read: prog.ctx_words_read,
                     }
                 });
         // A uprobe where the binary's symbols say a function starts gets the hook that

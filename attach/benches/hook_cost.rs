@@ -99,6 +99,7 @@ fn bench(c: &mut Criterion) {
                     arg: Arc::as_ptr(&code_hits) as u64,
                     owner: code_hits.clone(),
                     keeps_vector_registers: true,
+                    regs_read: 0,
                 },
             )
             .unwrap(),
@@ -109,6 +110,7 @@ fn bench(c: &mut Criterion) {
                     arg: Arc::as_ptr(&code_hits) as u64,
                     owner: code_hits.clone(),
                     keeps_vector_registers: true,
+                    regs_read: 0,
                 },
             )
             .unwrap(),

@@ -109,7 +109,43 @@ pub struct CodeHandler {
     /// does, or saves them itself). When it is a site's only handler, the hook then
     /// skips saving them, a third of its cost.
     pub keeps_vector_registers: bool,
+    /// The words of the [`PtRegs`] that `entry` may read (bit i: bytes 8i to 8i+8), as a
+    /// verifier found them; `u64::MAX` when not known. When it is the only handler of a
+    /// function entry and reads none of r15, r14, rbp, orig_ax, cs and ss, the hook
+    /// saves only the other words (see `stubs`), about 2 ns of a counting uprobe's 12.
+    pub regs_read: u64,
 }
+
+/// The [`PtRegs`] words a function-entry hook's short save fills in: the registers a
+/// call may change (which the hook must give back anyway), the ones the stub itself
+/// uses (rbx, r12, r13), and ip, flags and sp.
+pub(crate) const SHORT_SAVE_WORDS: u64 = {
+    use std::mem::offset_of;
+    let offsets = [
+        offset_of!(PtRegs, r13),
+        offset_of!(PtRegs, r12),
+        offset_of!(PtRegs, bx),
+        offset_of!(PtRegs, r11),
+        offset_of!(PtRegs, r10),
+        offset_of!(PtRegs, r9),
+        offset_of!(PtRegs, r8),
+        offset_of!(PtRegs, ax),
+        offset_of!(PtRegs, cx),
+        offset_of!(PtRegs, dx),
+        offset_of!(PtRegs, si),
+        offset_of!(PtRegs, di),
+        offset_of!(PtRegs, ip),
+        offset_of!(PtRegs, flags),
+        offset_of!(PtRegs, sp),
+    ];
+    let mut mask = 0u64;
+    let mut i = 0;
+    while i < offsets.len() {
+        mask |= 1 << (offsets[i] / 8);
+        i += 1;
+    }
+    mask
+};
 
 enum Action {
     Closure(Handler),
@@ -156,6 +192,9 @@ pub(crate) struct DirectCall {
     arg: u64,
     /// Non-zero when the code may change xmm0-15, so the stub saves them around it.
     save_vectors: u64,
+    /// Non-zero when the code reads only [`SHORT_SAVE_WORDS`] of its registers, so the
+    /// function-entry stub saves only those.
+    short_save: u64,
 }
 
 // The stubs use these offsets.
@@ -163,6 +202,7 @@ const _: () = assert!(std::mem::offset_of!(List, direct) == 0);
 const _: () = assert!(std::mem::offset_of!(DirectCall, entry) == 0);
 const _: () = assert!(std::mem::offset_of!(DirectCall, arg) == 8);
 const _: () = assert!(std::mem::offset_of!(DirectCall, save_vectors) == 16);
+const _: () = assert!(std::mem::offset_of!(DirectCall, short_save) == 24);
 const _: () = assert!(std::mem::offset_of!(Site, addr) == 0);
 const _: () = assert!(std::mem::offset_of!(Site, list) == 8);
 
@@ -188,6 +228,7 @@ impl List {
                     entry: code.entry as usize,
                     arg: code.arg,
                     save_vectors: u64::from(!code.keeps_vector_registers),
+                    short_save: u64::from(code.regs_read & !SHORT_SAVE_WORDS == 0),
                 },
                 Action::Closure(_) => DirectCall::default(),
             },
@@ -772,6 +813,75 @@ fn take_frame(shadow: &mut Vec<Frame>, sp: u64) -> Option<Frame> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    unsafe extern "C" fn nothing(_: *mut PtRegs, _: u64, _: u64) -> u64 {
+        0
+    }
+
+    fn code_reading(regs_read: u64, kind: Kind, id: u64) -> Arc<Attached> {
+        Arc::new(Attached {
+            id: HookId(id),
+            kind,
+            action: Action::Code(CodeHandler {
+                entry: nothing,
+                arg: 0,
+                owner: Arc::new(()),
+                keeps_vector_registers: true,
+                regs_read,
+            }),
+            failed: AtomicBool::new(false),
+        })
+    }
+
+    /// The short save only for a lone entry handler of code reading none of r15, r14,
+    /// rbp, orig_ax, cs and ss.
+    #[test]
+    fn the_short_save_is_for_lone_code_reading_only_what_it_fills_in() {
+        use std::mem::offset_of;
+        let word = |offset: usize| 1u64 << (offset / 8);
+        let short = |entries: Vec<Arc<Attached>>| List::new(entries).direct.short_save != 0;
+        let filled = [
+            offset_of!(PtRegs, di),
+            offset_of!(PtRegs, si),
+            offset_of!(PtRegs, dx),
+            offset_of!(PtRegs, cx),
+            offset_of!(PtRegs, r8),
+            offset_of!(PtRegs, r9),
+            offset_of!(PtRegs, ax),
+            offset_of!(PtRegs, bx),
+            offset_of!(PtRegs, r12),
+            offset_of!(PtRegs, r13),
+            offset_of!(PtRegs, ip),
+            offset_of!(PtRegs, sp),
+            offset_of!(PtRegs, flags),
+        ];
+        assert!(short(vec![code_reading(0, Kind::Entry, 1)]));
+        let all_filled = filled.iter().fold(0, |m, &o| m | word(o));
+        assert!(short(vec![code_reading(all_filled, Kind::Entry, 1)]));
+        for left_out in [
+            offset_of!(PtRegs, r15),
+            offset_of!(PtRegs, r14),
+            offset_of!(PtRegs, bp),
+            offset_of!(PtRegs, orig_ax),
+            offset_of!(PtRegs, cs),
+            offset_of!(PtRegs, ss),
+        ] {
+            assert!(
+                !short(vec![code_reading(word(left_out), Kind::Entry, 1)]),
+                "{left_out}"
+            );
+        }
+        assert!(!short(vec![code_reading(u64::MAX, Kind::Entry, 1)]));
+        // Not a lone entry handler: no direct call at all.
+        assert!(!short(vec![
+            code_reading(0, Kind::Entry, 1),
+            code_reading(0, Kind::Entry, 2)
+        ]));
+        assert!(!short(vec![
+            code_reading(0, Kind::Entry, 1),
+            code_reading(0, Kind::Return, 2)
+        ]));
+    }
 
     #[test]
     fn refuses_data_addresses_and_its_own_stubs() {

@@ -3,7 +3,7 @@
 //! A binary of its own, since the flag must be given before this process's first hook.
 
 use std::hint::black_box;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, Once};
 
 use bpftime_attach::{
@@ -13,6 +13,13 @@ use bpftime_attach::{
 
 // The flag byte, in this executable's static TLS, as the agent's starter library has one.
 bpftime_attach::static_tls_flag!(fn flag_offset, "bpftime_test_hook_flag");
+
+/// Tests that hook the same functions (`counted`, `bpftime_test_leaf`, `flagged`) take
+/// turns: two handlers at one site would be neither test's lone handler.
+fn one_at_a_time() -> std::sync::MutexGuard<'static, ()> {
+    static TURN: Mutex<()> = Mutex::new(());
+    TURN.lock().unwrap_or_else(|e| e.into_inner())
+}
 
 fn with_flag() {
     static SET: Once = Once::new();
@@ -149,6 +156,83 @@ std::arch::global_asm!(
     "add rax, rbx",
     "pop rbx",
     "ret",
+    // Records the hooked code's ip and sp, as its registers say, at [rsi] and [rsi + 8].
+    ".globl bpftime_test_record_ip_sp",
+    "bpftime_test_record_ip_sp:",
+    "mov rax, [rdi + 128]",
+    "mov [rsi], rax",
+    "mov rax, [rdi + 152]",
+    "mov [rsi + 8], rax",
+    "xor eax, eax",
+    "ret",
+    // Calls the leaf; returns the stack pointer the leaf was entered with.
+    ".globl bpftime_test_leaf_sp",
+    "bpftime_test_leaf_sp:",
+    "sub rsp, 8",
+    "lea rax, [rsp - 8]",
+    "mov [rsp], rax",
+    "call bpftime_test_leaf",
+    "mov rax, [rsp]",
+    "add rsp, 8",
+    "ret",
+    // Calls the leaf with known values in every callee-saved register; returns how many
+    // came back changed.
+    ".globl bpftime_test_callee_saved_kept",
+    "bpftime_test_callee_saved_kept:",
+    "push rbx",
+    "push rbp",
+    "push r12",
+    "push r13",
+    "push r14",
+    "push r15",
+    "sub rsp, 8",
+    "mov [rsp], rdi",
+    "mov rbx, rdi",
+    "lea rbp, [rdi + 1]",
+    "lea r12, [rdi + 2]",
+    "lea r13, [rdi + 3]",
+    "lea r14, [rdi + 4]",
+    "lea r15, [rdi + 5]",
+    "call bpftime_test_leaf",
+    "mov rdx, [rsp]",
+    "xor eax, eax",
+    "cmp rbx, rdx",
+    "setne cl",
+    "movzx ecx, cl",
+    "add rax, rcx",
+    "lea rsi, [rdx + 1]",
+    "cmp rbp, rsi",
+    "setne cl",
+    "movzx ecx, cl",
+    "add rax, rcx",
+    "lea rsi, [rdx + 2]",
+    "cmp r12, rsi",
+    "setne cl",
+    "movzx ecx, cl",
+    "add rax, rcx",
+    "lea rsi, [rdx + 3]",
+    "cmp r13, rsi",
+    "setne cl",
+    "movzx ecx, cl",
+    "add rax, rcx",
+    "lea rsi, [rdx + 4]",
+    "cmp r14, rsi",
+    "setne cl",
+    "movzx ecx, cl",
+    "add rax, rcx",
+    "lea rsi, [rdx + 5]",
+    "cmp r15, rsi",
+    "setne cl",
+    "movzx ecx, cl",
+    "add rax, rcx",
+    "add rsp, 8",
+    "pop r15",
+    "pop r14",
+    "pop r13",
+    "pop r12",
+    "pop rbp",
+    "pop rbx",
+    "ret",
     // Returns its first argument with the flags of comparing it to its second live at
     // the return.
     ".globl bpftime_test_cmp_then_return",
@@ -178,6 +262,14 @@ extern "C" {
     fn bpftime_test_scratch_kept(x: u64) -> u64;
     fn bpftime_test_cmp_then_call(a: u64, b: u64, f: extern "C" fn());
     fn bpftime_test_cmp_then_return(a: u64, b: u64) -> u64;
+    fn bpftime_test_record_ip_sp(regs: *mut PtRegs, arg: u64, zero: u64) -> u64;
+    fn bpftime_test_leaf_sp() -> u64;
+    fn bpftime_test_callee_saved_kept(x: u64) -> u64;
+}
+
+/// The `PtRegs` word of each register or field, as `CodeHandler::regs_read` counts them.
+fn word(offset: usize) -> u64 {
+    1 << (offset / 8)
 }
 
 fn code(entry: CodeEntry, cell: &Arc<AtomicU64>, keeps_vector_registers: bool) -> CodeHandler {
@@ -186,6 +278,20 @@ fn code(entry: CodeEntry, cell: &Arc<AtomicU64>, keeps_vector_registers: bool) -
         arg: Arc::as_ptr(cell) as u64,
         owner: cell.clone(),
         keeps_vector_registers,
+        regs_read: u64::MAX,
+    }
+}
+
+/// [`code`] that reads only the words `regs_read` of its registers.
+fn code_reading(
+    entry: CodeEntry,
+    cell: &Arc<AtomicU64>,
+    keeps_vector_registers: bool,
+    regs_read: u64,
+) -> CodeHandler {
+    CodeHandler {
+        regs_read,
+        ..code(entry, cell, keeps_vector_registers)
     }
 }
 
@@ -201,6 +307,7 @@ extern "C" fn counted(x: u64) -> u64 {
 #[test]
 fn a_lone_code_handler_counts_every_call_from_many_threads() {
     with_flag();
+    let _turn = one_at_a_time();
     let count = Arc::new(AtomicU64::new(0));
     let args = Arc::new(AtomicU64::new(0));
     let f = addr(counted as *const ());
@@ -244,6 +351,240 @@ fn a_lone_code_handler_counts_every_call_from_many_threads() {
     assert_eq!(args.load(Ordering::SeqCst), 5050);
 }
 
+/// A lone handler reading only what the short save fills in (none of r15, r14, rbp,
+/// orig_ax, cs, ss) gets that save at a function entry: it counts every call from many
+/// threads, reads the argument, the ip and the sp the full save would give, and the
+/// hooked code gets back every register it may keep across the call.
+#[test]
+fn a_lone_handler_reading_few_registers_gets_the_short_save_and_the_same_values() {
+    use std::mem::offset_of;
+    with_flag();
+    let _turn = one_at_a_time();
+    let count = Arc::new(AtomicU64::new(0));
+    let f = addr(counted as *const ());
+    // SAFETY: `counted` is a whole function of this binary, entered by call; the handler
+    // is assembly that does not unwind, keeps the vector registers and reads no register.
+    let id = unsafe {
+        attach_uprobe_code(
+            HookAddress::function_entry(f),
+            code_reading(bpftime_test_counting, &count, true, 0),
+        )
+    }
+    .unwrap();
+    let call = black_box(counted as extern "C" fn(u64) -> u64);
+    std::thread::scope(|s| {
+        for _ in 0..4 {
+            s.spawn(|| {
+                for i in 0..10_000 {
+                    assert_eq!(call(i), i * 3);
+                }
+            });
+        }
+    });
+    assert_eq!(count.load(Ordering::SeqCst), 40_000);
+    detach(id).unwrap();
+
+    let args = Arc::new(AtomicU64::new(0));
+    // SAFETY: as above; the handler reads rdi only.
+    let id = unsafe {
+        attach_uprobe_code(
+            HookAddress::function_entry(f),
+            code_reading(
+                bpftime_test_add_first_argument,
+                &args,
+                true,
+                word(offset_of!(PtRegs, di)),
+            ),
+        )
+    }
+    .unwrap();
+    for i in 1..=100 {
+        call(i);
+    }
+    detach(id).unwrap();
+    assert_eq!(args.load(Ordering::SeqCst), 5050);
+
+    // ip and sp, under the short save and under the full one.
+    let leaf = addr(bpftime_test_leaf as *const ());
+    let seen = Arc::new([AtomicU64::new(0), AtomicU64::new(0)]);
+    for regs_read in [
+        word(offset_of!(PtRegs, ip)) | word(offset_of!(PtRegs, sp)),
+        u64::MAX,
+    ] {
+        let handler = CodeHandler {
+            entry: bpftime_test_record_ip_sp,
+            arg: Arc::as_ptr(&seen) as u64,
+            owner: seen.clone(),
+            keeps_vector_registers: true,
+            regs_read,
+        };
+        // SAFETY: `bpftime_test_leaf` is a whole function; the handler is assembly that
+        // writes two words into `seen`, which it holds.
+        let id = unsafe { attach_uprobe_code(HookAddress::function_entry(leaf), handler) }.unwrap();
+        // SAFETY: plain assembly returning an integer.
+        let sp = unsafe { bpftime_test_leaf_sp() };
+        detach(id).unwrap();
+        assert_eq!(
+            seen[0].load(Ordering::SeqCst),
+            leaf as u64,
+            "ip, regs_read {regs_read:#x}"
+        );
+        assert_eq!(
+            seen[1].load(Ordering::SeqCst),
+            sp,
+            "sp, regs_read {regs_read:#x}"
+        );
+    }
+
+    // Every register a caller may keep across the call comes back: the scratch ones
+    // (from a handler that overwrites them and every vector register) and the
+    // callee-saved ones, three of which the short save's stub uses itself.
+    let clobbers = Arc::new(AtomicU64::new(0));
+    // SAFETY: as above; the handler reads no register.
+    let id = unsafe {
+        attach_uprobe_code(
+            HookAddress::function_entry(leaf),
+            code_reading(bpftime_test_clobbering, &clobbers, false, 0),
+        )
+    }
+    .unwrap();
+    for x in [0u64, 1 << 40, u64::MAX - 16] {
+        // SAFETY: plain assembly taking and returning integers.
+        assert_eq!(unsafe { bpftime_test_scratch_kept(black_box(x)) }, 0);
+        // SAFETY: as above.
+        assert_eq!(unsafe { bpftime_test_callee_saved_kept(black_box(x)) }, 0);
+    }
+    detach(id).unwrap();
+    assert_eq!(clobbers.load(Ordering::SeqCst), 6);
+}
+
+/// Handlers come and go at a function entry while three threads call it: the site moves
+/// between the short save (a lone code handler reading few registers), the full save
+/// with a direct call, and the Rust path (two handlers), and every caller gets all its
+/// registers back whichever list its call met.
+#[test]
+fn registers_survive_as_the_save_changes_under_running_callers() {
+    with_flag();
+    let _turn = one_at_a_time();
+    let leaf = addr(bpftime_test_leaf as *const ());
+    let stop = AtomicBool::new(false);
+    let short_hits = Arc::new(AtomicU64::new(0));
+    let full_hits = Arc::new(AtomicU64::new(0));
+    let closure_hits = Arc::new(AtomicU64::new(0));
+    let calls = AtomicU64::new(0);
+    std::thread::scope(|s| {
+        for t in 0..3u64 {
+            let (stop, calls) = (&stop, &calls);
+            s.spawn(move || {
+                let mut x = t << 32;
+                while !stop.load(Ordering::Relaxed) {
+                    // SAFETY: plain assembly taking and returning integers.
+                    unsafe {
+                        assert_eq!(
+                            bpftime_test_scratch_kept(black_box(x)),
+                            0,
+                            "scratch, {x:#x}"
+                        );
+                        assert_eq!(
+                            bpftime_test_callee_saved_kept(black_box(x)),
+                            0,
+                            "callee-saved, {x:#x}"
+                        );
+                    }
+                    x += 1;
+                    calls.fetch_add(2, Ordering::Relaxed);
+                }
+            });
+        }
+        for round in 0..300 {
+            let c = closure_hits.clone();
+            let closure: Handler = Arc::new(move |_| {
+                c.fetch_add(1, Ordering::Relaxed);
+            });
+            // SAFETY: `bpftime_test_leaf` is a whole function; the code handler is
+            // assembly that overwrites every scratch and vector register and reads none.
+            let ids = unsafe {
+                match round % 3 {
+                    0 => vec![attach_uprobe_code(
+                        HookAddress::function_entry(leaf),
+                        code_reading(bpftime_test_clobbering, &short_hits, false, 0),
+                    )
+                    .unwrap()],
+                    1 => vec![attach_uprobe_code(
+                        HookAddress::function_entry(leaf),
+                        code(bpftime_test_clobbering, &full_hits, false),
+                    )
+                    .unwrap()],
+                    _ => vec![
+                        attach_uprobe_code(
+                            HookAddress::function_entry(leaf),
+                            code_reading(bpftime_test_clobbering, &short_hits, false, 0),
+                        )
+                        .unwrap(),
+                        attach_uprobe(HookAddress::function_entry(leaf), closure).unwrap(),
+                    ],
+                }
+            };
+            std::thread::sleep(std::time::Duration::from_micros(200));
+            for id in ids {
+                detach(id).unwrap();
+            }
+        }
+        stop.store(true, Ordering::Relaxed);
+    });
+    for (name, hits) in [
+        ("short", &short_hits),
+        ("full", &full_hits),
+        ("closure", &closure_hits),
+    ] {
+        assert!(
+            hits.load(Ordering::Relaxed) > 0,
+            "the {name} path saw calls"
+        );
+    }
+    assert!(calls.load(Ordering::Relaxed) > 0);
+}
+
+/// The status flags live at the call, under the short save as under the full one.
+#[test]
+fn the_short_save_reports_the_status_flags_live_at_the_call() {
+    use std::mem::offset_of;
+    with_flag();
+    let _turn = one_at_a_time();
+    let seen = Arc::new(AtomicU64::new(0));
+    let f = addr(flagged as *const ());
+    // SAFETY: `flagged` is a whole function of this binary; the handler reads the flags
+    // word only.
+    let id = unsafe {
+        attach_uprobe_code(
+            HookAddress::function_entry(f),
+            code_reading(
+                bpftime_test_record_flags,
+                &seen,
+                true,
+                word(offset_of!(PtRegs, flags)),
+            ),
+        )
+    }
+    .unwrap();
+    for (a, b) in CMP_CASES {
+        // SAFETY: plain assembly: compares, then calls `flagged` with an aligned stack.
+        unsafe { bpftime_test_cmp_then_call(a, b, flagged) };
+        let flags = seen.load(Ordering::SeqCst);
+        assert_eq!(
+            flags & STATUS,
+            status_flags_of_cmp(a, b),
+            "cmp {a:#x}, {b:#x}"
+        );
+        assert_eq!(
+            flags & 0x602,
+            0x202,
+            "IF and bit 1 set, DF clear: {flags:#x}"
+        );
+    }
+    detach(id).unwrap();
+}
+
 #[inline(never)]
 extern "C" fn float_math(a: f64, b: f64, c: f32) -> f64 {
     black_box(a) * b + f64::from(c)
@@ -252,6 +593,7 @@ extern "C" fn float_math(a: f64, b: f64, c: f32) -> f64 {
 #[test]
 fn vector_and_scratch_registers_survive_a_lone_handler_that_changes_them() {
     with_flag();
+    let _turn = one_at_a_time();
     let count = Arc::new(AtomicU64::new(0));
     let f = addr(float_math as *const ());
     // SAFETY: `float_math` is a whole function of this binary; the handler says it changes
@@ -327,6 +669,7 @@ const CMP_CASES: [(u64, u64); 7] = [
 #[test]
 fn function_entry_hooks_report_the_status_flags_live_at_the_call() {
     with_flag();
+    let _turn = one_at_a_time();
     let cases = CMP_CASES;
     let expected: Vec<u64> = cases
         .iter()
@@ -441,6 +784,7 @@ fn handlers_never_nest_and_masked_threads_run_none() {
                     arg: 1,
                     owner: outer_runs.clone(),
                     keeps_vector_registers: false,
+                    regs_read: u64::MAX,
                 },
             )
             .unwrap(),

@@ -918,6 +918,7 @@ fn code_handlers_run_straight_from_the_hook_with_their_argument() {
         arg: Arc::as_ptr(counter) as u64,
         owner: counter.clone(),
         keeps_vector_registers: false,
+        regs_read: u64::MAX,
     };
     // SAFETY: `code_hooked` is a function of this binary; the handlers do not unwind.
     let on_entry =

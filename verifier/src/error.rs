@@ -202,6 +202,10 @@ pub struct Verified {
     pub pruned: u64,
     /// Deepest stack use of any one subprogram, in bytes.
     pub stack_depth: u32,
+    /// The 8-byte words of the context the program reads (bit i: bytes 8i to 8i+8), or
+    /// every bit once the context reaches a helper, which may read any of it: a uprobe
+    /// hook need only fill in these.
+    pub ctx_words_read: u64,
     /// The trace, when `Options::log_level > 0`, ending with the summary line.
     pub log: String,
 }

@@ -925,6 +925,8 @@ impl<'a> Verifier<'a> {
                     Region::Ctx => {
                         Self::ctx_unmodified(reg, off_min, off_max)?;
                         self.ctx_access(lo, size, false)?;
+                        // Aligned and at most 8 bytes (ctx_access): inside one word.
+                        self.stats.ctx_words_read |= 1u64.checked_shl((lo / 8) as u32).unwrap_or(0);
                         Ok(unknown_bytes(size))
                     }
                     Region::Stack { frame } => {
@@ -1432,6 +1434,15 @@ impl<'a> Verifier<'a> {
         for (n, arg) in proto.args.iter().enumerate() {
             let r = n as u8 + 1;
             let v = Self::read(st, r)?;
+            if matches!(
+                v,
+                Reg::Ptr {
+                    region: Region::Ctx,
+                    ..
+                }
+            ) {
+                self.stats.ctx_words_read = u64::MAX;
+            }
             let wrong = |expected: &'static str| RejectKind::HelperArgType {
                 reg: r,
                 found: v.type_name(),

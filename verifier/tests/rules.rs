@@ -81,6 +81,26 @@ fn unknown_opcode() {
 // ---- context -----------------------------------------------------------------
 
 accept!(ctx_aligned_loads, "ldxdw %r2, [%r1+160]\nldxw %r3, [%r1+4]\nldxh %r4, [%r1+2]\nldxb %r5, [%r1+167]\nmov %r0, 0\nexit");
+
+// The words of the context a program reads, which a uprobe hook then need only fill in:
+// none, the ones loaded (also on a path a branch leaves, and in a subprogram given the
+// context), and all of them once the context reaches a helper.
+#[test]
+fn ctx_words_read_are_the_words_loaded() {
+    assert_eq!(ok("mov %r0, 0\nexit").ctx_words_read, 0);
+    // rdi (112), rsi (104) and ss (160, a 4-byte load at 164).
+    let v = ok("ldxdw %r2, [%r1+112]\njeq %r2, 0, +2\nldxdw %r3, [%r1+104]\nldxw %r4, [%r1+164]\nmov %r0, 0\nexit");
+    assert_eq!(v.ctx_words_read, 1 << 14 | 1 << 13 | 1 << 20);
+    // A subprogram reading rax (80) through the context it is given.
+    let v = ok("call local f\nexit\nf:\nldxdw %r0, [%r1+80]\nexit");
+    assert_eq!(v.ctx_words_read, 1 << 10);
+}
+
+#[test]
+fn ctx_words_read_are_all_once_a_helper_gets_the_context() {
+    let v = ok("stdw [%r10-8], 0\nmov %r4, %r10\nadd %r4, -8\nmov %r5, 8\nmov %r3, 0\nldmap %r2, 4\ncall 25\nexit");
+    assert_eq!(v.ctx_words_read, u64::MAX);
+}
 reject!(
     ctx_out_of_bounds,
     "ldxw %r2, [%r1+200]\nmov %r0, 0\nexit",
