@@ -105,15 +105,13 @@ macro_rules! read_flags {
     };
 }
 
-// The other general registers and the constant fields; `sp` and `ip` are each stub's.
-macro_rules! save_registers {
+// The short save's registers (besides rax and rcx): those a call may change, and the
+// ones the stubs use themselves.
+macro_rules! save_short {
     () => {
         "
-        mov [rsp + 0], r15
-        mov [rsp + 8], r14
         mov [rsp + 16], r13
         mov [rsp + 24], r12
-        mov [rsp + 32], rbp
         mov [rsp + 40], rbx
         mov [rsp + 48], r11
         mov [rsp + 56], r10
@@ -122,10 +120,24 @@ macro_rules! save_registers {
         mov [rsp + 96], rdx
         mov [rsp + 104], rsi
         mov [rsp + 112], rdi
+        "
+    };
+}
+
+// The other general registers and the constant fields; `sp` and `ip` are each stub's.
+macro_rules! save_registers {
+    () => {
+        concat!(
+            save_short!(),
+            "
+        mov [rsp + 0], r15
+        mov [rsp + 8], r14
+        mov [rsp + 32], rbp
         mov qword ptr [rsp + 120], -1
         mov qword ptr [rsp + 136], 0x33
         mov qword ptr [rsp + 160], 0x2b
         "
+        )
     };
 }
 
@@ -167,14 +179,12 @@ macro_rules! restore_flags {
     };
 }
 
-macro_rules! restore_registers {
+// What `save_short` and `read_flags` saved, and the frame dropped.
+macro_rules! restore_short {
     () => {
         "
-        mov r15, [rsp + 0]
-        mov r14, [rsp + 8]
         mov r13, [rsp + 16]
         mov r12, [rsp + 24]
-        mov rbp, [rsp + 32]
         mov rbx, [rsp + 40]
         mov r11, [rsp + 48]
         mov r10, [rsp + 56]
@@ -187,6 +197,19 @@ macro_rules! restore_registers {
         mov rdi, [rsp + 112]
         lea rsp, [rsp + 432]
         "
+    };
+}
+
+macro_rules! restore_registers {
+    () => {
+        concat!(
+            "
+        mov r15, [rsp + 0]
+        mov r14, [rsp + 8]
+        mov rbp, [rsp + 32]
+        ",
+            restore_short!()
+        )
     };
 }
 
@@ -286,16 +309,9 @@ std::arch::global_asm!(
         je 20f
         cmp qword ptr [rip + {flag}], 0
         je 20f
-        mov [rsp + 16], r13
-        mov [rsp + 24], r12
-        mov [rsp + 40], rbx
-        mov [rsp + 48], r11
-        mov [rsp + 56], r10
-        mov [rsp + 64], r9
-        mov [rsp + 72], r8
-        mov [rsp + 96], rdx
-        mov [rsp + 104], rsi
-        mov [rsp + 112], rdi
+        ",
+    save_short!(),
+    "
         mov rax, [rax]
         mov [rsp + 128], rax
         lea rax, [rsp + 576]
@@ -325,19 +341,9 @@ std::arch::global_asm!(
     restore_vectors!(),
     "
     23:
-        mov r13, [rsp + 16]
-        mov r12, [rsp + 24]
-        mov rbx, [rsp + 40]
-        mov r11, [rsp + 48]
-        mov r10, [rsp + 56]
-        mov r9, [rsp + 64]
-        mov r8, [rsp + 72]
-        mov rax, [rsp + 80]
-        mov rcx, [rsp + 88]
-        mov rdx, [rsp + 96]
-        mov rsi, [rsp + 104]
-        mov rdi, [rsp + 112]
-        lea rsp, [rsp + 432]
+        ",
+    restore_short!(),
+    "
         ret
     20:
         ",

@@ -304,6 +304,19 @@ extern "C" fn counted(x: u64) -> u64 {
     black_box(x).wrapping_mul(3)
 }
 
+/// 10000 calls of `counted` from each of four threads at once, each result checked.
+fn calls_from_four_threads(call: extern "C" fn(u64) -> u64) {
+    std::thread::scope(|s| {
+        for _ in 0..4 {
+            s.spawn(|| {
+                for i in 0..10_000 {
+                    assert_eq!(call(i), i * 3);
+                }
+            });
+        }
+    });
+}
+
 #[test]
 fn a_lone_code_handler_counts_every_call_from_many_threads() {
     with_flag();
@@ -321,15 +334,7 @@ fn a_lone_code_handler_counts_every_call_from_many_threads() {
     }
     .unwrap();
     let call = black_box(counted as extern "C" fn(u64) -> u64);
-    std::thread::scope(|s| {
-        for _ in 0..4 {
-            s.spawn(|| {
-                for i in 0..10_000 {
-                    assert_eq!(call(i), i * 3);
-                }
-            });
-        }
-    });
+    calls_from_four_threads(call);
     assert_eq!(count.load(Ordering::SeqCst), 40_000);
     detach(id).unwrap();
     call(1);
@@ -372,15 +377,7 @@ fn a_lone_handler_reading_few_registers_gets_the_short_save_and_the_same_values(
     }
     .unwrap();
     let call = black_box(counted as extern "C" fn(u64) -> u64);
-    std::thread::scope(|s| {
-        for _ in 0..4 {
-            s.spawn(|| {
-                for i in 0..10_000 {
-                    assert_eq!(call(i), i * 3);
-                }
-            });
-        }
-    });
+    calls_from_four_threads(call);
     assert_eq!(count.load(Ordering::SeqCst), 40_000);
     detach(id).unwrap();
 
