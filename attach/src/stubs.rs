@@ -213,6 +213,41 @@ macro_rules! restore_registers {
     };
 }
 
+// A direct call of the code of the list in r12 (`hook::DirectCall`), with the frame in
+// rbx and the per-thread flag's offset in r13: none while handlers run on this thread
+// (then to `$skip`), the vector registers saved around it when the code may change them;
+// after it, on to `$skip` unless they were saved, which the caller then restores.
+macro_rules! direct_call {
+    ($skip:literal) => {
+        concat!(
+            "
+        cmp byte ptr fs:[r13], 0
+        jne ",
+            $skip,
+            "f
+        mov byte ptr fs:[r13], 1
+        cmp qword ptr [r12 + 16], 0
+        je 30f
+        ",
+            save_vectors!(),
+            "
+    30:
+        mov rdi, rbx
+        mov rsi, [r12 + 8]
+        xor edx, edx
+        and rsp, -16
+        call qword ptr [r12]
+        mov rsp, rbx
+        mov byte ptr fs:[r13], 0
+        cmp qword ptr [r12 + 16], 0
+        je ",
+            $skip,
+            "f
+        "
+        )
+    };
+}
+
 // An entry stub's body, between saving the flags and restoring them. Across calls, r12
 // holds the handler list, r13 the flag's offset and rbx the frame (callee-saved, and
 // already in PtRegs).
@@ -237,24 +272,9 @@ macro_rules! dispatch {
         jz 5f
         test r13, r13
         jz 5f
-        cmp byte ptr fs:[r13], 0
-        jne 7f
-        mov byte ptr fs:[r13], 1
-        cmp qword ptr [r12 + 16], 0
-        je 4f
         ",
-            save_vectors!(),
+            direct_call!("7"),
             "
-    4:
-        mov rdi, rbx
-        mov rsi, [r12 + 8]
-        xor edx, edx
-        and rsp, -16
-        call rax
-        mov rsp, rbx
-        mov byte ptr fs:[r13], 0
-        cmp qword ptr [r12 + 16], 0
-        je 7f
         jmp 6f
     5:
         ",
@@ -319,25 +339,8 @@ std::arch::global_asm!(
         mov r12, rcx
         mov rbx, rsp
         mov r13, qword ptr [rip + {flag}]
-        cmp byte ptr fs:[r13], 0
-        jne 23f
-        mov byte ptr fs:[r13], 1
-        cmp qword ptr [r12 + 16], 0
-        je 21f
         ",
-    save_vectors!(),
-    "
-    21:
-        mov rdi, rbx
-        mov rsi, [r12 + 8]
-        xor edx, edx
-        and rsp, -16
-        call qword ptr [r12]
-        mov rsp, rbx
-        mov byte ptr fs:[r13], 0
-        cmp qword ptr [r12 + 16], 0
-        je 23f
-        ",
+    direct_call!("23"),
     restore_vectors!(),
     "
     23:

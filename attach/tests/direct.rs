@@ -2,6 +2,9 @@
 //! handler is code is called straight from the stub, and function entries skip the flags.
 //! A binary of its own, since the flag must be given before this process's first hook.
 
+mod common;
+use common::CMP_CASES;
+
 use std::hint::black_box;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, Once};
@@ -651,17 +654,6 @@ fn status_flags_of_cmp(a: u64, b: u64) -> u64 {
 }
 
 const STATUS: u64 = 0x800 | 0x80 | 0x40 | 0x10 | 0x4 | 0x1;
-
-/// Pairs whose `cmp` sets each status flag, OF included, and clears it.
-const CMP_CASES: [(u64, u64); 7] = [
-    (1, 2),
-    (2, 1),
-    (5, 5),
-    (i64::MIN as u64, 1),
-    (i64::MAX as u64, u64::MAX),
-    (0x10, 0x01),
-    (0, 0x8000_0000_0000_0000),
-];
 
 #[test]
 fn function_entry_hooks_report_the_status_flags_live_at_the_call() {

@@ -1,5 +1,8 @@
 //! Hooks on functions of this test binary: what handlers see, and that hooked code still works.
 
+mod common;
+use common::CMP_CASES;
+
 use std::hint::black_box;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -475,15 +478,7 @@ fn flags_after_cmp(a: u64, b: u64, set_df: u64) -> u64 {
 
 #[test]
 fn flags_live_at_a_probe_point_survive_it() {
-    let cases = [
-        (1u64, 2u64),
-        (2, 1),
-        (5, 5),
-        (i64::MIN as u64, 1),
-        (i64::MAX as u64, u64::MAX),
-        (0x10, 0x01),
-        (0, 0x8000_0000_0000_0000),
-    ];
+    let cases = CMP_CASES;
     let mut expected = Vec::new();
     for &(a, b) in &cases {
         for df in [0, 1] {

@@ -292,21 +292,6 @@ impl Patched {
     }
 }
 
-/// What [`Session::patched_from`] makes a [`Patched`] of, besides the module loaded.
-struct Built<'a> {
-    context: Arc<Context>,
-    image: &'a Image,
-    /// The application's module, parsed.
-    module: &'a PtxModule,
-    /// The kernels instrumented.
-    kernels: &'a [String],
-    clock_globals: &'a [String],
-    replicas: &'a [Arc<Replica>],
-    generation: u64,
-    /// The kernel whose launch asked for the build (for notices).
-    kernel: &'a str,
-}
-
 /// A kernel's register cap for the second build, and what it took without one.
 struct RegisterCap {
     kernel: String,
@@ -315,17 +300,23 @@ struct RegisterCap {
     before: (c_int, c_int),
 }
 
-/// The second build of an instrumented module, with fewer registers for its kernels
-/// whose probes call out of line (see [`Session::register_caps`]): what it is made from.
-struct Refit {
+/// What an instrumented module is made from, besides its context: [`Session::patched_from`]
+/// makes a [`Patched`] of it once loaded, and a second build with fewer registers for its
+/// kernels whose probes call out of line (`caps`, see [`Session::register_caps`]) is made
+/// from it too.
+struct BuildInputs {
     caps: Vec<RegisterCap>,
+    /// The instrumented PTX.
     spliced: String,
     image: Arc<Image>,
+    /// The application's module, parsed.
     module: PtxModule,
+    /// The kernels instrumented.
     kernels: Vec<String>,
     clock_globals: Vec<String>,
     replicas: Vec<Arc<Replica>>,
     generation: u64,
+    /// The kernel whose launch asked for the build (for notices).
     kernel: String,
 }
 
@@ -2269,7 +2260,7 @@ impl GpuAttach {
     }
 
     /// The instrumented module of `image` for the probes, and its second build with fewer
-    /// registers to make off the launch path where one may pay (see [`Refit`]).
+    /// registers to make off the launch path where one may pay (see [`BuildInputs`]).
     fn build_patched(
         &self,
         ctx: Handle,
@@ -2277,7 +2268,7 @@ impl GpuAttach {
         probes: &[Arc<GpuProbe>],
         kernel: &str,
         generation: u64,
-    ) -> Option<(Patched, Option<Refit>)> {
+    ) -> Option<(Patched, Option<BuildInputs>)> {
         let context = match self.context(ctx) {
             Ok(c) => c,
             Err(e) => {
@@ -2475,52 +2466,45 @@ impl GpuAttach {
         };
         let caps = self.register_caps(&splice, handle);
         let load_ms = load_started.elapsed().as_secs_f64() * 1e3;
-        let kernels: Vec<String> = splice.calls.iter().map(|(k, _)| k.clone()).collect();
-        let built = Built {
-            context,
-            image,
-            module: &module,
-            kernels: &kernels,
-            clock_globals: &clock_globals,
-            replicas: &replicas,
+        let built = BuildInputs {
+            caps,
+            spliced,
+            image: image.clone(),
+            module,
+            kernels: splice.calls.iter().map(|(k, _)| k.clone()).collect(),
+            clock_globals,
+            replicas,
             generation,
-            kernel,
+            kernel: kernel.to_string(),
         };
-        let patched = self.patched_from(&built, handle)?;
+        let patched = self.patched_from(&built, context, handle)?;
         tracing::info!(
             kernel,
             probes_and_splice_ms = compile_ms,
             driver_load_ms = load_ms,
             "instrumented module built"
         );
-        let refit = (!caps.is_empty()).then(|| Refit {
-            caps,
-            spliced,
-            image: image.clone(),
-            module,
-            kernels,
-            clock_globals,
-            replicas,
-            generation,
-            kernel: kernel.to_string(),
-        });
-        Some((patched, refit))
+        Some((patched, (!built.caps.is_empty()).then_some(built)))
     }
 
     /// Patched from the loaded instrumented module `handle`: its functions, its twins of
     /// the application's module variables, and its probes' clock offsets set.
-    fn patched_from(&self, b: &Built<'_>, handle: Handle) -> Option<Patched> {
-        let context = b.context.clone();
+    fn patched_from(
+        &self,
+        b: &BuildInputs,
+        context: Arc<Context>,
+        handle: Handle,
+    ) -> Option<Patched> {
         let mut functions = HashMap::new();
-        for k in b.kernels {
+        for k in &b.kernels {
             if let Some(f) = self.api.module_function(handle, k) {
                 functions.insert(Arc::<str>::from(k.as_str()), f);
             }
         }
-        let variables = match self.share_variables(b.image, b.module, handle) {
+        let variables = match self.share_variables(&b.image, &b.module, handle) {
             Ok(v) => v,
             Err(why) => {
-                let kernel = b.kernel;
+                let kernel = &b.kernel;
                 self.notice(&format!("variables:{kernel}"), || {
                     format!("kernels {} run uninstrumented: {why}", b.kernels.join(", "))
                 });
@@ -2529,7 +2513,7 @@ impl GpuAttach {
         };
         // The probes' clock offsets, and the context's clock.
         let mut globals = Vec::new();
-        for g in b.clock_globals {
+        for g in &b.clock_globals {
             let name = CString::new(g.as_str()).ok()?;
             let (mut ptr, mut size) = (0, 0);
             // SAFETY: writes a device pointer and a size.
@@ -2608,7 +2592,13 @@ impl GpuAttach {
     /// otherwise `built` stays. The driver's JIT of the second build (matmul: 25 ms on an
     /// H200) is then never on a launch's path; the launches before the swap run the first
     /// build, with the same maps.
-    fn refit_behind(&'static self, ctx: Handle, image: u64, refit: Refit, built: Arc<Patched>) {
+    fn refit_behind(
+        &'static self,
+        ctx: Handle,
+        image: u64,
+        refit: BuildInputs,
+        built: Arc<Patched>,
+    ) {
         let run = move || {
             bpftime_attach::never_run_handlers_on_this_thread();
             let _capture = self.api.relaxed_capture();
@@ -2665,19 +2655,9 @@ impl GpuAttach {
                 unsafe { (self.api.module_unload)(capped) };
                 return;
             }
-            let b = Built {
-                context,
-                image: &refit.image,
-                module: &refit.module,
-                kernels: &refit.kernels,
-                clock_globals: &refit.clock_globals,
-                replicas: &refit.replicas,
-                generation: refit.generation,
-                kernel: &refit.kernel,
-            };
             // Once made, its clock offsets are among the context's, which the clock's
             // recalibration writes: the module stays loaded even if it is not used.
-            let Some(patched) = self.patched_from(&b, capped) else {
+            let Some(patched) = self.patched_from(&refit, context, capped) else {
                 return;
             };
             let mut st = self.write();
