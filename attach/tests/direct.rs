@@ -87,7 +87,9 @@ std::arch::global_asm!(
     // A 5-byte no-op and a return: the smallest function a hook fits.
     ".globl bpftime_test_leaf",
     "bpftime_test_leaf:",
-    "nop dword ptr [rax + rax]",
+    // `nop dword ptr [rax + rax + 0]` in bytes: the assembler drops a zero displacement,
+    // which leaves 4 bytes, and the jump would then cover the `ret` too.
+    ".byte 0x0f, 0x1f, 0x44, 0x00, 0x00",
     "ret",
     // Calls the leaf with known values in every scratch register, as a caller compiled with
     // GCC's -fipa-ra may keep them across a call to a local function it knows spares them;
