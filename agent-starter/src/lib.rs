@@ -81,6 +81,8 @@ bpftime_attach::static_tls_flag!(fn ids_offset, "bpftime_starter_ids");
 // Where each thread's shadow stack of pending uretprobe calls is, read at every hooked
 // entry with a uretprobe and at every such return.
 bpftime_attach::static_tls_flag!(fn shadow_offset, "bpftime_starter_shadow");
+// The CPU slot a thread runs a program as, read by every per-CPU access of JIT code.
+bpftime_attach::static_tls_flag!(fn cpu_slot_offset, "bpftime_starter_cpu_slot");
 
 /// `on_own_thread`: called on a thread this library made, not one of the application's.
 fn start_agent(on_own_thread: bool) -> Result<(), String> {
@@ -99,15 +101,17 @@ fn start_agent(on_own_thread: bool) -> Result<(), String> {
         return Err(format!("{path} has no {AGENT_ENTRY:?}: {}", dl_error()));
     }
     // SAFETY: the agent exports `bpftime_agent_start` as
-    // `extern "C" fn(isize, bool, isize, isize)`
+    // `extern "C" fn(isize, bool, isize, isize, isize)`
     // (built with this library, from the same directory); the library stays loaded
     // (never dlclose'd), so the code outlives the call.
-    let start: extern "C" fn(isize, bool, isize, isize) = unsafe { std::mem::transmute(sym) };
+    let start: extern "C" fn(isize, bool, isize, isize, isize) =
+        unsafe { std::mem::transmute(sym) };
     start(
         hook_flag_offset(),
         on_own_thread,
         ids_offset(),
         shadow_offset(),
+        cpu_slot_offset(),
     );
     Ok(())
 }

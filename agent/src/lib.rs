@@ -17,13 +17,16 @@ mod watch;
 /// `ids_tp_offset` is 8 bytes of the starter's static TLS for the runtime's per-thread ids
 /// (see `bpftime_runtime::helpers::use_static_tls_ids`), or 0 for none.
 /// `shadow_tp_offset` is 8 bytes of it for the hooks' shadow stacks (see
-/// `bpftime_attach::use_static_tls_shadow`), or 0 for none.
+/// `bpftime_attach::use_static_tls_shadow`), or 0 for none. `cpu_slot_tp_offset` is 8
+/// bytes of it for the CPU slot a thread runs a program as (see
+/// `bpftime_runtime::cpu_slots`), or 0 for none.
 #[no_mangle]
 pub extern "C" fn bpftime_agent_start(
     hook_flag_tp_offset: isize,
     on_starter_thread: bool,
     ids_tp_offset: isize,
     shadow_tp_offset: isize,
+    cpu_slot_tp_offset: isize,
 ) {
     static STARTED: std::sync::Once = std::sync::Once::new();
     STARTED.call_once(|| {
@@ -34,6 +37,7 @@ pub extern "C" fn bpftime_agent_start(
                 on_starter_thread,
                 ids_tp_offset,
                 shadow_tp_offset,
+                cpu_slot_tp_offset,
             )
         };
         if std::panic::catch_unwind(start).is_err() {

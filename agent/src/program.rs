@@ -5,8 +5,11 @@
 use bpftime_interpreter::{execute, Environment, MemoryPolicy};
 use bpftime_isa::uapi::{helper, prog_type};
 use bpftime_isa::{opcode as op, HelperFn, Insn};
-use bpftime_jit_x86::{ArrayMapLayout, JitCache, JitEnv, JitOptions, JitProgram, PerCpuCopies};
-use bpftime_runtime::{helpers, Map, ProgramRecord, Store};
+use bpftime_jit_x86::{
+    ArrayMapLayout, CpuSlotTable, JitCache, JitEnv, JitOptions, JitProgram, PerCpuCopies,
+    FS_SEGMENT,
+};
+use bpftime_runtime::{cpu_slots, helpers, Map, ProgramRecord, Store};
 use bpftime_verifier::{verify, MapDesc, Options, ProgramInfo, Verified};
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, OnceLock};
@@ -24,6 +27,9 @@ pub(crate) struct LoadedProgram {
     pub(crate) jit: Option<JitProgram>,
     /// The words of its context (`pt_regs`) it may read, as the verifier found them.
     pub(crate) ctx_words_read: u64,
+    /// Whether it runs as a CPU slot it holds alone (see `bpftime_runtime::cpu_slots`):
+    /// it reaches per-CPU values or asks for the CPU number.
+    runs_as_cpu: bool,
     /// Keeps the maps the relocated instructions point at alive.
     _maps: Vec<Arc<Map>>,
 }
@@ -66,8 +72,14 @@ impl Programs {
         let rec = ProgramRecord::read(store, id).map_err(|e| format!("program {id}: {e}"))?;
         let ctx_words_read = self.verify(store, &rec)?.ctx_words_read;
         let (insns, maps) = self.relocate(store, &rec)?;
+        let runs_as_cpu = maps.iter().any(|m| m.reaches_per_cpu_values())
+            || calls_helper(&insns, helper::GET_SMP_PROCESSOR_ID);
+        let env = CompileEnv {
+            maps: &maps,
+            runs_as_cpu,
+        };
         let jit = self.jit.as_ref().and_then(|cache| {
-            match cache.get_or_compile(&insns, &CompileEnv { maps: &maps }, &JitOptions::default()) {
+            match cache.get_or_compile(&insns, &env, &JitOptions::default()) {
                 Ok(p) => Some(p),
                 Err(e) => {
                     tracing::warn!(program = %rec.name, "the JIT cannot compile this program, so the interpreter runs it: {e}");
@@ -86,6 +98,7 @@ impl Programs {
             insns: insns.into(),
             jit,
             ctx_words_read,
+            runs_as_cpu,
             _maps: maps,
         });
         Ok(self
@@ -199,6 +212,7 @@ impl Programs {
 /// resolver, and where array maps keep their values.
 struct CompileEnv<'a> {
     maps: &'a [Arc<Map>],
+    runs_as_cpu: bool,
 }
 
 impl JitEnv for CompileEnv<'_> {
@@ -218,6 +232,31 @@ impl JitEnv for CompileEnv<'_> {
     fn cpu_number_offset(&self) -> Option<u64> {
         bpftime_runtime::cpu_number_offset()
     }
+
+    fn cpu_slots(&self) -> Option<CpuSlotTable> {
+        if !self.runs_as_cpu {
+            return None;
+        }
+        let t = cpu_slots::slot_table()?;
+        Some(CpuSlotTable {
+            address_space: FS_SEGMENT,
+            slot_offset: t.slot_tp_offset,
+            ids_offset: t.ids_tp_offset,
+            rseq_offset: t.rseq_tp_offset,
+            slots: t.slots,
+            stride: t.stride,
+            cpus: t.cpus,
+            claim_own: t.claim_own,
+            claim: t.claim,
+        })
+    }
+}
+
+/// Whether `insns` call helper `id` (a relocated `lddw` never looks like a call).
+fn calls_helper(insns: &[Insn], id: u32) -> bool {
+    insns
+        .iter()
+        .any(|i| i.code == op::CALL_INSN && i.src == op::CALL_HELPER && i.imm as u32 == id)
 }
 
 /// How the JIT sees an array map of this process, for inlined lookups and updates.
@@ -300,6 +339,8 @@ impl Runtime {
             unsafe { code.call(ctx, 0) };
             return;
         }
+        // JIT code takes its slot itself.
+        let _slot = prog.runs_as_cpu.then(cpu_slots::SlotGuard::take);
         // SAFETY: the program was verified when this agent loaded it.
         let policy = unsafe { MemoryPolicy::unchecked() };
         if let Err(e) = execute(&prog.insns, ctx, 0, self, &policy) {

@@ -64,6 +64,7 @@ pub(crate) fn start(
     on_starter_thread: bool,
     ids_tp_offset: isize,
     shadow_tp_offset: isize,
+    cpu_slot_tp_offset: isize,
 ) {
     bpftime_runtime::init_logging();
     // First: a thread masked from handlers before the switch would not stay masked.
@@ -120,6 +121,14 @@ pub(crate) fn start(
             return;
         }
     };
+    if cpu_slot_tp_offset != 0 {
+        // SAFETY: the starter's 8 bytes of static TLS, zero in every thread and used by
+        // nothing else; no program runs yet.
+        unsafe { bpftime_runtime::cpu_slots::use_static_tls_slot(cpu_slot_tp_offset) };
+        if let Err(e) = bpftime_runtime::cpu_slots::install(store.dir()) {
+            tracing::warn!("programs run as the CPU their thread is on (per-CPU values may lose updates to preemption): {e}");
+        }
+    }
     helpers::set_trace_output(store.trace_path());
     let use_jit = program::jit_wanted();
     tracing::info!(

@@ -5,7 +5,7 @@ use bpftime_isa::opcode as op;
 use bpftime_isa::Insn;
 use tracing::debug;
 
-use bpftime_lifter::ArrayMapLayout;
+use bpftime_lifter::{ArrayMapLayout, CpuSlotTable};
 
 use crate::{JitEnv, JitError, JitOptions, JitProgram};
 
@@ -17,6 +17,7 @@ struct CacheKey {
     helpers: Vec<(u32, Option<u64>)>,
     array_maps: Vec<(u64, ArrayMapLayout)>,
     cpu_number_offset: Option<u64>,
+    cpu_slots: Option<CpuSlotTable>,
     opts: JitOptions,
 }
 
@@ -50,6 +51,7 @@ impl CacheKey {
             helpers: ids.into_iter().map(|id| (id, env.helper(id))).collect(),
             array_maps,
             cpu_number_offset: env.cpu_number_offset(),
+            cpu_slots: env.cpu_slots(),
             opts: opts.clone(),
         }
     }

@@ -7,8 +7,8 @@ use std::time::Instant;
 use bpftime_isa::opcode as op;
 use bpftime_isa::Insn;
 use bpftime_lifter::{
-    lift, optimize, ArrayMapLayout, CpuNumber, HelperLowering, Lifted, LoweringTarget,
-    DEFAULT_ENTRY_NAME,
+    lift, optimize, ArrayMapLayout, CpuNumber, CpuSlotTable, HelperLowering, Lifted,
+    LoweringTarget, DEFAULT_ENTRY_NAME,
 };
 use inkwell::context::Context;
 use inkwell::module::Module;
@@ -44,7 +44,7 @@ impl OptLevel {
         match self {
             OptLevel::O0 => "default<O0>",
             OptLevel::Light => {
-                "function(sroa<modify-cfg>,early-cse,instcombine<no-verify-fixpoint>,simplifycfg)"
+                "always-inline,function(sroa<modify-cfg>,early-cse,instcombine<no-verify-fixpoint>,simplifycfg)"
             }
             OptLevel::O1 => "default<O1>",
             OptLevel::O2 => "default<O2>",
@@ -172,6 +172,13 @@ pub trait JitEnv {
     fn cpu_number_offset(&self) -> Option<u64> {
         None
     }
+
+    /// Where the program takes a CPU slot to run as (see [`CpuSlotTable`], its offsets
+    /// in [`FS_SEGMENT`]); `None` runs it as whatever CPU the thread is on. Per-CPU
+    /// accesses then read the slot, not [`cpu_number_offset`](Self::cpu_number_offset).
+    fn cpu_slots(&self) -> Option<CpuSlotTable> {
+        None
+    }
 }
 
 impl<F: Fn(u32) -> Option<u64>> JitEnv for F {
@@ -210,6 +217,10 @@ impl LoweringTarget for HostTarget<'_> {
         })
     }
 
+    fn cpu_slots(&self) -> Option<CpuSlotTable> {
+        self.env.cpu_slots()
+    }
+
     fn slow_path_call_wrapper(&self) -> Option<u64> {
         Some(crate::vectors::call_keeping_vectors())
     }
@@ -217,7 +228,7 @@ impl LoweringTarget for HostTarget<'_> {
 
 /// LLVM's x86 address space for FS-relative addresses, where Linux keeps the thread
 /// pointer.
-const FS_SEGMENT: u16 = 257;
+pub const FS_SEGMENT: u16 = 257;
 
 fn init_native() -> Result<(), JitError> {
     static INIT: OnceLock<Result<(), String>> = OnceLock::new();

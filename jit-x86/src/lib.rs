@@ -14,7 +14,7 @@ mod jit;
 mod loader;
 mod vectors;
 
-pub use bpftime_lifter::{ArrayMapLayout, LiftError, PerCpuCopies};
+pub use bpftime_lifter::{ArrayMapLayout, CpuSlotTable, LiftError, PerCpuCopies};
 pub use cache::JitCache;
 pub use error::JitError;
-pub use jit::{lifted_ir, EntryFn, JitEnv, JitOptions, JitProgram, OptLevel};
+pub use jit::{lifted_ir, EntryFn, JitEnv, JitOptions, JitProgram, OptLevel, FS_SEGMENT};

@@ -1129,3 +1129,159 @@ fn jit_agrees_with_the_interpreter_on_random_programs() {
         );
     }
 }
+
+thread_local! {
+    /// Stand in for the static TLS the agent gives programs that run as a CPU slot: the
+    /// slot word (`1 << 32 | slot` while held) and the cached `tgid << 32 | tid`.
+    static FAKE_SLOT_WORD: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
+    static FAKE_IDS: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
+}
+
+/// Three slots, a cache line each: 0 or the holder's tid.
+#[repr(C, align(64))]
+struct SlotLine(std::sync::atomic::AtomicU32);
+static SLOTS: [SlotLine; 3] = [const { SlotLine(std::sync::atomic::AtomicU32::new(0)) }; 3];
+static CLAIMS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+/// Makes `fake_claim` answer as for a thread that cannot take slots.
+static REFUSE: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+const FAKE_TID: u32 = 4242;
+
+fn tp_offset_of(p: *const u8) -> u64 {
+    let tp: u64;
+    // SAFETY: reads the thread control block's self pointer, always present.
+    unsafe { std::arch::asm!("mov {}, fs:[0]", out(reg) tp, options(nostack, readonly)) };
+    (p as u64).wrapping_sub(tp)
+}
+
+/// The runtime's fast path, reduced: the CPU's own slot if free.
+extern "C" fn fake_claim_own(slots: u64, tid: u32, _rseq: u64, cpus: u32) -> u32 {
+    assert_eq!(slots, SLOTS.as_ptr() as u64);
+    let cpu = FAKE_CPU.with(|c| c.get());
+    if cpu < cpus
+        && SLOTS[cpu as usize]
+            .0
+            .compare_exchange(
+                0,
+                tid,
+                std::sync::atomic::Ordering::Acquire,
+                std::sync::atomic::Ordering::Relaxed,
+            )
+            .is_ok()
+    {
+        return cpu;
+    }
+    u32::MAX
+}
+
+/// The runtime's slow path, reduced: the first free slot from 2 down.
+extern "C" fn fake_claim(_: u64, _: u64, _: u64, _: u64, _: u64) -> u64 {
+    CLAIMS.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+    if REFUSE.load(std::sync::atomic::Ordering::SeqCst) {
+        return u64::from(u32::MAX);
+    }
+    for i in (0..3).rev() {
+        if SLOTS[i]
+            .0
+            .compare_exchange(
+                0,
+                FAKE_TID,
+                std::sync::atomic::Ordering::Acquire,
+                std::sync::atomic::Ordering::Relaxed,
+            )
+            .is_ok()
+        {
+            FAKE_SLOT_WORD.with(|w| w.set(1 << 32 | i as u64));
+            return i as u64;
+        }
+    }
+    unreachable!("the tests leave a slot free")
+}
+
+struct SlotEnv(PerCpuEnv);
+
+impl JitEnv for SlotEnv {
+    fn helper(&self, id: u32) -> Option<u64> {
+        self.0.helper(id)
+    }
+    fn array_map(&self, map: u64) -> Option<ArrayMapLayout> {
+        self.0.array_map(map)
+    }
+    fn cpu_number_offset(&self) -> Option<u64> {
+        self.0.cpu_number_offset()
+    }
+    fn cpu_slots(&self) -> Option<bpftime_jit_x86::CpuSlotTable> {
+        Some(bpftime_jit_x86::CpuSlotTable {
+            address_space: bpftime_jit_x86::FS_SEGMENT,
+            slot_offset: tp_offset_of(FAKE_SLOT_WORD.with(|w| w.as_ptr()).cast()),
+            ids_offset: tp_offset_of(FAKE_IDS.with(|w| w.as_ptr()).cast()),
+            rseq_offset: 0,
+            slots: SLOTS.as_ptr() as u64,
+            stride: 64,
+            cpus: 3,
+            claim_own: fake_claim_own as *const () as u64,
+            claim: addr(fake_claim),
+        })
+    }
+}
+
+/// A program that runs as a CPU slot takes its CPU's slot when free, another through the
+/// slow path when not, uses the slot's copy of per-CPU values, and frees it on exit; in
+/// a tail call (the thread holds a slot already) it uses that one and frees nothing.
+#[test]
+fn per_cpu_accesses_use_the_slot_the_entry_takes() {
+    use std::sync::atomic::Ordering::SeqCst;
+    let p = asm(PER_CPU_LOOKUP);
+    let env = SlotEnv(PerCpuEnv::new(false));
+    let base = std::ptr::addr_of!(PER_CPU) as u64;
+    let held = |i: usize| SLOTS[i].0.load(SeqCst);
+    for opts in [JitOptions::default(), JitOptions::optimized()] {
+        let prog = JitProgram::compile_with(&p, &env, &opts).unwrap();
+        assert!(
+            prog.keeps_vector_registers(),
+            "the slow path keeps vectors too"
+        );
+        let claims = CLAIMS.load(SeqCst);
+        FAKE_IDS.with(|w| w.set(7 << 32 | u64::from(FAKE_TID)));
+        // Its own CPU's slot, free: no slow path.
+        FAKE_CPU.with(|c| c.set(1));
+        // SAFETY: the program reads its stack and computes addresses only.
+        assert_eq!(unsafe { prog.call(0, 0) }, base + 16);
+        assert_eq!(CLAIMS.load(SeqCst), claims);
+        assert_eq!((held(0), held(1), held(2)), (0, 0, 0), "freed on exit");
+        assert_eq!(FAKE_SLOT_WORD.with(|w| w.get()), 0);
+        // The CPU's slot held by a preempted thread: the slow path gives slot 2.
+        SLOTS[1].0.store(99, SeqCst);
+        // SAFETY: as above.
+        assert_eq!(unsafe { prog.call(1, 0) }, base + 48 + 32);
+        assert_eq!(CLAIMS.load(SeqCst), claims + 1);
+        assert_eq!((held(1), held(2)), (99, 0), "slot 2 freed, slot 1 not ours");
+        SLOTS[1].0.store(0, SeqCst);
+        // Ids not yet cached, or a CPU without a slot: the slow path.
+        FAKE_IDS.with(|w| w.set(0));
+        // SAFETY: as above.
+        assert_eq!(unsafe { prog.call(0, 0) }, base + 32);
+        FAKE_IDS.with(|w| w.set(7 << 32 | u64::from(FAKE_TID)));
+        FAKE_CPU.with(|c| c.set(5));
+        // SAFETY: as above.
+        assert_eq!(unsafe { prog.call(0, 0) }, base + 32);
+        assert_eq!(CLAIMS.load(SeqCst), claims + 3);
+        assert_eq!((held(0), held(1), held(2)), (0, 0, 0));
+        // A tail call: the thread runs as slot 0 already.
+        FAKE_SLOT_WORD.with(|w| w.set(1 << 32));
+        FAKE_CPU.with(|c| c.set(2));
+        // SAFETY: as above.
+        assert_eq!(unsafe { prog.call(1, 0) }, base + 48);
+        assert_eq!(FAKE_SLOT_WORD.with(|w| w.get()), 1 << 32, "still held");
+        assert_eq!(CLAIMS.load(SeqCst), claims + 3);
+        FAKE_SLOT_WORD.with(|w| w.set(0));
+        // A thread that cannot take a slot (no rseq area) still runs, and frees nothing.
+        SLOTS[2].0.store(99, SeqCst);
+        REFUSE.store(true, SeqCst);
+        // SAFETY: as above.
+        assert_eq!(unsafe { prog.call(0, 0) }, base);
+        REFUSE.store(false, SeqCst);
+        assert_eq!(CLAIMS.load(SeqCst), claims + 4);
+        assert_eq!((held(0), held(1), held(2)), (0, 0, 99));
+        SLOTS[2].0.store(0, SeqCst);
+    }
+}

@@ -38,7 +38,9 @@ mod target;
 
 pub use error::LiftError;
 pub use lift::{lift, optimize, Lifted};
-pub use target::{ArrayMapLayout, CpuNumber, HelperLowering, LoweringTarget, PerCpuCopies};
+pub use target::{
+    ArrayMapLayout, CpuNumber, CpuSlotTable, HelperLowering, LoweringTarget, PerCpuCopies,
+};
 
 /// Symbol name of the entry function unless the target picks another.
 pub const DEFAULT_ENTRY_NAME: &str = "bpf_entry";

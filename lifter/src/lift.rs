@@ -18,7 +18,7 @@ use inkwell::values::{BasicMetadataValueEnum, BasicValue, FunctionValue, IntValu
 use inkwell::{AtomicOrdering, AtomicRMWBinOp, IntPredicate};
 use tracing::debug;
 
-use crate::target::{ArrayMapLayout, HelperLowering, LoweringTarget};
+use crate::target::{ArrayMapLayout, CpuNumber, CpuSlotTable, HelperLowering, LoweringTarget};
 use crate::LiftError;
 
 type Result<T> = std::result::Result<T, LiftError>;
@@ -68,7 +68,10 @@ pub fn lift<'ctx>(
     // Declare every function first: calls may point forwards.
     let mut functions = BTreeMap::new();
     for (i, &start) in starts.iter().enumerate() {
-        let f = if i == 0 {
+        let f = if i == 0 && target.cpu_slots().is_some() {
+            // The entry proper takes a CPU slot, then calls this.
+            module.add_function("bpf_body", entry_ty, Some(Linkage::Internal))
+        } else if i == 0 {
             module.add_function(target.entry_name(), entry_ty, Some(Linkage::External))
         } else {
             module.add_function(&format!("bpf_sub_{start}"), sub_ty, Some(Linkage::Internal))
@@ -99,6 +102,10 @@ pub fn lift<'ctx>(
         let end = starts.get(i + 1).copied().unwrap_or(insns.len());
         lifter.lift_function(start, end, i == 0)?;
     }
+    let entry = match target.cpu_slots() {
+        Some(slots) => lifter.slot_taking_entry(functions[&0], &slots)?,
+        None => functions[&0],
+    };
     module.verify().map_err(|e| LiftError::InvalidIr {
         message: e.to_string(),
     })?;
@@ -107,7 +114,6 @@ pub fn lift<'ctx>(
         functions = starts.len(),
         "lifted program"
     );
-    let entry = functions[&0];
     let plain_calls = lifter.plain_calls.get();
     drop(lifter);
     Ok(Lifted {
@@ -855,7 +861,7 @@ impl<'ctx> Lifter<'_, 'ctx> {
                     .known_r1
                     .get()
                     .and_then(|m| self.target.array_map(m))
-                    .filter(|l| l.per_cpu.is_none() || self.target.cpu_number().is_some());
+                    .filter(|l| l.per_cpu.is_none() || self.cpu_number().is_some());
                 match (id, inline) {
                     (helper::MAP_LOOKUP_ELEM, Some(layout)) => {
                         return self.inline_array_lookup(f, pc, layout, &lowering)
@@ -892,7 +898,7 @@ impl<'ctx> Lifter<'_, 'ctx> {
         let stride = i64t.const_int(u64::from(map.key_stride), false);
         let offset = b.build_int_mul(key, stride, "offset")?;
         let value = b.build_int_add(i64t.const_int(map.values, false), offset, "value")?;
-        let (Some(per_cpu), Some(cpu)) = (map.per_cpu, self.target.cpu_number()) else {
+        let (Some(per_cpu), Some(cpu)) = (map.per_cpu, self.cpu_number()) else {
             return Ok((value, in_range, self.context.bool_type().const_all_ones()));
         };
         let space = inkwell::AddressSpace::from(cpu.address_space);
@@ -918,6 +924,161 @@ impl<'ctx> Lifter<'_, 'ctx> {
         let copy = b.build_int_mul(n, i64t.const_int(u64::from(per_cpu.stride), false), "copy")?;
         let value = b.build_int_add(value, copy, "cpu_value")?;
         Ok((value, in_range, has_copy))
+    }
+
+    /// Where per-CPU accesses read the CPU: the slot the entry took, when it takes one
+    /// (its low 32 bits; the entry has set the word), else the target's CPU number.
+    fn cpu_number(&self) -> Option<CpuNumber> {
+        match self.target.cpu_slots() {
+            Some(t) => Some(CpuNumber {
+                address_space: t.address_space,
+                offset: t.slot_offset,
+            }),
+            None => self.target.cpu_number(),
+        }
+    }
+
+    /// The external entry of a program that runs as a CPU slot: takes one (unless the
+    /// thread holds one already, in a tail call), runs `body`, frees it.
+    ///
+    /// The fast path is `claim_own` (the CPU's own slot, free); anything else (the slot
+    /// held by a preempted thread, ids not yet cached) goes through `claim`, which waits.
+    fn slot_taking_entry(
+        &self,
+        body: FunctionValue<'ctx>,
+        t: &CpuSlotTable,
+    ) -> Result<FunctionValue<'ctx>> {
+        let c = self.context;
+        let b = &self.builder;
+        let i64t = self.i64t;
+        let i32t = c.i32_type();
+        let entry = self.module.add_function(
+            self.target.entry_name(),
+            self.entry_ty,
+            Some(Linkage::External),
+        );
+        let nounwind = Attribute::get_named_enum_kind_id("nounwind");
+        entry.add_attribute(AttributeLoc::Function, c.create_enum_attribute(nounwind, 0));
+        let params: Vec<BasicMetadataValueEnum<'ctx>> =
+            entry.get_params().into_iter().map(Into::into).collect();
+        let start = c.append_basic_block(entry, "start");
+        let nested = c.append_basic_block(entry, "nested");
+        let fast = c.append_basic_block(entry, "own_cpu");
+        let took_own = c.append_basic_block(entry, "took_own_slot");
+        let slow = c.append_basic_block(entry, "claim");
+        let run = c.append_basic_block(entry, "run");
+        let space = inkwell::AddressSpace::from(t.address_space);
+        let tls = |offset: u64, name: &str| {
+            b.build_int_to_ptr(i64t.const_int(offset, false), c.ptr_type(space), name)
+        };
+        let volatile_load = |ty: IntType<'ctx>, at: PointerValue<'ctx>, name: &str| {
+            let v = b.build_load(ty, at, name)?.into_int_value();
+            if let Some(load) = v.as_instruction_value() {
+                let _ = load.set_volatile(true);
+            }
+            Ok::<_, LiftError>(v)
+        };
+        let not_taken = i64t.const_int(u64::from(u32::MAX), false);
+
+        b.position_at_end(start);
+        let held_at = tls(t.slot_offset, "held_at")?;
+        let held = volatile_load(i64t, held_at, "held")?;
+        let held_flag = b.build_right_shift(held, i64t.const_int(32, false), false, "held_flag")?;
+        let holds = b.build_int_compare(IntPredicate::NE, held_flag, i64t.const_zero(), "holds")?;
+        b.build_conditional_branch(holds, nested, fast)?;
+
+        b.position_at_end(nested);
+        b.build_unconditional_branch(run)?;
+
+        b.position_at_end(fast);
+        let ids = volatile_load(i64t, tls(t.ids_offset, "ids_at")?, "ids")?;
+        let tid = b.build_int_truncate(ids, i32t, "tid")?;
+        let known = b.build_int_compare(IntPredicate::NE, tid, i32t.const_zero(), "tid_known")?;
+        let try_own = c.append_basic_block(entry, "try_own_slot");
+        b.build_conditional_branch(known, try_own, slow)?;
+
+        b.position_at_end(try_own);
+        let claim_own_ty =
+            i32t.fn_type(&[i64t.into(), i32t.into(), i64t.into(), i32t.into()], false);
+        let own = b
+            .build_indirect_call(
+                claim_own_ty,
+                self.constant_pointer(t.claim_own)?,
+                &[
+                    i64t.const_int(t.slots, false).into(),
+                    tid.into(),
+                    i64t.const_int(t.rseq_offset, false).into(),
+                    i32t.const_int(u64::from(t.cpus), false).into(),
+                ],
+                "own_slot",
+            )?
+            .try_as_basic_value()
+            .basic()
+            .map(|v| v.into_int_value())
+            .ok_or_else(|| LiftError::InvalidIr {
+                message: "claim_own returns void".into(),
+            })?;
+        let own = b.build_int_z_extend(own, i64t, "own_slot64")?;
+        let took = b.build_int_compare(IntPredicate::NE, own, not_taken, "took")?;
+        b.build_conditional_branch(took, took_own, slow)?;
+
+        b.position_at_end(took_own);
+        let word = b.build_or(own, i64t.const_int(1 << 32, false), "held_word")?;
+        let st = b.build_store(held_at, word)?;
+        let _ = st.set_volatile(true);
+        b.build_unconditional_branch(run)?;
+
+        b.position_at_end(slow);
+        let zero = i64t.const_zero().into();
+        let claimed = self.call_helper_on_slow_path(
+            &HelperLowering::Address(t.claim),
+            u32::MAX,
+            vec![zero; 5],
+        )?;
+        let slow_end = b.get_insert_block().unwrap_or(slow);
+        b.build_unconditional_branch(run)?;
+
+        b.position_at_end(run);
+        let slot = b.build_phi(i64t, "slot")?;
+        slot.add_incoming(&[(&own, took_own), (&claimed, slow_end), (&not_taken, nested)]);
+        // One call site, so that the body is inlined here.
+        let r0 = b
+            .build_call(body, &params, "r0")?
+            .try_as_basic_value()
+            .basic()
+            .map(|v| v.into_int_value())
+            .ok_or_else(|| LiftError::InvalidIr {
+                message: "entry returns void".into(),
+            })?;
+        let slot = slot.as_basic_value().into_int_value();
+        let release = c.append_basic_block(entry, "release");
+        let done = c.append_basic_block(entry, "done");
+        let took_slot = b.build_int_compare(IntPredicate::NE, slot, not_taken, "took_slot")?;
+        b.build_conditional_branch(took_slot, release, done)?;
+        b.position_at_end(release);
+        // The thread's word first: a signal handler running a program in between then
+        // takes a slot of its own rather than using one it no longer holds.
+        let st = b.build_store(held_at, i64t.const_zero())?;
+        let _ = st.set_volatile(true);
+        let off = b.build_int_mul(slot, i64t.const_int(u64::from(t.stride), false), "off")?;
+        let at = b.build_int_add(i64t.const_int(t.slots, false), off, "slot_at")?;
+        let word = b.build_int_to_ptr(at, c.ptr_type(Default::default()), "slot_word")?;
+        let freed = b.build_store(word, i32t.const_zero())?;
+        freed
+            .set_atomic_ordering(AtomicOrdering::Release)
+            .map_err(|e| LiftError::InvalidIr {
+                message: format!("slot release: {e}"),
+            })?;
+        let _ = freed.set_alignment(4);
+        b.build_unconditional_branch(done)?;
+        b.position_at_end(done);
+        b.build_return(Some(&r0))?;
+        let always_inline = Attribute::get_named_enum_kind_id("alwaysinline");
+        body.add_attribute(
+            AttributeLoc::Function,
+            c.create_enum_attribute(always_inline, 0),
+        );
+        Ok(entry)
     }
 
     /// `fast` where `usable` holds, the helper call otherwise, joined into r0.

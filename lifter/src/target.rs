@@ -44,6 +44,36 @@ pub struct CpuNumber {
     pub offset: u64,
 }
 
+/// How a program runs as one CPU at a time, as the kernel runs it with preemption off, so
+/// that its per-CPU read-modify-writes are never interleaved with another program's on the
+/// same CPU (a thread can be preempted anywhere): the entry takes a CPU slot no other
+/// thread holds, every per-CPU access uses it, and the exit frees it.
+///
+/// Every offset is in `address_space` (on x86-64 Linux, FS-relative: the thread's own).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct CpuSlotTable {
+    pub address_space: u16,
+    /// The thread's 8-byte word: `1 << 32 | slot` while it holds a slot, 0 otherwise.
+    pub slot_offset: u64,
+    /// The thread's cached `tgid << 32 | tid`, 0 until known.
+    pub ids_offset: u64,
+    /// The thread's rseq area, passed to `claim_own`.
+    pub rseq_offset: u64,
+    /// Address of slot 0's `u32`: `cpus` of them, `stride` bytes apart, each 0 (free) or
+    /// the tid of its holder.
+    pub slots: u64,
+    pub stride: u32,
+    pub cpus: u32,
+    /// `u32 claim_own(u64 slots, u32 tid, u64 rseq_offset, u32 cpus)`, a C function that
+    /// takes the slot of the CPU the thread runs on if it is free and returns it,
+    /// `u32::MAX` otherwise; it uses no vector register.
+    pub claim_own: u64,
+    /// `u64 claim(u64, u64, u64, u64, u64)`, called like a helper: waits for a slot,
+    /// records it in the thread's word and returns it; `u32::MAX` for a thread that
+    /// cannot take one (it then runs as the CPU it is on).
+    pub claim: u64,
+}
+
 /// What differs between code generators; the translation itself never looks at the target.
 ///
 /// The lifted functions have fixed, target-neutral signatures (see the crate docs); a
@@ -90,6 +120,12 @@ pub trait LoweringTarget {
 
     /// Where the running CPU's number can be read, for inlined per-CPU map accesses.
     fn cpu_number(&self) -> Option<CpuNumber> {
+        None
+    }
+
+    /// Where the entry takes a CPU slot for the run (see [`CpuSlotTable`]); `None` runs
+    /// the program as whatever CPU the thread is on.
+    fn cpu_slots(&self) -> Option<CpuSlotTable> {
         None
     }
 

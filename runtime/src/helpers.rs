@@ -89,7 +89,7 @@ extern "C" fn after_fork_in_child() {
     let offset = IDS_TP_OFFSET.load(Ordering::Relaxed);
     if offset != 0 {
         // SAFETY: `use_static_tls_ids`'s caller vouched for 8 bytes of static TLS here.
-        unsafe { write_static_ids(offset, 0) };
+        unsafe { crate::mapping::write_tls_word(offset, 0) };
     }
 }
 
@@ -107,34 +107,9 @@ pub unsafe fn use_static_tls_ids(tp_offset: isize) {
     IDS_TP_OFFSET.store(tp_offset, Ordering::Relaxed);
 }
 
-/// # Safety
-/// `offset` is as `use_static_tls_ids` requires.
-unsafe fn read_static_ids(offset: isize) -> u64 {
-    let v: u64;
-    // SAFETY: caller obligation; the slot is this thread's own.
-    unsafe {
-        std::arch::asm!(
-            "mov {v}, qword ptr fs:[{offset}]",
-            offset = in(reg) offset,
-            v = out(reg) v,
-            options(nostack, readonly, preserves_flags),
-        )
-    };
-    v
-}
-
-/// # Safety
-/// As [`read_static_ids`].
-unsafe fn write_static_ids(offset: isize, v: u64) {
-    // SAFETY: caller obligation; the slot is this thread's own.
-    unsafe {
-        std::arch::asm!(
-            "mov qword ptr fs:[{offset}], {v}",
-            offset = in(reg) offset,
-            v = in(reg) v,
-            options(nostack, preserves_flags),
-        )
-    };
+/// The offset [`use_static_tls_ids`] was given, 0 before.
+pub(crate) fn ids_tp_offset() -> isize {
+    IDS_TP_OFFSET.load(Ordering::Relaxed)
 }
 
 fn fresh_pid_tgid() -> u64 {
@@ -166,12 +141,12 @@ pub(crate) fn pid_tgid() -> u64 {
         // SAFETY: `use_static_tls_ids`'s caller vouched for the slot. A forked child's
         // slot was cleared by the fork handler, registered before the offset was set.
         unsafe {
-            let v = read_static_ids(offset);
+            let v = crate::mapping::read_tls_word(offset);
             if v != 0 {
                 return v;
             }
             let v = fresh_pid_tgid();
-            write_static_ids(offset, v);
+            crate::mapping::write_tls_word(offset, v);
             return v;
         }
     }

@@ -7,7 +7,7 @@ use std::sync::atomic::{AtomicU32, AtomicU64};
 pub const PAGE_SIZE: usize = 4096;
 
 /// Bumped whenever any layout in this module changes.
-pub const STORE_VERSION: u32 = 4;
+pub const STORE_VERSION: u32 = 5;
 
 pub const OBJECT_MAGIC: u32 = 0x4250_4654; // "BPFT"
 
@@ -71,6 +71,21 @@ pub struct StoreHeader {
     /// Bumped on every change of links, so agents can cheaply tell when to rescan.
     pub generation: AtomicU64,
 }
+
+/// The first cache line of the store's file `cpus` (see `cpu_slots.rs`); slot `i`'s
+/// word, 0 or the tid of the thread running a program as CPU `i`, starts the
+/// `CPU_SLOT_STRIDE` bytes at `(1 + i) * CPU_SLOT_STRIDE`.
+#[repr(C)]
+pub struct CpuSlotsHeader {
+    pub magic: u32,
+    pub version: u32,
+    pub cpus: u32,
+    pub _pad: u32,
+}
+
+pub const CPU_SLOTS_MAGIC: u32 = 0x4350_5553; // "CPUS"
+/// A cache line per slot: threads on different CPUs never write the same line.
+pub const CPU_SLOT_STRIDE: usize = 64;
 
 /// Header of a map file. The map's data starts at `PAGE_SIZE`.
 #[repr(C)]

@@ -15,6 +15,7 @@
 //! handles over the shared files.
 
 pub mod cgroup;
+pub mod cpu_slots;
 mod error;
 mod gpu_probe;
 pub mod helpers;

@@ -18,6 +18,20 @@ unsafe impl Send for Mapping {}
 unsafe impl Sync for Mapping {}
 
 impl Mapping {
+    /// Maps the whole of the existing file at `path`.
+    pub(crate) fn map_existing(path: &Path) -> Result<Self> {
+        let file = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(path)
+            .map_err(|e| Error::io("open", path, e))?;
+        let len = file
+            .metadata()
+            .map_err(|e| Error::io("stat", path, e))?
+            .len() as usize;
+        Self::map_file(&file, len, path)
+    }
+
     pub(crate) fn map_file(file: &File, len: usize, path: &Path) -> Result<Self> {
         // SAFETY: a fresh mapping chosen by the kernel; the file is at least `len` long
         // (the caller sized it), so every byte of the mapping is backed.
@@ -109,4 +123,39 @@ impl Drop for Mapping {
             libc::munmap(self.base.cast(), self.len);
         }
     }
+}
+
+/// The 8 bytes of static TLS at `offset` from this thread's pointer.
+///
+/// # Safety
+/// `offset` is that of 8 bytes, 8-aligned, in the static TLS block of a module that stays
+/// loaded (an initial-exec variable, `var@gottpoff`).
+pub(crate) unsafe fn read_tls_word(offset: isize) -> u64 {
+    let v: u64;
+    // SAFETY: caller obligation; the word is this thread's own.
+    unsafe {
+        std::arch::asm!(
+            "mov {v}, qword ptr fs:[{offset}]",
+            offset = in(reg) offset,
+            v = out(reg) v,
+            options(nostack, readonly, preserves_flags),
+        )
+    };
+    v
+}
+
+/// Sets the word [`read_tls_word`] reads.
+///
+/// # Safety
+/// As [`read_tls_word`].
+pub(crate) unsafe fn write_tls_word(offset: isize, v: u64) {
+    // SAFETY: caller obligation; the word is this thread's own.
+    unsafe {
+        std::arch::asm!(
+            "mov qword ptr fs:[{offset}], {v}",
+            offset = in(reg) offset,
+            v = in(reg) v,
+            options(nostack, preserves_flags),
+        )
+    };
 }

@@ -94,22 +94,13 @@ impl PerfRing {
     /// Opens an existing ring (producers).
     pub fn open(dir: &Path, event_id: u32) -> Result<PerfRing> {
         let path = ring_path(dir, event_id);
-        let file = OpenOptions::new()
-            .read(true)
-            .write(true)
-            .open(&path)
-            .map_err(|e| Error::io("open", &path, e))?;
-        let len = file
-            .metadata()
-            .map_err(|e| Error::io("stat", &path, e))?
-            .len() as usize;
-        if len < 3 * PAGE_SIZE {
+        let mapping = Mapping::map_existing(&path)?;
+        if mapping.len() < 3 * PAGE_SIZE {
             return Err(Error::invalid(
                 libc::EINVAL,
                 format!("{} is truncated", path.display()),
             ));
         }
-        let mapping = Mapping::map_file(&file, len, &path)?;
         let fifo_p = fifo_path(dir, event_id);
         let fifo = OpenOptions::new()
             .read(true)

@@ -117,6 +117,7 @@ impl Store {
                 Err(e) => return Err(Error::io("create", &path, e)),
             }
         }
+        crate::cpu_slots::create_table(&dir)?;
         let pins = dir.join(crate::pins::PINS_DIR);
         fs::create_dir_all(&pins).map_err(|e| Error::io("create directory", &pins, e))?;
         Self::open_dir(name, dir)
@@ -150,19 +151,7 @@ impl Store {
             header,
         };
         let h = store.header();
-        if h.magic != OBJECT_MAGIC {
-            return Err(Error::BadMagic {
-                path,
-                magic: h.magic,
-            });
-        }
-        if h.version != STORE_VERSION {
-            return Err(Error::Version {
-                path,
-                found: h.version,
-                expected: STORE_VERSION,
-            });
-        }
+        check_magic_and_version(&path, h.magic, OBJECT_MAGIC, h.version)?;
         Ok(store)
     }
 
@@ -372,16 +361,33 @@ pub(crate) fn check_header(path: &Path, bytes: &[u8], kind: ObjectKind) -> Resul
     }
     // SAFETY: length checked above; ObjectHeader is plain old data.
     let h: ObjectHeader = unsafe { std::ptr::read_unaligned(bytes.as_ptr().cast()) };
-    if h.magic != OBJECT_MAGIC || h.kind != kind as u32 {
+    if h.kind != kind as u32 {
         return Err(Error::BadMagic {
             path: path.to_path_buf(),
             magic: h.magic,
         });
     }
-    if h.version != STORE_VERSION {
+    check_magic_and_version(path, h.magic, OBJECT_MAGIC, h.version)
+}
+
+/// Refuses a store file whose header does not start with `want` and this build's
+/// [`STORE_VERSION`].
+pub(crate) fn check_magic_and_version(
+    path: &Path,
+    magic: u32,
+    want: u32,
+    version: u32,
+) -> Result<()> {
+    if magic != want {
+        return Err(Error::BadMagic {
+            path: path.to_path_buf(),
+            magic,
+        });
+    }
+    if version != STORE_VERSION {
         return Err(Error::Version {
             path: path.to_path_buf(),
-            found: h.version,
+            found: version,
             expected: STORE_VERSION,
         });
     }

@@ -337,14 +337,27 @@ impl Tool {
     /// [`Tool::stop`], or why not: the tool did not exit within 60 s of SIGINT (it is
     /// killed then). For a tool the test runs as an oracle (bpftrace on the kernel),
     /// whose own failure says nothing of ours.
+    ///
+    /// A tool still running 10 s after a SIGINT gets another, as a user presses Ctrl-C
+    /// again: bpftrace 0.17 checks for the signal only when `epoll_wait` returns, and one
+    /// that lands just before it enters the call leaves it polling (on the kernel too).
     pub fn try_stop(mut self) -> Result<(i32, Vec<String>, String), String> {
-        // SAFETY: sends SIGINT to our own child.
-        unsafe { libc::kill(self.child.id() as i32, libc::SIGINT) };
+        let interrupt = |child: &Child| {
+            // SAFETY: sends SIGINT to our own child.
+            unsafe { libc::kill(child.id() as i32, libc::SIGINT) };
+        };
+        interrupt(&self.child);
         self.output_held.store(false, Ordering::Release);
-        let end = Instant::now() + Duration::from_secs(60);
+        let started = Instant::now();
+        let end = started + Duration::from_secs(60);
+        let mut next_interrupt = started + Duration::from_secs(10);
         let status = loop {
             if let Some(s) = self.child.try_wait().expect("wait") {
                 break s;
+            }
+            if Instant::now() > next_interrupt {
+                interrupt(&self.child);
+                next_interrupt += Duration::from_secs(10);
             }
             if Instant::now() > end {
                 let err = self.kill_and_take_stderr();

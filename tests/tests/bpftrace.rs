@@ -96,6 +96,63 @@ fn count_and_printf_one_liners_match_the_kernel() {
     }
 }
 
+/// `count()` and `sum()` read this CPU's copy of a per-CPU value, add and write it back;
+/// the kernel runs that with preemption off, so no update is lost. Under bpftime a thread
+/// preempted between the read and the write must not erase what other threads (of this
+/// or another process) added meanwhile: three processes of four threads each, on a
+/// machine with fewer CPUs than threads, and every call counted, in a per-CPU array
+/// (`@c`) and a per-CPU hash (`@[arg0 % 3]`), on the JIT and on the interpreter.
+#[test]
+fn per_cpu_aggregations_are_exact_from_many_threads_and_processes() {
+    require_bpftrace();
+    const CALLS: u64 = 200_000;
+    const THREADS: u64 = 4;
+    const PROCESSES: u64 = 3;
+    let s = Session::new("bpftrace-threads");
+    let t = s.target_copy(examples::CALLS);
+    let t = t.to_str().unwrap();
+    let script =
+        format!("uprobe:{t}:work {{ @c = count(); @s = sum(arg0 % 3); @[arg0 % 3] = count(); }}");
+    // Each thread calls work(0..CALLS): arg0 % 3 is 0 for ceil(CALLS / 3) of them.
+    let per_residue = |r: u64| (CALLS + 2 - r) / 3 * THREADS * PROCESSES;
+    let total = CALLS * THREADS * PROCESSES;
+    let sum = per_residue(1) + 2 * per_residue(2);
+    let mut want = vec![
+        format!("@c: {total}"),
+        format!("@s: {sum}"),
+        format!("@[0]: {}", per_residue(0)),
+        format!("@[1]: {}", per_residue(1)),
+        format!("@[2]: {}", per_residue(2)),
+    ];
+    want.sort();
+    for engine in ["jit", "interpreter"] {
+        let tool = s.load_bpftrace(&script);
+        let runs: Vec<_> = (0..PROCESSES)
+            .map(|_| {
+                let mut c = s.bpftime();
+                c.args([
+                    "start",
+                    t,
+                    &CALLS.to_string(),
+                    "--threads",
+                    &THREADS.to_string(),
+                ]);
+                if engine == "interpreter" {
+                    c.env("BPFTIME_JIT", "0");
+                }
+                c.spawn().unwrap()
+            })
+            .collect();
+        for mut r in runs {
+            assert!(r.wait().unwrap().success());
+        }
+        let (_, lines, _) = tool.stop();
+        let mut got = nonempty(lines);
+        got.sort();
+        assert_eq!(got, want, "on the {engine}");
+    }
+}
+
 /// `uretprobe` with every aggregation whose output is deterministic: the
 /// histograms, sum, avg, min, max and stats of `work`'s return value (4 * arg + 6).
 #[test]

@@ -8,7 +8,7 @@ pub(crate) fn current_tid() -> u32 {
     crate::helpers::pid_tgid() as u32
 }
 
-fn thread_alive(tid: u32) -> bool {
+pub(crate) fn thread_alive(tid: u32) -> bool {
     // SAFETY: signal 0 only checks for existence and permission.
     let r = unsafe { libc::kill(tid as libc::pid_t, 0) };
     r == 0 || std::io::Error::last_os_error().raw_os_error() != Some(libc::ESRCH)

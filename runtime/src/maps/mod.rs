@@ -9,6 +9,7 @@ mod bloom;
 mod hash;
 mod local_storage;
 mod lock;
+pub(crate) use lock::{current_tid, thread_alive};
 mod lpm;
 mod queue;
 mod ringbuf;
@@ -83,9 +84,19 @@ pub fn cpu_number_offset() -> Option<u64> {
     })
 }
 
-/// The CPU this thread runs on, below `ncpus`: from the rseq area when glibc keeps one
-/// (the same word JIT-compiled programs read), from `sched_getcpu` otherwise.
+/// The CPU a program on this thread runs as, below `ncpus`: the CPU slot it holds (see
+/// `cpu_slots.rs`), else the CPU it runs on.
+#[inline]
 pub(crate) fn current_cpu(ncpus: u32) -> usize {
+    match crate::cpu_slots::held_slot() {
+        Some(slot) if slot < ncpus => slot as usize,
+        _ => hardware_cpu(ncpus),
+    }
+}
+
+/// The CPU this thread runs on, below `ncpus`: from the rseq area when glibc keeps one,
+/// from `sched_getcpu` otherwise.
+pub(crate) fn hardware_cpu(ncpus: u32) -> usize {
     if let Some(offset) = cpu_number_offset() {
         let cpu: u32;
         // SAFETY: glibc registers the rseq area of every thread at this offset from the
@@ -521,6 +532,15 @@ impl Map {
     }
     pub fn map_type(&self) -> u32 {
         self.header().map_type
+    }
+    /// Whether a program reaches per-CPU values through this map: its own, or those of
+    /// the inner maps of a map of maps.
+    pub fn reaches_per_cpu_values(&self) -> bool {
+        self.kind.percpu()
+            || self
+                .inner_template()
+                .and_then(|t| Kind::of(t.map_type))
+                .is_some_and(Kind::percpu)
     }
     pub fn key_size(&self) -> u32 {
         self.header().key_size

@@ -1,0 +1,400 @@
+//! One program per CPU at a time, across every process of a store.
+//!
+//! The kernel runs a tracing program with preemption off, so the code that reads this
+//! CPU's copy of a per-CPU value, adds to it and writes it back (bpftrace's `count()`,
+//! every `@x = sum()`) is never interleaved with another program on the same CPU. A
+//! userspace thread can be preempted anywhere; a thread of the same or another process
+//! then runs on that CPU, adds to the same copy for a whole time slice, and the preempted
+//! thread's write-back erases those counts (seen: 4 threads on 2 CPUs kept 230185 of
+//! 400000 calls of `@c = count()`).
+//!
+//! So a program that uses per-CPU values runs *as* a CPU slot that it holds alone: the
+//! store's file `cpus` has one word per possible CPU, 0 or the tid of the thread running
+//! as that CPU. A thread takes the slot of the CPU it runs on, when free, in a restartable
+//! sequence (rseq): the kernel restarts the sequence when the thread is preempted,
+//! migrated or signalled between reading its CPU number and storing its tid, so no
+//! locked instruction is needed; only threads on a CPU take that CPU's slot, and only the
+//! holder frees it. When the slot is held (by a thread preempted in a program), the
+//! thread waits for it, as a thread of the kernel waits for the CPU. Per-CPU accesses and
+//! `bpf_get_smp_processor_id` use the slot held. As in the kernel, at most one program
+//! runs as each CPU. A slot held by a thread that died is taken back.
+//!
+//! A process whose threads have no rseq area (glibc before 2.35, or rseq turned off)
+//! takes no slots: its programs run as the CPU they are on, and a per-CPU update can be
+//! lost to preemption there, as before slots existed. It says so once.
+
+use std::fs::OpenOptions;
+use std::os::unix::fs::OpenOptionsExt;
+use std::path::Path;
+use std::sync::atomic::{AtomicIsize, AtomicU32, Ordering};
+use std::sync::OnceLock;
+
+use crate::layout::{CpuSlotsHeader, CPU_SLOTS_MAGIC, CPU_SLOT_STRIDE, STORE_VERSION};
+use crate::mapping::{read_tls_word, write_tls_word, Mapping};
+use crate::maps::{current_tid, possible_cpus, thread_alive};
+use crate::store::check_magic_and_version;
+use crate::{Error, Result};
+
+/// The word the thread's state is kept in while static TLS holds it: `1 << 32 | slot`
+/// while the thread runs a program as CPU `slot`, 0 otherwise.
+const HELD: u64 = 1 << 32;
+
+/// Offset from the thread pointer of the 8 bytes of static TLS that say which slot the
+/// thread holds, or 0 while there are none (then no program holds slots).
+static SLOT_TP_OFFSET: AtomicIsize = AtomicIsize::new(0);
+
+/// This process's mapping of the store's slot table, once [`install`] ran.
+static TABLE: OnceLock<Table> = OnceLock::new();
+
+struct Table {
+    mapping: Mapping,
+    cpus: u32,
+    /// Offset from the thread pointer of glibc's rseq area.
+    rseq_offset: isize,
+}
+
+impl Table {
+    fn slot(&self, i: u32) -> &AtomicU32 {
+        debug_assert!(i < self.cpus);
+        // SAFETY: the mapping holds the header and `cpus` slots of CPU_SLOT_STRIDE bytes,
+        // each starting with a 4-aligned u32 only ever accessed atomically.
+        unsafe {
+            &*(self
+                .mapping
+                .base()
+                .add(CPU_SLOT_STRIDE * (1 + i as usize))
+                .cast::<AtomicU32>())
+        }
+    }
+}
+
+/// Creates the slot table of the store in `dir` unless it is there, for
+/// `Store::create_or_open`.
+pub(crate) fn create_table(dir: &Path) -> Result<()> {
+    let path = dir.join("cpus");
+    if path.exists() {
+        return Ok(());
+    }
+    let cpus = possible_cpus();
+    let tmp = dir.join(format!(".tmp-cpus-{}", std::process::id()));
+    let result = (|| {
+        let file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .mode(0o600)
+            .open(&tmp)
+            .map_err(|e| Error::io("create", &tmp, e))?;
+        let len = CPU_SLOT_STRIDE * (1 + cpus as usize);
+        file.set_len(len as u64)
+            .map_err(|e| Error::io("resize", &tmp, e))?;
+        let m = Mapping::map_file(&file, len, &tmp)?;
+        // SAFETY: a fresh file of `len` bytes, private to this process until linked.
+        unsafe {
+            m.base().cast::<CpuSlotsHeader>().write(CpuSlotsHeader {
+                magic: CPU_SLOTS_MAGIC,
+                version: STORE_VERSION,
+                cpus,
+                _pad: 0,
+            })
+        };
+        // link() refuses to replace, so racing creators agree on one table.
+        match std::fs::hard_link(&tmp, &path) {
+            Ok(()) => Ok(()),
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => Ok(()),
+            Err(e) => Err(Error::io("create", &path, e)),
+        }
+    })();
+    let _ = std::fs::remove_file(&tmp);
+    result
+}
+
+/// Maps the slot table of the store in `dir` for the programs of this process; the
+/// first store wins (an agent serves one).
+pub fn install(dir: &Path) -> Result<()> {
+    if TABLE.get().is_some() {
+        return Ok(());
+    }
+    let Some(cpu_number) = crate::maps::cpu_number_offset() else {
+        return Err(Error::invalid(
+            libc::ENOTSUP,
+            "glibc keeps no rseq area for this process's threads (glibc before 2.35, or GLIBC_TUNABLES=glibc.pthread.rseq=0)",
+        ));
+    };
+    // `cpu_id` is 4 bytes into the area.
+    let rseq_offset = cpu_number as isize - 4;
+    let path = dir.join("cpus");
+    let mapping = Mapping::map_existing(&path)?;
+    if mapping.len() < CPU_SLOT_STRIDE {
+        return Err(Error::invalid(
+            libc::EINVAL,
+            format!("{} is shorter than its header", path.display()),
+        ));
+    }
+    // SAFETY: at least a header's bytes, page aligned.
+    let h = unsafe { &*mapping.base().cast::<CpuSlotsHeader>() };
+    check_magic_and_version(&path, h.magic, CPU_SLOTS_MAGIC, h.version)?;
+    let len = mapping.len();
+    let cpus = h.cpus;
+    if cpus != possible_cpus() || len < CPU_SLOT_STRIDE * (1 + cpus as usize) {
+        return Err(Error::invalid(
+            libc::EINVAL,
+            format!(
+                "{} holds {cpus} CPU slots in {len} bytes; this machine has {} possible CPUs",
+                path.display(),
+                possible_cpus()
+            ),
+        ));
+    }
+    let _ = TABLE.set(Table {
+        mapping,
+        cpus,
+        rseq_offset,
+    });
+    Ok(())
+}
+
+/// Keeps each thread's slot in 8 bytes of static TLS at `tp_offset` from the thread
+/// pointer, which JIT-compiled programs read with one load. Until this is called,
+/// programs hold no slots.
+///
+/// # Safety
+/// `tp_offset` must be the offset of 8 bytes, 8-aligned, in the static TLS block of a
+/// module that stays loaded (an initial-exec variable, `var@gottpoff`), zero in every
+/// thread, and used by nothing else.
+pub unsafe fn use_static_tls_slot(tp_offset: isize) {
+    SLOT_TP_OFFSET.store(tp_offset, Ordering::Relaxed);
+}
+
+/// The slot this thread runs a program as, if it holds one.
+#[inline]
+pub fn held_slot() -> Option<u32> {
+    let offset = SLOT_TP_OFFSET.load(Ordering::Relaxed);
+    if offset == 0 {
+        return None;
+    }
+    // SAFETY: `use_static_tls_slot`'s caller vouched for the word.
+    let v = unsafe { read_tls_word(offset) };
+    (v & HELD != 0).then_some(v as u32)
+}
+
+/// Where JIT-compiled programs find and take slots, once the process has both the table
+/// and the static TLS for them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct SlotTable {
+    /// Offset from the thread pointer of the thread's `1 << 32 | slot` word (0 when it
+    /// holds none).
+    pub slot_tp_offset: u64,
+    /// Offset from the thread pointer of the thread's cached `tgid << 32 | tid` (0 until
+    /// known).
+    pub ids_tp_offset: u64,
+    /// Offset from the thread pointer of the thread's rseq area.
+    pub rseq_tp_offset: u64,
+    /// The first slot's word: `cpus` words `stride` bytes apart, each 0 or its holder's tid.
+    pub slots: u64,
+    pub stride: u32,
+    pub cpus: u32,
+    /// `u32 claim_own(slots, tid, rseq_tp_offset, cpus)`: takes the slot of the CPU the
+    /// thread runs on when it is free, and returns it (`u32::MAX` otherwise); touches
+    /// rax, r8, r9 and the flags only.
+    pub claim_own: u64,
+    /// `u64 claim(u64, u64, u64, u64, u64)`: waits for the CPU's slot and records it in
+    /// the thread's word; returns it, or `u32::MAX` for a thread that cannot take slots.
+    pub claim: u64,
+}
+
+/// What the JIT needs to inline the taking of a slot; `None` while programs take none.
+pub fn slot_table() -> Option<SlotTable> {
+    let table = TABLE.get()?;
+    let slot_tp_offset = SLOT_TP_OFFSET.load(Ordering::Relaxed);
+    let ids_tp_offset = crate::helpers::ids_tp_offset();
+    if slot_tp_offset == 0 || ids_tp_offset == 0 {
+        return None;
+    }
+    let claim: unsafe extern "C" fn(u64, u64, u64, u64, u64) -> u64 = claim_for_jit;
+    Some(SlotTable {
+        slot_tp_offset: slot_tp_offset as u64,
+        ids_tp_offset: ids_tp_offset as u64,
+        rseq_tp_offset: table.rseq_offset as u64,
+        slots: table.slot(0) as *const AtomicU32 as u64,
+        stride: CPU_SLOT_STRIDE as u32,
+        cpus: table.cpus,
+        claim_own: bpftime_claim_own_slot as *const () as usize as u64,
+        claim: claim as usize as u64,
+    })
+}
+
+unsafe extern "C" fn claim_for_jit(_: u64, _: u64, _: u64, _: u64, _: u64) -> u64 {
+    let slot = TABLE.get().and_then(claim);
+    u64::from(slot.unwrap_or(u32::MAX))
+}
+
+const _: () = assert!(
+    CPU_SLOT_STRIDE == 64,
+    "bpftime_claim_own_slot's `shl r9, 6`"
+);
+
+extern "C" {
+    fn bpftime_claim_own_slot(slots: *const AtomicU32, tid: u32, rseq: isize, cpus: u32) -> u32;
+}
+
+// Takes the slot of the CPU the thread is on, if free, in a restartable sequence: the
+// kernel restarts it at `abort` when the thread is preempted, migrated or signalled
+// between its read of the CPU number and its store of the tid (the commit), so the slot
+// it checked is the slot of the CPU it still runs on, and no thread of that CPU ran in
+// between. Only threads on a CPU write that CPU's free slot this way, and only its
+// holder frees it, so no locked instruction is needed.
+//
+// rdi: slot 0's word; esi: the tid (non-zero); rdx: the rseq area's offset from the
+// thread pointer; ecx: the number of slots. Returns the slot in eax, or u32::MAX when
+// the CPU's slot is taken (or the CPU has none). Touches rax, r8, r9 and flags only.
+::std::arch::global_asm!(
+    ".pushsection .text.bpftime_claim_own_slot,\"ax\",@progbits",
+    ".globl bpftime_claim_own_slot",
+    ".hidden bpftime_claim_own_slot",
+    ".type bpftime_claim_own_slot,@function",
+    ".p2align 4",
+    "bpftime_claim_own_slot:",
+    "lea rax, [rip + bpftime_claim_own_slot_cs]",
+    ".Lbpftime_claim_arm:",
+    "mov qword ptr fs:[rdx + 8], rax",
+    ".Lbpftime_claim_start:",
+    // `cpu_id`: the CPU, or -1 or -2 (out of range) while the thread has no area.
+    "mov r8d, dword ptr fs:[rdx + 4]",
+    "cmp r8d, ecx",
+    "jae .Lbpftime_claim_taken",
+    "mov r9, r8",
+    "shl r9, 6",
+    "cmp dword ptr [rdi + r9], 0",
+    "jne .Lbpftime_claim_taken",
+    "mov dword ptr [rdi + r9], esi",
+    ".Lbpftime_claim_commit:",
+    "mov qword ptr fs:[rdx + 8], 0",
+    "mov eax, r8d",
+    "ret",
+    // The signature the kernel checks before an abort address: glibc's, for x86.
+    ".long 0x53053053",
+    ".Lbpftime_claim_abort:",
+    "jmp .Lbpftime_claim_arm",
+    ".Lbpftime_claim_taken:",
+    "mov qword ptr fs:[rdx + 8], 0",
+    "mov eax, -1",
+    "ret",
+    ".size bpftime_claim_own_slot, . - bpftime_claim_own_slot",
+    ".popsection",
+    ".pushsection .data.rel.ro.bpftime_claim_own_slot_cs,\"aw\",@progbits",
+    ".p2align 5",
+    "bpftime_claim_own_slot_cs:",
+    ".long 0",
+    ".long 0",
+    ".quad .Lbpftime_claim_start",
+    ".quad .Lbpftime_claim_commit - .Lbpftime_claim_start",
+    ".quad .Lbpftime_claim_abort",
+    ".popsection",
+);
+
+/// Waits for the slot of the CPU the thread runs on, and records it in the thread's word;
+/// `None` for a thread the kernel keeps no rseq area for.
+#[cold]
+#[inline(never)]
+fn claim(table: &Table) -> Option<u32> {
+    let me = current_tid();
+    let offset = SLOT_TP_OFFSET.load(Ordering::Relaxed);
+    let mut rounds: u32 = 0;
+    loop {
+        // SAFETY: the table's slots, this thread's own rseq area (registered: checked
+        // below before any wait), a non-zero tid.
+        let slot =
+            unsafe { bpftime_claim_own_slot(table.slot(0), me, table.rseq_offset, table.cpus) };
+        if slot != u32::MAX {
+            // SAFETY: programs take slots only once the offset is set (see
+            // `use_static_tls_slot`).
+            unsafe { write_tls_word(offset, HELD | u64::from(slot)) };
+            return Some(slot);
+        }
+        let cpu = rseq_cpu(table);
+        if cpu >= table.cpus {
+            not_registered();
+            return None;
+        }
+        // A thread preempted in a program holds the slot: let it go on.
+        rounds = rounds.wrapping_add(1);
+        if rounds.is_multiple_of(64) {
+            take_back_from_dead(table.slot(cpu), cpu);
+        }
+        std::thread::yield_now();
+    }
+}
+
+/// The `cpu_id` of the thread's rseq area: its CPU, or a value out of range while the
+/// kernel keeps no area for the thread.
+fn rseq_cpu(table: &Table) -> u32 {
+    let cpu: u32;
+    // SAFETY: glibc's rseq area, at this offset from every thread's pointer.
+    unsafe {
+        std::arch::asm!(
+            "mov {cpu:e}, dword ptr fs:[{offset} + 4]",
+            cpu = out(reg) cpu,
+            offset = in(reg) table.rseq_offset,
+            options(nostack, readonly, preserves_flags),
+        )
+    };
+    cpu
+}
+
+#[cold]
+fn not_registered() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        tracing::warn!(
+            "a thread without an rseq area runs programs as the CPU it is on: its per-CPU updates can be lost to preemption"
+        )
+    });
+}
+
+/// Frees `cpu`'s slot if its holder died (a process killed while it ran a program).
+fn take_back_from_dead(word: &AtomicU32, cpu: u32) {
+    let holder = word.load(Ordering::Relaxed);
+    if holder != 0
+        && !thread_alive(holder)
+        && word
+            .compare_exchange(holder, 0, Ordering::Relaxed, Ordering::Relaxed)
+            .is_ok()
+    {
+        tracing::warn!(
+            cpu,
+            dead_tid = holder,
+            "took back a CPU slot held by a thread that died in a program"
+        );
+    }
+}
+
+/// Holds a slot for a program run outside JIT code (the interpreter), unless the thread
+/// holds one already (a tail call) or programs take none in this process.
+pub struct SlotGuard {
+    slot: Option<u32>,
+}
+
+impl SlotGuard {
+    pub fn take() -> SlotGuard {
+        let (Some(table), offset) = (TABLE.get(), SLOT_TP_OFFSET.load(Ordering::Relaxed)) else {
+            return SlotGuard { slot: None };
+        };
+        if offset == 0 || held_slot().is_some() {
+            return SlotGuard { slot: None };
+        }
+        SlotGuard { slot: claim(table) }
+    }
+}
+
+impl Drop for SlotGuard {
+    fn drop(&mut self) {
+        let (Some(slot), Some(table)) = (self.slot, TABLE.get()) else {
+            return;
+        };
+        // SAFETY: a slot was taken, so the offset is set.
+        unsafe { write_tls_word(SLOT_TP_OFFSET.load(Ordering::Relaxed), 0) };
+        table.slot(slot).store(0, Ordering::Release);
+    }
+}
