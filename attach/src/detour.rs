@@ -26,6 +26,8 @@ pub struct Detour {
 
 struct Installed {
     detour: Detour,
+    /// The original bytes under what was written: a jump, or a breakpoint where the jump
+    /// could not safely go in.
     bytes: Vec<u8>,
 }
 
@@ -61,7 +63,7 @@ pub unsafe fn detour(
     let code = patch::build_detour(addr, replacement)?;
     original.store(code.original_entry, Ordering::Release);
     patch::register_trap(addr, code.thunk)?;
-    patch::write_jump(addr, code.thunk)?;
+    let written = patch::write_jump(addr, code.thunk, &code.interior)?;
     let detour = Detour {
         addr,
         original: code.original_entry,
@@ -70,7 +72,7 @@ pub unsafe fn detour(
         addr,
         Installed {
             detour,
-            bytes: code.original,
+            bytes: code.original[..written.len()].to_vec(),
         },
     );
     tracing::debug!(

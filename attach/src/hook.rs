@@ -257,7 +257,9 @@ struct SiteState {
     site: &'static Site,
     trampoline: Trampoline,
     kind: PatchKind,
-    patched: bool,
+    /// What is written at the site now: `kind`, or a breakpoint where a jump could not
+    /// safely go in.
+    patched: Option<PatchKind>,
 }
 
 #[derive(Default)]
@@ -313,7 +315,7 @@ impl Registry {
                     site,
                     trampoline,
                     kind,
-                    patched: false,
+                    patched: None,
                 }))
             }
         }
@@ -364,12 +366,17 @@ fn attach(at: HookAddress, kind: Kind, action: Action) -> Result<HookId, AttachE
         action,
         failed: AtomicBool::new(false),
     }));
-    if !state.patched {
-        match state.kind {
-            PatchKind::Jump => patch::write_jump(addr, state.trampoline.entry)?,
-            PatchKind::Breakpoint => patch::write_breakpoint(addr)?,
-        }
-        state.patched = true;
+    if state.patched.is_none() {
+        let written = match state.kind {
+            PatchKind::Jump => {
+                patch::write_jump(addr, state.trampoline.entry, &state.trampoline.interior)?
+            }
+            PatchKind::Breakpoint => {
+                patch::write_breakpoint(addr)?;
+                PatchKind::Breakpoint
+            }
+        };
+        state.patched = Some(written);
     }
     publish(site, List::new(entries));
     reg.next_id += 1;
@@ -474,12 +481,12 @@ pub fn detach(id: HookId) -> Result<(), AttachError> {
     let site = state.site;
     let mut entries = current(site).entries;
     entries.retain(|a| a.id != id);
-    if entries.is_empty() && state.patched {
-        if let Err(e) = patch::restore(addr, &state.trampoline.original) {
+    if let (true, Some(written)) = (entries.is_empty(), state.patched) {
+        if let Err(e) = patch::restore(addr, &state.trampoline.original[..written.len()]) {
             reg.hooks.insert(id, addr);
             return Err(e);
         }
-        state.patched = false;
+        state.patched = None;
     }
     publish(site, List::new(entries));
     tracing::debug!(%id, addr = format_args!("{addr:#x}"), "detached");

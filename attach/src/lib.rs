@@ -19,9 +19,12 @@
 //! Limits, x86-64 Linux only:
 //! - The jump takes 5 bytes. A function shorter than that must be followed by padding; code
 //!   that jumps back into those 5 bytes from further on (a loop head there) breaks, and only
-//!   branches inside the 5 bytes are detected. A thread stopped exactly between two of the
-//!   replaced instructions at the moment of patching resumes on the new bytes. Inside a
-//!   function, [`plan_site`] reads the whole function and picks a one-byte `int3`
+//!   branches inside the 5 bytes are detected. When they hold several instructions, every
+//!   other thread not asleep elsewhere is sent a signal before the jump goes in, and one
+//!   found between two of them is moved to the instruction's copy; if one cannot be, the
+//!   site stays a one-byte breakpoint. A thread whose interrupted frame (under a signal
+//!   handler, or in a call made from those bytes) returns between them is not found.
+//!   Inside a function, [`plan_site`] reads the whole function and picks a one-byte `int3`
 //!   ([`HookAddress::breakpoint`]) wherever the jump could be reached sideways; a hit
 //!   there costs a signal delivery.
 //! - A prologue's rip-relative operands must still reach their targets from the trampoline
@@ -31,7 +34,10 @@
 //!   walks read the real one back with [`original_return_address`].
 //! - While hooks are written, a SIGTRAP handler is installed for the whole process (it hands
 //!   traps it does not own to the previous handler); a thread that blocks SIGTRAP and reaches
-//!   a site mid-patch is killed.
+//!   a site mid-patch is killed. The signal sent to threads before a jump over several
+//!   instructions goes in is a real-time one, the highest with no handler that no thread
+//!   blocks when first needed. Should the application take it later, such sites stay
+//!   breakpoints, and a request still pending reaches the application's handler.
 //! - ymm/zmm upper halves and x87 state are not saved around handlers.
 
 #[cfg(not(all(target_arch = "x86_64", target_os = "linux")))]
@@ -39,6 +45,7 @@ compile_error!("bpftime-attach supports x86-64 Linux only");
 
 mod detour;
 mod error;
+mod evacuate;
 mod hook;
 mod maps;
 mod patch;

@@ -7,6 +7,9 @@
 //! in the way the kernel's `text_poke_bp` does it: an `int3` first (one byte, so atomic), then
 //! the jump's operand, then its opcode; a thread that reaches the site in between traps, and
 //! our SIGTRAP handler sends it to the trampoline, which is equivalent to taking the jump.
+//! The kernel patches one instruction that way; our jump may replace several, so before the
+//! operand goes in, every other thread found between two of them is moved to the
+//! instruction's copy in the trampoline (see `evacuate`), or the site stays a breakpoint.
 
 use std::fs::File;
 use std::io;
@@ -20,6 +23,7 @@ use iced_x86::{
 };
 
 use crate::error::AttachError;
+use crate::evacuate;
 use crate::maps;
 
 /// Length of `jmp rel32`, the patch written over a hooked address.
@@ -82,16 +86,34 @@ fn sync_cores() {
     }
 }
 
-/// Replaces the first bytes at `addr` with `jmp target`. The bytes after the 5th are left as
-/// they were, so a thread already past the first instruction keeps running original code.
-pub(crate) fn write_jump(addr: usize, target: usize) -> Result<(), AttachError> {
+/// Replaces the first bytes at `addr` with `jmp target`, where `interior` says where each
+/// instruction the jump covers was copied to. The bytes after the 5th are left as they were,
+/// so a thread already past the last covered instruction keeps running original code.
+///
+/// Answers what is there now: [`PatchKind::Breakpoint`] (the `int3` alone, which our
+/// handler sends to `target` as well) when some thread may be stopped inside the covered
+/// instructions and could not be moved out of them.
+pub(crate) fn write_jump(
+    addr: usize,
+    target: usize,
+    interior: &Interior,
+) -> Result<PatchKind, AttachError> {
     let rel = rel32(addr + JMP_LEN, target).ok_or(AttachError::Unhookable {
         addr,
         reason: "trampoline out of rel32 reach".into(),
     })?;
     write_code(addr, &[0xcc])?;
+    if !evacuate::clear(addr, interior) {
+        tracing::debug!(
+            addr = format_args!("{addr:#x}"),
+            "a thread may be stopped inside the instructions the jump would cover; \
+             the site stays a breakpoint"
+        );
+        return Ok(PatchKind::Breakpoint);
+    }
     write_code(addr + 1, &rel.to_le_bytes())?;
-    write_code(addr, &[0xe9])
+    write_code(addr, &[0xe9])?;
+    Ok(PatchKind::Jump)
 }
 
 /// Puts a lone `int3` at `addr`, for good: every thread that reaches it traps, and our
@@ -103,6 +125,12 @@ pub(crate) fn write_breakpoint(addr: usize) -> Result<(), AttachError> {
 
 /// Puts back the original bytes a patch replaced (all of a jump's, or a breakpoint's
 /// one), under the same `int3` protocol.
+///
+/// No thread needs moving first, unlike in [`write_jump`]: a jump is one instruction, so
+/// no thread can be stopped inside bytes 1 to 4, and none got in between the instructions
+/// they held before (those were cleared before the jump went in, and the way in has been
+/// the `int3` or the jump since). A site left a breakpoint had only its first byte changed,
+/// and a thread still between the instructions after it runs them as they always were.
 pub(crate) fn restore(addr: usize, original: &[u8]) -> Result<(), AttachError> {
     write_code(addr, &[0xcc])?;
     if original.len() > 1 {
@@ -121,6 +149,19 @@ pub(crate) struct Trampoline {
     pub entry: usize,
     /// The bytes the patch replaces: [`JMP_LEN`] for a jump, one for a breakpoint.
     pub original: Vec<u8>,
+    pub interior: Interior,
+}
+
+/// The instruction boundaries strictly inside the bytes a jump covers, each with the
+/// address of the instruction's relocated copy: where a thread found there is sent before
+/// the jump's operand is written (see `evacuate`).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub(crate) struct Interior {
+    /// How many bytes from the hooked address the covered instructions span.
+    pub len: usize,
+    /// (offset from the hooked address, address of the copy, or 0 where the encoder
+    /// replaced the instruction by others it does not locate).
+    pub boundaries: Vec<(usize, usize)>,
 }
 
 /// How a hooked address is patched.
@@ -134,7 +175,8 @@ pub(crate) enum PatchKind {
 }
 
 impl PatchKind {
-    fn len(self) -> usize {
+    /// How many bytes of the original code the patch replaces.
+    pub(crate) fn len(self) -> usize {
         match self {
             PatchKind::Jump => JMP_LEN,
             PatchKind::Breakpoint => 1,
@@ -193,20 +235,30 @@ fn prologue(addr: usize, kind: PatchKind) -> Result<Prologue, AttachError> {
 }
 
 /// Appends to `buf` (which will live at `page`) the stolen prologue relocated, then a jump
-/// back to the rest of the function at `addr`.
+/// back to the rest of the function at `addr`; answers where each stolen instruction went.
 fn append_relocated(
     buf: &mut Vec<u8>,
     page: usize,
     addr: usize,
     stolen: &[Instruction],
-) -> Result<(), AttachError> {
+) -> Result<Interior, AttachError> {
     let stolen_len: usize = stolen.iter().map(|i| i.len()).sum();
-    let (relocated, falls_through) =
-        relocate(stolen, (page + buf.len()) as u64).map_err(|e| AttachError::Unhookable {
-            addr,
-            reason: format!("cannot relocate the prologue: {e}"),
-        })?;
-    buf.extend_from_slice(&relocated);
+    let at = page + buf.len();
+    let relocated = relocate(stolen, at as u64).map_err(|e| AttachError::Unhookable {
+        addr,
+        reason: format!("cannot relocate the prologue: {e}"),
+    })?;
+    let interior = Interior {
+        len: stolen_len,
+        boundaries: stolen
+            .iter()
+            .zip(&relocated.starts)
+            .skip(1)
+            .map(|(ins, start)| (ins.ip() as usize - addr, start.map_or(0, |s| at + s)))
+            .collect(),
+    };
+    let falls_through = relocated.falls_through;
+    buf.extend_from_slice(&relocated.code);
     let back = addr + stolen_len;
     let jmp_at = page + buf.len();
     match rel32(jmp_at + JMP_LEN, back) {
@@ -220,7 +272,7 @@ fn append_relocated(
             buf.extend_from_slice(&(back as u64).to_le_bytes());
         }
     }
-    Ok(())
+    Ok(interior)
 }
 
 /// Copies `buf` into the fresh RW `page` and makes it RX for good.
@@ -269,7 +321,7 @@ pub(crate) fn build_trampoline(
     buf.extend_from_slice(&[0xff, 0x15, 0, 0, 0, 0]);
     buf.extend_from_slice(&[0x48, 0x8d, 0xa4, 0x24, 0x88, 0, 0, 0]);
     debug_assert_eq!(buf.len(), HEAD_LEN);
-    append_relocated(&mut buf, page, addr, &stolen)?;
+    let interior = append_relocated(&mut buf, page, addr, &stolen)?;
     while buf.len() % 8 != 0 {
         buf.push(0xcc);
     }
@@ -289,6 +341,7 @@ pub(crate) fn build_trampoline(
     Ok(Trampoline {
         entry: page,
         original,
+        interior,
     })
 }
 
@@ -299,6 +352,7 @@ pub(crate) struct DetourCode {
     /// The function as it was: its relocated prologue, then a jump to the rest of it.
     pub original_entry: usize,
     pub original: Vec<u8>,
+    pub interior: Interior,
 }
 
 // Layout, from the page's start:
@@ -317,17 +371,27 @@ pub(crate) fn build_detour(addr: usize, replacement: usize) -> Result<DetourCode
     buf.extend_from_slice(&[0xff, 0x25, 0, 0, 0, 0]);
     buf.extend_from_slice(&(replacement as u64).to_le_bytes());
     buf.resize(THUNK_LEN, 0xcc);
-    append_relocated(&mut buf, page, addr, &stolen)?;
+    let interior = append_relocated(&mut buf, page, addr, &stolen)?;
     seal(page, &buf, addr)?;
     Ok(DetourCode {
         thunk: page,
         original_entry: page + THUNK_LEN,
         original,
+        interior,
     })
 }
 
-/// The stolen instructions, encoded to run at `ip`, and whether the result falls through
-/// (then the trampoline jumps back after it).
+/// The stolen instructions encoded to run elsewhere.
+struct Relocated {
+    code: Vec<u8>,
+    /// Whether the code falls through at its end (then the trampoline jumps back after it).
+    falls_through: bool,
+    /// For each stolen instruction, the offset in `code` of what replaces it; `None` where
+    /// the encoder rewrote it into a sequence it does not locate (a `jrcxz`, say).
+    starts: Vec<Option<usize>>,
+}
+
+/// The stolen instructions, encoded to run at `ip`.
 ///
 /// A call that ends them becomes a push of its original return address and a jump to the
 /// callee, so the callee returns straight into the hooked function, past the patched bytes,
@@ -336,7 +400,11 @@ pub(crate) fn build_detour(addr: usize, replacement: usize) -> Result<DetourCode
 /// the hooked function, and unwinders (C++ exceptions) would find no frame information for
 /// it. A call whose operand reads the stack pointer, which the push moves, keeps returning
 /// into the trampoline.
-fn relocate(stolen: &[Instruction], ip: u64) -> Result<(Vec<u8>, bool), String> {
+///
+/// A thread is never between the parts of one replaced instruction, so only the start of
+/// each replacement matters: the push that stands for the call is where a thread about to
+/// call goes on.
+fn relocate(stolen: &[Instruction], ip: u64) -> Result<Relocated, String> {
     let mut block = stolen.to_vec();
     let mut falls_through = true;
     if let Some(tail) = call_as_push_and_jump(stolen.last()) {
@@ -347,10 +415,20 @@ fn relocate(stolen: &[Instruction], ip: u64) -> Result<(Vec<u8>, bool), String> 
     let encoded = BlockEncoder::encode(
         64,
         InstructionBlock::new(&block, ip),
-        BlockEncoderOptions::NONE,
+        BlockEncoderOptions::RETURN_NEW_INSTRUCTION_OFFSETS,
     )
     .map_err(|e| e.to_string())?;
-    Ok((encoded.code_buffer, falls_through))
+    // The block holds the stolen instructions in order, the call's replacement starting at
+    // the call's index.
+    let starts = encoded.new_instruction_offsets[..stolen.len()]
+        .iter()
+        .map(|&o| (o != u32::MAX).then_some(o as usize))
+        .collect();
+    Ok(Relocated {
+        code: encoded.code_buffer,
+        falls_through,
+        starts,
+    })
 }
 
 /// `push <return address>; jmp <callee>` for a near call, where that keeps its meaning.
@@ -566,12 +644,28 @@ extern "C" fn on_sigtrap(sig: libc::c_int, info: *mut libc::siginfo_t, ctx: *mut
         }
     }
     // Not ours: behave as if we had never been installed.
-    let Some(prev) = PREVIOUS.get() else { return };
+    if let Some(prev) = PREVIOUS.get() {
+        // SAFETY: as this handler was called, for the handler it replaced.
+        unsafe { chain(prev, sig, info, ctx) };
+    }
+}
+
+/// Hands a signal that is not ours to `prev`, the handler ours replaced, as the kernel
+/// would have. Async-signal-safe.
+///
+/// # Safety
+/// `info` and `ctx` as the kernel hands them to an SA_SIGINFO handler of `sig`.
+pub(crate) unsafe fn chain(
+    prev: &libc::sigaction,
+    sig: libc::c_int,
+    info: *mut libc::siginfo_t,
+    ctx: *mut libc::c_void,
+) {
     match prev.sa_sigaction {
         libc::SIG_IGN => {}
         libc::SIG_DFL => {
             // SAFETY: restoring the default and re-raising is async-signal-safe; the signal is
-            // delivered with the default action (core dump) once this handler returns.
+            // delivered with the default action once this handler returns.
             unsafe {
                 libc::signal(sig, libc::SIG_DFL);
                 libc::raise(sig);
@@ -656,9 +750,11 @@ mod tests {
         let code = [0x55, 0x48, 0x89, 0xe5, 0xe8, 0xf7, 0x0f, 0x00, 0x00];
         let stolen = steal(0x40_0000, &code, JMP_LEN).unwrap();
         let new_ip = 0x7000_0000u64;
-        let (out, falls_through) = relocate(&stolen, new_ip).unwrap();
-        assert!(!falls_through);
-        let moved = decode_all(&out, new_ip);
+        let relocated = relocate(&stolen, new_ip).unwrap();
+        assert!(!relocated.falls_through);
+        // A thread about to call goes on at the push that stands for the call.
+        assert_eq!(relocated.starts, vec![Some(0), Some(1), Some(4)]);
+        let moved = decode_all(&relocated.code, new_ip);
         let mnemonics: Vec<_> = moved.iter().map(|i| i.mnemonic()).collect();
         assert_eq!(
             mnemonics,
@@ -679,22 +775,46 @@ mod tests {
 
         // call rax: the same, through the register.
         let code = [0x55, 0x48, 0x89, 0xe5, 0xff, 0xd0];
-        let (out, falls_through) =
-            relocate(&steal(0x40_0000, &code, JMP_LEN).unwrap(), new_ip).unwrap();
-        assert!(!falls_through);
-        let moved = decode_all(&out, new_ip);
+        let relocated = relocate(&steal(0x40_0000, &code, JMP_LEN).unwrap(), new_ip).unwrap();
+        assert!(!relocated.falls_through);
+        let moved = decode_all(&relocated.code, new_ip);
         assert_eq!(moved.last().unwrap().code(), Code::Jmp_rm64);
         assert_eq!(moved.last().unwrap().op0_register(), Register::RAX);
 
         // call [rsp+8] reads the stack the push would move: kept as a call.
         let code = [0x55, 0x48, 0x89, 0xe5, 0xff, 0x54, 0x24, 0x08];
-        let (out, falls_through) =
-            relocate(&steal(0x40_0000, &code, JMP_LEN).unwrap(), new_ip).unwrap();
-        assert!(falls_through);
+        let relocated = relocate(&steal(0x40_0000, &code, JMP_LEN).unwrap(), new_ip).unwrap();
+        assert!(relocated.falls_through);
         assert_eq!(
-            decode_all(&out, new_ip).last().unwrap().mnemonic(),
+            decode_all(&relocated.code, new_ip)
+                .last()
+                .unwrap()
+                .mnemonic(),
             Mnemonic::Call
         );
+    }
+
+    #[test]
+    fn every_boundary_inside_the_jump_maps_to_its_copy() {
+        // push rdi; pop rax; nop; nop; inc rax; ret: boundaries at 1, 2, 3 and 4.
+        let here = interior_target as *const () as usize;
+        let t = build_trampoline(here, 0, 0, PatchKind::Jump).unwrap();
+        let copy = HEAD_LEN + t.entry;
+        assert_eq!(t.interior.len, 7);
+        assert_eq!(
+            t.interior.boundaries,
+            (1..=4).map(|k| (k, copy + k)).collect::<Vec<_>>()
+        );
+        // Each copy is the instruction that was at its boundary.
+        for &(k, to) in &t.interior.boundaries {
+            let original = decode_all(&read_code(here + k, 3).unwrap(), 0)[0];
+            let moved = decode_all(&read_code(to, 3).unwrap(), 0)[0];
+            assert_eq!(moved.code(), original.code(), "offset {k}");
+        }
+        // Rip-relative operands move, and their copies with them.
+        let code = [0x55, 0x48, 0x8b, 0x05, 0x00, 0x01, 0x00, 0x00];
+        let relocated = relocate(&steal(0x40_0000, &code, JMP_LEN).unwrap(), 0x7000_0000).unwrap();
+        assert_eq!(relocated.starts, vec![Some(0), Some(1)]);
     }
 
     #[test]
@@ -766,6 +886,23 @@ ffffffffff600000-ffffffffff601000 --xp 00000000 00:00 0 [vsyscall]
         // libc is out of reach of the binary; its own holes serve it, but not below the stack.
         let c = candidates(0x7ffff7d00100, &maps, brk);
         assert_eq!(c, vec![0x7ffff7cff000, 0x7ffff7d28000]);
+    }
+
+    std::arch::global_asm!(
+        ".text",
+        ".globl bpftime_patch_interior_target",
+        "bpftime_patch_interior_target:",
+        "push rdi",
+        "pop rax",
+        "nop",
+        "nop",
+        "inc rax",
+        "ret",
+    );
+
+    extern "C" {
+        #[link_name = "bpftime_patch_interior_target"]
+        fn interior_target(x: u64) -> u64;
     }
 
     #[inline(never)]
