@@ -4,6 +4,8 @@
 use std::collections::HashMap;
 use std::hash::{Hash, Hasher};
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
 
 use bpftime_isa::{opcode as op, Insn};
 use bpftime_jit_ptx::{
@@ -95,39 +97,83 @@ fn compile_relocated(
     Ok(program)
 }
 
-/// [`compile_probe`], answered from `cache` when the same inputs were compiled before by
-/// this build of bpftime (in this run or an earlier one), and kept there otherwise. The
-/// inputs include the maps' device addresses: they repeat from run to run where the
-/// context's arena got its usual place (see `arena`).
-pub fn compile_probe_cached(
-    cache: Option<&ProbeCache>,
-    point: ProbePoint,
-    insns: &[Insn],
-    maps: &HashMap<u32, DeviceMapRef>,
-    config: &RuntimeConfig,
-    sm: u32,
-    symbol: &str,
-) -> Result<CachedProbe, String> {
-    let Some(cache) = cache else {
-        return compile_probe(point, insns, maps, config, sm, symbol).map(CachedProbe::from);
-    };
-    // Keyed by what the code is made of: the instructions with their maps' device
-    // addresses in place (not the store's map ids, which differ from run to run).
-    let relocated = relocate(insns, maps)?;
-    let mut arrays: Vec<_> = maps.values().map(|m| (m.desc, m.array)).collect();
-    arrays.sort_by_key(|(desc, _)| *desc);
-    let key = format!(
-        "{}\n{point:?}\nsm_{sm}\n{symbol}\n{relocated:?}\n{arrays:?}\n{config:?}",
-        cache.build
-    );
-    if let Some(hit) = cache.get(&key) {
-        return Ok(hit);
+/// A probe's code, or why it cannot be made: filled once, by whoever asks first.
+type Made = OnceLock<Result<CachedProbe, String>>;
+
+/// The name a probe is compiled under before it takes the one its module gives it: the
+/// same code is then the same text whichever module and place it goes to.
+const ANY_SYMBOL: &str = "__bpftime_probe_any";
+
+/// Compiles probes once per set of inputs in this process, and once per set of inputs
+/// for good where the user's cache is on (see [`ProbeCache`]). Every module a probe goes
+/// into (a tool's `cuda:*` probe meets each module the application loads, from any of its
+/// threads) asks for the same code under the name it has there: the code is made once,
+/// and a module that asks while another's build is making it waits for that work instead
+/// of doing it again.
+#[derive(Default)]
+pub struct ProbeCompiler {
+    disk: Option<ProbeCache>,
+    /// Keyed like the disk cache; a cell is filled by whoever asked first.
+    made: Mutex<HashMap<String, Arc<Made>>>,
+    /// How many times LLVM ran.
+    compilations: AtomicUsize,
+}
+
+impl ProbeCompiler {
+    /// A compiler that keeps its work in `disk` as well, when given.
+    pub fn new(disk: Option<ProbeCache>) -> ProbeCompiler {
+        ProbeCompiler {
+            disk,
+            made: Mutex::new(HashMap::new()),
+            compilations: AtomicUsize::new(0),
+        }
     }
-    let compiled = CachedProbe::from(compile_relocated(
-        point, &relocated, maps, config, sm, symbol,
-    )?);
-    cache.put(&key, &compiled);
-    Ok(compiled)
+
+    /// How many probes this compiler handed to LLVM (the rest came from earlier work).
+    pub fn compilations(&self) -> usize {
+        self.compilations.load(Ordering::Relaxed)
+    }
+
+    /// [`compile_probe`], answered from what this compiler or the disk cache made from
+    /// the same inputs before, under any symbol.
+    pub fn compile(
+        &self,
+        point: ProbePoint,
+        insns: &[Insn],
+        maps: &HashMap<u32, DeviceMapRef>,
+        config: &RuntimeConfig,
+        sm: u32,
+        symbol: &str,
+    ) -> Result<CachedProbe, String> {
+        // Keyed by what the code is made of: the instructions with their maps' device
+        // addresses in place (not the store's map ids, which differ from run to run).
+        let relocated = relocate(insns, maps)?;
+        let mut arrays: Vec<_> = maps.values().map(|m| (m.desc, m.array)).collect();
+        arrays.sort_by_key(|(desc, _)| *desc);
+        let build = self.disk.as_ref().map_or("", |d| d.build.as_str());
+        let key = format!("{build}\n{point:?}\nsm_{sm}\n{relocated:?}\n{arrays:?}\n{config:?}");
+        let cell = self
+            .made
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .entry(key.clone())
+            .or_default()
+            .clone();
+        let made = cell.get_or_init(|| {
+            if let Some(hit) = self.disk.as_ref().and_then(|d| d.get(&key)) {
+                return Ok(hit);
+            }
+            self.compilations.fetch_add(1, Ordering::Relaxed);
+            let compiled = CachedProbe::from(compile_relocated(
+                point, &relocated, maps, config, sm, ANY_SYMBOL,
+            )?);
+            if let Some(disk) = &self.disk {
+                disk.put(&key, &compiled);
+            }
+            Ok(compiled)
+        });
+        made.as_ref().map(|p| p.named(symbol)).map_err(Clone::clone)
+    }
 }
 
 /// What a compiled probe is spliced with: its PTX and its clock offset's global.
@@ -135,6 +181,19 @@ pub fn compile_probe_cached(
 pub struct CachedProbe {
     pub ptx: String,
     pub clock_offset: Option<String>,
+}
+
+impl CachedProbe {
+    /// The probe as `symbol(..)`, with its helpers and globals named after it.
+    fn named(&self, symbol: &str) -> CachedProbe {
+        CachedProbe {
+            ptx: self.ptx.replace(ANY_SYMBOL, symbol),
+            clock_offset: self
+                .clock_offset
+                .as_ref()
+                .map(|c| c.replace(ANY_SYMBOL, symbol)),
+        }
+    }
 }
 
 impl From<PtxProgram> for CachedProbe {
@@ -243,7 +302,7 @@ fn trim(dir: &Path, most: usize) {
 /// The object this code was loaded from (the agent's library, or a binary), by its path,
 /// size and modification time: what changes whenever bpftime is rebuilt.
 fn this_build() -> Option<String> {
-    static BUILD: std::sync::OnceLock<Option<String>> = std::sync::OnceLock::new();
+    static BUILD: OnceLock<Option<String>> = OnceLock::new();
     BUILD
         .get_or_init(|| {
             // SAFETY: Dl_info is plain pointers and integers, for which zero is valid.

@@ -33,7 +33,7 @@ use crate::launch::{
     EventClock, Geometry, LaunchContext, LaunchProbe, PHASE_COMPLETED, PHASE_LAUNCHED,
 };
 use crate::names;
-use crate::probe::{compile_probe_cached, DeviceMapRef, ProbeCache};
+use crate::probe::{DeviceMapRef, ProbeCache, ProbeCompiler};
 use crate::ptx::{strip_header, ProbeCall, ProbePoint, PtxModule, Splice, Version};
 use crate::replica::{DeviceDelta, HashOpsLaunch, Mover, Replica, RingReader, ShardWindow};
 use crate::scan::FatbinIndex;
@@ -524,8 +524,8 @@ pub struct GpuAttach {
     anchoring: Mutex<()>,
     pid_tgid: u64,
     driver_version: i32,
-    /// Probes compiled before, by this run or an earlier one.
-    probe_cache: Option<ProbeCache>,
+    /// Compiles probes, answering from what this run or an earlier one compiled.
+    compiler: ProbeCompiler,
     /// Notices already given, so each is given once.
     noticed: Mutex<HashSet<String>>,
     /// Links whose probe named a kernel this process launched.
@@ -638,7 +638,7 @@ pub fn install() -> Result<&'static GpuAttach, InstallError> {
         anchoring: Mutex::new(()),
         pid_tgid: (pid << 32) | pid,
         driver_version,
-        probe_cache: ProbeCache::for_user(),
+        compiler: ProbeCompiler::new(ProbeCache::for_user()),
         noticed: Mutex::new(HashSet::new()),
         matched: Mutex::new(HashSet::new()),
         launch: RwLock::new(LaunchProbes::default()),
@@ -2747,8 +2747,7 @@ impl GpuAttach {
                        probe: &GpuProbe,
                        inputs: ProbeInputs|
          -> Result<CompiledProbe, String> {
-            let program = compile_probe_cached(
-                self.probe_cache.as_ref(),
+            let program = self.compiler.compile(
                 probe.point,
                 &probe.insns,
                 &inputs.maps,
