@@ -14,7 +14,9 @@ use inkwell::builder::Builder;
 use inkwell::context::Context;
 use inkwell::module::{Linkage, Module};
 use inkwell::types::{FunctionType, IntType, StructType};
-use inkwell::values::{BasicMetadataValueEnum, BasicValue, FunctionValue, IntValue, PointerValue};
+use inkwell::values::{
+    BasicMetadataValueEnum, BasicValue, CallSiteValue, FunctionValue, IntValue, PointerValue,
+};
 use inkwell::{AtomicOrdering, AtomicRMWBinOp, IntPredicate};
 use tracing::debug;
 
@@ -752,12 +754,7 @@ impl<'ctx> Lifter<'_, 'ctx> {
                 message: format!("intrinsic {name} is missing"),
             })?;
         let call = self.builder.build_call(decl, args, name)?;
-        call.try_as_basic_value()
-            .basic()
-            .map(|v| v.into_int_value())
-            .ok_or_else(|| LiftError::InvalidIr {
-                message: format!("intrinsic {name} returns void"),
-            })
+        call.returned_int(format!("intrinsic {name}"))
     }
 
     /// Lifts a jump-class instruction; returns whether it ended the block.
@@ -841,12 +838,8 @@ impl<'ctx> Lifter<'_, 'ctx> {
                 args.push(f.tail_depth.into());
                 let r0 = b
                     .build_call(callee, &args, "sub")?
-                    .try_as_basic_value()
-                    .basic()
-                    .ok_or_else(|| LiftError::InvalidIr {
-                        message: "subprogram returns void".into(),
-                    })?;
-                self.write(f, pc, 0, r0.into_int_value())
+                    .returned_int("subprogram")?;
+                self.write(f, pc, 0, r0)
             }
             op::CALL_HELPER => {
                 let id = i.imm as u32;
@@ -1012,12 +1005,7 @@ impl<'ctx> Lifter<'_, 'ctx> {
                 ],
                 "own_slot",
             )?
-            .try_as_basic_value()
-            .basic()
-            .map(|v| v.into_int_value())
-            .ok_or_else(|| LiftError::InvalidIr {
-                message: "claim_own returns void".into(),
-            })?;
+            .returned_int("claim_own")?;
         let own = b.build_int_z_extend(own, i64t, "own_slot64")?;
         let took = b.build_int_compare(IntPredicate::NE, own, not_taken, "took")?;
         b.build_conditional_branch(took, took_own, slow)?;
@@ -1042,14 +1030,7 @@ impl<'ctx> Lifter<'_, 'ctx> {
         let slot = b.build_phi(i64t, "slot")?;
         slot.add_incoming(&[(&own, took_own), (&claimed, slow_end), (&not_taken, nested)]);
         // One call site, so that the body is inlined here.
-        let r0 = b
-            .build_call(body, &params, "r0")?
-            .try_as_basic_value()
-            .basic()
-            .map(|v| v.into_int_value())
-            .ok_or_else(|| LiftError::InvalidIr {
-                message: "entry returns void".into(),
-            })?;
+        let r0 = b.build_call(body, &params, "r0")?.returned_int("entry")?;
         let slot = slot.as_basic_value().into_int_value();
         let release = c.append_basic_block(entry, "release");
         let done = c.append_basic_block(entry, "done");
@@ -1235,12 +1216,7 @@ impl<'ctx> Lifter<'_, 'ctx> {
         let p = self.constant_pointer(wrapper)?;
         self.builder
             .build_indirect_call(ty, p, &args, &format!("slow_helper{id}"))?
-            .try_as_basic_value()
-            .basic()
-            .map(|v| v.into_int_value())
-            .ok_or_else(|| LiftError::InvalidIr {
-                message: format!("wrapped helper {id} returns void"),
-            })
+            .returned_int(format!("wrapped helper {id}"))
     }
 
     fn call_helper(
@@ -1264,12 +1240,7 @@ impl<'ctx> Lifter<'_, 'ctx> {
                 b.build_call(callee, args, &format!("helper{id}"))?
             }
         };
-        call.try_as_basic_value()
-            .basic()
-            .map(|v| v.into_int_value())
-            .ok_or_else(|| LiftError::InvalidIr {
-                message: format!("helper {id} returns void"),
-            })
+        call.returned_int(format!("helper {id}"))
     }
 
     fn constant_pointer(&self, addr: u64) -> Result<PointerValue<'ctx>> {
@@ -1363,11 +1334,7 @@ impl<'ctx> Lifter<'_, 'ctx> {
                 &[ctx.into(), self.i64t.const_zero().into(), depth.into()],
                 "tail",
             )?
-            .try_as_basic_value()
-            .basic()
-            .ok_or_else(|| LiftError::InvalidIr {
-                message: "tail call target returns void".into(),
-            })?;
+            .returned_int("tail call target")?;
         b.build_return(Some(&r))?;
 
         b.position_at_end(fail);
@@ -1390,6 +1357,23 @@ fn set_alignment(i: Option<inkwell::values::InstructionValue<'_>>, align: u32) {
         // eBPF allows misaligned access outside the stack; claiming more than is known
         // would let LLVM assume what the program never promised.
         let _ = i.set_alignment(align);
+    }
+}
+
+/// The integer a call returns, which every callee the lifter calls has.
+trait ReturnedInt<'ctx> {
+    /// `what` names the callee in the error when it returns nothing.
+    fn returned_int(self, what: impl std::fmt::Display) -> Result<IntValue<'ctx>>;
+}
+
+impl<'ctx> ReturnedInt<'ctx> for CallSiteValue<'ctx> {
+    fn returned_int(self, what: impl std::fmt::Display) -> Result<IntValue<'ctx>> {
+        self.try_as_basic_value()
+            .basic()
+            .map(|v| v.into_int_value())
+            .ok_or_else(|| LiftError::InvalidIr {
+                message: format!("{what} returns void"),
+            })
     }
 }
 
