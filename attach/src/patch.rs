@@ -15,7 +15,7 @@ use std::fs::File;
 use std::io;
 use std::os::unix::fs::FileExt;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Once, OnceLock};
+use std::sync::{Mutex, Once, OnceLock};
 
 use iced_x86::{
     BlockEncoder, BlockEncoderOptions, Code, Decoder, DecoderOptions, FlowControl, Instruction,
@@ -583,28 +583,52 @@ fn candidates(addr: usize, maps: &[maps::Mapping], brk: usize) -> Vec<usize> {
     out
 }
 
-// Sites for the SIGTRAP handler, append-only so it can read them without locks.
+// Sites for the SIGTRAP handler, which reads them without locks: slots are only added,
+// and a slot's address never changes (its target may: a function detoured again).
 const MAX_TRAPS: usize = 4096;
 static TRAP_COUNT: AtomicUsize = AtomicUsize::new(0);
 static TRAP_ADDR: [AtomicUsize; MAX_TRAPS] = [const { AtomicUsize::new(0) }; MAX_TRAPS];
 static TRAP_TO: [AtomicUsize; MAX_TRAPS] = [const { AtomicUsize::new(0) }; MAX_TRAPS];
 static PREVIOUS: OnceLock<libc::sigaction> = OnceLock::new();
 
-/// Tells the SIGTRAP handler that a trap at `addr` means "go to `to`". Called once per site,
-/// under the hook registry's lock, before any `int3` is written there.
+/// Tells the SIGTRAP handler that a trap at `addr` means "go to `to`", before any `int3`
+/// is written there. An address registered again (a function detoured anew) keeps its
+/// slot and takes the new target.
 pub(crate) fn register_trap(addr: usize, to: usize) -> Result<(), AttachError> {
+    // Hooks and detours keep separate registries and may register at once.
+    static ONE_WRITER: Mutex<()> = Mutex::new(());
     install_trap_handler()?;
-    let i = TRAP_COUNT.load(Ordering::Relaxed);
-    if i == MAX_TRAPS {
+    let _one = ONE_WRITER.lock().unwrap_or_else(|e| e.into_inner());
+    let n = TRAP_COUNT.load(Ordering::Relaxed);
+    if let Some(i) = (0..n).find(|&i| TRAP_ADDR[i].load(Ordering::Relaxed) == addr) {
+        TRAP_TO[i].store(to, Ordering::Release);
+        return Ok(());
+    }
+    if n == MAX_TRAPS {
         return Err(AttachError::Unhookable {
             addr,
             reason: format!("more than {MAX_TRAPS} hooked addresses"),
         });
     }
-    TRAP_TO[i].store(to, Ordering::Relaxed);
-    TRAP_ADDR[i].store(addr, Ordering::Relaxed);
-    TRAP_COUNT.store(i + 1, Ordering::Release);
+    TRAP_TO[n].store(to, Ordering::Relaxed);
+    TRAP_ADDR[n].store(addr, Ordering::Relaxed);
+    TRAP_COUNT.store(n + 1, Ordering::Release);
     Ok(())
+}
+
+/// Where a thread that took a SIGTRAP of `si_code` with `rip` goes on, if the trap is one
+/// of ours: an `int3` (which the kernel reports as `SI_KERNEL`, with `rip` past it) at a
+/// registered address. A SIGTRAP sent with kill, raise or sigqueue is not, wherever the
+/// thread happens to be.
+fn trap_target(si_code: libc::c_int, rip: usize) -> Option<usize> {
+    if si_code != libc::SI_KERNEL {
+        return None;
+    }
+    let at = rip.wrapping_sub(1);
+    let n = TRAP_COUNT.load(Ordering::Acquire);
+    (0..n)
+        .find(|&i| TRAP_ADDR[i].load(Ordering::Relaxed) == at)
+        .map(|i| TRAP_TO[i].load(Ordering::Acquire))
 }
 
 fn install_trap_handler() -> Result<(), AttachError> {
@@ -635,13 +659,11 @@ extern "C" fn on_sigtrap(sig: libc::c_int, info: *mut libc::siginfo_t, ctx: *mut
     let uc = ctx.cast::<libc::ucontext_t>();
     // SAFETY: the kernel hands an SA_SIGINFO handler a valid ucontext_t.
     let rip = unsafe { &mut (*uc).uc_mcontext.gregs[libc::REG_RIP as usize] };
-    let at = (*rip as usize).wrapping_sub(1);
-    let n = TRAP_COUNT.load(Ordering::Acquire);
-    for i in 0..n {
-        if TRAP_ADDR[i].load(Ordering::Relaxed) == at {
-            *rip = TRAP_TO[i].load(Ordering::Relaxed) as i64;
-            return;
-        }
+    // SAFETY: the kernel hands an SA_SIGINFO handler a valid siginfo_t.
+    let code = unsafe { (*info).si_code };
+    if let Some(to) = trap_target(code, *rip as usize) {
+        *rip = to as i64;
+        return;
     }
     // Not ours: behave as if we had never been installed.
     if let Some(prev) = PREVIOUS.get() {
@@ -792,6 +814,29 @@ mod tests {
                 .mnemonic(),
             Mnemonic::Call
         );
+    }
+
+    #[test]
+    fn a_trap_goes_where_its_latest_registration_says_and_only_from_an_int3() {
+        // An address nothing hooks: only the table is looked at.
+        static SPOT: [u8; 2] = [0xcc, 0xc3];
+        let addr = SPOT.as_ptr() as usize;
+        let slots = || {
+            (0..TRAP_COUNT.load(Ordering::Acquire))
+                .filter(|&i| TRAP_ADDR[i].load(Ordering::Relaxed) == addr)
+                .count()
+        };
+        register_trap(addr, 0x1111).unwrap();
+        assert_eq!(trap_target(libc::SI_KERNEL, addr + 1), Some(0x1111));
+        // Detoured anew: the same slot, the new target.
+        register_trap(addr, 0x2222).unwrap();
+        assert_eq!(slots(), 1);
+        assert_eq!(trap_target(libc::SI_KERNEL, addr + 1), Some(0x2222));
+        assert_eq!(trap_target(libc::SI_KERNEL, addr), None);
+        // Sent by kill, raise or sigqueue: not a trap of ours wherever the thread is.
+        for code in [libc::SI_USER, libc::SI_TKILL, libc::SI_QUEUE] {
+            assert_eq!(trap_target(code, addr + 1), None, "si_code {code}");
+        }
     }
 
     #[test]
