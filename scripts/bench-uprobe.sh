@@ -53,6 +53,10 @@ ours_both=$("$bpftime" --store "$store" start "$T" "$N_FAST" | ns)
 interp_both=$(BPFTIME_JIT=0 "$bpftime" --store "$store" start "$T" "$N_FAST" | ns)
 stop $pid
 
+# The hook alone, and the same count() shape from a libbpf object (no bpftrace codegen).
+ours_empty=$("$bpftime" --store "$store" run "$B/uprobe_empty.bpf.o" -- "$T" "$N_FAST" | ns)
+ours_percpu=$("$bpftime" --store "$store" run "$B/uprobe_percpu.bpf.o" -- "$T" "$N_FAST" | ns)
+
 kernel_uprobe=n/a; kernel_both=n/a
 if [ "$(id -u)" -eq 0 ] && [ -e /sys/bus/event_source/devices/uprobe/type ]; then
     bpftrace -e "uprobe:$T:work { @c = count(); }" >"$tmp/kbt" 2>&1 &
@@ -72,6 +76,8 @@ table=$(cat <<EOT
 | probe on work() | ns per call (median) | added ns per hit | kernel's added / ours |
 |---|---|---|---|
 | none | $plain | 0 | |
+| bpftime uprobe, empty program | $ours_empty | $(added "$ours_empty") | |
+| bpftime uprobe, per-CPU count (libbpf object) | $ours_percpu | $(added "$ours_percpu") | |
 | bpftime uprobe, count() (bpftrace) | $ours_uprobe | $(added "$ours_uprobe") | $(ratio "$kernel_uprobe" "$ours_uprobe") |
 | the same on bpftime's interpreter | $interp_uprobe | $(added "$interp_uprobe") | $(ratio "$kernel_uprobe" "$interp_uprobe") |
 | kernel uprobe, count() (bpftrace) | $kernel_uprobe | $(added "$kernel_uprobe") | |

@@ -10,11 +10,12 @@
 #   scripts/gpu.sh --on-device  on the GPU machine, from the repository root: unpack them,
 #                               run everything, print a summary and write it to
 #                               $OUT/gpu-conformance.txt ($OUT defaults to results/)
-#   scripts/gpu.sh --on-device conformance|examples|bench|stress|ldst-shared
+#   scripts/gpu.sh --on-device conformance|examples|bench|stress|ldst-shared|uprobe
 #                               only that part (conformance: the suite, the plugin and the
 #                               uprobe bench; ldst-shared: the shared-memory access probes'
 #                               check alone, scripts/gpu-ldst-shared.sh, which examples
-#                               runs too), to fit the device tool's 10-minute calls
+#                               runs too; uprobe: the uprobe bench alone), to fit the
+#                               device tool's 10-minute calls
 #   GPU_EXEC='CMD' scripts/gpu.sh --on-device exec: CMD with $BT, $OBJS and $CUDA set
 #                               (bpftime, the objects, the CUDA programs), for a look at
 #                               one case
@@ -25,7 +26,8 @@
 # $OUT/gpu-examples.txt, $OUT/gpu-bench.txt and $OUT/gpu-stress.txt.
 #
 # The GPU machine is also a quiet 16-core host for the CPU uprobe bench: `bpftime run`
-# with a counting program, and with uprobe + uretprobe (funclatency), on bench_calls,
+# with an empty program, counting programs (global atomics, and bpftrace's per-CPU
+# count()), and with uprobe + uretprobe (funclatency), on bench_calls,
 # against the plain call (median ns per call of 5 runs each; no kernel comparison there,
 # as the machine has no bpftrace). Its lines go to $OUT/uprobe-bench.txt.
 #
@@ -41,7 +43,7 @@ bins=(bpftime-gpu-conformance bpf-conformance-plugin)
 # bpftime-trace-check reads --trace output there, where there is no Node for the tests'
 # consumer.
 cpu_bins=(bpftime libbpftime_syscall_shim.so libbpftime_agent.so libbpftime_agent_starter.so bpftime-trace-check)
-cpu_inputs=(bench_calls globals.bpf.o funclatency.bpf.o)
+cpu_inputs=(bench_calls globals.bpf.o funclatency.bpf.o uprobe_empty.bpf.o uprobe_percpu.bpf.o)
 # The GPU examples' and benchmark's objects.
 gpu_inputs=(cuda_counter.bpf.o threadhist.bpf.o kernelretsnoop.bpf.o kernelretsnoop_perf.bpf.o launchlate.bpf.o hashcount.bpf.o lru_hashcount.bpf.o hashstarts.bpf.o launchsnoop.bpf.o gpu_printk.bpf.o smcount.bpf.o percpu_hashcount.bpf.o bench_empty.bpf.o
     bench_count.bpf.o bench_exit_time.bpf.o bench_ldst_count.bpf.o bench_ldst_ring.bpf.o memtrace.bpf.o access_check.bpf.o access_shared.bpf.o gpu_probes.bpf.o gpu_timeline.bpf.o)
@@ -87,6 +89,10 @@ build() {
 on_device() {
     local out=${OUT:-results} part=${1:-all}
     mkdir -p "$out"
+    if [ "$part" = uprobe ]; then
+        uprobe_bench "$out"
+        exit $?
+    fi
     if [ "$part" != all ] && [ "$part" != conformance ]; then
         gpu_examples "$out" "$part"
         exit $?
@@ -194,6 +200,11 @@ uprobe_bench() {
     local plain_runs count_runs both_runs
     plain_runs=$(for _ in $(seq $runs); do "$dir/bench_calls" $n | ns; done)
     count_runs=$(for _ in $(seq $runs); do "${bt[@]}" run "$dir/globals.bpf.o" -- "$dir/bench_calls" $n | ns; done)
+    # The hook alone (an empty program), and bpftrace's count() (a per-CPU array's
+    # read-add-write, run as a CPU slot): what counting costs without locked instructions.
+    local empty_runs percpu_runs
+    empty_runs=$(for _ in $(seq $runs); do "${bt[@]}" run "$dir/uprobe_empty.bpf.o" -- "$dir/bench_calls" $n | ns; done)
+    percpu_runs=$(for _ in $(seq $runs); do "${bt[@]}" run "$dir/uprobe_percpu.bpf.o" -- "$dir/bench_calls" $n | ns; done)
     both_runs=$(for _ in $(seq $runs); do "${bt[@]}" run "$dir/funclatency.bpf.o" -- "$dir/bench_calls" $n | ns; done)
     # The same with bpf_ktime_get_ns forced onto the vDSO: where the two agree, the TSC
     # clock is not in use on this host (it needs clocksource tsc and an invariant TSC).
@@ -211,9 +222,13 @@ uprobe_bench() {
         echo "uprobe bench on $(nproc) x $(lscpu | sed -n 's/^Model name: *//p'), kernel $(uname -r):"
         echo "  plain call: $plain ns (median of $runs runs of bench_calls $n)"
         echo "  counting uprobe (globals.bpf.o: call count, sum and last argument in globals): $count ns per call, $(awk "BEGIN {printf \"%.1f\", $count - $plain}") ns added"
+        local empty percpu
+        empty=$(median <<<"$empty_runs") percpu=$(median <<<"$percpu_runs")
+        echo "  empty uprobe (uprobe_empty.bpf.o): $empty ns per call, $(awk "BEGIN {printf \"%.1f\", $empty - $plain}") ns added"
+        echo "  counting uprobe as bpftrace's count() (uprobe_percpu.bpf.o: a per-CPU array, no locked instruction): $percpu ns per call, $(awk "BEGIN {printf \"%.1f\", $percpu - $plain}") ns added"
         echo "  uprobe + uretprobe (funclatency.bpf.o): $both ns per call, $(awk "BEGIN {printf \"%.1f\", $both - $plain}") ns added"
         echo "  uprobe + uretprobe with bpf_ktime_get_ns on the vDSO (BPFTIME_KTIME_VDSO=1): $(median <<<"$vdso_runs") ns per call"
-        echo "  every run, ns per call: plain" $plain_runs "| counting" $count_runs "| uprobe + uretprobe" $both_runs "| the same on the vDSO" $vdso_runs
+        echo "  every run, ns per call: plain" $plain_runs "| counting" $count_runs "| empty" $empty_runs "| per-CPU count" $percpu_runs "| uprobe + uretprobe" $both_runs "| the same on the vDSO" $vdso_runs
         local cs=/sys/devices/system/clocksource/clocksource0
         echo "  clocksource: $(cat $cs/current_clocksource 2>/dev/null) (available: $(cat $cs/available_clocksource 2>/dev/null | xargs));" \
             "TSC flags: $(grep -m1 '^flags' /proc/cpuinfo | tr ' ' '\n' | grep -E '^(constant_tsc|nonstop_tsc|tsc_reliable|tsc_known_freq|rdtscp)$' | xargs)"
@@ -224,7 +239,7 @@ case "${1:-}" in
 "") build ;;
 --on-device) on_device "${2:-all}" ;;
 *)
-    echo "usage: scripts/gpu.sh [--on-device [all|conformance|examples|bench|stress|ldst-shared|exec]]" >&2
+    echo "usage: scripts/gpu.sh [--on-device [all|conformance|examples|bench|stress|ldst-shared|uprobe|exec]]" >&2
     exit 2
     ;;
 esac
