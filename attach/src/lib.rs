@@ -22,8 +22,9 @@
 //!   branches inside the 5 bytes are detected. When they hold several instructions, every
 //!   other thread not asleep elsewhere is sent a signal before the jump goes in, and one
 //!   found between two of them is moved to the instruction's copy; if one cannot be, the
-//!   site stays a one-byte breakpoint. A thread whose interrupted frame (under a signal
-//!   handler, or in a call made from those bytes) returns between them is not found.
+//!   site stays a one-byte breakpoint; so does one where a call among them is not the
+//!   last (a thread in its callee would return between them). A thread whose frame
+//!   interrupted by a signal handler resumes between them is not found.
 //!   Inside a function, [`plan_site`] reads the whole function and picks a one-byte `int3`
 //!   ([`HookAddress::breakpoint`]) wherever the jump could be reached sideways; a hit
 //!   there costs a signal delivery.

@@ -103,6 +103,14 @@ pub(crate) fn write_jump(
         reason: "trampoline out of rel32 reach".into(),
     })?;
     write_code(addr, &[0xcc])?;
+    if interior.returns_inside {
+        tracing::debug!(
+            addr = format_args!("{addr:#x}"),
+            "a call inside the instructions the jump would cover returns between them; \
+             the site stays a breakpoint"
+        );
+        return Ok(PatchKind::Breakpoint);
+    }
     if !evacuate::clear(addr, interior) {
         tracing::debug!(
             addr = format_args!("{addr:#x}"),
@@ -162,6 +170,10 @@ pub(crate) struct Interior {
     /// (offset from the hooked address, address of the copy, or 0 where the encoder
     /// replaced the instruction by others it does not locate).
     pub boundaries: Vec<(usize, usize)>,
+    /// A call that is not the last covered instruction: a thread inside its callee when
+    /// the jump goes in would return between the covered bytes, where no look at the
+    /// threads finds it (it is somewhere in the callee); such a site stays a breakpoint.
+    pub returns_inside: bool,
 }
 
 /// How a hooked address is patched.
@@ -256,6 +268,14 @@ fn append_relocated(
             .skip(1)
             .map(|(ins, start)| (ins.ip() as usize - addr, start.map_or(0, |s| at + s)))
             .collect(),
+        returns_inside: stolen.split_last().is_some_and(|(_, before)| {
+            before.iter().any(|i| {
+                matches!(
+                    i.flow_control(),
+                    FlowControl::Call | FlowControl::IndirectCall
+                )
+            })
+        }),
     };
     let falls_through = relocated.falls_through;
     buf.extend_from_slice(&relocated.code);
@@ -846,6 +866,7 @@ mod tests {
         let t = build_trampoline(here, 0, 0, PatchKind::Jump).unwrap();
         let copy = HEAD_LEN + t.entry;
         assert_eq!(t.interior.len, 7);
+        assert!(!t.interior.returns_inside, "no call among them");
         assert_eq!(
             t.interior.boundaries,
             (1..=4).map(|k| (k, copy + k)).collect::<Vec<_>>()

@@ -42,6 +42,16 @@ std::arch::global_asm!(
     // One 7-byte instruction: nothing inside the jump, so no thread is ever asked to move.
     "lea rax, [rdi + 0x12345678]",
     "ret",
+    // Returns its first argument plus one, calling its second (a function) on the way from
+    // inside the jump's bytes: the call returns to offset 3.
+    ".p2align 4",
+    ".globl bpftime_test_interior_calling",
+    "bpftime_test_interior_calling:",
+    "push rdi",
+    "call rsi",
+    "pop rax",
+    "inc rax",
+    "ret",
     // Counts into the word at `arg`.
     ".globl bpftime_test_interior_counting",
     "bpftime_test_interior_counting:",
@@ -54,6 +64,7 @@ extern "C" {
     fn bpftime_test_interior_hooked(x: u64) -> u64;
     fn bpftime_test_interior_detoured(x: u64) -> u64;
     fn bpftime_test_interior_none(x: u64) -> u64;
+    fn bpftime_test_interior_calling(x: u64, call: extern "C" fn()) -> u64;
     fn bpftime_test_interior_counting(regs: *mut PtRegs, arg: u64, zero: u64) -> u64;
 }
 
@@ -169,6 +180,59 @@ fn threads_between_covered_instructions_survive_attach_and_detach() {
     assert!(jumps > 0, "some attach wrote the jump");
 }
 
+static IN_CALLEE: AtomicBool = AtomicBool::new(false);
+static RELEASE: AtomicBool = AtomicBool::new(false);
+
+extern "C" fn wait_for_release() {
+    IN_CALLEE.store(true, Ordering::SeqCst);
+    while !RELEASE.load(Ordering::SeqCst) {
+        std::hint::spin_loop();
+    }
+}
+
+extern "C" fn nothing() {}
+
+/// A thread inside a function called from between the covered instructions, when the
+/// uprobe is attached, returns between them: no look at the threads finds it there (it
+/// is in the callee), so the site stays a breakpoint, and it comes back to the original
+/// bytes. A jump would have it run the jump's displacement as code.
+#[test]
+fn a_call_among_the_covered_instructions_returns_to_them_safely() {
+    let _turn = one_at_a_time();
+    let f = addr(bpftime_test_interior_calling as *const ());
+    let original = first_byte(f);
+    std::thread::scope(|s| {
+        // SAFETY: the assembly function calls its second argument and returns an integer.
+        let inside = s.spawn(|| unsafe { bpftime_test_interior_calling(41, wait_for_release) });
+        while !IN_CALLEE.load(Ordering::SeqCst) {
+            std::thread::yield_now();
+        }
+        let hits = Arc::new(AtomicU64::new(0));
+        let handler = CodeHandler {
+            entry: bpftime_test_interior_counting,
+            arg: Arc::as_ptr(&hits) as u64,
+            owner: hits.clone(),
+            keeps_vector_registers: true,
+            regs_read: 0,
+        };
+        // SAFETY: a whole assembly function of this binary, entered by call; the handler
+        // counts into `hits`, which it holds.
+        let id = unsafe { attach_uprobe_code(HookAddress::function_entry(f), handler) }.unwrap();
+        let head = first_byte(f);
+        RELEASE.store(true, Ordering::SeqCst);
+        assert_eq!(inside.join().unwrap(), 42, "the call in flight came back");
+        assert_eq!(
+            head, 0xcc,
+            "a call among the covered bytes keeps the site a breakpoint"
+        );
+        // SAFETY: as above.
+        assert_eq!(unsafe { bpftime_test_interior_calling(1, nothing) }, 2);
+        assert_eq!(hits.load(Ordering::Relaxed), 1, "a later call is seen");
+        detach(id).unwrap();
+        assert_eq!(first_byte(f), original);
+    });
+}
+
 static ORIGINAL: AtomicUsize = AtomicUsize::new(0);
 
 extern "C" fn replacement(x: u64) -> u64 {
@@ -185,7 +249,6 @@ fn threads_between_covered_instructions_survive_a_detour_coming_and_going() {
     let f = addr(bpftime_test_interior_detoured as *const ());
     let original = first_byte(f);
     let (mut jumps, mut breakpoints) = (0, 0);
-    // Each detour registers a trap address for good; the process has room for 4096.
     let rounds = 300;
     let call = black_box(bpftime_test_interior_detoured as unsafe extern "C" fn(u64) -> u64);
     let calls = while_callers_run(

@@ -31,7 +31,10 @@ fn sigtraps_that_are_not_our_int3s_reach_the_applications_handler() {
         let mut action: libc::sigaction = std::mem::zeroed();
         action.sa_sigaction = app_on_sigtrap as *const () as usize;
         action.sa_flags = libc::SA_SIGINFO;
-        assert_eq!(libc::sigaction(libc::SIGTRAP, &action, std::ptr::null_mut()), 0);
+        assert_eq!(
+            libc::sigaction(libc::SIGTRAP, &action, std::ptr::null_mut()),
+            0
+        );
     }
     let hits = Arc::new(AtomicU64::new(0));
     let h = hits.clone();
@@ -40,7 +43,7 @@ fn sigtraps_that_are_not_our_int3s_reach_the_applications_handler() {
     });
     // SAFETY: `hooked` is a function of this binary, called only through Rust.
     let id = unsafe { attach_uprobe(hooked as *const () as usize, handler) }.expect("attaches");
-    assert_eq!(hooked(7), 7 * 3 ^ 0x55);
+    assert_eq!(hooked(7), (7 * 3) ^ 0x55);
     assert_eq!(hits.load(Ordering::Relaxed), 1);
 
     // SAFETY: raise has no preconditions; the handler above takes it.
@@ -50,10 +53,14 @@ fn sigtraps_that_are_not_our_int3s_reach_the_applications_handler() {
 
     // SAFETY: the application's handler returns past the `int3`, as the kernel resumes.
     unsafe { std::arch::asm!("int3") };
-    assert_eq!(APP_TRAPS.load(Ordering::SeqCst), 2, "the application's own int3");
+    assert_eq!(
+        APP_TRAPS.load(Ordering::SeqCst),
+        2,
+        "the application's own int3"
+    );
     assert_eq!(APP_LAST_CODE.load(Ordering::SeqCst), libc::SI_KERNEL);
 
-    assert_eq!(hooked(8), 8 * 3 ^ 0x55);
+    assert_eq!(hooked(8), (8 * 3) ^ 0x55);
     assert_eq!(hits.load(Ordering::Relaxed), 2);
     detach(id).unwrap();
 }
