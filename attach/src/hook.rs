@@ -1,6 +1,6 @@
 //! The hook registry and the Rust side of the stubs: which handlers run at which address.
 
-use std::cell::{Cell, RefCell};
+use std::cell::Cell;
 use std::collections::{hash_map, HashMap};
 use std::fmt;
 use std::panic::{catch_unwind, AssertUnwindSafe};
@@ -165,6 +165,8 @@ struct Attached {
 pub(crate) struct List {
     /// Read by the entry stubs (see `stubs`), hence first and `repr(C)`.
     direct: DirectCall,
+    /// Read by the entry and return stubs.
+    pair: DirectPair,
     entries: Vec<Arc<Attached>>,
     /// The entry handlers, then the return handlers, in attach order: a hit walks only
     /// its own kind, and calls code without reaching through its `Attached`.
@@ -197,8 +199,28 @@ pub(crate) struct DirectCall {
     short_save: u64,
 }
 
+/// When a site's handlers are code, at most one at the entry and one at the return (a
+/// uretprobe and maybe its uprobe: funclatency's pair), the stubs run them, push the
+/// pending call on the thread's shadow stack and pop it themselves, without Rust in
+/// between; vector registers are saved around them as around any other handler.
+#[derive(Default, Clone, Copy)]
+#[repr(C)]
+pub(crate) struct DirectPair {
+    /// The entry handler's code, or 0 for none.
+    entry: usize,
+    entry_arg: u64,
+    /// The return handler's code, or 0 when the list is anything else.
+    ret: usize,
+    ret_arg: u64,
+}
+
 // The stubs use these offsets.
 const _: () = assert!(std::mem::offset_of!(List, direct) == 0);
+const _: () = assert!(std::mem::offset_of!(List, pair) == 32);
+const _: () = assert!(std::mem::offset_of!(DirectPair, entry) == 0);
+const _: () = assert!(std::mem::offset_of!(DirectPair, entry_arg) == 8);
+const _: () = assert!(std::mem::offset_of!(DirectPair, ret) == 16);
+const _: () = assert!(std::mem::offset_of!(DirectPair, ret_arg) == 24);
 const _: () = assert!(std::mem::offset_of!(DirectCall, entry) == 0);
 const _: () = assert!(std::mem::offset_of!(DirectCall, arg) == 8);
 const _: () = assert!(std::mem::offset_of!(DirectCall, save_vectors) == 16);
@@ -234,8 +256,32 @@ impl List {
             },
             _ => DirectCall::default(),
         };
+        let code = |r: &Run| match r {
+            Run::Code { entry, arg } => Some((*entry as usize, *arg)),
+            Run::Closure(_) => None,
+        };
+        let pair = match (&*on_entry, &*on_return) {
+            ([], [ret]) => code(ret).map(|(ret, ret_arg)| DirectPair {
+                ret,
+                ret_arg,
+                ..DirectPair::default()
+            }),
+            ([entry], [ret]) => {
+                code(entry)
+                    .zip(code(ret))
+                    .map(|((entry, entry_arg), (ret, ret_arg))| DirectPair {
+                        entry,
+                        entry_arg,
+                        ret,
+                        ret_arg,
+                    })
+            }
+            _ => None,
+        }
+        .unwrap_or_default();
         List {
             direct,
+            pair,
             entries,
             on_entry,
             on_return,
@@ -498,25 +544,82 @@ thread_local! {
     /// say) must not run handlers again, as the kernel does not nest BPF programs. Unused
     /// once [`use_static_tls_flag`] gave a byte for it.
     static IN_HANDLERS: Cell<bool> = const { Cell::new(false) };
-    static SHADOW: ShadowStack = const { ShadowStack(RefCell::new(Vec::new())) };
+    static SHADOW: ShadowStack = const { ShadowStack::new() };
 }
 
-/// A thread's pending uretprobe calls. Where the starter gave 8 bytes of static TLS
+/// A thread's pending uretprobe calls: a vector of frames kept as its raw parts, which
+/// the stubs push and pop themselves for a site whose handlers are a lone pair of code
+/// (see [`DirectPair`]). Where the starter gave 8 bytes of static TLS
 /// ([`use_static_tls_shadow`]), they hold its address, so that an entry and a return reach
 /// it with one load rather than through `__tls_get_addr` (the agent is `dlopen`ed).
-struct ShadowStack(RefCell<Vec<Frame>>);
+#[repr(C)]
+pub(crate) struct ShadowStack {
+    /// Non-zero while Rust code or a stub changes or walks the frames: a hooked call in a
+    /// signal handler meanwhile is not hijacked, as a `RefCell` already borrowed says.
+    busy: Cell<u64>,
+    len: Cell<usize>,
+    cap: Cell<usize>,
+    ptr: Cell<*mut Frame>,
+}
+
+// The stubs use these offsets.
+const _: () = assert!(std::mem::offset_of!(ShadowStack, busy) == 0);
+const _: () = assert!(std::mem::offset_of!(ShadowStack, len) == 8);
+const _: () = assert!(std::mem::offset_of!(ShadowStack, cap) == 16);
+const _: () = assert!(std::mem::offset_of!(ShadowStack, ptr) == 24);
+const _: () = assert!(std::mem::size_of::<Frame>() == 24);
+const _: () = assert!(std::mem::offset_of!(Frame, ret) == 0);
+const _: () = assert!(std::mem::offset_of!(Frame, sp) == 8);
+const _: () = assert!(std::mem::offset_of!(Frame, site) == 16);
+
+impl ShadowStack {
+    const fn new() -> ShadowStack {
+        ShadowStack {
+            busy: Cell::new(0),
+            len: Cell::new(0),
+            cap: Cell::new(0),
+            ptr: Cell::new(ptr::NonNull::dangling().as_ptr()),
+        }
+    }
+
+    /// `f` on the frames, unless something is changing or walking them already (this
+    /// thread, interrupted by the signal handler that calls this).
+    fn frames<R>(&self, f: impl FnOnce(&mut Vec<Frame>) -> R) -> Option<R> {
+        if self.busy.get() != 0 {
+            return None;
+        }
+        self.busy.set(1);
+        // A signal handler on this thread sees the flag before any change.
+        std::sync::atomic::compiler_fence(Ordering::SeqCst);
+        // SAFETY: the parts of a vector that only this thread touches, kept by the last
+        // call here (or `new`'s empty one), and by the stubs, which only move `len`
+        // within `cap` and write frames below it.
+        let mut frames = std::mem::ManuallyDrop::new(unsafe {
+            Vec::from_raw_parts(self.ptr.get(), self.len.get(), self.cap.get())
+        });
+        let r = f(&mut frames);
+        self.ptr.set(frames.as_mut_ptr());
+        self.len.set(frames.len());
+        self.cap.set(frames.capacity());
+        std::sync::atomic::compiler_fence(Ordering::SeqCst);
+        self.busy.set(0);
+        Some(r)
+    }
+}
 
 impl Drop for ShadowStack {
     fn drop(&mut self) {
         // A hooked call during the thread's later TLS destructors finds no stack, as
         // `SHADOW.try_with` then says, instead of this freed one.
         set_static_shadow(0);
+        // SAFETY: the vector's parts, as `frames` left them; nothing uses them after this.
+        drop(unsafe { Vec::from_raw_parts(self.ptr.get(), self.len.get(), self.cap.get()) });
     }
 }
 
 /// The offset from the thread pointer of the slot that caches this thread's
 /// `SHADOW`'s address, or 0 for none.
-static STATIC_TLS_SHADOW: AtomicIsize = AtomicIsize::new(0);
+pub(crate) static STATIC_TLS_SHADOW: AtomicIsize = AtomicIsize::new(0);
 
 /// Gives the hooks 8 bytes of static TLS, at `tp_offset` from the thread pointer in every
 /// thread, to find each thread's shadow stack of pending uretprobe calls without
@@ -552,7 +655,7 @@ fn set_static_shadow(address: usize) {
 }
 
 /// `f` on this thread's shadow stack, or `None` once the thread's TLS is going.
-fn with_shadow<R>(f: impl FnOnce(&RefCell<Vec<Frame>>) -> R) -> Option<R> {
+fn with_shadow<R>(f: impl FnOnce(&ShadowStack) -> R) -> Option<R> {
     let offset = STATIC_TLS_SHADOW.load(Ordering::Relaxed);
     if offset != 0 {
         let address: usize;
@@ -569,13 +672,13 @@ fn with_shadow<R>(f: impl FnOnce(&RefCell<Vec<Frame>>) -> R) -> Option<R> {
             // SAFETY: this thread's `SHADOW`, stored below while it lived; its destructor
             // clears the slot before it goes. A forked child's copy of the slot points at
             // the child's copy of the same thread-local.
-            return Some(f(unsafe { &*(address as *const RefCell<Vec<Frame>>) }));
+            return Some(f(unsafe { &*(address as *const ShadowStack) }));
         }
     }
     SHADOW
         .try_with(|s| {
-            set_static_shadow(&s.0 as *const RefCell<Vec<Frame>> as usize);
-            f(&s.0)
+            set_static_shadow(s as *const ShadowStack as usize);
+            f(s)
         })
         .ok()
 }
@@ -645,7 +748,8 @@ fn set_in_handlers(on: bool) {
 }
 
 /// A call whose return address a uretprobe replaced.
-struct Frame {
+#[repr(C)]
+pub(crate) struct Frame {
     ret: u64,
     /// The stack pointer at the function's entry (where the return address lives).
     sp: u64,
@@ -734,16 +838,14 @@ fn hijack_return(site: &'static Site, sp: u64) {
     // call pushed, on this thread's stack.
     let ret = unsafe { slot.read() };
     let pushed = with_shadow(|s| {
-        let Ok(mut s) = s.try_borrow_mut() else {
-            return false;
-        };
-        if s.capacity() == 0 {
-            s.reserve(64);
-        }
-        s.push(Frame { ret, sp, site });
-        true
+        s.frames(|s| {
+            if s.capacity() == 0 {
+                s.reserve(64);
+            }
+            s.push(Frame { ret, sp, site });
+        })
     });
-    if pushed == Some(true) {
+    if let Some(Some(())) = pushed {
         // SAFETY: as above; `on_return` gives the real address back when the call returns.
         unsafe { slot.write(stubs::return_stub() as u64) };
     }
@@ -754,12 +856,7 @@ pub(crate) extern "C" fn on_return(regs: *mut PtRegs) -> u64 {
     // SAFETY: the stub passes a PtRegs on its stack, live and unaliased for this call.
     let regs = unsafe { &mut *regs };
     let sp = regs.sp;
-    let frame = with_shadow(|s| {
-        s.try_borrow_mut()
-            .ok()
-            .and_then(|mut s| take_frame(&mut s, sp))
-    })
-    .flatten();
+    let frame = with_shadow(|s| s.frames(|s| take_frame(s, sp)).flatten()).flatten();
     let Some(frame) = frame else {
         // We replaced a return address and lost the real one: there is nowhere correct to go.
         tracing::error!(
@@ -788,10 +885,10 @@ pub fn original_return_address(slot: u64, value: u64) -> u64 {
         return value;
     }
     with_shadow(|s| {
-        let s = s.try_borrow().ok()?;
         // The innermost pending call at that slot: a recursive call reuses no slot
         // while its caller's is still pending, but a frame left by longjmp may linger.
-        s.iter().rev().find(|f| f.sp == slot).map(|f| f.ret)
+        s.frames(|s| s.iter().rev().find(|f| f.sp == slot).map(|f| f.ret))
+            .flatten()
     })
     .flatten()
     .unwrap_or(value)

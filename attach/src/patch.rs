@@ -432,20 +432,26 @@ fn relocate(stolen: &[Instruction], ip: u64) -> Result<Relocated, String> {
         block.extend(tail);
         falls_through = false;
     }
-    let encoded = BlockEncoder::encode(
-        64,
-        InstructionBlock::new(&block, ip),
-        BlockEncoderOptions::RETURN_NEW_INSTRUCTION_OFFSETS,
-    )
-    .map_err(|e| e.to_string())?;
+    // One instruction at a time: an encoder given them all as one block also moves what
+    // points at one of them (a `lea` of the function's own address, which the code then
+    // calls or compares) to its copy, and the copy is not the function.
+    let mut code = Vec::new();
+    let mut starts = Vec::with_capacity(block.len());
+    for ins in &block {
+        starts.push(Some(code.len()));
+        let encoded = BlockEncoder::encode(
+            64,
+            InstructionBlock::new(std::slice::from_ref(ins), ip + code.len() as u64),
+            BlockEncoderOptions::NONE,
+        )
+        .map_err(|e| e.to_string())?;
+        code.extend_from_slice(&encoded.code_buffer);
+    }
     // The block holds the stolen instructions in order, the call's replacement starting at
     // the call's index.
-    let starts = encoded.new_instruction_offsets[..stolen.len()]
-        .iter()
-        .map(|&o| (o != u32::MAX).then_some(o as usize))
-        .collect();
+    starts.truncate(stolen.len());
     Ok(Relocated {
-        code: encoded.code_buffer,
+        code,
         falls_through,
         starts,
     })
@@ -881,6 +887,13 @@ mod tests {
         let code = [0x55, 0x48, 0x8b, 0x05, 0x00, 0x01, 0x00, 0x00];
         let relocated = relocate(&steal(0x40_0000, &code, JMP_LEN).unwrap(), 0x7000_0000).unwrap();
         assert_eq!(relocated.starts, vec![Some(0), Some(1)]);
+        // `push rax; lea rax, [rip - 8]`: the function's own address, as recursion through a
+        // pointer takes it, stays the function's, not its copy's.
+        let code = [0x50, 0x48, 0x8d, 0x05, 0xf8, 0xff, 0xff, 0xff];
+        let relocated = relocate(&steal(0x40_0000, &code, JMP_LEN).unwrap(), 0x7000_0000).unwrap();
+        let moved = decode_all(&relocated.code, 0x7000_0000);
+        assert_eq!(moved[1].mnemonic(), Mnemonic::Lea);
+        assert_eq!(moved[1].memory_displacement64(), 0x40_0000);
     }
 
     #[test]

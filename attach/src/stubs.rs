@@ -42,7 +42,7 @@
 
 use crate::hook::{on_entry, on_return};
 
-use crate::hook::STATIC_TLS_FLAG;
+use crate::hook::{STATIC_TLS_FLAG, STATIC_TLS_SHADOW};
 
 extern "C" {
     #[link_name = "bpftime_attach_entry_stub"]
@@ -248,6 +248,125 @@ macro_rules! direct_call {
     };
 }
 
+// A lone code pair's entry (`hook::DirectPair`), with the list in r12, the flag's offset in
+// r13 and the frame in rbx, the vector registers saved: unless the list is no such pair,
+// the flag or the thread's shadow stack is not in static TLS, the stack is busy or full
+// (then on to 50, the general path, with nothing done), runs the entry code if any and
+// pushes the pending call (its return address, its entry sp and the Site) on the shadow
+// stack, the return address replaced by the return stub's, as `hook::on_entry` does; a
+// thread running handlers already runs none (on to 6). r14 holds the shadow stack, r15
+// the entry sp (both saved in the frame).
+macro_rules! pair_entry {
+    () => {
+        "
+        cmp qword ptr [r12 + 48], 0
+        je 50f
+        test r13, r13
+        jz 50f
+        cmp byte ptr fs:[r13], 0
+        jne 6f
+        mov r14, qword ptr [rip + {shadow}]
+        test r14, r14
+        jz 50f
+        mov r14, qword ptr fs:[r14]
+        test r14, r14
+        jz 50f
+        cmp qword ptr [r14], 0
+        jne 50f
+        mov rax, [r14 + 8]
+        cmp rax, [r14 + 16]
+        jae 50f
+        mov byte ptr fs:[r13], 1
+        mov r15, [rbx + 152]
+        mov rax, [r12 + 32]
+        test rax, rax
+        jz 51f
+        mov rdi, rbx
+        mov rsi, [r12 + 40]
+        xor edx, edx
+        and rsp, -16
+        call rax
+        mov rsp, rbx
+    51:
+        mov qword ptr [r14], 1
+        mov rax, [r14 + 8]
+        lea rcx, [rax + rax * 2]
+        mov rdx, [r14 + 24]
+        lea rdx, [rdx + rcx * 8]
+        mov rcx, [r15]
+        mov [rdx], rcx
+        mov [rdx + 8], r15
+        mov rcx, [rbx + 440]
+        mov [rdx + 16], rcx
+        inc rax
+        mov [r14 + 8], rax
+        mov qword ptr [r14], 0
+        lea rcx, [rip + bpftime_attach_return_stub]
+        mov [r15], rcx
+        mov byte ptr fs:[r13], 0
+        jmp 6f
+        "
+    };
+}
+
+// A lone code pair's return, with the frame in rbx and the vector registers saved: unless
+// the flag or the shadow stack is not in static TLS, the stack is busy or empty, its top
+// frame is not this return's (longjmp left frames above it: `hook::take_frame` sorts that
+// out), the site's list is no such pair, or this thread runs handlers already (then on to
+// 60, the general path, with nothing done), pops the frame, sets `ip` and the slot the
+// final jump reads to the real return address, and runs the return code.
+macro_rules! pair_return {
+    () => {
+        "
+        mov r13, qword ptr [rip + {flag}]
+        test r13, r13
+        jz 60f
+        mov r14, qword ptr [rip + {shadow}]
+        test r14, r14
+        jz 60f
+        mov r14, qword ptr fs:[r14]
+        test r14, r14
+        jz 60f
+        cmp qword ptr [r14], 0
+        jne 60f
+        mov rax, [r14 + 8]
+        test rax, rax
+        jz 60f
+        lea rcx, [rax + rax * 2 - 3]
+        mov rdx, [r14 + 24]
+        lea rdx, [rdx + rcx * 8]
+        mov rcx, [rdx + 8]
+        add rcx, 8
+        cmp rcx, [rbx + 152]
+        jne 60f
+        mov rsi, [rdx + 16]
+        mov r12, [rsi + 8]
+        test r12, r12
+        jz 60f
+        cmp qword ptr [r12 + 48], 0
+        je 60f
+        cmp byte ptr fs:[r13], 0
+        jne 60f
+        mov qword ptr [r14], 1
+        mov r15, [rdx]
+        dec rax
+        mov [r14 + 8], rax
+        mov qword ptr [r14], 0
+        mov [rbx + 128], r15
+        mov [rbx + 432], r15
+        mov byte ptr fs:[r13], 1
+        mov rdi, rbx
+        mov rsi, [r12 + 56]
+        xor edx, edx
+        and rsp, -16
+        call qword ptr [r12 + 48]
+        mov rsp, rbx
+        mov byte ptr fs:[r13], 0
+        jmp 61f
+        "
+    };
+}
+
 // An entry stub's body, between saving the flags and restoring them. Across calls, r12
 // holds the handler list, r13 the flag's offset and rbx the frame (callee-saved, and
 // already in PtRegs).
@@ -279,7 +398,9 @@ macro_rules! dispatch {
     5:
         ",
             save_vectors!(),
+            pair_entry!(),
             "
+    50:
         mov rsi, rbx
         and rsp, -16
         call {on_entry}
@@ -370,12 +491,16 @@ std::arch::global_asm!(
     "mov [rsp + 152], rax",
     "mov rbx, rsp",
     save_vectors!(),
+    // Handlers are C-ABI code, which expects DF clear.
+    "cld",
+    pair_return!(),
+    "60:",
     "mov rdi, rsp",
     "and rsp, -16",
-    "cld",
     "call {on_return}",
     "mov rsp, rbx",
     "mov [rsp + 432], rax",
+    "61:",
     restore_vectors!(),
     restore_registers!(),
     // Not `ret`: the hooked function's own `ret` already consumed its return-stack-buffer
@@ -388,4 +513,5 @@ std::arch::global_asm!(
     on_entry = sym on_entry,
     on_return = sym on_return,
     flag = sym STATIC_TLS_FLAG,
+    shadow = sym STATIC_TLS_SHADOW,
 );

@@ -10,12 +10,15 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, Once};
 
 use bpftime_attach::{
-    attach_uprobe, attach_uprobe_code, attach_uretprobe, detach, never_run_handlers_on_this_thread,
-    use_static_tls_flag, AttachError, CodeHandler, Handler, HookAddress, PtRegs,
+    attach_uprobe, attach_uprobe_code, attach_uretprobe, attach_uretprobe_code, detach,
+    never_run_handlers_on_this_thread, use_static_tls_flag, use_static_tls_shadow, AttachError,
+    CodeHandler, Handler, HookAddress, PtRegs,
 };
 
-// The flag byte, in this executable's static TLS, as the agent's starter library has one.
+// The flag byte, in this executable's static TLS, as the agent's starter library has one,
+// and the word that finds each thread's shadow stack.
 bpftime_attach::static_tls_flag!(fn flag_offset, "bpftime_test_hook_flag");
+bpftime_attach::static_tls_flag!(fn shadow_offset, "bpftime_test_hook_shadow");
 
 /// Tests that hook the same functions (`counted`, `bpftime_test_leaf`, `flagged`) take
 /// turns: two handlers at one site would be neither test's lone handler.
@@ -30,6 +33,8 @@ fn with_flag() {
         // SAFETY: the byte above is ours alone, zero in every thread, and this runs before
         // the first hook of this process (every test calls it first).
         unsafe { use_static_tls_flag(flag_offset()) }.unwrap();
+        // SAFETY: the same, for the 8 bytes of the second.
+        unsafe { use_static_tls_shadow(shadow_offset()) }.unwrap();
     });
 }
 
@@ -41,6 +46,13 @@ std::arch::global_asm!(
     ".globl bpftime_test_counting",
     "bpftime_test_counting:",
     "lock inc qword ptr [rsi]",
+    "xor eax, eax",
+    "ret",
+    // Adds the hooked function's return value (PtRegs::ax) to the word at `arg`.
+    ".globl bpftime_test_add_return_value",
+    "bpftime_test_add_return_value:",
+    "mov rax, [rdi + 80]",
+    "lock add [rsi], rax",
     "xor eax, eax",
     "ret",
     ".globl bpftime_test_add_first_argument",
@@ -260,6 +272,7 @@ type CodeEntry = unsafe extern "C" fn(*mut PtRegs, u64, u64) -> u64;
 
 extern "C" {
     fn bpftime_test_counting(regs: *mut PtRegs, arg: u64, zero: u64) -> u64;
+    fn bpftime_test_add_return_value(regs: *mut PtRegs, arg: u64, zero: u64) -> u64;
     fn bpftime_test_add_first_argument(regs: *mut PtRegs, arg: u64, zero: u64) -> u64;
     fn bpftime_test_record_flags(regs: *mut PtRegs, arg: u64, zero: u64) -> u64;
     fn bpftime_test_clobbering(regs: *mut PtRegs, arg: u64, zero: u64) -> u64;
@@ -832,4 +845,150 @@ fn the_flag_is_refused_once_a_hook_exists() {
         "{err}"
     );
     detach(id).unwrap();
+}
+
+#[inline(never)]
+extern "C" fn paired(x: u64) -> u64 {
+    black_box(x).wrapping_mul(3)
+}
+
+/// A uprobe and a uretprobe of code (funclatency's shape): the stubs run them and keep the
+/// pending calls themselves. Every call from four threads is seen at entry and at return,
+/// with its return value, and returns what it should.
+#[test]
+fn a_code_pair_sees_every_call_and_return_from_many_threads() {
+    with_flag();
+    let _turn = one_at_a_time();
+    let f = addr(paired as *const ());
+    let (entries, returned) = (Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0)));
+    // SAFETY: a whole function of this binary; the handlers are the assembly above.
+    let ids = unsafe {
+        [
+            attach_uprobe_code(
+                HookAddress::function_entry(f),
+                code(bpftime_test_counting, &entries, true),
+            )
+            .unwrap(),
+            attach_uretprobe_code(f, code(bpftime_test_add_return_value, &returned, true)).unwrap(),
+        ]
+    };
+    calls_from_four_threads(black_box(paired as extern "C" fn(u64) -> u64));
+    for id in ids {
+        detach(id).unwrap();
+    }
+    assert_eq!(entries.load(Ordering::SeqCst), 40_000);
+    assert_eq!(
+        returned.load(Ordering::SeqCst),
+        4 * 3 * (0..10_000u64).sum::<u64>()
+    );
+}
+
+#[inline(never)]
+extern "C" fn depth(n: u64) -> u64 {
+    let next = black_box(depth as extern "C" fn(u64) -> u64);
+    if n == 0 {
+        0
+    } else {
+        next(n - 1) + 1
+    }
+}
+
+/// Nested pending calls of a code pair return in order, each to its own caller.
+#[test]
+fn a_code_pair_on_a_recursive_function_returns_every_level() {
+    with_flag();
+    let _turn = one_at_a_time();
+    let f = addr(depth as *const ());
+    let (entries, returned) = (Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0)));
+    // SAFETY: as above.
+    let ids = unsafe {
+        [
+            attach_uprobe_code(
+                HookAddress::function_entry(f),
+                code(bpftime_test_counting, &entries, true),
+            )
+            .unwrap(),
+            attach_uretprobe_code(f, code(bpftime_test_add_return_value, &returned, true)).unwrap(),
+        ]
+    };
+    let call = black_box(depth as extern "C" fn(u64) -> u64);
+    for _ in 0..100 {
+        assert_eq!(call(20), 20);
+    }
+    for id in ids {
+        detach(id).unwrap();
+    }
+    assert_eq!(entries.load(Ordering::SeqCst), 100 * 21);
+    // Each level returns its depth: 0 + 1 + .. + 20.
+    assert_eq!(
+        returned.load(Ordering::SeqCst),
+        100 * (0..=20u64).sum::<u64>()
+    );
+}
+
+static WAITING: AtomicBool = AtomicBool::new(false);
+static GO_ON: AtomicBool = AtomicBool::new(false);
+
+#[inline(never)]
+extern "C" fn waits(x: u64) -> u64 {
+    WAITING.store(true, Ordering::SeqCst);
+    while !GO_ON.load(Ordering::SeqCst) {
+        std::hint::spin_loop();
+    }
+    black_box(x).wrapping_mul(3)
+}
+
+/// A call pending when its site's handlers change returns through whichever path the new
+/// ones take: hijacked by the stubs and given back by Rust (a closure joined the pair), and
+/// the other way round (the closure left).
+#[test]
+fn a_pending_call_returns_right_when_the_pair_path_comes_or_goes() {
+    with_flag();
+    let _turn = one_at_a_time();
+    let f = addr(waits as *const ());
+    let returned = Arc::new(AtomicU64::new(0));
+    let closure_runs = Arc::new(AtomicU64::new(0));
+    let runs = closure_runs.clone();
+    let closure: Handler = Arc::new(move |_| {
+        runs.fetch_add(1, Ordering::SeqCst);
+    });
+    // SAFETY: a whole function of this binary; the handler is the assembly above.
+    let ret =
+        unsafe { attach_uretprobe_code(f, code(bpftime_test_add_return_value, &returned, true)) }
+            .unwrap();
+    let call = black_box(waits as extern "C" fn(u64) -> u64);
+    for (round, closure_first) in [(1u64, false), (2, true)] {
+        WAITING.store(false, Ordering::SeqCst);
+        GO_ON.store(false, Ordering::SeqCst);
+        // Round 1 enters as a pair and returns with a closure there too; round 2 enters
+        // with the closure and returns as a pair.
+        // SAFETY: as above; the closure only counts.
+        let joined = closure_first.then(|| {
+            unsafe { attach_uprobe(HookAddress::function_entry(f), closure.clone()) }.unwrap()
+        });
+        std::thread::scope(|s| {
+            let t = s.spawn(|| call(round));
+            while !WAITING.load(Ordering::SeqCst) {
+                std::thread::yield_now();
+            }
+            let joined_late = (!closure_first).then(|| {
+                unsafe { attach_uprobe(HookAddress::function_entry(f), closure.clone()) }.unwrap()
+            });
+            if let Some(id) = joined {
+                detach(id).unwrap();
+            }
+            GO_ON.store(true, Ordering::SeqCst);
+            assert_eq!(t.join().unwrap(), round * 3, "round {round}");
+            if let Some(id) = joined_late {
+                detach(id).unwrap();
+            }
+        });
+    }
+    detach(ret).unwrap();
+    assert_eq!(returned.load(Ordering::SeqCst), 3 + 6, "both returns seen");
+    assert_eq!(
+        closure_runs.load(Ordering::SeqCst),
+        1,
+        "the closure saw round 2's entry"
+    );
 }
