@@ -252,6 +252,32 @@ macro_rules! direct_call {
     };
 }
 
+// This thread's shadow stack in r14 and its length in rax, or on to `$bail` when it is not
+// in static TLS or something is changing it.
+macro_rules! free_shadow_stack {
+    ($bail:literal) => {
+        concat!(
+            "
+        mov r14, qword ptr [rip + {shadow}]
+        test r14, r14
+        jz ",
+            $bail,
+            "f
+        mov r14, qword ptr fs:[r14]
+        test r14, r14
+        jz ",
+            $bail,
+            "f
+        cmp qword ptr [r14], 0
+        jne ",
+            $bail,
+            "f
+        mov rax, [r14 + 8]
+        "
+        )
+    };
+}
+
 // A lone code pair's entry (`hook::DirectPair`), with the list in r12, the flag's offset in
 // r13 and the frame in rbx, the vector registers saved: unless the list is no such pair,
 // the flag or the thread's shadow stack is not in static TLS, the stack is busy or full
@@ -262,22 +288,17 @@ macro_rules! direct_call {
 // the entry sp (both saved in the frame).
 macro_rules! pair_entry {
     () => {
-        "
+        concat!(
+            "
         cmp qword ptr [r12 + 48], 0
         je 50f
         test r13, r13
         jz 50f
         cmp byte ptr fs:[r13], 0
         jne 6f
-        mov r14, qword ptr [rip + {shadow}]
-        test r14, r14
-        jz 50f
-        mov r14, qword ptr fs:[r14]
-        test r14, r14
-        jz 50f
-        cmp qword ptr [r14], 0
-        jne 50f
-        mov rax, [r14 + 8]
+        ",
+            free_shadow_stack!("50"),
+            "
         cmp rax, [r14 + 16]
         jae 50f
         mov byte ptr fs:[r13], 1
@@ -310,6 +331,7 @@ macro_rules! pair_entry {
         mov byte ptr fs:[r13], 0
         jmp 6f
         "
+        )
     };
 }
 
@@ -321,19 +343,14 @@ macro_rules! pair_entry {
 // final jump reads to the real return address, and runs the return code.
 macro_rules! pair_return {
     () => {
-        "
+        concat!(
+            "
         mov r13, qword ptr [rip + {flag}]
         test r13, r13
         jz 60f
-        mov r14, qword ptr [rip + {shadow}]
-        test r14, r14
-        jz 60f
-        mov r14, qword ptr fs:[r14]
-        test r14, r14
-        jz 60f
-        cmp qword ptr [r14], 0
-        jne 60f
-        mov rax, [r14 + 8]
+        ",
+            free_shadow_stack!("60"),
+            "
         test rax, rax
         jz 60f
         lea rcx, [rax + rax * 2 - 3]
@@ -368,6 +385,7 @@ macro_rules! pair_return {
         mov byte ptr fs:[r13], 0
         jmp 61f
         "
+        )
     };
 }
 

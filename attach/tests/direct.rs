@@ -12,7 +12,7 @@ use std::sync::{Arc, Mutex, Once};
 use bpftime_attach::{
     attach_uprobe, attach_uprobe_code, attach_uretprobe, attach_uretprobe_code, detach,
     never_run_handlers_on_this_thread, use_static_tls_flag, use_static_tls_shadow, AttachError,
-    CodeHandler, Handler, HookAddress, PtRegs,
+    CodeHandler, Handler, HookAddress, HookId, PtRegs,
 };
 
 // The flag byte, in this executable's static TLS, as the agent's starter library has one,
@@ -847,6 +847,25 @@ fn the_flag_is_refused_once_a_hook_exists() {
     detach(id).unwrap();
 }
 
+/// A uprobe counting calls and a uretprobe adding up return values, both code, at `f`:
+/// the counters, and the hooks to detach.
+fn code_pair(f: usize) -> (Arc<AtomicU64>, Arc<AtomicU64>, [HookId; 2]) {
+    let (entries, returned) = (Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0)));
+    // SAFETY: the tests pass whole functions of this binary, entered by call; the
+    // handlers are the assembly above, counting into what they hold.
+    let ids = unsafe {
+        [
+            attach_uprobe_code(
+                HookAddress::function_entry(f),
+                code(bpftime_test_counting, &entries, true),
+            )
+            .unwrap(),
+            attach_uretprobe_code(f, code(bpftime_test_add_return_value, &returned, true)).unwrap(),
+        ]
+    };
+    (entries, returned, ids)
+}
+
 #[inline(never)]
 extern "C" fn paired(x: u64) -> u64 {
     black_box(x).wrapping_mul(3)
@@ -860,18 +879,7 @@ fn a_code_pair_sees_every_call_and_return_from_many_threads() {
     with_flag();
     let _turn = one_at_a_time();
     let f = addr(paired as *const ());
-    let (entries, returned) = (Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0)));
-    // SAFETY: a whole function of this binary; the handlers are the assembly above.
-    let ids = unsafe {
-        [
-            attach_uprobe_code(
-                HookAddress::function_entry(f),
-                code(bpftime_test_counting, &entries, true),
-            )
-            .unwrap(),
-            attach_uretprobe_code(f, code(bpftime_test_add_return_value, &returned, true)).unwrap(),
-        ]
-    };
+    let (entries, returned, ids) = code_pair(f);
     calls_from_four_threads(black_box(paired as extern "C" fn(u64) -> u64));
     for id in ids {
         detach(id).unwrap();
@@ -899,18 +907,7 @@ fn a_code_pair_on_a_recursive_function_returns_every_level() {
     with_flag();
     let _turn = one_at_a_time();
     let f = addr(depth as *const ());
-    let (entries, returned) = (Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0)));
-    // SAFETY: as above.
-    let ids = unsafe {
-        [
-            attach_uprobe_code(
-                HookAddress::function_entry(f),
-                code(bpftime_test_counting, &entries, true),
-            )
-            .unwrap(),
-            attach_uretprobe_code(f, code(bpftime_test_add_return_value, &returned, true)).unwrap(),
-        ]
-    };
+    let (entries, returned, ids) = code_pair(f);
     let call = black_box(depth as extern "C" fn(u64) -> u64);
     for _ in 0..100 {
         assert_eq!(call(20), 20);

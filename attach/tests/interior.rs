@@ -68,6 +68,17 @@ extern "C" {
     fn bpftime_test_interior_counting(regs: *mut PtRegs, arg: u64, zero: u64) -> u64;
 }
 
+/// The assembly handler counting into `hits`, which it holds.
+fn counting_into(hits: &Arc<AtomicU64>) -> CodeHandler {
+    CodeHandler {
+        entry: bpftime_test_interior_counting,
+        arg: Arc::as_ptr(hits) as u64,
+        owner: hits.clone(),
+        keeps_vector_registers: true,
+        regs_read: 0,
+    }
+}
+
 fn addr(f: *const ()) -> usize {
     f as usize
 }
@@ -149,13 +160,7 @@ fn threads_between_covered_instructions_survive_attach_and_detach() {
         |x, r| r == x + 1,
         || {
             for _ in 0..rounds {
-                let handler = CodeHandler {
-                    entry: bpftime_test_interior_counting,
-                    arg: Arc::as_ptr(&hits) as u64,
-                    owner: hits.clone(),
-                    keeps_vector_registers: true,
-                    regs_read: 0,
-                };
+                let handler = counting_into(&hits);
                 // SAFETY: a whole assembly function of this binary, entered by call; the
                 // handler counts into `hits`, which it holds.
                 let id =
@@ -208,13 +213,7 @@ fn a_call_among_the_covered_instructions_returns_to_them_safely() {
             std::thread::yield_now();
         }
         let hits = Arc::new(AtomicU64::new(0));
-        let handler = CodeHandler {
-            entry: bpftime_test_interior_counting,
-            arg: Arc::as_ptr(&hits) as u64,
-            owner: hits.clone(),
-            keeps_vector_registers: true,
-            regs_read: 0,
-        };
+        let handler = counting_into(&hits);
         // SAFETY: a whole assembly function of this binary, entered by call; the handler
         // counts into `hits`, which it holds.
         let id = unsafe { attach_uprobe_code(HookAddress::function_entry(f), handler) }.unwrap();
