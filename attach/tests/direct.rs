@@ -486,6 +486,8 @@ fn registers_survive_as_the_save_changes_under_running_callers() {
     let short_hits = Arc::new(AtomicU64::new(0));
     let full_hits = Arc::new(AtomicU64::new(0));
     let closure_hits = Arc::new(AtomicU64::new(0));
+    let pair_hits = Arc::new(AtomicU64::new(0));
+    let uretprobe_hits = Arc::new(AtomicU64::new(0));
     let calls = AtomicU64::new(0);
     std::thread::scope(|s| {
         for t in 0..3u64 {
@@ -511,7 +513,7 @@ fn registers_survive_as_the_save_changes_under_running_callers() {
                 }
             });
         }
-        for round in 0..300 {
+        for round in 0..500 {
             let c = closure_hits.clone();
             let closure: Handler = Arc::new(move |_| {
                 c.fetch_add(1, Ordering::Relaxed);
@@ -519,7 +521,7 @@ fn registers_survive_as_the_save_changes_under_running_callers() {
             // SAFETY: `bpftime_test_leaf` is a whole function; the code handler is
             // assembly that overwrites every scratch and vector register and reads none.
             let ids = unsafe {
-                match round % 3 {
+                match round % 5 {
                     0 => vec![attach_uprobe_code(
                         HookAddress::function_entry(leaf),
                         code_reading(bpftime_test_clobbering, &short_hits, false, 0),
@@ -530,7 +532,7 @@ fn registers_survive_as_the_save_changes_under_running_callers() {
                         code(bpftime_test_clobbering, &full_hits, false),
                     )
                     .unwrap()],
-                    _ => vec![
+                    2 => vec![
                         attach_uprobe_code(
                             HookAddress::function_entry(leaf),
                             code_reading(bpftime_test_clobbering, &short_hits, false, 0),
@@ -538,6 +540,24 @@ fn registers_survive_as_the_save_changes_under_running_callers() {
                         .unwrap(),
                         attach_uprobe(HookAddress::function_entry(leaf), closure).unwrap(),
                     ],
+                    // A code pair (the stubs run it), and a uretprobe of code alone.
+                    3 => vec![
+                        attach_uprobe_code(
+                            HookAddress::function_entry(leaf),
+                            code_reading(bpftime_test_clobbering, &pair_hits, false, 0),
+                        )
+                        .unwrap(),
+                        attach_uretprobe_code(
+                            leaf,
+                            code_reading(bpftime_test_clobbering, &pair_hits, false, 0),
+                        )
+                        .unwrap(),
+                    ],
+                    _ => vec![attach_uretprobe_code(
+                        leaf,
+                        code(bpftime_test_clobbering, &uretprobe_hits, false),
+                    )
+                    .unwrap()],
                 }
             };
             std::thread::sleep(std::time::Duration::from_micros(200));
@@ -551,6 +571,8 @@ fn registers_survive_as_the_save_changes_under_running_callers() {
         ("short", &short_hits),
         ("full", &full_hits),
         ("closure", &closure_hits),
+        ("pair", &pair_hits),
+        ("uretprobe alone", &uretprobe_hits),
     ] {
         assert!(
             hits.load(Ordering::Relaxed) > 0,
