@@ -7,6 +7,8 @@
 #   scripts/gpu-examples.sh BPFTIME OBJECT_DIR OUT_FILE
 #   GPU_EXAMPLES_ONLY=several_gpus: only the checks that need two GPUs or more
 set -uo pipefail
+# A target that crashes says where (agent/src/crash.rs), in the logs that come back.
+export BPFTIME_CRASH_REPORT=1
 bt=$1 objs=$2 out=$3
 cd "$(dirname "$0")/.."
 export PATH=/usr/local/cuda/bin:$PATH

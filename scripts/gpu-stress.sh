@@ -14,6 +14,8 @@
 #   scripts/gpu-stress.sh BPFTIME OBJECT_DIR CUDA_BUILD_DIR RUNS OUT_FILE
 # OBJECT_DIR holds the .bpf.o files, gpu_probes (the loader) and the libbpf.so.1 it links.
 set -uo pipefail
+# A target that crashes says where (agent/src/crash.rs), in the logs that come back.
+export BPFTIME_CRASH_REPORT=1
 bt=$1 objs=$2 cuda=$3 runs=$4 out=$5
 work=$(mktemp -d)
 trap 'rm -rf "$work"; jobs -p | xargs -r kill 2>/dev/null' EXIT

@@ -4,6 +4,7 @@
 //! it with inline hooks. A watcher thread follows the store, so tools loaded
 //! later attach without a restart and tools that exit detach.
 
+mod crash;
 mod gpu;
 mod program;
 mod trace;

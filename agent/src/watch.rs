@@ -67,6 +67,7 @@ pub(crate) fn start(
     cpu_slot_tp_offset: isize,
 ) {
     bpftime_runtime::init_logging();
+    crate::crash::install_if_asked();
     // First: a thread masked from handlers before the switch would not stay masked.
     if hook_flag_tp_offset != 0 {
         // SAFETY: the starter's byte of static TLS, zero in every thread and used by

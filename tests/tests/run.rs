@@ -1281,3 +1281,61 @@ fn task_storage_keeps_state_per_thread_of_a_target() {
         assert!(log.contains(refusal), "kernel: {log}");
     }
 }
+
+/// A target that faults, under `BPFTIME_CRASH_REPORT=1`: one report on stderr names the
+/// signal, the faulting address, the binary whose code faulted and the stack, and the
+/// target still dies of the same signal. Without the variable nothing is added.
+#[test]
+fn a_crash_report_says_where_the_target_faulted() {
+    let s = Session::new("run-crash");
+    let src = s.tmp.join("faults.c");
+    std::fs::write(
+        &src,
+        "#include <stdlib.h>\n\
+         int main(void) { free(malloc(16)); *(volatile int *)0x40 = 1; return 0; }\n",
+    )
+    .unwrap();
+    let exe = s.tmp.join("faults");
+    let st = Command::new("cc")
+        .args(["-O1", "-o"])
+        .arg(&exe)
+        .arg(&src)
+        .status()
+        .expect("run cc");
+    assert!(st.success(), "cc failed");
+    let args = [
+        "run",
+        examples::MALLOC_COUNT_BPF_O,
+        "--",
+        exe.to_str().unwrap(),
+    ];
+    let out = bpftime_env(&s, &args, &[("BPFTIME_CRASH_REPORT", "1")]);
+    assert_eq!(out.code, Some(128 + 11), "{}", out.context());
+    let report = out
+        .stderr
+        .lines()
+        .skip_while(|l| !l.starts_with("bpftime crash report: signal 11 code 1 address 0x40 "))
+        .collect::<Vec<_>>();
+    assert!(!report.is_empty(), "{}", out.context());
+    assert!(
+        report[1].starts_with("  ip ") && report[1].ends_with(exe.to_str().unwrap()),
+        "the faulting instruction's mapping: {}",
+        out.context()
+    );
+    assert_eq!(
+        report[2],
+        "  address 0x40 is in no mapping",
+        "{}",
+        out.context()
+    );
+    assert!(
+        report
+            .iter()
+            .any(|l| l.contains("libc.so.6(__libc_start_main")),
+        "the stack down to libc's start: {}",
+        out.context()
+    );
+    let out = bpftime(&s, &args);
+    assert_eq!(out.code, Some(128 + 11), "{}", out.context());
+    assert!(!out.stderr.contains("crash report"), "{}", out.context());
+}
