@@ -353,9 +353,22 @@ impl Registry {
                 } else {
                     stubs::entry_stub()
                 };
-                let kind = at.patch_kind();
-                let trampoline =
-                    patch::build_trampoline(addr, site as *const Site as usize, stub, kind)?;
+                let mut kind = at.patch_kind();
+                let build =
+                    |kind| patch::build_trampoline(addr, site as *const Site as usize, stub, kind);
+                let trampoline = match build(kind) {
+                    // A function shorter than the jump, or one whose code branches back
+                    // into its first 5 bytes: one byte is always safe to take.
+                    Err(AttachError::Unhookable { reason, .. }) if kind == PatchKind::Jump => {
+                        tracing::info!(
+                            addr = format_args!("{addr:#x}"),
+                            "hooked with a breakpoint (a signal per hit), as {reason}"
+                        );
+                        kind = PatchKind::Breakpoint;
+                        build(kind)?
+                    }
+                    built => built?,
+                };
                 patch::register_trap(addr, trampoline.entry)?;
                 Ok(v.insert(SiteState {
                     site,

@@ -17,8 +17,9 @@
 //! good. Trampolines and hook records are never freed, since a thread may be inside one.
 //!
 //! Limits, x86-64 Linux only:
-//! - The jump takes 5 bytes. A function shorter than that must be followed by padding; code
-//!   that jumps back into those 5 bytes from further on (a loop head there) breaks, and only
+//! - The jump takes 5 bytes. A function shorter than that, with no padding after it, gets a
+//!   one-byte breakpoint instead (as does any site whose jump cannot be built); code that
+//!   jumps back into those 5 bytes from further on (a loop head there) breaks, and only
 //!   branches inside the 5 bytes are detected. When they hold several instructions, every
 //!   other thread not asleep elsewhere is sent a signal before the jump goes in, and one
 //!   found between two of them is moved to the instruction's copy; if one cannot be, the

@@ -1039,3 +1039,91 @@ fn breakpoints_count_every_hit_from_many_threads_with_the_registers_of_the_site(
     assert_eq!(unsafe { bpftime_test_loop_sum(4) }, 10);
     assert_eq!(at_nop.load(Ordering::Relaxed), calls);
 }
+
+// A function shorter than the jump, with the next function right after it: no padding
+// for the jump to spill into.
+std::arch::global_asm!(
+    ".globl bpftime_test_tiny",
+    ".type bpftime_test_tiny, @function",
+    "bpftime_test_tiny:",
+    "  lea eax, [rdi + 1]",
+    "  ret",
+    ".size bpftime_test_tiny, .-bpftime_test_tiny",
+    ".globl bpftime_test_after_tiny",
+    ".type bpftime_test_after_tiny, @function",
+    "bpftime_test_after_tiny:",
+    "  lea eax, [rdi + rdi]",
+    "  ret",
+    ".size bpftime_test_after_tiny, .-bpftime_test_after_tiny",
+);
+extern "C" {
+    fn bpftime_test_tiny(x: u32) -> u32;
+    fn bpftime_test_after_tiny(x: u32) -> u32;
+}
+
+#[test]
+fn a_function_shorter_than_the_jump_is_hooked_with_a_breakpoint() {
+    let f = addr(bpftime_test_tiny as *const ());
+    let next = addr(bpftime_test_after_tiny as *const ());
+    assert_eq!(
+        next - f,
+        4,
+        "the assembler laid the two functions back to back"
+    );
+    let next_bytes = head(next);
+    let (calls, returns, sum) = (
+        Arc::new(AtomicU64::new(0)),
+        Arc::new(AtomicU64::new(0)),
+        Arc::new(AtomicU64::new(0)),
+    );
+    let (c, r, s) = (calls.clone(), returns.clone(), sum.clone());
+    // SAFETY: both are function entries of this binary, which stays mapped; the return
+    // probe goes in first, as the uprobe's site would otherwise have decided the patch.
+    let (ret_id, entry_id) = unsafe {
+        (
+            attach_uretprobe(
+                f,
+                handler(move |regs| {
+                    r.fetch_add(1, Ordering::Relaxed);
+                    s.fetch_add(regs.ax, Ordering::Relaxed);
+                }),
+            )
+            .unwrap(),
+            attach_uprobe(
+                bpftime_attach::HookAddress::function_entry(f),
+                handler(move |_| {
+                    c.fetch_add(1, Ordering::Relaxed);
+                }),
+            )
+            .unwrap(),
+        )
+    };
+    assert_eq!(head(f)[0], 0xcc, "one int3 at the entry");
+    assert_eq!(head(next), next_bytes, "the next function is untouched");
+    let (threads, per) = (4u64, 20_000u64);
+    std::thread::scope(|s| {
+        for t in 0..threads {
+            s.spawn(move || {
+                for i in 0..per {
+                    let x = (t * per + i) as u32;
+                    // SAFETY: plain functions of this binary.
+                    let (a, b) =
+                        unsafe { (bpftime_test_tiny(black_box(x)), bpftime_test_after_tiny(x)) };
+                    assert_eq!((a, b), (x + 1, 2 * x));
+                }
+            });
+        }
+    });
+    let n = threads * per;
+    assert_eq!(calls.load(Ordering::Relaxed), n);
+    assert_eq!(returns.load(Ordering::Relaxed), n);
+    // Every return value x + 1 for x in 0..n.
+    assert_eq!(sum.load(Ordering::Relaxed), n * (n + 1) / 2);
+    detach(entry_id).unwrap();
+    detach(ret_id).unwrap();
+    assert_eq!(
+        head(f)[..4],
+        [0x8d, 0x47, 0x01, 0xc3],
+        "the original code is back"
+    );
+}
