@@ -136,7 +136,9 @@ impl Shape {
 struct View<'a> {
     map: &'a Map,
     h: &'a MapHeader,
-    s: Shape,
+    /// Borrowed, not copied: the view is copied into closures, and a 56-byte copy of
+    /// words just stored is read back with 16-byte loads that cannot be forwarded.
+    s: &'a Shape,
     key_size: usize,
 }
 

@@ -513,8 +513,8 @@ impl Map {
 
     /// Where a hash-laid-out map's buckets and elements are (default for other maps).
     #[inline]
-    fn hash_shape(&self) -> hash::Shape {
-        self.hash_shape
+    fn hash_shape(&self) -> &hash::Shape {
+        &self.hash_shape
     }
 
     pub(crate) fn header(&self) -> &MapHeader {
