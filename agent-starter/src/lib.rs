@@ -84,6 +84,37 @@ bpftime_attach::static_tls_flag!(fn shadow_offset, "bpftime_starter_shadow");
 // The CPU slot a thread runs a program as, read by every per-CPU access of JIT code.
 bpftime_attach::static_tls_flag!(fn cpu_slot_offset, "bpftime_starter_cpu_slot");
 
+// A `struct rseq` (32 bytes, 32-aligned) of our own, for a process whose glibc registers
+// none (before 2.35, or `GLIBC_TUNABLES=glibc.pthread.rseq=0`): a thread registers it the
+// first time it takes a CPU slot (see bpftime_runtime::cpu_slots). Its `cpu_id` starts
+// at -1 (RSEQ_CPU_ID_UNINITIALIZED), which every reader takes for "no CPU"; a zero there
+// would read as CPU 0 before the kernel writes it.
+::std::arch::global_asm!(
+    ".pushsection .tdata,\"awT\",@progbits",
+    ".p2align 5",
+    ".globl bpftime_starter_rseq",
+    ".hidden bpftime_starter_rseq",
+    "bpftime_starter_rseq:",
+    ".long 0",
+    ".long 0xffffffff",
+    ".zero 24",
+    ".popsection",
+);
+
+/// The offset of the rseq area above from the thread pointer, the same in every thread.
+fn rseq_offset() -> isize {
+    let offset: isize;
+    // SAFETY: reads the GOT slot the loader filled with the variable's TLS offset.
+    unsafe {
+        ::std::arch::asm!(
+            "mov {}, qword ptr [rip + bpftime_starter_rseq@gottpoff]",
+            out(reg) offset,
+            options(nostack, readonly, preserves_flags),
+        )
+    };
+    offset
+}
+
 /// `on_own_thread`: called on a thread this library made, not one of the application's.
 fn start_agent(on_own_thread: bool) -> Result<(), String> {
     let dir = own_directory().ok_or("cannot find the directory of libbpftime_agent_starter.so")?;
@@ -101,10 +132,10 @@ fn start_agent(on_own_thread: bool) -> Result<(), String> {
         return Err(format!("{path} has no {AGENT_ENTRY:?}: {}", dl_error()));
     }
     // SAFETY: the agent exports `bpftime_agent_start` as
-    // `extern "C" fn(isize, bool, isize, isize, isize)`
+    // `extern "C" fn(isize, bool, isize, isize, isize, isize)`
     // (built with this library, from the same directory); the library stays loaded
     // (never dlclose'd), so the code outlives the call.
-    let start: extern "C" fn(isize, bool, isize, isize, isize) =
+    let start: extern "C" fn(isize, bool, isize, isize, isize, isize) =
         unsafe { std::mem::transmute(sym) };
     start(
         hook_flag_offset(),
@@ -112,6 +143,7 @@ fn start_agent(on_own_thread: bool) -> Result<(), String> {
         ids_offset(),
         shadow_offset(),
         cpu_slot_offset(),
+        rseq_offset(),
     );
     Ok(())
 }

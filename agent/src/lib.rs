@@ -20,7 +20,9 @@ mod watch;
 /// `shadow_tp_offset` is 8 bytes of it for the hooks' shadow stacks (see
 /// `bpftime_attach::use_static_tls_shadow`), or 0 for none. `cpu_slot_tp_offset` is 8
 /// bytes of it for the CPU slot a thread runs a program as (see
-/// `bpftime_runtime::cpu_slots`), or 0 for none.
+/// `bpftime_runtime::cpu_slots`), or 0 for none. `rseq_tp_offset` is a 32-byte rseq area
+/// in it, for threads whose glibc registers none (see
+/// `bpftime_runtime::cpu_slots::use_own_rseq_area`), or 0 for none.
 #[no_mangle]
 pub extern "C" fn bpftime_agent_start(
     hook_flag_tp_offset: isize,
@@ -28,6 +30,7 @@ pub extern "C" fn bpftime_agent_start(
     ids_tp_offset: isize,
     shadow_tp_offset: isize,
     cpu_slot_tp_offset: isize,
+    rseq_tp_offset: isize,
 ) {
     static STARTED: std::sync::Once = std::sync::Once::new();
     STARTED.call_once(|| {
@@ -39,6 +42,7 @@ pub extern "C" fn bpftime_agent_start(
                 ids_tp_offset,
                 shadow_tp_offset,
                 cpu_slot_tp_offset,
+                rseq_tp_offset,
             )
         };
         if std::panic::catch_unwind(start).is_err() {

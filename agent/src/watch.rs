@@ -65,9 +65,15 @@ pub(crate) fn start(
     ids_tp_offset: isize,
     shadow_tp_offset: isize,
     cpu_slot_tp_offset: isize,
+    rseq_tp_offset: isize,
 ) {
     bpftime_runtime::init_logging();
     crate::crash::install_if_asked();
+    if rseq_tp_offset != 0 {
+        // SAFETY: the starter's 32-byte rseq area in static TLS, `cpu_id` -1 in every
+        // thread, used by nothing else; before anything asks where the CPU number is.
+        unsafe { bpftime_runtime::cpu_slots::use_own_rseq_area(rseq_tp_offset) };
+    }
     // First: a thread masked from handlers before the switch would not stay masked.
     if hook_flag_tp_offset != 0 {
         // SAFETY: the starter's byte of static TLS, zero in every thread and used by

@@ -19,9 +19,12 @@
 //! `bpf_get_smp_processor_id` use the slot held. As in the kernel, at most one program
 //! runs as each CPU. A slot held by a thread that died is taken back.
 //!
-//! A process whose threads have no rseq area (glibc before 2.35, or rseq turned off)
-//! takes no slots: its programs run as the CPU they are on, and a per-CPU update can be
-//! lost to preemption there, as before slots existed. It says so once.
+//! Where glibc registers no rseq area (before 2.35, as on RHEL 8 and 9, Debian 11 and
+//! Ubuntu 20.04; or `GLIBC_TUNABLES=glibc.pthread.rseq=0`), a thread registers one of
+//! ours, in the starter's static TLS ([`use_own_rseq_area`]), the first time it takes a
+//! slot. A thread that cannot (the application or a library registered its own area,
+//! or the kernel has no rseq) runs programs as the CPU it is on, and a per-CPU update can
+//! be lost to preemption there, as before slots existed. It says so once.
 
 use std::fs::OpenOptions;
 use std::os::unix::fs::OpenOptionsExt;
@@ -42,6 +45,14 @@ const HELD: u64 = 1 << 32;
 /// Offset from the thread pointer of the 8 bytes of static TLS that say which slot the
 /// thread holds, or 0 while there are none (then no program holds slots).
 static SLOT_TP_OFFSET: AtomicIsize = AtomicIsize::new(0);
+
+/// Offset from the thread pointer of our own rseq area (see [`use_own_rseq_area`]), or 0.
+static OWN_RSEQ_TP_OFFSET: AtomicIsize = AtomicIsize::new(0);
+
+/// The signature before an rseq abort handler, as glibc registers it on x86.
+const RSEQ_SIG: u32 = 0x5305_3053;
+/// The size of the original `struct rseq`, which every kernel with rseq accepts.
+const RSEQ_AREA_LEN: u32 = 32;
 
 /// This process's mapping of the store's slot table, once [`install`] ran.
 static TABLE: OnceLock<Table> = OnceLock::new();
@@ -119,7 +130,7 @@ pub fn install(dir: &Path) -> Result<()> {
     let Some(cpu_number) = crate::maps::cpu_number_offset() else {
         return Err(Error::invalid(
             libc::ENOTSUP,
-            "glibc keeps no rseq area for this process's threads (glibc before 2.35, or GLIBC_TUNABLES=glibc.pthread.rseq=0)",
+            "glibc keeps no rseq area for this process's threads (glibc before 2.35, or GLIBC_TUNABLES=glibc.pthread.rseq=0) and none of ours was offered",
         ));
     };
     // `cpu_id` is 4 bytes into the area.
@@ -153,6 +164,65 @@ pub fn install(dir: &Path) -> Result<()> {
         rseq_offset,
     });
     Ok(())
+}
+
+/// Offers a `struct rseq` of our own at `tp_offset` from the thread pointer, for when
+/// glibc keeps none: CPU numbers are then read there, and each thread registers it with
+/// the kernel the first time it takes a slot.
+///
+/// # Safety
+/// `tp_offset` must be the offset of 32 bytes, 32-aligned, in the static TLS block of a
+/// module that stays loaded, laid out as `struct rseq` with `cpu_id` (bytes 4..8) -1 in
+/// every thread, and used by nothing else. Call it before any program runs.
+pub unsafe fn use_own_rseq_area(tp_offset: isize) {
+    OWN_RSEQ_TP_OFFSET.store(tp_offset, Ordering::Relaxed);
+}
+
+/// Our own rseq area's offset from the thread pointer, when one was offered.
+pub(crate) fn own_rseq_offset() -> Option<isize> {
+    Some(OWN_RSEQ_TP_OFFSET.load(Ordering::Relaxed)).filter(|&o| o != 0)
+}
+
+/// Registers our own rseq area for the calling thread, when the process uses it (glibc
+/// keeps none) and the thread has not tried yet; whether the kernel took it.
+fn register_own_rseq(table: &Table) -> bool {
+    thread_local! {
+        static TRIED: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+    }
+    if own_rseq_offset() != Some(table.rseq_offset) || TRIED.with(|t| t.replace(true)) {
+        return false;
+    }
+    let base: usize;
+    // SAFETY: on x86-64 glibc the thread control block starts with a pointer to itself,
+    // which is the thread pointer.
+    unsafe {
+        std::arch::asm!(
+            "mov {}, qword ptr fs:[0]",
+            out(reg) base,
+            options(nostack, readonly, preserves_flags),
+        )
+    };
+    let area = base.wrapping_add_signed(table.rseq_offset);
+    // SAFETY: `use_own_rseq_area`'s caller vouched for 32 bytes laid out as `struct rseq`
+    // in this thread's static TLS, which lives as long as the thread; the kernel writes
+    // there until the thread exits (or execs), and nothing frees it before.
+    let rc = unsafe {
+        libc::syscall(
+            libc::SYS_rseq,
+            area as *mut libc::c_void,
+            RSEQ_AREA_LEN,
+            0,
+            RSEQ_SIG,
+        )
+    };
+    if rc != 0 {
+        tracing::debug!(
+            "this thread's rseq area was not registered: {}",
+            std::io::Error::last_os_error()
+        );
+        return false;
+    }
+    true
 }
 
 /// Keeps each thread's slot in 8 bytes of static TLS at `tp_offset` from the thread
@@ -315,6 +385,9 @@ fn claim(table: &Table) -> Option<u32> {
         }
         let cpu = rseq_cpu(table);
         if cpu >= table.cpus {
+            if register_own_rseq(table) {
+                continue;
+            }
             not_registered();
             return None;
         }

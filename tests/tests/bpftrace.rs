@@ -101,7 +101,9 @@ fn count_and_printf_one_liners_match_the_kernel() {
 /// preempted between the read and the write must not erase what other threads (of this
 /// or another process) added meanwhile: three processes of four threads each, on a
 /// machine with fewer CPUs than threads, and every call counted, in a per-CPU array
-/// (`@c`) and a per-CPU hash (`@[arg0 % 3]`), on the JIT and on the interpreter.
+/// (`@c`) and a per-CPU hash (`@[arg0 % 3]`), on the JIT and on the interpreter; and
+/// again with glibc's rseq registration turned off, as in a glibc before 2.35 (RHEL 8
+/// and 9, Ubuntu 20.04), where each thread registers the agent's own rseq area.
 #[test]
 fn per_cpu_aggregations_are_exact_from_many_threads_and_processes() {
     require_bpftrace();
@@ -125,7 +127,11 @@ fn per_cpu_aggregations_are_exact_from_many_threads_and_processes() {
         format!("@[2]: {}", per_residue(2)),
     ];
     want.sort();
-    for engine in ["jit", "interpreter"] {
+    let glibc_rseq = [None, Some("glibc.pthread.rseq=0")];
+    for (engine, tunables) in ["jit", "interpreter"]
+        .into_iter()
+        .flat_map(|e| glibc_rseq.map(|t| (e, t)))
+    {
         let tool = s.load_bpftrace(&script);
         let runs: Vec<_> = (0..PROCESSES)
             .map(|_| {
@@ -140,6 +146,9 @@ fn per_cpu_aggregations_are_exact_from_many_threads_and_processes() {
                 if engine == "interpreter" {
                     c.env("BPFTIME_JIT", "0");
                 }
+                if let Some(t) = tunables {
+                    c.env("GLIBC_TUNABLES", t);
+                }
                 c.spawn().unwrap()
             })
             .collect();
@@ -149,7 +158,7 @@ fn per_cpu_aggregations_are_exact_from_many_threads_and_processes() {
         let (_, lines, _) = tool.stop();
         let mut got = nonempty(lines);
         got.sort();
-        assert_eq!(got, want, "on the {engine}");
+        assert_eq!(got, want, "on the {engine}, GLIBC_TUNABLES {tunables:?}");
     }
 }
 

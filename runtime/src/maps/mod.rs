@@ -67,7 +67,9 @@ fn parse_cpu_list(s: &str) -> Option<u32> {
 
 /// Offset from the FS segment base of the `u32` in which the kernel keeps the number of
 /// the CPU the thread runs on: the `cpu_id` field (offset 4) of the rseq area glibc
-/// (2.35 and newer) registers for every thread. `None` where glibc registered none.
+/// (2.35 and newer) registers for every thread, else of ours, which a thread registers
+/// when it first takes a CPU slot (`cpu_slots::use_own_rseq_area`; -1 there until then).
+/// `None` where there is neither.
 pub fn cpu_number_offset() -> Option<u64> {
     static OFFSET: OnceLock<Option<u64>> = OnceLock::new();
     *OFFSET.get_or_init(|| {
@@ -77,7 +79,8 @@ pub fn cpu_number_offset() -> Option<u64> {
             let offset = libc::dlsym(libc::RTLD_DEFAULT, c"__rseq_offset".as_ptr());
             let size = libc::dlsym(libc::RTLD_DEFAULT, c"__rseq_size".as_ptr());
             if offset.is_null() || size.is_null() || *size.cast::<u32>() < 8 {
-                return None;
+                // Ours, which threads register as they take CPU slots.
+                return crate::cpu_slots::own_rseq_offset().map(|o| (o as u64).wrapping_add(4));
             }
             Some((*offset.cast::<isize>() as u64).wrapping_add(4))
         }
@@ -99,8 +102,9 @@ pub(crate) fn current_cpu(ncpus: u32) -> usize {
 pub(crate) fn hardware_cpu(ncpus: u32) -> usize {
     if let Some(offset) = cpu_number_offset() {
         let cpu: u32;
-        // SAFETY: glibc registers the rseq area of every thread at this offset from the
-        // thread pointer for the thread's whole life; the kernel keeps `cpu_id` current.
+        // SAFETY: the rseq area (glibc's or ours) is at this offset from every thread's
+        // pointer for the thread's whole life; the kernel keeps `cpu_id` current once
+        // the area is registered, and it reads out of range before.
         unsafe {
             std::arch::asm!(
                 "mov {cpu:e}, dword ptr fs:[{offset}]",
