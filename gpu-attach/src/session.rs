@@ -701,7 +701,10 @@ pub(crate) fn may_log() -> bool {
 }
 
 extern "C" fn flush_at_exit() {
-    EXITING.store(true, Ordering::Relaxed);
+    // Registered more than once (see `flush_at_exit_once`): the first call does the work.
+    if EXITING.swap(true, Ordering::AcqRel) {
+        return;
+    }
     if let Some(s) = SESSION.get() {
         // Our threads' CUDA work under way (an instrumented module built ahead of a launch
         // that never came, say) ends before the CUDA runtime tears the driver down after
@@ -749,12 +752,38 @@ fn run_exit_hooks() {
 /// Registers the exit-time flush, at the first launch while probes are attached: by then the CUDA
 /// runtime has registered its own teardown, and exit handlers run last-registered first,
 /// so the flush runs while the driver is still up.
+///
+/// And again once the dynamic loader has loaded more objects since: the driver loads its
+/// PTX compiler (`libnvidia-ptxjitcompiler`) at the first JIT compilation, often ours,
+/// and that library's static destructors, registered then, run at exit before any
+/// handler registered earlier. A second build of ours still compiling while the
+/// application exited then ran on a torn-down compiler: `realloc(): invalid pointer`
+/// and SIGABRT inside the JIT, or SIGSEGV, in memtrace on the tiled matmul on a fresh
+/// machine. Registered after it, the flush runs first and waits for our builds.
 fn flush_at_exit_once() {
-    static ONCE: std::sync::Once = std::sync::Once::new();
-    // SAFETY: registers a plain function.
-    ONCE.call_once(|| unsafe {
-        libc::atexit(flush_at_exit);
-    });
+    static REGISTERED_AT: AtomicU64 = AtomicU64::new(u64::MAX);
+    let loads = objects_loaded();
+    if REGISTERED_AT.swap(loads, Ordering::AcqRel) != loads {
+        // SAFETY: registers a plain function, which runs its work once.
+        unsafe { libc::atexit(flush_at_exit) };
+    }
+}
+
+/// How many objects the dynamic loader has loaded in this process so far.
+fn objects_loaded() -> u64 {
+    unsafe extern "C" fn first(
+        info: *mut libc::dl_phdr_info,
+        _: libc::size_t,
+        out: *mut libc::c_void,
+    ) -> libc::c_int {
+        // SAFETY: the loader passes a valid entry; `out` is the u64 below.
+        unsafe { *out.cast::<u64>() = (*info).dlpi_adds };
+        1
+    }
+    let mut adds: u64 = 0;
+    // SAFETY: the callback writes one u64 through the pointer it is given, then stops.
+    unsafe { libc::dl_iterate_phdr(Some(first), (&mut adds as *mut u64).cast()) };
+    adds
 }
 
 impl GpuAttach {
@@ -2450,7 +2479,10 @@ impl GpuAttach {
         }
         let compile_ms = compile_started.elapsed().as_secs_f64() * 1e3;
         let load_started = Instant::now();
-        let handle = match self.api.load_ptx(&spliced) {
+        let loaded = self.api.load_ptx(&spliced);
+        // The driver's JIT may have come in with this load: the flush goes after it.
+        flush_at_exit_once();
+        let handle = match loaded {
             Ok(handle) => handle,
             Err(r) => {
                 let names: Vec<&str> = splice.calls.iter().map(|(k, _)| k.as_str()).collect();
@@ -2918,6 +2950,9 @@ impl GpuAttach {
         let apply_deltas = load_kernel(APPLY_DELTAS_PTX, c"__bpftime_apply_deltas")?;
         let fold_shards = load_kernel(FOLD_SHARDS_PTX, c"__bpftime_fold_shards")?;
         let hash_ops = load_kernel(crate::device_maps::HASH_OPS_PTX, c"__bpftime_hash_ops")?;
+        // These were JIT-compiled, perhaps the process's first: the flush goes after the
+        // compiler's teardown.
+        flush_at_exit_once();
 
         let device_name = api.device_name(device).unwrap_or_default();
         let context = Arc::new(Context {
@@ -3553,6 +3588,25 @@ pub(crate) fn probe_symbol(index: u32) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The exit-time flush is registered again once a library came in after it (the
+    /// driver's JIT, say): the loader's count of loaded objects says so.
+    #[test]
+    fn the_loaded_object_count_grows_with_a_library_loaded() {
+        // A small glibc library this process has not loaded yet.
+        let candidates = [c"libresolv.so.2", c"libanl.so.1", c"libutil.so.1"];
+        let fresh = candidates.iter().find(|name| {
+            // SAFETY: RTLD_NOLOAD only looks the name up among loaded objects.
+            unsafe { libc::dlopen(name.as_ptr(), libc::RTLD_NOW | libc::RTLD_NOLOAD) }.is_null()
+        });
+        let fresh = fresh.expect("one of glibc's small libraries is not loaded yet");
+        let before = objects_loaded();
+        assert!(before > 0, "the test binary and libc are loaded");
+        // SAFETY: a glibc library with no initializers that matter here; kept loaded.
+        let handle = unsafe { libc::dlopen(fresh.as_ptr(), libc::RTLD_NOW) };
+        assert!(!handle.is_null(), "{fresh:?} is part of glibc");
+        assert!(objects_loaded() > before);
+    }
 
     #[test]
     fn trace_records_carry_their_gpu_time_and_place() {
