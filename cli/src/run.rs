@@ -538,6 +538,9 @@ fn load_and_run(store: &str, args: &RunArgs) -> Result<ExitCode, Failure> {
         app.display(),
         args.object.display()
     );
+    if let Some(hint) = crash_hint(status) {
+        eprintln!("bpftime run: {hint}");
+    }
     let mut frame = |ip| app_maps.describe(ip);
     let lines = show::dump_maps(&obj, &types, &events.borrow(), &mut frame);
     for line in &lines {
@@ -552,6 +555,19 @@ fn load_and_run(store: &str, args: &RunArgs) -> Result<ExitCode, Failure> {
         }
     }
     Ok(inproc::exit_code(status))
+}
+
+/// For an app that died of a fault or an abort without a crash report: how to get one.
+fn crash_hint(status: std::process::ExitStatus) -> Option<&'static str> {
+    use std::os::unix::process::ExitStatusExt;
+    let crashed = matches!(
+        status.signal(),
+        Some(libc::SIGSEGV | libc::SIGBUS | libc::SIGILL | libc::SIGFPE | libc::SIGABRT)
+    );
+    let reported = std::env::var_os("BPFTIME_CRASH_REPORT").is_some_and(|v| v == "1");
+    (crashed && !reported).then_some(
+        "to see where it died (the application, the CUDA driver or bpftime's agent), run it again with BPFTIME_CRASH_REPORT=1",
+    )
 }
 
 /// Where `--out DIR` puts a run's results.

@@ -1284,7 +1284,7 @@ fn task_storage_keeps_state_per_thread_of_a_target() {
 
 /// A target that faults, under `BPFTIME_CRASH_REPORT=1`: one report on stderr names the
 /// signal, the faulting address, the binary whose code faulted and the stack, and the
-/// target still dies of the same signal. Without the variable nothing is added.
+/// target still dies of the same signal. Without the variable `run` says how to get one.
 #[test]
 fn a_crash_report_says_where_the_target_faulted() {
     let s = Session::new("run-crash");
@@ -1335,7 +1335,20 @@ fn a_crash_report_says_where_the_target_faulted() {
         "the stack down to libc's start: {}",
         out.context()
     );
+    assert!(
+        !out.stderr
+            .contains("run it again with BPFTIME_CRASH_REPORT=1"),
+        "{}",
+        out.context()
+    );
+    // Without the report, `run` says how to get one.
     let out = bpftime(&s, &args);
     assert_eq!(out.code, Some(128 + 11), "{}", out.context());
     assert!(!out.stderr.contains("crash report"), "{}", out.context());
+    assert!(
+        out.stderr
+            .contains("run it again with BPFTIME_CRASH_REPORT=1"),
+        "{}",
+        out.context()
+    );
 }
