@@ -183,13 +183,18 @@ pub(crate) fn own_rseq_offset() -> Option<isize> {
     Some(OWN_RSEQ_TP_OFFSET.load(Ordering::Relaxed)).filter(|&o| o != 0)
 }
 
+/// `cpu_id` of an area never registered, and of one whose registration failed (the
+/// kernel's own markers); the second keeps a thread from trying again. Kept in the area,
+/// in static TLS, not in a `thread_local!`: this runs from hooks, maybe in a signal
+/// handler, where the agent's dynamic TLS may have to be allocated.
+const RSEQ_CPU_ID_UNINITIALIZED: u32 = u32::MAX;
+const RSEQ_CPU_ID_REGISTRATION_FAILED: u32 = u32::MAX - 1;
+
 /// Registers our own rseq area for the calling thread, when the process uses it (glibc
 /// keeps none) and the thread has not tried yet; whether the kernel took it.
 fn register_own_rseq(table: &Table) -> bool {
-    thread_local! {
-        static TRIED: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
-    }
-    if own_rseq_offset() != Some(table.rseq_offset) || TRIED.with(|t| t.replace(true)) {
+    if own_rseq_offset() != Some(table.rseq_offset) || rseq_cpu(table) != RSEQ_CPU_ID_UNINITIALIZED
+    {
         return false;
     }
     let base: usize;
@@ -216,10 +221,17 @@ fn register_own_rseq(table: &Table) -> bool {
         )
     };
     if rc != 0 {
-        tracing::debug!(
-            "this thread's rseq area was not registered: {}",
-            std::io::Error::last_os_error()
-        );
+        let why = std::io::Error::last_os_error();
+        // SAFETY: our own area's `cpu_id`, which the kernel does not write: it refused it.
+        unsafe {
+            std::arch::asm!(
+                "mov dword ptr fs:[{offset} + 4], {failed:e}",
+                offset = in(reg) table.rseq_offset,
+                failed = in(reg) RSEQ_CPU_ID_REGISTRATION_FAILED,
+                options(nostack, preserves_flags),
+            )
+        };
+        tracing::debug!("this thread's rseq area was not registered: {why}");
         return false;
     }
     true
