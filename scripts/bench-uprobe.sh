@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Cost added per hit by a uprobe running a counting program (bpftrace's
-# `@c = count()`), and by uprobe + uretprobe (funclatency), under bpftime and
-# on the kernel, against the plain call: medians from bench_calls, one run.
+# `@c = count()`), by a uprobe and a uretprobe each counting, and by uprobe +
+# uretprobe (funclatency), under bpftime and on the kernel, against the plain
+# call: medians from bench_calls, one run.
 # Usage: scripts/bench-uprobe.sh [--record]   (--record appends to BENCHMARKS.md)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -47,6 +48,12 @@ ours_uprobe=$("$bpftime" --store "$store" start "$T" "$N_FAST" | ns)
 interp_uprobe=$(BPFTIME_JIT=0 "$bpftime" --store "$store" start "$T" "$N_FAST" | ns)
 stop $pid
 
+pair_script="uprobe:$T:work { @calls = count(); } uretprobe:$T:work { @returns = count(); }"
+"$bpftime" --store "$store" load bpftrace -e "$pair_script" >"$tmp/btpair" 2>&1 &
+pid=$!; wait_links
+ours_pair=$("$bpftime" --store "$store" start "$T" "$N_FAST" | ns)
+stop $pid
+
 "$bpftime" --store "$store" load "$B/funclatency" --target "$T" --func work >"$tmp/fl" 2>&1 &
 pid=$!; wait_links
 ours_both=$("$bpftime" --store "$store" start "$T" "$N_FAST" | ns)
@@ -56,12 +63,17 @@ stop $pid
 # The hook alone, and the same count() shape from a libbpf object (no bpftrace codegen).
 ours_empty=$("$bpftime" --store "$store" run "$B/uprobe_empty.bpf.o" -- "$T" "$N_FAST" | ns)
 ours_percpu=$("$bpftime" --store "$store" run "$B/uprobe_percpu.bpf.o" -- "$T" "$N_FAST" | ns)
+ours_pair_obj=$("$bpftime" --store "$store" run "$B/uprobe_pair.bpf.o" -- "$T" "$N_FAST" | ns)
 
-kernel_uprobe=n/a; kernel_both=n/a
+kernel_uprobe=n/a; kernel_pair=n/a; kernel_both=n/a
 if [ "$(id -u)" -eq 0 ] && [ -e /sys/bus/event_source/devices/uprobe/type ]; then
     bpftrace -e "uprobe:$T:work { @c = count(); }" >"$tmp/kbt" 2>&1 &
     pid=$!; sleep 3
     kernel_uprobe=$("$T" "$N_KERNEL" | ns)
+    stop $pid
+    bpftrace -e "$pair_script" >"$tmp/kbtpair" 2>&1 &
+    pid=$!; sleep 3
+    kernel_pair=$("$T" "$N_KERNEL" | ns)
     stop $pid
     "$B/funclatency" --target "$T" --func work >"$tmp/kfl" 2>&1 &
     pid=$!; sleep 2
@@ -81,6 +93,9 @@ table=$(cat <<EOT
 | bpftime uprobe, count() (bpftrace) | $ours_uprobe | $(added "$ours_uprobe") | $(ratio "$kernel_uprobe" "$ours_uprobe") |
 | the same on bpftime's interpreter | $interp_uprobe | $(added "$interp_uprobe") | $(ratio "$kernel_uprobe" "$interp_uprobe") |
 | kernel uprobe, count() (bpftrace) | $kernel_uprobe | $(added "$kernel_uprobe") | |
+| bpftime uprobe + uretprobe, per-CPU counts (libbpf object) | $ours_pair_obj | $(added "$ours_pair_obj") | |
+| bpftime uprobe + uretprobe, count() each (bpftrace) | $ours_pair | $(added "$ours_pair") | $(ratio "$kernel_pair" "$ours_pair") |
+| kernel uprobe + uretprobe, count() each (bpftrace) | $kernel_pair | $(added "$kernel_pair") | |
 | bpftime uprobe + uretprobe (funclatency) | $ours_both | $(added "$ours_both") | $(ratio "$kernel_both" "$ours_both") |
 | the same on bpftime's interpreter | $interp_both | $(added "$interp_both") | $(ratio "$kernel_both" "$interp_both") |
 | kernel uprobe + uretprobe (funclatency) | $kernel_both | $(added "$kernel_both") | |

@@ -43,7 +43,7 @@ bins=(bpftime-gpu-conformance bpf-conformance-plugin)
 # bpftime-trace-check reads --trace output there, where there is no Node for the tests'
 # consumer.
 cpu_bins=(bpftime libbpftime_syscall_shim.so libbpftime_agent.so libbpftime_agent_starter.so bpftime-trace-check)
-cpu_inputs=(bench_calls globals.bpf.o funclatency.bpf.o uprobe_empty.bpf.o uprobe_percpu.bpf.o)
+cpu_inputs=(bench_calls globals.bpf.o funclatency.bpf.o uprobe_empty.bpf.o uprobe_percpu.bpf.o uprobe_pair.bpf.o)
 # The GPU examples' and benchmark's objects.
 gpu_inputs=(cuda_counter.bpf.o threadhist.bpf.o kernelretsnoop.bpf.o kernelretsnoop_perf.bpf.o launchlate.bpf.o hashcount.bpf.o lru_hashcount.bpf.o hashstarts.bpf.o launchsnoop.bpf.o gpu_printk.bpf.o smcount.bpf.o percpu_hashcount.bpf.o bench_empty.bpf.o
     bench_count.bpf.o bench_exit_time.bpf.o bench_ldst_count.bpf.o bench_ldst_ring.bpf.o memtrace.bpf.o access_check.bpf.o access_shared.bpf.o gpu_probes.bpf.o gpu_timeline.bpf.o)
@@ -202,9 +202,11 @@ uprobe_bench() {
     count_runs=$(for _ in $(seq $runs); do "${bt[@]}" run "$dir/globals.bpf.o" -- "$dir/bench_calls" $n | ns; done)
     # The hook alone (an empty program), and bpftrace's count() (a per-CPU array's
     # read-add-write, run as a CPU slot): what counting costs without locked instructions.
-    local empty_runs percpu_runs
+    local empty_runs percpu_runs pair_runs
     empty_runs=$(for _ in $(seq $runs); do "${bt[@]}" run "$dir/uprobe_empty.bpf.o" -- "$dir/bench_calls" $n | ns; done)
     percpu_runs=$(for _ in $(seq $runs); do "${bt[@]}" run "$dir/uprobe_percpu.bpf.o" -- "$dir/bench_calls" $n | ns; done)
+    # The same count at a uprobe and at a uretprobe: what the return hook adds.
+    pair_runs=$(for _ in $(seq $runs); do "${bt[@]}" run "$dir/uprobe_pair.bpf.o" -- "$dir/bench_calls" $n | ns; done)
     both_runs=$(for _ in $(seq $runs); do "${bt[@]}" run "$dir/funclatency.bpf.o" -- "$dir/bench_calls" $n | ns; done)
     # The same with bpf_ktime_get_ns forced onto the vDSO: where the two agree, the TSC
     # clock is not in use on this host (it needs clocksource tsc and an invariant TSC).
@@ -222,13 +224,14 @@ uprobe_bench() {
         echo "uprobe bench on $(nproc) x $(lscpu | sed -n 's/^Model name: *//p'), kernel $(uname -r):"
         echo "  plain call: $plain ns (median of $runs runs of bench_calls $n)"
         echo "  counting uprobe (globals.bpf.o: call count, sum and last argument in globals): $count ns per call, $(awk "BEGIN {printf \"%.1f\", $count - $plain}") ns added"
-        local empty percpu
-        empty=$(median <<<"$empty_runs") percpu=$(median <<<"$percpu_runs")
+        local empty percpu pair
+        empty=$(median <<<"$empty_runs") percpu=$(median <<<"$percpu_runs") pair=$(median <<<"$pair_runs")
         echo "  empty uprobe (uprobe_empty.bpf.o): $empty ns per call, $(awk "BEGIN {printf \"%.1f\", $empty - $plain}") ns added"
         echo "  counting uprobe as bpftrace's count() (uprobe_percpu.bpf.o: a per-CPU array, no locked instruction): $percpu ns per call, $(awk "BEGIN {printf \"%.1f\", $percpu - $plain}") ns added"
+        echo "  uprobe + uretprobe, each counting as count() (uprobe_pair.bpf.o): $pair ns per call, $(awk "BEGIN {printf \"%.1f\", $pair - $plain}") ns added"
         echo "  uprobe + uretprobe (funclatency.bpf.o): $both ns per call, $(awk "BEGIN {printf \"%.1f\", $both - $plain}") ns added"
         echo "  uprobe + uretprobe with bpf_ktime_get_ns on the vDSO (BPFTIME_KTIME_VDSO=1): $(median <<<"$vdso_runs") ns per call"
-        echo "  every run, ns per call: plain" $plain_runs "| counting" $count_runs "| empty" $empty_runs "| per-CPU count" $percpu_runs "| uprobe + uretprobe" $both_runs "| the same on the vDSO" $vdso_runs
+        echo "  every run, ns per call: plain" $plain_runs "| counting" $count_runs "| empty" $empty_runs "| per-CPU count" $percpu_runs "| counting pair" $pair_runs "| uprobe + uretprobe" $both_runs "| the same on the vDSO" $vdso_runs
         local cs=/sys/devices/system/clocksource/clocksource0
         echo "  clocksource: $(cat $cs/current_clocksource 2>/dev/null) (available: $(cat $cs/available_clocksource 2>/dev/null | xargs));" \
             "TSC flags: $(grep -m1 '^flags' /proc/cpuinfo | tr ' ' '\n' | grep -E '^(constant_tsc|nonstop_tsc|tsc_reliable|tsc_known_freq|rdtscp)$' | xargs)"
