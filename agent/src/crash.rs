@@ -113,16 +113,16 @@ impl Line {
     }
 }
 
-/// Writes the line of /proc/self/maps that holds `addr`, if one does.
-fn write_mapping(label: &[u8], addr: u64) {
+/// This process's /proc/self/maps, read into a static buffer (empty if it cannot be).
+fn read_maps() -> &'static [u8] {
     static mut MAPS: [u8; 1 << 20] = [0; 1 << 20];
     // SAFETY: only the first crashing thread gets here (REPORTED), so the buffer has one
     // user; open/read/close are async-signal-safe.
-    let maps = unsafe {
+    unsafe {
         let buf = &mut *std::ptr::addr_of_mut!(MAPS);
         let fd = libc::open(c"/proc/self/maps".as_ptr(), libc::O_RDONLY);
         if fd < 0 {
-            return;
+            return &[];
         }
         let mut len = 0;
         while len < buf.len() {
@@ -134,7 +134,11 @@ fn write_mapping(label: &[u8], addr: u64) {
         }
         libc::close(fd);
         &buf[..len]
-    };
+    }
+}
+
+/// Writes the line of `maps` that holds `addr`, if one does.
+fn write_mapping(maps: &[u8], label: &[u8], addr: u64) {
     for entry in maps.split(|&b| b == b'\n') {
         let Some(dash) = entry.iter().position(|&b| b == b'-') else {
             continue;
@@ -223,9 +227,10 @@ extern "C" fn on_crash(sig: libc::c_int, info: *mut libc::siginfo_t, context: *m
             .text(b" bp ")
             .hex(bp)
             .emit();
-        write_mapping(b"ip", ip);
+        let maps = read_maps();
+        write_mapping(maps, b"ip", ip);
         if sig != libc::SIGABRT {
-            write_mapping(b"address", fault);
+            write_mapping(maps, b"address", fault);
         }
         let mut frames = [std::ptr::null_mut(); 48];
         // SAFETY: the unwinder was loaded at install; the buffer holds 48 frames.

@@ -749,21 +749,31 @@ fn run_exit_hooks() {
     }
 }
 
+/// How many objects the loader had loaded when the exit-time flush was last registered
+/// (`u64::MAX` before the first time).
+static FLUSH_REGISTERED_AT: AtomicU64 = AtomicU64::new(u64::MAX);
+
 /// Registers the exit-time flush, at the first launch while probes are attached: by then the CUDA
 /// runtime has registered its own teardown, and exit handlers run last-registered first,
-/// so the flush runs while the driver is still up.
-///
-/// And again once the dynamic loader has loaded more objects since: the driver loads its
-/// PTX compiler (`libnvidia-ptxjitcompiler`) at the first JIT compilation, often ours,
-/// and that library's static destructors, registered then, run at exit before any
-/// handler registered earlier. A second build of ours still compiling while the
-/// application exited then ran on a torn-down compiler: `realloc(): invalid pointer`
-/// and SIGABRT inside the JIT, or SIGSEGV, in memtrace on the tiled matmul on a fresh
-/// machine. Registered after it, the flush runs first and waits for our builds.
+/// so the flush runs while the driver is still up. One atomic load after the first call:
+/// launches call it.
 fn flush_at_exit_once() {
-    static REGISTERED_AT: AtomicU64 = AtomicU64::new(u64::MAX);
+    if FLUSH_REGISTERED_AT.load(Ordering::Acquire) == u64::MAX {
+        flush_at_exit_after_loads();
+    }
+}
+
+/// [`flush_at_exit_once`], and again once the dynamic loader has loaded more objects
+/// since; called after our own module loads. The driver loads its PTX compiler
+/// (`libnvidia-ptxjitcompiler`) at the first JIT compilation, often ours, and that
+/// library's static destructors, registered then, run at exit before any handler
+/// registered earlier. A second build of ours still compiling while the application
+/// exited then ran on a torn-down compiler (the suspect of `realloc(): invalid pointer`
+/// and SIGABRT inside the JIT, or SIGSEGV, in memtrace on the tiled matmul on a fresh
+/// machine). Registered after it, the flush runs first and waits for our builds.
+fn flush_at_exit_after_loads() {
     let loads = objects_loaded();
-    if REGISTERED_AT.swap(loads, Ordering::AcqRel) != loads {
+    if FLUSH_REGISTERED_AT.swap(loads, Ordering::AcqRel) != loads {
         // SAFETY: registers a plain function, which runs its work once.
         unsafe { libc::atexit(flush_at_exit) };
     }
@@ -2481,7 +2491,7 @@ impl GpuAttach {
         let load_started = Instant::now();
         let loaded = self.api.load_ptx(&spliced);
         // The driver's JIT may have come in with this load: the flush goes after it.
-        flush_at_exit_once();
+        flush_at_exit_after_loads();
         let handle = match loaded {
             Ok(handle) => handle,
             Err(r) => {
@@ -2952,7 +2962,7 @@ impl GpuAttach {
         let hash_ops = load_kernel(crate::device_maps::HASH_OPS_PTX, c"__bpftime_hash_ops")?;
         // These were JIT-compiled, perhaps the process's first: the flush goes after the
         // compiler's teardown.
-        flush_at_exit_once();
+        flush_at_exit_after_loads();
 
         let device_name = api.device_name(device).unwrap_or_default();
         let context = Arc::new(Context {
