@@ -60,7 +60,7 @@ pub use detour::{detour, remove_detour, Detour};
 pub use error::AttachError;
 pub use hook::{
     attach_uprobe, attach_uprobe_code, attach_uretprobe, attach_uretprobe_code, detach,
-    never_run_handlers_on_this_thread, original_return_address, use_static_tls_flag,
+    never_run_handlers_on_this_thread, original_return_address, prime_returns, use_static_tls_flag,
     use_static_tls_shadow, CodeHandler, Handler, HookAddress, HookId,
 };
 pub use maps::{parse as parse_proc_maps, Mapping as ProcMapping};

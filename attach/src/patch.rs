@@ -155,6 +155,9 @@ fn rel32(from_next: usize, to: usize) -> Option<i32> {
 /// any time, even after the hook is gone.
 pub(crate) struct Trampoline {
     pub entry: usize,
+    /// Where a primed hijacked return lands (see [`PRIME_LEN`]); `None` for a trampoline
+    /// built without the priming sequence.
+    pub landing: Option<usize>,
     /// The bytes the patch replaces: [`JMP_LEN`] for a jump, one for a breakpoint.
     pub original: Vec<u8>,
     pub interior: Interior,
@@ -207,6 +210,26 @@ impl PatchKind {
 //   site_slot: dq &Site
 //   stub_slot: dq entry stub
 const HEAD_LEN: usize = 25;
+
+// A function entry's trampoline primes the return stack buffer for a hijacked return,
+// between the head and the relocated prologue. The function-entry stub comes back with
+// ZF set when it replaced the return address (flags are dead at a function entry):
+//   jne prologue
+//   call prime                   pushes `landing` on the stack and in the return stack buffer
+// landing:
+//   jmp qword [rip+return_slot]  the primed return stub
+// prime:
+//   pop qword [rsp]              the address is taken after the pop: `landing` becomes the
+//                                return address, at the depth the caller's call left it
+// prologue:
+//   ...
+//   return_slot: dq primed return stub (after stub_slot)
+// The function's `ret` then goes where the return stack buffer says, and the primed stub
+// returns to the caller with a `ret` that meets the caller's own entry: both predicted,
+// where a plain hijack mispredicts the function's `ret` (about 10 ns on the GPU
+// machines' Intel host).
+const PRIME_LEN: usize = 18;
+const LANDING_AT: usize = HEAD_LEN + 12;
 
 /// What a patch at `addr` replaces: the instructions, decoded, and the patched bytes.
 struct Prologue {
@@ -323,10 +346,13 @@ fn seal(page: usize, buf: &[u8], addr: usize) -> Result<(), AttachError> {
     Ok(())
 }
 
+/// The trampoline of a site at `addr`: its head calls `stub` with `site`, and, given
+/// `primed_return`, primes hijacked returns for that return stub (see [`PRIME_LEN`]).
 pub(crate) fn build_trampoline(
     addr: usize,
     site: usize,
     stub: usize,
+    primed_return: Option<usize>,
     kind: PatchKind,
 ) -> Result<Trampoline, AttachError> {
     let Prologue {
@@ -341,6 +367,14 @@ pub(crate) fn build_trampoline(
     buf.extend_from_slice(&[0xff, 0x15, 0, 0, 0, 0]);
     buf.extend_from_slice(&[0x48, 0x8d, 0xa4, 0x24, 0x88, 0, 0, 0]);
     debug_assert_eq!(buf.len(), HEAD_LEN);
+    if primed_return.is_some() {
+        // jne +16; lea rsp, [rsp+8]; call +6; jmp [rip+disp32] (filled in below).
+        buf.extend_from_slice(&[0x75, (PRIME_LEN - 2) as u8]);
+        buf.extend_from_slice(&[0x48, 0x8d, 0x64, 0x24, 0x08]);
+        buf.extend_from_slice(&[0xe8, 6, 0, 0, 0]);
+        buf.extend_from_slice(&[0xff, 0x25, 0, 0, 0, 0]);
+        debug_assert_eq!(buf.len(), HEAD_LEN + PRIME_LEN);
+    }
     let interior = append_relocated(&mut buf, page, addr, &stolen)?;
     while buf.len() % 8 != 0 {
         buf.push(0xcc);
@@ -352,6 +386,13 @@ pub(crate) fn build_trampoline(
     // rip-relative displacements: from the end of each 6-byte instruction to its slot.
     buf[7..11].copy_from_slice(&((site_slot - 11) as i32).to_le_bytes());
     buf[13..17].copy_from_slice(&((stub_slot - 17) as i32).to_le_bytes());
+    if let Some(primed) = primed_return {
+        let return_slot = buf.len();
+        buf.extend_from_slice(&(primed as u64).to_le_bytes());
+        let disp_at = LANDING_AT + 2;
+        buf[disp_at..disp_at + 4]
+            .copy_from_slice(&((return_slot - (LANDING_AT + 6)) as i32).to_le_bytes());
+    }
     seal(page, &buf, addr)?;
     tracing::debug!(
         addr = format_args!("{addr:#x}"),
@@ -360,6 +401,7 @@ pub(crate) fn build_trampoline(
     );
     Ok(Trampoline {
         entry: page,
+        landing: primed_return.map(|_| page + LANDING_AT),
         original,
         interior,
     })
@@ -869,7 +911,7 @@ mod tests {
     fn every_boundary_inside_the_jump_maps_to_its_copy() {
         // push rdi; pop rax; nop; nop; inc rax; ret: boundaries at 1, 2, 3 and 4.
         let here = interior_target as *const () as usize;
-        let t = build_trampoline(here, 0, 0, PatchKind::Jump).unwrap();
+        let t = build_trampoline(here, 0, 0, None, PatchKind::Jump).unwrap();
         let copy = HEAD_LEN + t.entry;
         assert_eq!(t.interior.len, 7);
         assert!(!t.interior.returns_inside, "no call among them");
@@ -899,7 +941,7 @@ mod tests {
     #[test]
     fn trampolines_are_near_executable_and_never_writable() {
         let here = steal_target as *const () as usize;
-        let t = build_trampoline(here, 0x1234_5678, 0x9abc_def0, PatchKind::Jump).unwrap();
+        let t = build_trampoline(here, 0x1234_5678, 0x9abc_def0, None, PatchKind::Jump).unwrap();
         assert!((t.entry as i64 - here as i64).abs() < REACH);
         let maps = maps::read_self().unwrap();
         let m = maps
@@ -935,6 +977,54 @@ mod tests {
         assert_eq!(slot(&ins[1]), 0x1234_5678);
         assert_eq!(slot(&ins[2]), 0x9abc_def0);
         assert_eq!(t.original[..], read_code(here, JMP_LEN).unwrap()[..]);
+        assert_eq!(t.landing, None);
+    }
+
+    #[test]
+    fn a_priming_trampoline_calls_its_prologue_from_just_before_its_landing() {
+        let here = interior_target as *const () as usize;
+        let t = build_trampoline(
+            here,
+            0x1234_5678,
+            0x9abc_def0,
+            Some(0x5555_aaaa),
+            PatchKind::Jump,
+        )
+        .unwrap();
+        let landing = t.landing.unwrap();
+        let prologue = t.entry + HEAD_LEN + PRIME_LEN;
+        let code = read_code(t.entry, HEAD_LEN + PRIME_LEN).unwrap();
+        let ins = decode_all(&code, t.entry as u64);
+        let mnemonics: Vec<_> = ins.iter().map(|i| i.mnemonic()).collect();
+        assert_eq!(
+            mnemonics,
+            vec![
+                Mnemonic::Lea,
+                Mnemonic::Push,
+                Mnemonic::Call,
+                Mnemonic::Lea,
+                Mnemonic::Jne,
+                Mnemonic::Lea,
+                Mnemonic::Call,
+                Mnemonic::Jmp
+            ]
+        );
+        // Without a hijack (ZF clear), straight on to the prologue.
+        assert_eq!(ins[4].near_branch_target() as usize, prologue);
+        // With one: the return address pops off, and the call pushes the landing in its
+        // place, on the stack and in the return stack buffer, on its way to the prologue.
+        assert_eq!(ins[5].memory_displacement64(), 8);
+        assert_eq!(ins[6].near_branch_target() as usize, prologue);
+        assert_eq!(ins[6].next_ip() as usize, landing);
+        // The landing jumps to the primed return stub through its slot.
+        assert_eq!(ins[7].ip() as usize, landing);
+        let target = read_code(ins[7].ip_rel_memory_address() as usize, 8).unwrap();
+        assert_eq!(u64::from_le_bytes(target.try_into().unwrap()), 0x5555_aaaa);
+        // The prologue's copies are where the interior map says, after the priming code.
+        assert_eq!(
+            t.interior.boundaries,
+            (1..=4).map(|k| (k, prologue + k)).collect::<Vec<_>>()
+        );
     }
 
     #[test]

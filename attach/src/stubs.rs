@@ -26,6 +26,11 @@
 //! hijacked return is a function's return, where the status flags are dead and DF is clear
 //! too; `pushfq` and the restore sequence cost about 2 ns of each uretprobe hit.
 //!
+//! `primed_return_stub` is the same, reached from a trampoline that primed the return
+//! (see `patch::PRIME_LEN`): `function_entry_stub` comes back with ZF set when the return
+//! address was replaced, the trampoline's `call` then leaves its landing in the return stack
+//! buffer, and this stub ends with a `ret` the caller's own entry predicts.
+//!
 //! At a function entry whose only handler is code reading none of r15, r14, rbp,
 //! orig_ax, cs and ss (as the verifier tells of a program), `function_entry_stub` saves
 //! only the other words of the frame: the stores are most of a counting uprobe's cost
@@ -55,6 +60,8 @@ extern "C" {
     fn function_entry_stub_symbol();
     #[link_name = "bpftime_attach_return_stub"]
     fn return_stub_symbol();
+    #[link_name = "bpftime_attach_primed_return_stub"]
+    fn primed_return_stub_symbol();
 }
 
 pub(crate) fn entry_stub() -> usize {
@@ -67,6 +74,10 @@ pub(crate) fn function_entry_stub() -> usize {
 
 pub(crate) fn return_stub() -> usize {
     return_stub_symbol as *const () as usize
+}
+
+pub(crate) fn primed_return_stub() -> usize {
+    primed_return_stub_symbol as *const () as usize
 }
 
 // Frame, from rsp up: PtRegs (168 bytes), xmm0-15 (256), the flags `pushfq` saved (unused
@@ -437,6 +448,40 @@ macro_rules! dispatch {
     };
 }
 
+// A hijacked return's work, from the slot for the real return address to the registers
+// restored with that address in the slot; each return stub then goes there its own way.
+macro_rules! return_stub_body {
+    () => {
+        concat!(
+            // A slot for the real return address, filled from what `on_return` answers.
+            "push 0\n",
+            read_flags!(),
+            save_registers!(),
+            // The caller's sp after the return: above PtRegs+xmm (424), flags (8), the slot (8).
+            "
+        lea rax, [rsp + 440]
+        mov [rsp + 152], rax
+        mov rbx, rsp
+        ",
+            save_vectors!(),
+            // Handlers are C-ABI code, which expects DF clear.
+            "cld\n",
+            pair_return!(),
+            "
+    60:
+        mov rdi, rsp
+        and rsp, -16
+        call {on_return}
+        mov rsp, rbx
+        mov [rsp + 432], rax
+    61:
+        ",
+            restore_vectors!(),
+            restore_registers!(),
+        )
+    };
+}
+
 std::arch::global_asm!(
     ".text",
     ".p2align 4",
@@ -489,12 +534,22 @@ std::arch::global_asm!(
     23:
         ",
     restore_short!(),
+    // No return to hijack on this path: ZF clear for the trampoline.
     "
+        test rsp, rsp
         ret
     20:
         ",
     save_registers!(),
     dispatch!(),
+    // ZF set when the return address was replaced (by `pair_entry` or `hook::on_entry`),
+    // for the trampoline to prime the return; the restores below are moves and leas.
+    "
+        mov rax, [rsp + 152]
+        mov rax, [rax]
+        lea rcx, [rip + bpftime_attach_return_stub]
+        cmp rax, rcx
+        ",
     restore_registers!(),
     "ret",
     ".size bpftime_attach_function_entry_stub, . - bpftime_attach_function_entry_stub",
@@ -504,27 +559,7 @@ std::arch::global_asm!(
     ".hidden bpftime_attach_return_stub",
     ".type bpftime_attach_return_stub, @function",
     "bpftime_attach_return_stub:",
-    // A slot for the real return address, filled from what `on_return` answers.
-    "push 0",
-    read_flags!(),
-    save_registers!(),
-    // The caller's sp after the return: above PtRegs+xmm (424), flags (8), the slot (8).
-    "lea rax, [rsp + 440]",
-    "mov [rsp + 152], rax",
-    "mov rbx, rsp",
-    save_vectors!(),
-    // Handlers are C-ABI code, which expects DF clear.
-    "cld",
-    pair_return!(),
-    "60:",
-    "mov rdi, rsp",
-    "and rsp, -16",
-    "call {on_return}",
-    "mov rsp, rbx",
-    "mov [rsp + 432], rax",
-    "61:",
-    restore_vectors!(),
-    restore_registers!(),
+    return_stub_body!(),
     // Not `ret`: the hooked function's own `ret` already consumed its return-stack-buffer
     // entry, so a second `ret` would be mispredicted here and leave every later return of the
     // caller chain mispredicted too. An indirect jump is predicted from its own history. The
@@ -532,6 +567,17 @@ std::arch::global_asm!(
     "lea rsp, [rsp + 8]",
     "jmp qword ptr [rsp - 8]",
     ".size bpftime_attach_return_stub, . - bpftime_attach_return_stub",
+    "",
+    ".p2align 4",
+    ".globl bpftime_attach_primed_return_stub",
+    ".hidden bpftime_attach_primed_return_stub",
+    ".type bpftime_attach_primed_return_stub, @function",
+    "bpftime_attach_primed_return_stub:",
+    return_stub_body!(),
+    // The trampoline's `call` put its landing in the return stack buffer above the caller's
+    // own entry, and the function's `ret` took the landing's: this `ret` meets the caller's.
+    "ret",
+    ".size bpftime_attach_primed_return_stub, . - bpftime_attach_primed_return_stub",
     on_entry = sym on_entry,
     on_return = sym on_return,
     flag = sym STATIC_TLS_FLAG,

@@ -8,7 +8,8 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use bpftime_attach::{
-    attach_uprobe, attach_uretprobe, detach, original_return_address, AttachError, Handler, PtRegs,
+    attach_uprobe, attach_uretprobe, detach, original_return_address, prime_returns, AttachError,
+    Handler, HookAddress, PtRegs,
 };
 
 fn handler(f: impl Fn(&mut PtRegs) + Send + Sync + 'static) -> Handler {
@@ -27,6 +28,11 @@ fn head(f: usize) -> [u8; 5] {
 
 /// The permissions of the mapping that holds `addr`, from /proc/self/maps.
 fn perms_at(addr: usize) -> String {
+    mapping_at(addr)[..4].to_owned()
+}
+
+/// The `/proc/self/maps` line holding `addr`, from its permissions on.
+fn mapping_at(addr: usize) -> String {
     let maps = std::fs::read_to_string("/proc/self/maps").unwrap();
     maps.lines()
         .find_map(|l| {
@@ -36,7 +42,7 @@ fn perms_at(addr: usize) -> String {
                 usize::from_str_radix(a, 16).ok()?,
                 usize::from_str_radix(b, 16).ok()?,
             );
-            (a <= addr && addr < b).then(|| rest[..4].to_owned())
+            (a <= addr && addr < b).then(|| rest.to_owned())
         })
         .unwrap()
 }
@@ -708,15 +714,30 @@ extern "C" fn pending_outer(x: u64) -> u64 {
     black_box(pending_inner as extern "C" fn(u64) -> u64)(x) * 2
 }
 
-#[test]
-fn a_pending_uretprobes_return_address_is_read_back_for_stack_walks() {
-    let (outer, inner) = (
-        addr(pending_outer as *const ()),
-        addr(pending_inner as *const ()),
-    );
-    // (slot, the caller's return address there) at each entry of pending_outer.
+// Not the same code as the two above, which LLVM would merge into one function (and one
+// site, made by the other test).
+#[inline(never)]
+extern "C" fn primed_inner(x: u64) -> u64 {
+    black_box(x).wrapping_add(black_box(1))
+}
+
+#[inline(never)]
+extern "C" fn primed_outer(x: u64) -> u64 {
+    black_box(primed_inner as extern "C" fn(u64) -> u64)(x).wrapping_mul(black_box(2))
+}
+
+/// Hooks `outer` (an entry and a return probe) and `inner` (entry and return probes that
+/// read `outer`'s return address slot while `outer`'s uretprobe is pending), calls `outer`
+/// twice, and answers, per read, the value in the slot, what a stack walk reads instead,
+/// and the caller's real return address.
+fn pending_return_addresses(
+    (outer, inner): (usize, usize),
+    site: fn(usize) -> HookAddress,
+    call: extern "C" fn(u64) -> u64,
+) -> (Vec<(u64, u64, u64)>, u64) {
+    // (slot, the caller's return address there) at each entry of outer.
     let outer_slots = Arc::new(Mutex::new(Vec::new()));
-    // (value read in the slot, what a stack walk reads instead), inside pending_inner.
+    // (value read in the slot, what a stack walk reads instead), inside inner.
     let seen = Arc::new(Mutex::new(Vec::new()));
     let o = outer_slots.clone();
     // SAFETY: at a function entry [sp] is the return address, on the live stack.
@@ -727,7 +748,7 @@ fn a_pending_uretprobes_return_address_is_read_back_for_stack_walks() {
     });
     let peek = |slots: &Arc<Mutex<Vec<(u64, u64)>>>, seen: &Arc<Mutex<Vec<(u64, u64)>>>| {
         let (slot, _) = *slots.lock().unwrap().last().unwrap();
-        // SAFETY: pending_outer's frame is live below the running pending_inner.
+        // SAFETY: outer's frame is live below the running inner.
         let value = unsafe { *(slot as *const u64) };
         seen.lock()
             .unwrap()
@@ -742,14 +763,14 @@ fn a_pending_uretprobes_return_address_is_read_back_for_stack_walks() {
     // SAFETY: both are whole functions of this binary, entered by call.
     let ids = unsafe {
         [
-            attach_uprobe(outer, on_outer).unwrap(),
+            attach_uprobe(site(outer), on_outer).unwrap(),
             attach_uretprobe(outer, handler(|_| {})).unwrap(),
-            attach_uprobe(inner, handler(move |_| peek(&o1, &s1))).unwrap(),
-            // At pending_inner's return, pending_outer's uretprobe is still pending.
+            attach_uprobe(site(inner), handler(move |_| peek(&o1, &s1))).unwrap(),
+            // At inner's return, outer's uretprobe is still pending.
             attach_uretprobe(inner, handler(move |_| peek(&o2, &s2))).unwrap(),
         ]
     };
-    let call = black_box(pending_outer as extern "C" fn(u64) -> u64);
+    let call = black_box(call);
     assert_eq!(call(1), 4);
     assert_eq!(call(2), 6);
     for id in ids {
@@ -758,18 +779,67 @@ fn a_pending_uretprobes_return_address_is_read_back_for_stack_walks() {
     let outer_slots = outer_slots.lock().unwrap();
     let seen = seen.lock().unwrap();
     assert_eq!(seen.len(), 4);
-    for (i, &(value, resolved)) in seen.iter().enumerate() {
-        let (_, real) = outer_slots[i / 2];
+    let reads = seen
+        .iter()
+        .enumerate()
+        .map(|(i, &(value, resolved))| (value, resolved, outer_slots[i / 2].1))
+        .collect();
+    (reads, outer_slots[0].0)
+}
+
+#[test]
+fn a_pending_uretprobes_return_address_is_read_back_for_stack_walks() {
+    let (reads, slot) = pending_return_addresses(
+        (
+            addr(pending_outer as *const ()),
+            addr(pending_inner as *const ()),
+        ),
+        HookAddress::instruction,
+        pending_outer,
+    );
+    for &(value, resolved, real) in &reads {
         assert_ne!(value, real, "the uretprobe replaced the return address");
+        // By the return stub, in this binary's text.
+        assert!(mapping_at(value as usize)
+            .ends_with(&std::env::current_exe().unwrap().display().to_string()));
         assert_eq!(
             resolved, real,
             "a walk reads the caller's real return address"
         );
     }
     // Nothing pending any more: values pass through, and other values always do.
-    let (slot, _) = outer_slots[0];
-    assert_eq!(original_return_address(slot, seen[0].0), seen[0].0);
+    assert_eq!(original_return_address(slot, reads[0].0), reads[0].0);
     assert_eq!(original_return_address(slot, 0x1234), 0x1234);
+}
+
+#[test]
+fn a_primed_pending_uretprobes_return_address_is_read_back_for_stack_walks() {
+    // Function entries of a process that primes hijacked returns (Intel CPUs by default).
+    prime_returns(Some(true));
+    let (reads, slot) = pending_return_addresses(
+        (
+            addr(primed_outer as *const ()),
+            addr(primed_inner as *const ()),
+        ),
+        HookAddress::function_entry,
+        primed_outer,
+    );
+    prime_returns(None);
+    for &(value, resolved, real) in &reads {
+        assert_ne!(value, real, "the uretprobe replaced the return address");
+        // By its site's landing, in the trampoline (an anonymous page), where the function's
+        // `ret` goes as the return stack buffer predicts.
+        let mapping = mapping_at(value as usize);
+        assert!(
+            mapping.starts_with("r-xp") && mapping.split_whitespace().count() == 4,
+            "{value:#x} in {mapping}"
+        );
+        assert_eq!(
+            resolved, real,
+            "a walk reads the caller's real return address"
+        );
+    }
+    assert_eq!(original_return_address(slot, reads[0].0), reads[0].0);
 }
 
 #[inline(never)]

@@ -47,10 +47,26 @@ fn tool_args<'a>(target: &'a str, outer: &[&'a str]) -> Vec<&'a str> {
 }
 
 fn run_under_bpftime(s: &Session, target: &str, outer: &[&str]) -> Vec<String> {
+    run_under_bpftime_priming(s, target, outer, None)
+}
+
+/// [`run_under_bpftime`], the target's hijacked returns primed or not as `prime` says
+/// (`BPFTIME_PRIME_RETURNS`), or as its CPU decides.
+fn run_under_bpftime_priming(
+    s: &Session,
+    target: &str,
+    outer: &[&str],
+    prime: Option<bool>,
+) -> Vec<String> {
     let mut tool = vec![examples::STACKS];
     tool.extend(tool_args(target, outer));
     let tool = s.load(&tool);
-    let out = s.start(&[target, &N.to_string()]);
+    let mut start = s.bpftime();
+    start.args(["start", target, &N.to_string()]);
+    if let Some(prime) = prime {
+        start.env("BPFTIME_PRIME_RETURNS", if prime { "1" } else { "0" });
+    }
+    let out = bpftime_tests::run_with_timeout(start, std::time::Duration::from_secs(60));
     assert!(
         out.status.success(),
         "{}",
@@ -200,26 +216,34 @@ fn user_stacks_through_pending_uretprobes_show_the_real_callers_as_the_kernel_do
     let t = s.target_copy(examples::STACK_TARGET);
     let t = t.to_str().unwrap();
     let outer = ["mid", "drive"];
-    let ours = run_under_bpftime(&s, t, &outer);
-    let results = check_stacks(&ours, t);
-    let outer_returns: Vec<_> = results.iter().filter(|r| r.0 == 9).collect();
-    assert_eq!(
-        outer_returns,
-        vec![&(9, 0, 2 * N * outer.len() as u32)],
-        "every return of mid and drive"
-    );
     let plain = run_under_bpftime(&s, t, &[]);
-    let without_outer: Vec<&String> = ours
-        .iter()
-        .filter(|l| !l.starts_with("result what=9 "))
-        .collect();
-    assert_eq!(
-        without_outer,
-        plain.iter().collect::<Vec<_>>(),
-        "pending uretprobes change no frame and no stack id"
-    );
-    if let Some(kernel) = run_on_kernel(&s, &outer) {
-        assert_eq!(kernel, ours, "same frames, ids and answers as the kernel");
+    let kernel = run_on_kernel(&s, &outer);
+    // Return addresses replaced by the return stub, and by each site's landing where
+    // the trampoline primes the return (Intel CPUs by default).
+    for prime in [false, true] {
+        let ours = run_under_bpftime_priming(&s, t, &outer, Some(prime));
+        let results = check_stacks(&ours, t);
+        let outer_returns: Vec<_> = results.iter().filter(|r| r.0 == 9).collect();
+        assert_eq!(
+            outer_returns,
+            vec![&(9, 0, 2 * N * outer.len() as u32)],
+            "every return of mid and drive (primed: {prime})"
+        );
+        let without_outer: Vec<&String> = ours
+            .iter()
+            .filter(|l| !l.starts_with("result what=9 "))
+            .collect();
+        assert_eq!(
+            without_outer,
+            plain.iter().collect::<Vec<_>>(),
+            "pending uretprobes change no frame and no stack id (primed: {prime})"
+        );
+        if let Some(kernel) = &kernel {
+            assert_eq!(
+                kernel, &ours,
+                "same frames, ids and answers as the kernel (primed: {prime})"
+            );
+        }
     }
 }
 
