@@ -345,9 +345,9 @@ static PRIME_RETURNS: AtomicU8 = AtomicU8::new(0);
 /// Makes the function-entry sites hooked from now on prime hijacked returns (`Some(true)`),
 /// or not (`Some(false)`), or leaves it to `BPFTIME_PRIME_RETURNS` and the CPU (`None`).
 /// Priming saves the mispredicted return of every uretprobe hit where it pays: on the GPU
-/// machines' Intel host, a uretprobe with a uprobe counting costs 11 ns less per call and
-/// funclatency 14; on our AMD EPYC (Zen 4) VM the first gains 2 ns and funclatency loses 10,
-/// so by default only Intel CPUs prime.
+/// machines' Intel host, a uprobe and a uretprobe counting cost 10-11 ns less per call (three
+/// runs; funclatency's change was within that host's noise); on our AMD EPYC (Zen 4) VM the
+/// pair gains 2 ns and funclatency loses 10, so by default only Intel CPUs prime.
 pub fn prime_returns(choice: Option<bool>) {
     let v = match choice {
         None => 0,
