@@ -950,6 +950,9 @@ pub(crate) extern "C" fn on_return(regs: *mut PtRegs) -> u64 {
 /// walk only this thread's stack with it.
 pub fn original_return_address(slot: u64, value: u64) -> u64 {
     let stub = value == stubs::return_stub() as u64;
+    if !stub && !patch::may_be_landing(value) {
+        return value;
+    }
     with_shadow(|s| {
         // The innermost pending call at that slot: a recursive call reuses no slot
         // while its caller's is still pending, but a frame left by longjmp may linger.

@@ -232,6 +232,12 @@ const HEAD_LEN: usize = 25;
 const PRIME_LEN: usize = 18;
 const LANDING_AT: usize = HEAD_LEN + 12;
 
+/// Whether `addr` is where a trampoline's landing could be (trampolines start pages): a
+/// cheap first test before looking for the site it lands.
+pub(crate) fn may_be_landing(addr: u64) -> bool {
+    addr as usize % PAGE == LANDING_AT
+}
+
 /// What a patch at `addr` replaces: the instructions, decoded, and the patched bytes.
 struct Prologue {
     stolen: Vec<Instruction>,
@@ -993,6 +999,8 @@ mod tests {
         )
         .unwrap();
         let landing = t.landing.unwrap();
+        assert!(may_be_landing(landing as u64));
+        assert!(!may_be_landing(landing as u64 + 1));
         let prologue = t.entry + HEAD_LEN + PRIME_LEN;
         let code = read_code(t.entry, HEAD_LEN + PRIME_LEN).unwrap();
         let ins = decode_all(&code, t.entry as u64);
