@@ -1,5 +1,5 @@
 //! Compiles the device runtime (device/runtime.c) to LLVM IR for nvptx64 with clang-19,
-//! which `bpftime-jit-ptx` links into every GPU probe. The IR is written without CPU or
+//! and that to bitcode with llvm-as-19, which `bpftime-jit-ptx` links into every GPU probe. The IR is written without CPU or
 //! feature attributes, so that it inlines into probes compiled for any `sm_XY`. Also
 //! compiles device/hash_ops.c (the kernel that makes the CPU's changes to per-CPU hash
 //! maps on the device) straight to PTX.
@@ -32,6 +32,25 @@ fn main() {
         .collect::<Vec<_>>()
         .join("\n");
     std::fs::write(&out, stripped).expect("writing the IR");
+    // Bitcode of the same IR: a probe's compilation parses it in less time than text.
+    println!("cargo:rerun-if-env-changed=LLVM_AS");
+    let llvm_as = std::env::var("LLVM_AS").unwrap_or_else(|_| "llvm-as-19".to_string());
+    let assembled = Command::new(&llvm_as)
+        .arg(&out)
+        .arg("-o")
+        .arg(dir.join("runtime.bc"))
+        .output();
+    match assembled {
+        Ok(o) if o.status.success() => {}
+        Ok(o) => panic!(
+            "{llvm_as} failed on the device runtime's IR:\n{}",
+            String::from_utf8_lossy(&o.stderr)
+        ),
+        Err(e) => panic!(
+            "cannot run {llvm_as} to build the GPU device runtime ({e}): install llvm-19 \
+             (scripts/setup.sh does) or set LLVM_AS"
+        ),
+    }
 }
 
 /// Compiles the C file `src` for nvptx64 (sm_70, PTX 7.0) into `out`: PTX, or with

@@ -860,38 +860,26 @@ pub struct RuntimeConfig {
     pub shards: Vec<ShardEntry>,
 }
 
-/// The device runtime's LLVM IR, as build.rs compiled it from device/runtime.c.
-const RUNTIME_IR: &str = include_str!(concat!(env!("OUT_DIR"), "/runtime.ll"));
+/// The device runtime's LLVM bitcode, as build.rs compiled it from device/runtime.c. It
+/// declares the functions [`config_ir`] defines.
+pub const RUNTIME_BITCODE: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/runtime.bc"));
 
-/// The device runtime as LLVM IR with `config`'s values filled in: the IR a probe's
-/// `GpuEnv::library` gives.
-pub fn library_ir(config: &RuntimeConfig) -> String {
-    RUNTIME_IR
-        .lines()
-        .map(|line| {
-            if line.starts_with("declare") && line.contains("@bpftime_gpu_config_trace_ring(") {
-                return format!(
-                    "define i64 @bpftime_gpu_config_trace_ring() {{\n  ret i64 {}\n}}",
-                    config.trace_ring
-                );
-            }
-            if line.starts_with("declare") && line.contains("@bpftime_gpu_config_pid_tgid(") {
-                return match config.pid_tgid_at {
-                    0 => "define i64 @bpftime_gpu_config_pid_tgid() {\n  ret i64 0\n}".into(),
-                    at => format!(
-                        "define i64 @bpftime_gpu_config_pid_tgid() {{\n  \
-                         %p = inttoptr i64 {at} to ptr addrspace(1)\n  \
-                         %v = load i64, ptr addrspace(1) %p, align 8\n  ret i64 %v\n}}"
-                    ),
-                };
-            }
-            if line.starts_with("declare") && line.contains("@bpftime_gpu_shard_address(") {
-                return shard_address_ir(&config.shards);
-            }
-            line.to_string()
-        })
-        .collect::<Vec<_>>()
-        .join("\n")
+/// The definitions of the device runtime's configuration, `config`'s values filled in:
+/// the text IR a probe's `GpuEnv::library` gives, linked with [`RUNTIME_BITCODE`].
+pub fn config_ir(config: &RuntimeConfig) -> String {
+    let pid_tgid = match config.pid_tgid_at {
+        0 => "define i64 @bpftime_gpu_config_pid_tgid() {\n  ret i64 0\n}".to_string(),
+        at => format!(
+            "define i64 @bpftime_gpu_config_pid_tgid() {{\n  \
+             %p = inttoptr i64 {at} to ptr addrspace(1)\n  \
+             %v = load i64, ptr addrspace(1) %p, align 8\n  ret i64 %v\n}}"
+        ),
+    };
+    format!(
+        "define i64 @bpftime_gpu_config_trace_ring() {{\n  ret i64 {}\n}}\n{pid_tgid}\n{}\n",
+        config.trace_ring,
+        shard_address_ir(&config.shards)
+    )
 }
 
 #[cfg(test)]
@@ -1482,7 +1470,7 @@ mod tests {
     }
 
     #[test]
-    fn library_ir_fills_in_the_configuration() {
+    fn config_ir_fills_in_the_configuration_the_runtime_declares() {
         let shard = ShardEntry {
             base: 0x7100_0000,
             len: 16,
@@ -1491,7 +1479,7 @@ mod tests {
             stride: 256,
             copies: 132,
         };
-        let ir = library_ir(&RuntimeConfig {
+        let ir = config_ir(&RuntimeConfig {
             pid_tgid_at: 0x7000_1000,
             trace_ring: 0x7000_0000,
             shards: vec![shard],
@@ -1507,18 +1495,35 @@ mod tests {
             0x7200_0000u64,
             0x7200_0000u64 + 256 * 132
         )));
-        assert!(!ir.contains("declare dso_local i64 @bpftime_gpu_shard_address"));
-        assert!(!ir.contains("declare dso_local i64 @bpftime_gpu_config"));
+        // The runtime (the text build.rs turned into the bitcode) declares each of these
+        // and defines every helper a probe may call.
+        let runtime = include_str!(concat!(env!("OUT_DIR"), "/runtime.ll"));
+        for config in [
+            "bpftime_gpu_config_pid_tgid",
+            "bpftime_gpu_config_trace_ring",
+            "bpftime_gpu_shard_address",
+        ] {
+            assert!(ir.contains(&format!("define i64 @{config}(")), "{config}");
+            assert!(
+                runtime
+                    .lines()
+                    .any(|l| l.starts_with("declare") && l.contains(&format!("@{config}("))),
+                "{config} is not declared by the runtime"
+            );
+        }
         for helper in bpftime_jit_ptx::EXTERN_HELPERS {
             assert!(
-                ir.contains(&format!("@{}(", helper.1)),
+                runtime
+                    .lines()
+                    .any(|l| l.starts_with("define") && l.contains(&format!("@{}(", helper.1))),
                 "{} missing",
                 helper.1
             );
         }
         assert!(
-            !ir.contains("target-cpu"),
+            !runtime.contains("target-cpu"),
             "CPU attributes stop inlining into probes"
         );
+        assert_eq!(&RUNTIME_BITCODE[..4], b"BC\xc0\xde", "bitcode");
     }
 }

@@ -13,7 +13,7 @@ use bpftime_jit_ptx::{
 };
 
 use crate::cuda::DevicePtr;
-use crate::device_maps::{library_ir, RuntimeConfig};
+use crate::device_maps::{config_ir, RuntimeConfig, RUNTIME_BITCODE};
 use crate::ptx::{ProbePoint, ACCESS_OFFSETS, ACCESS_UNIFORM, ARG_OFFSETS, CTX_SIZE};
 
 /// Where one of a probe's maps lives on the device.
@@ -73,7 +73,7 @@ fn compile_relocated(
     symbol: &str,
 ) -> Result<PtxProgram, String> {
     let env = ProbeEnv {
-        library: library_ir(config),
+        library: config_ir(config),
         arrays: maps
             .values()
             .filter_map(|m| Some((m.desc, m.array?)))
@@ -374,6 +374,7 @@ fn relocate(insns: &[Insn], maps: &HashMap<u32, DeviceMapRef>) -> Result<Vec<Ins
 
 /// The helpers, inlined array maps and device runtime a probe is compiled with.
 struct ProbeEnv {
+    /// The runtime's configuration, as text IR (the runtime itself is bitcode).
     library: String,
     arrays: HashMap<DevicePtr, ArrayMapLayout>,
 }
@@ -389,5 +390,9 @@ impl GpuEnv for ProbeEnv {
 
     fn library(&self) -> Option<&str> {
         Some(&self.library)
+    }
+
+    fn library_bitcode(&self) -> Option<&[u8]> {
+        Some(RUNTIME_BITCODE)
     }
 }

@@ -208,6 +208,13 @@ pub trait GpuEnv {
     fn library(&self) -> Option<&str> {
         None
     }
+
+    /// LLVM bitcode for the same purpose, which parses in less time than text; linked
+    /// with [`GpuEnv::library`] when both are given (the text may define what the
+    /// bitcode only declares).
+    fn library_bitcode(&self) -> Option<&[u8]> {
+        None
+    }
 }
 
 /// The standard helpers, no inlined maps, no library.
@@ -404,6 +411,58 @@ pub fn call_int<'ctx>(
         })
 }
 
+/// The environment's library as one module: its bitcode with its text IR linked in.
+fn library_module<'ctx>(
+    context: &'ctx Context,
+    env: &dyn GpuEnv,
+) -> Result<Option<Module<'ctx>>, CompileError> {
+    let failed = |e: &dyn std::fmt::Display| CompileError::Library {
+        message: e.to_string(),
+    };
+    let bitcode = env
+        .library_bitcode()
+        .map(|bc| {
+            let buffer = MemoryBuffer::create_from_memory_range_copy(bc, "library");
+            Module::parse_bitcode_from_buffer(&buffer, context).map_err(|e| failed(&e))
+        })
+        .transpose()?;
+    let text = env
+        .library()
+        .map(|ir| {
+            let buffer = MemoryBuffer::create_from_memory_range_copy(ir.as_bytes(), "library");
+            context
+                .create_module_from_ir(buffer)
+                .map_err(|e| failed(&e))
+        })
+        .transpose()?;
+    match (bitcode, text) {
+        (Some(bitcode), Some(text)) => {
+            bitcode.link_in_module(text).map_err(|e| failed(&e))?;
+            Ok(Some(bitcode))
+        }
+        (bitcode, text) => Ok(bitcode.or(text)),
+    }
+}
+
+/// Makes every definition of `library` internal but those the lifted `module` calls (and
+/// the warp adds `route_atomic_adds` may call once linked), so that linking copies only
+/// what those reach: the rest of the library is never linked, verified or optimized
+/// (a fifth of a small probe's compile time).
+fn keep_only_what_is_called(module: &Module<'_>, library: &Module<'_>, defined: &BTreeSet<String>) {
+    let called: BTreeSet<String> = module
+        .get_functions()
+        .filter(|f| f.count_basic_blocks() == 0)
+        .map(|f| f.get_name().to_string_lossy().into_owned())
+        .filter(|name| defined.contains(name))
+        .chain([WARP_ADD_U64.to_string(), WARP_ADD_U32.to_string()])
+        .collect();
+    for f in library.get_functions() {
+        if f.count_basic_blocks() > 0 && !called.contains(f.get_name().to_string_lossy().as_ref()) {
+            f.set_linkage(Linkage::Internal);
+        }
+    }
+}
+
 fn nounwind(context: &Context) -> Attribute {
     context.create_enum_attribute(Attribute::get_named_enum_kind_id("nounwind"), 0)
 }
@@ -428,17 +487,7 @@ pub fn build_module<'ctx>(
             ),
         });
     }
-    let library = env
-        .library()
-        .map(|ir| {
-            let buffer = MemoryBuffer::create_from_memory_range_copy(ir.as_bytes(), "library");
-            context
-                .create_module_from_ir(buffer)
-                .map_err(|e| CompileError::Library {
-                    message: e.to_string(),
-                })
-        })
-        .transpose()?;
+    let library = library_module(context, env)?;
     let defined: BTreeSet<String> = library
         .iter()
         .flat_map(|m| m.get_functions())
@@ -458,6 +507,7 @@ pub fn build_module<'ctx>(
     backend.prepare(&module);
     if let Some(library) = library {
         backend.prepare(&library);
+        keep_only_what_is_called(&module, &library, &defined);
         module
             .link_in_module(library)
             .map_err(|e| CompileError::Library {

@@ -317,6 +317,64 @@ mod tests {
         assert!(matches!(err, CompileError::Library { .. }), "{err}");
     }
 
+    /// A library as bitcode that declares what its text part defines, with a function
+    /// nothing calls.
+    struct BitcodeLibrary {
+        bitcode: Vec<u8>,
+    }
+
+    impl BitcodeLibrary {
+        fn new() -> BitcodeLibrary {
+            let context = inkwell::context::Context::create();
+            let ir = "declare i64 @factor()\n\
+                      define i64 @scaled(i64 %a, i64 %b, i64 %c, i64 %d, i64 %e) {\n  \
+                      %f = call i64 @factor()\n  %r = mul i64 %a, %f\n  ret i64 %r\n}\n\
+                      define i64 @never_called(i64 %a) {\n  %r = udiv i64 %a, 7\n  ret i64 %r\n}\n";
+            let buffer = inkwell::memory_buffer::MemoryBuffer::create_from_memory_range_copy(
+                ir.as_bytes(),
+                "test",
+            );
+            let module = context.create_module_from_ir(buffer).expect("parses");
+            BitcodeLibrary {
+                bitcode: module.write_bitcode_to_memory().as_slice().to_vec(),
+            }
+        }
+    }
+
+    impl GpuEnv for BitcodeLibrary {
+        fn helper(&self, id: u32) -> Option<GpuHelper> {
+            match id {
+                7 => Some(GpuHelper::Extern("scaled".into())),
+                _ => gpu::standard_helper(id),
+            }
+        }
+
+        fn library(&self) -> Option<&str> {
+            Some("define i64 @factor() {\n  ret i64 5\n}\n")
+        }
+
+        fn library_bitcode(&self) -> Option<&[u8]> {
+            Some(&self.bitcode)
+        }
+    }
+
+    #[test]
+    fn a_bitcode_library_links_with_its_text_and_only_what_is_called_stays() {
+        let env = BitcodeLibrary::new();
+        let opts = PtxOptions {
+            opt_level: OptLevel::O0,
+            ..PtxOptions::default()
+        };
+        let p = ptx_with("mov %r1, 5\ncall 7\nexit", &env, &opts);
+        assert!(p.externs.is_empty(), "{:?}", p.externs);
+        assert!(p.ptx.contains("bpf_prog__scaled"), "{}", p.ptx);
+        assert!(p.ptx.contains("bpf_prog__factor"), "{}", p.ptx);
+        assert!(!p.ptx.contains("never_called"), "{}", p.ptx);
+        // Optimized, the call folds to 25.
+        let p = ptx_with("mov %r1, 5\ncall 7\nexit", &env, &PtxOptions::default());
+        assert!(p.ptx.contains("25"), "{}", p.ptx);
+    }
+
     #[test]
     fn bad_targets_are_refused_with_the_way_out() {
         let insns = assemble("mov %r0, 0\nexit").unwrap();
