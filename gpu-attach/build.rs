@@ -1,6 +1,7 @@
 //! Compiles the device runtime (device/runtime.c) to LLVM IR for nvptx64 with clang-19,
-//! and that to bitcode with llvm-as-19, which `bpftime-jit-ptx` links into every GPU probe. The IR is written without CPU or
-//! feature attributes, so that it inlines into probes compiled for any `sm_XY`. Also
+//! and that to bitcode with llvm-as-19, which `bpftime-jit-ptx` links into every GPU
+//! probe. The IR is written without CPU or feature attributes, so that it inlines into
+//! probes compiled for any `sm_XY`. Also
 //! compiles device/hash_ops.c (the kernel that makes the CPU's changes to per-CPU hash
 //! maps on the device) straight to PTX.
 
@@ -34,30 +35,16 @@ fn main() {
     std::fs::write(&out, stripped).expect("writing the IR");
     // Bitcode of the same IR: a probe's compilation parses it in less time than text.
     println!("cargo:rerun-if-env-changed=LLVM_AS");
-    let llvm_as = std::env::var("LLVM_AS").unwrap_or_else(|_| "llvm-as-19".to_string());
-    let assembled = Command::new(&llvm_as)
-        .arg(&out)
-        .arg("-o")
-        .arg(dir.join("runtime.bc"))
-        .output();
-    match assembled {
-        Ok(o) if o.status.success() => {}
-        Ok(o) => panic!(
-            "{llvm_as} failed on the device runtime's IR:\n{}",
-            String::from_utf8_lossy(&o.stderr)
-        ),
-        Err(e) => panic!(
-            "cannot run {llvm_as} to build the GPU device runtime ({e}): install llvm-19 \
-             (scripts/setup.sh does) or set LLVM_AS"
-        ),
-    }
+    let mut llvm_as = tool("LLVM_AS", "llvm-as-19");
+    llvm_as.arg(&out).arg("-o").arg(dir.join("runtime.bc"));
+    run(llvm_as, "LLVM_AS", "llvm-19", "the device runtime's IR");
 }
 
 /// Compiles the C file `src` for nvptx64 (sm_70, PTX 7.0) into `out`: PTX, or with
 /// `-emit-llvm` in `extra`, LLVM IR.
 fn compile(src: &str, extra: &[&str], out: &std::path::Path) {
-    let clang = std::env::var("CLANG").unwrap_or_else(|_| "clang-19".to_string());
-    let result = Command::new(&clang)
+    let mut clang = tool("CLANG", "clang-19");
+    clang
         .args([
             "-target",
             "nvptx64-nvidia-cuda",
@@ -84,20 +71,29 @@ fn compile(src: &str, extra: &[&str], out: &std::path::Path) {
             src,
             "-o",
         ])
-        .arg(out)
-        .output();
-    let output = match result {
-        Ok(o) => o,
-        Err(e) => panic!(
-            "cannot run {clang} to build the GPU device runtime ({e}): install clang-19 \
-             (scripts/setup.sh does) or set CLANG"
+        .arg(out);
+    run(clang, "CLANG", "clang-19", src);
+}
+
+/// The program `$var` names, or `default`.
+fn tool(var: &str, default: &str) -> Command {
+    Command::new(std::env::var(var).unwrap_or_else(|_| default.to_string()))
+}
+
+/// Runs `command` on `what`, or stops the build saying why and how to get the tool
+/// (`package`, or the variable `var`).
+fn run(mut command: Command, var: &str, package: &str, what: &str) {
+    let name = command.get_program().to_string_lossy().into_owned();
+    match command.output() {
+        Ok(o) if o.status.success() => {}
+        Ok(o) => panic!(
+            "{name} failed on {what}:\n{}",
+            String::from_utf8_lossy(&o.stderr)
         ),
-    };
-    if !output.status.success() {
-        panic!(
-            "{clang} failed on {src}:\n{}",
-            String::from_utf8_lossy(&output.stderr)
-        );
+        Err(e) => panic!(
+            "cannot run {name} to build the GPU device runtime ({e}): install {package} \
+             (scripts/setup.sh does) or set {var}"
+        ),
     }
 }
 

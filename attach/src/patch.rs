@@ -215,12 +215,12 @@ const HEAD_LEN: usize = 25;
 // between the head and the relocated prologue. The function-entry stub comes back with
 // ZF set when it replaced the return address (flags are dead at a function entry):
 //   jne prologue
-//   call prime                   pushes `landing` on the stack and in the return stack buffer
+//   lea rsp, [rsp+8]             drop the replaced return address (the stub keeps the real
+//                                one on the shadow stack); lea keeps the flags
+//   call prologue                pushes `landing` where the return address was, and in the
+//                                return stack buffer
 // landing:
 //   jmp qword [rip+return_slot]  the primed return stub
-// prime:
-//   pop qword [rsp]              the address is taken after the pop: `landing` becomes the
-//                                return address, at the depth the caller's call left it
 // prologue:
 //   ...
 //   return_slot: dq primed return stub (after stub_slot)
