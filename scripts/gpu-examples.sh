@@ -558,6 +558,20 @@ several_gpus() {  # the checks that need two GPUs or more; a SKIP line on one
         [ "$(value "$log.out" counts 0)" = 10 ] && [ "$(value "$log.out" counts 1)" = 10 ] && ok=1
     result "timeline of CPU and GPU probes (bpftime run --trace)" $ok "$checked; $(grep -o 'trace of .*)' "$log.out" | head -1)"
 
+    # Two kernels at once: two_streams under gpu_streams, `spin` on two streams side by side
+    # for 10 rounds, a line from each of its 8 blocks naming the launch (`tag=K` for the
+    # K-th). Lines are written while both kernels run, so time alone cannot place them: each
+    # of the 160 must be on the launch that wrote it (bpftime-trace-check --tagged), inside
+    # its kernel's span, with the checks above.
+    log=$work/timeline-streams
+    run "$log" --trace "$work/trace-two_streams.json" "$objs/gpu_streams.bpf.o" -- "$cuda/two_streams" 10
+    checked=$("$(dirname "$bt")/bpftime-trace-check" "$work/trace-two_streams.json" \
+        --launches 20 --gpu-lines 160 --tagged 160 2>&1)
+    checker=$?
+    ok=0
+    [ "$checker" = 0 ] && grep -q 'check=ok' "$log.out" && grep -q '^exit=0' "$log.out" && ok=1
+    result "timeline of two kernels at once: lines on the launch that wrote them" $ok "$checked"
+
     # gpu_printk: a bpf_printk line from inside vectorAdd (one thread, at its exit) per
     # launch, with the GPU's clock in it; the trace pipe stamps the line with the GPU's time
     # of the printk (the record's global timer on CLOCK_MONOTONIC, the clock the line's

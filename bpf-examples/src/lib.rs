@@ -117,6 +117,9 @@ pub const KERNELRETSNOOP_PERF_BPF_O: &str = env!("BPF_EXAMPLES_KERNELRETSNOOP_PE
 /// `gpu_timeline`: uprobes and a uretprobe on two_paths' CPU functions and probes inside
 /// its `scale` kernel (a printk among them), for `bpftime run --trace`.
 pub const GPU_TIMELINE_BPF_O: &str = env!("BPF_EXAMPLES_GPU_TIMELINE_BPF_O");
+/// `gpu_streams`: a line from every block of two_streams' `spin` kernel naming its launch
+/// (`tag=K` for the K-th), for `bpftime run --trace` with two kernels at once.
+pub const GPU_STREAMS_BPF_O: &str = env!("BPF_EXAMPLES_GPU_STREAMS_BPF_O");
 /// The header of launch programs' context, `struct bpftime_cuda_launch`.
 pub const CUDA_LAUNCH_H: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/common/cuda_launch.h");
 /// Directory of the CUDA programs the GPU examples trace (sources; built with nvcc).

@@ -836,9 +836,11 @@ static __attribute__((noinline)) u64 perf_event_output(u64 map, u64 flags, u64 d
 
 /* A trace record: three u64 arguments, the global timer when it was written (the host
  * turns it into CLOCK_MONOTONIC with the context's calibration, the offset that
- * bpf_ktime_get_ns adds), the SM and the block's linear index (which kernel and where in
- * it), then the text. Mirrored by `TRACE_HEAD` in src/session.rs. */
-#define TRACE_HEAD 40u
+ * bpf_ktime_get_ns adds), the SM and the block's linear index, the grid's launch number in
+ * its context (%gridid: the driver numbers a context's launches in the order they were
+ * submitted, so the host can tell which launch wrote a line when two kernels run at once),
+ * then the text. Mirrored by `TRACE_HEAD` in src/session.rs. */
+#define TRACE_HEAD 48u
 
 static void trace_stamp(u8 *to)
 {
@@ -850,6 +852,10 @@ static void trace_stamp(u8 *to)
                __nvvm_read_ptx_sreg_nctaid_x() *
                    (__nvvm_read_ptx_sreg_ctaid_y() +
                     __nvvm_read_ptx_sreg_nctaid_y() * __nvvm_read_ptx_sreg_ctaid_z());
+    /* clang's builtin reads it as 32 bits; the register is 64. */
+    u64 grid;
+    __asm__ volatile("mov.u64 %0, %%gridid;" : "=l"(grid));
+    words[5] = grid;
 }
 
 /* bpf_trace_printk: the format (up to 256 bytes) and three arguments go into the

@@ -35,6 +35,10 @@ pub struct GpuPrint {
     /// The SM that ran the probe, and the linear index of its block in the grid.
     pub sm: u32,
     pub block: u32,
+    /// The grid's launch number in its context (`%gridid`): the driver numbers a context's
+    /// launches in the order they were submitted, so every line of one launch has the same
+    /// one, and a later launch a larger one.
+    pub grid: u64,
     pub text: String,
 }
 

@@ -3454,6 +3454,7 @@ impl GpuAttach {
                 error_ns: calibration.map_or(0, |c| c.error_ns),
                 sm: line.sm,
                 block: line.block,
+                grid: line.grid,
                 text: line.text,
             });
         }
@@ -3529,8 +3530,9 @@ pub struct GpuDevice {
 }
 
 /// Bytes in front of a trace record's text (device/runtime.c's `TRACE_HEAD`): three
-/// arguments, the global timer, the SM and the block's linear index.
-const TRACE_HEAD: usize = 40;
+/// arguments, the global timer, the SM and the block's linear index, the grid's launch
+/// number.
+const TRACE_HEAD: usize = 48;
 
 /// A trace record as the device runtime wrote it.
 #[derive(Debug, PartialEq, Eq)]
@@ -3540,6 +3542,8 @@ struct TraceLine {
     timer: u64,
     sm: u32,
     block: u32,
+    /// `%gridid`: the launch's number in its context, in the order launches were submitted.
+    grid: u64,
 }
 
 impl TraceLine {
@@ -3563,6 +3567,7 @@ impl TraceLine {
             timer: word(3),
             sm: half(32),
             block: half(36),
+            grid: word(5),
         })
     }
 }
@@ -3626,6 +3631,7 @@ mod tests {
         }
         data.extend_from_slice(&5u32.to_le_bytes());
         data.extend_from_slice(&42u32.to_le_bytes());
+        data.extend_from_slice(&9u64.to_le_bytes());
         data.extend_from_slice(b"n=%d\0junk");
         let line = TraceLine::parse(&data, false).unwrap();
         assert_eq!(
@@ -3634,7 +3640,8 @@ mod tests {
                 text: "n=7".into(),
                 timer: 123_456_789,
                 sm: 5,
-                block: 42
+                block: 42,
+                grid: 9
             }
         );
         assert_eq!(TraceLine::parse(&data, true).unwrap().text, "n=%d");

@@ -588,7 +588,7 @@ impl Timeline {
 
         // Where each kernel ran: a track per (device, stream), numbered in order of use.
         let mut streams: BTreeMap<(i32, u64), u64> = BTreeMap::new();
-        let mut runs_by_device: HashMap<i32, Vec<(KernelRun, u64, u64)>> = HashMap::new();
+        let mut runs_by_device: HashMap<i32, Vec<TrackedRun>> = HashMap::new();
         for c in &launches.calls {
             if let Some(run) = launches.runs.get(&c.launch_id) {
                 let next = streams.len() as u64 + 1;
@@ -596,11 +596,16 @@ impl Timeline {
                 runs_by_device
                     .entry(c.device)
                     .or_default()
-                    .push((*run, c.launch_id, track));
+                    .push(TrackedRun {
+                        run: *run,
+                        launch_id: c.launch_id,
+                        track,
+                        blocks: c.grid.iter().map(|&n| u64::from(n)).product(),
+                    });
             }
         }
         for runs in runs_by_device.values_mut() {
-            runs.sort_by_key(|(r, _, _)| r.start);
+            runs.sort_by_key(|r| r.run.start);
         }
 
         let process = thread_name(pid as i32).unwrap_or_else(|| "process".into());
@@ -744,28 +749,26 @@ impl Timeline {
             w.flow("f", gpid, track, run.start, c.launch_id)?;
         }
 
-        // GPU lines, on the track of the kernel that ran when they were written.
-        for p in &prints {
+        // GPU lines, on the track of the launch that wrote them.
+        let placed = place_lines(&prints, &runs_by_device);
+        for (p, place) in prints.iter().zip(placed) {
             summary.gpu_lines += 1;
             let gpid = GPU_PID_BASE + p.device as u64;
-            let Some(at) = p.at_ns else {
-                summary.gpu_lines_unplaced += 1;
-                continue;
-            };
-            let runs = runs_by_device.get(&p.device).map_or(&[][..], Vec::as_slice);
-            let Some((run, launch_id, track)) = containing(runs, at, p.error_ns) else {
+            let (Some(at), Some(r)) = (p.at_ns, place) else {
                 summary.gpu_lines_unplaced += 1;
                 continue;
             };
             let args = format!(
-                "{{\"text\":{},\"sm\":{},\"block\":{},\"launch_id\":{launch_id},\"error_ns\":{}}}",
+                "{{\"text\":{},\"sm\":{},\"block\":{},\"grid_id\":{},\"launch_id\":{},\"error_ns\":{}}}",
                 json_str(&p.text),
                 p.sm,
                 p.block,
-                p.error_ns + u64::from(run.error_ns)
+                p.grid,
+                r.launch_id,
+                p.error_ns + u64::from(r.run.error_ns)
             );
             let name: String = p.text.trim_end().chars().take(PRINT_NAME_CHARS).collect();
-            w.instant(gpid, track, "printk", &name, at, Some(&args))?;
+            w.instant(gpid, r.track, "printk", &name, at, Some(&args))?;
         }
 
         let gpu_meta: Vec<String> = gpus
@@ -841,38 +844,97 @@ pub fn symbol_at(addr: usize) -> String {
     }
 }
 
-/// The kernel run (of `runs`, sorted by start) that was running at `at`: one whose span
-/// holds it, or failing that the nearest within both clocks' error bounds.
-fn containing(
-    runs: &[(KernelRun, u64, u64)],
-    at: u64,
-    error_ns: u64,
-) -> Option<(KernelRun, u64, u64)> {
-    let after = runs.partition_point(|(r, _, _)| r.start <= at);
-    // Runs starting at or before `at`, latest first; a long kernel may have started
-    // well before shorter ones that began and ended since.
-    if let Some(hit) = runs[..after]
-        .iter()
-        .rev()
-        .take(256)
-        .find(|(r, _, _)| r.end >= at)
-    {
-        return Some(*hit);
+/// A launch's kernel span with where it is drawn: the track of its stream, and the
+/// number of blocks its grid has.
+#[derive(Clone, Copy)]
+struct TrackedRun {
+    run: KernelRun,
+    launch_id: u64,
+    track: u64,
+    blocks: u64,
+}
+
+impl TrackedRun {
+    /// Whether a line written at `at` (± `error_ns`) falls in this kernel's span, within
+    /// both bounds.
+    fn holds(&self, at: u64, error_ns: u64) -> bool {
+        let slack = error_ns + u64::from(self.run.error_ns);
+        at.saturating_add(slack) >= self.run.start && at <= self.run.end.saturating_add(slack)
     }
-    let distance = |r: &KernelRun| {
-        if at < r.start {
-            r.start - at
-        } else {
-            at.saturating_sub(r.end)
+}
+
+/// Runs searched back from a line's time for one whose span holds it: a long kernel may
+/// have started well before shorter ones that began and ended since.
+const RUNS_SEARCHED: usize = 256;
+
+/// The launch that wrote each line (`None`: no calibrated time, or no launch found).
+///
+/// Time alone cannot tell two kernels running at once apart, so lines go by grid: all the
+/// lines of one `%gridid` on a device came from one launch, and the driver numbers
+/// launches in the order they were submitted, as launch ids are. The grids are taken in
+/// that order, each given to a launch not given yet whose span holds its lines: the
+/// earliest after the previous grid's that holds all of them, or else the one that holds
+/// most. A line of a grid that its launch's span does not hold (past the clock's bound)
+/// is left unplaced rather than put elsewhere.
+fn place_lines(
+    prints: &[GpuPrint],
+    runs_by_device: &HashMap<i32, Vec<TrackedRun>>,
+) -> Vec<Option<TrackedRun>> {
+    let mut placed = vec![None; prints.len()];
+    let mut grids: BTreeMap<(i32, u64), Vec<usize>> = BTreeMap::new();
+    for (i, p) in prints.iter().enumerate() {
+        if p.at_ns.is_some() {
+            grids.entry((p.device, p.grid)).or_default().push(i);
         }
-    };
-    let lo = after.saturating_sub(8);
-    let hi = (after + 8).min(runs.len());
-    runs[lo..hi]
-        .iter()
-        .filter(|(r, _, _)| distance(r) <= error_ns + u64::from(r.error_ns))
-        .min_by_key(|(r, _, _)| distance(r))
-        .copied()
+    }
+    let mut taken: std::collections::HashSet<u64> = std::collections::HashSet::new();
+    let mut previous: HashMap<i32, u64> = HashMap::new();
+    for ((device, _), lines) in grids {
+        let Some(runs) = runs_by_device.get(&device) else {
+            continue;
+        };
+        let at = |i: usize| prints[i].at_ns.unwrap_or(0);
+        let highest_block = lines.iter().map(|&i| prints[i].block).max().unwrap_or(0);
+        let widest_bound = runs.iter().map(|r| u64::from(r.run.error_ns)).max();
+        // Candidates: the runs holding at least one of the grid's lines, with how many.
+        let mut held: BTreeMap<u64, (usize, TrackedRun)> = BTreeMap::new();
+        for &i in &lines {
+            let latest_start = at(i) + prints[i].error_ns + widest_bound.unwrap_or(0);
+            let after = runs.partition_point(|r| r.run.start <= latest_start);
+            for r in runs[..after].iter().rev().take(RUNS_SEARCHED) {
+                if r.holds(at(i), prints[i].error_ns)
+                    && u64::from(highest_block) < r.blocks.max(1)
+                    && !taken.contains(&r.launch_id)
+                {
+                    held.entry(r.launch_id).or_insert((0, *r)).0 += 1;
+                }
+            }
+        }
+        let after_previous = previous.get(&device).copied().unwrap_or(0);
+        let choose = |from: &mut dyn Iterator<Item = (&u64, &(usize, TrackedRun))>| {
+            let mut best: Option<(usize, TrackedRun)> = None;
+            for (_, &(n, r)) in from {
+                if n == lines.len() {
+                    return Some(r);
+                }
+                if best.is_none_or(|(m, _)| n > m) {
+                    best = Some((n, r));
+                }
+            }
+            best.map(|(_, r)| r)
+        };
+        let chosen =
+            choose(&mut held.range(after_previous + 1..)).or_else(|| choose(&mut held.iter()));
+        let Some(run) = chosen else { continue };
+        taken.insert(run.launch_id);
+        previous.insert(device, run.launch_id);
+        for &i in &lines {
+            if run.holds(at(i), prints[i].error_ns) {
+                placed[i] = Some(run);
+            }
+        }
+    }
+    placed
 }
 
 /// A kernel's name in the trace: demangled, without parameters.
@@ -1134,8 +1196,8 @@ mod tests {
                 std::thread::spawn(move || {
                     // Past one chunk, so the buffer grows while others record.
                     for i in 0..(CHUNK as u64 + 10) {
-                        t.call_entered(f, 0x8000 - i * 16);
-                        t.call_returned(f, 0x8000 - i * 16 + 8);
+                        t.call_entered(f, 0x10_0000 - i * 16);
+                        t.call_returned(f, 0x10_0000 - i * 16 + 8);
                     }
                     gettid()
                 })
@@ -1211,6 +1273,7 @@ mod tests {
             error_ns: 300,
             sm: 3,
             block: 9,
+            grid: 2,
             text: "hello from the GPU\n".into(),
         };
         t.gpu_print(&print(Some(now - 30_000)));
@@ -1268,6 +1331,64 @@ mod tests {
             (Some(300), Some(-5))
         );
         assert_eq!(v["metadata"]["launch_time_error_ns"], 700);
+    }
+
+    /// Two kernels at once on two streams: a line written when both ran goes to the launch
+    /// whose grid wrote it, not to the kernel that started last, and every line of a grid
+    /// goes to one launch.
+    #[test]
+    fn lines_of_kernels_running_at_once_go_to_the_launch_that_wrote_them() {
+        let t = Timeline::new();
+        let kernel = "_Z9vectorAddPKfS0_Pfi";
+        let now = now_ns();
+        // Launch 1 and 3 on one stream, in sequence; launch 2 on another, started just
+        // after launch 1 and running past both.
+        let spans = [
+            (1, 0x55, (now - 50_000, now - 30_000)),
+            (2, 0x66, (now - 49_000, now - 10_000)),
+            (3, 0x55, (now - 29_000, now - 20_000)),
+        ];
+        for (id, stream, span) in spans {
+            t.launch(
+                &launch_ctx(id, PHASE_LAUNCHED, stream, now - 60_000, (0, 0)),
+                kernel,
+            );
+            t.launch(
+                &launch_ctx(id, PHASE_COMPLETED, stream, now - 60_000, span),
+                kernel,
+            );
+        }
+        let print = |grid: u64, block: u32, before_now: u64| GpuPrint {
+            device: 0,
+            at_ns: Some(now - before_now),
+            error_ns: 300,
+            sm: block,
+            block,
+            grid,
+            text: format!("grid {grid}"),
+        };
+        // The driver numbered the launches' grids 11, 12 and 13.
+        for block in 0..4 {
+            t.gpu_print(&print(11, block, 31_000));
+        }
+        t.gpu_print(&print(12, 0, 40_000));
+        t.gpu_print(&print(12, 1, 12_000));
+        t.gpu_print(&print(13, 0, 25_000));
+        let (v, s) = trace(&t);
+        assert_eq!((s.gpu_lines, s.gpu_lines_unplaced), (7, 0));
+        let track_of = |id: u64| {
+            events(&v, "X")
+                .into_iter()
+                .find(|e| e["pid"] == GPU_PID_BASE && e["args"]["launch_id"] == id)
+                .unwrap()["tid"]
+                .clone()
+        };
+        for line in events(&v, "I") {
+            let grid = line["args"]["grid_id"].as_u64().unwrap();
+            let launch = grid - 10;
+            assert_eq!(line["args"]["launch_id"], launch, "{line}");
+            assert_eq!(line["tid"], track_of(launch), "{line}");
+        }
     }
 
     #[test]

@@ -21,6 +21,10 @@ pub struct Report {
     pub gpu_lines_inside: usize,
     /// Spans on CPU threads per name.
     pub cpu_spans: HashMap<String, usize>,
+    /// Each GPU line's launch and text.
+    pub line_launches: Vec<(u64, String)>,
+    /// The launches' ids, in order.
+    pub launch_ids: Vec<u64>,
     /// The largest bound on a kernel time the trace reports (ns).
     pub bound_ns: u64,
     /// How far a kernel started before its launch call, at most (ns; negative: after).
@@ -53,6 +57,33 @@ fn span(e: &Value) -> Option<Span> {
         end: begin + ns(&e["dur"])?,
         launch_id: e["args"]["launch_id"].as_u64(),
     })
+}
+
+impl Report {
+    /// For programs whose K-th launch (0-based, in launch order) writes lines that say
+    /// `tag=K`: how many lines say a tag, and each one placed on another launch.
+    pub fn misplaced_tags(&self) -> (usize, Vec<String>) {
+        let mut tagged = 0;
+        let mut problems = Vec::new();
+        for (id, text) in &self.line_launches {
+            let Some(tag) = text
+                .split_once("tag=")
+                .and_then(|(_, t)| t.split(|c: char| !c.is_ascii_digit()).next())
+                .and_then(|t| t.parse::<usize>().ok())
+            else {
+                continue;
+            };
+            tagged += 1;
+            let wrote = self.launch_ids.get(tag);
+            if wrote != Some(id) {
+                problems.push(format!(
+                    "line {text:?} is on launch {id}, but launch {} wrote it",
+                    wrote.map_or("?".to_string(), |w| w.to_string())
+                ));
+            }
+        }
+        (tagged, problems)
+    }
 }
 
 /// Checks `trace`: every launch joined by a flow to exactly one kernel span of the same
@@ -124,6 +155,8 @@ pub fn check(trace: &Value) -> Report {
         }
     }
     r.launches = launches.len();
+    r.launch_ids = launches.iter().filter_map(|l| l.launch_id).collect();
+    r.launch_ids.sort_unstable();
     r.kernels = kernels.len();
     r.gpu_lines = lines.len();
 
@@ -218,6 +251,8 @@ pub fn check(trace: &Value) -> Report {
             continue;
         };
         let err = line["args"]["error_ns"].as_u64().unwrap_or(0);
+        let text = line["args"]["text"].as_str().unwrap_or("").to_string();
+        r.line_launches.push((id, text));
         match kernel_of.get(&id) {
             Some(k)
                 if line["pid"].as_u64() == Some(k.pid)

@@ -383,28 +383,23 @@ fn the_consumer_flags_a_broken_trace() {
     );
 }
 
-/// two_paths under `bpftime run --trace` with gpu_timeline (uprobes on the CPU functions
-/// that launch `scale`, probes inside `scale`, a printk among them): every launch joined
-/// to its kernel, every GPU line inside its kernel, launch calls before their kernels
-/// within the reported bound, kernels of one stream in sequence. Needs a GPU and nvcc;
-/// scripts/gpu-examples.sh runs the same check on the GPU machine.
-#[test]
-fn a_cuda_program_traced_on_cpu_and_gpu() {
+/// Builds `NAME.cu` of the CUDA examples with nvcc into the session's directory; `None`
+/// (said why) where there is no GPU or no nvcc.
+fn cuda_example(s: &Session, name: &str, check: &str) -> Option<std::path::PathBuf> {
     if let Err(why) = bpftime_gpu_attach::runner::check_libcuda() {
-        eprintln!("skipped: no GPU here ({why}); scripts/gpu-examples.sh runs this check on the GPU machine (`timeline of CPU and GPU probes`)");
-        return;
+        eprintln!("skipped: no GPU here ({why}); scripts/gpu-examples.sh runs this check on the GPU machine (`{check}`)");
+        return None;
     }
     let Some(nvcc) = bpftime_gpu_attach::toolchain::find("nvcc", "NVCC") else {
-        eprintln!("skipped: no nvcc to build two_paths (scripts/setup.sh installs one)");
-        return;
+        eprintln!("skipped: no nvcc to build {name} (scripts/setup.sh installs one)");
+        return None;
     };
-    let s = Session::new("trace-gpu");
-    let exe = s.tmp.join("two_paths");
+    let exe = s.tmp.join(name);
     let build = Command::new(&nvcc)
         .arg("-O2")
         .arg("-I")
         .arg(examples::CUDA_SOURCES)
-        .arg(Path::new(examples::CUDA_SOURCES).join("two_paths.cu"))
+        .arg(Path::new(examples::CUDA_SOURCES).join(format!("{name}.cu")))
         .arg("-o")
         .arg(&exe)
         .output()
@@ -414,6 +409,20 @@ fn a_cuda_program_traced_on_cpu_and_gpu() {
         "{}",
         String::from_utf8_lossy(&build.stderr)
     );
+    Some(exe)
+}
+
+/// two_paths under `bpftime run --trace` with gpu_timeline (uprobes on the CPU functions
+/// that launch `scale`, probes inside `scale`, a printk among them): every launch joined
+/// to its kernel, every GPU line inside its kernel, launch calls before their kernels
+/// within the reported bound, kernels of one stream in sequence. Needs a GPU and nvcc;
+/// scripts/gpu-examples.sh runs the same check on the GPU machine.
+#[test]
+fn a_cuda_program_traced_on_cpu_and_gpu() {
+    let s = Session::new("trace-gpu");
+    let Some(exe) = cuda_example(&s, "two_paths", "timeline of CPU and GPU probes") else {
+        return;
+    };
     let rounds = 10;
     let trace = s.tmp.join("trace.json");
     let rounds_arg = rounds.to_string();
@@ -442,4 +451,34 @@ fn a_cuda_program_traced_on_cpu_and_gpu() {
         let summary = consumer(&trace);
         assert_eq!(summary["flows"].as_array().unwrap().len(), launches);
     }
+}
+
+/// two_streams under `bpftime run --trace` with gpu_streams: `spin` on two streams at once,
+/// a line from every block naming its launch (`tag=K` for the K-th), written while both
+/// kernels run. Each line must be on the launch that wrote it, inside its kernel's span.
+/// Needs a GPU and nvcc; scripts/gpu-examples.sh runs the same check on the GPU machine.
+#[test]
+fn lines_of_two_kernels_at_once_land_on_the_launch_that_wrote_them() {
+    let s = Session::new("trace-streams");
+    let check = "timeline of two kernels at once: lines on the launch that wrote them";
+    let Some(exe) = cuda_example(&s, "two_streams", check) else {
+        return;
+    };
+    let trace = s.tmp.join("trace.json");
+    let out = run_traced(
+        &s,
+        &trace,
+        examples::GPU_STREAMS_BPF_O,
+        exe.to_str().unwrap(),
+        &["10"],
+    );
+    assert!(out.contains("check=ok"), "{out}");
+    let value: Value = serde_json::from_slice(&std::fs::read(&trace).unwrap()).unwrap();
+    let r = trace_check::check(&value);
+    assert!(r.problems.is_empty(), "{:?}", r.problems);
+    assert_eq!((r.launches, r.kernels, r.joined), (20, 20, 20));
+    assert_eq!((r.gpu_lines, r.gpu_lines_inside), (160, 160));
+    let (tagged, misplaced) = r.misplaced_tags();
+    assert_eq!(tagged, 160);
+    assert!(misplaced.is_empty(), "{misplaced:?}");
 }

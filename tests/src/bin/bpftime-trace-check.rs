@@ -1,5 +1,6 @@
-//! `bpftime-trace-check TRACE.json [--launches N] [--gpu-lines N] [--spans NAME=N]...`:
-//! checks a `--trace` file (bpftime_tests::trace_check) and the counts a run expects, and
+//! `bpftime-trace-check TRACE.json [--launches N] [--gpu-lines N] [--spans NAME=N]...
+//! [--tagged N]`: checks a `--trace` file (bpftime_tests::trace_check) and the counts a run
+//! expects (`--tagged`: N lines say `tag=K`, each on the K-th launch), and
 //! prints one line with what it found; exit 1 when a property fails, 2 on bad usage. The
 //! GPU examples run it on the GPU machine, which has no Node for the test's consumer.
 
@@ -8,7 +9,7 @@ use std::process::ExitCode;
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let Some(path) = args.first() else {
-        eprintln!("usage: bpftime-trace-check TRACE.json [--launches N] [--gpu-lines N] [--spans NAME=N]...");
+        eprintln!("usage: bpftime-trace-check TRACE.json [--launches N] [--gpu-lines N] [--spans NAME=N]... [--tagged N]");
         return ExitCode::from(2);
     };
     let trace: serde_json::Value = match std::fs::read(path)
@@ -46,6 +47,17 @@ fn main() -> ExitCode {
                 )),
                 None => return ExitCode::from(2),
             },
+            "--tagged" => {
+                let Some(n) = want(value) else {
+                    return ExitCode::from(2);
+                };
+                let (tagged, misplaced) = r.misplaced_tags();
+                if tagged != n {
+                    r.problems
+                        .push(format!("{tagged} lines say a tag; {n} expected"));
+                }
+                r.problems.extend(misplaced);
+            }
             "--spans" => {
                 let Some((name, n)) = value.split_once('=').and_then(|(a, b)| Some((a, want(b)?)))
                 else {
