@@ -346,6 +346,29 @@ several_gpus() {  # the checks that need two GPUs or more; a SKIP line on one
     else
         result "memory-access probe on vectorAdd through bulk copies" 0 "no cp.async.bulk or cp.reduce.async.bulk in $cuda/vec_add_bulk.ptx"
     fi
+    # Tensor copies (cp.async.bulk.tensor.2d, tile mode): tma_copy doubles a 1000 x 500
+    # float tensor in 32 x 16 tiles, each loaded into shared memory and stored back by a
+    # tensor copy, the tiles of the last column and row hanging over the tensor's edges.
+    # The copies' global addresses are in tensor maps (cuTensorMapEncodeTiled, seen on the
+    # host); each box row inside the tensor is one access of its bytes: per launch 32
+    # columns of tiles x 500 rows loaded and as many stored, 1000 x 500 x 4 bytes each
+    # way, all inside `in` and `out`, with nothing missed said.
+    if cuobjdump -ptx "$cuda/tma_copy" 2>/dev/null | grep -q 'cp.async.bulk.tensor.2d'; then
+        tma_iters=3
+        log=$work/ldst-tensor
+        run "$log" "$objs/tensor_copies.bpf.o" -- "$cuda/tma_copy" $tma_iters
+        rl=$(value "$log.out" tensor_copies 0) bl=$(value "$log.out" tensor_copies 1)
+        rs=$(value "$log.out" tensor_copies 2) bs=$(value "$log.out" tensor_copies 3)
+        bad=$(value "$log.out" tensor_copies 4) all=$(value "$log.out" tensor_copies 5)
+        rows=$((32 * 500 * tma_iters)) bytes=$((1000 * 500 * 4 * tma_iters))
+        ok=0
+        grep -q 'check=ok' "$log.out" && grep -q '^exit=0' "$log.out" && ! grep -q 'miss' "$log.out" &&
+            [ "$rl" = $rows ] && [ "$rs" = $rows ] && [ "$bl" = $bytes ] && [ "$bs" = $bytes ] &&
+            [ "$bad" = 0 ] && [ "$all" = $((rows * 2)) ] && ok=1
+        result "memory-access probe on tensor copies (cp.async.bulk.tensor), a row each, exact" $ok "rows loaded $rl stored $rs (expected $rows each), bytes loaded $bl stored $bs (expected $bytes each), elsewhere or misshapen $bad, all $all"
+    else
+        result "memory-access probe on tensor copies" 0 "no cp.async.bulk.tensor in $cuda/tma_copy's PTX"
+    fi
     n=512
     ldst "matmul" matmul $((n * n * n / 16 * 2)) $((n * n * 2)) "$cuda/matmul" $n 2
 

@@ -46,7 +46,7 @@ cpu_bins=(bpftime libbpftime_syscall_shim.so libbpftime_agent.so libbpftime_agen
 cpu_inputs=(bench_calls globals.bpf.o funclatency.bpf.o uprobe_empty.bpf.o uprobe_percpu.bpf.o uprobe_pair.bpf.o)
 # The GPU examples' and benchmark's objects.
 gpu_inputs=(cuda_counter.bpf.o threadhist.bpf.o kernelretsnoop.bpf.o kernelretsnoop_perf.bpf.o launchlate.bpf.o hashcount.bpf.o lru_hashcount.bpf.o hashstarts.bpf.o launchsnoop.bpf.o gpu_printk.bpf.o smcount.bpf.o percpu_hashcount.bpf.o bench_empty.bpf.o
-    bench_count.bpf.o bench_exit_time.bpf.o bench_ldst_count.bpf.o bench_ldst_ring.bpf.o memtrace.bpf.o access_check.bpf.o access_shared.bpf.o gpu_probes.bpf.o gpu_timeline.bpf.o gpu_streams.bpf.o)
+    bench_count.bpf.o bench_exit_time.bpf.o bench_ldst_count.bpf.o bench_ldst_ring.bpf.o memtrace.bpf.o access_check.bpf.o access_shared.bpf.o gpu_probes.bpf.o gpu_timeline.bpf.o gpu_streams.bpf.o tensor_copies.bpf.o)
 
 build() {
     local target=${CARGO_TARGET_DIR:-target}

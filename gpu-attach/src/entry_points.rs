@@ -630,6 +630,90 @@ entry_point!(
     }
 );
 
+// Tensor maps, noted with what they were made from: memory-access probes find a tensor
+// copy's global memory through them (`tensor_maps`).
+entry_point!(
+    tensor_map_encode_tiled,
+    &["cuTensorMapEncodeTiled"],
+    fn(
+        map: *mut c_void,
+        data_type: c_uint,
+        rank: c_uint,
+        global_address: *mut c_void,
+        dims: *const u64,
+        strides: *const u64,
+        box_dims: *const c_uint,
+        element_strides: *const c_uint,
+        interleave: c_uint,
+        swizzle: c_uint,
+        l2_promotion: c_uint,
+        oob_fill: c_uint,
+    ),
+    |original, _per_thread| {
+        // SAFETY: the caller's arguments, passed as given.
+        let r = unsafe {
+            original(
+                map,
+                data_type,
+                rank,
+                global_address,
+                dims,
+                strides,
+                box_dims,
+                element_strides,
+                interleave,
+                swizzle,
+                l2_promotion,
+                oob_fill,
+            )
+        };
+        if r == CUDA_SUCCESS && !map.is_null() && (1..=5).contains(&rank) {
+            let rank = rank as usize;
+            // SAFETY: the driver accepted them: `rank` dimensions, box sizes and element
+            // strides, `rank - 1` strides, and the 128-byte map it wrote.
+            let noted = unsafe {
+                let t = crate::tensor_maps::Tiled {
+                    data_type,
+                    global_address: global_address as u64,
+                    dims: std::slice::from_raw_parts(dims, rank),
+                    strides: if rank > 1 {
+                        std::slice::from_raw_parts(strides, rank - 1)
+                    } else {
+                        &[]
+                    },
+                    box_dims: std::slice::from_raw_parts(box_dims, rank),
+                    element_strides: std::slice::from_raw_parts(element_strides, rank),
+                    interleave,
+                };
+                crate::tensor_maps::note(&*map.cast::<[u8; crate::tensor_maps::MAP_BYTES]>(), &t)
+            };
+            if let (Err(why), Some(s)) = (noted, session()) {
+                s.tensor_map_refused(&why);
+            }
+        }
+        r
+    }
+);
+
+entry_point!(
+    tensor_map_replace_address,
+    &["cuTensorMapReplaceAddress"],
+    fn(map: *mut c_void, global_address: *mut c_void),
+    |original, _per_thread| {
+        type Map = [u8; crate::tensor_maps::MAP_BYTES];
+        // SAFETY: the map the caller asks the driver to change: 128 bytes it may read.
+        let before: Option<Map> = (!map.is_null()).then(|| unsafe { *map.cast::<Map>() });
+        // SAFETY: the caller's arguments, passed as given.
+        let r = unsafe { original(map, global_address) };
+        if let (CUDA_SUCCESS, Some(before)) = (r, before) {
+            // SAFETY: the map the driver just wrote.
+            let after = unsafe { *map.cast::<Map>() };
+            crate::tensor_maps::address_replaced(&before, &after, global_address as u64);
+        }
+        r
+    }
+);
+
 /// One entry point's detouring: its symbols, replacements and slots.
 struct Table {
     symbols: &'static [&'static str],
@@ -683,6 +767,8 @@ pub(crate) unsafe fn install(lib: *mut c_void, api: &Api) -> Vec<Detour> {
         graph_instantiate_v2,
         stream_begin_capture,
         stream_end_capture,
+        tensor_map_encode_tiled,
+        tensor_map_replace_address,
         ctx_destroy,
         primary_ctx_release,
         primary_ctx_reset

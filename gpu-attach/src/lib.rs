@@ -33,6 +33,7 @@ mod replica;
 pub mod runner;
 pub mod scan;
 mod session;
+mod tensor_maps;
 pub mod toolchain;
 
 pub use launch::{LaunchContext, LaunchProbe, PHASE_COMPLETED, PHASE_LAUNCHED};

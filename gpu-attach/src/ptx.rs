@@ -28,8 +28,10 @@
 //!   global memory), each one access of its whole size, a load, store or reduction of
 //!   global memory by the thread that issues it (where the size is a register, the
 //!   calls run one lane at a time: a probe takes a site's size to be the same across
-//!   the warp); tensor copies, whose addresses are in an opaque tensor map, are named as
-//!   missed, and L2 prefetches are not accesses): a call of each access probe
+//!   the warp); tensor copies (`cp.async.bulk.tensor`, tile mode), whose global memory
+//!   is a box of the tensor its opaque map describes, an access per row of the box that
+//!   lies in the tensor, the map found in the host's table of maps ([`TensorBox`]); L2
+//!   prefetches are not accesses): a call of each access probe
 //!   with six more arguments ([`ACCESS_ARGS`]):
 //!   the address, the first 16 bytes of the value written (0 for loads), the size and kind
 //!   ([`AccessKind`]), the kernel's id ([`kernel_id`]) with the access's index in the
@@ -243,7 +245,34 @@ struct AccessSite {
     /// through moves, conversions to global and additions of offsets: the buffer the
     /// access is in, for a kernel handed its buffers. Found once the body is read.
     base_arg: Option<usize>,
+    /// A tensor copy's box, whose rows are the accesses (`prepare` and `size` unused).
+    tensor: Option<TensorBox>,
 }
+
+/// A tensor copy (`cp.async.bulk.tensor`, `cp.reduce.async.bulk.tensor`, tile mode): its
+/// tensor map and the box's first coordinates. The map is opaque, so the calls find what
+/// it describes in the table of maps the host saw encoded ([`TENSOR_MAPS_GLOBAL`]), by its
+/// 128 bytes; each row of the box that lies in the tensor (its first dimension clipped to
+/// the tensor's bounds) is one access of the row's bytes, as the copy moves them.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct TensorBox {
+    /// The 64-bit register holding the tensor map's generic address.
+    map: String,
+    /// One per dimension (the rank, 1 to 5): a 32-bit register or a number.
+    coords: Vec<String>,
+}
+
+/// The module global the host points at its table of tensor maps ([`TENSOR_MAP_ENTRY`]
+/// bytes an entry after a [`TENSOR_MAPS_HEAD`]-byte head whose first word is the count),
+/// present in a spliced module whose access probes see tensor copies.
+pub const TENSOR_MAPS_GLOBAL: &str = "__bpftime_tensor_maps";
+/// Bytes before a tensor map table's first entry; its first 32 bits are the count.
+pub const TENSOR_MAPS_HEAD: usize = 64;
+/// Bytes of a tensor map table entry: the map's 128 bytes, then at 128 the global
+/// address (u64), 136 the rank (u32), 140 the element size in bytes (u32), 144 the
+/// dimensions (5 x u64, elements), 184 the strides (5 x u64, bytes; the first is the
+/// element size), 224 the box (5 x u32, elements).
+pub const TENSOR_MAP_ENTRY: usize = 256;
 
 /// A kernel (`.entry`) with a body.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -670,6 +699,26 @@ impl PtxModule {
                 at,
                 0,
                 format!("\n// bpftime probes\n{}\n", splice.definitions.trim()),
+            ));
+        }
+        // The table of tensor maps, where access probes see tensor copies.
+        let tensor_copies = splice.calls.iter().any(|(name, calls)| {
+            let kernel = self.kernel(name).expect("checked above");
+            calls.iter().any(|c| c.point.sees(SiteSpace::Global))
+                && kernel.accesses.iter().any(|a| a.tensor.is_some())
+        });
+        if tensor_copies {
+            let at = self
+                .kernels
+                .iter()
+                .map(|k| k.start)
+                .min()
+                .unwrap_or(self.text.len())
+                .min(first_definition(&self.text, self.header_end));
+            edits.push((
+                at,
+                0,
+                format!("\n.visible .global .align 8 .u64 {TENSOR_MAPS_GLOBAL};\n"),
             ));
         }
         let bodies: HashMap<&str, InlineBody> = if splice.inline {
@@ -1411,13 +1460,10 @@ fn access_site(
         (Some(BulkCopy::Copy { kind }), _) => kind,
         (Some(BulkCopy::Prefetch), _) => return None,
         (Some(BulkCopy::Tensor), _) => {
-            return Some(Err((
-                SiteSpace::Global,
-                format!(
-                    "`{statement}`: a tensor copy's global addresses are in its tensor map \
-                     (an opaque CUtensorMap), not in the statement, so it is not probed"
-                ),
-            )))
+            return Some(
+                tensor_site(stmt, &pieces, operands, guard, regs)
+                    .map_err(|why| (SiteSpace::Global, format!("`{statement}`: {why}"))),
+            )
         }
         _ if async_copy => AccessKind::Load,
         (_, "ld" | "ldu") => AccessKind::Load,
@@ -1579,7 +1625,106 @@ fn access_site(
         prepare,
         base_reg,
         base_arg: None,
+        tensor: None,
     }))
+}
+
+/// A tensor copy's site: a load of global memory into shared memory
+/// (`cp.async.bulk.tensor.Nd.shared::cluster.global`), a store into global memory
+/// (`cp.async.bulk.tensor.Nd.global.shared::cta`), or a reduction into it
+/// (`cp.reduce.async.bulk.tensor`), in tile mode; the `im2col` modes are refused.
+fn tensor_site(
+    stmt: &[(Tok, usize, usize)],
+    pieces: &[&str],
+    operands: &str,
+    guard: Option<String>,
+    regs: &Registers,
+) -> Result<AccessSite, String> {
+    if pieces.iter().any(|p| p.starts_with("im2col")) {
+        return Err("a tensor copy in im2col mode is not probed (only tile mode is)".into());
+    }
+    let rank = pieces
+        .iter()
+        .find_map(|p| p.strip_suffix('d')?.parse::<usize>().ok())
+        .filter(|r| (1..=5).contains(r))
+        .ok_or("a tensor copy without its dimensions (`.1d` to `.5d`)")?;
+    let copy_dst = pieces
+        .iter()
+        .find(|p| p.starts_with("global") || p.starts_with("shared"));
+    let kind = match (pieces[1], copy_dst) {
+        ("reduce", _) => AccessKind::Reduction,
+        (_, Some(p)) if p.starts_with("shared") => AccessKind::Load,
+        _ => AccessKind::Store,
+    };
+    let ops = split_operands(operands);
+    let tensor = match kind {
+        AccessKind::Load => ops.get(1),
+        _ => ops.first(),
+    }
+    .and_then(|o| o.strip_prefix('[')?.strip_suffix(']'))
+    .ok_or("no tensor map operand")?;
+    let (map, coords) = tensor
+        .split_once(',')
+        .ok_or("no coordinates after the tensor map")?;
+    let map = map.trim();
+    let coords: Vec<String> = coords
+        .trim()
+        .strip_prefix('{')
+        .and_then(|c| c.strip_suffix('}'))
+        .ok_or("no `{..}` coordinates")?
+        .split(',')
+        .map(|c| c.trim().to_string())
+        .collect();
+    if coords.len() != rank {
+        return Err(format!("{} coordinates for a {rank}d copy", coords.len()));
+    }
+    for c in &coords {
+        let fits = match c.starts_with('%') {
+            true => regs.bits(c) == Some(32),
+            false => parse_int(c).is_some(),
+        };
+        if !fits {
+            return Err(format!(
+                "coordinate `{c}` is not a 32-bit register or a number"
+            ));
+        }
+    }
+    if !map.starts_with('%') {
+        return Err(format!(
+            "a tensor map named by a variable (`{map}`) is not probed (one whose address is in \
+             a register is)"
+        ));
+    }
+    if regs.bits(map) != Some(64) {
+        return Err(format!("tensor map register {map} is not 64-bit"));
+    }
+    let reads = registers_in(tensor)
+        .into_iter()
+        .chain(guard.as_deref().map_or(Vec::new(), registers_in))
+        .map(str::to_string)
+        .collect();
+    let end = stmt.last().map_or(stmt[0].2, |t| t.2);
+    Ok(AccessSite {
+        start: stmt[0].1,
+        end,
+        call_at: end,
+        step: 0,
+        after: true,
+        guard,
+        space: SiteSpace::Global,
+        kind,
+        size: 0,
+        lanes: None,
+        size_reg: None,
+        reads,
+        prepare: String::new(),
+        base_reg: None,
+        base_arg: None,
+        tensor: Some(TensorBox {
+            map: map.to_string(),
+            coords,
+        }),
+    })
 }
 
 /// What a bulk copy statement (`cp.async.bulk`, `cp.reduce.async.bulk`) with global
@@ -1905,6 +2050,26 @@ fn kernel_edits(
             let word = |space: AccessSpace| {
                 u64::from(site.size) | (site.kind as u64) << 32 | (space as u64) << 48
             };
+            if let Some(tensor) = &site.tensor {
+                let calls = tensor_calls(
+                    &kernel.params,
+                    tensor,
+                    site.guard.as_deref(),
+                    &format!("$__bt_tensor_{}_{index}", *point as u8),
+                    [
+                        word(AccessSpace::Global),
+                        u64::from(id) | (index as u64) << 32,
+                        u64::from(NO_BASE_ARG),
+                    ],
+                    symbols,
+                    &mut inlining,
+                );
+                after_calls
+                    .entry(site.call_at)
+                    .or_default()
+                    .push_str(&format!("\n{calls}"));
+                continue;
+            }
             let mut prepare = site.prepare.clone();
             let guard = match site.space {
                 SiteSpace::Global => {
@@ -2008,6 +2173,99 @@ fn kernel_edits(
         ));
     }
     edits
+}
+
+/// The calls of `symbols` at tensor copy `tensor` (under the statement's `guard`): for
+/// each lane in turn that issues it, its map looked up in the table the host keeps
+/// ([`TENSOR_MAPS_GLOBAL`]) and a call per row of the box that lies in the tensor, with
+/// the row's global address and bytes (the first dimension clipped to the tensor, as
+/// the copy clips it). A map not in the table (encoded where the host did not see it,
+/// or changed on the device) gets no calls. `args` are the calls' `%__bta9` (the
+/// access's word, size 0), `%__bta10` and `%__bta11`; `label` names this site's labels.
+fn tensor_calls(
+    params: &[Param],
+    tensor: &TensorBox,
+    guard: Option<&str>,
+    label: &str,
+    args: [u64; 3],
+    symbols: &[&str],
+    inlining: &mut Inlining<'_>,
+) -> String {
+    let rank = tensor.coords.len();
+    let mut p = String::from("mov.u32 %__btl, %laneid;\nsetp.eq.u32 %__btq, %__btl, %__btk;\n");
+    guarded("%__btq", guard, "%__btr", &mut p);
+    // The map's entry, found at the box's first row and kept for the others.
+    p.push_str(&format!(
+        "setp.eq.u32 %__btr, %__btj, 0;\n@!%__btr bra {label}_box;\n\
+         mov.u32 %__btn, 0;\nmov.u64 %__btm, 0;\n@!%__btp bra {label}_box;\n"
+    ));
+    p.push_str(&format!("mov.b64 %__btt0, {};\n", tensor.map));
+    p.push_str(&format!(
+        "ld.global.u64 %__btt1, [{TENSOR_MAPS_GLOBAL}];\nsetp.eq.u64 %__btr, %__btt1, 0;\n\
+         @%__btr bra {label}_box;\nld.u32 %__btu0, [%__btt1];\n\
+         add.u64 %__btt1, %__btt1, {TENSOR_MAPS_HEAD};\n{label}_entry:\n\
+         setp.eq.u32 %__btr, %__btu0, 0;\n@%__btr bra {label}_box;\n"
+    ));
+    for w in 0..16 {
+        p.push_str(&format!(
+            "ld.u64 %__btt2, [%__btt0+{o}];\nld.u64 %__btt3, [%__btt1+{o}];\n\
+             setp.ne.u64 %__btr, %__btt2, %__btt3;\n@%__btr bra {label}_next;\n",
+            o = w * 8
+        ));
+    }
+    // Found: the box has the product of its other dimensions' sizes as rows.
+    p.push_str("mov.u64 %__btm, %__btt1;\nmov.u32 %__btn, 1;\n");
+    for d in 1..rank {
+        p.push_str(&format!(
+            "ld.u32 %__btu1, [%__btm+{}];\nmul.lo.u32 %__btn, %__btn, %__btu1;\n",
+            224 + 4 * d
+        ));
+    }
+    p.push_str(&format!(
+        "bra {label}_box;\n{label}_next:\nadd.u64 %__btt1, %__btt1, {TENSOR_MAP_ENTRY};\n\
+         sub.u32 %__btu0, %__btu0, 1;\nbra {label}_entry;\n{label}_box:\n\
+         setp.ne.u64 %__btr, %__btm, 0;\nand.pred %__btp, %__btp, %__btr;\n\
+         @!%__btp bra {label}_row_done;\n"
+    ));
+    // Row %__btj: its coordinates in the other dimensions, each inside the tensor.
+    p.push_str("ld.u64 %__bta6, [%__btm+128];\nmov.u32 %__btu0, %__btj;\n");
+    for (d, coord) in tensor.coords.iter().enumerate().skip(1) {
+        p.push_str(&format!(
+            "ld.u32 %__btu1, [%__btm+{box_at}];\nrem.u32 %__btu2, %__btu0, %__btu1;\n\
+             div.u32 %__btu0, %__btu0, %__btu1;\nadd.s32 %__btu2, %__btu2, {coord};\n\
+             cvt.s64.s32 %__btt2, %__btu2;\nld.u64 %__btt3, [%__btm+{dim_at}];\n\
+             setp.lt.u64 %__btr, %__btt2, %__btt3;\nand.pred %__btp, %__btp, %__btr;\n\
+             ld.u64 %__btt3, [%__btm+{stride_at}];\nmad.lo.s64 %__bta6, %__btt2, %__btt3, %__bta6;\n",
+            box_at = 224 + 4 * d,
+            dim_at = 144 + 8 * d,
+            stride_at = 184 + 8 * d,
+        ));
+    }
+    // The first dimension, clipped: elements max(c0, 0) to min(c0 + box0, dim0).
+    let first = &tensor.coords[0];
+    p.push_str(&format!(
+        "mov.b32 %__btu2, {first};\ncvt.s64.s32 %__btt2, %__btu2;\nld.u32 %__btu1, [%__btm+224];\n\
+         cvt.u64.u32 %__btt3, %__btu1;\nadd.s64 %__btt3, %__btt3, %__btt2;\n\
+         ld.u64 %__btt1, [%__btm+144];\nmin.s64 %__btt3, %__btt3, %__btt1;\n\
+         max.s64 %__btt2, %__btt2, 0;\nsetp.lt.s64 %__btr, %__btt2, %__btt3;\n\
+         and.pred %__btp, %__btp, %__btr;\nsub.s64 %__btt3, %__btt3, %__btt2;\n\
+         ld.u32 %__btu1, [%__btm+140];\ncvt.u64.u32 %__btt1, %__btu1;\n\
+         mad.lo.s64 %__bta6, %__btt2, %__btt1, %__bta6;\nmul.lo.s64 %__btt3, %__btt3, %__btt1;\n\
+         {label}_row_done:\n"
+    ));
+    let [word, site, base] = args;
+    p.push_str(&format!(
+        "mov.u64 %__bta7, 0;\nmov.u64 %__bta8, 0;\nor.b64 %__bta9, %__btt3, {word};\n\
+         mov.u64 %__bta10, {site};\nmov.u64 %__bta11, {base};\n"
+    ));
+    let calls = probe_calls(params, symbols, Some("@%__btp"), Some(&p), inlining);
+    format!(
+        "{{\n.reg .b32 %__btk, %__btj, %__btn, %__btu<3>;\n.reg .b64 %__btm, %__btt<4>;\n\
+         .reg .pred %__btz;\nmov.u32 %__btk, 0;\n{label}_lane:\nmov.u32 %__btj, 0;\n\
+         {label}_row:\n{calls}\nadd.u32 %__btj, %__btj, 1;\nsetp.lt.u32 %__btz, %__btj, %__btn;\n\
+         @%__btz bra {label}_row;\nadd.u32 %__btk, %__btk, 1;\nsetp.lt.u32 %__btz, %__btk, 32;\n\
+         @%__btz bra {label}_lane;\n}}"
+    )
 }
 
 /// PTX setting `%__btp` to predicate `pred` and, where there is one, `guard` (`@%p` or

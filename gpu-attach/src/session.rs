@@ -263,6 +263,9 @@ struct Patched {
     /// The module's variables, which its instrumented kernels read and write in the
     /// application's module.
     variables: Arc<[SharedVariable]>,
+    /// Whether its probes run at tensor copies: the context's table of tensor maps is
+    /// brought up to date before its launches.
+    tensor_copies: bool,
 }
 
 /// A variable of the application's module (`__constant__`, `__device__`) and its twin in
@@ -352,6 +355,17 @@ struct Context {
     /// Timing events (launch events' start and end), ready for reuse.
     timing_events: Mutex<Vec<Handle>>,
     event_clock: Mutex<Option<EventClock>>,
+    tensor_maps: Mutex<TensorMapTable>,
+}
+
+/// A context's copy of the process's tensor maps (`tensor_maps::table`), made when a
+/// module probing tensor copies is first loaded there.
+#[derive(Default)]
+struct TensorMapTable {
+    /// Its device address; 0 before it is made.
+    at: DevicePtr,
+    /// The table's generation it holds.
+    generation: Option<u64>,
 }
 
 #[derive(Default)]
@@ -839,6 +853,50 @@ impl GpuAttach {
         self.state.read().unwrap_or_else(|e| e.into_inner())
     }
 
+    /// The device address of module `handle`'s global `name`, if it has one.
+    fn module_global(&self, handle: Handle, name: &str) -> Option<DevicePtr> {
+        let name = CString::new(name).ok()?;
+        let (mut ptr, mut size) = (0, 0);
+        // SAFETY: writes a device pointer and a size.
+        let r = unsafe { (self.api.module_get_global)(&mut ptr, &mut size, handle, name.as_ptr()) };
+        (r == CUDA_SUCCESS).then_some(ptr)
+    }
+
+    /// `context`'s table of tensor maps, made if need be and brought up to the process's
+    /// (the copy waits for itself, so a launch queued after sees it).
+    fn tensor_map_table(&self, context: &Context) -> Result<DevicePtr, crate::cuda::CudaError> {
+        let mut table = context
+            .tensor_maps
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        if table.generation == Some(crate::tensor_maps::generation()) {
+            return Ok(table.at);
+        }
+        let mover = self.mover(context);
+        if table.at == 0 {
+            table.at = mover.alloc(crate::tensor_maps::TABLE_BYTES)?;
+        }
+        let (generation, bytes) = crate::tensor_maps::table();
+        mover.put(table.at, &bytes)?;
+        table.generation = Some(generation);
+        Ok(table.at)
+    }
+
+    /// A tensor map was made whose copies memory-access probes cannot follow: said once
+    /// per reason, where such probes are attached.
+    pub(crate) fn tensor_map_refused(&self, why: &str) {
+        let probing = self
+            .read()
+            .probes
+            .values()
+            .any(|p| p.point.sees(crate::ptx::SiteSpace::Global));
+        if probing {
+            self.notice(&format!("tensor-map:{why}"), || {
+                format!("memory-access probes do not see the tensor copies through {why}")
+            });
+        }
+    }
+
     fn notice(&self, key: &str, line: impl FnOnce() -> String) {
         let mut noticed = self.noticed.lock().unwrap_or_else(|e| e.into_inner());
         if noticed.insert(key.to_string()) {
@@ -1239,6 +1297,11 @@ impl GpuAttach {
         // load invalidates the capture.
         if self.lock_originals_loaded().insert(function) {
             self.api.load_function(function);
+        }
+        if patched.tensor_copies {
+            if let Err(e) = self.tensor_map_table(&context) {
+                tracing::warn!("bringing the tensor map table up to date failed: {e}");
+            }
         }
         if let Err(e) = self.copy_variables_in(&patched.variables, stream) {
             self.notice(&format!("variables:{name}"), || {
@@ -2283,6 +2346,7 @@ impl GpuAttach {
             functions: HashMap::new(),
             replicas: Vec::new(),
             variables: Arc::new([]),
+            tensor_copies: false,
         }));
         if !patched.functions.is_empty() {
             tracing::info!(
@@ -2554,17 +2618,11 @@ impl GpuAttach {
             }
         };
         // The probes' clock offsets, and the context's clock.
-        let mut globals = Vec::new();
-        for g in &b.clock_globals {
-            let name = CString::new(g.as_str()).ok()?;
-            let (mut ptr, mut size) = (0, 0);
-            // SAFETY: writes a device pointer and a size.
-            if unsafe { (self.api.module_get_global)(&mut ptr, &mut size, handle, name.as_ptr()) }
-                == CUDA_SUCCESS
-            {
-                globals.push(ptr);
-            }
-        }
+        let globals: Vec<DevicePtr> = b
+            .clock_globals
+            .iter()
+            .filter_map(|g| self.module_global(handle, g))
+            .collect();
         // A timeline places GPU trace lines on the host clock by the context's calibration.
         let timed_lines = crate::observer::observing();
         if !globals.is_empty() || timed_lines {
@@ -2581,12 +2639,32 @@ impl GpuAttach {
             }
             clock.globals.extend(globals);
         }
+        // The table of tensor maps its tensor copies' probes look in.
+        let tensor_copies = match self.module_global(handle, crate::ptx::TENSOR_MAPS_GLOBAL) {
+            Some(global) => match self.tensor_map_table(&context) {
+                Ok(at) => {
+                    let mover = self.mover(&context);
+                    if let Err(e) = mover.put(global, &at.to_le_bytes()) {
+                        tracing::warn!("pointing probes at the tensor map table failed: {e}");
+                    }
+                    true
+                }
+                Err(e) => {
+                    self.notice("tensor-table", || {
+                        format!("tensor copies are not probed: their table cannot be made ({e})")
+                    });
+                    false
+                }
+            },
+            None => false,
+        };
         Some(Patched {
             generation: b.generation,
             context: Some(context),
             functions,
             replicas: b.replicas.to_vec(),
             variables: variables.into(),
+            tensor_copies,
         })
     }
 
@@ -2985,6 +3063,7 @@ impl GpuAttach {
             events: Mutex::new(Vec::new()),
             timing_events: Mutex::new(Vec::new()),
             event_clock: Mutex::new(None),
+            tensor_maps: Mutex::new(TensorMapTable::default()),
         });
         self.write().contexts.insert(ctx, context.clone());
         Ok(context)

@@ -1693,7 +1693,8 @@ fn nvcc_bulk_copies_are_accesses_of_their_whole_size() {
 /// global memory, after which its probe runs (it writes no register); its write into
 /// shared memory is said to be missed (by `.shared` probes only: `:ldst` probes never
 /// looked at shared memory). A matrix load of four 8x8 matrices is a 16-byte row's load in
-/// every lane. A bulk copy (TMA) is said to be missed by both.
+/// every lane. A tensor copy is a global load (its rows, see
+/// `nvcc_tensor_copies_are_a_global_access_per_row_of_their_box`).
 #[test]
 fn cluster_shared_accesses_are_probed_async_copies_read_global_and_the_rest_is_named() {
     let text = "\
@@ -1733,6 +1734,7 @@ fn cluster_shared_accesses_are_probed_async_copies_read_global_and_the_rest_is_n
             (Load, 16, Global),
             (Load, 128, Global),
             (Load, 8192, Global),
+            (Load, 0, Global),
             (Store, 4, Global)
         ]
     );
@@ -1742,12 +1744,12 @@ fn cluster_shared_accesses_are_probed_async_copies_read_global_and_the_rest_is_n
             (Load, 16, Global),
             (Load, 128, Global),
             (Load, 8192, Global),
+            (Load, 0, Global),
             (Store, 4, Global)
         ]
     );
-    // A tensor copy's addresses are in its tensor map; a prefetch reads nothing.
-    assert_eq!(k.unseen_accesses.len(), 1, "{:?}", k.unseen_accesses);
-    assert!(k.unseen_accesses[0].contains("a tensor copy's global addresses are in its tensor map"));
+    // A prefetch reads nothing.
+    assert!(k.unseen_accesses.is_empty(), "{:?}", k.unseen_accesses);
     assert_eq!(
         k.unseen_shared_accesses.len(),
         3,
@@ -1768,7 +1770,7 @@ fn cluster_shared_accesses_are_probed_async_copies_read_global_and_the_rest_is_n
     );
     assert_eq!(
         out.matches("call (__bt_ret), __bpftime_probe_18").count(),
-        6
+        7
     );
     // The matrix load writes its address register's neighbours, not it: its probe runs
     // after it, in every lane (four matrices name 32 rows).
@@ -1801,7 +1803,7 @@ fn cluster_shared_accesses_are_probed_async_copies_read_global_and_the_rest_is_n
     let out = module
         .splice(&splice, Version::newest_for_driver(13000))
         .unwrap();
-    assert_eq!(out.matches("_end:\n}").count(), 4, "{out}");
+    assert_eq!(out.matches("_end:\n}").count(), 5, "{out}");
     assert_ptxas_accepts("cluster-ldst-inlined", &out);
 }
 
@@ -1952,4 +1954,117 @@ fn matrix_loads_and_stores_are_a_row_per_addressing_lane() {
         k.unseen_shared_accesses
     );
     assert!(k.unseen_shared_accesses[0].contains("this shape of ldmatrix is not probed"));
+}
+
+/// nvcc's PTX of bpf-examples/cuda/tma_copy.cu: its tensor load (`cp.async.bulk.tensor.2d`
+/// into shared memory) and tensor store are a global load and store each, the only global
+/// accesses the kernel has; the calls look the map up in the module's table of tensor
+/// maps and run once per row of the box, one issuing lane at a time. Probed (called and
+/// inlined), the module passes ptxas.
+#[test]
+fn nvcc_tensor_copies_are_a_global_access_per_row_of_their_box() {
+    use bpftime_gpu_attach::ptx::TENSOR_MAPS_GLOBAL;
+    let text = String::from_utf8(read("tma_copy.ptx")).unwrap();
+    assert_eq!(text.matches("cp.async.bulk.tensor.2d").count(), 2);
+    let module = PtxModule::parse(&text).unwrap();
+    let k = kernel_named(&module, "tma_double");
+    use AccessKind::*;
+    use SiteSpace::*;
+    assert_eq!(
+        k.access_sizes(ProbePoint::Access),
+        vec![(Load, 0, Global), (Store, 0, Global)]
+    );
+    assert!(k.unseen_accesses.is_empty(), "{:?}", k.unseen_accesses);
+    // Neither is one of the buffers the kernel is handed: the map says where.
+    assert_eq!(k.access_base_args(ProbePoint::Access), vec![None, None]);
+    let splice = access_splice("__bpftime_probe_31", 90, &[k.name.as_str()]);
+    for (inline, out, probes) in called_and_inlined(&module, &splice, "__bpftime_probe_31") {
+        assert_eq!(probes, 2, "{out}");
+        assert_eq!(
+            out.matches(&format!(
+                ".visible .global .align 8 .u64 {TENSOR_MAPS_GLOBAL};"
+            ))
+            .count(),
+            1
+        );
+        let load = out.find("cp.async.bulk.tensor.2d.shared::cluster").unwrap();
+        let probe = &out[load..load + out[load..].find("_lane;\n}").unwrap()];
+        // The map from the statement's register, looked up by its 128 bytes; the box's
+        // second coordinate moved by the row; the first clipped.
+        assert!(probe.contains("mov.b64 %__btt0, %rd3;"), "{probe}");
+        assert!(probe.contains(&format!("ld.global.u64 %__btt1, [{TENSOR_MAPS_GLOBAL}];")));
+        assert_eq!(probe.matches("ld.u64 %__btt2, [%__btt0+").count(), 16);
+        assert!(probe.contains("add.s32 %__btu2, %__btu2, %r2;"), "{probe}");
+        assert!(probe.contains("mov.b32 %__btu2, %r1;"), "{probe}");
+        assert!(probe.contains(&format!(
+            "or.b64 %__bta9, %__btt3, {};",
+            (Load as u64) << 32
+        )));
+        assert_ptxas_accepts(&format!("tma-copy-{inline}"), &out);
+    }
+}
+
+/// Tensor copies as a hand would write them: coordinates as numbers, three, five and one
+/// dimensions, under a guard, a reduction; copies in im2col mode and maps named by a
+/// variable are named as missed. Probed, the module passes ptxas.
+#[test]
+fn tensor_copies_of_every_rank_and_form_are_probed_or_named() {
+    let text = "\
+.version 8.0
+.target sm_90
+.address_size 64
+.visible .entry tensors(.param .align 64 .b8 tensors_param_0[128], .param .u32 n)
+{
+	.reg .pred %p<2>;
+	.reg .b32 %r<8>;
+	.reg .b64 %rd<4>;
+	.shared .align 128 .b8 t[4096];
+	.shared .align 8 .b64 bar;
+	ld.param.u32 %r1, [n];
+	mov.b64 %rd1, tensors_param_0;
+	cvta.param.u64 %rd2, %rd1;
+	setp.lt.u32 %p1, %r1, 4;
+	@%p1 cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [t], [%rd2, {%r1, 0, 2}], [bar];
+	cp.async.bulk.tensor.5d.global.shared::cta.bulk_group [%rd2, {%r1, %r2, %r3, %r4, -1}], [t];
+	cp.reduce.async.bulk.tensor.1d.global.shared::cta.add.tile.bulk_group [%rd2, {%r1}], [t];
+	ret;
+}
+";
+    let module = PtxModule::parse(text).unwrap();
+    let k = module.kernel("tensors").unwrap();
+    use AccessKind::*;
+    use SiteSpace::*;
+    assert_eq!(
+        k.access_sizes(ProbePoint::Access),
+        vec![
+            (Load, 0, Global),
+            (Store, 0, Global),
+            (Reduction, 0, Global)
+        ]
+    );
+    assert!(k.unseen_accesses.is_empty(), "{:?}", k.unseen_accesses);
+    let splice = access_splice("__bpftime_probe_32", 90, &["tensors"]);
+    for (inline, out, probes) in called_and_inlined(&module, &splice, "__bpftime_probe_32") {
+        assert_eq!(probes, 3, "{out}");
+        // The guard is the statement's, with the lane's turn.
+        assert!(out.contains("and.pred %__btp, %__btq, %p1;"), "{out}");
+        assert!(out.contains("add.s32 %__btu2, %__btu2, -1;"), "{out}");
+        assert_ptxas_accepts(&format!("tensor-forms-{inline}"), &out);
+    }
+
+    let missed = text
+        .replace(
+            "\tret;",
+            "\tcp.async.bulk.tensor.3d.shared::cluster.global.im2col.mbarrier::complete_tx::bytes \
+             [t], [%rd2, {%r1, %r2, %r3}], [bar], {%h1};\n\
+             \tcp.async.bulk.tensor.1d.shared::cluster.global.tile.mbarrier::complete_tx::bytes \
+             [t], [gmap, {%r1}], [bar];\n\tret;",
+        )
+        .replace(".reg .b64 %rd<4>;", ".reg .b64 %rd<4>;\n\t.reg .b16 %h<2>;");
+    let module = PtxModule::parse(&missed).unwrap();
+    let k = module.kernel("tensors").unwrap();
+    assert_eq!(k.access_sizes(ProbePoint::Access).len(), 3);
+    assert_eq!(k.unseen_accesses.len(), 2, "{:?}", k.unseen_accesses);
+    assert!(k.unseen_accesses[0].contains("im2col mode is not probed"));
+    assert!(k.unseen_accesses[1].contains("a tensor map named by a variable (`gmap`)"));
 }
