@@ -687,16 +687,17 @@ impl PtxModule {
                 edits.push((a, b - a, value));
             }
         }
+        // Added definitions go before the first kernel or function.
+        let definitions_at = self
+            .kernels
+            .iter()
+            .map(|k| k.start)
+            .min()
+            .unwrap_or(self.text.len())
+            .min(first_definition(&self.text, self.header_end));
         if !splice.definitions.is_empty() {
-            let at = self
-                .kernels
-                .iter()
-                .map(|k| k.start)
-                .min()
-                .unwrap_or(self.text.len())
-                .min(first_definition(&self.text, self.header_end));
             edits.push((
-                at,
+                definitions_at,
                 0,
                 format!("\n// bpftime probes\n{}\n", splice.definitions.trim()),
             ));
@@ -708,15 +709,8 @@ impl PtxModule {
                 && kernel.accesses.iter().any(|a| a.tensor.is_some())
         });
         if tensor_copies {
-            let at = self
-                .kernels
-                .iter()
-                .map(|k| k.start)
-                .min()
-                .unwrap_or(self.text.len())
-                .min(first_definition(&self.text, self.header_end));
             edits.push((
-                at,
+                definitions_at,
                 0,
                 format!("\n.visible .global .align 8 .u64 {TENSOR_MAPS_GLOBAL};\n"),
             ));
