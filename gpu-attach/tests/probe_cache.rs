@@ -4,43 +4,15 @@
 
 use std::collections::HashMap;
 
+#[path = "support/counter_probe.rs"]
+mod counter_probe;
+
+use counter_probe::{counter, maps};
+
 use bpftime_gpu_attach::device_maps::RuntimeConfig;
 use bpftime_gpu_attach::probe::{CachedProbe, DeviceMapRef, ProbeCache, ProbeCompiler};
 use bpftime_gpu_attach::ProbePoint;
 use bpftime_isa::asm::assemble;
-use bpftime_isa::Insn;
-use bpftime_jit_ptx::ArrayMapLayout;
-
-/// A counter in an array map, and the clock read into the stack.
-fn counter() -> Vec<Insn> {
-    let mut insns = assemble(
-        "stw [%r10-4], 0\nlddw %r1, 2\nmov %r2, %r10\nadd %r2, -4\ncall 1\njeq %r0, 0, +4\n\
-         mov %r1, 1\nlock add [%r0+0], %r1\ncall 5\nstxdw [%r10-16], %r0\nmov %r0, 0\nexit",
-    )
-    .expect("assembles");
-    for insn in insns.iter_mut() {
-        if insn.is_lddw() && insn.imm == 2 {
-            insn.src = bpftime_isa::opcode::PSEUDO_MAP_FD;
-        }
-    }
-    insns
-}
-
-fn maps(desc: u64) -> HashMap<u32, DeviceMapRef> {
-    let array = ArrayMapLayout {
-        values: desc + 0x100,
-        key_stride: 8,
-        max_entries: 4,
-        update_size: 8,
-        per_cpu: None,
-    };
-    let map = DeviceMapRef {
-        desc,
-        values: Some(array.values),
-        array: Some(array),
-    };
-    [(2u32, map)].into_iter().collect()
-}
 
 /// A compiler of its own each time, as a later run has: what it answers comes from the
 /// disk, or from LLVM.

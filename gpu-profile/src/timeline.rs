@@ -887,6 +887,20 @@ fn place_lines(
             grids.entry((p.device, p.grid)).or_default().push(i);
         }
     }
+    // The widest error bound of a device's runs: how far past a line's time a run that
+    // holds it may start.
+    let widest_bound: HashMap<i32, u64> = runs_by_device
+        .iter()
+        .map(|(&d, runs)| {
+            (
+                d,
+                runs.iter()
+                    .map(|r| u64::from(r.run.error_ns))
+                    .max()
+                    .unwrap_or(0),
+            )
+        })
+        .collect();
     let mut taken: std::collections::HashSet<u64> = std::collections::HashSet::new();
     let mut previous: HashMap<i32, u64> = HashMap::new();
     for ((device, _), lines) in grids {
@@ -895,11 +909,10 @@ fn place_lines(
         };
         let at = |i: usize| prints[i].at_ns.unwrap_or(0);
         let highest_block = lines.iter().map(|&i| prints[i].block).max().unwrap_or(0);
-        let widest_bound = runs.iter().map(|r| u64::from(r.run.error_ns)).max();
         // Candidates: the runs holding at least one of the grid's lines, with how many.
         let mut held: BTreeMap<u64, (usize, TrackedRun)> = BTreeMap::new();
         for &i in &lines {
-            let latest_start = at(i) + prints[i].error_ns + widest_bound.unwrap_or(0);
+            let latest_start = at(i) + prints[i].error_ns + widest_bound[&device];
             let after = runs.partition_point(|r| r.run.start <= latest_start);
             for r in runs[..after].iter().rev().take(RUNS_SEARCHED) {
                 if r.holds(at(i), prints[i].error_ns)
