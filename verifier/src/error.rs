@@ -138,6 +138,10 @@ pub enum RejectKind {
     CallStackTooDeep { frames: usize },
     #[error("combined stack size of {frames} calls is {depth}. Too large")]
     CombinedStackTooLarge { frames: usize, depth: u32 },
+    #[error(
+        "tail_calls are not allowed when call stack of previous frames is {depth} bytes. Too large"
+    )]
+    TailCallStackTooLarge { depth: u32 },
     #[error("recursive call to subprogram at insn {target}")]
     RecursiveCall { target: usize },
     #[error("infinite loop detected at insn {insn}")]

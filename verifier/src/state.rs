@@ -129,9 +129,9 @@ impl Reg {
             } => match region {
                 Region::MapValue { .. } => "map_value_or_null",
                 Region::Ringbuf { .. } => "ringbuf_mem_or_null",
-                // The kernel's name too: the lookup's result becomes a map pointer
-                // only when a null check proves it is one.
-                Region::InnerMap { .. } => "map_value_or_null",
+                // The lookup's result becomes a map pointer only when a null check
+                // proves it is one. 6.18's name; 6.1 said "map_value_or_null".
+                Region::InnerMap { .. } => "map_ptr_or_null",
                 _ => "ptr_or_null",
             },
             Reg::MapPtr { .. } => "map_ptr",

@@ -206,11 +206,9 @@ struct Verifier<'a> {
     checkpoints: Vec<Checkpoint>,
     at: HashMap<usize, Vec<usize>>,
     next_id: u32,
-    /// Deepest stack use seen per subprogram, for the combined-stack limit.
+    /// Deepest stack use seen per subprogram (by its first instruction), for
+    /// the combined-stack limit.
     depth: HashMap<usize, u32>,
-    /// Only programs with tail calls have a combined stack limit: without them the
-    /// kernel (6.13+, private stacks) gives every frame its own stack, as our
-    /// engines do.
     has_tail_call: bool,
     log: String,
     stats: Verified,
@@ -311,6 +309,7 @@ impl<'a> Verifier<'a> {
                 }
             }
         }
+        self.check_stack_chains()?;
         self.stats.states = self.checkpoints.len() as u64;
         self.stats.stack_depth = self.depth.values().copied().max().unwrap_or(0);
         if self.opts.log_level > 0 {
@@ -1062,26 +1061,111 @@ impl<'a> Verifier<'a> {
         if d > *e {
             *e = d;
         }
-        self.check_combined(st)
+        Ok(())
     }
 
-    fn check_combined(&self, st: &State) -> R<()> {
-        if !self.has_tail_call {
+    /// Whether the frames of a call chain share one stack of
+    /// [`uapi::STACK_SIZE`] bytes, which the kernel checks after verification.
+    ///
+    /// 6.13 brought private stacks (x86-64 JIT): a subprogram whose frame is 64
+    /// bytes or more gets its own, checked alone, unless some subprogram
+    /// tail-calls; 6.13's rule gives them to every kprobe program. On 6.18 (seen
+    /// on 6.18.44) only perf_event programs and kprobe programs of the
+    /// kprobe_multi and kprobe_session attach types get them; plain kprobe
+    /// programs (kprobes and uprobes), uprobe_multi, tracepoint and
+    /// raw_tracepoint programs do not. 6.1 has none. A `KPROBE` program here has
+    /// no attach type, so its frames share the stack, as 6.1 and 6.18 require.
+    /// Our own engines give each frame its own stack, so the conformance type is
+    /// bound only where a tail call keeps the callers' frames.
+    fn frames_share_stack(&self) -> bool {
+        self.p.prog_type != PROG_TYPE_CONFORMANCE || self.has_tail_call
+    }
+
+    /// The kernel's stack check over the call graph: from the main program,
+    /// through every bpf-to-bpf call and callback reference, in instruction
+    /// order, each subprogram's deepest use (rounded as
+    /// [`Self::rounded_frame`] says) is added to its callers'; the first chain
+    /// over [`uapi::STACK_SIZE`] is refused. A subprogram that tail-calls must be
+    /// reached with its callers' frames below 256 bytes: a tail call keeps them
+    /// while the next program adds its own, up to 33 times.
+    fn check_stack_chains(&self) -> Result<(), Rejection> {
+        if !self.frames_share_stack() {
             return Ok(());
         }
-        let round = |d: u32| d.div_ceil(8) * 8;
-        let total: u32 = st
-            .frames
-            .iter()
-            .map(|f| round(self.depth.get(&f.subprog).copied().unwrap_or(0)))
-            .sum();
-        if total as usize > uapi::STACK_SIZE {
-            return Err(RejectKind::CombinedStackTooLarge {
-                frames: st.frames.len(),
-                depth: total,
-            });
+        let insns = self.p.insns;
+        let target = |pc: usize| {
+            let i = &insns[pc];
+            let call = i.code == op::CALL_INSN && i.src == op::CALL_PSEUDO;
+            let func = i.is_lddw() && i.src == op::PSEUDO_FUNC;
+            (call || func).then(|| (pc as i64 + i.imm as i64 + 1) as usize)
+        };
+        let mut starts = vec![0usize];
+        let mut pc = 0;
+        while pc < insns.len() {
+            starts.extend(target(pc));
+            pc += if insns[pc].is_lddw() { 2 } else { 1 };
+        }
+        starts.sort_unstable();
+        starts.dedup();
+        // The calls each subprogram makes, in instruction order.
+        let mut calls: HashMap<usize, Vec<(usize, usize)>> = HashMap::new();
+        for (n, &start) in starts.iter().enumerate() {
+            let end = starts.get(n + 1).copied().unwrap_or(insns.len());
+            let mut pc = start;
+            let out = calls.entry(start).or_default();
+            while pc < end {
+                if let Some(t) = target(pc) {
+                    out.push((pc, t));
+                }
+                pc += if insns[pc].is_lddw() { 2 } else { 1 };
+            }
+        }
+        let tail_calls = |start: usize| {
+            let n = starts.partition_point(|&s| s <= start);
+            let end = starts.get(n).copied().unwrap_or(insns.len());
+            insns[start..end].iter().any(|i| {
+                i.code == op::CALL_INSN && i.src == op::CALL_HELPER && i.imm == h::TAIL_CALL as i32
+            })
+        };
+        // (subprogram, the call that entered it, callers' bytes, frames) per chain.
+        let mut work = vec![(0usize, 0usize, 0u32, 1usize)];
+        let fail = |at: usize, kind: RejectKind| Rejection {
+            insn: at,
+            kind,
+            disasm: Box::default(),
+            regs: Vec::new(),
+            verbose: self.log.clone().into(),
+            source_line: None,
+        };
+        while let Some((sp, at, below, frames)) = work.pop() {
+            if frames > uapi::MAX_CALL_FRAMES {
+                return Err(fail(at, RejectKind::CallStackTooDeep { frames }));
+            }
+            if sp != 0 && below >= 256 && tail_calls(sp) {
+                return Err(fail(at, RejectKind::TailCallStackTooLarge { depth: below }));
+            }
+            let depth = below + Self::rounded_frame(self.depth.get(&sp).copied().unwrap_or(0));
+            if depth as usize > uapi::STACK_SIZE {
+                return Err(fail(
+                    at,
+                    RejectKind::CombinedStackTooLarge { frames, depth },
+                ));
+            }
+            // Reversed onto the stack, so the first call is walked first.
+            for &(call, t) in calls.get(&sp).into_iter().flatten().rev() {
+                work.push((t, call, depth, frames + 1));
+            }
         }
         Ok(())
+    }
+
+    /// A frame's share of the stack: its deepest use rounded up to 32 bytes, and
+    /// 32 for a frame that uses none. 6.1 rounds so, and so do later kernels
+    /// for a program they interpret; 6.8+ round a JIT-compiled program's frames
+    /// to 16 bytes (none for none). The coarser rounding refuses every chain
+    /// either refuses.
+    fn rounded_frame(depth: u32) -> u32 {
+        depth.max(1).div_ceil(32) * 32
     }
 
     /// GPU loads and stores fault when misaligned (x86 does not care): every
@@ -1409,7 +1493,6 @@ impl<'a> Verifier<'a> {
         let mut f = Frame::new(depth, FrameKind::Call { ret: pc + 1 }, target);
         f.regs[1..6].copy_from_slice(&st.cur().regs[1..6]);
         st.frames.push(f);
-        self.check_combined(st)?;
         Ok(Flow::Goto(target))
     }
 
@@ -1710,7 +1793,6 @@ impl<'a> Verifier<'a> {
             inside.frames.push(Self::callback_frame(
                 depth, pc, ctx_arg, target, invocation, 0,
             ));
-            self.check_combined(&inside)?;
             // Zero iterations is one outcome; the callback running is the other.
             return Ok(Flow::Fork(pc + 1, inside, target));
         }

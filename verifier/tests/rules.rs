@@ -721,17 +721,48 @@ reject!(
     2,
     RejectKind::RecursiveCall { .. }
 );
-// Every frame has its own stack, unless the program tail-calls (then the
-// frames share one, as in the kernel).
+// A kprobe program's frames share one stack along each call chain (6.1 and 6.18
+// give it no private stacks), checked after verification: the refusal names the
+// call that entered the frame over the limit, each frame rounded to 32 bytes.
+reject!(
+    frames_share_one_stack,
+    "stdw [%r10-512], 0\ncall local f\nmov %r0, 0\nexit\nf:\nstdw [%r10-512], 0\nmov %r0, 0\nexit",
+    1,
+    RejectKind::CombinedStackTooLarge {
+        frames: 2,
+        depth: 1024
+    }
+);
+reject!(
+    frames_are_rounded_to_32_bytes,
+    "stdw [%r10-488], 0\ncall local f\nmov %r0, 0\nexit\nf:\nstdw [%r10-8], 0\nmov %r0, 0\nexit",
+    1,
+    RejectKind::CombinedStackTooLarge {
+        frames: 2,
+        depth: 544
+    }
+);
 accept!(
-    frames_have_their_own_stacks,
-    "stdw [%r10-512], 0\ncall local f\nmov %r0, 0\nexit\nf:\nstdw [%r10-512], 0\nmov %r0, 0\nexit"
+    frames_within_512_bytes_together,
+    "stdw [%r10-480], 0\ncall local f\nmov %r0, 0\nexit\nf:\nstdw [%r10-32], 0\nmov %r0, 0\nexit"
 );
 reject!(
     combined_stack_too_large,
     "mov %r6, %r1\nstdw [%r10-512], 0\ncall local f\nmov %r1, %r6\nldmap %r2, 5\nmov %r3, 0\ncall 12\nmov %r0, 0\nexit\nf:\nstdw [%r10-8], 0\nmov %r0, 0\nexit",
-    10,
+    2,
     RejectKind::CombinedStackTooLarge { .. }
+);
+// A tail call keeps its callers' frames: a subprogram that tail-calls must be
+// entered with less than 256 bytes below it.
+reject!(
+    tail_call_under_deep_frames,
+    "stdw [%r10-256], 0\ncall local f\nexit\nf:\nldmap %r2, 5\nmov %r3, 0\ncall 12\nmov %r0, 0\nexit",
+    1,
+    RejectKind::TailCallStackTooLarge { depth: 256 }
+);
+accept!(
+    tail_call_under_shallow_frames,
+    "stdw [%r10-224], 0\ncall local f\nexit\nf:\nldmap %r2, 5\nmov %r3, 0\ncall 12\nmov %r0, 0\nexit"
 );
 
 fn chain(n: usize) -> String {
