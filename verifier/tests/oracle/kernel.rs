@@ -8,6 +8,7 @@ use bpftime_isa::opcode as op;
 use bpftime_isa::uapi::cmd;
 use bpftime_isa::{encode, Insn};
 
+use super::kernel_object::{assert_kernel_object, BpfObject};
 use super::Entry;
 
 /// `BPF_LOG_STATS`: the log ends with "verification time N usec".
@@ -140,9 +141,12 @@ pub fn load_with(
     let end = log.iter().position(|&b| b == 0).unwrap_or(log.len());
     let text = String::from_utf8_lossy(&log[..end]).into_owned();
     match r {
-        // SAFETY: the kernel just gave us this fd; nobody else owns it.
         Ok(fd) => Ok(Loaded {
-            fd: unsafe { OwnedFd::from_raw_fd(fd) },
+            fd: {
+                assert_kernel_object(fd, BpfObject::Prog, "BPF_PROG_LOAD");
+                // SAFETY: the kernel just gave us this fd; nobody else owns it.
+                unsafe { OwnedFd::from_raw_fd(fd) }
+            },
             log: text,
             elapsed,
         }),
@@ -216,6 +220,7 @@ fn func_btf(insns: &[Insn]) -> Result<(OwnedFd, Vec<u32>), i32> {
     put(&mut a, 0, &(blob.as_ptr() as u64).to_ne_bytes());
     put(&mut a, 16, &(blob.len() as u32).to_ne_bytes());
     let fd = bpf(cmd::BTF_LOAD, &mut a)?;
+    assert_kernel_object(fd, BpfObject::Btf, "BPF_BTF_LOAD");
     // SAFETY: a fresh fd from the kernel, owned here only.
     Ok((unsafe { OwnedFd::from_raw_fd(fd) }, info))
 }
@@ -234,8 +239,11 @@ pub fn create_maps(e: &Entry) -> Result<Maps, String> {
         put(&mut a, 12, &d.max_entries.to_ne_bytes());
         put(&mut a, 16, &d.flags.to_ne_bytes());
         match bpf(cmd::MAP_CREATE, &mut a) {
-            // SAFETY: a fresh fd from the kernel, owned here only.
-            Ok(fd) => fds.push(unsafe { OwnedFd::from_raw_fd(fd) }),
+            Ok(fd) => {
+                assert_kernel_object(fd, BpfObject::Map, "BPF_MAP_CREATE");
+                // SAFETY: a fresh fd from the kernel, owned here only.
+                fds.push(unsafe { OwnedFd::from_raw_fd(fd) })
+            }
             Err(errno) => {
                 return Err(format!(
                     "{}: BPF_MAP_CREATE of `{}` ({d:?}) failed: {}",
