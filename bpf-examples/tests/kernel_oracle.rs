@@ -19,6 +19,10 @@ use std::time::{Duration, Instant};
 
 use bpftime_bpf_examples as examples;
 
+// The oracle tests' shared proof that an fd is the kernel's (bpftime-tests owns it).
+#[path = "../../tests/src/kernel_object.rs"]
+mod kernel_object;
+
 /// How many times the target calls `work` and `malloc`.
 const N: u64 = 1000;
 const READY_TIMEOUT: Duration = Duration::from_secs(30);
@@ -54,6 +58,14 @@ fn skip_reason() -> Option<String> {
             std::io::Error::last_os_error()
         ));
     }
+    // The loaders run as processes of their own, which do not link the syscall
+    // shim; this process's bpf() must reach the kernel too, or the probe proves
+    // nothing.
+    kernel_object::assert_kernel_object(
+        fd as i32,
+        kernel_object::BpfObject::Map,
+        "the probe's BPF_MAP_CREATE",
+    );
     // SAFETY: fd was just returned by the kernel and is ours.
     unsafe { libc::close(fd as i32) };
     None

@@ -3,6 +3,8 @@
 
 use bpftime_syscall_shim::Shim;
 
+use crate::kernel_object::{assert_kernel_object, BpfObject};
+
 /// A `bpf()` result: the return value, or the errno.
 pub type Res = Result<i64, i32>;
 
@@ -11,8 +13,23 @@ pub trait Bpf {
     fn call(&mut self, command: u32, attr: &mut [u8; 128]) -> Res;
 }
 
-/// The running kernel.
+/// The running kernel. Every fd it returns is checked to be a kernel object
+/// ([`assert_kernel_object`]): a test binary whose `bpf()` reaches our own shim
+/// instead fails rather than comparing bpftime with itself.
 pub struct Kernel;
+
+/// What the `bpf()` command `command` returns an fd of, if it returns one whose kind
+/// the command alone tells.
+fn returns_fd_of(command: u32) -> Option<BpfObject> {
+    // `enum bpf_cmd` (this library does not depend on bpftime-isa, which names them).
+    match command {
+        0 | 14 => Some(BpfObject::Map),        // MAP_CREATE, MAP_GET_FD_BY_ID
+        5 | 13 => Some(BpfObject::Prog),       // PROG_LOAD, PROG_GET_FD_BY_ID
+        18 | 19 => Some(BpfObject::Btf),       // BTF_LOAD, BTF_GET_FD_BY_ID
+        17 | 28 | 30 => Some(BpfObject::Link), // RAW_TRACEPOINT_OPEN, LINK_CREATE, LINK_GET_FD_BY_ID
+        _ => None,
+    }
+}
 
 impl Bpf for Kernel {
     fn call(&mut self, command: u32, attr: &mut [u8; 128]) -> Res {
@@ -27,10 +44,12 @@ impl Bpf for Kernel {
             )
         };
         if r < 0 {
-            Err(std::io::Error::last_os_error().raw_os_error().unwrap_or(0))
-        } else {
-            Ok(r)
+            return Err(std::io::Error::last_os_error().raw_os_error().unwrap_or(0));
         }
+        if let Some(kind) = returns_fd_of(command) {
+            assert_kernel_object(r as i32, kind, &format!("bpf() command {command}"));
+        }
+        Ok(r)
     }
 }
 

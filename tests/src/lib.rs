@@ -3,6 +3,8 @@
 //! what they print.
 
 pub mod bpf;
+pub mod kernel_object;
+pub mod kernel_version;
 pub mod trace_check;
 
 use std::io::{BufRead, BufReader, Read};

@@ -5,6 +5,7 @@ use bpftime_isa::uapi::{cmd, prog_type};
 use bpftime_isa::{encode, Insn};
 use bpftime_runtime::{ObjectKind, Store};
 use bpftime_syscall_shim::Shim;
+use bpftime_tests::kernel_object::{assert_kernel_object, BpfObject};
 
 fn load(shim: Option<&mut Shim>, insns: &[Insn]) -> (Result<i64, i32>, String) {
     let code = encode(insns);
@@ -34,6 +35,7 @@ fn load(shim: Option<&mut Shim>, insns: &[Insn]) -> (Result<i64, i32>, String) {
             if r < 0 {
                 Err(std::io::Error::last_os_error().raw_os_error().unwrap_or(0))
             } else {
+                assert_kernel_object(r as i32, BpfObject::Prog, "BPF_PROG_LOAD");
                 // SAFETY: closes the program fd the kernel gave us.
                 unsafe { libc::close(r as i32) };
                 Ok(r)

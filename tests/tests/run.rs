@@ -2,6 +2,7 @@
 //! every event, the histogram, the app's exit status, and the errors a user
 //! gets for a rejected program, a missing file or function, or no target.
 
+use bpftime_tests::kernel_version::{self, Row, Version};
 use bpftime_tests::{examples, function_symbols, Session};
 use std::collections::HashMap;
 use std::fs::File;
@@ -1184,16 +1185,34 @@ fn maps_of_maps_give_programs_the_inner_maps_libbpf_put_in_them() {
     let unchecked = unchecked.to_str().unwrap();
     let ours = verify(&s, &[unchecked]);
     assert_eq!(ours.code, Some(1), "{}", ours.context());
-    let refusal = "R1 type=map_value_or_null expected=map_ptr";
+    // Ours names the type as the newest kernel in the table does.
+    let refusal = "R1 type=map_ptr_or_null expected=map_ptr";
     assert!(
         ours.stdout.iter().any(|l| l.contains(refusal)),
         "{}",
         ours.context()
     );
     if let Some(log) = kernel_verdict(&s, unchecked) {
-        assert!(log.contains(refusal), "kernel: {log}");
+        let kernel_refusal = kernel_version::for_running(UNCHECKED_INNER_MAP);
+        assert!(log.contains(kernel_refusal), "kernel: {log}");
     }
 }
+
+/// The kernel's refusal of an inner map used before its null check. 6.1 calls the
+/// lookup's result a map value; 6.18 a map pointer. Between them no machine of ours
+/// has shown which; the boundary is at 6.18 until one does.
+const UNCHECKED_INNER_MAP: &[Row<&str>] = &[
+    Row {
+        from: Version(6, 1),
+        until: Some(Version(6, 18)),
+        value: "R1 type=map_value_or_null expected=map_ptr",
+    },
+    Row {
+        from: Version(6, 18),
+        until: None,
+        value: "R1 type=map_ptr_or_null expected=map_ptr",
+    },
+];
 
 /// Task storage from a uprobe program: each of T threads of `calls` counts its own
 /// calls to work() in its task's storage (created on the first call, which first finds
