@@ -226,8 +226,8 @@ fn write_hint(hint: &Path, store: &str) -> Result<(), Failure> {
             .mode(0o644)
             .custom_flags(libc::O_NOFOLLOW)
             .open(hint)?;
-        // The agent may run as another user than us (root attaching to a
-        // user's process): it must be able to read the name, whatever our umask.
+        // The name is no secret, and the agent must be able to read it whatever
+        // our umask (a target with a real uid other than its effective one).
         f.set_permissions(std::fs::Permissions::from_mode(0o644))?;
         f.write_all(store.as_bytes())
     };
@@ -242,7 +242,7 @@ fn wait_until_ready(hint: &Path, pid: i32, timeout: Duration) -> Result<(), Fail
             .read(true)
             .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
             .open(hint)
-            .and_then(|f| std::io::read_to_string(f));
+            .and_then(std::io::read_to_string);
         match read {
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
             Ok(text) => {
