@@ -32,7 +32,8 @@ extern "C" fn starter_init() {
     // that lock on another thread: starting inline would deadlock the target. So
     // the agent starts on a thread of its own, once the injected call returns.
     let hint = format!("/dev/shm/bpftime-inject-{}", std::process::id());
-    if std::path::Path::new(&hint).exists() {
+    // Not followed if a link: a link another user planted is no hint of `attach`'s.
+    if std::fs::symlink_metadata(&hint).is_ok_and(|m| m.is_file()) {
         let spawned = std::thread::Builder::new()
             .name("bpftime-start".into())
             .spawn(move || {
@@ -51,14 +52,38 @@ extern "C" fn starter_init() {
     }
 }
 
-/// Tells a waiting `bpftime attach` why the agent did not start; only into a hint
-/// file that is still there (`attach` may have given up and removed it).
+/// Tells a waiting `bpftime attach` why the agent did not start; only into a hint file
+/// that is still there (`attach` may have given up and removed it), is no link, and
+/// belongs to root or to us (it lies where every user can write; the runtime's
+/// `report_to_attach` does the same for the agent, which this library does not link).
 fn report_to_attach(hint: &str, why: &str) {
-    if let Ok(mut f) = std::fs::OpenOptions::new()
-        .write(true)
-        .truncate(true)
-        .open(hint)
+    use std::os::fd::{AsRawFd, FromRawFd};
+    let Ok(c) = std::ffi::CString::new(hint) else {
+        return;
+    };
+    // SAFETY: NUL-terminated path; no O_CREAT: the file is never made here.
+    let fd = unsafe {
+        libc::open(
+            c.as_ptr(),
+            libc::O_WRONLY | libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_CLOEXEC,
+        )
+    };
+    if fd < 0 {
+        return;
+    }
+    // SAFETY: just opened, owned by nothing else.
+    let mut f = unsafe { std::fs::File::from_raw_fd(fd) };
+    // SAFETY: stat is plain old data, filled in by the kernel.
+    let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    // SAFETY: `f` is open; `st` is a valid out buffer.
+    let stat_ok = unsafe { libc::fstat(f.as_raw_fd(), &mut st) } == 0;
+    // SAFETY: no preconditions.
+    let me = unsafe { libc::geteuid() };
+    if !stat_ok || st.st_mode & libc::S_IFMT != libc::S_IFREG || (st.st_uid != 0 && st.st_uid != me)
     {
+        return;
+    }
+    if f.set_len(0).is_ok() {
         let _ = std::io::Write::write_all(&mut f, format!("error: {why}").as_bytes());
     }
 }

@@ -113,17 +113,7 @@ pub(crate) fn start(
         Err(e) => {
             eprintln!("bpftime agent: cannot open the store, the target runs uninstrumented: {e}");
             if let Some((p, _)) = &hint {
-                // Only into a hint that is still there: `attach` may have given up.
-                if let Ok(mut f) = std::fs::OpenOptions::new()
-                    .write(true)
-                    .truncate(true)
-                    .open(p)
-                {
-                    let _ = std::io::Write::write_all(
-                        &mut f,
-                        format!("error: cannot open the store: {e}").as_bytes(),
-                    );
-                }
+                bpftime_runtime::report_to_attach(p, &format!("cannot open the store: {e}"));
             }
             return;
         }
@@ -132,11 +122,11 @@ pub(crate) fn start(
         // SAFETY: the starter's 8 bytes of static TLS, zero in every thread and used by
         // nothing else; no program runs yet.
         unsafe { bpftime_runtime::cpu_slots::use_static_tls_slot(cpu_slot_tp_offset) };
-        if let Err(e) = bpftime_runtime::cpu_slots::install(store.dir()) {
+        if let Err(e) = bpftime_runtime::cpu_slots::install(&store) {
             tracing::warn!("programs run as the CPU their thread is on (per-CPU values may lose updates to preemption): {e}");
         }
     }
-    helpers::set_trace_output(store.trace_path());
+    helpers::set_trace_output(&store);
     let use_jit = program::jit_wanted();
     tracing::info!(
         pid = std::process::id(),
@@ -362,17 +352,14 @@ impl Agent {
     /// Waits for changes in the store directory (inotify), and re-checks tool
     /// liveness twice a second.
     fn watch(self: Arc<Self>) {
-        let dir = self.store().dir().to_path_buf();
-        // SAFETY: plain syscall wrappers; `c` is a NUL-terminated path.
+        // SAFETY: plain syscall wrapper.
         let fd = unsafe { libc::inotify_init1(libc::IN_CLOEXEC) };
-        let c = std::ffi::CString::new(dir.as_os_str().as_encoded_bytes()).unwrap_or_default();
-        // SAFETY: as above.
-        let wd = unsafe {
-            libc::inotify_add_watch(
-                fd,
-                c.as_ptr(),
-                libc::IN_CREATE | libc::IN_MOVED_TO | libc::IN_DELETE,
-            )
+        let wd = if fd < 0 {
+            -1
+        } else {
+            self.store()
+                .watch(fd, libc::IN_CREATE | libc::IN_MOVED_TO | libc::IN_DELETE)
+                .unwrap_or(-1)
         };
         if fd < 0 || wd < 0 {
             tracing::warn!("inotify unavailable; polling the store");
@@ -401,14 +388,7 @@ impl Agent {
 /// The store `bpftime attach` named for this process (it cannot change an
 /// injected process's environment), from a file only root or we could have written.
 fn inject_hint() -> Option<(std::path::PathBuf, String)> {
-    use std::os::unix::fs::MetadataExt;
     let path = std::path::PathBuf::from(format!("/dev/shm/bpftime-inject-{}", std::process::id()));
-    let meta = std::fs::metadata(&path).ok()?;
-    // SAFETY: no preconditions.
-    let euid = unsafe { libc::geteuid() };
-    if meta.uid() != 0 && meta.uid() != euid {
-        return None;
-    }
-    let name = std::fs::read_to_string(&path).ok()?.trim().to_string();
-    (!name.is_empty()).then_some((path, name))
+    let name = bpftime_runtime::read_attach_hint(&path)?;
+    Some((path, name))
 }

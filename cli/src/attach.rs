@@ -15,11 +15,15 @@
 //!    constructor must not wait for another thread (a new thread's first
 //!    access to the library's thread-locals takes that lock). The agent is
 //!    started on a thread of its own, which gets going once `dlopen` returns.
-//! 4. The library takes the store name from the file when it exists and is
-//!    owned by root or by its own effective uid, in preference to
-//!    `BPFTIME_STORE`. Once attached (first pass over the store done), it
-//!    unlinks the file; if it cannot start, it replaces the contents with
-//!    `error: <reason>`.
+//! 4. The library takes the store name from the file when it is a plain file
+//!    (opened without following a link) owned by root or by its own effective
+//!    uid, in preference to `BPFTIME_STORE`. Once attached (first pass over the
+//!    store done), it unlinks the file; if it cannot start, it replaces the
+//!    contents with `error: <reason>`, only in such a file, never creating one.
+//!
+//! A store belongs to one user, so the process must run as the user who attaches:
+//! the agent opens that user's store of the name given (see the README's threat
+//! model); another user's process is refused before it is touched.
 //! 5. This command waits for either, up to `--timeout`, then removes the file
 //!    in every case.
 
@@ -112,6 +116,7 @@ fn attach(store: &str, args: &AttachArgs) -> Result<(), Failure> {
     // The process first (a typo in the pid is the likelier mistake), then the
     // library, both before anything is done to the process.
     Target::check(args.pid)?;
+    check_same_user(args.pid)?;
     check_contract(&library)?;
     // Seized but still running; dropping it on an error below detaches.
     let target = Target::attach(args.pid)?;
@@ -136,6 +141,25 @@ fn attach(store: &str, args: &AttachArgs) -> Result<(), Failure> {
         args.pid
     );
     Ok(())
+}
+
+/// Refuses a process of another user: its agent could open only its own user's store,
+/// never ours (a store belongs to one user).
+fn check_same_user(pid: i32) -> Result<(), Failure> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    let euid = status
+        .lines()
+        .find_map(|l| l.strip_prefix("Uid:"))
+        .and_then(|ids| ids.split_whitespace().nth(1))
+        .and_then(|id| id.parse::<u32>().ok());
+    // SAFETY: no preconditions.
+    let me = unsafe { libc::geteuid() };
+    match euid {
+        Some(uid) if uid != me => Err(refused(format!(
+            "process {pid} runs as uid {uid} and you as uid {me}; a store belongs to one user, so its agent could not use yours: run `bpftime load` and `bpftime attach` as uid {uid}"
+        ))),
+        _ => Ok(()),
+    }
 }
 
 /// Refuses a library that does not declare the contract (loading one that
@@ -195,13 +219,15 @@ fn write_hint(hint: &Path, store: &str) -> Result<(), Failure> {
         }
     }
     let write = || -> std::io::Result<()> {
+        // Created here (O_EXCL, which never follows a link), so it is ours.
         let mut f = std::fs::OpenOptions::new()
             .write(true)
             .create_new(true)
             .mode(0o644)
+            .custom_flags(libc::O_NOFOLLOW)
             .open(hint)?;
-        // The agent may run as another user than us (root attaching to a
-        // user's process): it must be able to read the name, whatever our umask.
+        // The name is no secret, and the agent must be able to read it whatever
+        // our umask (a target with a real uid other than its effective one).
         f.set_permissions(std::fs::Permissions::from_mode(0o644))?;
         f.write_all(store.as_bytes())
     };
@@ -212,7 +238,12 @@ fn write_hint(hint: &Path, store: &str) -> Result<(), Failure> {
 fn wait_until_ready(hint: &Path, pid: i32, timeout: Duration) -> Result<(), Failure> {
     let end = Instant::now() + timeout;
     loop {
-        match std::fs::read_to_string(hint) {
+        let read = std::fs::OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
+            .open(hint)
+            .and_then(std::io::read_to_string);
+        match read {
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
             Ok(text) => {
                 if let Some(why) = text.strip_prefix("error: ") {

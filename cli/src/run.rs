@@ -345,24 +345,29 @@ fn gpu_event(kernel: &str, config: u64) -> anyhow::Result<i32> {
 
 /// Follows the store's `bpf_trace_printk` output from where it was when we started.
 struct TraceTail {
-    path: PathBuf,
+    /// The trace file is opened through the store's handle on its directory.
+    store: Option<bpftime_runtime::Store>,
     offset: u64,
     partial: Vec<u8>,
 }
 
 impl TraceTail {
     fn new(store: &str) -> TraceTail {
-        let path = bpftime_runtime::Store::dir_for(store).join("trace_pipe");
-        let offset = std::fs::metadata(&path).map(|m| m.len()).unwrap_or(0);
+        let store = bpftime_runtime::Store::open(store).ok();
+        let offset = store
+            .as_ref()
+            .and_then(|s| s.open_trace_pipe().ok().flatten())
+            .and_then(|f| f.metadata().ok())
+            .map_or(0, |m| m.len());
         TraceTail {
-            path,
+            store,
             offset,
             partial: Vec::new(),
         }
     }
 
     fn drain(&mut self) {
-        let Ok(mut f) = std::fs::File::open(&self.path) else {
+        let Some(Ok(Some(mut f))) = self.store.as_ref().map(|s| s.open_trace_pipe()) else {
             return;
         };
         let mut buf = Vec::new();
@@ -490,7 +495,7 @@ fn load_and_run(store: &str, args: &RunArgs) -> Result<ExitCode, Failure> {
     };
     let mut trace = TraceTail::new(store);
     // With no ring to wait on, a trace line wakes the loop as soon as it is written.
-    let trace_written = crate::trace_pipe::DirWatch::new(&bpftime_runtime::Store::dir_for(store));
+    let trace_written = crate::trace_pipe::DirWatch::new_for(trace.store.as_ref());
 
     let command = || -> Result<Command, Failure> {
         let mut command =

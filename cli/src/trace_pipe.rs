@@ -8,10 +8,9 @@
 
 use anyhow::{Context, Result};
 use bpftime_runtime::Store;
-use std::fs::{File, OpenOptions};
+use std::fs::File;
 use std::io::{ErrorKind, Read, Seek, SeekFrom, Write};
 use std::os::unix::fs::{FileExt, MetadataExt};
-use std::path::{Path, PathBuf};
 
 /// How long to wait for a change before looking at the file anyway.
 const POLL_MS: i32 = 500;
@@ -19,28 +18,22 @@ const POLL_MS: i32 = 500;
 pub fn main(store: &str) -> Result<()> {
     let store =
         Store::create_or_open(store).with_context(|| format!("cannot open the store `{store}`"))?;
-    let pipe = TracePipe::new(store.trace_path())?;
-    let changes = DirWatch::new(store.dir());
+    let changes = DirWatch::new(&store);
+    let pipe = TracePipe::new(store)?;
     pipe.follow(|| changes.wait(POLL_MS))
 }
 
 struct TracePipe {
-    path: PathBuf,
+    /// The trace file is opened through the store's handle on its directory.
+    store: Store,
     /// Where the read position is kept: 8 bytes, the offset and the file's inode.
     consumed: File,
 }
 
 impl TracePipe {
-    fn new(path: PathBuf) -> Result<TracePipe> {
-        let consumed_path = path.with_extension("consumed");
-        let consumed = OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create(true)
-            .truncate(false)
-            .open(&consumed_path)
-            .with_context(|| format!("cannot open {}", consumed_path.display()))?;
-        Ok(TracePipe { path, consumed })
+    fn new(store: Store) -> Result<TracePipe> {
+        let consumed = store.open_trace_position()?;
+        Ok(TracePipe { store, consumed })
     }
 
     /// (offset, inode) read so far; the inode tells a trace file recreated
@@ -89,12 +82,8 @@ impl TracePipe {
     /// Reads what was appended since the last read, up to the last complete
     /// record, and marks it consumed. None while there is no trace file yet.
     fn read_new<'a>(&self, buf: &'a mut Vec<u8>) -> Result<Option<&'a [u8]>> {
-        let mut file = match File::open(&self.path) {
-            Ok(f) => f,
-            Err(e) if e.kind() == ErrorKind::NotFound => return Ok(None),
-            Err(e) => {
-                return Err(e).with_context(|| format!("cannot open {}", self.path.display()))
-            }
+        let Some(mut file) = self.store.open_trace_pipe()? else {
+            return Ok(None);
         };
         let meta = file.metadata()?;
         let (mut offset, inode) = self.position();
@@ -103,8 +92,12 @@ impl TracePipe {
         }
         buf.clear();
         file.seek(SeekFrom::Start(offset))?;
-        file.read_to_end(buf)
-            .with_context(|| format!("cannot read {}", self.path.display()))?;
+        file.read_to_end(buf).with_context(|| {
+            format!(
+                "cannot read the trace pipe of {}",
+                self.store.dir().display()
+            )
+        })?;
         // Each record is one append, but a read may still race one: keep a
         // partial record for next time.
         let complete = buf.iter().rposition(|&b| b == b'\n').map_or(0, |i| i + 1);
@@ -124,19 +117,21 @@ pub(crate) struct DirWatch {
 }
 
 impl DirWatch {
-    pub(crate) fn new(dir: &Path) -> DirWatch {
+    /// Watches `store`; with none, waiting is a plain sleep.
+    pub(crate) fn new_for(store: Option<&Store>) -> DirWatch {
+        match store {
+            Some(s) => DirWatch::new(s),
+            None => DirWatch { fd: -1 },
+        }
+    }
+
+    pub(crate) fn new(store: &Store) -> DirWatch {
         // SAFETY: plain system call wrapper.
         let fd = unsafe { libc::inotify_init1(libc::IN_CLOEXEC | libc::IN_NONBLOCK) };
         if fd >= 0 {
-            let c = std::ffi::CString::new(dir.as_os_str().as_encoded_bytes()).unwrap_or_default();
-            // SAFETY: `c` is a NUL-terminated path; fd is our inotify instance.
-            let wd = unsafe {
-                libc::inotify_add_watch(
-                    fd,
-                    c.as_ptr(),
-                    libc::IN_MODIFY | libc::IN_CREATE | libc::IN_MOVED_TO,
-                )
-            };
+            let wd = store
+                .watch(fd, libc::IN_MODIFY | libc::IN_CREATE | libc::IN_MOVED_TO)
+                .unwrap_or(-1);
             if wd < 0 {
                 // SAFETY: our own fd.
                 unsafe { libc::close(fd) };

@@ -26,16 +26,14 @@
 //! or the kernel has no rseq) runs programs as the CPU it is on, and a per-CPU update can
 //! be lost to preemption there, as before slots existed. It says so once.
 
-use std::fs::OpenOptions;
-use std::os::unix::fs::OpenOptionsExt;
-use std::path::Path;
 use std::sync::atomic::{AtomicIsize, AtomicU32, Ordering};
 use std::sync::OnceLock;
 
 use crate::layout::{CpuSlotsHeader, CPU_SLOTS_MAGIC, CPU_SLOT_STRIDE, STORE_VERSION};
 use crate::mapping::{read_tls_word, write_tls_word, Mapping};
 use crate::maps::{current_tid, possible_cpus, thread_alive};
-use crate::store::check_magic_and_version;
+use crate::store::{check_magic_and_version, Store};
+use crate::store_dir::StoreDir;
 use crate::{Error, Result};
 
 /// The word the thread's state is kept in while static TLS holds it: `1 << 32 | slot`
@@ -81,26 +79,21 @@ impl Table {
 
 /// Creates the slot table of the store in `dir` unless it is there, for
 /// `Store::create_or_open`.
-pub(crate) fn create_table(dir: &Path) -> Result<()> {
-    let path = dir.join("cpus");
-    if path.exists() {
+pub(crate) fn create_table(dir: &StoreDir) -> Result<()> {
+    if dir.exists("cpus") {
         return Ok(());
     }
     let cpus = possible_cpus();
-    let tmp = dir.join(format!(".tmp-cpus-{}", std::process::id()));
+    let tmp = format!(".tmp-cpus-{}", std::process::id());
+    let shown = dir.shown(&tmp);
     let result = (|| {
-        let file = OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create(true)
-            .truncate(true)
-            .mode(0o600)
-            .open(&tmp)
-            .map_err(|e| Error::io("create", &tmp, e))?;
+        let file = dir
+            .create_temporary(&tmp)
+            .map_err(|e| Error::io("create", &shown, e))?;
         let len = CPU_SLOT_STRIDE * (1 + cpus as usize);
         file.set_len(len as u64)
-            .map_err(|e| Error::io("resize", &tmp, e))?;
-        let m = Mapping::map_file(&file, len, &tmp)?;
+            .map_err(|e| Error::io("resize", &shown, e))?;
+        let m = Mapping::map_file(&file, len, &shown)?;
         // SAFETY: a fresh file of `len` bytes, private to this process until linked.
         unsafe {
             m.base().cast::<CpuSlotsHeader>().write(CpuSlotsHeader {
@@ -111,19 +104,19 @@ pub(crate) fn create_table(dir: &Path) -> Result<()> {
             })
         };
         // link() refuses to replace, so racing creators agree on one table.
-        match std::fs::hard_link(&tmp, &path) {
+        match dir.link(&tmp, "cpus") {
             Ok(()) => Ok(()),
             Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => Ok(()),
-            Err(e) => Err(Error::io("create", &path, e)),
+            Err(e) => Err(Error::io("create", dir.shown("cpus"), e)),
         }
     })();
-    let _ = std::fs::remove_file(&tmp);
+    let _ = dir.unlink(&tmp);
     result
 }
 
-/// Maps the slot table of the store in `dir` for the programs of this process; the
-/// first store wins (an agent serves one).
-pub fn install(dir: &Path) -> Result<()> {
+/// Maps the slot table of `store` for the programs of this process; the first store
+/// wins (an agent serves one).
+pub fn install(store: &Store) -> Result<()> {
     if TABLE.get().is_some() {
         return Ok(());
     }
@@ -135,8 +128,12 @@ pub fn install(dir: &Path) -> Result<()> {
     };
     // `cpu_id` is 4 bytes into the area.
     let rseq_offset = cpu_number as isize - 4;
-    let path = dir.join("cpus");
-    let mapping = Mapping::map_existing(&path)?;
+    let dir = store.handle();
+    let path = dir.shown("cpus");
+    let file = dir
+        .open("cpus", libc::O_RDWR)
+        .map_err(|e| Error::io("open", &path, e))?;
+    let mapping = Mapping::map_existing(&file, &path)?;
     if mapping.len() < CPU_SLOT_STRIDE {
         return Err(Error::invalid(
             libc::EINVAL,

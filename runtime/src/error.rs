@@ -7,13 +7,16 @@ pub type Result<T, E = Error> = std::result::Result<T, E>;
 /// would return for the same call, so the shim can hand it back unchanged.
 #[derive(Debug, Error)]
 pub enum Error {
-    #[error("{op} {path}: {source}")]
+    // The cause is in the message and not also a `source`: a report that prints the
+    // chain (anyhow's `{:#}`) would say it twice.
+    #[error("{op} {path}: {err}")]
     Io {
         op: &'static str,
         path: PathBuf,
-        #[source]
-        source: std::io::Error,
+        err: std::io::Error,
     },
+    #[error("refusing the store directory {dir}: {why}; a store belongs to the one user who may write in it, so remove that directory (`rm -rf {dir}`) or choose another --store name")]
+    Untrusted { dir: PathBuf, why: String },
     #[error("{path} is not a bpftime store object (bad magic {magic:#x})")]
     BadMagic { path: PathBuf, magic: u32 },
     #[error("{path} was written by store layout version {found}, this build reads version {expected}; remove the store with `bpftime list --clean` or use another `--store` name")]
@@ -35,7 +38,7 @@ impl Error {
         Error::Io {
             op,
             path: path.into(),
-            source,
+            err: source,
         }
     }
 
@@ -49,7 +52,8 @@ impl Error {
     /// The errno the kernel would return for this failure.
     pub fn errno(&self) -> i32 {
         match self {
-            Error::Io { source, .. } => source.raw_os_error().unwrap_or(libc::EIO),
+            Error::Io { err, .. } => err.raw_os_error().unwrap_or(libc::EIO),
+            Error::Untrusted { .. } => libc::EACCES,
             Error::BadMagic { .. } | Error::Version { .. } => libc::EINVAL,
             Error::NoStore { .. } | Error::NoObject { .. } => libc::ENOENT,
             Error::Invalid { errno, .. } => *errno,

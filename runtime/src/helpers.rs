@@ -8,7 +8,6 @@ use crate::maps::{current_cpu, possible_cpus, ringbuf_commit, Map};
 use bpftime_isa::uapi::helper as id;
 use std::cell::Cell;
 use std::io::Write;
-use std::path::PathBuf;
 use std::sync::atomic::{AtomicIsize, AtomicU64, Ordering};
 use std::sync::OnceLock;
 
@@ -69,11 +68,11 @@ pub fn reads_probe_context(insns: &[bpftime_isa::Insn]) -> bool {
     false
 }
 
-static TRACE_OUTPUT: OnceLock<PathBuf> = OnceLock::new();
+static TRACE_OUTPUT: OnceLock<crate::store_dir::StoreDir> = OnceLock::new();
 
-/// Where `bpf_trace_printk` appends its lines (the store's `trace_pipe` file).
-pub fn set_trace_output(path: PathBuf) {
-    let _ = TRACE_OUTPUT.set(path);
+/// Makes `bpf_trace_printk` append its lines to the store's `trace_pipe` file.
+pub fn set_trace_output(store: &crate::Store) {
+    let _ = TRACE_OUTPUT.set(store.handle().clone());
 }
 
 /// Bumped in a forked child, so cached process ids are refreshed.
@@ -556,7 +555,7 @@ pub fn emit_trace_at(text: &str, ts_ns: u64) {
 /// The kernel ends every record with a newline of its own, so a message that
 /// carries one is followed by an empty line there, and here.
 fn emit_trace_line(text: &str, ts: u64) -> u64 {
-    let Some(path) = TRACE_OUTPUT.get() else {
+    let Some(dir) = TRACE_OUTPUT.get() else {
         return neg(libc::ENOENT);
     };
     let mut comm = [0u8; 17];
@@ -573,11 +572,10 @@ fn emit_trace_line(text: &str, ts: u64) -> u64 {
         text
     );
     // One write per record: appends from many processes never interleave.
-    match std::fs::OpenOptions::new()
-        .append(true)
-        .create(true)
-        .open(path)
-    {
+    match dir.open(
+        crate::store::TRACE_PIPE,
+        libc::O_WRONLY | libc::O_APPEND | libc::O_CREAT,
+    ) {
         Ok(mut file) => match file.write_all(line.as_bytes()) {
             Ok(()) => text.len() as u64,
             Err(_) => neg(libc::EIO),

@@ -1,6 +1,7 @@
 //! The shared-memory store and everything that lives in it.
 //!
-//! A store is a directory of POSIX shared-memory files (`/dev/shm/bpftime-<name>/`),
+//! A store is a directory of POSIX shared-memory files (`/dev/shm/bpftime-<uid>-<name>/`),
+//! which belongs to one user (`store_dir.rs` says how that is checked),
 //! one file per object: maps, programs, links and perf events. Any number of
 //! processes open it by name; it grows by adding files, so there is no fixed
 //! segment to run out of. Every file starts with a versioned `#[repr(C)]` header
@@ -14,6 +15,7 @@
 //! Programs reach maps through [`helpers`], which work on process-local [`Map`]
 //! handles over the shared files.
 
+mod attach_hint;
 pub mod cgroup;
 pub mod cpu_slots;
 mod error;
@@ -28,8 +30,10 @@ mod perfbuf;
 mod pins;
 pub mod stack;
 mod store;
+mod store_dir;
 mod tsc_clock;
 
+pub use attach_hint::{read_attach_hint, report_to_attach};
 pub use error::{Error, Result};
 pub use gpu_probe::{
     gpu_probe, parse_cuda_section, GpuProbe, GpuProbeKind, GpuSectionError, CUDA_PROGRAM_PREFIX,
@@ -58,7 +62,7 @@ pub use maps::{
 pub use objects::{
     publish_btf, read_btf, LinkKind, LinkRecord, PerfEventKind, PerfEventRecord, ProgramRecord,
 };
-pub use perfbuf::{fifo_path as perf_fifo_path, ring_path as perf_ring_path, PerfRing};
+pub use perfbuf::PerfRing;
 pub use pins::{bpffs_relative, Pin, BPFFS_ROOT};
 pub use store::{owner_alive, ObjectInfo, Store, DEFAULT_STORE_NAME, STORE_ENV};
 

@@ -45,10 +45,9 @@ use crate::objects::{LinkRecord, ProgramRecord};
 use crate::store::{ObjectInfo, Store};
 use crate::{Error, Result};
 use std::collections::{HashMap, HashSet};
-use std::fs::{File, OpenOptions};
+use std::fs::File;
 use std::os::fd::{AsRawFd, RawFd};
 use std::os::unix::fs::FileExt;
-use std::path::Path;
 
 fn lock_request(kind: i32) -> libc::flock {
     // SAFETY: flock is plain old data; zero is a valid value of every field.
@@ -71,10 +70,8 @@ pub fn hold(fd: RawFd) -> std::io::Result<()> {
     Ok(())
 }
 
-/// Whether any open file description holds the object file at `path`; None when
-/// the file cannot be opened (it is gone).
-fn is_held(path: &Path) -> Option<bool> {
-    let f = File::open(path).ok()?;
+/// Whether any open file description holds the object file `f`.
+fn is_held(f: &File) -> Option<bool> {
     let mut fl = lock_request(libc::F_WRLCK);
     // SAFETY: `fl` is a valid flock, written by the kernel.
     if unsafe { libc::fcntl(f.as_raw_fd(), libc::F_OFD_GETLK, &mut fl) } != 0 {
@@ -91,11 +88,10 @@ pub struct StoreLock {
 
 impl Store {
     fn lock(&self, kind: i32) -> Result<StoreLock> {
-        let path = self.dir().join("store");
-        let file = OpenOptions::new()
-            .read(true)
-            .write(true)
-            .open(&path)
+        let path = self.handle().shown("store");
+        let file = self
+            .handle()
+            .open("store", libc::O_RDWR)
             .map_err(|e| Error::io("open", &path, e))?;
         let fl = lock_request(kind);
         loop {
@@ -130,7 +126,11 @@ impl Store {
         let mut roots = Vec::new();
         for kind in ObjectKind::ALL {
             for id in self.ids(kind) {
-                match is_held(&self.path(kind, id)) {
+                // None when the file cannot be opened (it is gone).
+                let held = crate::store::open_object_in(self.handle(), kind, id)
+                    .ok()
+                    .and_then(|(f, _)| is_held(&f));
+                match held {
                     Some(true) => roots.push((kind, id)),
                     Some(false) => {}
                     None => continue,
@@ -203,7 +203,7 @@ impl Store {
 
     fn map_references(&self, id: u32) -> Vec<(ObjectKind, u32)> {
         use bpftime_isa::uapi::map_type;
-        let Ok(file) = File::open(self.path(ObjectKind::Map, id)) else {
+        let Ok((file, _)) = crate::store::open_object_in(self.handle(), ObjectKind::Map, id) else {
             return Vec::new();
         };
         let mut buf = [0u8; std::mem::size_of::<MapHeader>()];
@@ -234,17 +234,11 @@ impl Store {
     }
 
     fn remove_stale_temporaries(&self) {
-        for entry in std::fs::read_dir(self.dir())
-            .into_iter()
-            .flatten()
-            .flatten()
-        {
-            let name = entry.file_name();
-            let Some(name) = name.to_str() else { continue };
+        for name in self.entries() {
             if let Some(rest) = name.strip_prefix(".tmp-") {
                 let pid = rest.rsplit('-').next().and_then(|p| p.parse().ok());
                 if pid.is_some_and(|p| !crate::owner_alive(p, 0)) {
-                    let _ = std::fs::remove_file(entry.path());
+                    let _ = self.handle().unlink(&name);
                 }
             }
         }
@@ -254,6 +248,7 @@ impl Store {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::fs::OpenOptions;
 
     /// The property collection rests on: a description's lock is seen from any other
     /// description, in this process too, and survives other descriptions' closes.
@@ -270,23 +265,24 @@ mod tests {
                 .open(&path)
                 .unwrap()
         };
+        let held = || is_held(&File::open(&path).unwrap());
         let holder = open();
-        assert_eq!(is_held(&path), Some(false));
+        assert_eq!(held(), Some(false));
         hold(holder.as_raw_fd()).unwrap();
         for _ in 0..100 {
             let other = open();
             hold(other.as_raw_fd()).unwrap();
             drop(other);
-            assert_eq!(is_held(&path), Some(true));
+            assert_eq!(held(), Some(true));
         }
         drop(holder);
         // Other tests of this process fork: a child forked while `holder` was open holds a
         // copy of its description (as the kernel counts it) until the child exits.
         let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
-        while is_held(&path) == Some(true) && std::time::Instant::now() < deadline {
+        while held() == Some(true) && std::time::Instant::now() < deadline {
             std::thread::sleep(std::time::Duration::from_millis(5));
         }
-        assert_eq!(is_held(&path), Some(false));
+        assert_eq!(held(), Some(false));
         let _ = std::fs::remove_dir_all(&dir);
     }
 }

@@ -18,18 +18,13 @@ unsafe impl Send for Mapping {}
 unsafe impl Sync for Mapping {}
 
 impl Mapping {
-    /// Maps the whole of the existing file at `path`.
-    pub(crate) fn map_existing(path: &Path) -> Result<Self> {
-        let file = std::fs::OpenOptions::new()
-            .read(true)
-            .write(true)
-            .open(path)
-            .map_err(|e| Error::io("open", path, e))?;
+    /// Maps the whole of `file`, opened read-write (`path` names it in messages).
+    pub(crate) fn map_existing(file: &File, path: &Path) -> Result<Self> {
         let len = file
             .metadata()
             .map_err(|e| Error::io("stat", path, e))?
             .len() as usize;
-        Self::map_file(&file, len, path)
+        Self::map_file(file, len, path)
     }
 
     pub(crate) fn map_file(file: &File, len: usize, path: &Path) -> Result<Self> {

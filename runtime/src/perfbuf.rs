@@ -9,11 +9,9 @@ use crate::layout::PAGE_SIZE;
 use crate::mapping::Mapping;
 use crate::maps::RecordOffer;
 use crate::store::Store;
+use crate::store_dir::StoreDir;
 use crate::{Error, Result};
-use std::fs::OpenOptions;
 use std::os::fd::{AsRawFd, RawFd};
-use std::os::unix::fs::OpenOptionsExt;
-use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 
 const DATA_HEAD: usize = 1024;
@@ -31,12 +29,12 @@ struct Control {
     data_size: u64,
 }
 
-pub fn ring_path(dir: &Path, event_id: u32) -> PathBuf {
-    dir.join(format!("perfring-{event_id}"))
+pub(crate) fn ring_name(event_id: u32) -> String {
+    format!("perfring-{event_id}")
 }
 
-pub fn fifo_path(dir: &Path, event_id: u32) -> PathBuf {
-    dir.join(format!("fifo-perf-{event_id}"))
+pub(crate) fn fifo_name(event_id: u32) -> String {
+    format!("fifo-perf-{event_id}")
 }
 
 /// A perf buffer ring, mapped in this process.
@@ -56,15 +54,11 @@ impl PerfRing {
                 "perf buffer size must be 1 + 2^n pages",
             ));
         }
-        let dir = store.dir();
-        let path = ring_path(dir, event_id);
-        let file = OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create(true)
-            .truncate(false)
-            .mode(0o600)
-            .open(&path)
+        let dir = store.handle();
+        let name = ring_name(event_id);
+        let path = dir.shown(&name);
+        let file = dir
+            .open(&name, libc::O_RDWR | libc::O_CREAT)
             .map_err(|e| Error::io("create", &path, e))?;
         file.set_len((PAGE_SIZE + len) as u64)
             .map_err(|e| Error::io("resize", &path, e))?;
@@ -78,43 +72,38 @@ impl PerfRing {
             std::ptr::write_unaligned(meta.add(DATA_OFFSET).cast::<u64>(), PAGE_SIZE as u64);
             std::ptr::write_unaligned(meta.add(DATA_SIZE).cast::<u64>(), data as u64);
         }
-        let fifo = fifo_path(dir, event_id);
-        let c = std::ffi::CString::new(fifo.as_os_str().as_encoded_bytes())
-            .map_err(|_| Error::invalid(libc::EINVAL, "store path holds a NUL byte"))?;
-        // SAFETY: a valid NUL-terminated path.
-        if unsafe { libc::mkfifo(c.as_ptr(), 0o600) } != 0 {
-            let e = std::io::Error::last_os_error();
-            if e.kind() != std::io::ErrorKind::AlreadyExists {
-                return Err(Error::io("mkfifo", fifo, e));
-            }
-        }
+        let fifo = fifo_name(event_id);
+        dir.mkfifo(&fifo)
+            .map_err(|e| Error::io("mkfifo", dir.shown(&fifo), e))?;
         Ok(())
     }
 
-    /// Opens an existing ring (producers).
-    pub fn open(dir: &Path, event_id: u32) -> Result<PerfRing> {
-        let path = ring_path(dir, event_id);
-        let mapping = Mapping::map_existing(&path)?;
+    /// Opens an existing ring of `store` (producers).
+    pub fn open(store: &Store, event_id: u32) -> Result<PerfRing> {
+        Self::open_in(store.handle(), event_id)
+    }
+
+    pub(crate) fn open_in(dir: &StoreDir, event_id: u32) -> Result<PerfRing> {
+        let name = ring_name(event_id);
+        let path = dir.shown(&name);
+        let file = dir
+            .open(&name, libc::O_RDWR)
+            .map_err(|e| Error::io("open", &path, e))?;
+        let mapping = Mapping::map_existing(&file, &path)?;
         if mapping.len() < 3 * PAGE_SIZE {
             return Err(Error::invalid(
                 libc::EINVAL,
                 format!("{} is truncated", path.display()),
             ));
         }
-        let fifo_p = fifo_path(dir, event_id);
-        let fifo = OpenOptions::new()
-            .read(true)
-            .write(true)
-            .custom_flags(libc::O_NONBLOCK | libc::O_CLOEXEC)
-            .open(&fifo_p)
-            .map_err(|e| Error::io("open", &fifo_p, e))?;
+        let fifo = crate::store::open_fifo(dir, &fifo_name(event_id))?;
         Ok(PerfRing { mapping, fifo })
     }
 
     /// Removes a ring's files (when its event is closed).
-    pub fn remove(dir: &Path, event_id: u32) {
-        let _ = std::fs::remove_file(ring_path(dir, event_id));
-        let _ = std::fs::remove_file(fifo_path(dir, event_id));
+    pub(crate) fn remove(dir: &StoreDir, event_id: u32) {
+        let _ = dir.unlink(ring_name(event_id));
+        let _ = dir.unlink(fifo_name(event_id));
     }
 
     fn control(&self) -> &Control {

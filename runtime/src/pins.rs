@@ -11,7 +11,10 @@
 
 use crate::layout::ObjectKind;
 use crate::store::Store;
+use crate::store_dir::StoreDir;
 use crate::{Error, Result};
+use std::ffi::{OsStr, OsString};
+use std::io::{Read, Write};
 use std::path::{Component, Path, PathBuf};
 
 /// Where tools mount bpffs, and the only bpffs the shim serves.
@@ -63,111 +66,167 @@ fn fail(errno: i32, what: String) -> Error {
 }
 
 impl Store {
-    fn pins_dir(&self) -> PathBuf {
-        self.dir().join(PINS_DIR)
+    /// The pin tree's directory, opened and checked as the store's is.
+    fn pins_root(&self) -> Result<StoreDir> {
+        self.handle()
+            .subdir(OsStr::new(PINS_DIR), false)?
+            .ok_or_else(|| {
+                fail(
+                    libc::ENOENT,
+                    format!("{} is missing", self.handle().shown(PINS_DIR).display()),
+                )
+            })
     }
 
-    /// Where the bpffs path `rel` (from [`bpffs_relative`]) lives in this store.
+    /// The directory that holds `rel` (each step opened without following links) and
+    /// `rel`'s last name; None for the root itself.
+    fn pin_parent(&self, rel: &Path) -> Result<Option<(StoreDir, OsString)>> {
+        let mut names: Vec<&OsStr> = rel
+            .components()
+            .filter_map(|c| match c {
+                Component::Normal(n) => Some(n),
+                _ => None,
+            })
+            .collect();
+        let Some(last) = names.pop() else {
+            return Ok(None);
+        };
+        let mut dir = self.pins_root()?;
+        for n in names {
+            dir = dir.subdir(n, false)?.ok_or_else(|| {
+                fail(
+                    libc::ENOENT,
+                    format!(
+                        "{} does not exist",
+                        Path::new(BPFFS_ROOT).join(rel).display()
+                    ),
+                )
+            })?;
+        }
+        Ok(Some((dir, last.to_os_string())))
+    }
+
+    /// Where the bpffs path `rel` (from [`bpffs_relative`]) lives in this store, for
+    /// `statfs`, which reads no file; files there are reached through the store's handle.
     pub fn bpffs_path(&self, rel: &Path) -> PathBuf {
-        self.pins_dir().join(rel)
+        self.dir().join(PINS_DIR).join(rel)
+    }
+
+    /// Whether something (a pin or a directory) is at the bpffs path `rel`.
+    pub fn bpffs_exists(&self, rel: &Path) -> bool {
+        match self.pin_parent(rel) {
+            Ok(None) => true,
+            Ok(Some((dir, name))) => dir.exists(&name),
+            Err(_) => false,
+        }
     }
 
     /// Pins an object at `rel`: EEXIST when something is there, ENOENT when the
     /// directory it goes in does not exist, as bpffs answers.
     pub fn pin(&self, rel: &Path, kind: ObjectKind, id: u32) -> Result<()> {
-        let target = self.bpffs_path(rel);
-        if rel.as_os_str().is_empty() {
+        let shown = Path::new(BPFFS_ROOT).join(rel);
+        let Some((dir, name)) = self.pin_parent(rel)? else {
             return Err(fail(libc::EEXIST, format!("{BPFFS_ROOT} is a directory")));
-        }
+        };
         static SEQ: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
-        let tmp = self.dir().join(format!(
+        let tmp = format!(
             ".tmp-pin-{}-{}",
             SEQ.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
             std::process::id()
-        ));
-        std::fs::write(&tmp, format!("{} {id}\n", kind.prefix()))
-            .map_err(|e| Error::io("create", &tmp, e))?;
+        );
+        // The temporary is made in the store directory itself, where collection finds
+        // one left by a process that died, and linked into the pin's directory.
+        let store = self.handle();
+        store
+            .create_temporary(&tmp)
+            .and_then(|mut f| f.write_all(format!("{} {id}\n", kind.prefix()).as_bytes()))
+            .map_err(|e| Error::io("create", store.shown(&tmp), e))?;
         // link() never replaces what is there: two tools pinning at one path race safely.
-        let linked = std::fs::hard_link(&tmp, &target);
-        let _ = std::fs::remove_file(&tmp);
-        linked.map_err(|e| {
-            fail(
-                errno(&e),
-                format!(
-                    "cannot pin at {}: {e}",
-                    Path::new(BPFFS_ROOT).join(rel).display()
-                ),
-            )
-        })
+        let linked = store.link_to(&tmp, &dir, &name);
+        let _ = store.unlink(&tmp);
+        linked.map_err(|e| fail(errno(&e), format!("cannot pin at {}: {e}", shown.display())))
     }
 
     /// The object pinned at `rel`: ENOENT when nothing is, EACCES for a directory
     /// (bpffs refuses to open a directory as an object).
     pub fn pinned_object(&self, rel: &Path) -> Result<(ObjectKind, u32)> {
-        let path = self.bpffs_path(rel);
         let shown = Path::new(BPFFS_ROOT).join(rel);
-        let meta = std::fs::metadata(&path)
+        let Some((dir, name)) = self.pin_parent(rel)? else {
+            return Err(fail(
+                libc::EACCES,
+                format!("{} is a directory", shown.display()),
+            ));
+        };
+        let st = dir
+            .stat(&name)
             .map_err(|e| fail(errno(&e), format!("no pin at {}: {e}", shown.display())))?;
-        if meta.is_dir() {
+        if st.st_mode & libc::S_IFMT == libc::S_IFDIR {
             return Err(fail(
                 libc::EACCES,
                 format!("{} is a directory", shown.display()),
             ));
         }
-        let text = std::fs::read_to_string(&path).map_err(|e| Error::io("read", &path, e))?;
+        let text = read_pin(&dir, &name).map_err(|e| Error::io("read", dir.shown(&name), e))?;
         parse_pin(&text).ok_or_else(|| {
             fail(
                 libc::EINVAL,
-                format!("{}: not a pin (`{}`)", path.display(), text.trim()),
+                format!(
+                    "{}: not a pin (`{}`)",
+                    dir.shown(&name).display(),
+                    text.trim()
+                ),
             )
         })
     }
 
     /// Removes the pin at `rel`, as `unlink()` on bpffs does.
     pub fn unpin(&self, rel: &Path) -> Result<()> {
-        let path = self.bpffs_path(rel);
-        std::fs::remove_file(&path).map_err(|e| {
-            fail(
-                errno(&e),
-                format!(
-                    "cannot unpin {}: {e}",
-                    Path::new(BPFFS_ROOT).join(rel).display()
-                ),
-            )
-        })
+        let shown = Path::new(BPFFS_ROOT).join(rel);
+        let Some((dir, name)) = self.pin_parent(rel)? else {
+            return Err(fail(libc::EISDIR, format!("{BPFFS_ROOT} is a directory")));
+        };
+        dir.unlink(&name)
+            .map_err(|e| fail(errno(&e), format!("cannot unpin {}: {e}", shown.display())))
     }
 
     /// `mkdir()` in bpffs.
     pub fn bpffs_mkdir(&self, rel: &Path) -> Result<()> {
-        let path = self.bpffs_path(rel);
-        std::fs::create_dir(&path).map_err(|e| Error::io("mkdir", &path, e))
+        let Some((dir, name)) = self.pin_parent(rel)? else {
+            return Err(fail(libc::EEXIST, format!("{BPFFS_ROOT} exists")));
+        };
+        dir.mkdir(&name)
+            .map_err(|e| Error::io("mkdir", dir.shown(&name), e))
     }
 
     /// `rmdir()` in bpffs.
     pub fn bpffs_rmdir(&self, rel: &Path) -> Result<()> {
-        if rel.as_os_str().is_empty() {
+        let Some((dir, name)) = self.pin_parent(rel)? else {
             return Err(fail(libc::EBUSY, format!("{BPFFS_ROOT} is a mount point")));
-        }
-        let path = self.bpffs_path(rel);
-        std::fs::remove_dir(&path).map_err(|e| Error::io("rmdir", &path, e))
+        };
+        dir.rmdir(&name)
+            .map_err(|e| Error::io("rmdir", dir.shown(&name), e))
     }
 
     /// Every pin in the store.
     pub fn pins(&self) -> Vec<Pin> {
         let mut out = Vec::new();
-        let mut dirs = vec![PathBuf::new()];
-        while let Some(rel) = dirs.pop() {
-            let Ok(entries) = std::fs::read_dir(self.bpffs_path(&rel)) else {
-                continue;
-            };
-            for e in entries.flatten() {
-                let r = rel.join(e.file_name());
-                match e.file_type() {
-                    Ok(t) if t.is_dir() => dirs.push(r),
-                    Ok(_) => {
-                        if let Some((kind, id)) = std::fs::read_to_string(e.path())
-                            .ok()
-                            .and_then(|t| parse_pin(&t))
+        let Ok(root) = self.pins_root() else {
+            return out;
+        };
+        let mut dirs = vec![(PathBuf::new(), root)];
+        while let Some((rel, dir)) = dirs.pop() {
+            for name in dir.entries().unwrap_or_default() {
+                let r = rel.join(&name);
+                let Ok(st) = dir.stat(&name) else { continue };
+                match st.st_mode & libc::S_IFMT {
+                    libc::S_IFDIR => {
+                        if let Ok(Some(sub)) = dir.subdir(&name, false) {
+                            dirs.push((r, sub));
+                        }
+                    }
+                    libc::S_IFREG => {
+                        if let Some((kind, id)) =
+                            read_pin(&dir, &name).ok().and_then(|t| parse_pin(&t))
                         {
                             out.push(Pin {
                                 path: Path::new(BPFFS_ROOT).join(r),
@@ -176,7 +235,7 @@ impl Store {
                             });
                         }
                     }
-                    Err(_) => {}
+                    _ => {}
                 }
             }
         }
@@ -187,6 +246,14 @@ impl Store {
     pub(crate) fn is_pinned(&self, kind: ObjectKind, id: u32) -> bool {
         self.pins().iter().any(|p| p.kind == kind && p.id == id)
     }
+}
+
+/// A pin file's text (a few bytes: more is not a pin).
+fn read_pin(dir: &StoreDir, name: &OsStr) -> std::io::Result<String> {
+    let f = dir.open(name, libc::O_RDONLY | libc::O_NONBLOCK)?;
+    let mut text = String::new();
+    f.take(64).read_to_string(&mut text)?;
+    Ok(text)
 }
 
 fn parse_pin(text: &str) -> Option<(ObjectKind, u32)> {

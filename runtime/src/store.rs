@@ -1,9 +1,9 @@
 use crate::layout::{ObjectHeader, ObjectKind, StoreHeader, OBJECT_MAGIC, STORE_VERSION};
 use crate::mapping::Mapping;
+use crate::store_dir::StoreDir;
 use crate::{Error, Result};
-use std::fs::{self, File, OpenOptions};
+use std::fs::{self, File};
 use std::io::Write;
-use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::Ordering;
 
@@ -17,7 +17,8 @@ const STORE_ROOT_ENV: &str = "BPFTIME_SHM_ROOT";
 /// A handle on one store directory.
 pub struct Store {
     name: String,
-    dir: PathBuf,
+    /// The checked directory every file of the store is reached through.
+    dir: StoreDir,
     header: Mapping,
 }
 
@@ -67,9 +68,10 @@ pub(crate) fn self_start_time() -> u64 {
 }
 
 impl Store {
-    /// The directory that holds the store `name`.
+    /// The directory that holds the store `name` of the calling user (its effective
+    /// uid): every user has their own stores, the default one too.
     pub fn dir_for(name: &str) -> PathBuf {
-        store_root().join(format!("bpftime-{name}"))
+        store_root().join(dir_name(name))
     }
 
     /// The store named by `BPFTIME_STORE`, or the default one.
@@ -86,6 +88,8 @@ impl Store {
             || !name
                 .chars()
                 .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_' || c == '.')
+            || name == "."
+            || name == ".."
         {
             return Err(Error::invalid(
                 libc::EINVAL,
@@ -98,52 +102,67 @@ impl Store {
     /// Opens the store, creating it if needed.
     pub fn create_or_open(name: &str) -> Result<Store> {
         Self::check_name(name)?;
-        let dir = Self::dir_for(name);
-        fs::create_dir_all(&dir).map_err(|e| Error::io("create directory", &dir, e))?;
-        let path = dir.join("store");
-        if !path.exists() {
-            let tmp = dir.join(format!(".tmp-store-{}", std::process::id()));
+        let Some(dir) = StoreDir::open_store(&store_root(), &dir_name(name), true)? else {
+            return Err(Error::NoStore {
+                name: name.to_string(),
+                dir: Self::dir_for(name),
+            });
+        };
+        if !dir.exists("store") {
+            let tmp = format!(".tmp-store-{}", std::process::id());
             let mut bytes = vec![0u8; std::mem::size_of::<StoreHeader>()];
             bytes[0..4].copy_from_slice(&OBJECT_MAGIC.to_ne_bytes());
             bytes[4..8].copy_from_slice(&STORE_VERSION.to_ne_bytes());
             bytes[8..12].copy_from_slice(&1u32.to_ne_bytes());
-            write_new(&tmp, &bytes)?;
+            let written = dir
+                .create_temporary(&tmp)
+                .and_then(|mut f| f.write_all(&bytes))
+                .map_err(|e| Error::io("create", dir.shown(&tmp), e));
             // link() refuses to replace, so two processes racing to create agree on one header.
-            let linked = fs::hard_link(&tmp, &path);
-            let _ = fs::remove_file(&tmp);
+            let linked = written.and_then(|()| {
+                dir.link(&tmp, "store")
+                    .map_err(|e| Error::io("create", dir.shown("store"), e))
+            });
+            let _ = dir.unlink(&tmp);
             match linked {
                 Ok(()) => {}
-                Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
-                Err(e) => return Err(Error::io("create", &path, e)),
+                Err(e) if e.errno() == libc::EEXIST => {}
+                Err(e) => return Err(e),
             }
         }
         crate::cpu_slots::create_table(&dir)?;
-        let pins = dir.join(crate::pins::PINS_DIR);
-        fs::create_dir_all(&pins).map_err(|e| Error::io("create directory", &pins, e))?;
+        dir.subdir(std::ffi::OsStr::new(crate::pins::PINS_DIR), true)?;
         Self::open_dir(name, dir)
     }
 
     /// Opens an existing store.
     pub fn open(name: &str) -> Result<Store> {
         Self::check_name(name)?;
-        let dir = Self::dir_for(name);
-        if !dir.join("store").exists() {
-            return Err(Error::NoStore {
-                name: name.to_string(),
-                dir,
-            });
+        let no_store = || Error::NoStore {
+            name: name.to_string(),
+            dir: Self::dir_for(name),
+        };
+        let dir =
+            StoreDir::open_store(&store_root(), &dir_name(name), false)?.ok_or_else(no_store)?;
+        if !dir.exists("store") {
+            return Err(no_store());
         }
         Self::open_dir(name, dir)
     }
 
-    fn open_dir(name: &str, dir: PathBuf) -> Result<Store> {
-        let path = dir.join("store");
-        let file = OpenOptions::new()
-            .read(true)
-            .write(true)
-            .open(&path)
+    fn open_dir(name: &str, dir: StoreDir) -> Result<Store> {
+        let path = dir.shown("store");
+        let file = dir
+            .open("store", libc::O_RDWR)
             .map_err(|e| Error::io("open", &path, e))?;
         let len = std::mem::size_of::<StoreHeader>();
+        let size = file
+            .metadata()
+            .map_err(|e| Error::io("stat", &path, e))?
+            .len();
+        if size < len as u64 {
+            return Err(Error::BadMagic { path, magic: 0 });
+        }
         let header = Mapping::map_file(&file, len, &path)?;
         let store = Store {
             name: name.to_string(),
@@ -165,7 +184,13 @@ impl Store {
         &self.name
     }
 
+    /// The store's directory, for messages: files in it are reached through the
+    /// store's own handle on it (the `open_*` methods), never by this path.
     pub fn dir(&self) -> &Path {
+        self.dir.path()
+    }
+
+    pub(crate) fn handle(&self) -> &StoreDir {
         &self.dir
     }
 
@@ -183,18 +208,60 @@ impl Store {
         self.header().generation.fetch_add(1, Ordering::AcqRel);
     }
 
+    /// Where an object's file is, for messages.
     pub fn path(&self, kind: ObjectKind, id: u32) -> PathBuf {
-        object_path(&self.dir, kind, id)
+        self.dir.shown(object_name(kind, id))
     }
 
-    /// Path of a map's notification FIFO (ring buffers and perf buffers).
-    pub fn fifo_path(&self, map_id: u32) -> PathBuf {
-        fifo_path_in(&self.dir, map_id)
+    /// Opens an object's file read-write (a descriptor for it holds the object).
+    pub fn open_object(&self, kind: ObjectKind, id: u32) -> Result<File> {
+        open_object_in(&self.dir, kind, id).map(|(f, _)| f)
     }
 
-    /// Path of the text file `bpf_trace_printk` appends to.
-    pub fn trace_path(&self) -> PathBuf {
-        self.dir.join("trace_pipe")
+    /// Opens the file of a perf event's ring, which its consumer maps.
+    pub fn open_perf_ring(&self, event_id: u32) -> Result<File> {
+        let name = crate::perfbuf::ring_name(event_id);
+        self.dir
+            .open(&name, libc::O_RDWR)
+            .map_err(|e| Error::io("open", self.dir.shown(&name), e))
+    }
+
+    /// Opens a perf event ring's wake-up FIFO, non-blocking.
+    pub fn open_perf_fifo(&self, event_id: u32) -> Result<File> {
+        open_fifo(&self.dir, &crate::perfbuf::fifo_name(event_id))
+    }
+
+    /// Opens the file `bpf_trace_printk` appends to, for reading; None while there is none.
+    pub fn open_trace_pipe(&self) -> Result<Option<File>> {
+        match self.dir.open(TRACE_PIPE, libc::O_RDONLY) {
+            Ok(f) => Ok(Some(f)),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+            Err(e) => Err(Error::io("open", self.dir.shown(TRACE_PIPE), e)),
+        }
+    }
+
+    /// Opens (creating) the file where trace pipe readers keep how far they read.
+    pub fn open_trace_position(&self) -> Result<File> {
+        let name = "trace_pipe.consumed";
+        self.dir
+            .open(name, libc::O_RDWR | libc::O_CREAT)
+            .map_err(|e| Error::io("open", self.dir.shown(name), e))
+    }
+
+    /// The names in the store directory.
+    pub fn entries(&self) -> Vec<String> {
+        self.dir
+            .entries()
+            .unwrap_or_default()
+            .into_iter()
+            .filter_map(|n| n.into_string().ok())
+            .collect()
+    }
+
+    /// Watches the store directory with the inotify instance `inotify` (see
+    /// `inotify_add_watch(2)`); the watch descriptor.
+    pub fn watch(&self, inotify: std::os::fd::RawFd, mask: u32) -> std::io::Result<i32> {
+        self.dir.watch(inotify, mask)
     }
 
     /// Publishes a new object: `len` bytes initialised by `init`, then renamed into
@@ -206,31 +273,27 @@ impl Store {
         len: usize,
         init: impl FnOnce(&mut [u8]) -> Result<()>,
     ) -> Result<PathBuf> {
-        let tmp = self.dir.join(format!(
-            ".tmp-{}-{id}-{}",
-            kind.prefix(),
-            std::process::id()
-        ));
+        let tmp = format!(".tmp-{}-{id}-{}", kind.prefix(), std::process::id());
+        let shown = self.dir.shown(&tmp);
         let result = (|| {
-            let file = OpenOptions::new()
-                .read(true)
-                .write(true)
-                .create_new(true)
-                .mode(0o600)
-                .open(&tmp)
-                .map_err(|e| Error::io("create", &tmp, e))?;
+            let file = self
+                .dir
+                .create_temporary(&tmp)
+                .map_err(|e| Error::io("create", &shown, e))?;
             file.set_len(len as u64)
-                .map_err(|e| Error::io("resize", &tmp, e))?;
-            let m = Mapping::map_file(&file, len, &tmp)?;
+                .map_err(|e| Error::io("resize", &shown, e))?;
+            let m = Mapping::map_file(&file, len, &shown)?;
             // SAFETY: the mapping is `len` bytes, private to this process until the rename.
             let bytes = unsafe { std::slice::from_raw_parts_mut(m.base(), m.len()) };
             init(bytes)?;
-            let path = self.path(kind, id);
-            fs::rename(&tmp, &path).map_err(|e| Error::io("rename", &path, e))?;
-            Ok(path)
+            let name = object_name(kind, id);
+            self.dir
+                .rename(&tmp, &name)
+                .map_err(|e| Error::io("rename", self.dir.shown(&name), e))?;
+            Ok(self.dir.shown(&name))
         })();
         if result.is_err() {
-            let _ = fs::remove_file(&tmp);
+            let _ = self.dir.unlink(&tmp);
         }
         result
     }
@@ -244,17 +307,10 @@ impl Store {
     }
 
     pub(crate) fn read_object(&self, kind: ObjectKind, id: u32) -> Result<Vec<u8>> {
-        let path = self.path(kind, id);
-        let bytes = fs::read(&path).map_err(|e| {
-            if e.kind() == std::io::ErrorKind::NotFound {
-                Error::NoObject {
-                    kind: kind.prefix(),
-                    id,
-                }
-            } else {
-                Error::io("read", &path, e)
-            }
-        })?;
+        let (mut file, path) = open_object_in(&self.dir, kind, id)?;
+        let mut bytes = Vec::new();
+        std::io::Read::read_to_end(&mut file, &mut bytes)
+            .map_err(|e| Error::io("read", &path, e))?;
         check_header(&path, &bytes, kind)?;
         Ok(bytes)
     }
@@ -262,13 +318,13 @@ impl Store {
     /// Ids of the objects of one kind, in creation order.
     pub fn ids(&self, kind: ObjectKind) -> Vec<u32> {
         let prefix = format!("{}-", kind.prefix());
-        let mut ids: Vec<u32> = fs::read_dir(&self.dir)
+        let mut ids: Vec<u32> = self
+            .dir
+            .entries()
+            .unwrap_or_default()
             .into_iter()
-            .flatten()
-            .flatten()
-            .filter_map(|e| {
-                e.file_name()
-                    .to_str()
+            .filter_map(|n| {
+                n.to_str()
                     .and_then(|n| n.strip_prefix(&prefix))
                     .and_then(|n| n.parse().ok())
             })
@@ -278,9 +334,8 @@ impl Store {
     }
 
     pub fn info(&self, kind: ObjectKind, id: u32) -> Option<ObjectInfo> {
-        let path = self.path(kind, id);
         let mut buf = [0u8; std::mem::size_of::<ObjectHeader>()];
-        let file = File::open(&path).ok()?;
+        let (file, path) = open_object_in(&self.dir, kind, id).ok()?;
         std::os::unix::fs::FileExt::read_exact_at(&file, &mut buf, 0).ok()?;
         // SAFETY: ObjectHeader is plain old data; read_unaligned copes with the buffer's alignment.
         let h: ObjectHeader = unsafe { std::ptr::read_unaligned(buf.as_ptr().cast()) };
@@ -303,14 +358,14 @@ impl Store {
     /// this is for an object that must go at once (a detached link, a map whose
     /// creation failed half way).
     pub fn remove(&self, kind: ObjectKind, id: u32) -> Result<()> {
-        let path = self.path(kind, id);
-        match fs::remove_file(&path) {
+        let name = object_name(kind, id);
+        match self.dir.unlink(&name) {
             Ok(()) => {}
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-            Err(e) => return Err(Error::io("remove", &path, e)),
+            Err(e) => return Err(Error::io("remove", self.dir.shown(&name), e)),
         }
         if kind == ObjectKind::Map {
-            let _ = fs::remove_file(self.fifo_path(id));
+            let _ = self.dir.unlink(map_fifo_name(id));
         }
         if kind == ObjectKind::PerfEvent {
             crate::perfbuf::PerfRing::remove(&self.dir, id);
@@ -323,22 +378,19 @@ impl Store {
 
     /// Deletes the whole store directory.
     pub fn destroy(self) -> Result<()> {
-        let dir = self.dir.clone();
+        let dir = self.dir.path().to_path_buf();
         drop(self);
         fs::remove_dir_all(&dir).map_err(|e| Error::io("remove", &dir, e))
     }
 }
 
-fn write_new(path: &Path, bytes: &[u8]) -> Result<()> {
-    let mut f = OpenOptions::new()
-        .write(true)
-        .create(true)
-        .truncate(true)
-        .mode(0o600)
-        .open(path)
-        .map_err(|e| Error::io("create", path, e))?;
-    f.write_all(bytes).map_err(|e| Error::io("write", path, e))
+/// The name of the directory of the caller's store `name` in the store root.
+fn dir_name(name: &str) -> String {
+    format!("bpftime-{}-{name}", crate::store_dir::euid())
 }
+
+/// The file `bpf_trace_printk` appends to.
+pub(crate) const TRACE_PIPE: &str = "trace_pipe";
 
 pub(crate) fn new_object_header(kind: ObjectKind, id: u32) -> ObjectHeader {
     ObjectHeader {
@@ -394,31 +446,35 @@ pub(crate) fn check_magic_and_version(
     Ok(())
 }
 
-pub(crate) fn object_path(dir: &Path, kind: ObjectKind, id: u32) -> PathBuf {
-    dir.join(format!("{}-{id}", kind.prefix()))
+pub(crate) fn object_name(kind: ObjectKind, id: u32) -> String {
+    format!("{}-{id}", kind.prefix())
 }
 
-pub(crate) fn fifo_path_in(dir: &Path, map_id: u32) -> PathBuf {
-    dir.join(format!("fifo-{map_id}"))
+pub(crate) fn map_fifo_name(map_id: u32) -> String {
+    format!("fifo-{map_id}")
+}
+
+/// Opens a wake-up FIFO of the store, non-blocking (read-write, so the open never waits
+/// for a peer).
+pub(crate) fn open_fifo(dir: &StoreDir, name: &str) -> Result<File> {
+    dir.open(name, libc::O_RDWR | libc::O_NONBLOCK)
+        .map_err(|e| Error::io("open", dir.shown(name), e))
 }
 
 /// Opens object `id` of the store in `dir`, for a holder of one of its objects that
 /// has no [`Store`] at hand (an outer map opening its inner maps).
-pub(crate) fn open_object_in(dir: &Path, kind: ObjectKind, id: u32) -> Result<(File, PathBuf)> {
-    let path = object_path(dir, kind, id);
-    let file = OpenOptions::new()
-        .read(true)
-        .write(true)
-        .open(&path)
-        .map_err(|e| {
-            if e.kind() == std::io::ErrorKind::NotFound {
-                Error::NoObject {
-                    kind: kind.prefix(),
-                    id,
-                }
-            } else {
-                Error::io("open", &path, e)
+pub(crate) fn open_object_in(dir: &StoreDir, kind: ObjectKind, id: u32) -> Result<(File, PathBuf)> {
+    let name = object_name(kind, id);
+    let path = dir.shown(&name);
+    let file = dir.open(&name, libc::O_RDWR).map_err(|e| {
+        if e.kind() == std::io::ErrorKind::NotFound {
+            Error::NoObject {
+                kind: kind.prefix(),
+                id,
             }
-        })?;
+        } else {
+            Error::io("open", &path, e)
+        }
+    })?;
     Ok((file, path))
 }

@@ -27,7 +27,7 @@ fn setup() -> TempStore {
     // SAFETY: this binary's own 8 bytes of static TLS, zero in every thread, used by
     // nothing else; no program runs yet.
     unsafe { cpu_slots::use_static_tls_slot(slot_offset()) };
-    cpu_slots::install(store.dir()).unwrap();
+    cpu_slots::install(&store).unwrap();
     TempStore(Some(store))
 }
 

@@ -5,8 +5,7 @@ use bpftime_runtime::{
     LinkKind, LinkRecord, Map, MapSpec, ObjectKind, PerfEventRecord, ProgramRecord, Store,
 };
 use std::collections::{HashMap, HashSet};
-use std::ffi::CString;
-use std::os::fd::RawFd;
+use std::os::fd::{IntoRawFd, RawFd};
 use std::sync::Arc;
 
 /// What a file descriptor handed to the loader stands for.
@@ -90,7 +89,7 @@ impl Shim {
         // Programs run here too (BPF_PROG_TEST_RUN); their bpf_printk goes
         // where the agents' does.
         bpftime_runtime::helpers::init_process();
-        bpftime_runtime::helpers::set_trace_output(store.trace_path());
+        bpftime_runtime::helpers::set_trace_output(&store);
         let removed = store.collect_garbage();
         if !removed.is_empty() {
             tracing::info!(
@@ -182,10 +181,11 @@ impl Shim {
             .map_err(|e| refuse(e.errno(), format_args!("{e}")))
     }
 
-    /// The directory standing for a bpffs path, if it is one.
+    /// The file or directory standing for a bpffs path, if there is one.
     pub fn bpffs_dir(&mut self, rel: &std::path::Path) -> Option<std::path::PathBuf> {
-        let p = self.store.bpffs_path(rel);
-        p.exists().then_some(p)
+        self.store
+            .bpffs_exists(rel)
+            .then(|| self.store.bpffs_path(rel))
     }
 
     /// A new descriptor for an object that exists (by id, or by pin).
@@ -273,15 +273,11 @@ impl Shim {
     }
 
     fn open_fd(&mut self, kind: ObjectKind, id: u32, object: Object) -> SysResult<RawFd> {
-        let path = self.store.path(kind, id);
-        let c = CString::new(path.as_os_str().as_encoded_bytes()).map_err(|_| libc::EINVAL)?;
-        // SAFETY: c is a valid path; the fd is handed to the loader as the object's fd.
-        let fd = unsafe { libc::open(c.as_ptr(), libc::O_RDWR | libc::O_CLOEXEC) };
-        if fd < 0 {
-            return Err(std::io::Error::last_os_error()
-                .raw_os_error()
-                .unwrap_or(libc::EIO));
-        }
+        let fd = self
+            .store
+            .open_object(kind, id)
+            .map_err(|e| e.errno())?
+            .into_raw_fd();
         let held = bpftime_runtime::hold(fd);
         let stat = stat_fd(fd);
         let (Ok(()), Some((dev, ino))) = (held, stat) else {

@@ -9,7 +9,7 @@ use crate::attr::Attr;
 use crate::core::{refuse, Object, Shim, SysResult};
 use bpftime_runtime::{Map, PerfEventKind, PerfEventRecord, PerfRing, PAGE_SIZE};
 use std::ffi::CStr;
-use std::os::fd::RawFd;
+use std::os::fd::{AsRawFd, IntoRawFd, RawFd};
 use std::sync::Arc;
 
 /// What a consumer's epoll waits on: a ring buffer map or a perf buffer ring.
@@ -462,18 +462,11 @@ impl Shim {
             return Err(libc::EINVAL);
         }
         PerfRing::create(self.store(), id, len).map_err(|e| e.errno())?;
-        let path = bpftime_runtime::perf_ring_path(self.store().dir(), id);
-        let c = std::ffi::CString::new(path.as_os_str().as_encoded_bytes())
-            .map_err(|_| libc::EINVAL)?;
-        // SAFETY: a valid path.
-        let file = unsafe { libc::open(c.as_ptr(), libc::O_RDWR | libc::O_CLOEXEC) };
-        if file < 0 {
-            return Err(libc::EIO);
-        }
+        // Closed on return: the mapping keeps the file.
+        let ring = self.store().open_perf_ring(id).map_err(|e| e.errno())?;
+        let file = ring.as_raw_fd();
         // SAFETY: maps the ring file past our control page, as the caller asked.
         let r = unsafe { libc::mmap(addr, len, prot, flags, file, PAGE_SIZE as libc::off_t) };
-        // SAFETY: our own fd; the mapping keeps the file.
-        unsafe { libc::close(file) };
         if r == libc::MAP_FAILED {
             return Err(std::io::Error::last_os_error()
                 .raw_os_error()
@@ -494,9 +487,10 @@ impl Shim {
         fd: RawFd,
         event: *mut libc::epoll_event,
     ) -> Option<SysResult<i32>> {
-        let (fifo_path, waker) = match self.object(fd)?.object.clone() {
-            Object::Map(m) => match m.wakeup_fifo() {
-                Some(p) => (p.to_path_buf(), Waker::Ring(m.clone())),
+        // The epoll instance gets a descriptor of its own on the FIFO.
+        let (fifo, waker) = match self.object(fd)?.object.clone() {
+            Object::Map(m) => match m.open_wakeup_fifo() {
+                Some(f) => (f, Waker::Ring(m.clone())),
                 None => {
                     return Some(Err(refuse(
                         libc::EPERM,
@@ -505,9 +499,9 @@ impl Shim {
                 }
             },
             Object::PerfEvent { record, .. } if record.kind == PerfEventKind::BpfOutput => {
-                match PerfRing::open(self.store().dir(), record.id) {
+                match PerfRing::open(self.store(), record.id) {
                     Ok(r) => (
-                        bpftime_runtime::perf_fifo_path(self.store().dir(), record.id),
+                        self.store().open_perf_fifo(record.id),
                         Waker::Perf(Arc::new(r)),
                     ),
                     Err(_) => {
@@ -527,22 +521,10 @@ impl Shim {
         let r = match (op, entry) {
             (libc::EPOLL_CTL_ADD, Some(_)) => Err(libc::EEXIST),
             (libc::EPOLL_CTL_ADD, None) => {
-                let c = match std::ffi::CString::new(fifo_path.as_os_str().as_encoded_bytes()) {
-                    Ok(c) => c,
-                    Err(_) => return Some(Err(libc::EINVAL)),
+                let fifo = match fifo {
+                    Ok(f) => f.into_raw_fd(),
+                    Err(e) => return Some(Err(e.errno())),
                 };
-                // SAFETY: a valid path; O_RDWR never blocks on a FIFO.
-                let fifo = unsafe {
-                    libc::open(
-                        c.as_ptr(),
-                        libc::O_RDWR | libc::O_NONBLOCK | libc::O_CLOEXEC,
-                    )
-                };
-                if fifo < 0 {
-                    return Some(Err(std::io::Error::last_os_error()
-                        .raw_os_error()
-                        .unwrap_or(libc::EIO)));
-                }
                 // SAFETY: forwarded caller obligation for `event`.
                 if unsafe { libc::epoll_ctl(epfd, op, fifo, event) } != 0 {
                     let e = std::io::Error::last_os_error()

@@ -18,6 +18,7 @@ pub(crate) mod stack_trace;
 use crate::layout::{InnerTemplate, MapHeader, ObjectKind, PAGE_SIZE};
 use crate::mapping::Mapping;
 use crate::store::{new_object_header, Store};
+use crate::store_dir::StoreDir;
 use crate::{Error, Result};
 use bpftime_isa::uapi::{map_flags, map_type};
 use std::fs::File;
@@ -328,7 +329,8 @@ pub struct Map {
     path: PathBuf,
     /// The wake-up FIFO of a ring buffer, open for as long as the map is.
     fifo: Option<File>,
-    fifo_path: PathBuf,
+    /// The store's directory, where inner maps and perf rings are opened.
+    dir: StoreDir,
     /// Rings of the perf events a perf_event_array points at, opened on first output.
     perf_rings: std::sync::Mutex<std::collections::HashMap<u32, std::sync::Arc<crate::PerfRing>>>,
     /// Maps of maps: this process's handles on the inner maps programs looked up, by id.
@@ -411,16 +413,10 @@ impl Map {
             Ok(())
         })?;
         if kind == Kind::Ringbuf {
-            let fifo = store.fifo_path(id);
-            let c = std::ffi::CString::new(fifo.as_os_str().as_encoded_bytes())
-                .map_err(|_| err(libc::EINVAL, "store path holds a NUL byte"))?;
-            // SAFETY: `c` is a valid NUL-terminated path.
-            if unsafe { libc::mkfifo(c.as_ptr(), 0o600) } != 0 {
-                let e = std::io::Error::last_os_error();
-                if e.kind() != std::io::ErrorKind::AlreadyExists {
-                    let _ = store.remove(ObjectKind::Map, id);
-                    return Err(Error::io("mkfifo", fifo, e));
-                }
+            let fifo = crate::store::map_fifo_name(id);
+            if let Err(e) = store.handle().mkfifo(&fifo) {
+                let _ = store.remove(ObjectKind::Map, id);
+                return Err(Error::io("mkfifo", store.handle().shown(&fifo), e));
             }
         }
         tracing::debug!(id, ?kind, path = %path.display(), "created map");
@@ -440,11 +436,11 @@ impl Map {
 
     /// Opens a map of the store in this process.
     pub fn open(store: &Store, id: u32) -> Result<Map> {
-        Map::open_in(store.dir(), id)
+        Map::open_in(store.handle(), id)
     }
 
     /// Opens map `id` of the store in directory `dir`.
-    fn open_in(dir: &std::path::Path, id: u32) -> Result<Map> {
+    fn open_in(dir: &StoreDir, id: u32) -> Result<Map> {
         let (file, path) = crate::store::open_object_in(dir, ObjectKind::Map, id)?;
         let len = file
             .metadata()
@@ -474,14 +470,8 @@ impl Map {
         } else {
             Mapping::map_file(&file, file_len.min(len), &path)?
         };
-        let fifo_path = crate::store::fifo_path_in(dir, id);
         let fifo = if kind == Kind::Ringbuf {
-            let f = std::fs::OpenOptions::new()
-                .read(true)
-                .write(true)
-                .custom_flags(libc::O_NONBLOCK | libc::O_CLOEXEC)
-                .open(&fifo_path)
-                .map_err(|e| Error::io("open", &fifo_path, e))?;
+            let f = crate::store::open_fifo(dir, &crate::store::map_fifo_name(id))?;
             ringbuf::register_waker(mapping.base() as usize, f.as_raw_fd());
             Some(f)
         } else {
@@ -492,7 +482,7 @@ impl Map {
             kind,
             mapping,
             fifo,
-            fifo_path,
+            dir: dir.clone(),
             path,
             perf_rings: Default::default(),
             inner_maps: Default::default(),
@@ -924,9 +914,11 @@ impl Map {
             .store(0, std::sync::atomic::Ordering::SeqCst);
     }
 
-    /// Path of the FIFO a ring buffer's producers write a byte into to wake consumers.
-    pub fn wakeup_fifo(&self) -> Option<&std::path::Path> {
-        (self.kind == Kind::Ringbuf).then_some(self.fifo_path.as_path())
+    /// Opens, non-blocking, the FIFO a ring buffer's producers write a byte into to wake
+    /// consumers; None for other maps.
+    pub fn open_wakeup_fifo(&self) -> Option<Result<File>> {
+        (self.kind == Kind::Ringbuf)
+            .then(|| crate::store::open_fifo(&self.dir, &crate::store::map_fifo_name(self.id)))
     }
 
     /// Maps of maps: the shape every inner map must have.
@@ -1035,8 +1027,7 @@ impl Map {
         {
             return Some(m.clone());
         }
-        let dir = self.path.parent()?;
-        let m = match Map::open_in(dir, id) {
+        let m = match Map::open_in(&self.dir, id) {
             Ok(m) => Arc::new(m),
             Err(e) => {
                 tracing::warn!(outer = self.id, inner = id, "cannot open inner map: {e}");
@@ -1282,9 +1273,8 @@ impl Map {
         if let Some(r) = rings.get(&event) {
             return Ok(r.clone());
         }
-        let dir = self.path.parent().unwrap_or(std::path::Path::new("/"));
         let r = std::sync::Arc::new(
-            crate::PerfRing::open(dir, event).map_err(|_| -(libc::ENOENT as i64))?,
+            crate::PerfRing::open_in(&self.dir, event).map_err(|_| -(libc::ENOENT as i64))?,
         );
         rings.insert(event, r.clone());
         Ok(r)
@@ -1350,7 +1340,6 @@ pub unsafe fn ringbuf_commit(rec: *mut u8, flags: u64, discard: bool) {
 }
 
 use std::os::fd::AsRawFd;
-use std::os::unix::fs::OpenOptionsExt;
 
 /// The kernel's name of a map type, for messages about types bpftime lacks.
 fn type_name(t: u32) -> &'static str {

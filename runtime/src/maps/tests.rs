@@ -43,7 +43,7 @@ fn perf_array_with_ring(s: &TempStore, event: u32) -> (Map, crate::PerfRing) {
     let perf = Map::create(s, &spec(mt::PERF_EVENT_ARRAY, 4, 4, 1)).unwrap();
     crate::PerfRing::create(s, event, 2 * PAGE_SIZE).unwrap();
     perf.set_id(&0u32.to_ne_bytes(), event, uf::ANY).unwrap();
-    let ring = crate::PerfRing::open(s.dir(), event).unwrap();
+    let ring = crate::PerfRing::open(s, event).unwrap();
     (perf, ring)
 }
 
@@ -829,11 +829,7 @@ fn offered_records_from_threads_and_processes_arrive_in_order_and_none_is_lost()
     let (perf, ring) = perf_array_with_ring(&s, 7);
     let offered = OFFER_THREADS * (1 + OFFER_CHILDREN);
     let helper = offered;
-    let store_name = s.dir().file_name().unwrap().to_str().unwrap().to_string();
-    let name = store_name
-        .strip_prefix("bpftime-")
-        .unwrap_or(&store_name)
-        .to_string();
+    let name = s.name().to_string();
     let children: Vec<_> = (1..=OFFER_CHILDREN)
         .map(|c| {
             std::process::Command::new(std::env::current_exe().unwrap())
