@@ -1,7 +1,7 @@
 //! `bpf()` sent to the real kernel or to the shim in this process, with the same
 //! 128-byte `bpf_attr`: what the differential tests and the map benchmarks share.
 
-use bpftime_syscall_shim::Shim;
+use bpftime_shim::Shim;
 
 /// A `bpf()` result: the return value, or the errno.
 pub type Res = Result<i64, i32>;
