@@ -22,8 +22,14 @@ const AGENT_ENTRY: &CStr = c"bpftime_agent_start";
 /// Set in a target's environment to keep the agent out of it.
 const DISABLE_ENV: &str = "BPFTIME_AGENT_DISABLE";
 
-/// Runs when the dynamic loader maps this library, before `main` for a preload.
+/// Runs when the dynamic loader maps this library, before `main` for a preload. Nothing
+/// here may take the target down: a panic is reported once and the target runs on,
+/// uninstrumented.
 extern "C" fn starter_init() {
+    bpftime_attach::ffi_guard!("the agent starter", (), start_in_target());
+}
+
+fn start_in_target() {
     if std::env::var_os(DISABLE_ENV).is_some() {
         return;
     }

@@ -34,7 +34,8 @@ pub extern "C" fn bpftime_agent_start(
 ) {
     static STARTED: std::sync::Once = std::sync::Once::new();
     STARTED.call_once(|| {
-        // A failing agent must never take the target down with it.
+        // A failing agent must never take the target down with it: a panic leaves the
+        // target running uninstrumented.
         let start = || {
             watch::start(
                 hook_flag_tp_offset,
@@ -45,8 +46,6 @@ pub extern "C" fn bpftime_agent_start(
                 rseq_tp_offset,
             )
         };
-        if std::panic::catch_unwind(start).is_err() {
-            eprintln!("bpftime agent: internal error during start; the target runs uninstrumented");
-        }
+        bpftime_attach::ffi_guard!("the agent's start", (), start());
     });
 }

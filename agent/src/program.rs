@@ -279,6 +279,13 @@ static ACTIVE: OnceLock<Arc<Runtime>> = OnceLock::new();
 /// `bpf_tail_call` for JIT code: the entry of the program at `index` of the
 /// prog_array `map`, or 0 (the call then falls through, as in the kernel).
 unsafe extern "C" fn resolve_tail_call(_ctx: u64, map: u64, index: u64, _: u64, _: u64) -> u64 {
+    // SAFETY: forwarded from JIT code (see below).
+    bpftime_attach::ffi_guard!("bpf_tail_call", 0, unsafe { tail_call_target(map, index) })
+}
+
+/// # Safety
+/// `map` is a prog_array `Map` address this agent relocated into the program.
+unsafe fn tail_call_target(map: u64, index: u64) -> u64 {
     let Some(rt) = ACTIVE.get() else { return 0 };
     // SAFETY: r2 of bpf_tail_call is a prog_array `Map` address this agent relocated
     // into the program, kept alive by the program's map list.

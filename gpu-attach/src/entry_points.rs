@@ -41,18 +41,36 @@ macro_rules! entry_point {
             pub(crate) static PER_THREAD: [AtomicBool; SLOTS] =
                 [const { AtomicBool::new(false) }; SLOTS];
 
-            #[allow(clippy::too_many_arguments)]
+            // The body runs under the FFI guard: should our code panic, the caller's call
+            // still goes through as made (to the original, once: what the original
+            // returned is kept if it was already called), and the panic is reported once.
+            #[allow(clippy::too_many_arguments, unused_unsafe)]
             unsafe fn body(slot: usize, $($arg: $ty),*) -> CuResult {
-                let began = crate::observer::call_begins();
                 // SAFETY: the slot holds the original of the address it was detoured at,
                 // written before the detour went live.
-                let $orig: Fn = unsafe {
+                let original_fn: Fn = unsafe {
                     std::mem::transmute::<usize, Fn>(ORIGINAL[slot].load(Ordering::Acquire))
                 };
-                let $per_thread = PER_THREAD[slot].load(Ordering::Relaxed);
-                let r: CuResult = $body;
-                crate::observer::call_ends(SYMBOLS[0], began, r);
-                r
+                let returned: std::cell::Cell<Option<CuResult>> = std::cell::Cell::new(None);
+                bpftime_attach::ffi_guard!(
+                    SYMBOLS[0],
+                    // SAFETY: the caller's own arguments, passed as given.
+                    returned.get().unwrap_or_else(|| unsafe { original_fn($($arg),*) }),
+                    {
+                        let began = crate::observer::call_begins();
+                        let $orig = |$($arg: $ty),*| -> CuResult {
+                            // SAFETY: the original, called with the arguments of a call
+                            // made to it (the body's own choice of function aside).
+                            let r = unsafe { original_fn($($arg),*) };
+                            returned.set(Some(r));
+                            r
+                        };
+                        let $per_thread = PER_THREAD[slot].load(Ordering::Relaxed);
+                        let r: CuResult = $body;
+                        crate::observer::call_ends(SYMBOLS[0], began, r);
+                        r
+                    }
+                )
             }
 
             #[allow(clippy::too_many_arguments)]
@@ -829,4 +847,42 @@ pub(crate) unsafe fn install(lib: *mut c_void, api: &Api) -> Vec<Detour> {
         }
     }
     installed
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    static ORIGINAL_CALLS: AtomicUsize = AtomicUsize::new(0);
+
+    /// Stands for libcuda's `cuModuleLoadData`: counts its calls and succeeds.
+    unsafe extern "C" fn driver_module_load_data(
+        module: *mut Handle,
+        _: *const c_void,
+    ) -> CuResult {
+        ORIGINAL_CALLS.fetch_add(1, Ordering::SeqCst);
+        // SAFETY: the test passes a writable handle.
+        unsafe { *module = 0x1234 };
+        CUDA_SUCCESS
+    }
+
+    #[test]
+    fn a_panic_in_our_code_leaves_the_applications_call_made_once() {
+        // The last slot, which no detour of this test binary uses.
+        module_load_data::ORIGINAL[SLOTS - 1].store(
+            driver_module_load_data as *const () as usize,
+            Ordering::Release,
+        );
+        bpftime_attach::inject_panic("cuModuleLoadData");
+        let mut module: Handle = 0;
+        let replacement = module_load_data::REPLACEMENTS[SLOTS - 1];
+        // SAFETY: the arguments the fake driver function above accepts.
+        let r = unsafe { replacement(&mut module, std::ptr::null()) };
+        assert_eq!(
+            r, CUDA_SUCCESS,
+            "the driver's own result, not an error of ours"
+        );
+        assert_eq!(module, 0x1234, "the driver's call was made");
+        assert_eq!(ORIGINAL_CALLS.load(Ordering::SeqCst), 1, "and made once");
+    }
 }

@@ -59,6 +59,21 @@ pub struct Shim {
     pub(crate) test_runs: HashMap<u32, Arc<crate::test_run::Runnable>>,
 }
 
+/// Told of every descriptor the shim hands out (`true`) or forgets (`false`): the
+/// preload layer keeps a bitmap of them so that it asks the shim only about its own.
+static FD_OBSERVER: std::sync::OnceLock<fn(RawFd, bool)> = std::sync::OnceLock::new();
+
+/// Sets the function told of the shim's descriptors (the preload layer's, once).
+pub fn set_fd_observer(observer: fn(RawFd, bool)) {
+    let _ = FD_OBSERVER.set(observer);
+}
+
+fn observe_fd(fd: RawFd, ours: bool) {
+    if let Some(observer) = FD_OBSERVER.get() {
+        observer(fd, ours);
+    }
+}
+
 /// The kernel-internal ENOTSUPP, which `bpf()` hands to user space as is.
 pub(crate) const ENOTSUPP: i32 = 524;
 
@@ -288,7 +303,7 @@ impl Shim {
                 format_args!("cannot hold {} {id} through a descriptor", kind.prefix()),
             ));
         };
-        crate::preload::mark_fd(fd, true);
+        observe_fd(fd, true);
         self.fds.insert(
             fd,
             ObjectRef {
@@ -1086,7 +1101,7 @@ impl Shim {
             return false;
         }
         self.fds.remove(&fd);
-        crate::preload::mark_fd(fd, false);
+        observe_fd(fd, false);
         if let Some(list) = self.epolls.remove(&fd) {
             for (fifo, _, _) in list {
                 // SAFETY: the FIFO fd was opened by us for this epoll instance.
@@ -1127,7 +1142,7 @@ impl Shim {
     pub fn dup(&mut self, old: RawFd, new: RawFd) {
         if let Some(o) = self.object(old).cloned() {
             if stat_fd(new) == Some((o.dev, o.ino)) {
-                crate::preload::mark_fd(new, true);
+                observe_fd(new, true);
                 let o = match o.object {
                     // A duplicated perf event shares the link of the original.
                     Object::PerfEvent { record, .. } => ObjectRef {

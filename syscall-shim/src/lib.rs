@@ -4,25 +4,19 @@
 //! shared-memory store instead of the kernel.
 //!
 //! [`Shim`] is the core: a function from a command and its attribute bytes to
-//! a result, testable without preloading. The `preload` module only adapts
-//! libc's entry points to it.
+//! a result, testable without preloading. The preload layer, which adapts libc's
+//! entry points to it, is a crate of its own (`syscall-shim-preload`, a cdylib
+//! only): a test binary that links this core keeps libc's definitions whatever
+//! features cargo unifies, so the kernel it compares with is the kernel.
 
 mod attr;
 mod btf;
 mod core;
 mod info;
-#[cfg(feature = "preload")]
-mod libbpf_handler;
 mod perf;
-#[cfg(feature = "preload")]
-mod preload;
-#[cfg(not(feature = "preload"))]
-mod preload {
-    pub(crate) fn mark_fd(_fd: std::os::fd::RawFd, _on: bool) {}
-}
 mod program;
 mod test_run;
 
-pub use crate::core::{Object, ObjectRef, Shim};
-pub use perf::{KprobePmu, UprobePmu};
+pub use crate::core::{set_fd_observer, Object, ObjectRef, Shim, SysResult};
+pub use perf::{perf_attr_is_bpf, KprobePmu, UprobePmu, PERF_EVENT_IOC_SET_BPF};
 pub use program::{check_program, check_program_with_lines, source_lines, Rejection};

@@ -18,10 +18,36 @@ pub(crate) enum Waker {
     Perf(Arc<PerfRing>),
 }
 
+const PERF_TYPE_SOFTWARE: u32 = 1;
+const PERF_TYPE_TRACEPOINT: u32 = 2;
+const PERF_COUNT_SW_BPF_OUTPUT: u64 = 10;
+
+/// Whether a `perf_event_open` attribute asks for an event that only eBPF uses: a uprobe
+/// or kprobe (the PMUs' sysfs types), a tracepoint, or a BPF output ring. The preload
+/// layer refuses these when the shim cannot serve them, rather than hand them to the
+/// kernel; other events (counters, samples) are the kernel's business.
+///
+/// # Safety
+/// `attr` is null or points to a `struct perf_event_attr` of at least 16 bytes.
+pub unsafe fn perf_attr_is_bpf(attr: *const u8) -> bool {
+    if attr.is_null() {
+        return false;
+    }
+    // SAFETY: caller obligation: type (u32 at 0) and config (u64 at 8).
+    let a = unsafe { Attr::read(attr, 16) };
+    let type_ = a.u32(0);
+    type_ == PERF_TYPE_TRACEPOINT
+        || (type_ == PERF_TYPE_SOFTWARE && a.u64(8) == PERF_COUNT_SW_BPF_OUTPUT)
+        || type_ == UprobePmu::detect().type_
+        || type_ == KprobePmu::get().type_
+}
+
 const PERF_EVENT_IOC_ENABLE: u64 = 0x2400;
 const PERF_EVENT_IOC_DISABLE: u64 = 0x2401;
 const PERF_EVENT_IOC_RESET: u64 = 0x2403;
-const PERF_EVENT_IOC_SET_BPF: u64 = 0x4004_2408;
+/// Attaches a program to a perf event; public so that the preload layer can refuse it on
+/// events that are not ours (the kernel must never be handed a program for one).
+pub const PERF_EVENT_IOC_SET_BPF: u64 = 0x4004_2408;
 /// Where a uprobe event's `config` carries the USDT semaphore's file offset (the kernel's
 /// `PERF_UPROBE_REF_CTR_OFFSET_SHIFT`, and its sysfs `format/ref_ctr_offset`: config:32-63).
 const UPROBE_REF_CTR_OFFSET_SHIFT: u32 = 32;
@@ -185,8 +211,6 @@ impl Shim {
         let size = (head.u32(4) as usize).max(72);
         // SAFETY: caller obligation.
         let a = unsafe { Attr::read(attr, size) };
-        const PERF_TYPE_SOFTWARE: u32 = 1;
-        const PERF_COUNT_SW_BPF_OUTPUT: u64 = 10;
         if a.u32(0) == PERF_TYPE_SOFTWARE && a.u64(8) == PERF_COUNT_SW_BPF_OUTPUT {
             let record = PerfEventRecord {
                 id: self.store().alloc_id(),
@@ -209,6 +233,14 @@ impl Shim {
                 Some(unsafe { CStr::from_ptr(name) })
             };
             return Some(self.kprobe_event(a.u64(8), name, a.u64(64), pid, cpu));
+        }
+        if a.u32(0) == PERF_TYPE_TRACEPOINT {
+            // Tracepoint events exist to run eBPF programs (or perf's own sampling, which
+            // no loader does in this process): the kernel must not be given one for us.
+            return Some(Err(refuse(
+                libc::EOPNOTSUPP,
+                format_args!("tracepoint perf events are not served by bpftime"),
+            )));
         }
         if a.u32(0) != self.pmu.type_ {
             return None;

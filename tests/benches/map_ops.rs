@@ -18,7 +18,7 @@ use bpftime_isa::uapi::{cmd, helper, map_type, prog_type};
 use bpftime_isa::{asm::assemble, opcode as op, Insn};
 use bpftime_jit_x86::{ArrayMapLayout, JitEnv, JitOptions, JitProgram, PerCpuCopies};
 use bpftime_runtime::{helpers, Map, MapSpec, Store};
-use bpftime_syscall_shim::Shim;
+use bpftime_shim::Shim;
 use bpftime_tests::bpf::{put32, put64, Bpf, Kernel, Ours};
 use std::hint::black_box;
 use std::time::Instant;

@@ -1,7 +1,7 @@
 //! `bpf()` sent to the real kernel or to the shim in this process, with the same
 //! 128-byte `bpf_attr`: what the differential tests and the map benchmarks share.
 
-use bpftime_syscall_shim::Shim;
+use bpftime_shim::Shim;
 
 use crate::kernel_object::{assert_kernel_object, BpfObject};
 

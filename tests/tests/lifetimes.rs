@@ -357,7 +357,7 @@ fn concurrent_opens_and_closes_never_free_a_held_object_nor_leak_one() {
 #[test]
 fn racing_opens_by_id_and_collections_never_free_a_held_map() {
     use bpftime_isa::uapi::cmd;
-    use bpftime_syscall_shim::Shim;
+    use bpftime_shim::Shim;
     use bpftime_tests::bpf::{put32, put64, Bpf, Ours};
     use std::sync::atomic::{AtomicBool, Ordering};
     use std::sync::Arc;

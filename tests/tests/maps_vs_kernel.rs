@@ -4,7 +4,7 @@
 
 use bpftime_isa::uapi::{cmd, map_flags, map_type as mt, update_flags as uf};
 use bpftime_runtime::Store;
-use bpftime_syscall_shim::Shim;
+use bpftime_shim::Shim;
 use bpftime_tests::bpf::{put32, put64, Bpf, Kernel, Ours, Res};
 use std::os::fd::AsRawFd;
 

@@ -4,7 +4,7 @@
 use bpftime_isa::uapi::{cmd, prog_type};
 use bpftime_isa::{encode, Insn};
 use bpftime_runtime::{ObjectKind, Store};
-use bpftime_syscall_shim::Shim;
+use bpftime_shim::Shim;
 use bpftime_tests::kernel_object::{assert_kernel_object, BpfObject};
 
 fn load(shim: Option<&mut Shim>, insns: &[Insn]) -> (Result<i64, i32>, String) {

@@ -9,7 +9,7 @@ mod support;
 
 use bpftime_isa::uapi::{cmd, map_type};
 use bpftime_runtime::Store;
-use bpftime_syscall_shim::Shim;
+use bpftime_shim::Shim;
 use bpftime_tests::bpf::{put32, put64, Bpf, Kernel, Ours, Res};
 use bpftime_tests::{examples, function_symbols, kernel_unavailable, Session, Tool};
 use std::collections::HashMap;

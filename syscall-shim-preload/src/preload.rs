@@ -1,10 +1,11 @@
-//! The preload layer: libc entry points that an unmodified loader calls,
-//! adapted to [`Shim`]. Calls that are not about our objects go to the next
-//! definition (libc) untouched. While the shim itself runs, a thread-local flag
-//! sends its own libc calls straight through, so nothing recurses.
+//! The libc entry points that an unmodified loader calls, adapted to [`Shim`]. Calls that
+//! are not about our objects go to the next definition (libc) untouched. While the shim
+//! itself runs, a thread-local flag sends its own libc calls straight through, so nothing
+//! recurses.
 
-use crate::core::{Shim, SysResult};
+use bpftime_attach::ffi_guard;
 use bpftime_runtime::Store;
+use bpftime_shim::{Shim, SysResult};
 use std::cell::Cell;
 use std::ffi::{c_int, c_long, c_ulong, c_void};
 use std::os::fd::RawFd;
@@ -44,7 +45,7 @@ fn has_bit(set: &[AtomicU64], fd: RawFd) -> bool {
     set[fd as usize / 64].load(Ordering::Relaxed) & (1u64 << (fd as usize % 64)) != 0
 }
 
-pub(crate) fn mark_fd(fd: RawFd, on: bool) {
+fn mark_fd(fd: RawFd, on: bool) {
     set_bit(&OUR_FDS, fd, on);
 }
 
@@ -53,11 +54,30 @@ fn set_errno(e: i32) {
     unsafe { *libc::__errno_location() = e };
 }
 
-/// Runs `f` on the shim with the re-entry guard set; None when re-entered or
-/// when the store cannot be opened (the reason is logged once).
-pub(crate) fn with_shim<R>(f: impl FnOnce(&mut Shim) -> R) -> Option<R> {
+/// Why the shim did not serve a call.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Unserved {
+    /// The shim's own code made the call (its libc calls pass straight through).
+    Reentered,
+    /// The store cannot be opened: the errno that says why (the reason was printed once).
+    NoStore(i32),
+}
+
+impl Unserved {
+    /// The errno a call that must not pass to the kernel fails with.
+    pub(crate) fn errno(self) -> i32 {
+        match self {
+            Unserved::Reentered => libc::EDEADLK,
+            Unserved::NoStore(errno) => errno,
+        }
+    }
+}
+
+/// Runs `f` on the shim with the re-entry guard set; the store is opened on first use, and
+/// again on later calls while it cannot be (the reason is printed once).
+pub(crate) fn with_shim<R>(f: impl FnOnce(&mut Shim) -> R) -> Result<R, Unserved> {
     if IN_SHIM.with(|g| g.replace(true)) {
-        return None;
+        return Err(Unserved::Reentered);
     }
     struct Reset;
     impl Drop for Reset {
@@ -69,6 +89,7 @@ pub(crate) fn with_shim<R>(f: impl FnOnce(&mut Shim) -> R) -> Option<R> {
     let mut guard = SHIM.lock().unwrap_or_else(|p| p.into_inner());
     if guard.is_none() {
         bpftime_runtime::init_logging();
+        bpftime_shim::set_fd_observer(mark_fd);
         let name = Store::name_from_env();
         match Store::create_or_open(&name) {
             Ok(store) => {
@@ -77,12 +98,35 @@ pub(crate) fn with_shim<R>(f: impl FnOnce(&mut Shim) -> R) -> Option<R> {
             }
             Err(e) => {
                 static ONCE: std::sync::Once = std::sync::Once::new();
-                ONCE.call_once(|| eprintln!("bpftime: cannot open the store: {e}"));
-                return None;
+                ONCE.call_once(|| {
+                    let line = format!(
+                        "bpftime: cannot open the store `{name}`: {e}; eBPF calls fail \
+                         (nothing is passed to the kernel)\n"
+                    );
+                    // SAFETY: our own buffer to fd 2; a closed stderr is ignored.
+                    unsafe { libc::write(2, line.as_ptr().cast(), line.len()) };
+                });
+                // A store error whose errno says nothing (0) must still fail the call.
+                let errno = match e.errno() {
+                    0 => libc::EPERM,
+                    n => n,
+                };
+                return Err(Unserved::NoStore(errno));
             }
         }
     }
-    guard.as_mut().map(f)
+    match guard.as_mut() {
+        Some(shim) => Ok(f(shim)),
+        None => Err(Unserved::NoStore(libc::EPERM)),
+    }
+}
+
+/// The errno a guarded call fails with when our own code panicked in it.
+const INTERNAL_ERROR: i32 = libc::EIO;
+
+fn failed<T: From<i8>>(errno: i32) -> T {
+    set_errno(errno);
+    T::from(-1)
 }
 
 macro_rules! real {
@@ -113,7 +157,8 @@ fn ret<T: Into<i64>>(r: SysResult<T>) -> i64 {
     }
 }
 
-/// `syscall(2)`: libbpf issues `bpf()` and `perf_event_open()` through it.
+/// `syscall(2)`: libbpf issues `bpf()` and `perf_event_open()` through it. A `bpf()` call
+/// is always the shim's, served or failed; so is a `perf_event_open` of an eBPF kind.
 ///
 /// # Safety
 /// As `syscall(2)` for the given number.
@@ -128,16 +173,30 @@ pub unsafe extern "C" fn syscall(
     a6: c_long,
 ) -> c_long {
     if num == libc::SYS_bpf {
-        // SAFETY: the caller passes bpf()'s arguments.
-        if let Some(r) = with_shim(|s| unsafe { s.bpf(a1 as u32, a2 as *mut u8, a3 as usize) }) {
-            return ret(r);
-        }
-    } else if num == libc::SYS_perf_event_open {
-        // SAFETY: the caller passes perf_event_open()'s arguments.
-        if let Some(Some(r)) =
-            with_shim(|s| unsafe { s.perf_event_open(a1 as *const u8, a2 as i32, a3 as i32) })
-        {
-            return ret(r.map(|fd| fd as i64));
+        return ffi_guard!("bpf", failed(INTERNAL_ERROR), {
+            // SAFETY: the caller passes bpf()'s arguments.
+            match with_shim(|s| unsafe { s.bpf(a1 as u32, a2 as *mut u8, a3 as usize) }) {
+                Ok(r) => ret(r),
+                Err(why) => failed(why.errno()),
+            }
+        });
+    }
+    if num == libc::SYS_perf_event_open {
+        let served = ffi_guard!("perf_event_open", Some(failed(INTERNAL_ERROR)), {
+            // SAFETY: the caller passes perf_event_open()'s arguments.
+            match with_shim(|s| unsafe { s.perf_event_open(a1 as *const u8, a2 as i32, a3 as i32) })
+            {
+                Ok(Some(r)) => Some(ret(r.map(|fd| fd as i64))),
+                Ok(None) => None,
+                // SAFETY: the caller passes a perf_event_attr.
+                Err(why) if unsafe { bpftime_shim::perf_attr_is_bpf(a1 as *const u8) } => {
+                    Some(failed(why.errno()))
+                }
+                Err(_) => None,
+            }
+        });
+        if let Some(r) = served {
+            return r;
         }
     }
     let real = real!("syscall", SyscallFn);
@@ -155,9 +214,20 @@ pub unsafe extern "C" fn syscall(
 #[no_mangle]
 pub unsafe extern "C" fn ioctl(fd: c_int, request: c_ulong, arg: c_ulong) -> c_int {
     if has_bit(&OUR_FDS, fd) {
-        if let Some(Some(r)) = with_shim(|s| s.ioctl(fd, request, arg)) {
-            return ret(r) as c_int;
+        let served = ffi_guard!("ioctl", Some(failed(INTERNAL_ERROR)), {
+            match with_shim(|s| s.ioctl(fd, request, arg)) {
+                Ok(Some(r)) => Some(ret(r) as c_int),
+                _ => None,
+            }
+        });
+        if let Some(r) = served {
+            return r;
         }
+    }
+    if request == bpftime_shim::PERF_EVENT_IOC_SET_BPF {
+        // A program onto a perf event the shim did not make: that would be the kernel's
+        // eBPF, which is never used here.
+        return failed(libc::EOPNOTSUPP);
     }
     let real = real!(
         "ioctl",
@@ -178,15 +248,22 @@ unsafe fn mmap_common(
     if fd < 0 || !has_bit(&OUR_FDS, fd) {
         return None;
     }
-    // SAFETY: forwarded caller obligation.
-    match with_shim(|s| unsafe { s.mmap(addr, len, prot, flags, fd, off) }) {
-        Some(Some(Ok(p))) => Some(p),
-        Some(Some(Err(e))) => {
-            set_errno(e);
+    ffi_guard!(
+        "mmap",
+        {
+            set_errno(INTERNAL_ERROR);
             Some(libc::MAP_FAILED)
+        },
+        // SAFETY: forwarded caller obligation.
+        match with_shim(|s| unsafe { s.mmap(addr, len, prot, flags, fd, off) }) {
+            Ok(Some(Ok(p))) => Some(p),
+            Ok(Some(Err(e))) => {
+                set_errno(e);
+                Some(libc::MAP_FAILED)
+            }
+            _ => None,
         }
-        _ => None,
-    }
+    )
 }
 
 /// # Safety
@@ -241,7 +318,7 @@ pub unsafe extern "C" fn mmap64(
 pub unsafe extern "C" fn close(fd: c_int) -> c_int {
     let mut object = false;
     if has_bit(&OUR_FDS, fd) || has_bit(&EPOLL_FDS, fd) {
-        object = with_shim(|s| s.close(fd)) == Some(true);
+        object = ffi_guard!("close", false, with_shim(|s| s.close(fd)) == Ok(true));
         set_bit(&EPOLL_FDS, fd, false);
     }
     let real = real!("close", unsafe extern "C" fn(c_int) -> c_int);
@@ -249,7 +326,9 @@ pub unsafe extern "C" fn close(fd: c_int) -> c_int {
     let r = unsafe { real(fd) };
     if object {
         // The descriptor's reference is gone only now.
-        with_shim(|s| s.collect());
+        ffi_guard!("close", (), {
+            let _ = with_shim(|s| s.collect());
+        });
     }
     r
 }
@@ -276,17 +355,39 @@ fn ret_int(r: SysResult<()>) -> c_int {
     ret(r.map(|_| 0i64)) as c_int
 }
 
+/// For a path in bpffs, the shim's answer: served, or failed when the store cannot be
+/// opened (a real pin must not be touched in our place). None for every other path, and
+/// for the shim's own calls.
+///
+/// # Safety
+/// `path` is null or a NUL-terminated string.
+unsafe fn in_bpffs(
+    path: *const libc::c_char,
+    f: impl FnOnce(&mut Shim, &std::path::Path) -> SysResult<()>,
+) -> Option<c_int> {
+    // SAFETY: caller obligation.
+    let rel = unsafe { bpffs_path(path) }?;
+    match with_shim(|s| f(s, &rel)) {
+        Ok(r) => Some(ret_int(r)),
+        Err(Unserved::Reentered) => None,
+        Err(why) => Some(failed(why.errno())),
+    }
+}
+
 /// `unlink(2)`: libbpf unpins with it (`bpf_map__unpin`, `bpf_link__unpin`).
 ///
 /// # Safety
 /// As `unlink(2)`.
 #[no_mangle]
 pub unsafe extern "C" fn unlink(path: *const libc::c_char) -> c_int {
-    // SAFETY: caller obligation.
-    if let Some(rel) = unsafe { bpffs_path(path) } {
-        if let Some(r) = with_shim(|s| s.bpffs_unlink(&rel, false)) {
-            return ret_int(r);
-        }
+    let served = ffi_guard!(
+        "unlink",
+        Some(failed(INTERNAL_ERROR)),
+        // SAFETY: caller obligation.
+        unsafe { in_bpffs(path, |s, rel| s.bpffs_unlink(rel, false)) }
+    );
+    if let Some(r) = served {
+        return r;
     }
     let real = real!("unlink", unsafe extern "C" fn(*const libc::c_char) -> c_int);
     // SAFETY: forwards unchanged.
@@ -299,12 +400,15 @@ pub unsafe extern "C" fn unlink(path: *const libc::c_char) -> c_int {
 /// As `unlinkat(2)`.
 #[no_mangle]
 pub unsafe extern "C" fn unlinkat(dirfd: c_int, path: *const libc::c_char, flags: c_int) -> c_int {
-    // SAFETY: caller obligation.
-    if let Some(rel) = unsafe { bpffs_path(path) } {
-        let dir = flags & libc::AT_REMOVEDIR != 0;
-        if let Some(r) = with_shim(|s| s.bpffs_unlink(&rel, dir)) {
-            return ret_int(r);
-        }
+    let dir = flags & libc::AT_REMOVEDIR != 0;
+    let served = ffi_guard!(
+        "unlinkat",
+        Some(failed(INTERNAL_ERROR)),
+        // SAFETY: caller obligation.
+        unsafe { in_bpffs(path, |s, rel| s.bpffs_unlink(rel, dir)) }
+    );
+    if let Some(r) = served {
+        return r;
     }
     let real = real!(
         "unlinkat",
@@ -320,11 +424,14 @@ pub unsafe extern "C" fn unlinkat(dirfd: c_int, path: *const libc::c_char, flags
 /// As `rmdir(2)`.
 #[no_mangle]
 pub unsafe extern "C" fn rmdir(path: *const libc::c_char) -> c_int {
-    // SAFETY: caller obligation.
-    if let Some(rel) = unsafe { bpffs_path(path) } {
-        if let Some(r) = with_shim(|s| s.bpffs_unlink(&rel, true)) {
-            return ret_int(r);
-        }
+    let served = ffi_guard!(
+        "rmdir",
+        Some(failed(INTERNAL_ERROR)),
+        // SAFETY: caller obligation.
+        unsafe { in_bpffs(path, |s, rel| s.bpffs_unlink(rel, true)) }
+    );
+    if let Some(r) = served {
+        return r;
     }
     let real = real!("rmdir", unsafe extern "C" fn(*const libc::c_char) -> c_int);
     // SAFETY: forwards unchanged.
@@ -337,11 +444,14 @@ pub unsafe extern "C" fn rmdir(path: *const libc::c_char) -> c_int {
 /// As `mkdir(2)`.
 #[no_mangle]
 pub unsafe extern "C" fn mkdir(path: *const libc::c_char, mode: libc::mode_t) -> c_int {
-    // SAFETY: caller obligation.
-    if let Some(rel) = unsafe { bpffs_path(path) } {
-        if let Some(r) = with_shim(|s| s.bpffs_mkdir(&rel)) {
-            return ret_int(r);
-        }
+    let served = ffi_guard!(
+        "mkdir",
+        Some(failed(INTERNAL_ERROR)),
+        // SAFETY: caller obligation.
+        unsafe { in_bpffs(path, |s, rel| s.bpffs_mkdir(rel)) }
+    );
+    if let Some(r) = served {
+        return r;
     }
     let real = real!(
         "mkdir",
@@ -360,38 +470,41 @@ const BPF_FS_MAGIC: i64 = 0xcafe_4a11;
 /// As `statfs(2)`.
 #[no_mangle]
 pub unsafe extern "C" fn statfs(path: *const libc::c_char, buf: *mut libc::statfs) -> c_int {
-    // SAFETY: caller obligation.
-    if let Some(rel) = unsafe { bpffs_path(path) } {
-        let dir = match with_shim(|s| s.bpffs_dir(&rel)) {
-            Some(Some(dir)) => Some(dir),
-            Some(None) => {
-                set_errno(libc::ENOENT);
-                return -1;
+    // The directory in the store that stands for a bpffs path: Ok(None) for other paths
+    // and the shim's own calls, Err(errno) for a bpffs path the shim cannot serve.
+    let served: Result<Option<std::path::PathBuf>, i32> =
+        ffi_guard!("statfs", Err(INTERNAL_ERROR), {
+            // SAFETY: caller obligation.
+            match unsafe { bpffs_path(path) } {
+                None => Ok(None),
+                Some(rel) => match with_shim(|s| s.bpffs_dir(&rel)) {
+                    Ok(Some(dir)) => Ok(Some(dir)),
+                    Ok(None) => Err(libc::ENOENT),
+                    Err(Unserved::Reentered) => Ok(None),
+                    Err(why) => Err(why.errno()),
+                },
             }
-            None => None,
-        };
-        if let Some(dir) = dir {
+        });
+    let real = real!(
+        "statfs",
+        unsafe extern "C" fn(*const libc::c_char, *mut libc::statfs) -> c_int
+    );
+    match served {
+        Err(errno) => failed(errno),
+        Ok(Some(dir)) => {
             let c = std::ffi::CString::new(dir.into_os_string().into_encoded_bytes())
                 .unwrap_or_default();
-            let real = real!(
-                "statfs",
-                unsafe extern "C" fn(*const libc::c_char, *mut libc::statfs) -> c_int
-            );
             // SAFETY: `c` is a path; `buf` is the caller's out buffer.
             let r = unsafe { real(c.as_ptr(), buf) };
             if r == 0 {
                 // SAFETY: statfs succeeded, so `buf` is valid and filled.
                 unsafe { (*buf).f_type = BPF_FS_MAGIC as _ };
             }
-            return r;
+            r
         }
+        // SAFETY: forwards unchanged.
+        Ok(None) => unsafe { real(path, buf) },
     }
-    let real = real!(
-        "statfs",
-        unsafe extern "C" fn(*const libc::c_char, *mut libc::statfs) -> c_int
-    );
-    // SAFETY: forwards unchanged.
-    unsafe { real(path, buf) }
 }
 
 /// `statfs64(3)`, the same as `statfs` on 64-bit targets, which libbpf may call instead.
@@ -414,12 +527,20 @@ pub unsafe extern "C" fn epoll_ctl(
     event: *mut libc::epoll_event,
 ) -> c_int {
     if has_bit(&OUR_FDS, fd) {
-        // SAFETY: forwarded caller obligation.
-        if let Some(Some(r)) = with_shim(|s| unsafe { s.epoll_ctl(epfd, op, fd, event) }) {
-            if r.is_ok() {
-                set_bit(&EPOLL_FDS, epfd, true);
+        let served = ffi_guard!("epoll_ctl", Some(failed(INTERNAL_ERROR)), {
+            // SAFETY: forwarded caller obligation.
+            match with_shim(|s| unsafe { s.epoll_ctl(epfd, op, fd, event) }) {
+                Ok(Some(r)) => {
+                    if r.is_ok() {
+                        set_bit(&EPOLL_FDS, epfd, true);
+                    }
+                    Some(ret(r) as c_int)
+                }
+                _ => None,
             }
-            return ret(r) as c_int;
+        });
+        if let Some(r) = served {
+            return r;
         }
     }
     let real = real!(
@@ -433,7 +554,9 @@ pub unsafe extern "C" fn epoll_ctl(
 fn before_wait(epfd: c_int) {
     if has_bit(&EPOLL_FDS, epfd) {
         let saved = std::io::Error::last_os_error().raw_os_error().unwrap_or(0);
-        with_shim(|s| s.epoll_arm_ready(epfd));
+        ffi_guard!("epoll_wait", (), {
+            let _ = with_shim(|s| s.epoll_arm_ready(epfd));
+        });
         set_errno(saved);
     }
 }
@@ -441,7 +564,9 @@ fn before_wait(epfd: c_int) {
 fn after_wait(epfd: c_int, n: c_int) -> c_int {
     if n > 0 && has_bit(&EPOLL_FDS, epfd) {
         let saved = std::io::Error::last_os_error().raw_os_error().unwrap_or(0);
-        with_shim(|s| s.epoll_drained(epfd));
+        ffi_guard!("epoll_wait", (), {
+            let _ = with_shim(|s| s.epoll_drained(epfd));
+        });
         set_errno(saved);
     }
     n
@@ -492,7 +617,9 @@ pub unsafe extern "C" fn epoll_pwait(
 
 fn track_dup(old: c_int, new: c_int) {
     if new >= 0 && has_bit(&OUR_FDS, old) {
-        with_shim(|s| s.dup(old, new));
+        ffi_guard!("dup", (), {
+            let _ = with_shim(|s| s.dup(old, new));
+        });
     }
 }
 
@@ -574,7 +701,7 @@ pub unsafe extern "C" fn setrlimit(resource: c_int, rlim: *const libc::rlimit) -
     );
     // SAFETY: forwards unchanged.
     let r = unsafe { real(resource, rlim) };
-    if memlock_refusal_is_moot(resource, r) {
+    if ffi_guard!("setrlimit", false, memlock_refusal_is_moot(resource, r)) {
         0
     } else {
         r
@@ -591,7 +718,7 @@ pub unsafe extern "C" fn setrlimit64(resource: c_int, rlim: *const libc::rlimit6
     );
     // SAFETY: forwards unchanged.
     let r = unsafe { real(resource, rlim) };
-    if memlock_refusal_is_moot(resource, r) {
+    if ffi_guard!("setrlimit", false, memlock_refusal_is_moot(resource, r)) {
         0
     } else {
         r
@@ -610,7 +737,7 @@ const PROBE_EVENTS: [&[u8]; 4] = [
 ];
 
 /// The directory of the kprobe PMU's sysfs files, which the shim answers for
-/// where the kernel has no kprobe PMU (see [`crate::KprobePmu`]).
+/// where the kernel has no kprobe PMU (see [`bpftime_shim::KprobePmu`]).
 const KPROBE_PMU_DIR: &[u8] = b"/sys/bus/event_source/devices/kprobe/";
 
 /// What a missing kprobe PMU file reads, when the shim serves the PMU.
@@ -618,7 +745,7 @@ fn served_pmu_file(path: &std::ffi::CStr) -> Option<String> {
     if !path.to_bytes().starts_with(KPROBE_PMU_DIR) {
         return None;
     }
-    let served = crate::KprobePmu::served(path.to_bytes());
+    let served = bpftime_shim::KprobePmu::served(path.to_bytes());
     if served.is_some() {
         tracing::debug!(path = %path.to_string_lossy(), "the kernel has no kprobe PMU; bpftime answers for it (kprobes are CUDA kernel probes)");
     }
@@ -689,8 +816,12 @@ pub unsafe extern "C" fn open(
     if fd >= 0 {
         return fd;
     }
-    // SAFETY: forwarded caller obligation.
-    unsafe { open_missing(path, flags) }.unwrap_or(fd)
+    ffi_guard!(
+        "open",
+        fd,
+        // SAFETY: forwarded caller obligation.
+        unsafe { open_missing(path, flags) }.unwrap_or(fd)
+    )
 }
 
 /// `open64(2)`: as `open`, for callers built with large-file support.
@@ -712,8 +843,12 @@ pub unsafe extern "C" fn open64(
     if fd >= 0 {
         return fd;
     }
-    // SAFETY: forwarded caller obligation.
-    unsafe { open_missing(path, flags) }.unwrap_or(fd)
+    ffi_guard!(
+        "open",
+        fd,
+        // SAFETY: forwarded caller obligation.
+        unsafe { open_missing(path, flags) }.unwrap_or(fd)
+    )
 }
 
 type FopenFn = unsafe extern "C" fn(*const libc::c_char, *const libc::c_char) -> *mut libc::FILE;
@@ -784,8 +919,12 @@ pub unsafe extern "C" fn fopen(
     if !f.is_null() {
         return f;
     }
-    // SAFETY: forwarded caller obligation.
-    unsafe { fopen_missing(real, path, mode) }
+    ffi_guard!(
+        "fopen",
+        std::ptr::null_mut(),
+        // SAFETY: forwarded caller obligation.
+        unsafe { fopen_missing(real, path, mode) }
+    )
 }
 
 /// `fopen64(3)`: as `fopen`, for callers built with large-file support (libbpf).
@@ -803,6 +942,10 @@ pub unsafe extern "C" fn fopen64(
     if !f.is_null() {
         return f;
     }
-    // SAFETY: forwarded caller obligation.
-    unsafe { fopen_missing(real, path, mode) }
+    ffi_guard!(
+        "fopen",
+        std::ptr::null_mut(),
+        // SAFETY: forwarded caller obligation.
+        unsafe { fopen_missing(real, path, mode) }
+    )
 }

@@ -132,14 +132,8 @@ fn libbpf(cookie: c_long) -> Option<&'static Libbpf> {
 #[link_section = ".init_array"]
 static REGISTER_AT_START: extern "C" fn() = register_handlers;
 
-/// Runs `f`, or gives `default` if it panics: nothing may unwind into libbpf
-/// or the dynamic loader, and a tool must not die of a bug here.
-fn guarded<R>(default: R, f: impl FnOnce() -> R) -> R {
-    std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)).unwrap_or(default)
-}
-
 extern "C" fn register_handlers() {
-    guarded((), register_all);
+    bpftime_attach::ffi_guard!("libbpf handler registration", (), register_all());
 }
 
 fn register_all() {
@@ -326,7 +320,9 @@ fn errno() -> c_int {
 /// At open: a `cuda:` program is a kprobe program.
 unsafe extern "C" fn setup(prog: *mut c_void, cookie: c_long) -> c_int {
     // SAFETY: forwarded from libbpf.
-    guarded(-libc::EINVAL, || unsafe { setup_inner(prog, cookie) })
+    bpftime_attach::ffi_guard!("libbpf prog setup", -libc::EINVAL, unsafe {
+        setup_inner(prog, cookie)
+    })
 }
 
 /// # Safety
@@ -345,7 +341,7 @@ unsafe fn setup_inner(prog: *mut c_void, cookie: c_long) -> c_int {
 /// is refused.
 unsafe extern "C" fn prepare_load(prog: *mut c_void, _opts: *mut c_void, cookie: c_long) -> c_int {
     // SAFETY: forwarded from libbpf.
-    guarded(-libc::EINVAL, || unsafe {
+    bpftime_attach::ffi_guard!("libbpf prog prepare_load", -libc::EINVAL, unsafe {
         prepare_load_inner(prog, cookie)
     })
 }
@@ -357,10 +353,10 @@ unsafe fn prepare_load_inner(prog: *mut c_void, cookie: c_long) -> c_int {
     // SAFETY: libbpf hands us one of its programs.
     let (probe, name) = unsafe { (probe_of(l, prog), name_of(l, prog)) };
     match probe {
-        Some(Ok(p)) if p.kind.on_gpu() => {
-            with_shim(|s| s.expect_gpu_program(&name));
-            0
-        }
+        Some(Ok(p)) if p.kind.on_gpu() => match with_shim(|s| s.expect_gpu_program(&name)) {
+            Ok(()) => 0,
+            Err(why) => -why.errno(),
+        },
         Some(Err(e)) => {
             tracing::error!("program `{name}`: {e}");
             -libc::EOPNOTSUPP
@@ -372,7 +368,7 @@ unsafe fn prepare_load_inner(prog: *mut c_void, cookie: c_long) -> c_int {
 /// At attach (a skeleton's attach, or `bpf_program__attach`).
 unsafe extern "C" fn attach(prog: *const c_void, cookie: c_long, link: *mut *mut c_void) -> c_int {
     // SAFETY: forwarded from libbpf.
-    guarded(-libc::EINVAL, || unsafe {
+    bpftime_attach::ffi_guard!("libbpf prog attach", -libc::EINVAL, unsafe {
         attach_inner(prog, cookie, link)
     })
 }
@@ -416,9 +412,9 @@ unsafe fn attach_inner(prog: *const c_void, cookie: c_long, link: *mut *mut c_vo
         GpuProbeKind::Launch | GpuProbeKind::Access | GpuProbeKind::SharedAccess => {
             let config = p.kind.event_config().expect("an event of bpftime's");
             let fd = match with_shim(|s| s.gpu_event(&kernel, config)) {
-                Some(Ok(fd)) => fd,
-                Some(Err(e)) => return -e,
-                None => return -libc::EIO,
+                Ok(Ok(fd)) => fd,
+                Ok(Err(e)) => return -e,
+                Err(why) => return -why.errno(),
             };
             // SAFETY: a program of this libbpf and our perf event fd, which the link
             // owns (and closes) from here on; NULL options are the defaults.
