@@ -153,8 +153,9 @@ fn main() -> ExitCode {
         Cmd::Load { tool } => {
             preload_command(&cli.store, SHIM_LIB, &tool).and_then(|c| exec(&cli.store, c, &tool))
         }
-        Cmd::Start { profiling, app } => start_command(&cli.store, &app, &profiling)
-            .and_then(|c| exec(&cli.store, c, &app)),
+        Cmd::Start { profiling, app } => {
+            start_command(&cli.store, &app, &profiling).and_then(|c| exec(&cli.store, c, &app))
+        }
         Cmd::Attach(args) => return attach::main(&cli.store, args),
         Cmd::Run(args) => return run::main(&cli.store, args),
         Cmd::Verify(args) => return verify::main(args),
@@ -223,8 +224,8 @@ pub fn check_runnable(path: &Path) -> Result<()> {
     use std::io::Read;
     let mut head = [0u8; 18];
     let mut n = 0;
-    let mut f = std::fs::File::open(path)
-        .with_context(|| format!("cannot read {}", path.display()))?;
+    let mut f =
+        std::fs::File::open(path).with_context(|| format!("cannot read {}", path.display()))?;
     while n < head.len() {
         match f.read(&mut head[n..]) {
             Ok(0) => break,

@@ -52,5 +52,3 @@ macro_rules! errln {
 macro_rules! err {
     ($($arg:tt)*) => { $crate::output::err(format_args!($($arg)*)) };
 }
-
-

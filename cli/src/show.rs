@@ -497,22 +497,22 @@ fn entries(
 ) -> Vec<(Vec<u8>, Value)> {
     let percpu = map.map_type().is_percpu();
     keys.filter_map(|k| {
-            if percpu {
-                let per_cpu = map.lookup_percpu(&k, MapFlags::ANY).ok()??;
-                let sums: Option<u64> = per_cpu.iter().map(|v| types.as_uint(value_id, v)).sum();
-                Some((
-                    k,
-                    match sums {
-                        Some(s) => Value::Number(s),
-                        None => Value::PerCpu(per_cpu),
-                    },
-                ))
-            } else {
-                let v = map.lookup(&k, MapFlags::ANY).ok()??;
-                Some((k, Value::Bytes(v)))
-            }
-        })
-        .collect()
+        if percpu {
+            let per_cpu = map.lookup_percpu(&k, MapFlags::ANY).ok()??;
+            let sums: Option<u64> = per_cpu.iter().map(|v| types.as_uint(value_id, v)).sum();
+            Some((
+                k,
+                match sums {
+                    Some(s) => Value::Number(s),
+                    None => Value::PerCpu(per_cpu),
+                },
+            ))
+        } else {
+            let v = map.lookup(&k, MapFlags::ANY).ok()??;
+            Some((k, Value::Bytes(v)))
+        }
+    })
+    .collect()
 }
 
 enum Value {

@@ -1570,7 +1570,10 @@ fn commands_exit_as_usual_when_their_output_is_closed() {
     let cases = [
         // (command, the exit status it has when its output is read)
         (format!("run {} -- {calls} 10", examples::REJECTED_BPF_O), 1),
-        (format!("run {} -- {calls} 10", examples::FUNCLATENCY_BPF_O), 0),
+        (
+            format!("run {} -- {calls} 10", examples::FUNCLATENCY_BPF_O),
+            0,
+        ),
         (format!("verify {}", examples::REJECTED_BPF_O), 1),
         (format!("verify {}", examples::FUNCLATENCY_BPF_O), 0),
         ("list".to_string(), 0),
@@ -1639,7 +1642,13 @@ fn load_and_start_refuse_what_is_not_a_program_and_leave_no_store() {
     for command in ["load", "start"] {
         for (file, reason) in &cases {
             let out = bpftime(&s, &[command, file.to_str().unwrap()]);
-            assert_eq!(out.code, Some(2), "{command} {}: {}", file.display(), out.context());
+            assert_eq!(
+                out.code,
+                Some(2),
+                "{command} {}: {}",
+                file.display(),
+                out.context()
+            );
             assert!(
                 out.stderr.contains(reason) && out.stderr.contains(file.to_str().unwrap()),
                 "{command} {}: {}",
@@ -1691,7 +1700,8 @@ char LICENSE[] SEC("license") = "GPL";
     let out = verify(&s, &[obj.to_str().unwrap()]);
     assert_eq!(out.code, Some(2), "{}", out.context());
     assert!(
-        out.stderr.contains("map `huge` (2147483648 entries of 256 bytes) cannot be made")
+        out.stderr
+            .contains("map `huge` (2147483648 entries of 256 bytes) cannot be made")
             && out.stderr.contains("limit of 64 GiB of data per map"),
         "{}",
         out.context()
