@@ -90,7 +90,7 @@ pub fn main(store: &str, args: AttachArgs) -> ExitCode {
     match attach(store, &args) {
         Ok(()) => ExitCode::SUCCESS,
         Err(f) => {
-            eprintln!("bpftime: {}", f.message);
+            errln!("bpftime: {}", f.message);
             ExitCode::from(f.code)
         }
     }
@@ -136,7 +136,7 @@ fn attach(store: &str, args: &AttachArgs) -> Result<(), Failure> {
         .and_then(|_| wait_until_ready(&hint, args.pid, Duration::from_secs(args.timeout)));
     let _ = std::fs::remove_file(&hint);
     outcome?;
-    println!(
+    outln!(
         "attached to process {}: agent running, store `{store}`",
         args.pid
     );

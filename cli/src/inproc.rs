@@ -79,11 +79,16 @@ pub struct StoreCleanup {
 }
 
 impl StoreCleanup {
-    pub fn new(name: &str) -> StoreCleanup {
-        StoreCleanup {
+    /// Opens the store `name`, creating it if needed, with the store's own checks:
+    /// before the loader starts, so that a bad store stops the command before libbpf
+    /// does anything.
+    pub fn create(name: &str) -> Result<StoreCleanup> {
+        let existed = Store::dir_for(name).join("store").exists();
+        Store::create_or_open(name).with_context(|| format!("cannot open the store `{name}`"))?;
+        Ok(StoreCleanup {
             name: name.to_string(),
-            existed: Store::dir_for(name).join("store").exists(),
-        }
+            existed,
+        })
     }
 }
 
@@ -163,16 +168,6 @@ pub fn user_environment(command: &mut Command) {
     if QUIETED.load(Ordering::Relaxed) {
         command.env_remove(LOG_ENV);
     }
-}
-
-/// Sends libbpf's messages to stderr (its debug chatter only when `verbose`).
-pub fn libbpf_to_stderr(verbose: bool) {
-    let level = if verbose {
-        libbpf_rs::PrintLevel::Debug
-    } else {
-        libbpf_rs::PrintLevel::Info
-    };
-    libbpf_rs::set_print(Some((level, |_, msg| eprint!("{msg}"))));
 }
 
 /// Checks that `path` looks like a file we can hand to libbpf.

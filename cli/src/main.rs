@@ -11,9 +11,12 @@ use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, ExitCode};
 
+#[macro_use]
+mod output;
 mod attach;
 mod histogram;
 mod inproc;
+mod libbpf_log;
 mod probes;
 mod run;
 mod show;
@@ -147,9 +150,11 @@ struct UsageError(anyhow::Error);
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let r = match cli.command {
-        Cmd::Load { tool } => exec_with(&cli.store, SHIM_LIB, &tool),
+        Cmd::Load { tool } => {
+            preload_command(&cli.store, SHIM_LIB, &tool).and_then(|c| exec(&cli.store, c, &tool))
+        }
         Cmd::Start { profiling, app } => {
-            start_command(&cli.store, &app, &profiling).and_then(|c| exec(c, &app))
+            start_command(&cli.store, &app, &profiling).and_then(|c| exec(&cli.store, c, &app))
         }
         Cmd::Attach(args) => return attach::main(&cli.store, args),
         Cmd::Run(args) => return run::main(&cli.store, args),
@@ -162,7 +167,7 @@ fn main() -> ExitCode {
     match r {
         Ok(()) => ExitCode::SUCCESS,
         Err(UsageError(e)) => {
-            eprintln!("bpftime: {e:#}");
+            errln!("bpftime: {e:#}");
             ExitCode::from(2)
         }
     }
@@ -194,18 +199,73 @@ fn find_program(name: &Path) -> Option<PathBuf> {
         .find(|p| p.is_file())
 }
 
-/// Replaces this process with `argv`, `lib` preloaded: signals and the exit
-/// status are then the program's own.
-fn exec_with(store: &str, lib: &str, argv: &[OsString]) -> Result<(), UsageError> {
-    exec(preload_command(store, lib, argv)?, argv)
-}
-
-fn exec(mut command: Command, argv: &[OsString]) -> Result<(), UsageError> {
+/// Replaces this process with `command` (`argv`), in `store`, made now that nothing
+/// else can fail first: signals and the exit status are then the program's own. A
+/// store this made is removed again when the program cannot start.
+fn exec(store: &str, mut command: Command, argv: &[OsString]) -> Result<(), UsageError> {
+    let existed = Store::dir_for(store).join("store").exists();
+    Store::create_or_open(store)
+        .with_context(|| format!("cannot open the store `{store}`"))
+        .map_err(UsageError)?;
     let err = command.exec();
+    if !existed {
+        let _ = std::fs::remove_dir_all(Store::dir_for(store));
+    }
     Err(UsageError(anyhow::anyhow!(
         "cannot run {}: {err}",
         Path::new(&argv[0]).display()
     )))
+}
+
+/// Checks that `path` is something exec runs as a program: an executable ELF file or
+/// a script with a `#!` line. Anything else, exec hands to the shell as a script,
+/// which runs an empty or text file silently and fails on others with a shell error.
+pub fn check_runnable(path: &Path) -> Result<()> {
+    use std::io::Read;
+    let mut head = [0u8; 18];
+    let mut n = 0;
+    let mut f =
+        std::fs::File::open(path).with_context(|| format!("cannot read {}", path.display()))?;
+    while n < head.len() {
+        match f.read(&mut head[n..]) {
+            Ok(0) => break,
+            Ok(k) => n += k,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e).with_context(|| format!("cannot read {}", path.display())),
+        }
+    }
+    let head = &head[..n];
+    // e_type at offset 16: 2 is an executable, 3 a position-independent one (or a library).
+    let elf_type = head.get(16..18).map(|t| u16::from_le_bytes([t[0], t[1]]));
+    let what = if head.starts_with(b"#!") {
+        None
+    } else if head.starts_with(b"\x7fELF") {
+        match elf_type {
+            Some(2 | 3) => None,
+            _ => Some("an ELF file but not an executable (an object file or a core dump?)"),
+        }
+    } else if head.is_empty() {
+        Some("empty")
+    } else {
+        Some("neither an executable (ELF) nor a script starting with a #! line")
+    };
+    if let Some(what) = what {
+        bail!(
+            "{} is {what}; give a program to run (a compiled executable, or a script whose first line is #!INTERPRETER)",
+            path.display()
+        );
+    }
+    let c = std::ffi::CString::new(path.as_os_str().as_encoded_bytes())
+        .with_context(|| format!("{} holds a NUL byte", path.display()))?;
+    // SAFETY: access with a NUL-terminated path; it only checks permissions.
+    if unsafe { libc::access(c.as_ptr(), libc::X_OK) } != 0 {
+        bail!(
+            "{} is not executable by you: {} (chmod +x it, or run it as a user who may)",
+            path.display(),
+            std::io::Error::last_os_error()
+        );
+    }
+    Ok(())
 }
 
 /// What `bpftime start` runs: `app` with the agent's starter preloaded, in
@@ -224,19 +284,18 @@ fn start_command(
     Ok(command)
 }
 
-/// `argv` with `lib` preloaded and `store` named in its environment.
+/// `argv` with `lib` preloaded and `store` named in its environment (the store is
+/// made when the command runs: see [`exec`]).
 fn preload_command(store: &str, lib: &str, argv: &[OsString]) -> Result<Command, UsageError> {
     let lib = library(lib).map_err(UsageError)?;
     let prog = Path::new(&argv[0]);
-    if find_program(prog).is_none() {
+    let Some(found) = find_program(prog) else {
         return Err(UsageError(anyhow::anyhow!(
             "{} not found (not a file, and not on PATH)",
             prog.display()
         )));
-    }
-    Store::create_or_open(store)
-        .with_context(|| format!("cannot open the store `{store}`"))
-        .map_err(UsageError)?;
+    };
+    check_runnable(&found).map_err(UsageError)?;
     let mut preload = OsString::from(lib.as_os_str());
     if let Some(old) = std::env::var_os("LD_PRELOAD").filter(|s| !s.is_empty()) {
         preload.push(":");
@@ -256,7 +315,7 @@ fn list(store: &str, clean: bool) -> Result<()> {
     // shows it (`--clean` only says how much there was).
     let removed = store.collect_garbage();
     if clean {
-        println!("removed {} objects without references", removed.len());
+        outln!("removed {} objects without references", removed.len());
     }
     let owner = |kind, id| {
         store
@@ -270,10 +329,10 @@ fn list(store: &str, clean: bool) -> Result<()> {
             })
             .unwrap_or_default()
     };
-    println!("store {} ({})", store.name(), store.dir().display());
+    outln!("store {} ({})", store.name(), store.dir().display());
     for id in store.ids(ObjectKind::Map) {
         match Map::open(&store, id) {
-            Ok(m) => println!(
+            Ok(m) => outln!(
                 "map  {id:>5}  type {:<4} key {:<3} value {:<5} max {:<8} {:<16} {}{}",
                 m.map_type(),
                 m.key_size(),
@@ -287,34 +346,34 @@ fn list(store: &str, clean: bool) -> Result<()> {
                     String::new()
                 }
             ),
-            Err(e) => println!("map  {id:>5}  unreadable: {e}"),
+            Err(e) => outln!("map  {id:>5}  unreadable: {e}"),
         }
     }
     for id in store.ids(ObjectKind::Program) {
         match ProgramRecord::read(&store, id) {
-            Ok(p) => println!(
+            Ok(p) => outln!(
                 "prog {id:>5}  type {:<4} insns {:<6} {:<16} {}",
                 p.prog_type,
                 p.insns.len(),
                 p.name,
                 owner(ObjectKind::Program, id)
             ),
-            Err(e) => println!("prog {id:>5}  unreadable: {e}"),
+            Err(e) => outln!("prog {id:>5}  unreadable: {e}"),
         }
     }
     for id in store.ids(ObjectKind::Link) {
         match LinkRecord::read(&store, id) {
-            Ok(l) => println!(
+            Ok(l) => outln!(
                 "link {id:>5}  prog {:<5} {} {}",
                 l.prog_id,
                 link_target(&l),
                 owner(ObjectKind::Link, id)
             ),
-            Err(e) => println!("link {id:>5}  unreadable: {e}"),
+            Err(e) => outln!("link {id:>5}  unreadable: {e}"),
         }
     }
     for pin in store.pins() {
-        println!(
+        outln!(
             "pin  {}  {} {}",
             pin.path.display(),
             pin.kind.prefix(),
@@ -323,12 +382,12 @@ fn list(store: &str, clean: bool) -> Result<()> {
     }
     for id in store.ids(ObjectKind::PerfEvent) {
         match PerfEventRecord::read(&store, id) {
-            Ok(e) => println!(
+            Ok(e) => outln!(
                 "perf {id:>5}  {} {}",
                 perf_event_target(&e),
                 owner(ObjectKind::PerfEvent, id)
             ),
-            Err(e) => println!("perf {id:>5}  unreadable: {e}"),
+            Err(e) => outln!("perf {id:>5}  unreadable: {e}"),
         }
     }
     Ok(())

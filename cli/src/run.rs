@@ -74,21 +74,25 @@ fn usage(e: impl Into<anyhow::Error>) -> Failure {
 
 /// Writes a line to stdout; a closed pipe (`| head`) must not stop the app's report.
 fn say(line: &str) {
-    let _ = writeln!(std::io::stdout().lock(), "{line}");
+    outln!("{line}");
 }
 
 /// `bpftime run`: checks what it can cheaply, then runs the loader with the
 /// shim preloaded and cleans the store up after it.
 pub fn main(store: &str, args: RunArgs) -> ExitCode {
     if let Err(e) = inproc::check_object(&args.object) {
-        eprintln!("bpftime run: {e:#}");
+        errln!("bpftime run: {e:#}");
         return ExitCode::from(2);
     }
-    if crate::find_program(Path::new(&args.app[0])).is_none() {
-        eprintln!(
+    let Some(app) = crate::find_program(Path::new(&args.app[0])) else {
+        errln!(
             "bpftime run: {} not found (not a file, and not on PATH)",
             Path::new(&args.app[0]).display()
         );
+        return ExitCode::from(2);
+    };
+    if let Err(e) = crate::check_runnable(&app) {
+        errln!("bpftime run: {e:#}");
         return ExitCode::from(2);
     }
     let mut argv: Vec<OsString> = vec!["__run-loader".into()];
@@ -106,7 +110,7 @@ pub fn main(store: &str, args: RunArgs) -> ExitCode {
                 argv.push(dir.into_os_string());
             }
             Err(e) => {
-                eprintln!("bpftime run: --out {}: {e}", dir.display());
+                errln!("bpftime run: --out {}: {e}", dir.display());
                 return ExitCode::from(2);
             }
         }
@@ -114,18 +118,24 @@ pub fn main(store: &str, args: RunArgs) -> ExitCode {
     match args.profiling.to_args() {
         Ok(a) => argv.extend(a),
         Err(e) => {
-            eprintln!("bpftime run: {e:#}");
+            errln!("bpftime run: {e:#}");
             return ExitCode::from(2);
         }
     }
     argv.push(args.object.into_os_string());
     argv.push("--".into());
     argv.extend(args.app);
-    let _cleanup = inproc::StoreCleanup::new(store);
+    let _cleanup = match inproc::StoreCleanup::create(store) {
+        Ok(c) => c,
+        Err(e) => {
+            errln!("bpftime run: {e:#}");
+            return ExitCode::from(2);
+        }
+    };
     match inproc::run_with_shim(store, &argv) {
         Ok(status) => inproc::exit_code(status),
         Err(e) => {
-            eprintln!("bpftime run: {e:#}");
+            errln!("bpftime run: {e:#}");
             ExitCode::from(2)
         }
     }
@@ -134,18 +144,18 @@ pub fn main(store: &str, args: RunArgs) -> ExitCode {
 /// The loader, inside the shim.
 pub fn loader_main(store: &str, args: RunArgs) -> ExitCode {
     if let Err(e) = inproc::enter_loader() {
-        eprintln!("bpftime: {e:#}");
+        errln!("bpftime: {e:#}");
         return ExitCode::from(2);
     }
-    inproc::libbpf_to_stderr(args.verbose);
+    crate::libbpf_log::to_stderr(args.verbose);
     match load_and_run(store, &args) {
         Ok(code) => code,
         Err(Failure::Usage(e)) => {
-            eprintln!("bpftime run: {e:#}");
+            errln!("bpftime run: {e:#}");
             ExitCode::from(2)
         }
         Err(Failure::Load(e)) => {
-            eprintln!("bpftime run: {e:#}");
+            errln!("bpftime run: {e:#}");
             ExitCode::from(1)
         }
     }
@@ -391,6 +401,9 @@ fn load_and_run(store: &str, args: &RunArgs) -> Result<ExitCode, Failure> {
         ))
     })?;
     inproc::check_object(&args.object).map_err(Failure::Usage)?;
+    // Maps are read from the store at the end (see show::dump_maps).
+    let store_handle = bpftime_runtime::Store::open(store)
+        .map_err(|e| usage(anyhow!("cannot open the store `{store}`: {e}")))?;
     let open = ObjectBuilder::default()
         .open_file(&args.object)
         .map_err(|e| usage(anyhow!("cannot open {}: {e}", args.object.display())))?;
@@ -410,7 +423,7 @@ fn load_and_run(store: &str, args: &RunArgs) -> Result<ExitCode, Failure> {
             .ok_or_else(|| Failure::Load(anyhow!("program `{}` vanished after load", a.prog)))?;
         let link = attach_gpu(&prog, a)
             .map_err(|e| Failure::Load(anyhow!("cannot attach {}: {e:#}", a.describe())))?;
-        eprintln!("bpftime run: attached {}", a.describe());
+        errln!("bpftime run: attached {}", a.describe());
         links.push(link);
     }
     for a in &plans.uprobes {
@@ -426,7 +439,7 @@ fn load_and_run(store: &str, args: &RunArgs) -> Result<ExitCode, Failure> {
         let link = prog
             .attach_uprobe_with_opts(-1, &a.file, a.offset as usize, opts)
             .map_err(|e| Failure::Load(anyhow!("cannot attach {}: {e}", a.describe())))?;
-        eprintln!("bpftime run: attached {}", a.describe());
+        errln!("bpftime run: attached {}", a.describe());
         links.push(link);
     }
 
@@ -473,7 +486,7 @@ fn load_and_run(store: &str, args: &RunArgs) -> Result<ExitCode, Failure> {
                         *events.borrow_mut().entry(name.clone()).or_default() += 1;
                     })
                     .lost_cb(move |cpu: i32, count: u64| {
-                        eprintln!("bpftime run: {lost_name}: {count} events lost on cpu {cpu}");
+                        errln!("bpftime run: {lost_name}: {count} events lost on cpu {cpu}");
                     })
                     .build()
                     .map_err(|e| {
@@ -538,16 +551,16 @@ fn load_and_run(store: &str, args: &RunArgs) -> Result<ExitCode, Failure> {
     }
     trace.drain();
     drop(links);
-    eprintln!(
+    errln!(
         "bpftime run: {} exited ({status}); maps of {}:",
         app.display(),
         args.object.display()
     );
     if let Some(hint) = crash_hint(status) {
-        eprintln!("bpftime run: {hint}");
+        errln!("bpftime run: {hint}");
     }
     let mut frame = |ip| app_maps.describe(ip);
-    let lines = show::dump_maps(&obj, &types, &events.borrow(), &mut frame);
+    let lines = show::dump_maps(&obj, &store_handle, &types, &events.borrow(), &mut frame);
     for line in &lines {
         say(line);
     }
@@ -556,7 +569,7 @@ fn load_and_run(store: &str, args: &RunArgs) -> Result<ExitCode, Failure> {
             .finish(&lines)
             .map_err(|e| Failure::Load(anyhow!("{e:#}")))?
         {
-            eprintln!("bpftime run: wrote {written}");
+            errln!("bpftime run: wrote {written}");
         }
     }
     Ok(inproc::exit_code(status))

@@ -454,28 +454,65 @@ fn is_log2_histogram(map: &Map<'_>, types: &Types<'_>, key_id: u32, value_id: u3
     named && keyed && counts && kinds
 }
 
-/// Every entry of a map with per-CPU values folded: integers summed, other
+/// The keys to print of an array or a stack trace map larger than [`SMALL_ARRAY`]:
+/// those that hold something, found in the store in time that follows what the map
+/// holds (walking every index of a 2^31-entry array takes hours).
+fn present_keys(map: &Map<'_>, store: &bpftime_runtime::Store) -> Result<Vec<Vec<u8>>, String> {
+    let id = map
+        .info()
+        .map_err(|e| format!("cannot find the map in the store: {e}"))?
+        .info
+        .id;
+    let keys = bpftime_runtime::Map::open(store, id)
+        .and_then(|m| m.present_keys())
+        .map_err(|e| format!("cannot read the map in the store: {e}"))?
+        .ok_or_else(|| "the store's map is not an array".to_string())?;
+    Ok(keys.into_iter().map(|k| k.to_ne_bytes().to_vec()).collect())
+}
+
+/// The keys of `map` to print: every key, or, for an array or a stack trace map
+/// larger than [`SMALL_ARRAY`], those that hold something (see [`present_keys`]).
+fn keys_to_print<'m>(
+    map: &'m Map<'_>,
+    store: &bpftime_runtime::Store,
+) -> Result<Box<dyn Iterator<Item = Vec<u8>> + 'm>, String> {
+    let sparse = matches!(
+        map.map_type(),
+        MapType::Array | MapType::PercpuArray | MapType::StackTrace
+    ) && map.max_entries() > SMALL_ARRAY;
+    if sparse {
+        Ok(Box::new(present_keys(map, store)?.into_iter()))
+    } else {
+        Ok(Box::new(map.keys()))
+    }
+}
+
+/// The entries of `keys` with per-CPU values folded: integers summed, other
 /// values listed by CPU.
-fn entries(map: &Map<'_>, types: &Types<'_>, value_id: u32) -> Vec<(Vec<u8>, Value)> {
+fn entries(
+    map: &Map<'_>,
+    keys: impl Iterator<Item = Vec<u8>>,
+    types: &Types<'_>,
+    value_id: u32,
+) -> Vec<(Vec<u8>, Value)> {
     let percpu = map.map_type().is_percpu();
-    map.keys()
-        .filter_map(|k| {
-            if percpu {
-                let per_cpu = map.lookup_percpu(&k, MapFlags::ANY).ok()??;
-                let sums: Option<u64> = per_cpu.iter().map(|v| types.as_uint(value_id, v)).sum();
-                Some((
-                    k,
-                    match sums {
-                        Some(s) => Value::Number(s),
-                        None => Value::PerCpu(per_cpu),
-                    },
-                ))
-            } else {
-                let v = map.lookup(&k, MapFlags::ANY).ok()??;
-                Some((k, Value::Bytes(v)))
-            }
-        })
-        .collect()
+    keys.filter_map(|k| {
+        if percpu {
+            let per_cpu = map.lookup_percpu(&k, MapFlags::ANY).ok()??;
+            let sums: Option<u64> = per_cpu.iter().map(|v| types.as_uint(value_id, v)).sum();
+            Some((
+                k,
+                match sums {
+                    Some(s) => Value::Number(s),
+                    None => Value::PerCpu(per_cpu),
+                },
+            ))
+        } else {
+            let v = map.lookup(&k, MapFlags::ANY).ok()??;
+            Some((k, Value::Bytes(v)))
+        }
+    })
+    .collect()
 }
 
 enum Value {
@@ -520,10 +557,13 @@ impl Value {
 /// The traces of a stack trace map, by id: `name[id]:` and one line per
 /// frame, innermost first, named by `frame` (`    func+off (file)`, as
 /// bpftrace's `ustack` prints them).
-fn stack_traces(map: &Map<'_>, frame: &mut dyn FnMut(u64) -> String) -> Vec<String> {
+fn stack_traces(
+    map: &Map<'_>,
+    keys: impl Iterator<Item = Vec<u8>>,
+    frame: &mut dyn FnMut(u64) -> String,
+) -> Vec<String> {
     let name = map.name().to_string_lossy().into_owned();
-    let mut ids: Vec<(u32, Vec<u8>)> = map
-        .keys()
+    let mut ids: Vec<(u32, Vec<u8>)> = keys
         .filter_map(|k| {
             let id = u32::from_ne_bytes(k.as_slice().try_into().ok()?);
             Some((id, map.lookup(&k, MapFlags::ANY).ok()??))
@@ -550,9 +590,10 @@ fn stack_traces(map: &Map<'_>, frame: &mut dyn FnMut(u64) -> String) -> Vec<Stri
 
 /// The contents of every map of `obj`, as lines. `events` counts the records
 /// each ring buffer or perf buffer delivered; `frame` names a user-space
-/// address of a stack trace.
+/// address of a stack trace; `store` holds the maps.
 pub fn dump_maps(
     obj: &Object,
+    store: &bpftime_runtime::Store,
     types: &Types<'_>,
     events: &HashMap<String, u64>,
     frame: &mut dyn FnMut(u64) -> String,
@@ -565,7 +606,10 @@ pub fn dump_maps(
         match kind {
             // Keys are 32-bit stack ids (the kernel refuses any other size).
             MapType::StackTrace if map.key_size() == 4 => {
-                out.extend(stack_traces(&map, frame));
+                match keys_to_print(&map, store) {
+                    Ok(keys) => out.extend(stack_traces(&map, keys, frame)),
+                    Err(e) => out.push(format!("{name} (stack_trace): {e}")),
+                }
                 continue;
             }
             MapType::RingBuf | MapType::PerfEventArray => {
@@ -609,7 +653,13 @@ pub fn dump_maps(
             continue;
         }
         let key_size = map.key_size();
-        let list = entries(&map, types, value_id);
+        let list = match keys_to_print(&map, store) {
+            Ok(keys) => entries(&map, keys, types, value_id),
+            Err(e) => {
+                out.push(format!("{name} ({}): {e}", kind_name(kind)));
+                continue;
+            }
+        };
         let header = format!(
             "{} -> {}",
             types.describe(key_id, key_size),
@@ -633,10 +683,15 @@ pub fn dump_maps(
             continue;
         }
         let is_array = matches!(kind, MapType::Array | MapType::PercpuArray);
-        out.push(format!(
-            "{name} ({} {header}, {} entries):",
-            kind_name(kind),
+        // Every index of an array is an entry, read or not.
+        let total = if is_array {
+            map.max_entries() as usize
+        } else {
             list.len()
+        };
+        out.push(format!(
+            "{name} ({} {header}, {total} entries):",
+            kind_name(kind),
         ));
         let show_zero = !is_array || map.max_entries() <= SMALL_ARRAY;
         let mut shown: Vec<(Option<u64>, String, String)> = list
@@ -653,7 +708,7 @@ pub fn dump_maps(
         if !is_array {
             shown.sort_by(|a, b| a.0.cmp(&b.0).then_with(|| a.1.cmp(&b.1)));
         }
-        let hidden = list.len() - shown.len();
+        let hidden = total - shown.len();
         for (_, k, v) in shown {
             out.push(format!("{name}[{k}]: {v}"));
         }

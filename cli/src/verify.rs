@@ -33,7 +33,7 @@ pub struct VerifyArgs {
 /// removed afterwards.
 pub fn main(args: VerifyArgs) -> ExitCode {
     if let Err(e) = inproc::check_object(&args.object) {
-        eprintln!("bpftime verify: {e:#}");
+        errln!("bpftime verify: {e:#}");
         return ExitCode::from(2);
     }
     let store = format!("verify-{}", std::process::id());
@@ -46,11 +46,17 @@ pub fn main(args: VerifyArgs) -> ExitCode {
         argv.push("--verbose".into());
     }
     argv.push(args.object.into_os_string());
-    let _cleanup = inproc::StoreCleanup::new(&store);
+    let _cleanup = match inproc::StoreCleanup::create(&store) {
+        Ok(c) => c,
+        Err(e) => {
+            errln!("bpftime verify: {e:#}");
+            return ExitCode::from(2);
+        }
+    };
     match inproc::run_with_shim(&store, &argv) {
         Ok(status) => inproc::exit_code(status),
         Err(e) => {
-            eprintln!("bpftime verify: {e:#}");
+            errln!("bpftime verify: {e:#}");
             ExitCode::from(2)
         }
     }
@@ -60,16 +66,20 @@ pub fn main(args: VerifyArgs) -> ExitCode {
 /// before the verifier ran (a bad relocation, a map that cannot be made).
 static LIBBPF_MESSAGES: Mutex<String> = Mutex::new(String::new());
 
-fn collect_libbpf_message(level: PrintLevel, msg: String) {
+fn collect_libbpf_message(level: PrintLevel, msg: &str) {
     if !matches!(level, PrintLevel::Debug) {
         LIBBPF_MESSAGES
             .lock()
             .unwrap_or_else(|p| p.into_inner())
-            .push_str(&msg);
+            .push_str(msg);
     }
 }
 
 enum Verdict {
+    /// A map of the object cannot be made, so no program was checked.
+    MapRefused {
+        error: String,
+    },
     Accepted {
         log: String,
     },
@@ -86,6 +96,30 @@ fn insns_processed(log: &str) -> Option<u64> {
         let rest = &l[l.find("processed ")? + "processed ".len()..];
         let (n, tail) = rest.split_once(' ')?;
         tail.starts_with("insns").then(|| n.parse().ok()).flatten()
+    })
+}
+
+/// Why a map of `open` cannot be made, for a map too big for bpftime's store (which
+/// the loader would report as E2BIG, "Argument list too long", as if the program were
+/// at fault): `map `NAME`: the reason with the limit`.
+fn oversized_map(open: &libbpf_rs::OpenObject) -> Option<String> {
+    open.maps().filter(|m| m.autocreate()).find_map(|m| {
+        let spec = bpftime_runtime::MapSpec {
+            map_type: m.map_type() as u32,
+            key_size: m.key_size(),
+            value_size: m.value_size(),
+            max_entries: m.max_entries(),
+            map_flags: m.map_flags(),
+            name: m.name().to_string_lossy().into_owned(),
+            ..Default::default()
+        };
+        match bpftime_runtime::Map::check_spec(&spec) {
+            Err(e) if e.errno() == libc::E2BIG => Some(format!(
+                "map `{}` ({} entries of {} bytes) cannot be made: {e}",
+                spec.name, spec.max_entries, spec.value_size
+            )),
+            _ => None,
+        }
     })
 }
 
@@ -112,6 +146,7 @@ fn verify_one(object: &Path, prog: &str, log_level: u32) -> Result<Verdict> {
             };
         }
     }
+    let too_big = oversized_map(&open);
     LIBBPF_MESSAGES
         .lock()
         .unwrap_or_else(|p| p.into_inner())
@@ -121,6 +156,10 @@ fn verify_one(object: &Path, prog: &str, log_level: u32) -> Result<Verdict> {
     let text = String::from_utf8_lossy(&log[..end]).into_owned();
     Ok(match loaded {
         Ok(_) => Verdict::Accepted { log: text },
+        // The load stopped at a map, not at the program.
+        Err(_) if text.trim().is_empty() && too_big.is_some() => Verdict::MapRefused {
+            error: too_big.unwrap_or_default(),
+        },
         Err(e) => Verdict::Rejected {
             log: text,
             error: e.to_string(),
@@ -132,10 +171,10 @@ fn verify_one(object: &Path, prog: &str, log_level: u32) -> Result<Verdict> {
 /// The loader, inside the shim.
 pub fn loader_main(args: VerifyArgs) -> ExitCode {
     if let Err(e) = inproc::enter_loader() {
-        eprintln!("bpftime: {e:#}");
+        errln!("bpftime: {e:#}");
         return ExitCode::from(2);
     }
-    libbpf_rs::set_print(Some((PrintLevel::Info, collect_libbpf_message)));
+    crate::libbpf_log::set(Some((PrintLevel::Info, collect_libbpf_message)));
     let names: Vec<String> = match ObjectBuilder::default().open_file(&args.object) {
         Ok(open) => open
             .progs()
@@ -147,15 +186,15 @@ pub fn loader_main(args: VerifyArgs) -> ExitCode {
                 .lock()
                 .unwrap_or_else(|p| p.into_inner())
                 .clone();
-            eprint!("{libbpf}");
-            eprintln!("bpftime verify: cannot open {}: {e}", args.object.display());
+            err!("{libbpf}");
+            errln!("bpftime verify: cannot open {}: {e}", args.object.display());
             return ExitCode::from(2);
         }
     };
     let chosen = match &args.prog {
         Some(p) if names.contains(p) => vec![p.clone()],
         Some(p) => {
-            eprintln!(
+            errln!(
                 "bpftime verify: {} has no program `{p}`; it has: {}",
                 args.object.display(),
                 names.join(", ")
@@ -163,7 +202,7 @@ pub fn loader_main(args: VerifyArgs) -> ExitCode {
             return ExitCode::from(2);
         }
         None if names.is_empty() => {
-            eprintln!(
+            errln!(
                 "bpftime verify: {} holds no programs",
                 args.object.display()
             );
@@ -177,37 +216,41 @@ pub fn loader_main(args: VerifyArgs) -> ExitCode {
         match verify_one(&args.object, name, level) {
             Ok(Verdict::Accepted { log }) => {
                 match insns_processed(&log) {
-                    Some(n) => println!("{name}: ok ({n} insns processed)"),
-                    None => println!("{name}: ok"),
+                    Some(n) => outln!("{name}: ok ({n} insns processed)"),
+                    None => outln!("{name}: ok"),
                 }
                 if args.verbose {
-                    print!("{log}");
+                    out!("{log}");
                     if !log.ends_with('\n') {
-                        println!();
+                        outln!();
                     }
                 }
             }
+            Ok(Verdict::MapRefused { error }) => {
+                errln!("bpftime verify: {}: {error}", args.object.display());
+                return ExitCode::from(2);
+            }
             Ok(Verdict::Rejected { log, error, libbpf }) => {
                 rejected += 1;
-                println!("{name}: rejected ({error})");
+                outln!("{name}: rejected ({error})");
                 if log.trim().is_empty() {
                     // Nothing reached the verifier: libbpf's own account is the reason.
-                    print!("{libbpf}");
+                    out!("{libbpf}");
                 } else {
-                    print!("{log}");
+                    out!("{log}");
                     if !log.ends_with('\n') {
-                        println!();
+                        outln!();
                     }
                 }
             }
             Err(e) => {
-                eprintln!("bpftime verify: {e:#}");
+                errln!("bpftime verify: {e:#}");
                 return ExitCode::from(2);
             }
         }
     }
     if rejected > 0 {
-        println!("{rejected} of {} programs rejected", chosen.len());
+        outln!("{rejected} of {} programs rejected", chosen.len());
         ExitCode::from(1)
     } else {
         ExitCode::SUCCESS

@@ -47,6 +47,11 @@ fn bpftime(s: &Session, args: &[&str]) -> Outcome {
 
 /// [`bpftime`] with `env` added to its environment.
 fn bpftime_env(s: &Session, args: &[&str], env: &[(&str, &str)]) -> Outcome {
+    bpftime_within(s, args, env, Duration::from_secs(120))
+}
+
+/// [`bpftime_env`], killed and failed after `limit`.
+fn bpftime_within(s: &Session, args: &[&str], env: &[(&str, &str)], limit: Duration) -> Outcome {
     static RUNS: AtomicUsize = AtomicUsize::new(0);
     let n = RUNS.fetch_add(1, Ordering::Relaxed);
     let (out_path, err_path) = (
@@ -60,7 +65,7 @@ fn bpftime_env(s: &Session, args: &[&str], env: &[(&str, &str)]) -> Outcome {
         .stdout(File::create(&out_path).unwrap())
         .stderr(File::create(&err_path).unwrap());
     let mut child = c.spawn().expect("spawn bpftime");
-    let end = Instant::now() + Duration::from_secs(120);
+    let end = Instant::now() + limit;
     let status = loop {
         if let Some(status) = child.try_wait().expect("wait") {
             break status;
@@ -1369,5 +1374,382 @@ fn a_crash_report_says_where_the_target_faulted() {
             .contains("run it again with BPFTIME_CRASH_REPORT=1"),
         "{}",
         out.context()
+    );
+}
+
+/// An array of 2^31 values and a per-CPU array of 2^28, each with a few entries set:
+/// `run` prints them in time that follows what they hold, not their size (walking
+/// every index took hours), and says how many zero entries it left out.
+#[test]
+fn run_prints_huge_arrays_by_their_nonzero_entries() {
+    let s = Session::new("run-huge-array");
+    let source = r#"
+#include <linux/bpf.h>
+#include <bpf/bpf_helpers.h>
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, 1u << 31);
+	__type(key, __u32);
+	__type(value, __u64);
+} big SEC(".maps");
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, 1u << 28);
+	__type(key, __u32);
+	__type(value, __u64);
+} spread SEC(".maps");
+static void add(void *map, __u32 k, __u64 n)
+{
+	__u64 *v = bpf_map_lookup_elem(map, &k);
+	if (v)
+		__sync_fetch_and_add(v, n);
+}
+SEC("uprobe/work")
+int on_work(void *ctx)
+{
+	add(&big, 3, 1);
+	add(&big, 1u << 30, 2);
+	add(&big, (1u << 31) - 1, 3);
+	add(&spread, 100000, 1);
+	return 0;
+}
+char LICENSE[] SEC("license") = "GPL";
+"#;
+    let obj = s.compile_bpf("huge", source);
+    let start = Instant::now();
+    let calls = s.target_copy(examples::CALLS);
+    let out = bpftime_within(
+        &s,
+        &[
+            "run",
+            obj.to_str().unwrap(),
+            "--",
+            calls.to_str().unwrap(),
+            &N.to_string(),
+        ],
+        &[],
+        Duration::from_secs(60),
+    );
+    eprintln!(
+        "bpftime run with a 2^31-entry array and a 2^28-entry per-CPU array took {:?}",
+        start.elapsed()
+    );
+    assert_eq!(out.code, Some(0), "{}", out.context());
+    let lines = &out.stdout;
+    let has = |l: &str| lines.iter().any(|x| x == l);
+    for line in [
+        "big (array __u32 -> __u64, 2147483648 entries):".to_string(),
+        format!("big[3]: {N}"),
+        format!("big[1073741824]: {}", 2 * N),
+        format!("big[2147483647]: {}", 3 * N),
+        "(2147483645 zero entries of big not shown)".to_string(),
+        "spread (percpu_array __u32 -> __u64, 268435456 entries):".to_string(),
+        format!("spread[100000]: {N}"),
+        "(268435455 zero entries of spread not shown)".to_string(),
+    ] {
+        assert!(has(&line), "no line `{line}`:\n{}", out.context());
+    }
+    let big_entries = lines.iter().filter(|l| l.starts_with("big[")).count();
+    assert_eq!(big_entries, 3, "{}", out.context());
+    assert_store_removed(&s);
+}
+
+/// A program whose name is not UTF-8 (a damaged object) and that the verifier
+/// rejects: libbpf's message naming it used to abort `verify` (exit 134) on the way
+/// out of libbpf's print callback.
+#[test]
+fn verify_survives_a_program_name_that_is_not_utf8() {
+    let s = Session::new("verify-non-utf8");
+    let bytes = std::fs::read(examples::REJECTED_BPF_O).unwrap();
+    let name = b"read_without_check";
+    let mut damaged = bytes.clone();
+    let mut found = 0;
+    let mut i = 0;
+    while let Some(at) = damaged[i..].windows(name.len()).position(|w| w == name) {
+        damaged[i + at + 4] = 0xff;
+        found += 1;
+        i += at + name.len();
+    }
+    assert!(found > 0, "rejected.bpf.o names read_without_check");
+    let path = s.tmp.join("non-utf8.bpf.o");
+    std::fs::write(&path, &damaged).unwrap();
+    let out = verify(&s, &[path.to_str().unwrap()]);
+    assert_eq!(out.code, Some(1), "{}", out.context());
+    assert!(
+        out.stdout[0].starts_with("read\u{fffd}without_check: rejected"),
+        "{}",
+        out.context()
+    );
+    assert!(
+        out.stdout
+            .join("\n")
+            .contains("R0 invalid mem access 'map_value_or_null'"),
+        "{}",
+        out.context()
+    );
+    assert!(!out.stderr.contains("panicked"), "{}", out.context());
+}
+
+/// Byte-mutated copies of every bundled CPU object: `verify` gives a verdict or an
+/// error for each, and never dies of a signal (an abort was 134).
+#[test]
+fn verify_never_dies_of_a_signal_on_mutated_objects() {
+    use std::os::unix::process::ExitStatusExt;
+    const PER_OBJECT: usize = 200;
+    let s = Session::new("verify-mutants");
+    // xorshift64*: the same mutants on every run.
+    let mut state: u64 = 0x9e37_79b9_7f4a_7c15;
+    let mut next = move || {
+        state ^= state >> 12;
+        state ^= state << 25;
+        state ^= state >> 27;
+        state.wrapping_mul(0x2545_f491_4f6c_dd1d)
+    };
+    let objects: Vec<PathBuf> = examples::ARTIFACTS
+        .iter()
+        .filter(|a| a.ends_with(".bpf.o"))
+        .map(|a| examples::artifact(a))
+        .collect();
+    assert!(objects.len() >= 5, "{objects:?}");
+    let mut codes: HashMap<i32, usize> = HashMap::new();
+    let start = Instant::now();
+    for object in &objects {
+        let original = std::fs::read(object).unwrap();
+        let path = s.tmp.join("mutant.bpf.o");
+        for n in 0..PER_OBJECT {
+            let mut bytes = original.clone();
+            // Keep the ELF magic and machine, which `verify` checks itself, so the
+            // mutants reach libbpf.
+            for _ in 0..1 + next() % 4 {
+                let at = 20 + (next() % (bytes.len() as u64 - 20)) as usize;
+                bytes[at] ^= (1 + next() % 255) as u8;
+            }
+            std::fs::write(&path, &bytes).unwrap();
+            let mut c = s.bpftime();
+            c.arg("verify")
+                .arg(&path)
+                .stdin(Stdio::null())
+                .stdout(Stdio::null())
+                .stderr(Stdio::piped());
+            let out = bpftime_tests::run_with_timeout(c, Duration::from_secs(60));
+            let status = out.status;
+            let stderr = String::from_utf8_lossy(&out.stderr);
+            if let Some(sig) = status.signal() {
+                let keep = s.tmp.join(format!("dead-{n}.bpf.o"));
+                std::fs::write(&keep, &bytes).unwrap();
+                panic!(
+                    "verify of mutant {n} of {} died of signal {sig}; kept as {}\n{stderr}",
+                    object.display(),
+                    keep.display()
+                );
+            }
+            let code = status.code().unwrap();
+            assert!(
+                matches!(code, 0..=2) && !stderr.contains("panicked"),
+                "verify of mutant {n} of {}: exit {code}\n{stderr}",
+                object.display()
+            );
+            *codes.entry(code).or_default() += 1;
+        }
+    }
+    eprintln!(
+        "{} mutants of {} objects in {:?}: exit codes {codes:?}",
+        PER_OBJECT * objects.len(),
+        objects.len(),
+        start.elapsed()
+    );
+}
+
+/// Runs `script` with bash, `BPFTIME` naming the executable and `STORE` the store,
+/// and returns what it prints (the exit status of bpftime it reports).
+fn bash(s: &Session, script: &str) -> String {
+    let mut c = Command::new("bash");
+    c.arg("-c")
+        .arg(script)
+        .env("BPFTIME", bpftime_tests::bpftime())
+        .env("STORE", &s.store)
+        .env_remove("BPFTIME_STORE")
+        .stdin(Stdio::null());
+    let out = bpftime_tests::run_with_timeout(c, Duration::from_secs(120));
+    assert!(
+        out.status.success(),
+        "{script}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).trim().to_string()
+}
+
+/// Commands whose reader goes away (`| head -1`) or whose stdout and stderr are
+/// closed stop writing and exit as they would have; they never abort (134).
+#[test]
+fn commands_exit_as_usual_when_their_output_is_closed() {
+    let s = Session::new("closed-output");
+    let calls = s.target_copy(examples::CALLS);
+    let calls = calls.to_str().unwrap();
+    let cases = [
+        // (command, the exit status it has when its output is read)
+        (format!("run {} -- {calls} 10", examples::REJECTED_BPF_O), 1),
+        (
+            format!("run {} -- {calls} 10", examples::FUNCLATENCY_BPF_O),
+            0,
+        ),
+        (format!("verify {}", examples::REJECTED_BPF_O), 1),
+        (format!("verify {}", examples::FUNCLATENCY_BPF_O), 0),
+        ("list".to_string(), 0),
+    ];
+    // `list` needs the store to exist.
+    bpftime_runtime::Store::create_or_open(&s.store).unwrap();
+    for (command, code) in cases {
+        let cmd = format!("\"$BPFTIME\" --store \"$STORE\" {command}");
+        for (how, script) in [
+            (
+                "piped into head -1",
+                // The pipe closes at once: head exits before bpftime writes.
+                format!("{cmd} 2>&1 | head -c0; echo ${{PIPESTATUS[0]}}"),
+            ),
+            (
+                "stdout into head -1",
+                format!("{cmd} 2>/dev/null | head -1 >/dev/null; echo ${{PIPESTATUS[0]}}"),
+            ),
+            (
+                "stdout and stderr closed",
+                format!("{cmd} >&- 2>&-; echo $? >&3"),
+            ),
+        ] {
+            let script = if how.contains("closed") {
+                format!("exec 3>&1; {script}")
+            } else {
+                script
+            };
+            let got = bash(&s, &script);
+            assert_eq!(
+                got,
+                code.to_string(),
+                "`bpftime {command}` with its output {how}"
+            );
+        }
+    }
+    let _ = std::fs::remove_dir_all(bpftime_runtime::Store::dir_for(&s.store));
+}
+
+/// `load` and `start` refuse what exec would not run as a program (or would hand to
+/// the shell: an empty file "runs" and exits 0), with exit 2, and make no store for it.
+#[test]
+fn load_and_start_refuse_what_is_not_a_program_and_leave_no_store() {
+    use std::os::unix::fs::PermissionsExt;
+    let s = Session::new("not-a-program");
+    let empty = s.tmp.join("empty");
+    std::fs::write(&empty, b"").unwrap();
+    let text = s.tmp.join("text");
+    std::fs::write(&text, b"echo hello\n").unwrap();
+    let object = s.tmp.join("object.o");
+    std::fs::copy(examples::FUNCLATENCY_BPF_O, &object).unwrap();
+    for f in [&empty, &text, &object] {
+        std::fs::set_permissions(f, std::fs::Permissions::from_mode(0o755)).unwrap();
+    }
+    let unexecutable = s.tmp.join("calls-noexec");
+    std::fs::copy(examples::CALLS, &unexecutable).unwrap();
+    std::fs::set_permissions(&unexecutable, std::fs::Permissions::from_mode(0o644)).unwrap();
+    let missing = s.tmp.join("missing");
+    let cases = [
+        (&empty, "is empty"),
+        (&text, "neither an executable (ELF) nor a script"),
+        (&object, "an ELF file but not an executable"),
+        (&unexecutable, "is not executable by you"),
+        (&missing, "not found"),
+    ];
+    for command in ["load", "start"] {
+        for (file, reason) in &cases {
+            let out = bpftime(&s, &[command, file.to_str().unwrap()]);
+            assert_eq!(
+                out.code,
+                Some(2),
+                "{command} {}: {}",
+                file.display(),
+                out.context()
+            );
+            assert!(
+                out.stderr.contains(reason) && out.stderr.contains(file.to_str().unwrap()),
+                "{command} {}: {}",
+                file.display(),
+                out.context()
+            );
+            assert!(
+                !bpftime_runtime::Store::dir_for(&s.store).exists(),
+                "`bpftime {command} {}` left a store behind",
+                file.display()
+            );
+        }
+    }
+    // A script with a #! line runs.
+    let script = s.tmp.join("script");
+    std::fs::write(&script, b"#!/bin/sh\nexit 7\n").unwrap();
+    std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let out = bpftime(&s, &["load", script.to_str().unwrap()]);
+    assert_eq!(out.code, Some(7), "{}", out.context());
+    let _ = std::fs::remove_dir_all(bpftime_runtime::Store::dir_for(&s.store));
+}
+
+/// A map too big for the store is named with the limit, not blamed on the program
+/// (which the loader's E2BIG, "Argument list too long", did).
+#[test]
+fn verify_names_a_map_too_big_and_the_limit() {
+    let s = Session::new("verify-map-too-big");
+    let source = r#"
+#include <linux/bpf.h>
+#include <bpf/bpf_helpers.h>
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, 1u << 31);
+	__type(key, __u32);
+	__type(value, __u8[256]);
+} huge SEC(".maps");
+SEC("uprobe/work")
+int on_work(void *ctx)
+{
+	__u32 k = 5;
+	__u8 *v = bpf_map_lookup_elem(&huge, &k);
+	if (v)
+		*v = 1;
+	return 0;
+}
+char LICENSE[] SEC("license") = "GPL";
+"#;
+    let obj = s.compile_bpf("toobig", source);
+    let out = verify(&s, &[obj.to_str().unwrap()]);
+    assert_eq!(out.code, Some(2), "{}", out.context());
+    assert!(
+        out.stderr
+            .contains("map `huge` (2147483648 entries of 256 bytes) cannot be made")
+            && out.stderr.contains("limit of 64 GiB of data per map"),
+        "{}",
+        out.context()
+    );
+    assert!(
+        !out.stdout.iter().any(|l| l.contains("on_work: rejected")),
+        "{}",
+        out.context()
+    );
+}
+
+/// A bad store stops `run` and `verify` before libbpf loads anything (as root, libbpf's
+/// probes and loads would reach the kernel): the store's error is all they print.
+#[test]
+fn run_and_verify_check_the_store_before_loading() {
+    let s = Session::new("run-bad-store");
+    let calls = s.target_copy(examples::CALLS);
+    let mut c = Command::new(bpftime_tests::bpftime());
+    c.args(["--store", "../x", "run", examples::FUNCLATENCY_BPF_O, "--"])
+        .arg(&calls)
+        .arg("10")
+        .env_remove("BPFTIME_STORE")
+        .stdin(Stdio::null());
+    let out = bpftime_tests::run_with_timeout(c, Duration::from_secs(60));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(
+        stderr.starts_with("bpftime run: cannot open the store `../x`")
+            && stderr.lines().count() == 1,
+        "{stderr}"
     );
 }

@@ -171,3 +171,83 @@ pub(super) fn id_at(map: &Map, idx: u32) -> Option<u32> {
         id => Some(id),
     }
 }
+
+/// The slots of an array-shaped data area (`count` slots of `slot_len` bytes after the
+/// header page) that lie at least partly in data, in order, each once: for every such
+/// slot, `keep(index, lo..hi)` is asked with the part of the slot (offsets from its
+/// start) that is data, and the slot is kept when it answers true. A store file is
+/// sparse, never-written pages being holes that read as zeros, so the walk costs what
+/// was written, not `count`, and reads no hole (which on tmpfs would fill it with a page).
+pub(super) fn slots_with_data(
+    map: &Map,
+    slot_len: usize,
+    count: u32,
+    mut keep: impl FnMut(u32, std::ops::Range<usize>) -> bool,
+) -> Result<Vec<u32>> {
+    use std::os::fd::AsRawFd;
+    let path = map.path();
+    let file = std::fs::File::open(path).map_err(|e| crate::Error::io("open", path, e))?;
+    let fd = file.as_raw_fd();
+    let start = crate::layout::PAGE_SIZE as u64;
+    let slot = slot_len as u64;
+    let end = start + slot * u64::from(count);
+    let seek = |pos: u64, whence: libc::c_int| -> std::io::Result<Option<u64>> {
+        // SAFETY: lseek on a descriptor we own; it only moves the file offset.
+        let r = unsafe { libc::lseek(fd, pos as libc::off_t, whence) };
+        if r >= 0 {
+            return Ok(Some(r as u64));
+        }
+        let e = std::io::Error::last_os_error();
+        // ENXIO: no data from `pos` on.
+        if e.raw_os_error() == Some(libc::ENXIO) {
+            Ok(None)
+        } else {
+            Err(e)
+        }
+    };
+    let mut keys: Vec<u32> = Vec::new();
+    let mut pos = start;
+    while pos < end {
+        let (lo, hi) = match seek(pos, libc::SEEK_DATA) {
+            Ok(None) => break,
+            Ok(Some(lo)) => {
+                let hi = seek(lo, libc::SEEK_HOLE)
+                    .map_err(|e| crate::Error::io("lseek", path, e))?
+                    .unwrap_or(end);
+                (lo, hi)
+            }
+            // A file system that cannot tell holes: everything is data.
+            Err(e) if e.raw_os_error() == Some(libc::EINVAL) => (pos, end),
+            Err(e) => return Err(crate::Error::io("lseek", path, e)),
+        };
+        let (lo, hi) = (lo.max(start), hi.min(end));
+        if lo >= end {
+            break;
+        }
+        let first = ((lo - start) / slot) as u32;
+        let last = (hi - start).div_ceil(slot) as u32;
+        for k in first..last {
+            // A slot that straddles two data ranges is asked about each part.
+            if keys.last() == Some(&k) {
+                continue;
+            }
+            let slot_start = start + u64::from(k) * slot;
+            let from = lo.saturating_sub(slot_start) as usize;
+            let to = (hi - slot_start).min(slot) as usize;
+            if keep(k, from..to) {
+                keys.push(k);
+            }
+        }
+        pos = hi.max(pos + 1);
+    }
+    Ok(keys)
+}
+
+/// Whether any byte of `range` of index `idx`'s slot (every CPU's copy) is not zero.
+pub(super) fn nonzero(map: &Map, idx: u32, range: std::ops::Range<usize>) -> bool {
+    let base = slot(map, idx);
+    // SAFETY: idx < max_entries (from `slots_with_data`), and the range lies inside the
+    // slot, which the data area holds.
+    let bytes = unsafe { std::slice::from_raw_parts(base.add(range.start), range.len()) };
+    bytes.iter().any(|&b| b != 0)
+}

@@ -660,6 +660,38 @@ impl Map {
         Ok(())
     }
 
+    /// The keys that hold something, in order, for the maps whose `next_key` walks every
+    /// possible key: for an array (per-CPU or not), the indexes whose value is not all
+    /// zero on any CPU; for a stack trace map, the ids of the stacks it holds. The time
+    /// this takes follows what was written to the map, not `max_entries`: the map's file
+    /// is sparse and only its written ranges are read. `None` for other maps, whose
+    /// `next_key` visits only what they hold.
+    pub fn present_keys(&self) -> Result<Option<Vec<u32>>> {
+        let keys = match self.kind {
+            Kind::Array { percpu } => {
+                let copies = if percpu {
+                    self.header().ncpus as usize
+                } else {
+                    1
+                };
+                let slot_len = round8(self.value_size()) * copies;
+                array::slots_with_data(self, slot_len, self.max_entries(), |k, part| {
+                    array::nonzero(self, k, part)
+                })?
+            }
+            Kind::StackTrace => {
+                let slot_len = stack_trace::slot_size(self.value_size());
+                // A slot is in use when the word at its start says so; a slot that
+                // starts in a hole was never written.
+                array::slots_with_data(self, slot_len, self.header().nbuckets, |k, part| {
+                    part.start == 0 && stack_trace::is_used(self, k)
+                })?
+            }
+            _ => return Ok(None),
+        };
+        Ok(Some(keys))
+    }
+
     /// `BPF_MAP_LOOKUP_ELEM`.
     pub fn lookup(&self, key: &[u8], value: &mut [u8]) -> Result<()> {
         self.check_syscall_read()?;
@@ -1408,6 +1440,20 @@ struct Layout {
     elem_size: u32,
 }
 
+/// The most data one map may hold: every process that uses a map maps its file whole.
+const MAX_MAP_DATA: usize = 1 << 36;
+
+/// `E2BIG` for a map whose data would pass [`MAX_MAP_DATA`], saying so.
+fn too_large() -> Error {
+    err(
+        libc::E2BIG,
+        format!(
+            "it would hold more than bpftime's limit of {} GiB of data per map (make max_entries or the value smaller)",
+            MAX_MAP_DATA >> 30
+        ),
+    )
+}
+
 impl Layout {
     fn compute(kind: Kind, s: &MapSpec) -> Result<Layout> {
         let inval = |what: &str| err(libc::EINVAL, what.to_string());
@@ -1458,7 +1504,7 @@ impl Layout {
                 let len = round8(s.value_size)
                     .checked_mul(copies)
                     .and_then(|v| v.checked_mul(s.max_entries as usize))
-                    .ok_or_else(|| err(libc::E2BIG, "array too large"))?;
+                    .ok_or_else(too_large)?;
                 (len, 0, 0, 0)
             }
             Kind::IdArray => {
@@ -1496,13 +1542,10 @@ impl Layout {
                 let nbuckets = s
                     .max_entries
                     .checked_next_power_of_two()
-                    .ok_or_else(|| err(libc::E2BIG, "hash too large"))?;
+                    .ok_or_else(too_large)?;
                 let len = hash::elems_offset(nbuckets)
-                    .checked_add(
-                        elem.checked_mul(nelems as usize)
-                            .ok_or_else(|| err(libc::E2BIG, "hash too large"))?,
-                    )
-                    .ok_or_else(|| err(libc::E2BIG, "hash too large"))?;
+                    .checked_add(elem.checked_mul(nelems as usize).ok_or_else(too_large)?)
+                    .ok_or_else(too_large)?;
                 (len, nbuckets, nelems, elem as u32)
             }
             Kind::Queue | Kind::Stack => {
@@ -1543,11 +1586,11 @@ impl Layout {
                 }
                 let nbuckets = stack_trace::buckets_for(s.max_entries);
                 if nbuckets == 0 {
-                    return Err(err(libc::E2BIG, "stack trace map too large"));
+                    return Err(too_large());
                 }
                 let len = (nbuckets as usize)
                     .checked_mul(stack_trace::slot_size(s.value_size))
-                    .ok_or_else(|| err(libc::E2BIG, "stack trace map too large"))?;
+                    .ok_or_else(too_large)?;
                 (len, nbuckets, 0, 0)
             }
             Kind::MapArray | Kind::MapHash => unreachable!("mapped to their layouts above"),
@@ -1603,8 +1646,8 @@ impl Layout {
                 )
             }
         };
-        if data > (1usize << 36) {
-            return Err(err(libc::E2BIG, "map too large"));
+        if data > MAX_MAP_DATA {
+            return Err(too_large());
         }
         Ok(Layout {
             file_len: PAGE_SIZE + page_round(data.max(1)),

@@ -60,6 +60,11 @@ pub(super) fn buckets_for(max_entries: u32) -> u32 {
     max_entries.checked_next_power_of_two().unwrap_or(0)
 }
 
+/// Whether stack `id` (below the map's bucket count) holds a trace.
+pub(super) fn is_used(map: &Map, id: u32) -> bool {
+    slot(map, id).used()
+}
+
 fn slot_ptr(map: &Map, id: u32) -> *mut u8 {
     // SAFETY: callers check id < nbuckets; the data area holds nbuckets slots.
     unsafe { map.data().add(id as usize * slot_size(map.value_size())) }

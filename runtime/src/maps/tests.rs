@@ -933,3 +933,85 @@ fn offered_records_from_threads_and_processes_arrive_in_order_and_none_is_lost()
         helper_lost + pending_lost
     );
 }
+
+/// Every key `next_key` walks to, for comparison with `present_keys`.
+fn walk_keys(m: &Map) -> Vec<u32> {
+    let mut keys = Vec::new();
+    let mut out = [0u8; 4];
+    let mut prev: Option<[u8; 4]> = None;
+    while m.next_key(prev.as_ref().map(|k| &k[..]), &mut out).is_ok() {
+        keys.push(u32::from_ne_bytes(out));
+        prev = Some(out);
+    }
+    keys
+}
+
+#[test]
+fn present_keys_of_a_huge_sparse_array_are_the_nonzero_ones() {
+    let s = TempStore::new("present-huge");
+    // 2^31 values of 8 bytes: a 16 GiB file, sparse.
+    let m = Map::create(&s, &spec(mt::ARRAY, 4, 8, 1 << 31)).unwrap();
+    let set = |k: u32, v: u64| {
+        m.update(&k.to_ne_bytes(), &v.to_ne_bytes(), uf::ANY)
+            .unwrap()
+    };
+    set(0, 1);
+    set(7, 0); // written, but zero: not present
+    set(1_000_000, 2);
+    set(1_000_001, 3);
+    set((1 << 31) - 1, 4);
+    set(5000, 9);
+    set(5000, 0); // zero again
+    let start = std::time::Instant::now();
+    let keys = m.present_keys().unwrap().unwrap();
+    eprintln!("present_keys on 2^31 entries: {:?}", start.elapsed());
+    assert_eq!(keys, [0, 1_000_000, 1_000_001, (1 << 31) - 1]);
+}
+
+#[test]
+fn present_keys_see_every_cpu_and_values_across_pages() {
+    let s = TempStore::new("present-percpu");
+    let m = Map::create(&s, &spec(mt::PERCPU_ARRAY, 4, 8, 1 << 28)).unwrap();
+    let n = m.syscall_value_size();
+    // Only the last CPU's copy is set: the key is present all the same.
+    let mut v = vec![0u8; n];
+    v[n - 8] = 1;
+    m.update(&12345u32.to_ne_bytes(), &v, uf::ANY).unwrap();
+    assert_eq!(m.present_keys().unwrap().unwrap(), [12345]);
+
+    // 1000-byte values: slot 4 (bytes 4000..5000 of the data) starts on the first page
+    // and ends on the second; only its last byte is set, on the second page.
+    let m = Map::create(&s, &spec(mt::ARRAY, 4, 1000, 64)).unwrap();
+    let mut v = vec![0u8; 1000];
+    v[999] = 7;
+    m.update(&4u32.to_ne_bytes(), &v, uf::ANY).unwrap();
+    // Slot 8 straddles the second and third pages, set on both.
+    let v = vec![1u8; 1000];
+    m.update(&8u32.to_ne_bytes(), &v, uf::ANY).unwrap();
+    assert_eq!(m.present_keys().unwrap().unwrap(), [4, 8]);
+    assert_eq!(walk_keys(&m).len(), 64, "next_key still walks every index");
+
+    let h = Map::create(&s, &spec(mt::HASH, 4, 8, 16)).unwrap();
+    assert_eq!(
+        h.present_keys().unwrap(),
+        None,
+        "hash maps walk what they hold"
+    );
+}
+
+#[test]
+fn present_keys_of_a_stack_trace_map_are_the_stacks_it_holds() {
+    let s = TempStore::new("present-stacks");
+    // 2^24 buckets of 1032-byte slots: a 16 GiB file, sparse.
+    let m = Map::create(&s, &spec(mt::STACK_TRACE, 4, 127 * 8, 1 << 24)).unwrap();
+    let mut ids: Vec<u32> = (1..40u64)
+        .map(|i| {
+            let id = m.stack_trace_file(&[0x1000 * i, 0x2000 * i + 3], 0);
+            assert!(id >= 0, "filing trace {i}: {id}");
+            id as u32
+        })
+        .collect();
+    ids.sort();
+    ids.dedup();
+    assert_eq!(m.present_keys().unwrap().unwrap(), ids);
+}
