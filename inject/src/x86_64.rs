@@ -80,7 +80,12 @@ fn explain_denial(
                 "it runs as uid {} and bpftime as uid {my_uid}",
                 target_uids[1]
             ),
-            format!("run bpftime attach as uid {} or as root", target_uids[1]),
+            // Not "or as root": a store belongs to one user, and the agent in a process
+            // of uid N can only use uid N's store.
+            format!(
+                "run `bpftime load` and `bpftime attach` as uid {}",
+                target_uids[1]
+            ),
         )
     } else if yama == Some(1) {
         (
@@ -667,7 +672,7 @@ mod tests {
     fn permission_problems_are_named_with_their_way_out() {
         let (why, fix) = explain_denial(1000, false, Some(0), [0, 0, 0, 0]);
         assert_eq!(why, "it runs as uid 0 and bpftime as uid 1000");
-        assert_eq!(fix, "run bpftime attach as uid 0 or as root");
+        assert_eq!(fix, "run `bpftime load` and `bpftime attach` as uid 0");
         // A set-user-ID program: same real uid, other effective uid.
         let (why, _) = explain_denial(1000, false, None, [1000, 0, 0, 1000]);
         assert!(why.contains("uid 0"), "{why}");
