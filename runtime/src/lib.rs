@@ -17,6 +17,7 @@
 pub mod cgroup;
 pub mod cpu_slots;
 mod error;
+mod fault;
 mod gpu_probe;
 pub mod helpers;
 mod layout;
@@ -31,6 +32,7 @@ mod store;
 mod tsc_clock;
 
 pub use error::{Error, Result};
+pub use fault::Damage;
 pub use gpu_probe::{
     gpu_probe, parse_cuda_section, GpuProbe, GpuProbeKind, GpuSectionError, CUDA_PROGRAM_PREFIX,
     CUDA_SECTION_PREFIX, GPU_ACCESS_CONFIG_BIT, GPU_LAUNCH_CONFIG_BIT,
