@@ -34,6 +34,18 @@ pub(crate) struct LoadedProgram {
     _maps: Vec<Arc<Map>>,
 }
 
+impl LoadedProgram {
+    /// The maps the program uses.
+    pub(crate) fn maps(&self) -> &[Arc<Map>] {
+        &self._maps
+    }
+
+    /// Whether the program runs as a CPU slot (it uses the store's CPU slot table).
+    pub(crate) fn runs_as_cpu(&self) -> bool {
+        self.runs_as_cpu
+    }
+}
+
 /// Programs loaded in this process, by store id (tail calls look them up).
 pub(crate) struct Programs {
     by_id: Mutex<HashMap<u32, Arc<LoadedProgram>>>,

@@ -1,6 +1,7 @@
 //! Following the store: attach what is linked to this process, detach what is
 //! gone or whose owner exited.
 
+use crate::program::LoadedProgram;
 use crate::program::{self, Programs, Runtime};
 use bpftime_attach::{
     attach_uprobe, attach_uprobe_code, attach_uretprobe, attach_uretprobe_code, detach, plan_site,
@@ -8,8 +9,8 @@ use bpftime_attach::{
     SitePlan,
 };
 use bpftime_runtime::helpers::{self, ProbeContext};
-use bpftime_runtime::{LinkKind, LinkRecord, ObjectKind, Store};
-use std::collections::HashMap;
+use bpftime_runtime::{cpu_slots, LinkKind, LinkRecord, ObjectKind, ProgramRecord, Store};
+use std::collections::{HashMap, HashSet};
 use std::path::Path;
 use std::sync::atomic::{AtomicU16, Ordering};
 use std::sync::{Arc, Mutex};
@@ -19,6 +20,8 @@ struct Agent {
     /// Links handled so far: what each holds in this process (nothing when the link
     /// points elsewhere).
     links: Mutex<HashMap<u32, Attachment>>,
+    /// Damaged store objects already warned about, each named once.
+    warned: Mutex<HashSet<String>>,
 }
 
 /// What a link holds in this process while it exists.
@@ -27,6 +30,45 @@ struct Attachment {
     hook: Option<HookId>,
     /// Raised when the hook went in, lowered when it comes out.
     semaphore: Option<Semaphore>,
+    /// While hooked: what was attached, to tell when its store files are damaged.
+    source: Option<Source>,
+}
+
+/// The store objects an attached link stands on, as they were when it was attached.
+struct Source {
+    link: LinkRecord,
+    link_stamp: Option<Stamp>,
+    program: ProgramRecord,
+    program_stamp: Option<Stamp>,
+    loaded: Arc<LoadedProgram>,
+}
+
+/// What `stat` says of a record file: a record is read again only when this changes.
+#[derive(Clone, Copy, PartialEq, Eq)]
+struct Stamp {
+    len: u64,
+    mtime: i64,
+    mtime_ns: i64,
+    ino: u64,
+}
+
+impl Stamp {
+    fn of(path: &Path) -> Option<Stamp> {
+        use std::os::unix::fs::MetadataExt;
+        let m = std::fs::metadata(path).ok()?;
+        Some(Stamp {
+            len: m.len(),
+            mtime: m.mtime(),
+            mtime_ns: m.mtime_nsec(),
+            ino: m.ino(),
+        })
+    }
+}
+
+/// A damaged store object, as a warning names it, and what was found.
+struct Found {
+    object: String,
+    why: String,
 }
 
 /// A USDT semaphore (the `u16` that `<sys/sdt.h>` code tests before preparing a probe's
@@ -144,6 +186,7 @@ pub(crate) fn start(
     let agent = Arc::new(Agent {
         runtime,
         links: Mutex::new(HashMap::new()),
+        warned: Mutex::new(HashSet::new()),
     });
     // The agent's own work (allocations, file reads) is not the target's: no
     // probe fires on the agent's thread. It is started before anything is
@@ -220,12 +263,152 @@ impl Agent {
             };
             links.insert(id, held);
         }
+        self.detach_damaged(&mut links);
+    }
+
+    /// Detaches every link whose store objects are damaged (its own record, its
+    /// program's, a map the program uses, the CPU slot table it runs with), with one
+    /// warning per damaged object; the target goes on without them. Damage is what a
+    /// fault on a truncated file or an operation that met garbage marked, and what the
+    /// records and headers show now: this runs twice a second, off the probes' path.
+    fn detach_damaged(&self, links: &mut HashMap<u32, Attachment>) {
+        if let Some(d) = self.store().check_damage() {
+            self.warn_once(
+                &format!(
+                    "the store header {}",
+                    self.store().dir().join("store").display()
+                ),
+                d.describe(),
+                "new tools cannot be loaded into this store; what is attached stays",
+            );
+        }
+        let mut detached: Vec<(Found, u32)> = Vec::new();
+        for (&id, held) in links.iter_mut() {
+            let (Some(hook), Some(source)) = (held.hook, held.source.as_mut()) else {
+                continue;
+            };
+            let Some(found) = self.damage_under(id, source) else {
+                continue;
+            };
+            if let Err(e) = detach(hook) {
+                tracing::warn!(link = id, "detach failed: {e}");
+                continue;
+            }
+            held.hook = None;
+            held.source = None;
+            drop(held.semaphore.take());
+            crate::trace::detached(id);
+            detached.push((found, id));
+        }
+        let mut by_object: Vec<(Found, Vec<u32>)> = Vec::new();
+        for (found, id) in detached {
+            match by_object.iter_mut().find(|(f, _)| f.object == found.object) {
+                Some((_, ids)) => ids.push(id),
+                None => by_object.push((found, vec![id])),
+            }
+        }
+        for (found, ids) in by_object {
+            let ids: Vec<String> = ids.iter().map(u32::to_string).collect();
+            let what = format!(
+                "detached link {} that stands on it; the target goes on without it (remove the store with `bpftime list --clean` and load the tool again)",
+                ids.join(", ")
+            );
+            if !self.warn_once(&found.object, &found.why, &what) {
+                tracing::info!(object = %found.object, links = %ids.join(", "), "detached links on a damaged object");
+            }
+        }
+    }
+
+    /// Warns that `object` is damaged, once per object; false when it was said before.
+    fn warn_once(&self, object: &str, why: &str, what: &str) -> bool {
+        let mut warned = self.warned.lock().unwrap_or_else(|p| p.into_inner());
+        if !warned.insert(object.to_string()) {
+            return false;
+        }
+        tracing::warn!("{object} is damaged: {why}; {what}");
+        true
+    }
+
+    /// The first damaged object link `id` stands on, if any.
+    fn damage_under(&self, id: u32, source: &mut Source) -> Option<Found> {
+        let store = self.store();
+        let link_path = store.path(ObjectKind::Link, id);
+        let stamp = Stamp::of(&link_path);
+        if stamp.is_some() && stamp != source.link_stamp {
+            match LinkRecord::read(store, id) {
+                Ok(rec) if rec == source.link => source.link_stamp = stamp,
+                Ok(_) => {
+                    return Some(Found {
+                        object: format!("link {id} ({})", link_path.display()),
+                        why: "its record changed under the attached probe".into(),
+                    })
+                }
+                Err(e) => {
+                    return Some(Found {
+                        object: format!("link {id} ({})", link_path.display()),
+                        why: format!("its record no longer reads: {e}"),
+                    })
+                }
+            }
+        }
+        let prog_id = source.program.id;
+        let prog_path = store.path(ObjectKind::Program, prog_id);
+        let stamp = Stamp::of(&prog_path);
+        if stamp.is_some() && stamp != source.program_stamp {
+            let object = format!("program {prog_id} ({})", prog_path.display());
+            match ProgramRecord::read(store, prog_id) {
+                Ok(rec) if rec == source.program => source.program_stamp = stamp,
+                Ok(_) => {
+                    return Some(Found {
+                        object,
+                        why: "its record changed under the running program".into(),
+                    })
+                }
+                Err(e) => {
+                    return Some(Found {
+                        object,
+                        why: format!("its record no longer reads: {e}"),
+                    })
+                }
+            }
+        }
+        for m in source.loaded.maps() {
+            if let Some(d) = m.check_damage() {
+                return Some(Found {
+                    object: format!("map {} ({})", m.id(), m.path().display()),
+                    why: d.describe().into(),
+                });
+            }
+        }
+        if source.loaded.runs_as_cpu() {
+            if let Some(d) = cpu_slots::damage() {
+                return Some(Found {
+                    object: format!("the CPU slot table {}", store.dir().join("cpus").display()),
+                    why: d.describe().into(),
+                });
+            }
+        }
+        None
     }
 
     fn attach(self: &Arc<Self>, rec: &LinkRecord) -> Attachment {
-        let Some(hook) = self.hook(rec) else {
+        let Some((hook, loaded)) = self.hook(rec) else {
             return Attachment::default();
         };
+        let store = self.store();
+        // Stamped before the program's record is read again: a change in between shows
+        // as a changed stamp at the next check.
+        let link_stamp = Stamp::of(&store.path(ObjectKind::Link, rec.id));
+        let program_stamp = Stamp::of(&store.path(ObjectKind::Program, rec.prog_id));
+        let source = ProgramRecord::read(store, rec.prog_id)
+            .ok()
+            .map(|program| Source {
+                link: rec.clone(),
+                link_stamp,
+                program,
+                program_stamp,
+                loaded,
+            });
         let semaphore = (rec.ref_ctr_offset != 0)
             .then(|| Semaphore::raise(Path::new(&rec.path), rec.ref_ctr_offset))
             .and_then(|r| {
@@ -237,10 +420,11 @@ impl Agent {
         Attachment {
             hook: Some(hook),
             semaphore,
+            source,
         }
     }
 
-    fn hook(self: &Arc<Self>, rec: &LinkRecord) -> Option<HookId> {
+    fn hook(self: &Arc<Self>, rec: &LinkRecord) -> Option<(HookId, Arc<LoadedProgram>)> {
         let retprobe = match rec.kind {
             LinkKind::Uprobe => false,
             LinkKind::Uretprobe => true,
@@ -266,6 +450,7 @@ impl Agent {
                 return None;
             }
         };
+        let loaded = prog.clone();
         let agent = self.clone();
         let ctx = ProbeContext {
             func_ip: addr as u64,
@@ -340,7 +525,7 @@ impl Agent {
             Ok(h) => {
                 tracing::info!(link = rec.id, path = %rec.path, offset = rec.offset, addr, "attached");
                 crate::trace::attached(rec, addr, at, retprobe);
-                Some(h)
+                Some((h, loaded))
             }
             Err(e) => {
                 tracing::error!(link = rec.id, path = %rec.path, "cannot attach: {e}");

@@ -373,14 +373,28 @@ extern "C" {
     ".popsection",
 );
 
+/// How long a thread waits for its CPU's slot before taking the table for damaged:
+/// holders keep a slot for one program run, microseconds.
+const SLOT_PATIENCE: std::time::Duration = std::time::Duration::from_secs(1);
+
+/// Why the slot table is damaged, if a fault or a wait found it so (`None` also while
+/// no table is installed).
+pub fn damage() -> Option<crate::Damage> {
+    TABLE.get().and_then(|t| t.mapping.damage())
+}
+
 /// Waits for the slot of the CPU the thread runs on, and records it in the thread's word;
 /// `None` for a thread the kernel keeps no rseq area for.
 #[cold]
 #[inline(never)]
 fn claim(table: &Table) -> Option<u32> {
+    if table.mapping.damage().is_some() {
+        return None;
+    }
     let me = current_tid();
     let offset = SLOT_TP_OFFSET.load(Ordering::Relaxed);
     let mut rounds: u32 = 0;
+    let started = std::time::Instant::now();
     loop {
         // SAFETY: the table's slots, this thread's own rseq area (registered: checked
         // below before any wait), a non-zero tid.
@@ -400,8 +414,17 @@ fn claim(table: &Table) -> Option<u32> {
             not_registered();
             return None;
         }
-        // A thread preempted in a program holds the slot: let it go on.
+        // A thread preempted in a program holds the slot: let it go on. A word that
+        // names no thread, or one holding the slot past all patience, is garbage: the
+        // table is damaged, and programs run as the CPU they are on.
         rounds = rounds.wrapping_add(1);
+        let holder = table.slot(cpu).load(Ordering::Relaxed);
+        if (holder != 0 && !crate::maps::plausible_tid(holder))
+            || (rounds.is_multiple_of(64) && started.elapsed() > SLOT_PATIENCE)
+        {
+            table.mapping.mark_damaged(crate::Damage::Garbage);
+            return None;
+        }
         if rounds.is_multiple_of(64) {
             take_back_from_dead(table.slot(cpu), cpu);
         }

@@ -19,6 +19,7 @@ mod attach_hint;
 pub mod cgroup;
 pub mod cpu_slots;
 mod error;
+mod fault;
 mod gpu_probe;
 pub mod helpers;
 mod layout;
@@ -35,6 +36,7 @@ mod tsc_clock;
 
 pub use attach_hint::{read_attach_hint, report_to_attach};
 pub use error::{Error, Result};
+pub use fault::Damage;
 pub use gpu_probe::{
     gpu_probe, parse_cuda_section, GpuProbe, GpuProbeKind, GpuSectionError, CUDA_PROGRAM_PREFIX,
     CUDA_SECTION_PREFIX, GPU_ACCESS_CONFIG_BIT, GPU_LAUNCH_CONFIG_BIT,

@@ -9,6 +9,8 @@ use std::path::Path;
 pub(crate) struct Mapping {
     base: *mut u8,
     len: usize,
+    /// Its slot in the fault table (see `fault.rs`); `None` when the table was full.
+    slot: Option<usize>,
 }
 
 // SAFETY: the mapping is plain shared memory; all concurrent access to it goes
@@ -43,10 +45,15 @@ impl Mapping {
         if base == libc::MAP_FAILED {
             return Err(Error::io("mmap", path, std::io::Error::last_os_error()));
         }
-        Ok(Mapping {
-            base: base.cast(),
+        Ok(Mapping::registered(base.cast(), len))
+    }
+
+    fn registered(base: *mut u8, len: usize) -> Mapping {
+        Mapping {
+            base,
             len,
-        })
+            slot: crate::fault::register(base as usize, len),
+        }
     }
 
     /// Maps `head` bytes of the file from offset 0, followed by the `ring` bytes
@@ -74,10 +81,7 @@ impl Mapping {
         if base == libc::MAP_FAILED {
             return Err(Error::io("mmap", path, std::io::Error::last_os_error()));
         }
-        let mapping = Mapping {
-            base: base.cast(),
-            len,
-        };
+        let mapping = Mapping::registered(base.cast(), len);
         let fixed = |addr: *mut u8, size: usize, off: usize| -> Result<()> {
             // SAFETY: `addr..addr+size` lies inside the reservation above, which this
             // function owns; MAP_FIXED replaces only that range.
@@ -109,10 +113,26 @@ impl Mapping {
     pub(crate) fn len(&self) -> usize {
         self.len
     }
+
+    /// Why the mapping is damaged, once a fault or a check found it so.
+    pub(crate) fn damage(&self) -> Option<crate::fault::Damage> {
+        self.slot.and_then(crate::fault::damage)
+    }
+
+    /// Marks the mapping damaged: what it holds cannot be trusted any more.
+    pub(crate) fn mark_damaged(&self, why: crate::fault::Damage) {
+        if let Some(slot) = self.slot {
+            crate::fault::mark(slot, why);
+        }
+    }
 }
 
 impl Drop for Mapping {
     fn drop(&mut self) {
+        // Out of the fault table first: the range may be reused once unmapped.
+        if let Some(slot) = self.slot {
+            crate::fault::unregister(slot);
+        }
         // SAFETY: unmaps exactly the range this value mapped and owns.
         unsafe {
             libc::munmap(self.base.cast(), self.len);

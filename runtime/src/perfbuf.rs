@@ -41,6 +41,9 @@ pub(crate) fn fifo_name(event_id: u32) -> String {
 pub struct PerfRing {
     mapping: Mapping,
     fifo: std::fs::File,
+    /// Bytes of data pages, from the mapping's length at open: the control block's copy
+    /// is shared, and anyone may overwrite it.
+    data_size: u64,
 }
 
 impl PerfRing {
@@ -90,14 +93,23 @@ impl PerfRing {
             .open(&name, libc::O_RDWR)
             .map_err(|e| Error::io("open", &path, e))?;
         let mapping = Mapping::map_existing(&file, &path)?;
-        if mapping.len() < 3 * PAGE_SIZE {
+        let data = mapping.len().saturating_sub(2 * PAGE_SIZE);
+        if data == 0 || !data.is_power_of_two() || !data.is_multiple_of(PAGE_SIZE) {
             return Err(Error::invalid(
                 libc::EINVAL,
-                format!("{} is truncated", path.display()),
+                format!(
+                    "{} is {} bytes, not two pages and a power-of-two number of data pages (the store file is damaged)",
+                    path.display(),
+                    mapping.len()
+                ),
             ));
         }
         let fifo = crate::store::open_fifo(dir, &fifo_name(event_id))?;
-        Ok(PerfRing { mapping, fifo })
+        Ok(PerfRing {
+            mapping,
+            fifo,
+            data_size: data as u64,
+        })
     }
 
     /// Removes a ring's files (when its event is closed).
@@ -129,9 +141,32 @@ impl PerfRing {
         self.put_sample(data, false)
     }
 
+    /// Why the ring is damaged, if a fault or a write found it so.
+    pub fn damage(&self) -> Option<crate::Damage> {
+        self.mapping.damage()
+    }
+
+    /// [`damage`](Self::damage), after checking what the control block and the
+    /// metadata page hold (a watcher's slow check).
+    pub fn check_damage(&self) -> Option<crate::Damage> {
+        let c = self.control();
+        // The tail first: the consumer never moves it past the head, which only grows.
+        let tail = self.meta_u64(DATA_TAIL).load(Ordering::Acquire);
+        let head = self.meta_u64(DATA_HEAD).load(Ordering::Acquire);
+        let lock = c.lock.load(Ordering::Relaxed);
+        if c.data_size != self.data_size
+            || tail > head
+            || head - tail > self.data_size
+            || (lock != 0 && !crate::maps::plausible_tid(lock))
+        {
+            self.mapping.mark_damaged(crate::Damage::Garbage);
+        }
+        self.damage()
+    }
+
     fn put_sample(&self, data: &[u8], count_lost: bool) -> RecordOffer {
         let c = self.control();
-        let size = c.data_size;
+        let size = self.data_size;
         let raw = ((data.len() + 4 + 7) & !7) - 4;
         let rec = 8 + 4 + raw;
         if rec > u16::MAX as usize {
@@ -142,9 +177,17 @@ impl PerfRing {
             c.lost.fetch_add(1, Ordering::Relaxed);
             return RecordOffer::Refused(-(libc::E2BIG as i64));
         }
-        let _g = crate::maps::lock_word(&c.lock);
+        if self.damage().is_some() {
+            return RecordOffer::Refused(-(libc::EFAULT as i64));
+        }
+        let Some(_g) = crate::maps::lock_word(&c.lock) else {
+            return self.garbage("its lock word names no thread that lets it go");
+        };
         let head = self.meta_u64(DATA_HEAD).load(Ordering::Relaxed);
         let tail = self.meta_u64(DATA_TAIL).load(Ordering::Acquire);
+        if tail > head || head - tail > size {
+            return self.garbage("its consumer position is past its producer's");
+        }
         let lost = c.lost.load(Ordering::Relaxed);
         let lost_len = if lost > 0 { 24 } else { 0 };
         if head + (rec + lost_len) as u64 - tail > size {
@@ -186,6 +229,13 @@ impl PerfRing {
         RecordOffer::Taken
     }
 
+    #[cold]
+    fn garbage(&self, what: &str) -> RecordOffer {
+        self.mapping.mark_damaged(crate::Damage::Garbage);
+        tracing::debug!("perf ring: {what}");
+        RecordOffer::Refused(-(libc::EFAULT as i64))
+    }
+
     /// Wakes the consumer unless a wake-up is already pending.
     pub fn wake(&self) {
         if self.control().wakeup_pending.swap(1, Ordering::SeqCst) == 0 {
@@ -221,6 +271,11 @@ impl PerfRing {
         self.control().lost.load(Ordering::Relaxed)
     }
 
+    #[cfg(test)]
+    pub(crate) fn set_head_for_test(&self, head: u64) {
+        self.meta_u64(DATA_HEAD).store(head, Ordering::Relaxed);
+    }
+
     /// A consumer's reading of everything written: the tail moved to the head.
     #[cfg(test)]
     pub(crate) fn consume_all(&self) {
@@ -231,7 +286,7 @@ impl PerfRing {
     /// lost record's count to `lost`; then moves the tail past them.
     #[cfg(test)]
     pub(crate) fn consume(&self, mut sample: impl FnMut(&[u8]), mut lost: impl FnMut(u64)) {
-        let size = self.control().data_size;
+        let size = self.data_size;
         let head = self.meta_u64(DATA_HEAD).load(Ordering::Acquire);
         let mut tail = self.meta_u64(DATA_TAIL).load(Ordering::Relaxed);
         let byte = |at: u64| {

@@ -184,6 +184,16 @@ impl Store {
         &self.name
     }
 
+    /// Why the store's header (file `store`) is damaged, if it is: an access faulted,
+    /// or its magic or version is no longer this store's. A watcher's slow check.
+    pub fn check_damage(&self) -> Option<crate::Damage> {
+        let h = self.header();
+        if h.magic != OBJECT_MAGIC || h.version != STORE_VERSION {
+            self.header.mark_damaged(crate::Damage::Garbage);
+        }
+        self.header.damage()
+    }
+
     /// The store's directory, for messages: files in it are reached through the
     /// store's own handle on it (the `open_*` methods), never by this path.
     pub fn dir(&self) -> &Path {

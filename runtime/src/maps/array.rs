@@ -28,7 +28,7 @@ fn update_index(map: &Map, key: &[u8], flags: u64) -> Result<u32> {
 fn slot(map: &Map, idx: u32) -> *mut u8 {
     let stride = round8(map.value_size());
     let copies = if map.kind.percpu() {
-        map.header().ncpus as usize
+        map.ncpus() as usize
     } else {
         1
     };
@@ -85,7 +85,7 @@ pub(super) unsafe fn prog_lookup(map: &Map, key: *const u8, percpu: bool) -> *mu
     let p = slot(map, idx);
     if percpu {
         // SAFETY: the slot holds ncpus copies.
-        unsafe { p.add(current_cpu(map.header().ncpus) * round8(map.value_size())) }
+        unsafe { p.add(current_cpu(map.ncpus()) * round8(map.value_size())) }
     } else {
         p
     }
@@ -102,7 +102,7 @@ pub(super) fn prog_update(
     let mut dst = slot(map, idx);
     if percpu {
         // SAFETY: the slot holds ncpus copies.
-        dst = unsafe { dst.add(current_cpu(map.header().ncpus) * round8(map.value_size())) };
+        dst = unsafe { dst.add(current_cpu(map.ncpus()) * round8(map.value_size())) };
     }
     // SAFETY: the program's value holds value_size bytes (verified); dst is one value slot.
     unsafe { std::ptr::copy_nonoverlapping(value, dst, map.value_size() as usize) };

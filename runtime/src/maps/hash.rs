@@ -6,7 +6,6 @@
 //! and retired elements are reused in FIFO order, so a lookup racing an update
 //! sees either the old or the new value, never a torn one.
 
-use super::lock::lock;
 use super::{current_cpu, err, round8, Map};
 use crate::layout::MapHeader;
 use crate::Result;
@@ -105,7 +104,7 @@ impl Shape {
     /// The shape of a map whose header is `h`, with `data_len` bytes of data at `data`;
     /// `None` when the header's numbers do not fit a hash map of that length.
     pub(super) fn of(
-        h: &MapHeader,
+        h: &super::Fixed,
         data: *mut u8,
         data_len: usize,
         key_size: usize,
@@ -230,50 +229,107 @@ impl<'a> View<'a> {
         0
     }
 
-    fn pop_free(&self) -> u32 {
+    /// Whether `idx` names an element of the pool (or none, 0).
+    fn in_pool(&self, idx: u32) -> bool {
+        idx <= self.s.nelems
+    }
+
+    /// The first free element (0 when none), taken off the free list (lock held).
+    /// The element after `idx` in the chain of bucket `hash` (0 at its end), walked from
+    /// the bucket: an iteration follows it call after call, so a chain that comes round
+    /// to an element again, or leaves the pool, is garbage, not a key order.
+    fn chain_after(&self, hash: u32, idx: u32) -> Result<u32> {
+        let mut seen = vec![false; self.s.nelems as usize + 1];
+        let mut cur = self.bucket(hash).load(Ordering::Acquire);
+        while cur != 0 {
+            if !self.in_pool(cur) || seen[cur as usize] {
+                return Err(self
+                    .map
+                    .garbage("a bucket's chain leaves its elements or runs round"));
+            }
+            seen[cur as usize] = true;
+            let next = self.elem(cur).next.load(Ordering::Acquire);
+            if cur == idx {
+                if next != 0 && (!self.in_pool(next) || seen[next as usize]) {
+                    return Err(self
+                        .map
+                        .garbage("a bucket's chain leaves its elements or runs round"));
+                }
+                return Ok(next);
+            }
+            cur = next;
+        }
+        // Unlinked meanwhile: start over from the next bucket.
+        Ok(0)
+    }
+
+    fn pop_free(&self) -> Result<u32> {
         let idx = self.h.free_head.load(Ordering::Relaxed);
         if idx == 0 {
-            return 0;
+            return Ok(0);
+        }
+        if !self.in_pool(idx) {
+            return Err(self
+                .map
+                .garbage("its free list starts outside its elements"));
         }
         let next = self.elem(idx).free_next.load(Ordering::Relaxed);
+        if !self.in_pool(next) || self.elem(idx).used.load(Ordering::Relaxed) != 0 {
+            return Err(self
+                .map
+                .garbage("its free list leads outside its free elements"));
+        }
         self.h.free_head.store(next, Ordering::Relaxed);
         if next == 0 {
             self.h.free_tail.store(0, Ordering::Relaxed);
         }
-        idx
+        Ok(idx)
     }
 
-    fn push_free(&self, idx: u32) {
+    fn push_free(&self, idx: u32) -> Result<()> {
+        let tail = self.h.free_tail.load(Ordering::Relaxed);
+        if !self.in_pool(tail) {
+            return Err(self.map.garbage("its free list ends outside its elements"));
+        }
         let e = self.elem(idx);
         e.used.store(0, Ordering::Release);
         e.free_next.store(0, Ordering::Relaxed);
-        let tail = self.h.free_tail.load(Ordering::Relaxed);
         if tail == 0 {
             self.h.free_head.store(idx, Ordering::Relaxed);
         } else {
             self.elem(tail).free_next.store(idx, Ordering::Relaxed);
         }
         self.h.free_tail.store(idx, Ordering::Relaxed);
+        Ok(())
     }
 
-    /// Removes `idx` from its chain (lock held).
-    fn unlink(&self, idx: u32) {
+    /// Removes `idx` from its chain (lock held). A chain longer than the pool, or one
+    /// that leaves it, is garbage.
+    fn unlink(&self, idx: u32) -> Result<()> {
         let b = self.bucket(self.elem(idx).hash);
         let next = self.elem(idx).next.load(Ordering::Relaxed);
         let mut cur = b.load(Ordering::Relaxed);
         if cur == idx {
             b.store(next, Ordering::Release);
-            return;
+            return Ok(());
         }
+        let mut steps = 0u32;
         while cur != 0 {
+            if !self.in_pool(cur) || steps > self.s.nelems {
+                return Err(self
+                    .map
+                    .garbage("a bucket's chain leaves its elements or runs round"));
+            }
             let e = self.elem(cur);
             let n = e.next.load(Ordering::Relaxed);
             if n == idx {
                 e.next.store(next, Ordering::Release);
-                return;
+                return Ok(());
             }
             cur = n;
+            steps += 1;
         }
+        Ok(())
     }
 
     /// Adds `by` to a header counter that only lock holders write: a load and a
@@ -293,9 +349,9 @@ impl<'a> View<'a> {
         );
     }
 
-    fn lock(&self) -> super::lock::Guard<'a> {
+    fn lock(&self) -> Result<super::lock::Guard<'a>> {
         let v = *self;
-        lock(&self.h.lock, move || v.repair())
+        self.map.lock(move || v.repair())
     }
 
     /// Rebuilds the free list and the count from the chains, after a writer died
@@ -328,7 +384,8 @@ impl<'a> View<'a> {
             if linked[idx as usize] {
                 self.elem(idx).used.store(1, Ordering::Relaxed);
             } else {
-                self.push_free(idx);
+                // The list was emptied above, so its tail is in range.
+                let _ = self.push_free(idx);
             }
         }
         self.h.count.store(count, Ordering::Relaxed);
@@ -341,7 +398,7 @@ impl<'a> View<'a> {
     /// Evicts the least recently used of a sample of elements other than `keep` (lock
     /// held): an update of a key in a full map replaces its element with a fresh one, and
     /// evicting the one it replaces would unlink the fresh one in its place.
-    fn evict(&self, keep: u32) -> bool {
+    fn evict(&self, keep: u32) -> Result<bool> {
         let n = self.s.nelems;
         let start = (self.h.lru_clock.load(Ordering::Relaxed) as u32) % n;
         let mut best: Option<(u64, u32)> = None;
@@ -361,16 +418,18 @@ impl<'a> View<'a> {
                 break;
             }
         }
-        let Some((_, idx)) = best else { return false };
-        self.unlink(idx);
-        self.push_free(idx);
+        let Some((_, idx)) = best else {
+            return Ok(false);
+        };
+        self.unlink(idx)?;
+        self.push_free(idx)?;
         self.bump_count(-1);
-        true
+        Ok(true)
     }
 
     fn copies(&self) -> usize {
         if self.map.kind.percpu() {
-            self.h.ncpus as usize
+            self.map.ncpus() as usize
         } else {
             1
         }
@@ -439,10 +498,10 @@ pub(super) fn update(
     }
     let v = View::new(map);
     let hash = hash_key(key);
-    let vstride = round8(v.h.value_size);
-    let vsize = v.h.value_size as usize;
+    let vstride = round8(map.value_size());
+    let vsize = map.value_size() as usize;
     let percpu = map.kind.percpu();
-    let _g = v.lock();
+    let _g = v.lock()?;
     let old = v.find(key, hash);
     let mode = flags & !update_flags::LOCK;
     if old != 0 && mode == update_flags::NOEXIST {
@@ -468,7 +527,7 @@ pub(super) fn update(
                 // SAFETY: dst holds ncpus slots.
                 unsafe { std::ptr::write_bytes(dst, 0, vstride * v.copies()) };
             }
-            let cpu = current_cpu(v.h.ncpus);
+            let cpu = current_cpu(map.ncpus());
             // SAFETY: the program's value holds value_size bytes; the slot is in range.
             unsafe { copy_small(value, dst.add(cpu * vstride), vsize) };
         } else {
@@ -499,13 +558,13 @@ fn place(
 ) -> Result<u32> {
     if old == 0
         && v.h.count.load(Ordering::Relaxed) >= map.hash_capacity()
-        && !(v.is_lru() && v.evict(0))
+        && !(v.is_lru() && v.evict(0)?)
     {
         return Err(err(libc::E2BIG, "map is full"));
     }
-    let mut idx = v.pop_free();
-    if idx == 0 && v.is_lru() && v.evict(old) {
-        idx = v.pop_free();
+    let mut idx = v.pop_free()?;
+    if idx == 0 && v.is_lru() && v.evict(old)? {
+        idx = v.pop_free()?;
     }
     if idx == 0 {
         return Err(err(libc::E2BIG, "map is full"));
@@ -527,8 +586,8 @@ fn place(
     e.next.store(b.load(Ordering::Relaxed), Ordering::Relaxed);
     b.store(idx, Ordering::Release);
     if old != 0 {
-        v.unlink(old);
-        v.push_free(old);
+        v.unlink(old)?;
+        v.push_free(old)?;
     } else {
         v.bump_count(1);
     }
@@ -551,8 +610,8 @@ pub(super) fn with_values<R>(
     }
     let v = View::new(map);
     let hash = hash_key(key);
-    let bytes = round8(v.h.value_size) * v.copies();
-    let _g = v.lock();
+    let bytes = round8(map.value_size()) * v.copies();
+    let _g = v.lock()?;
     let mut idx = v.find(key, hash);
     let inserted = idx == 0;
     if inserted {
@@ -574,13 +633,13 @@ pub(super) fn delete(map: &Map, key: *const u8) -> Result<()> {
     // SAFETY: callers pass key_size readable bytes (a bpf() buffer or a verified program pointer).
     let key = unsafe { std::slice::from_raw_parts(key, v.key_size) };
     let hash = hash_key(key);
-    let _g = v.lock();
+    let _g = v.lock()?;
     let idx = v.find(key, hash);
     if idx == 0 {
         return Err(err(libc::ENOENT, "no such key"));
     }
-    v.unlink(idx);
-    v.push_free(idx);
+    v.unlink(idx)?;
+    v.push_free(idx)?;
     v.bump_count(-1);
     v.bump_counter(&v.h.updates, 1);
     Ok(())
@@ -595,15 +654,15 @@ pub(super) fn lookup_and_delete(map: &Map, key: &[u8], value: &mut [u8]) -> Resu
     }
     let v = View::new(map);
     let hash = hash_key(key);
-    let _g = v.lock();
+    let _g = v.lock()?;
     let idx = v.find(key, hash);
     if idx == 0 {
         return Err(err(libc::ENOENT, "no such key"));
     }
     // SAFETY: the element's value area holds syscall_value_size bytes.
     unsafe { std::ptr::copy_nonoverlapping(v.value_ptr(idx), value.as_mut_ptr(), value.len()) };
-    v.unlink(idx);
-    v.push_free(idx);
+    v.unlink(idx)?;
+    v.push_free(idx)?;
     v.bump_count(-1);
     v.bump_counter(&v.h.updates, 1);
     Ok(())
@@ -641,10 +700,9 @@ pub(super) fn next_key(map: &Map, key: Option<&[u8]>, out: &mut [u8]) -> Result<
     });
     let next = match found {
         None => first_from(0),
-        Some((idx, h)) => match v.elem(idx).next.load(Ordering::Acquire) {
+        Some((idx, h)) => match v.chain_after(h, idx)? {
             0 => first_from((h & v.s.mask) + 1),
-            n if n <= v.s.nelems => Some(n),
-            _ => None,
+            n => Some(n),
         },
     };
     let Some(idx) = next else {
@@ -653,4 +711,35 @@ pub(super) fn next_key(map: &Map, key: Option<&[u8]>, out: &mut [u8]) -> Result<
     // SAFETY: the element's key holds key_size bytes; out was checked to be key_size long.
     unsafe { std::ptr::copy_nonoverlapping(v.key_ptr(idx), out.as_mut_ptr(), out.len()) };
     Ok(())
+}
+
+/// Element and bucket words of a map, for tests that damage them.
+#[cfg(test)]
+pub(super) mod raw {
+    use super::*;
+
+    pub(in crate::maps) fn nbuckets(map: &Map) -> u32 {
+        map.hash_shape().mask + 1
+    }
+
+    pub(in crate::maps) fn bucket(map: &Map, b: u32) -> &AtomicU32 {
+        let s = map.hash_shape();
+        // SAFETY: the bucket array holds mask + 1 words.
+        unsafe { &*(s.buckets as *const AtomicU32).add((b & s.mask) as usize) }
+    }
+
+    fn elem(map: &Map, idx: u32) -> &Elem {
+        let s = map.hash_shape();
+        assert!(idx >= 1 && idx <= s.nelems);
+        // SAFETY: an element of the pool.
+        unsafe { &*((s.elems + (idx as usize - 1) * s.elem_size) as *const Elem) }
+    }
+
+    pub(in crate::maps) fn next(map: &Map, idx: u32) -> &AtomicU32 {
+        &elem(map, idx).next
+    }
+
+    pub(in crate::maps) fn free_next(map: &Map, idx: u32) -> &AtomicU32 {
+        &elem(map, idx).free_next
+    }
 }

@@ -8,11 +8,29 @@ pub(crate) fn current_tid() -> u32 {
     crate::helpers::pid_tgid() as u32
 }
 
+/// The largest thread id Linux hands out (`PID_MAX_LIMIT` on 64-bit kernels).
+const TID_LIMIT: u32 = 1 << 22;
+
+/// Whether `tid` is a thread id at all; a lock or slot word holding anything else was
+/// written by no thread of ours.
+pub(crate) fn plausible_tid(tid: u32) -> bool {
+    tid != 0 && tid <= TID_LIMIT
+}
+
 pub(crate) fn thread_alive(tid: u32) -> bool {
+    // A value out of range would name a process group (negative) or nothing at all.
+    if !plausible_tid(tid) {
+        return false;
+    }
     // SAFETY: signal 0 only checks for existence and permission.
     let r = unsafe { libc::kill(tid as libc::pid_t, 0) };
     r == 0 || std::io::Error::last_os_error().raw_os_error() != Some(libc::ESRCH)
 }
+
+/// How long a lock may stay taken by one live holder before the waiter takes the word
+/// for garbage: holders keep it for a few hundred instructions, so even a holder
+/// preempted on a loaded machine lets go well within this.
+pub(crate) const PATIENCE: std::time::Duration = std::time::Duration::from_secs(1);
 
 pub(crate) struct Guard<'a> {
     word: &'a AtomicU32,
@@ -25,28 +43,43 @@ impl Drop for Guard<'_> {
     }
 }
 
-/// Takes the lock. `repair` runs (with the lock held) when the previous holder
-/// died while holding it.
+/// Takes the lock, or `None` when the word cannot be a lock any more: it names no
+/// thread, or one that has held it past all patience, or `damaged` says the structure
+/// it guards was found damaged (then nobody waits). `repair` runs (with the lock held)
+/// when the previous holder died while holding it.
 #[inline]
-pub(crate) fn lock<'a>(word: &'a AtomicU32, repair: impl FnOnce()) -> Guard<'a> {
+pub(crate) fn lock<'a>(
+    word: &'a AtomicU32,
+    damaged: impl Fn() -> bool,
+    repair: impl FnOnce(),
+) -> Option<Guard<'a>> {
     let me = current_tid();
     // A free lock is taken here, inline in the map operation; waiting is out of line.
     if word
         .compare_exchange_weak(0, me, Ordering::Acquire, Ordering::Relaxed)
         .is_err()
-        && wait(word, me)
     {
-        repair();
+        match wait(word, me, &damaged) {
+            Taken::Free => {}
+            Taken::FromDead => repair(),
+            Taken::Never => return None,
+        }
     }
-    Guard { word }
+    Some(Guard { word })
 }
 
-/// Spins until `word` is taken for `me`; true when it was taken over from a holder
-/// that died.
+enum Taken {
+    Free,
+    FromDead,
+    Never,
+}
+
+/// Spins until `word` is taken for `me`, or gives up on a word that is no lock.
 #[cold]
 #[inline(never)]
-fn wait(word: &AtomicU32, me: u32) -> bool {
+fn wait(word: &AtomicU32, me: u32, damaged: &dyn Fn() -> bool) -> Taken {
     let mut spins: u32 = 0;
+    let started = std::time::Instant::now();
     loop {
         let cur = word.load(Ordering::Relaxed);
         if cur == 0 {
@@ -54,12 +87,15 @@ fn wait(word: &AtomicU32, me: u32) -> bool {
                 .compare_exchange_weak(0, me, Ordering::Acquire, Ordering::Relaxed)
                 .is_ok()
             {
-                return false;
+                return Taken::Free;
             }
             continue;
         }
         spins = spins.wrapping_add(1);
-        if spins.is_multiple_of(1024) {
+        if spins.is_multiple_of(1024) || !plausible_tid(cur) {
+            if !plausible_tid(cur) || damaged() || started.elapsed() > PATIENCE {
+                return Taken::Never;
+            }
             if !thread_alive(cur)
                 && word
                     .compare_exchange(cur, me, Ordering::Acquire, Ordering::Relaxed)
@@ -69,7 +105,7 @@ fn wait(word: &AtomicU32, me: u32) -> bool {
                     dead_tid = cur,
                     "took over a map lock held by a dead thread; repairing the map"
                 );
-                return true;
+                return Taken::FromDead;
             }
             std::thread::yield_now();
         } else {

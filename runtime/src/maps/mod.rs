@@ -9,12 +9,13 @@ mod bloom;
 mod hash;
 mod local_storage;
 mod lock;
-pub(crate) use lock::{current_tid, thread_alive};
+pub(crate) use lock::{current_tid, plausible_tid, thread_alive};
 mod lpm;
 mod queue;
 mod ringbuf;
 pub(crate) mod stack_trace;
 
+use crate::fault::Damage;
 use crate::layout::{InnerTemplate, MapHeader, ObjectKind, PAGE_SIZE};
 use crate::mapping::Mapping;
 use crate::store::{new_object_header, Store};
@@ -33,9 +34,10 @@ fn page_round(v: usize) -> usize {
     (v + PAGE_SIZE - 1) & !(PAGE_SIZE - 1)
 }
 
-/// Takes a shared-memory lock word (for structures outside maps).
-pub(crate) fn lock_word(word: &std::sync::atomic::AtomicU32) -> lock::Guard<'_> {
-    lock::lock(word, || {})
+/// Takes a shared-memory lock word (for structures outside maps); `None` when the word
+/// is no lock any more (see [`lock::lock`]).
+pub(crate) fn lock_word(word: &std::sync::atomic::AtomicU32) -> Option<lock::Guard<'_>> {
+    lock::lock(word, || false, || {})
 }
 
 pub(crate) fn err(errno: i32, what: impl Into<String>) -> Error {
@@ -339,6 +341,105 @@ pub struct Map {
     inner_maps: std::sync::RwLock<std::collections::HashMap<u32, std::sync::Arc<Map>>>,
     /// Hash-laid-out maps: their layout in this process, read from the header at open.
     hash_shape: hash::Shape,
+    /// The header's fields fixed at creation, copied at open once they were checked to
+    /// describe the file: operations size and place their accesses by this copy, never
+    /// by the shared header, which anyone may overwrite.
+    fixed: Fixed,
+}
+
+/// The fields of a [`MapHeader`] that never change after creation.
+#[derive(Clone, Copy, Debug)]
+struct Fixed {
+    map_type: u32,
+    key_size: u32,
+    value_size: u32,
+    max_entries: u32,
+    map_flags: u32,
+    ncpus: u32,
+    map_extra: u64,
+    file_len: u64,
+    nbuckets: u32,
+    nelems: u32,
+    elem_size: u32,
+    btf: (u32, u32, u32),
+    inner: InnerTemplate,
+}
+
+impl Fixed {
+    fn of(h: &MapHeader) -> Fixed {
+        Fixed {
+            map_type: h.map_type,
+            key_size: h.key_size,
+            value_size: h.value_size,
+            max_entries: h.max_entries,
+            map_flags: h.map_flags,
+            ncpus: h.ncpus,
+            map_extra: h.map_extra,
+            file_len: h.file_len,
+            nbuckets: h.nbuckets,
+            nelems: h.nelems,
+            elem_size: h.elem_size,
+            btf: (h.btf_id, h.btf_key_type_id, h.btf_value_type_id),
+            inner: h.inner,
+        }
+    }
+
+    fn same_as(&self, o: &Fixed) -> bool {
+        (
+            self.map_type,
+            self.key_size,
+            self.value_size,
+            self.max_entries,
+            self.map_flags,
+            self.ncpus,
+            self.map_extra,
+            self.file_len,
+        ) == (
+            o.map_type,
+            o.key_size,
+            o.value_size,
+            o.max_entries,
+            o.map_flags,
+            o.ncpus,
+            o.map_extra,
+            o.file_len,
+        ) && (
+            self.nbuckets,
+            self.nelems,
+            self.elem_size,
+            self.btf,
+            self.inner,
+        ) == (o.nbuckets, o.nelems, o.elem_size, o.btf, o.inner)
+    }
+
+    fn spec(&self) -> MapSpec {
+        MapSpec {
+            map_type: self.map_type,
+            key_size: self.key_size,
+            value_size: self.value_size,
+            max_entries: self.max_entries,
+            map_flags: self.map_flags,
+            map_extra: self.map_extra,
+            btf_id: self.btf.0,
+            btf_key_type_id: self.btf.1,
+            btf_value_type_id: self.btf.2,
+            inner: (self.inner.map_type != 0).then_some(self.inner),
+            name: String::new(),
+        }
+    }
+
+    /// Whether these fields describe a map a file of `len` bytes holds, as
+    /// `BPF_MAP_CREATE` on this machine would have laid it out.
+    fn fits(&self, kind: Kind, len: usize) -> bool {
+        let Ok(layout) = Layout::compute(kind, &self.spec()) else {
+            return false;
+        };
+        self.ncpus == possible_cpus()
+            && layout.file_len as u64 == self.file_len
+            && layout.file_len <= len
+            && (layout.nbuckets, layout.nelems, layout.elem_size)
+                == (self.nbuckets, self.nelems, self.elem_size)
+    }
 }
 
 impl std::fmt::Debug for Map {
@@ -462,13 +563,27 @@ impl Map {
                 format!("{}: unknown map type {}", path.display(), h.map_type),
             )
         })?;
-        let file_len = h.file_len as usize;
-        let value_size = h.max_entries as usize;
+        let fixed = Fixed::of(h);
         drop(probe);
+        if !fixed.fits(kind, len) {
+            return Err(err(
+                libc::EINVAL,
+                format!(
+                    "{}: the map's header does not describe what its {len}-byte file holds (the store file is damaged); remove the store with `bpftime list --clean` and load the tool again",
+                    path.display()
+                ),
+            ));
+        }
+        let file_len = fixed.file_len as usize;
         let mapping = if kind == Kind::Ringbuf {
-            Mapping::map_file_ring(&file, ringbuf::DATA_OFFSET, value_size, &path)?
+            Mapping::map_file_ring(
+                &file,
+                ringbuf::DATA_OFFSET,
+                fixed.max_entries as usize,
+                &path,
+            )?
         } else {
-            Mapping::map_file(&file, file_len.min(len), &path)?
+            Mapping::map_file(&file, file_len, &path)?
         };
         let fifo = if kind == Kind::Ringbuf {
             let f = crate::store::open_fifo(dir, &crate::store::map_fifo_name(id))?;
@@ -487,22 +602,121 @@ impl Map {
             perf_rings: Default::default(),
             inner_maps: Default::default(),
             hash_shape: Default::default(),
+            fixed,
         };
         if let Kind::Hash { .. } | Kind::MapHash | Kind::LocalStorage(_) = kind {
             let data_len = map.mapping.len().saturating_sub(PAGE_SIZE);
-            map.hash_shape =
-                hash::Shape::of(map.header(), map.data(), data_len, map.hash_key_size())
-                    .ok_or_else(|| {
-                        err(
-                            libc::EINVAL,
-                            format!(
-                                "{}: the hash map's buckets and elements do not fit its file",
-                                map.path.display()
-                            ),
-                        )
-                    })?;
+            map.hash_shape = hash::Shape::of(&map.fixed, map.data(), data_len, map.hash_key_size())
+                .ok_or_else(|| {
+                    err(
+                        libc::EINVAL,
+                        format!(
+                            "{}: the hash map's buckets and elements do not fit its file",
+                            map.path.display()
+                        ),
+                    )
+                })?;
         }
         Ok(map)
+    }
+
+    /// Takes the map's structure lock (`repair` runs when its holder died holding it),
+    /// or marks the map damaged when its lock word is no lock any more.
+    fn lock(&self, repair: impl FnOnce()) -> Result<lock::Guard<'_>> {
+        lock::lock(
+            &self.header().lock,
+            || self.mapping.damage().is_some(),
+            repair,
+        )
+        .ok_or_else(|| self.garbage("its lock word names no thread that lets it go"))
+    }
+
+    /// Marks the map damaged, for an operation that found `what` in its file; the
+    /// operation's error (`EFAULT`).
+    #[cold]
+    #[inline(never)]
+    fn garbage(&self, what: &str) -> Error {
+        self.mapping.mark_damaged(Damage::Garbage);
+        err(
+            libc::EFAULT,
+            format!(
+                "map {} ({}): {what}; the store file is damaged, so what uses the map is detached: remove the store with `bpftime list --clean` and load the tool again",
+                self.id,
+                self.path.display()
+            ),
+        )
+    }
+
+    /// Why the map is damaged, if a fault or an operation found it so.
+    pub fn damage(&self) -> Option<Damage> {
+        self.mapping.damage()
+    }
+
+    /// [`damage`](Self::damage), after checking the header against what the map was
+    /// opened as (a file zeroed or overwritten shows there first): the slow check of a
+    /// watcher, never of an operation.
+    pub fn check_damage(&self) -> Option<Damage> {
+        if let Some(d) = self.damage() {
+            return Some(d);
+        }
+        let h = self.header();
+        let mut object = [0u8; std::mem::size_of::<crate::layout::ObjectHeader>()];
+        // SAFETY: the header lies in the mapping's first page.
+        unsafe {
+            std::ptr::copy_nonoverlapping(self.mapping.base(), object.as_mut_ptr(), object.len())
+        };
+        let now = Fixed::of(h);
+        let same = crate::store::check_header(&self.path, &object, ObjectKind::Map).is_ok()
+            && h.object.id == self.id
+            && now.same_as(&self.fixed)
+            && self.mutable_fields_in_range();
+        if !same {
+            self.mapping.mark_damaged(Damage::Garbage);
+        }
+        // What the map leads programs to: a perf event array's rings, a map of maps'
+        // inner maps. Their damage is the map's, for what uses it.
+        let rings: Vec<_> = self
+            .perf_rings
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .values()
+            .cloned()
+            .collect();
+        let inner: Vec<_> = self
+            .inner_maps
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .values()
+            .cloned()
+            .collect();
+        self.damage()
+            .or_else(|| rings.iter().find_map(|r| r.check_damage()))
+            .or_else(|| inner.iter().find_map(|m| m.check_damage()))
+    }
+
+    /// Whether the header's changing fields hold values this map's writers leave.
+    fn mutable_fields_in_range(&self) -> bool {
+        use std::sync::atomic::Ordering::Relaxed;
+        let h = self.header();
+        let lock = h.lock.load(Relaxed);
+        if lock != 0 && !lock::plausible_tid(lock) {
+            return false;
+        }
+        match self.kind {
+            Kind::Hash { .. } | Kind::MapHash | Kind::LocalStorage(_) => {
+                let n = self.fixed.nelems;
+                h.free_head.load(Relaxed) <= n
+                    && h.free_tail.load(Relaxed) <= n
+                    && h.count.load(Relaxed) <= n
+            }
+            Kind::Queue | Kind::Stack => {
+                let n = self.fixed.max_entries.saturating_add(1);
+                h.head.load(Relaxed) < n && h.tail.load(Relaxed) < n
+            }
+            Kind::StackTrace => h.count.load(Relaxed) <= self.fixed.nbuckets,
+            Kind::Ringbuf => ringbuf::positions_in_order(self),
+            _ => true,
+        }
     }
 
     /// Where a hash-laid-out map's buckets and elements are (default for other maps).
@@ -525,7 +739,7 @@ impl Map {
         self.id
     }
     pub fn map_type(&self) -> u32 {
-        self.header().map_type
+        self.fixed.map_type
     }
     /// Whether a program reaches per-CPU values through this map: its own, or those of
     /// the inner maps of a map of maps.
@@ -537,16 +751,16 @@ impl Map {
                 .is_some_and(Kind::percpu)
     }
     pub fn key_size(&self) -> u32 {
-        self.header().key_size
+        self.fixed.key_size
     }
     pub fn value_size(&self) -> u32 {
-        self.header().value_size
+        self.fixed.value_size
     }
     pub fn max_entries(&self) -> u32 {
-        self.header().max_entries
+        self.fixed.max_entries
     }
     pub fn map_flags(&self) -> u32 {
-        self.header().map_flags
+        self.fixed.map_flags
     }
     pub fn name(&self) -> String {
         let n = &self.header().name;
@@ -554,11 +768,14 @@ impl Map {
         String::from_utf8_lossy(&n[..end]).into_owned()
     }
     pub fn btf_ids(&self) -> (u32, u32, u32) {
-        let h = self.header();
-        (h.btf_id, h.btf_key_type_id, h.btf_value_type_id)
+        self.fixed.btf
+    }
+    /// Possible CPUs when the map was created: copies of each per-CPU value.
+    pub(crate) fn ncpus(&self) -> u32 {
+        self.fixed.ncpus
     }
     pub fn map_extra(&self) -> u64 {
-        self.header().map_extra
+        self.fixed.map_extra
     }
     pub fn path(&self) -> &std::path::Path {
         &self.path
@@ -595,7 +812,7 @@ impl Map {
     /// aligned slot per possible CPU.
     pub fn syscall_value_size(&self) -> usize {
         if self.kind.percpu() {
-            round8(self.value_size()) * self.header().ncpus as usize
+            round8(self.value_size()) * self.ncpus() as usize
         } else {
             self.value_size() as usize
         }
@@ -871,7 +1088,7 @@ impl Map {
             return None;
         };
         let stride = round8(self.value_size()) as u32;
-        let cpus = self.header().ncpus;
+        let cpus = self.fixed.ncpus;
         Some(ArrayValues {
             base: self.data(),
             key_stride: if percpu { stride * cpus } else { stride },
@@ -901,7 +1118,7 @@ impl Map {
         ) {
             return Err(err(libc::EINVAL, "not a per-CPU hash map"));
         }
-        let cpus = self.header().ncpus as usize;
+        let cpus = self.fixed.ncpus as usize;
         let stride = round8(self.value_size());
         let value_size = self.value_size() as usize;
         hash::with_values(self, key, create, |base| {
@@ -955,7 +1172,7 @@ impl Map {
 
     /// Maps of maps: the shape every inner map must have.
     pub fn inner_template(&self) -> Option<InnerTemplate> {
-        matches!(self.kind, Kind::MapArray | Kind::MapHash).then(|| self.header().inner)
+        matches!(self.kind, Kind::MapArray | Kind::MapHash).then_some(self.fixed.inner)
     }
 
     /// What a map offers as the template of a map of maps' inner maps: its shape, or
@@ -1088,7 +1305,7 @@ impl Map {
                 if v.is_null() || !percpu {
                     v
                 } else {
-                    let cpu = current_cpu(self.header().ncpus);
+                    let cpu = current_cpu(self.fixed.ncpus);
                     // SAFETY: per-CPU values hold ncpus slots.
                     unsafe { v.add(cpu * round8(self.value_size())) }
                 }
@@ -1291,7 +1508,7 @@ impl Map {
             return Err(-(libc::EINVAL as i64));
         }
         let index = if flags & F_INDEX_MASK == F_CURRENT_CPU {
-            current_cpu(self.header().ncpus) as u32
+            current_cpu(self.fixed.ncpus) as u32
         } else {
             (flags & F_INDEX_MASK) as u32
         };

@@ -2,7 +2,6 @@
 //! Pushing to a full map with `BPF_EXIST` drops the oldest element, as the
 //! kernel does for both.
 
-use super::lock::lock;
 use super::{err, round8, Kind, Map};
 use crate::Result;
 use bpftime_isa::uapi::update_flags;
@@ -26,9 +25,8 @@ pub(super) fn push(map: &Map, value: *const u8, flags: u64) -> Result<()> {
     }
     let h = map.header();
     let n = slots(map);
-    let _g = lock(&h.lock, || {});
-    let head = h.head.load(Ordering::Relaxed);
-    let tail = h.tail.load(Ordering::Relaxed);
+    let _g = map.lock(|| {})?;
+    let (head, tail) = positions(map)?;
     if (tail + 1) % n == head {
         if flags != update_flags::EXIST {
             return Err(err(libc::E2BIG, "queue or stack is full"));
@@ -41,27 +39,37 @@ pub(super) fn push(map: &Map, value: *const u8, flags: u64) -> Result<()> {
     Ok(())
 }
 
-/// The slot the next pop reads, or None when empty.
-fn top(map: &Map) -> Option<u32> {
+/// The ring's head and tail (lock held), or the map marked damaged when either is
+/// outside the ring.
+fn positions(map: &Map) -> Result<(u32, u32)> {
     let h = map.header();
-    let n = slots(map);
     let head = h.head.load(Ordering::Relaxed);
     let tail = h.tail.load(Ordering::Acquire);
-    if head == tail {
-        return None;
+    if head >= slots(map) || tail >= slots(map) {
+        return Err(map.garbage("its head or tail is outside its ring"));
     }
-    Some(if map.kind == Kind::Stack {
+    Ok((head, tail))
+}
+
+/// The slot the next pop reads, or None when empty.
+fn top(map: &Map) -> Result<Option<u32>> {
+    let n = slots(map);
+    let (head, tail) = positions(map)?;
+    if head == tail {
+        return Ok(None);
+    }
+    Ok(Some(if map.kind == Kind::Stack {
         (tail + n - 1) % n
     } else {
         head
-    })
+    }))
 }
 
 pub(super) fn pop(map: &Map, value: *mut u8) -> Result<()> {
     let h = map.header();
     let n = slots(map);
-    let _g = lock(&h.lock, || {});
-    let Some(i) = top(map) else {
+    let _g = map.lock(|| {})?;
+    let Some(i) = top(map)? else {
         return Err(err(libc::ENOENT, "queue or stack is empty"));
     };
     // SAFETY: value holds value_size writable bytes (bpf() buffer or verified program memory).
@@ -78,9 +86,8 @@ pub(super) fn peek(map: &Map, value: &mut [u8]) -> Result<()> {
     if value.len() != map.value_size() as usize {
         return Err(err(libc::EINVAL, "value size mismatch"));
     }
-    let h = map.header();
-    let _g = lock(&h.lock, || {});
-    let Some(i) = top(map) else {
+    let _g = map.lock(|| {})?;
+    let Some(i) = top(map)? else {
         return Err(err(libc::ENOENT, "queue or stack is empty"));
     };
     // SAFETY: the slot holds value_size bytes.

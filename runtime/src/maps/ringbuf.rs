@@ -5,7 +5,6 @@
 //! discard bits, and the page offset of the header from the start of the
 //! mapping, from which `submit` finds its ring.
 
-use super::lock::lock;
 use super::Map;
 use crate::layout::{MapHeader, PAGE_SIZE};
 use bpftime_isa::uapi::ringbuf as rb;
@@ -46,6 +45,21 @@ fn positions(base: *mut u8) -> (&'static AtomicU64, &'static AtomicU64) {
     }
 }
 
+#[cfg(test)]
+pub(super) fn positions_for_test(map: &Map) -> (&AtomicU64, &AtomicU64) {
+    positions(map.mapping.base())
+}
+
+/// Whether the consumer position is at most a ring behind the producer's, as producers
+/// and consumers leave them.
+pub(super) fn positions_in_order(map: &Map) -> bool {
+    let (cons, prod) = positions(map.mapping.base());
+    // The consumer's first: it never passes the producer's, which only grows.
+    let c = cons.load(Ordering::Acquire);
+    let p = prod.load(Ordering::Acquire);
+    c <= p && p - c <= u64::from(map.max_entries())
+}
+
 /// The ring bytes a record of `size` bytes of data takes: its header, rounded up to 8.
 pub(super) fn record_len(size: u64) -> u64 {
     (size + rb::HDR_SZ as u64 + 7) & !7
@@ -59,7 +73,7 @@ pub(super) fn reserve(map: &Map, size: u64, flags: u64) -> *mut u8 {
 /// producer that keeps the record and offers it again counts nothing).
 pub(super) fn reserve_counting(map: &Map, size: u64, flags: u64, count_drop: bool) -> *mut u8 {
     let h = map.header();
-    let ring = h.max_entries as u64;
+    let ring = map.max_entries() as u64;
     if flags != 0 || size > (u32::MAX / 4) as u64 {
         return std::ptr::null_mut();
     }
@@ -69,9 +83,15 @@ pub(super) fn reserve_counting(map: &Map, size: u64, flags: u64, count_drop: boo
     }
     let base = map.mapping.base();
     let (cons, prod) = positions(base);
-    let _g = lock(&h.lock, || {});
+    let Ok(_g) = map.lock(|| {}) else {
+        return std::ptr::null_mut();
+    };
     let c = cons.load(Ordering::Acquire);
     let p = prod.load(Ordering::Relaxed);
+    if c > p || p - c > ring || p % 8 != 0 {
+        let _ = map.garbage("its consumer and producer positions are out of order");
+        return std::ptr::null_mut();
+    }
     if p + len - c > ring {
         if count_drop {
             h.dropped.fetch_add(1, Ordering::Relaxed);
@@ -139,8 +159,14 @@ pub(crate) unsafe fn commit(rec: *mut u8, flags: u64, discard: bool) {
     let len = len_word.load(Ordering::Relaxed) & !rb::BUSY_BIT;
     let new = if discard { len | rb::DISCARD_BIT } else { len };
     len_word.store(new, Ordering::Release);
-    let base = (hdr as usize & !(PAGE_SIZE - 1)) - pg_off as usize * PAGE_SIZE;
-    // SAFETY: `base` is the start of the ring's mapping, which begins with its MapHeader.
+    let base = (hdr as usize & !(PAGE_SIZE - 1)).wrapping_sub(pg_off as usize * PAGE_SIZE);
+    // The page offset is in the ring, which anyone may overwrite between reserve and
+    // submit: only the base of a ring this process has open is followed.
+    if !is_ring_base(base) {
+        return;
+    }
+    // SAFETY: `base` is the start of a ring's mapping (checked above), which begins with
+    // its MapHeader.
     let h = unsafe { &*(base as *const MapHeader) };
     if flags & rb::NO_WAKEUP != 0 {
         return;
@@ -148,6 +174,13 @@ pub(crate) unsafe fn commit(rec: *mut u8, flags: u64, discard: bool) {
     if flags & rb::FORCE_WAKEUP != 0 || h.wakeup_pending.swap(1, Ordering::SeqCst) == 0 {
         wake(base);
     }
+}
+
+fn is_ring_base(base: usize) -> bool {
+    WAKERS
+        .lock()
+        .ok()
+        .is_some_and(|w| w.as_ref().is_some_and(|m| m.contains_key(&base)))
 }
 
 fn wake(base: usize) {
@@ -188,6 +221,10 @@ pub(super) fn drain(map: &Map, mut f: impl FnMut(&[u8])) -> usize {
         if c >= p {
             break;
         }
+        if p - c > ring {
+            let _ = map.garbage("its producer position is more than a ring ahead of its consumer");
+            break;
+        }
         // SAFETY: c & mask is inside the data area.
         let hdr = unsafe { base.add(DATA_OFFSET + (c & (ring - 1)) as usize) };
         // SAFETY: the header word is an aligned atomic.
@@ -196,6 +233,10 @@ pub(super) fn drain(map: &Map, mut f: impl FnMut(&[u8])) -> usize {
             break;
         }
         let size = (len & !(rb::BUSY_BIT | rb::DISCARD_BIT)) as usize;
+        if record_len(size as u64) > p - c {
+            let _ = map.garbage("a record is longer than what was written");
+            break;
+        }
         if len & rb::DISCARD_BIT == 0 {
             // SAFETY: the record is contiguous thanks to the double mapping.
             f(unsafe { std::slice::from_raw_parts(hdr.add(rb::HDR_SZ as usize), size) });

@@ -11,7 +11,6 @@
 //! Every access takes the map lock: traces are filed from probes and read by
 //! tools, neither on a path where a lock-free scheme would pay off.
 
-use super::lock::lock;
 use super::{err, Map};
 use crate::Result;
 use std::sync::atomic::{AtomicU32, Ordering};
@@ -102,15 +101,18 @@ fn extract(map: &Map, key: &[u8], value: &mut [u8], delete: bool) -> Result<()> 
         return Err(err(libc::EINVAL, "value size mismatch"));
     }
     let h = map.header();
-    if id >= h.nbuckets {
+    if id >= map.fixed.nbuckets {
         return Err(err(libc::ENOENT, "no stack with this id"));
     }
-    let _g = lock(&h.lock, || {});
+    let _g = map.lock(|| {})?;
     let s = slot(map, id);
     if !s.used() {
         return Err(err(libc::ENOENT, "no stack with this id"));
     }
-    let len = s.nr() * 8;
+    let len = s.nr().saturating_mul(8);
+    if len > value.len() {
+        return Err(map.garbage("a stack trace holds more frames than its slot"));
+    }
     // SAFETY: the slot holds value_size bytes of frames; len <= value_size.
     unsafe {
         std::ptr::copy_nonoverlapping(frames_ptr(map, id).cast::<u8>(), value.as_mut_ptr(), len)
@@ -127,10 +129,10 @@ fn extract(map: &Map, key: &[u8], value: &mut [u8], delete: bool) -> Result<()> 
 pub(super) fn delete(map: &Map, key: &[u8]) -> Result<()> {
     let id = key_id(map, key)?;
     let h = map.header();
-    if id >= h.nbuckets {
+    if id >= map.fixed.nbuckets {
         return Err(err(libc::E2BIG, "stack id beyond the map's buckets"));
     }
-    let _g = lock(&h.lock, || {});
+    let _g = map.lock(|| {})?;
     let s = slot(map, id);
     if !s.used() {
         return Err(err(libc::ENOENT, "no stack with this id"));
@@ -143,23 +145,22 @@ pub(super) fn delete(map: &Map, key: &[u8]) -> Result<()> {
 /// `BPF_MAP_GET_NEXT_KEY`: ids of filed traces in increasing order; an
 /// unknown or empty id starts over.
 pub(super) fn next_key(map: &Map, key: Option<&[u8]>, out: &mut [u8]) -> Result<()> {
-    let h = map.header();
-    let _g = lock(&h.lock, || {});
+    let _g = map.lock(|| {})?;
     let mut id = match key {
         None => 0,
         Some(k) => {
             let k = key_id(map, k)?;
-            if k >= h.nbuckets || !slot(map, k).used() {
+            if k >= map.fixed.nbuckets || !slot(map, k).used() {
                 0
             } else {
                 k + 1
             }
         }
     };
-    while id < h.nbuckets && !slot(map, id).used() {
+    while id < map.fixed.nbuckets && !slot(map, id).used() {
         id += 1;
     }
-    if id >= h.nbuckets {
+    if id >= map.fixed.nbuckets {
         return Err(err(libc::ENOENT, "last stack"));
     }
     out.copy_from_slice(&id.to_ne_bytes());
@@ -227,8 +228,11 @@ pub(super) fn file_trace(map: &Map, ips: &[u64], flags: u64) -> i64 {
         .collect();
     let hash = jhash2(&words, 0);
     let h = map.header();
-    let id = hash & (h.nbuckets - 1);
-    let _g = lock(&h.lock, || {});
+    let id = hash & (map.fixed.nbuckets - 1);
+    let _g = match map.lock(|| {}) {
+        Ok(g) => g,
+        Err(e) => return -(e.errno() as i64),
+    };
     let s = slot(map, id);
     let used = s.used();
     let hash_matches = used && s.hash.load(Ordering::Relaxed) == hash;
@@ -247,7 +251,7 @@ pub(super) fn file_trace(map: &Map, ips: &[u64], flags: u64) -> i64 {
     }
     // The replacement is taken from the free elements before the old trace is
     // released, so a full map refuses even a replacement.
-    if h.count.load(Ordering::Relaxed) >= h.max_entries {
+    if h.count.load(Ordering::Relaxed) >= map.max_entries() {
         return -(libc::ENOMEM as i64);
     }
     s.hash.store(hash, Ordering::Relaxed);

@@ -649,7 +649,7 @@ fn a_process_dying_mid_update_with_the_lock_held_wedges_no_one() {
     // mid-insert would, and `_exit`s holding the lock; no other thread runs yet.
     match unsafe { libc::fork() } {
         0 => {
-            std::mem::forget(lock::lock(&m.header().lock, || {}));
+            std::mem::forget(lock::lock(&m.header().lock, || false, || {}));
             m.header()
                 .free_head
                 .store(0, std::sync::atomic::Ordering::Relaxed);
@@ -1014,4 +1014,226 @@ fn present_keys_of_a_stack_trace_map_are_the_stacks_it_holds() {
     ids.sort();
     ids.dedup();
     assert_eq!(m.present_keys().unwrap().unwrap(), ids);
+}
+
+// ----- damaged store files: garbage and truncation never steer an access -----
+
+/// The map's shared header, to overwrite fields as a damaging writer would.
+fn raw_header(m: &Map) -> *mut MapHeader {
+    m.mapping.base().cast()
+}
+
+#[test]
+fn a_hash_chain_that_runs_round_ends_the_walk() {
+    let s = TempStore::new("dmg-cycle");
+    let m = Map::create(&s, &spec(mt::HASH, 8, 8, 4)).unwrap();
+    m.update(&1u64.to_ne_bytes(), &10u64.to_ne_bytes(), uf::ANY)
+        .unwrap();
+    // Every bucket leads to element 1, whose chain leads back to itself.
+    for b in 0..hash::raw::nbuckets(&m) {
+        hash::raw::bucket(&m, b).store(1, std::sync::atomic::Ordering::Relaxed);
+    }
+    hash::raw::next(&m, 1).store(1, std::sync::atomic::Ordering::Relaxed);
+    let started = std::time::Instant::now();
+    let mut out = [0u8; 8];
+    assert_eq!(errno(m.lookup(&2u64.to_ne_bytes(), &mut out)), libc::ENOENT);
+    // SAFETY: an 8-byte key.
+    assert!(unsafe { m.prog_lookup(2u64.to_ne_bytes().as_ptr()) }.is_null());
+    assert_eq!(errno(m.delete(&3u64.to_ne_bytes())), libc::ENOENT);
+    let mut keys = 0;
+    let mut k = None;
+    let mut next = [0u8; 8];
+    while m
+        .next_key(k.as_ref().map(|k: &[u8; 8]| &k[..]), &mut next)
+        .is_ok()
+        && keys < 100
+    {
+        keys += 1;
+        k = Some(next);
+    }
+    assert!(keys < 100, "key iteration over a cycle must end");
+    assert_eq!(
+        errno(m.next_key(Some(&1u64.to_ne_bytes()), &mut next)),
+        libc::EFAULT
+    );
+    assert_eq!(m.damage(), Some(Damage::Garbage));
+    assert!(started.elapsed() < std::time::Duration::from_secs(5));
+    // The key itself is still found through its chain.
+    m.lookup(&1u64.to_ne_bytes(), &mut out).unwrap();
+    assert_eq!(u64::from_ne_bytes(out), 10);
+}
+
+#[test]
+fn an_out_of_range_free_list_is_an_error_and_marks_the_map() {
+    let s = TempStore::new("dmg-free");
+    let m = Map::create(&s, &spec(mt::HASH, 8, 8, 4)).unwrap();
+    m.header()
+        .free_head
+        .store(0xffff_fff0, std::sync::atomic::Ordering::Relaxed);
+    assert_eq!(m.damage(), None);
+    assert_eq!(
+        errno(m.update(&1u64.to_ne_bytes(), &1u64.to_ne_bytes(), uf::ANY)),
+        libc::EFAULT
+    );
+    assert_eq!(m.damage(), Some(Damage::Garbage));
+    // A free element whose link leads out of the pool, in a fresh map.
+    let m = Map::create(&s, &spec(mt::LRU_HASH, 8, 8, 4)).unwrap();
+    hash::raw::free_next(&m, 1).store(77, std::sync::atomic::Ordering::Relaxed);
+    // SAFETY: 8-byte key and value.
+    let r = unsafe { m.prog_update(1u64.to_ne_bytes().as_ptr(), 5u64.to_ne_bytes().as_ptr(), 0) };
+    assert_eq!(r, -(libc::EFAULT as i64));
+    assert_eq!(m.damage(), Some(Damage::Garbage));
+    // The free tail, out of range, met by a delete.
+    let m = Map::create(&s, &spec(mt::HASH, 8, 8, 4)).unwrap();
+    m.update(&1u64.to_ne_bytes(), &1u64.to_ne_bytes(), uf::ANY)
+        .unwrap();
+    m.header()
+        .free_tail
+        .store(1 << 30, std::sync::atomic::Ordering::Relaxed);
+    assert_eq!(errno(m.delete(&1u64.to_ne_bytes())), libc::EFAULT);
+    assert_eq!(m.check_damage(), Some(Damage::Garbage));
+}
+
+#[test]
+fn a_garbage_lock_word_gives_up_instead_of_spinning() {
+    let s = TempStore::new("dmg-lock");
+    let m = Map::create(&s, &spec(mt::HASH, 8, 8, 4)).unwrap();
+    // No thread has this id: given up at once.
+    m.header()
+        .lock
+        .store(0xdead_beef, std::sync::atomic::Ordering::Relaxed);
+    let started = std::time::Instant::now();
+    assert_eq!(
+        errno(m.update(&1u64.to_ne_bytes(), &1u64.to_ne_bytes(), uf::ANY)),
+        libc::EFAULT
+    );
+    assert!(started.elapsed() < std::time::Duration::from_millis(500));
+    assert_eq!(m.damage(), Some(Damage::Garbage));
+    // A live thread (init) that never lets go: given up after the patience runs out,
+    // and at once on the next call, since the map is marked.
+    let q = Map::create(&s, &spec(mt::QUEUE, 0, 8, 4)).unwrap();
+    q.header()
+        .lock
+        .store(1, std::sync::atomic::Ordering::Relaxed);
+    let started = std::time::Instant::now();
+    // SAFETY: an 8-byte value.
+    let r = unsafe { q.prog_push(7u64.to_ne_bytes().as_ptr(), 0) };
+    assert_eq!(r, -(libc::EFAULT as i64));
+    let waited = started.elapsed();
+    assert!(
+        waited >= lock::PATIENCE && waited < lock::PATIENCE * 5,
+        "{waited:?}"
+    );
+    let started = std::time::Instant::now();
+    let mut out = [0u8; 8];
+    assert_eq!(errno(q.lookup(&[], &mut out)), libc::EFAULT);
+    assert!(started.elapsed() < std::time::Duration::from_millis(100));
+}
+
+#[test]
+fn garbage_in_the_header_changes_no_access_and_is_found() {
+    let s = TempStore::new("dmg-header");
+    let m = Map::create(&s, &spec(mt::PERCPU_ARRAY, 4, 8, 4)).unwrap();
+    let h = raw_header(&m);
+    // SAFETY: plain fields of the mapped header, written as a damaging process would.
+    unsafe {
+        (*h).value_size = 1 << 30;
+        (*h).max_entries = u32::MAX;
+        (*h).ncpus = 1 << 20;
+    }
+    // Accesses keep to what the map was opened as.
+    assert_eq!(m.value_size(), 8);
+    assert_eq!(m.max_entries(), 4);
+    // SAFETY: a 4-byte key.
+    assert!(unsafe { m.prog_lookup(4u32.to_ne_bytes().as_ptr()) }.is_null());
+    // SAFETY: as above, in range.
+    assert!(!unsafe { m.prog_lookup(3u32.to_ne_bytes().as_ptr()) }.is_null());
+    assert_eq!(m.check_damage(), Some(Damage::Garbage));
+    // A file whose header describes a map it cannot hold is refused at open.
+    assert_eq!(errno(Map::open(&s, m.id())), libc::EINVAL);
+    let z = Map::create(&s, &spec(mt::HASH, 8, 8, 4)).unwrap();
+    // SAFETY: the whole header page, zeroed.
+    unsafe { std::ptr::write_bytes(z.mapping.base(), 0, PAGE_SIZE) };
+    assert_eq!(z.check_damage(), Some(Damage::Garbage));
+    assert!(Map::open(&s, z.id()).is_err());
+}
+
+#[test]
+fn a_truncated_map_file_reads_zeros_through_the_fault_handler() {
+    let s = TempStore::new("dmg-trunc");
+    let m = Map::create(&s, &spec(mt::ARRAY, 4, 8, 4)).unwrap();
+    m.update(&1u32.to_ne_bytes(), &42u64.to_ne_bytes(), uf::ANY)
+        .unwrap();
+    // SAFETY: a 4-byte key; the value is 8 bytes.
+    let v = unsafe { m.prog_lookup(1u32.to_ne_bytes().as_ptr()) };
+    // SAFETY: as above.
+    assert_eq!(unsafe { std::ptr::read_volatile(v.cast::<u64>()) }, 42);
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(m.path())
+        .unwrap()
+        .set_len(0)
+        .unwrap();
+    // As JIT code reads an array value: straight through the pointer.
+    // SAFETY: the mapping stays; the fault handler puts zero pages under it.
+    assert_eq!(unsafe { std::ptr::read_volatile(v.cast::<u64>()) }, 0);
+    assert_eq!(m.damage(), Some(Damage::Truncated));
+    assert_eq!(m.check_damage(), Some(Damage::Truncated));
+    // A hash map truncated under its header, met by an update.
+    let h = Map::create(&s, &spec(mt::HASH, 8, 8, 4)).unwrap();
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(h.path())
+        .unwrap()
+        .set_len(0)
+        .unwrap();
+    // The zeroed pool has no free element.
+    assert_eq!(
+        errno(h.update(&1u64.to_ne_bytes(), &1u64.to_ne_bytes(), uf::ANY)),
+        libc::E2BIG
+    );
+    assert_eq!(h.damage(), Some(Damage::Truncated));
+}
+
+#[test]
+fn garbage_positions_in_queues_and_rings_are_errors() {
+    let s = TempStore::new("dmg-ring");
+    let q = Map::create(&s, &spec(mt::STACK, 0, 8, 4)).unwrap();
+    q.header()
+        .tail
+        .store(1000, std::sync::atomic::Ordering::Relaxed);
+    // SAFETY: an 8-byte value.
+    assert_eq!(
+        unsafe { q.prog_push(1u64.to_ne_bytes().as_ptr(), 0) },
+        -(libc::EFAULT as i64)
+    );
+    assert_eq!(q.damage(), Some(Damage::Garbage));
+    let r = Map::create(&s, &spec(mt::RINGBUF, 0, 0, PAGE_SIZE as u32)).unwrap();
+    let (_, prod) = ringbuf::positions_for_test(&r);
+    prod.store(1 << 40, std::sync::atomic::Ordering::Relaxed);
+    assert!(r.ringbuf_reserve(8, 0).is_null());
+    assert_eq!(r.damage(), Some(Damage::Garbage));
+    assert_eq!(r.ringbuf_drain(|_| {}), 0);
+    // A record header claiming more bytes than were written.
+    let r = Map::create(&s, &spec(mt::RINGBUF, 0, 0, PAGE_SIZE as u32)).unwrap();
+    // SAFETY: 8 readable bytes.
+    assert_eq!(
+        unsafe { r.ringbuf_output(1u64.to_ne_bytes().as_ptr(), 8, 0) },
+        0
+    );
+    // SAFETY: the first record's length word, at the start of the data.
+    unsafe {
+        (*r.mapping.base().add(ringbuf::DATA_OFFSET).cast::<u32>()) = 0x0fff_fff0;
+    }
+    assert_eq!(r.ringbuf_drain(|_| panic!("no record is whole")), 0);
+    assert_eq!(r.damage(), Some(Damage::Garbage));
+    // A perf ring whose positions are garbage refuses the record.
+    let (perf, ring) = perf_array_with_ring(&s, 900);
+    ring.set_head_for_test(1 << 40);
+    assert_eq!(
+        perf.perf_event_output(0, &[1, 2, 3]),
+        -(libc::ENOSPC as i64)
+    );
+    assert!(perf.check_damage().is_some());
+    assert!(ring.check_damage().is_some());
 }

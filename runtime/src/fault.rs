@@ -1,0 +1,247 @@
+//! Store files damaged under a running process. Any process of the user can truncate or
+//! overwrite a store file while targets have it mapped: a read past a truncated file's
+//! end raises SIGBUS, and garbage read from it must not steer an access. This module
+//! keeps a table of the store mappings of this process and a fault handler over them:
+//! a fault inside one replaces that mapping's pages with anonymous zeros (so the
+//! faulting instruction, JIT code's included, runs again harmlessly) and marks the
+//! mapping damaged; code that finds garbage marks it damaged too. Whoever serves the
+//! object (the agent's watcher) then detaches what uses it.
+//!
+//! The table is a fixed array of atomics, so the handler reads it without locks or
+//! allocation (async-signal-safe); faults outside it go to the handler in place before.
+
+use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering};
+use std::sync::Once;
+
+/// Mappings a process may hold at once: a target's maps, rings and store header, and a
+/// tool's. Beyond this, a mapping is unprotected (and said so once).
+const SLOTS: usize = 4096;
+
+/// Why a mapping is damaged.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Damage {
+    /// An access faulted: the file was truncated under the mapping.
+    Truncated,
+    /// What the file holds cannot be (a changed header, an offset out of range, a lock
+    /// word no live thread holds).
+    Garbage,
+}
+
+impl Damage {
+    fn code(self) -> u32 {
+        match self {
+            Damage::Truncated => 1,
+            Damage::Garbage => 2,
+        }
+    }
+
+    fn of(code: u32) -> Option<Damage> {
+        match code {
+            1 => Some(Damage::Truncated),
+            2 => Some(Damage::Garbage),
+            _ => None,
+        }
+    }
+
+    /// What was seen, for a warning.
+    pub fn describe(self) -> &'static str {
+        match self {
+            Damage::Truncated => "its file was truncated under the mapping (an access faulted; the pages now read as zeros in this process)",
+            Damage::Garbage => "its file holds values no writer of this store leaves (overwritten or zeroed)",
+        }
+    }
+}
+
+struct Range {
+    start: AtomicUsize,
+    len: AtomicUsize,
+    damage: AtomicU32,
+}
+
+#[allow(clippy::declare_interior_mutable_const)]
+const EMPTY: Range = Range {
+    start: AtomicUsize::new(0),
+    len: AtomicUsize::new(0),
+    damage: AtomicU32::new(0),
+};
+
+static RANGES: [Range; SLOTS] = [EMPTY; SLOTS];
+
+const SIGNALS: [libc::c_int; 2] = [libc::SIGBUS, libc::SIGSEGV];
+
+/// The actions in place before ours, where faults outside our mappings go.
+static mut PREVIOUS: [std::mem::MaybeUninit<libc::sigaction>; 2] =
+    [std::mem::MaybeUninit::uninit(); 2];
+static INSTALL: Once = Once::new();
+
+/// Adds `len` bytes at `start` to the table; the slot, or `None` when the table is full.
+pub(crate) fn register(start: usize, len: usize) -> Option<usize> {
+    INSTALL.call_once(install);
+    for (i, r) in RANGES.iter().enumerate() {
+        if r.start.load(Ordering::Relaxed) == 0
+            && r.start
+                .compare_exchange(0, start, Ordering::AcqRel, Ordering::Relaxed)
+                .is_ok()
+        {
+            r.damage.store(0, Ordering::Relaxed);
+            // The handler takes a range only once its length is there.
+            r.len.store(len, Ordering::Release);
+            return Some(i);
+        }
+    }
+    static FULL: Once = Once::new();
+    FULL.call_once(|| {
+        tracing::warn!(
+            "more than {SLOTS} store mappings: a truncated store file can crash this process"
+        )
+    });
+    None
+}
+
+/// Removes a slot from the table, before its range is unmapped.
+pub(crate) fn unregister(slot: usize) {
+    let r = &RANGES[slot];
+    r.len.store(0, Ordering::Release);
+    r.start.store(0, Ordering::Release);
+}
+
+/// The damage marked on a slot, if any.
+pub(crate) fn damage(slot: usize) -> Option<Damage> {
+    Damage::of(RANGES[slot].damage.load(Ordering::Acquire))
+}
+
+/// Marks a slot damaged (the first reason stays).
+pub(crate) fn mark(slot: usize, why: Damage) {
+    let _ =
+        RANGES[slot]
+            .damage
+            .compare_exchange(0, why.code(), Ordering::AcqRel, Ordering::Relaxed);
+}
+
+/// Replaces `len` bytes at `start` with private zero pages; false when the kernel refused.
+///
+/// # Safety
+/// `start..start + len` is a whole mapping this process owns (a registered one).
+unsafe fn zero_pages(start: usize, len: usize) -> bool {
+    // SAFETY: caller obligation; MAP_FIXED replaces exactly that range, atomically, so a
+    // thread racing the replacement reads either the file's page or a zero page.
+    let p = unsafe {
+        libc::mmap(
+            start as *mut libc::c_void,
+            len,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_FIXED,
+            -1,
+            0,
+        )
+    };
+    p != libc::MAP_FAILED
+}
+
+fn install() {
+    for (i, &sig) in SIGNALS.iter().enumerate() {
+        // SAFETY: a zeroed sigaction is "no handler, empty mask"; PREVIOUS[i] is written
+        // here, once, before the handler that reads it is in place.
+        unsafe {
+            let mut action: libc::sigaction = std::mem::zeroed();
+            action.sa_sigaction = on_fault as *const () as usize;
+            action.sa_flags = libc::SA_SIGINFO | libc::SA_ONSTACK;
+            let previous = &mut *std::ptr::addr_of_mut!(PREVIOUS[i]);
+            libc::sigaction(sig, &action, previous.as_mut_ptr());
+        }
+    }
+}
+
+extern "C" fn on_fault(sig: libc::c_int, info: *mut libc::siginfo_t, context: *mut libc::c_void) {
+    // SAFETY: the kernel passes a valid siginfo to an SA_SIGINFO handler.
+    let (addr, code) = unsafe { ((*info).si_addr() as usize, (*info).si_code) };
+    // Only faults the kernel raised (si_code > 0) carry an address to trust.
+    if code > 0 {
+        for r in &RANGES {
+            let start = r.start.load(Ordering::Acquire);
+            if start == 0 {
+                continue;
+            }
+            let len = r.len.load(Ordering::Acquire);
+            if addr >= start && addr - start < len {
+                // SAFETY: a registered range is a whole mapping of this process, in place
+                // until it is unregistered, which comes before its unmapping.
+                if unsafe { zero_pages(start, len) } {
+                    let _ = r.damage.compare_exchange(
+                        0,
+                        Damage::Truncated.code(),
+                        Ordering::AcqRel,
+                        Ordering::Relaxed,
+                    );
+                    return;
+                }
+                break;
+            }
+        }
+    }
+    let index = SIGNALS.iter().position(|&s| s == sig).unwrap_or(0);
+    // SAFETY: PREVIOUS[index] was filled before this handler was installed.
+    let previous = unsafe { &*(*std::ptr::addr_of!(PREVIOUS[index])).as_ptr() };
+    let handler = previous.sa_sigaction;
+    if handler == libc::SIG_IGN && code > 0 {
+        // An ignored fault would run again forever; the default ends the process.
+    } else if handler == libc::SIG_IGN {
+        return;
+    } else if handler != libc::SIG_DFL {
+        if previous.sa_flags & libc::SA_SIGINFO != 0 {
+            // SAFETY: the previous handler was installed with SA_SIGINFO, so it takes these.
+            let f: extern "C" fn(libc::c_int, *mut libc::siginfo_t, *mut libc::c_void) =
+                unsafe { std::mem::transmute(handler) };
+            f(sig, info, context);
+        } else {
+            // SAFETY: a plain handler takes the signal number.
+            let f: extern "C" fn(libc::c_int) = unsafe { std::mem::transmute(handler) };
+            f(sig);
+        }
+        return;
+    }
+    // The default action: put it back and let the fault happen again (or the signal
+    // come again), ending the process as it would have ended without us.
+    // SAFETY: a zeroed sigaction with SIG_DFL; raise has no preconditions.
+    unsafe {
+        let mut dfl: libc::sigaction = std::mem::zeroed();
+        dfl.sa_sigaction = libc::SIG_DFL;
+        libc::sigaction(sig, &dfl, std::ptr::null_mut());
+        if code <= 0 {
+            libc::raise(sig);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_read_past_a_truncated_file_reads_zeros_and_marks_the_mapping() {
+        let dir = std::env::temp_dir().join(format!("bpftime-fault-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("f");
+        std::fs::write(&path, vec![7u8; 2 * crate::PAGE_SIZE]).unwrap();
+        let file = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(&path)
+            .unwrap();
+        let m = crate::mapping::Mapping::map_file(&file, 2 * crate::PAGE_SIZE, &path).unwrap();
+        // SAFETY: inside the mapping.
+        let second = unsafe { m.base().add(crate::PAGE_SIZE) };
+        // SAFETY: as above, backed by the file.
+        assert_eq!(unsafe { std::ptr::read_volatile(second) }, 7);
+        assert_eq!(m.damage(), None);
+        file.set_len(0).unwrap();
+        // SAFETY: mapped; the page behind it is gone, which the handler repairs.
+        let after = unsafe { std::ptr::read_volatile(second) };
+        assert_eq!(after, 0, "a truncated page reads as zero");
+        assert_eq!(m.damage(), Some(Damage::Truncated));
+        // SAFETY: the replacement pages are writable, private memory.
+        unsafe { std::ptr::write_volatile(m.base(), 1) };
+        drop(m);
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}
