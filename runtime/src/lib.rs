@@ -14,6 +14,7 @@
 //! Programs reach maps through [`helpers`], which work on process-local [`Map`]
 //! handles over the shared files.
 
+mod bprintf;
 pub mod cgroup;
 pub mod cpu_slots;
 mod error;
