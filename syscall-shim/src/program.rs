@@ -222,8 +222,19 @@ fn check_structure(insns: &[Insn], gpu: bool) -> Result<String, Rejection> {
                         } else {
                             Engine::Interpreter
                         };
-                        if let Err(why) = helpers::require(i.imm as u32, engine) {
-                            return reject(pc, why.to_string());
+                        match helpers::require(i.imm as u32, engine) {
+                            Ok(_) => {}
+                            Err(why @ helpers::Unavailable::Unknown { .. }) => {
+                                return reject(pc, why.to_string())
+                            }
+                            // Known but not on this engine: EACCES, as the verifier
+                            // refuses it (which only checks the program types it runs).
+                            Err(why) => {
+                                return Err((
+                                    libc::EACCES,
+                                    format!("{pc}: (0x{:02x}) {why}\n", i.code),
+                                ))
+                            }
                         }
                     }
                     op::CALL_PSEUDO => {
