@@ -16,9 +16,7 @@ use bpftime_conformance::{default_suite_dir, parse_test, suite_files, test_name}
 use bpftime_isa::asm::assemble;
 use bpftime_isa::{decode, Insn};
 use bpftime_jit_amdgcn::{AmdGpuArch, AmdgcnOptions};
-use bpftime_jit_ptx::{
-    compile, ArrayMapLayout, GpuEnv, PtxOptions, PtxProgram, StandardGpuEnv, EXTERN_HELPERS,
-};
+use bpftime_jit_ptx::{compile, ArrayMapLayout, GpuEnv, PtxOptions, PtxProgram, StandardGpuEnv};
 use goblin::elf::Elf;
 
 const EM_AMDGPU: u16 = 224;
@@ -236,7 +234,10 @@ fn gpu_examples_and_the_helper_probe_pass_ptxas_and_build_for_amd() {
     let dir = scratch("examples");
     let objects = build_gpu_examples(&dir);
     assert!(!objects.is_empty(), "bpf-examples has no GPU examples");
-    let runtime_helpers: Vec<&str> = EXTERN_HELPERS.iter().map(|(_, n)| *n).collect();
+    let runtime_helpers: Vec<&str> = bpftime_jit_ptx::extern_helpers()
+        .into_iter()
+        .map(|(_, n)| n)
+        .collect();
     let mut checks: Vec<(String, PathBuf, bool)> = Vec::new();
     let mut block_count_seen = false;
     for object in &objects {

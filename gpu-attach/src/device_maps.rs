@@ -1511,7 +1511,7 @@ mod tests {
                 "{config} is not declared by the runtime"
             );
         }
-        for helper in bpftime_jit_ptx::EXTERN_HELPERS {
+        for helper in bpftime_jit_ptx::extern_helpers() {
             assert!(
                 runtime
                     .lines()

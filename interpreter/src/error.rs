@@ -54,6 +54,8 @@ pub enum ExecError {
     },
     #[error("pc {pc}: {len}-byte atomic at {addr:#x} is not aligned")]
     MisalignedAtomic { pc: usize, addr: u64, len: usize },
+    #[error("pc {pc}: bpf_loop's callback {value:#x} is not a subprogram of this program (load it with `lddw rX, func`)")]
+    BadCallback { pc: usize, value: u64 },
     #[error("pc {pc}: instruction budget of {budget} exhausted")]
     BudgetExceeded { pc: usize, budget: u64 },
 }

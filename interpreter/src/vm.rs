@@ -30,9 +30,10 @@ pub fn execute(
     mem: &MemoryPolicy,
 ) -> Result<u64, ExecError> {
     match &mem.0 {
-        Policy::Unchecked => run::<false, false>(prog, r1, r2, env, &[], 0),
-        Policy::Checked(ranges) => run::<true, false>(prog, r1, r2, env, ranges, 0),
+        Policy::Unchecked => run::<false, false>(Start::entry(prog, r1, r2, 0), env, &[]),
+        Policy::Checked(ranges) => run::<true, false>(Start::entry(prog, r1, r2, 0), env, ranges),
     }
+    .map(|(r0, _)| r0)
 }
 
 /// [`execute`], stopping with [`ExecError::BudgetExceeded`] once `budget` instructions
@@ -46,8 +47,42 @@ pub fn execute_with_budget(
     budget: u64,
 ) -> Result<u64, ExecError> {
     match &mem.0 {
-        Policy::Unchecked => run::<false, true>(prog, r1, r2, env, &[], budget),
-        Policy::Checked(ranges) => run::<true, true>(prog, r1, r2, env, ranges, budget),
+        Policy::Unchecked => run::<false, true>(Start::entry(prog, r1, r2, budget), env, &[]),
+        Policy::Checked(ranges) => {
+            run::<true, true>(Start::entry(prog, r1, r2, budget), env, ranges)
+        }
+    }
+    .map(|(r0, _)| r0)
+}
+
+/// Where a run begins: a program's entry, or a `bpf_loop` callback inside it.
+struct Start<'p> {
+    prog: &'p [Insn],
+    pc: usize,
+    r1: u64,
+    r2: u64,
+    /// Instructions left to run (with a budget).
+    budget: u64,
+    /// The budget the caller of `execute_with_budget` set, for the error.
+    full_budget: u64,
+    /// Frames the callers of this run already use.
+    frames_above: usize,
+    /// Tail calls this run may still make count from here.
+    tail_calls: u32,
+}
+
+impl<'p> Start<'p> {
+    fn entry(prog: &'p [Insn], r1: u64, r2: u64, budget: u64) -> Self {
+        Start {
+            prog,
+            pc: 0,
+            r1,
+            r2,
+            budget,
+            full_budget: budget,
+            frames_above: 0,
+            tail_calls: 0,
+        }
     }
 }
 
@@ -399,14 +434,22 @@ where
     }
 }
 
+/// Runs from `start` until its first frame exits; returns r0 and the budget left.
 fn run<const CHECKED: bool, const BUDGET: bool>(
-    entry: &[Insn],
-    r1: u64,
-    r2: u64,
+    start: Start<'_>,
     env: &dyn Environment,
     ranges: &[Range<u64>],
-    budget: u64,
-) -> Result<u64, ExecError> {
+) -> Result<(u64, u64), ExecError> {
+    let Start {
+        prog: entry,
+        pc: entry_pc,
+        r1,
+        r2,
+        budget,
+        full_budget,
+        frames_above,
+        tail_calls: first_tail_call,
+    } = start;
     // Declared first so that it is dropped last: `prog` and the saved frames may point into
     // the programs it keeps alive.
     let mut tail_progs: Vec<Arc<[Insn]>> = Vec::new();
@@ -438,11 +481,11 @@ fn run<const CHECKED: bool, const BUDGET: bool>(
         callee_saved: [0; 4],
     }; MAX_CALL_FRAMES];
     let mut depth = 0usize;
-    let mut tail_calls = 0u32;
+    let mut tail_calls = first_tail_call;
     let mut left = budget;
 
     let mut prog = entry;
-    let mut next = 0usize;
+    let mut next = entry_pc;
     loop {
         let pc = next;
         let Some(&insn) = prog.get(pc) else {
@@ -453,7 +496,10 @@ fn run<const CHECKED: bool, const BUDGET: bool>(
         };
         if BUDGET {
             if left == 0 {
-                return Err(ExecError::BudgetExceeded { pc, budget });
+                return Err(ExecError::BudgetExceeded {
+                    pc,
+                    budget: full_budget,
+                });
             }
             left -= 1;
         }
@@ -693,13 +739,22 @@ fn run<const CHECKED: bool, const BUDGET: bool>(
                         None => regs[0] = TAIL_CALL_FAILED,
                     }
                 }
+                CALL_HELPER if insn.imm as u32 == helper::LOOP => {
+                    let outer = Outer {
+                        prog,
+                        pc,
+                        frames: frames_above + depth + 1,
+                        full_budget,
+                    };
+                    regs[0] = bpf_loop::<CHECKED, BUDGET>(&outer, &regs, env, &guard, &mut left)?;
+                }
                 CALL_HELPER => {
                     let id = insn.imm as u32;
                     regs[0] = call_helper(env, pc, id as u64, &regs)?;
                 }
                 CALL_PSEUDO => {
                     let target = jump_target(pc, next, insn.imm as i64, prog.len())?;
-                    if depth + 1 >= MAX_CALL_FRAMES {
+                    if frames_above + depth + 1 >= MAX_CALL_FRAMES {
                         return Err(ExecError::CallDepthExceeded {
                             pc,
                             max: MAX_CALL_FRAMES,
@@ -727,11 +782,21 @@ fn run<const CHECKED: bool, const BUDGET: bool>(
                 } else {
                     (insn.imm & 0x0f) as usize
                 };
-                regs[0] = call_helper(env, pc, regs[reg], &regs)?;
+                regs[0] = if regs[reg] == u64::from(helper::LOOP) {
+                    let outer = Outer {
+                        prog,
+                        pc,
+                        frames: frames_above + depth + 1,
+                        full_budget,
+                    };
+                    bpf_loop::<CHECKED, BUDGET>(&outer, &regs, env, &guard, &mut left)?
+                } else {
+                    call_helper(env, pc, regs[reg], &regs)?
+                };
             }
             JMP_EXIT => {
                 if depth == 0 {
-                    return Ok(regs[0]);
+                    return Ok((regs[0], left));
                 }
                 depth -= 1;
                 let f = frames[depth];
@@ -747,7 +812,13 @@ fn run<const CHECKED: bool, const BUDGET: bool>(
                 let Some(hi) = prog.get(next) else {
                     return Err(ExecError::IncompleteLddw { pc });
                 };
-                regs[dst] = (insn.imm as u32 as u64) | ((hi.imm as u32 as u64) << 32);
+                regs[dst] = if insn.src == PSEUDO_FUNC {
+                    // A callback: the slot it starts at in this program, which `bpf_loop`
+                    // runs from.
+                    (pc as i64 + 1 + insn.imm as i64) as u64
+                } else {
+                    (insn.imm as u32 as u64) | ((hi.imm as u32 as u64) << 32)
+                };
                 next += 1;
             }
 
@@ -799,6 +870,77 @@ fn run<const CHECKED: bool, const BUDGET: bool>(
             code => return Err(ExecError::UnknownOpcode { pc, code }),
         }
     }
+}
+
+/// The program a `bpf_loop` call is made from.
+struct Outer<'p> {
+    prog: &'p [Insn],
+    pc: usize,
+    /// Frames in use, counting the caller's.
+    frames: usize,
+    full_budget: u64,
+}
+
+/// `bpf_loop(nr_loops, callback, ctx, flags)`: runs the callback subprogram (r2 holds
+/// the slot an `lddw rX, func` gave it) with (index, ctx) until it returns non-zero or
+/// `nr_loops` calls are done; returns the calls made, or a negative errno as the kernel
+/// does. Each call runs on its own stack frames below the caller's, and sees the caller's
+/// live stack (where ctx usually points) under a checked policy.
+fn bpf_loop<const CHECKED: bool, const BUDGET: bool>(
+    outer: &Outer<'_>,
+    regs: &[u64; 16],
+    env: &dyn Environment,
+    guard: &Guard<'_, CHECKED>,
+    left: &mut u64,
+) -> Result<u64, ExecError> {
+    let n = match bpftime_isa::helpers::loop_iterations(regs[1], regs[4]) {
+        Ok(n) => n,
+        Err(errno) => return Ok(-(i64::from(errno)) as u64),
+    };
+    if n == 0 {
+        return Ok(0);
+    }
+    let pc = outer.pc;
+    let target = usize::try_from(regs[2])
+        .ok()
+        .filter(|&t| t < outer.prog.len())
+        .ok_or(ExecError::BadCallback { pc, value: regs[2] })?;
+    if outer.frames >= MAX_CALL_FRAMES {
+        return Err(ExecError::CallDepthExceeded {
+            pc,
+            max: MAX_CALL_FRAMES,
+        });
+    }
+    let ranges: Vec<Range<u64>> = if CHECKED {
+        guard
+            .ranges
+            .iter()
+            .cloned()
+            .chain([guard.stack.clone()])
+            .collect()
+    } else {
+        Vec::new()
+    };
+    for i in 0..n {
+        let start = Start {
+            prog: outer.prog,
+            pc: target,
+            r1: u64::from(i),
+            r2: regs[3],
+            budget: *left,
+            full_budget: outer.full_budget,
+            frames_above: outer.frames,
+            // A callback starts its tail-call chain at the limit, as the JIT's do: a
+            // tail call inside it falls through.
+            tail_calls: MAX_TAIL_CALLS,
+        };
+        let (r0, l) = run::<CHECKED, BUDGET>(start, env, &ranges)?;
+        *left = l;
+        if r0 != 0 {
+            return Ok(u64::from(i) + 1);
+        }
+    }
+    Ok(u64::from(n))
 }
 
 fn call_helper(

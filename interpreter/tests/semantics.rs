@@ -489,3 +489,78 @@ fn fetching_atomic_with_r0_as_source_keeps_the_fetched_value() {
     let fetch_add = "mov %r1, 5\nstxdw [%r10-8], %r1\nmov %r0, 7\nlock fetch add [%r10-8], %r0\nldxdw %r1, [%r10-8]\nadd %r0, %r1\nexit";
     assert_eq!(r0(fetch_add), 5 + 12);
 }
+
+/// A program summing the indices `bpf_loop` hands its callback into a stack slot (the
+/// callback's ctx), stopping after index 4; r0 = iterations * 1000 + sum. `nr` and
+/// `flags` are bpf_loop's first and last arguments.
+fn loop_program(nr: i32, flags: i32) -> Vec<Insn> {
+    let mut insns = assemble(&format!(
+        "stdw [%r10-8], 0
+         mov %r1, {nr}
+         lddw %r2, 0
+         mov %r3, %r10
+         add %r3, -8
+         mov %r4, {flags}
+         call 181
+         ldxdw %r1, [%r10-8]
+         mul %r0, 1000
+         add %r0, %r1
+         exit
+         ldxdw %r3, [%r2]
+         add %r3, %r1
+         stxdw [%r2], %r3
+         mov %r0, 0
+         jne %r1, 4, +1
+         mov %r0, 1
+         exit"
+    ))
+    .unwrap();
+    // `lddw %r2, func` at slot 2: the callback starts at slot 12.
+    insns[2].src = bpftime_isa::opcode::PSEUDO_FUNC;
+    insns[2].imm = 12 - 2 - 1;
+    insns
+}
+
+#[test]
+fn bpf_loop_runs_its_callback_until_it_returns_one() {
+    let run = |nr, flags| {
+        execute(&loop_program(nr, flags), 0, 0, &NoEnvironment, &no_mem())
+            .unwrap_or_else(|e| panic!("{e}"))
+    };
+    assert_eq!(run(10, 0), 5 * 1000 + (1 + 2 + 3 + 4));
+    assert_eq!(run(3, 0), 3 * 1000 + (1 + 2));
+    assert_eq!(run(0, 0), 0);
+    let neg = |e: i64| (e as u64).wrapping_mul(1000);
+    assert_eq!(run(3, 1), neg(-22), "flags other than 0 are -EINVAL");
+    assert_eq!(
+        run((1 << 23) + 1, 0),
+        neg(-7),
+        "more than 1 << 23 is -E2BIG"
+    );
+    assert_eq!(
+        run(1 << 23, 0),
+        5 * 1000 + 10,
+        "the limit itself is allowed"
+    );
+}
+
+#[test]
+fn bpf_loop_callbacks_count_against_the_budget_and_frames() {
+    let p = loop_program(10, 0);
+    // SAFETY: the callback only touches the caller's stack slot.
+    let unchecked = unsafe { MemoryPolicy::unchecked() };
+    assert_eq!(
+        execute_with_budget(&p, 0, 0, &NoEnvironment, &unchecked, 1000).unwrap(),
+        5010
+    );
+    let e = execute_with_budget(&p, 0, 0, &NoEnvironment, &no_mem(), 20).unwrap_err();
+    assert!(
+        matches!(e, ExecError::BudgetExceeded { budget: 20, .. }),
+        "{e}"
+    );
+    // A callback that is not a slot of the program stops it, naming the call.
+    let mut bad = p.clone();
+    bad[2].imm = 1000;
+    let e = execute(&bad, 0, 0, &NoEnvironment, &no_mem()).unwrap_err();
+    assert!(matches!(e, ExecError::BadCallback { pc: 7, .. }), "{e}");
+}

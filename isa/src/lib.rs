@@ -5,6 +5,7 @@
 //! this crate, so that a number means the same thing everywhere.
 
 pub mod asm;
+pub mod helpers;
 mod insn;
 pub mod opcode;
 pub mod uapi;

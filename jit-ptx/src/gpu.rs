@@ -12,7 +12,7 @@
 //!   sets to its calibrated (host `CLOCK_MONOTONIC` − global timer) before a launch
 //!   (DESIGN item 8), so that GPU and CPU timestamps order correctly. Left at 0 it is
 //!   the raw timer.
-//! - *extern* helpers ([`EXTERN_HELPERS`]): calls to device functions that the GPU
+//! - *extern* helpers ([`extern_helpers`]): calls to device functions that the GPU
 //!   runtime links, each with the helper ABI `u64 f(u64, u64, u64, u64, u64)`. PTX
 //!   declares them `.extern .func`.
 //! - anything else is refused at lift time, naming the helper and the pc.
@@ -30,6 +30,7 @@
 use std::cell::RefCell;
 use std::collections::{BTreeMap, BTreeSet};
 
+use bpftime_isa::helpers::{self, Engine, GpuImpl};
 use bpftime_isa::uapi::helper as h;
 use bpftime_isa::Insn;
 use bpftime_lifter::{lift, ArrayMapLayout, HelperLowering, LoweringTarget};
@@ -133,35 +134,23 @@ pub enum GpuHelper {
 }
 
 /// The helpers that run as device functions of the GPU runtime, with the names it must
-/// define: `u64 name(u64 r1, u64 r2, u64 r3, u64 r4, u64 r5)`, r0 returned.
-pub const EXTERN_HELPERS: &[(u32, &str)] = &[
-    (h::MAP_LOOKUP_ELEM, "bpftime_gpu_map_lookup_elem"),
-    (h::MAP_UPDATE_ELEM, "bpftime_gpu_map_update_elem"),
-    (h::MAP_DELETE_ELEM, "bpftime_gpu_map_delete_elem"),
-    (h::PROBE_READ, "bpftime_gpu_probe_read"),
-    (h::TRACE_PRINTK, "bpftime_gpu_trace_printk"),
-    (h::PERF_EVENT_OUTPUT, "bpftime_gpu_perf_event_output"),
-    (h::PROBE_READ_STR, "bpftime_gpu_probe_read_str"),
-    (h::PROBE_READ_USER, "bpftime_gpu_probe_read_user"),
-    (h::PROBE_READ_KERNEL, "bpftime_gpu_probe_read_kernel"),
-    (h::PROBE_READ_USER_STR, "bpftime_gpu_probe_read_user_str"),
-    (
-        h::PROBE_READ_KERNEL_STR,
-        "bpftime_gpu_probe_read_kernel_str",
-    ),
-    (h::RINGBUF_OUTPUT, "bpftime_gpu_ringbuf_output"),
-    (h::GPU_PUTS, "bpftime_gpu_puts"),
-    (h::GPU_EXIT, "bpftime_gpu_exit"),
-    (h::GET_CURRENT_PID_TGID, "bpftime_gpu_get_current_pid_tgid"),
-    (h::GET_PRANDOM_U32, "bpftime_gpu_get_prandom_u32"),
-];
+/// define: `u64 name(u64 r1, u64 r2, u64 r3, u64 r4, u64 r5)`, r0 returned. Read from
+/// the registry ([`bpftime_isa::helpers`]), where each GPU helper says how it runs.
+pub fn extern_helpers() -> Vec<(u32, &'static str)> {
+    helpers::on(Engine::Gpu)
+        .filter_map(|d| match d.gpu {
+            GpuImpl::Extern(name) => Some((d.id, name)),
+            _ => None,
+        })
+        .collect()
+}
 
-/// The standard GPU lowering of helper `id`: the helpers the verifier allows in GPU
-/// programs, and nothing else.
-pub fn standard_helper(id: u32) -> Option<GpuHelper> {
+/// The builtin that computes helper `id` (one the registry marks
+/// [`GpuImpl::Builtin`]).
+fn builtin(id: u32) -> Option<Builtin> {
     use Builtin::{Dim3, HostClockNs, Membar, Read};
     use SpecialRegister::{GlobalTimerNs, LaneId, SmId, WarpId};
-    let builtin = match id {
+    Some(match id {
         h::KTIME_GET_NS => HostClockNs,
         h::GPU_GLOBALTIMER => Read(GlobalTimerNs),
         h::GET_SMP_PROCESSOR_ID | h::GPU_SM_ID => Read(SmId),
@@ -172,14 +161,18 @@ pub fn standard_helper(id: u32) -> Option<GpuHelper> {
         h::GPU_THREAD_IDX => Dim3(Dimension::ThreadIdx),
         h::GPU_GRID_DIM => Dim3(Dimension::GridDim),
         h::GPU_MEMBAR => Membar,
-        _ => {
-            return EXTERN_HELPERS
-                .iter()
-                .find(|(i, _)| *i == id)
-                .map(|(_, name)| GpuHelper::Extern((*name).to_string()))
-        }
-    };
-    Some(GpuHelper::Builtin(builtin))
+        _ => return None,
+    })
+}
+
+/// The standard GPU lowering of helper `id`: the helpers the registry marks for the
+/// GPU (which the verifier allows in GPU programs), and nothing else.
+pub fn standard_helper(id: u32) -> Option<GpuHelper> {
+    match helpers::lookup(id)?.gpu {
+        GpuImpl::None => None,
+        GpuImpl::Builtin => builtin(id).map(GpuHelper::Builtin),
+        GpuImpl::Extern(name) => Some(GpuHelper::Extern(name.to_string())),
+    }
 }
 
 /// What the runtime supplies when it compiles a program for a GPU.
@@ -1613,6 +1606,40 @@ mod fold_tests {
     /// A match of a value made from the arguments a warp's lanes share folds to its mask;
     /// one made from a lane's own argument, or through a phi (lanes may arrive by
     /// different edges), stays.
+    /// The GPU's helpers are the registry's: each one marked for the GPU lowers, the
+    /// way it is marked, and no other does.
+    #[test]
+    fn the_gpu_lowers_exactly_the_registry_gpu_helpers() {
+        for d in bpftime_isa::helpers::REGISTRY {
+            let lowered = standard_helper(d.id);
+            match d.gpu {
+                GpuImpl::None => assert_eq!(lowered, None, "{}", d.name),
+                GpuImpl::Builtin => assert!(
+                    matches!(lowered, Some(GpuHelper::Builtin(_))),
+                    "{} is marked builtin but has no builtin",
+                    d.name
+                ),
+                GpuImpl::Extern(n) => {
+                    assert_eq!(
+                        lowered,
+                        Some(GpuHelper::Extern(n.to_string())),
+                        "{}",
+                        d.name
+                    )
+                }
+            }
+        }
+        for id in 0..1024 {
+            if bpftime_isa::helpers::lookup(id).is_none() {
+                assert_eq!(
+                    builtin(id),
+                    None,
+                    "builtin {id} is missing from the registry"
+                );
+            }
+        }
+    }
+
     #[test]
     fn matches_of_values_every_lane_shares_fold() {
         let context = Context::create();

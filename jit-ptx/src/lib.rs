@@ -22,7 +22,7 @@ mod ptx;
 pub use bpftime_lifter::{ArrayMapLayout, LiftError, PerCpuCopies};
 pub use error::CompileError;
 pub use gpu::{
-    GpuEnv, GpuHelper, OptLevel, ProbeAbi, StandardGpuEnv, EXTERN_HELPERS, KNOWN_IN_RANGE,
+    extern_helpers, GpuEnv, GpuHelper, OptLevel, ProbeAbi, StandardGpuEnv, KNOWN_IN_RANGE,
     KNOWN_UNIFORM,
 };
 pub use ptx::{compile, lifted_ir, PtxOptions, PtxProgram, PtxVersion};
@@ -199,7 +199,7 @@ mod tests {
 
     #[test]
     fn runtime_helpers_are_extern_device_functions() {
-        for &(id, name) in EXTERN_HELPERS {
+        for (id, name) in extern_helpers() {
             let p = ptx(&format!("call {id}\nexit"));
             assert_eq!(p.externs, vec![name.to_string()], "helper {id}");
             let decl = format!(".extern .func  (.param .b64 func_retval0) {name}\n(");

@@ -10,7 +10,10 @@ use thiserror::Error;
 pub enum LiftError {
     #[error("program is empty")]
     Empty,
-    #[error("pc {pc}: call to unknown helper {id}")]
+    #[error(
+        "pc {pc}: call to helper {}#{id}, which this target does not have",
+        bpftime_isa::helpers::name(*id as i32)
+    )]
     UnknownHelper { pc: usize, id: u32 },
     #[error("pc {pc}: unsupported instruction (opcode {code:#04x})")]
     UnsupportedOpcode { pc: usize, code: u8 },

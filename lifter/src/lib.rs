@@ -14,6 +14,9 @@
 //! Calls:
 //! - helpers: direct calls to whatever [`HelperLowering`] the target gives for the id; an
 //!   unknown id is [`LiftError::UnknownHelper`] with the id and pc.
+//! - callbacks (`lddw rX, func`, src 4, as `bpf_loop` takes them): the subprogram is a
+//!   function like a call target, and the register gets its address; the target's
+//!   `bpf_loop` calls it as `r0 = f(index, ctx, 0, 0, 0, tail_depth)`.
 //! - `callx`: the register holds a helper id (uBPF semantics); the call dispatches over
 //!   [`LoweringTarget::callx_helpers`], and an unknown id at run time yields r0 = 0.
 //! - `bpf_map_lookup_elem` on an array map whose address an `lddw` put in r1 in the same

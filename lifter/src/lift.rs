@@ -148,10 +148,24 @@ fn is_pseudo_call(i: &Insn) -> bool {
     i.code == op::CALL_INSN && i.src == op::CALL_PSEUDO
 }
 
-/// Slot indices where functions begin: 0 and every bpf-to-bpf call target.
+/// Whether `i` is `lddw rX, func`: the address of a callback subprogram.
+fn is_func_address(i: &Insn) -> bool {
+    i.is_lddw() && i.src == op::PSEUDO_FUNC
+}
+
+/// Slot indices where functions begin: 0, every bpf-to-bpf call target and every
+/// callback (`lddw rX, func`) target.
 fn function_starts(insns: &[Insn]) -> Result<Vec<usize>> {
     let mut starts = BTreeSet::from([0usize]);
     for (pc, i) in insns.iter().enumerate() {
+        if is_func_address(i) {
+            let target = pc as i64 + 1 + i64::from(i.imm);
+            // The entry has another signature than a callback's: it cannot be one.
+            if target <= 0 || target >= insns.len() as i64 {
+                return Err(LiftError::CallOutOfRange { pc, target });
+            }
+            starts.insert(target as usize);
+        }
         if is_pseudo_call(i) {
             let target = pc as i64 + 1 + i64::from(i.imm);
             if target < 0 || target >= insns.len() as i64 {
@@ -390,6 +404,19 @@ impl<'ctx> Lifter<'_, 'ctx> {
         match i.class() {
             op::ALU | op::ALU64 => self.alu(f, pc, i).map(|()| (pc + 1, false)),
             op::JMP | op::JMP32 => self.jump(f, pc, i).map(|t| (pc + 1, t)),
+            op::LD if is_func_address(i) => {
+                // The callback's compiled function, which `bpf_loop` (a runtime helper)
+                // calls with the subprogram signature.
+                let target = (pc as i64 + 1 + i64::from(i.imm)) as usize;
+                let callee = self.functions[&target];
+                let v = self.builder.build_ptr_to_int(
+                    callee.as_global_value().as_pointer_value(),
+                    self.i64t,
+                    "callback",
+                )?;
+                self.write(f, pc, i.dst, v)?;
+                Ok((pc + 2, false))
+            }
             op::LD if i.is_lddw() => {
                 let hi = self.insns[pc + 1].imm as u32;
                 let v = u64::from(i.imm as u32) | (u64::from(hi) << 32);

@@ -637,8 +637,99 @@ pub fn format_printk(fmt: &[u8], args: &[u64]) -> String {
     out
 }
 
-/// The helper with kernel id `id`, if this runtime provides it.
+/// `bpf_snprintf(str, str_size, fmt, data, data_len)`: formats `fmt` with the u64s of
+/// `data` into `str` (truncated, always NUL-terminated when `str_size` > 0) and returns
+/// the length of the whole text plus its NUL, as the kernel does; -EINVAL, as the kernel
+/// answers, for a format outside the kernel's set, too few arguments, or a `data_len`
+/// that is not a multiple of 8 or holds more than 12 arguments.
+unsafe extern "C" fn snprintf(str: u64, str_size: u64, fmt: u64, data: u64, data_len: u64) -> u64 {
+    let data_len = data_len as u32 as usize;
+    if !data_len.is_multiple_of(8)
+        || data_len > crate::bprintf::MAX_ARGS * 8
+        || (data == 0 && data_len != 0)
+    {
+        return neg(libc::EINVAL);
+    }
+    // SAFETY: the verifier checked fmt is a readable string (a NUL within its memory).
+    let fmt = unsafe { std::ffi::CStr::from_ptr(fmt as *const libc::c_char) }.to_bytes();
+    let args: Vec<u64> = (0..data_len / 8)
+        // SAFETY: the verifier checked data holds data_len readable bytes.
+        .map(|i| unsafe { std::ptr::read_unaligned((data as *const u64).add(i)) })
+        .collect();
+    let read_str = |p: u64| {
+        let mut buf = [0u8; 512];
+        // SAFETY: buf is 512 writable bytes; probe_read_str checks p.
+        let n = unsafe { probe_read_str(buf.as_mut_ptr() as u64, buf.len() as u64, p, 0, 0) };
+        let n = (n as i64).max(1) as usize;
+        buf[..n - 1].to_vec()
+    };
+    let text = match crate::bprintf::format(fmt, &args, &read_str) {
+        Ok(t) => t,
+        Err(_) => return neg(libc::EINVAL),
+    };
+    let size = str_size as u32 as usize;
+    if size > 0 {
+        let n = text.len().min(size - 1);
+        // SAFETY: the verifier checked str holds str_size writable bytes; n < size.
+        unsafe {
+            std::ptr::copy_nonoverlapping(text.as_ptr(), str as *mut u8, n);
+            *(str as *mut u8).add(n) = 0;
+        }
+    }
+    text.len() as u64 + 1
+}
+
+/// A callback as the JIT compiles it: a lifted subprogram,
+/// `r0 = f(r1, r2, r3, r4, r5, tail_depth)`.
+type JitCallback = unsafe extern "C" fn(u64, u64, u64, u64, u64, u64) -> u64;
+
+/// `bpf_loop(nr_loops, callback, ctx, flags)` for JIT code, where `callback` is the
+/// address of the lifted subprogram (the lifter turns `lddw rX, func` into it). The
+/// interpreter runs its callbacks itself and never calls this.
+unsafe extern "C" fn bpf_loop(nr_loops: u64, callback: u64, ctx: u64, flags: u64, _: u64) -> u64 {
+    let n = match bpftime_isa::helpers::loop_iterations(nr_loops, flags) {
+        Ok(n) => n,
+        Err(errno) => return neg(errno),
+    };
+    if n == 0 {
+        return 0;
+    }
+    // SAFETY: the verifier checked r2 is a callback subprogram, which the JIT lowered to
+    // its compiled function of this signature.
+    let f: JitCallback = unsafe { std::mem::transmute::<usize, JitCallback>(callback as usize) };
+    for i in 0..n {
+        // A callback starts a tail-call chain at its limit: a tail call inside it falls
+        // through, so a callback cannot re-enter its caller without bound.
+        // SAFETY: as above; ctx is what the verifier let the program pass.
+        let r = unsafe {
+            f(
+                u64::from(i),
+                ctx,
+                0,
+                0,
+                0,
+                u64::from(bpftime_isa::uapi::MAX_TAIL_CALLS),
+            )
+        };
+        if r != 0 {
+            return u64::from(i) + 1;
+        }
+    }
+    u64::from(n)
+}
+
+/// The helper with kernel id `id`, if this runtime provides it: the registry's CPU
+/// helpers ([`bpftime_isa::helpers`]), less those the engines run themselves
+/// (`bpf_tail_call`).
 pub fn helper_by_id(helper: u32) -> Option<HelperFn> {
+    let def = bpftime_isa::helpers::lookup(helper)?;
+    if !def.available_on(bpftime_isa::helpers::Engine::Interpreter) {
+        return None;
+    }
+    cpu_function(helper)
+}
+
+fn cpu_function(helper: u32) -> Option<HelperFn> {
     let f: HelperFn = match helper {
         id::MAP_LOOKUP_ELEM => map_lookup_elem,
         id::MAP_UPDATE_ELEM => map_update_elem,
@@ -673,6 +764,8 @@ pub fn helper_by_id(helper: u32) -> Option<HelperFn> {
         id::STRNCMP => strncmp,
         id::GET_STACKID => get_stackid,
         id::GET_STACK => get_stack,
+        id::SNPRINTF => snprintf,
+        id::LOOP => bpf_loop,
         _ => return None,
     };
     Some(f)
@@ -747,6 +840,113 @@ mod tests {
         assert_eq!(v >> 32, std::process::id() as u64);
         // SAFETY: gettid has no preconditions.
         assert_eq!(v & 0xffff_ffff, unsafe { libc::gettid() } as u64);
+    }
+
+    /// The dispatch table is the registry's CPU helpers: each has a function here (but
+    /// the tail call, which the engines run), and nothing else does.
+    #[test]
+    fn every_cpu_helper_of_the_registry_has_a_function() {
+        use bpftime_isa::helpers::{Engine, REGISTRY};
+        for d in REGISTRY {
+            let cpu = d.available_on(Engine::Interpreter);
+            let expected = cpu && d.id != id::TAIL_CALL;
+            assert_eq!(
+                helper_by_id(d.id).is_some(),
+                expected,
+                "{}#{}",
+                d.name,
+                d.id
+            );
+            assert!(
+                cpu || cpu_function(d.id).is_none(),
+                "{} has a CPU function but is not marked for the CPU",
+                d.name
+            );
+        }
+        for other in 0..1024 {
+            if bpftime_isa::helpers::lookup(other).is_none() {
+                assert!(
+                    cpu_function(other).is_none(),
+                    "helper {other} is missing from the registry"
+                );
+            }
+        }
+    }
+
+    fn snprintf_into(buf: &mut [u8], fmt: &str, args: &[u64]) -> i64 {
+        let fmt = std::ffi::CString::new(fmt).unwrap();
+        // SAFETY: buf and args are live locals of the sizes given.
+        unsafe {
+            snprintf(
+                buf.as_mut_ptr() as u64,
+                buf.len() as u64,
+                fmt.as_ptr() as u64,
+                args.as_ptr() as u64,
+                (args.len() * 8) as u64,
+            ) as i64
+        }
+    }
+
+    #[test]
+    fn snprintf_truncates_and_counts_the_nul() {
+        let mut buf = [0xffu8; 8];
+        let s = c"str";
+        let n = snprintf_into(&mut buf, "%d-%s!", &[-12i64 as u64, s.as_ptr() as u64]);
+        assert_eq!(n, 9, "\"-12-str!\" and its NUL");
+        assert_eq!(&buf, b"-12-str\0");
+        let mut big = [0u8; 16];
+        assert_eq!(snprintf_into(&mut big, "%05x|%c", &[255, b'z' as u64]), 8);
+        assert_eq!(&big[..8], b"000ff|z\0");
+        // A zero-sized buffer is left alone and the length still counted.
+        assert_eq!(snprintf_into(&mut [], "abc", &[]), 4);
+    }
+
+    #[test]
+    fn snprintf_errors_match_the_kernel() {
+        let mut buf = [0u8; 8];
+        let einval = -(libc::EINVAL as i64);
+        assert_eq!(snprintf_into(&mut buf, "%d %d", &[1]), einval);
+        assert_eq!(snprintf_into(&mut buf, "%y", &[1]), einval);
+        let fmt = c"%d";
+        let args = [1u64; 13];
+        let call = |len: u64| {
+            // SAFETY: buf and args are live; len never exceeds args' size.
+            unsafe {
+                snprintf(
+                    buf.as_ptr() as u64,
+                    8,
+                    fmt.as_ptr() as u64,
+                    args.as_ptr() as u64,
+                    len,
+                ) as i64
+            }
+        };
+        assert_eq!(call(12), einval);
+        assert_eq!(call(13 * 8), einval);
+        assert_eq!(call(12 * 8), 2);
+    }
+
+    #[test]
+    fn loop_runs_the_callback_until_it_stops() {
+        static CALLS: AtomicU64 = AtomicU64::new(0);
+        unsafe extern "C" fn cb(i: u64, ctx: u64, _: u64, _: u64, _: u64, _: u64) -> u64 {
+            CALLS.fetch_add(1, Ordering::Relaxed);
+            // SAFETY: ctx is the test's u64.
+            unsafe { *(ctx as *mut u64) += i };
+            u64::from(i == 4)
+        }
+        let mut sum = 0u64;
+        let ctx = &mut sum as *mut u64 as u64;
+        let f = cb as JitCallback as usize as u64;
+        // SAFETY: f has the callback ABI; ctx is a live u64.
+        let run = |n: u64, flags: u64| unsafe { bpf_loop(n, f, ctx, flags, 0) as i64 };
+        assert_eq!(run(3, 0), 3);
+        assert_eq!(run(10, 0), 5, "stops after the iteration that returned 1");
+        assert_eq!(sum, 3 + 10);
+        assert_eq!(run(0, 0), 0);
+        assert_eq!(run(3, 1), -(libc::EINVAL as i64));
+        assert_eq!(run((1 << 23) + 1, 0), -(libc::E2BIG as i64));
+        assert_eq!(CALLS.load(Ordering::Relaxed), 8);
     }
 
     #[test]

@@ -16,6 +16,7 @@
 //! handles over the shared files.
 
 mod attach_hint;
+mod bprintf;
 pub mod cgroup;
 pub mod cpu_slots;
 mod error;

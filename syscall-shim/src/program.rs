@@ -1,7 +1,7 @@
 //! What `BPF_PROG_LOAD` does to a program before it is stored: map references
 //! become store ids, and the program is checked.
 
-use bpftime_isa::uapi::helper;
+use bpftime_isa::helpers::{self, Engine};
 use bpftime_isa::{opcode as op, Insn};
 use bpftime_runtime::Map;
 use bpftime_verifier::{verify, MapDesc, Options, ProgramInfo, SourceLine};
@@ -217,17 +217,24 @@ fn check_structure(insns: &[Insn], gpu: bool) -> Result<String, Rejection> {
             if i.code == op::CALL_INSN {
                 match i.src {
                     op::CALL_HELPER => {
-                        let id = i.imm as u32;
-                        let known = bpftime_runtime::helpers::helper_by_id(id).is_some()
-                            || id == bpftime_isa::uapi::helper::TAIL_CALL
-                            || gpu && (helper::GPU_PUTS..=helper::GPU_LANE_ID).contains(&id);
-                        if !known {
-                            return reject(
-                                pc,
-                                format!(
-                                    "unknown func #{id}: this helper is not provided by bpftime"
-                                ),
-                            );
+                        let engine = if gpu {
+                            Engine::Gpu
+                        } else {
+                            Engine::Interpreter
+                        };
+                        match helpers::require(i.imm as u32, engine) {
+                            Ok(_) => {}
+                            Err(why @ helpers::Unavailable::Unknown { .. }) => {
+                                return reject(pc, why.to_string())
+                            }
+                            // Known but not on this engine: EACCES, as the verifier
+                            // refuses it (which only checks the program types it runs).
+                            Err(why) => {
+                                return Err((
+                                    libc::EACCES,
+                                    format!("{pc}: (0x{:02x}) {why}\n", i.code),
+                                ))
+                            }
                         }
                     }
                     op::CALL_PSEUDO => {

@@ -102,6 +102,8 @@ pub enum RejectKind {
     UnknownHelper { id: i32 },
     #[error("helper {name}#{id} is not available on the GPU")]
     HelperNotOnGpu { id: u32, name: &'static str },
+    #[error("helper {name}#{id} is not available on the CPU")]
+    HelperNotOnCpu { id: u32, name: &'static str },
     #[error("R{reg} type={found} expected={expected}")]
     HelperArgType {
         reg: u8,

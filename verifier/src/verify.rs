@@ -1508,6 +1508,12 @@ impl<'a> Verifier<'a> {
                 name: proto.name,
             });
         }
+        if !self.p.gpu && !proto.cpu {
+            return Err(RejectKind::HelperNotOnCpu {
+                id: uid,
+                name: proto.name,
+            });
+        }
         let mut map: Option<(i32, MapDesc)> = None;
         let mut pending_mem: Option<(u8, Reg, Arg)> = None;
         let mut reserve_size = 0u32;
