@@ -26,7 +26,7 @@ const DISABLE_ENV: &str = "BPFTIME_AGENT_DISABLE";
 /// here may take the target down: a panic is reported once and the target runs on,
 /// uninstrumented.
 extern "C" fn starter_init() {
-    bpftime_attach::ffi_guard!("the agent starter", (), start_in_target());
+    bpftime_ffi_guard::ffi_guard!("the agent starter", (), start_in_target());
 }
 
 fn start_in_target() {

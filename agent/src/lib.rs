@@ -46,6 +46,6 @@ pub extern "C" fn bpftime_agent_start(
                 rseq_tp_offset,
             )
         };
-        bpftime_attach::ffi_guard!("the agent's start", (), start());
+        bpftime_ffi_guard::ffi_guard!("the agent's start", (), start());
     });
 }

@@ -292,7 +292,7 @@ static ACTIVE: OnceLock<Arc<Runtime>> = OnceLock::new();
 /// prog_array `map`, or 0 (the call then falls through, as in the kernel).
 unsafe extern "C" fn resolve_tail_call(_ctx: u64, map: u64, index: u64, _: u64, _: u64) -> u64 {
     // SAFETY: forwarded from JIT code (see below).
-    bpftime_attach::ffi_guard!("bpf_tail_call", 0, unsafe { tail_call_target(map, index) })
+    bpftime_ffi_guard::ffi_guard!("bpf_tail_call", 0, unsafe { tail_call_target(map, index) })
 }
 
 /// # Safety

@@ -48,7 +48,6 @@ compile_error!("bpftime-attach supports x86-64 Linux only");
 mod detour;
 mod error;
 mod evacuate;
-mod ffi_guard;
 mod hook;
 mod maps;
 mod patch;
@@ -59,7 +58,6 @@ mod stubs;
 
 pub use detour::{detour, remove_detour, Detour};
 pub use error::AttachError;
-pub use ffi_guard::{inject_panic, run_guarded, GuardSite, INJECT_PANIC_ENV};
 pub use hook::{
     attach_uprobe, attach_uprobe_code, attach_uretprobe, attach_uretprobe_code, detach,
     never_run_handlers_on_this_thread, original_return_address, prime_returns, use_static_tls_flag,

@@ -52,7 +52,7 @@ macro_rules! entry_point {
                     std::mem::transmute::<usize, Fn>(ORIGINAL[slot].load(Ordering::Acquire))
                 };
                 let returned: std::cell::Cell<Option<CuResult>> = std::cell::Cell::new(None);
-                bpftime_attach::ffi_guard!(
+                bpftime_ffi_guard::ffi_guard!(
                     SYMBOLS[0],
                     // SAFETY: the caller's own arguments, passed as given.
                     returned.get().unwrap_or_else(|| unsafe { original_fn($($arg),*) }),
@@ -873,7 +873,7 @@ mod tests {
             driver_module_load_data as *const () as usize,
             Ordering::Release,
         );
-        bpftime_attach::inject_panic("cuModuleLoadData");
+        bpftime_ffi_guard::inject_panic("cuModuleLoadData");
         let mut module: Handle = 0;
         let replacement = module_load_data::REPLACEMENTS[SLOTS - 1];
         // SAFETY: the arguments the fake driver function above accepts.

@@ -305,8 +305,11 @@ pub fn slot_table() -> Option<SlotTable> {
 }
 
 unsafe extern "C" fn claim_for_jit(_: u64, _: u64, _: u64, _: u64, _: u64) -> u64 {
-    let slot = TABLE.get().and_then(claim);
-    u64::from(slot.unwrap_or(u32::MAX))
+    // No slot (u32::MAX) is what a claim that cannot be made gives anyway.
+    bpftime_ffi_guard::ffi_guard_hot!("the CPU slot claim", u64::from(u32::MAX), {
+        let slot = TABLE.get().and_then(claim);
+        u64::from(slot.unwrap_or(u32::MAX))
+    })
 }
 
 const _: () = assert!(

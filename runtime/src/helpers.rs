@@ -198,39 +198,39 @@ fn read_memory(dst: *mut u8, size: usize, src: u64) -> bool {
     n == size as isize
 }
 
-unsafe extern "C" fn map_lookup_elem(map: u64, key: u64, _: u64, _: u64, _: u64) -> u64 {
+unsafe fn map_lookup_elem_work(map: u64, key: u64, _: u64, _: u64, _: u64) -> u64 {
     // SAFETY: the loader put a live Map's address in r1; the verifier checked the key.
     unsafe { (*(map as *const Map)).prog_lookup(key as *const u8) as u64 }
 }
 
-unsafe extern "C" fn map_update_elem(map: u64, key: u64, value: u64, flags: u64, _: u64) -> u64 {
+unsafe fn map_update_elem_work(map: u64, key: u64, value: u64, flags: u64, _: u64) -> u64 {
     // SAFETY: as for lookup; the verifier checked key and value sizes.
     unsafe {
         (*(map as *const Map)).prog_update(key as *const u8, value as *const u8, flags) as u64
     }
 }
 
-unsafe extern "C" fn map_delete_elem(map: u64, key: u64, _: u64, _: u64, _: u64) -> u64 {
+unsafe fn map_delete_elem_work(map: u64, key: u64, _: u64, _: u64, _: u64) -> u64 {
     // SAFETY: as for lookup.
     unsafe { (*(map as *const Map)).prog_delete(key as *const u8) as u64 }
 }
 
-unsafe extern "C" fn map_push_elem(map: u64, value: u64, flags: u64, _: u64, _: u64) -> u64 {
+unsafe fn map_push_elem_work(map: u64, value: u64, flags: u64, _: u64, _: u64) -> u64 {
     // SAFETY: as for lookup.
     unsafe { (*(map as *const Map)).prog_push(value as *const u8, flags) as u64 }
 }
 
-unsafe extern "C" fn map_pop_elem(map: u64, value: u64, _: u64, _: u64, _: u64) -> u64 {
+unsafe fn map_pop_elem_work(map: u64, value: u64, _: u64, _: u64, _: u64) -> u64 {
     // SAFETY: as for lookup.
     unsafe { (*(map as *const Map)).prog_pop(value as *mut u8, true) as u64 }
 }
 
-unsafe extern "C" fn map_peek_elem(map: u64, value: u64, _: u64, _: u64, _: u64) -> u64 {
+unsafe fn map_peek_elem_work(map: u64, value: u64, _: u64, _: u64, _: u64) -> u64 {
     // SAFETY: as for lookup.
     unsafe { (*(map as *const Map)).prog_pop(value as *mut u8, false) as u64 }
 }
 
-unsafe extern "C" fn probe_read(dst: u64, size: u64, src: u64, _: u64, _: u64) -> u64 {
+unsafe fn probe_read_work(dst: u64, size: u64, src: u64, _: u64, _: u64) -> u64 {
     if read_memory(dst as *mut u8, size as usize, src) {
         0
     } else {
@@ -240,7 +240,7 @@ unsafe extern "C" fn probe_read(dst: u64, size: u64, src: u64, _: u64, _: u64) -
     }
 }
 
-unsafe extern "C" fn probe_read_str(dst: u64, size: u64, src: u64, _: u64, _: u64) -> u64 {
+unsafe fn probe_read_str_work(dst: u64, size: u64, src: u64, _: u64, _: u64) -> u64 {
     let (dst, size) = (dst as *mut u8, size as usize);
     if size == 0 {
         return neg(libc::EINVAL);
@@ -272,19 +272,19 @@ unsafe extern "C" fn probe_read_str(dst: u64, size: u64, src: u64, _: u64, _: u6
     (done + 1) as u64
 }
 
-unsafe extern "C" fn ktime_get_ns(_: u64, _: u64, _: u64, _: u64, _: u64) -> u64 {
+unsafe fn ktime_get_ns_work(_: u64, _: u64, _: u64, _: u64, _: u64) -> u64 {
     crate::tsc_clock::monotonic_ns()
 }
 
-unsafe extern "C" fn ktime_get_boot_ns(_: u64, _: u64, _: u64, _: u64, _: u64) -> u64 {
+unsafe fn ktime_get_boot_ns_work(_: u64, _: u64, _: u64, _: u64, _: u64) -> u64 {
     clock(libc::CLOCK_BOOTTIME)
 }
 
-unsafe extern "C" fn ktime_get_coarse_ns(_: u64, _: u64, _: u64, _: u64, _: u64) -> u64 {
+unsafe fn ktime_get_coarse_ns_work(_: u64, _: u64, _: u64, _: u64, _: u64) -> u64 {
     clock(libc::CLOCK_MONOTONIC_COARSE)
 }
 
-unsafe extern "C" fn get_prandom_u32(_: u64, _: u64, _: u64, _: u64, _: u64) -> u64 {
+unsafe fn get_prandom_u32_work(_: u64, _: u64, _: u64, _: u64, _: u64) -> u64 {
     RNG.with(|r| {
         let mut x = r.get();
         if x == 0 {
@@ -298,20 +298,20 @@ unsafe extern "C" fn get_prandom_u32(_: u64, _: u64, _: u64, _: u64, _: u64) -> 
     })
 }
 
-unsafe extern "C" fn get_smp_processor_id(_: u64, _: u64, _: u64, _: u64, _: u64) -> u64 {
+unsafe fn get_smp_processor_id_work(_: u64, _: u64, _: u64, _: u64, _: u64) -> u64 {
     current_cpu(possible_cpus()) as u64
 }
 
-unsafe extern "C" fn get_current_pid_tgid(_: u64, _: u64, _: u64, _: u64, _: u64) -> u64 {
+unsafe fn get_current_pid_tgid_work(_: u64, _: u64, _: u64, _: u64, _: u64) -> u64 {
     pid_tgid()
 }
 
-unsafe extern "C" fn get_current_uid_gid(_: u64, _: u64, _: u64, _: u64, _: u64) -> u64 {
+unsafe fn get_current_uid_gid_work(_: u64, _: u64, _: u64, _: u64, _: u64) -> u64 {
     // SAFETY: getuid/getgid have no preconditions.
     unsafe { ((libc::getgid() as u64) << 32) | libc::getuid() as u64 }
 }
 
-unsafe extern "C" fn get_current_comm(buf: u64, size: u64, _: u64, _: u64, _: u64) -> u64 {
+unsafe fn get_current_comm_work(buf: u64, size: u64, _: u64, _: u64, _: u64) -> u64 {
     let mut name = [0u8; 17];
     // SAFETY: PR_GET_NAME writes at most 16 bytes.
     unsafe { libc::prctl(libc::PR_GET_NAME, name.as_mut_ptr()) };
@@ -334,17 +334,17 @@ unsafe extern "C" fn get_current_comm(buf: u64, size: u64, _: u64, _: u64, _: u6
 
 /// `bpf_get_current_task{,_btf}`: not a kernel `task_struct` (there is none here) but
 /// this thread's task token, which only the task helpers read.
-unsafe extern "C" fn get_current_task(_: u64, _: u64, _: u64, _: u64, _: u64) -> u64 {
+unsafe fn get_current_task_work(_: u64, _: u64, _: u64, _: u64, _: u64) -> u64 {
     crate::maps::current_task() as u64
 }
 
-unsafe extern "C" fn task_storage_get(map: u64, task: u64, value: u64, flags: u64, _: u64) -> u64 {
+unsafe fn task_storage_get_work(map: u64, task: u64, value: u64, flags: u64, _: u64) -> u64 {
     // SAFETY: the loader put a live Map's address in r1; the verifier checked r2 is a
     // task (or NULL) and r3 a value of the map's size (or NULL).
     unsafe { (*(map as *const Map)).prog_task_storage_get(task, value as *const u8, flags) as u64 }
 }
 
-unsafe extern "C" fn task_storage_delete(map: u64, task: u64, _: u64, _: u64, _: u64) -> u64 {
+unsafe fn task_storage_delete_work(map: u64, task: u64, _: u64, _: u64, _: u64) -> u64 {
     // SAFETY: as for task_storage_get.
     unsafe { (*(map as *const Map)).prog_task_storage_delete(task) as u64 }
 }
@@ -352,13 +352,7 @@ unsafe extern "C" fn task_storage_delete(map: u64, task: u64, _: u64, _: u64, _:
 /// `bpf_current_task_under_cgroup(map, index)`: 1 when the calling thread's cgroup (v2)
 /// is the cgroup at `index` of the cgroup array or below it, 0 when not; -E2BIG past
 /// the array's end and -EAGAIN for an empty slot, as the kernel answers.
-unsafe extern "C" fn current_task_under_cgroup(
-    map: u64,
-    index: u64,
-    _: u64,
-    _: u64,
-    _: u64,
-) -> u64 {
+unsafe fn current_task_under_cgroup_work(map: u64, index: u64, _: u64, _: u64, _: u64) -> u64 {
     // SAFETY: r1 is a live Map (loader; the verifier checked it is a cgroup array).
     let m = unsafe { &*(map as *const Map) };
     if index >= u64::from(m.max_entries()) {
@@ -370,40 +364,34 @@ unsafe extern "C" fn current_task_under_cgroup(
     }
 }
 
-unsafe extern "C" fn ringbuf_output(map: u64, data: u64, size: u64, flags: u64, _: u64) -> u64 {
+unsafe fn ringbuf_output_work(map: u64, data: u64, size: u64, flags: u64, _: u64) -> u64 {
     // SAFETY: r1 is a live Map (loader); data holds size bytes (verifier).
     unsafe { (*(map as *const Map)).ringbuf_output(data as *const u8, size, flags) as u64 }
 }
 
-unsafe extern "C" fn ringbuf_reserve(map: u64, size: u64, flags: u64, _: u64, _: u64) -> u64 {
+unsafe fn ringbuf_reserve_work(map: u64, size: u64, flags: u64, _: u64, _: u64) -> u64 {
     // SAFETY: r1 is a live Map.
     unsafe { (*(map as *const Map)).ringbuf_reserve(size, flags) as u64 }
 }
 
-unsafe extern "C" fn ringbuf_submit(rec: u64, flags: u64, _: u64, _: u64, _: u64) -> u64 {
+unsafe fn ringbuf_submit_work(rec: u64, flags: u64, _: u64, _: u64, _: u64) -> u64 {
     // SAFETY: the verifier tracks reservations: rec is an uncommitted record.
     unsafe { ringbuf_commit(rec as *mut u8, flags, false) };
     0
 }
 
-unsafe extern "C" fn ringbuf_discard(rec: u64, flags: u64, _: u64, _: u64, _: u64) -> u64 {
+unsafe fn ringbuf_discard_work(rec: u64, flags: u64, _: u64, _: u64, _: u64) -> u64 {
     // SAFETY: as for submit.
     unsafe { ringbuf_commit(rec as *mut u8, flags, true) };
     0
 }
 
-unsafe extern "C" fn ringbuf_query(map: u64, flags: u64, _: u64, _: u64, _: u64) -> u64 {
+unsafe fn ringbuf_query_work(map: u64, flags: u64, _: u64, _: u64, _: u64) -> u64 {
     // SAFETY: r1 is a live Map.
     unsafe { (*(map as *const Map)).ringbuf_query(flags) }
 }
 
-unsafe extern "C" fn perf_event_output(
-    _ctx: u64,
-    map: u64,
-    flags: u64,
-    data: u64,
-    size: u64,
-) -> u64 {
+unsafe fn perf_event_output_work(_ctx: u64, map: u64, flags: u64, data: u64, size: u64) -> u64 {
     // SAFETY: r2 is a live Map (loader); data holds size bytes (verifier).
     unsafe {
         let data = std::slice::from_raw_parts(data as *const u8, size as usize);
@@ -411,11 +399,11 @@ unsafe extern "C" fn perf_event_output(
     }
 }
 
-unsafe extern "C" fn get_func_ip(_: u64, _: u64, _: u64, _: u64, _: u64) -> u64 {
+unsafe fn get_func_ip_work(_: u64, _: u64, _: u64, _: u64, _: u64) -> u64 {
     PROBE.with(|p| p.get().func_ip)
 }
 
-unsafe extern "C" fn get_attach_cookie(_: u64, _: u64, _: u64, _: u64, _: u64) -> u64 {
+unsafe fn get_attach_cookie_work(_: u64, _: u64, _: u64, _: u64, _: u64) -> u64 {
     PROBE.with(|p| p.get().cookie)
 }
 
@@ -435,7 +423,7 @@ unsafe fn callchain(ctx: u64, user: bool, max: usize) -> Vec<u64> {
     crate::stack::user_callchain(start, max)
 }
 
-unsafe extern "C" fn get_stackid(ctx: u64, map: u64, flags: u64, _: u64, _: u64) -> u64 {
+unsafe fn get_stackid_work(ctx: u64, map: u64, flags: u64, _: u64, _: u64) -> u64 {
     use crate::maps::stack_trace::{
         FAST_STACK_CMP, MAX_STACK_DEPTH, REUSE_STACKID, SKIP_FIELD_MASK, USER_STACK,
     };
@@ -454,7 +442,7 @@ unsafe extern "C" fn get_stackid(ctx: u64, map: u64, flags: u64, _: u64, _: u64)
     m.stack_trace_file(&trace[skip..], flags) as u64
 }
 
-unsafe extern "C" fn get_stack(ctx: u64, buf: u64, size: u64, flags: u64, _: u64) -> u64 {
+unsafe fn get_stack_work(ctx: u64, buf: u64, size: u64, flags: u64, _: u64) -> u64 {
     use crate::maps::stack_trace::{MAX_STACK_DEPTH, SKIP_FIELD_MASK, USER_BUILD_ID, USER_STACK};
     let (buf, size) = (buf as *mut u8, size as usize);
     let fail = |errno: i32| {
@@ -488,7 +476,7 @@ unsafe extern "C" fn get_stack(ctx: u64, buf: u64, size: u64, flags: u64, _: u64
     (n * 8) as u64
 }
 
-unsafe extern "C" fn strncmp(s1: u64, s1_size: u64, s2: u64, _: u64, _: u64) -> u64 {
+unsafe fn strncmp_work(s1: u64, s1_size: u64, s2: u64, _: u64, _: u64) -> u64 {
     let (a, b) = (s1 as *const u8, s2 as *const u8);
     for i in 0..s1_size as usize {
         // SAFETY: s1 holds s1_size bytes (verifier); s2 is a NUL-terminated constant string.
@@ -500,7 +488,7 @@ unsafe extern "C" fn strncmp(s1: u64, s1_size: u64, s2: u64, _: u64, _: u64) -> 
     0
 }
 
-unsafe extern "C" fn trace_printk(fmt: u64, fmt_size: u64, a1: u64, a2: u64, a3: u64) -> u64 {
+unsafe fn trace_printk_work(fmt: u64, fmt_size: u64, a1: u64, a2: u64, a3: u64) -> u64 {
     // SAFETY: the verifier checked fmt holds fmt_size readable bytes.
     let f = unsafe { std::slice::from_raw_parts(fmt as *const u8, fmt_size as usize) };
     let f = &f[..f.iter().position(|&b| b == 0).unwrap_or(f.len())];
@@ -513,13 +501,7 @@ unsafe extern "C" fn trace_printk(fmt: u64, fmt_size: u64, a1: u64, a2: u64, a3:
 /// Most arguments `bpf_trace_vprintk` takes (the kernel's `MAX_BPRINTF_VARARGS`).
 const VPRINTK_MAX_ARGS: usize = 12;
 
-unsafe extern "C" fn trace_vprintk(
-    fmt: u64,
-    fmt_size: u64,
-    data: u64,
-    data_len: u64,
-    _: u64,
-) -> u64 {
+unsafe fn trace_vprintk_work(fmt: u64, fmt_size: u64, data: u64, data_len: u64, _: u64) -> u64 {
     let data_len = data_len as usize;
     if !data_len.is_multiple_of(8)
         || data_len > VPRINTK_MAX_ARGS * 8
@@ -642,7 +624,7 @@ pub fn format_printk(fmt: &[u8], args: &[u64]) -> String {
 /// the length of the whole text plus its NUL, as the kernel does; -EINVAL, as the kernel
 /// answers, for a format outside the kernel's set, too few arguments, or a `data_len`
 /// that is not a multiple of 8 or holds more than 12 arguments.
-unsafe extern "C" fn snprintf(str: u64, str_size: u64, fmt: u64, data: u64, data_len: u64) -> u64 {
+unsafe fn snprintf_work(str: u64, str_size: u64, fmt: u64, data: u64, data_len: u64) -> u64 {
     let data_len = data_len as u32 as usize;
     if !data_len.is_multiple_of(8)
         || data_len > crate::bprintf::MAX_ARGS * 8
@@ -686,7 +668,7 @@ type JitCallback = unsafe extern "C" fn(u64, u64, u64, u64, u64, u64) -> u64;
 /// `bpf_loop(nr_loops, callback, ctx, flags)` for JIT code, where `callback` is the
 /// address of the lifted subprogram (the lifter turns `lddw rX, func` into it). The
 /// interpreter runs its callbacks itself and never calls this.
-unsafe extern "C" fn bpf_loop(nr_loops: u64, callback: u64, ctx: u64, flags: u64, _: u64) -> u64 {
+unsafe fn bpf_loop_work(nr_loops: u64, callback: u64, ctx: u64, flags: u64, _: u64) -> u64 {
     let n = match bpftime_isa::helpers::loop_iterations(nr_loops, flags) {
         Ok(n) => n,
         Err(errno) => return neg(errno),
@@ -716,6 +698,62 @@ unsafe extern "C" fn bpf_loop(nr_loops: u64, callback: u64, ctx: u64, flags: u64
         }
     }
     u64::from(n)
+}
+
+/// The helpers as JIT code and the interpreter call them: the C ABI, with the work under
+/// the FFI guard, so that a panic in our code fails the call (a NULL pointer, or
+/// -EFAULT) instead of aborting the process the program runs in. The hot form of the
+/// guard adds nothing on the way through but an unwinding landing pad.
+macro_rules! c_helpers {
+    ($($name:ident => $work:ident, $failed:expr;)*) => {$(
+        unsafe extern "C" fn $name(a1: u64, a2: u64, a3: u64, a4: u64, a5: u64) -> u64 {
+            bpftime_ffi_guard::ffi_guard_hot!(
+                concat!("helper ", stringify!($name)),
+                $failed,
+                // SAFETY: the caller's arguments, as JIT code or the interpreter pass them
+                // to this helper (its own safety comments say what they must be).
+                unsafe { $work(a1, a2, a3, a4, a5) }
+            )
+        }
+    )*};
+}
+
+c_helpers! {
+    map_lookup_elem => map_lookup_elem_work, 0;
+    map_update_elem => map_update_elem_work, neg(libc::EFAULT);
+    map_delete_elem => map_delete_elem_work, neg(libc::EFAULT);
+    map_push_elem => map_push_elem_work, neg(libc::EFAULT);
+    map_pop_elem => map_pop_elem_work, neg(libc::EFAULT);
+    map_peek_elem => map_peek_elem_work, neg(libc::EFAULT);
+    probe_read => probe_read_work, neg(libc::EFAULT);
+    probe_read_str => probe_read_str_work, neg(libc::EFAULT);
+    ktime_get_ns => ktime_get_ns_work, 0;
+    ktime_get_boot_ns => ktime_get_boot_ns_work, 0;
+    ktime_get_coarse_ns => ktime_get_coarse_ns_work, 0;
+    get_prandom_u32 => get_prandom_u32_work, 0;
+    get_smp_processor_id => get_smp_processor_id_work, 0;
+    get_current_pid_tgid => get_current_pid_tgid_work, 0;
+    get_current_uid_gid => get_current_uid_gid_work, 0;
+    get_current_comm => get_current_comm_work, neg(libc::EFAULT);
+    get_current_task => get_current_task_work, 0;
+    task_storage_get => task_storage_get_work, 0;
+    task_storage_delete => task_storage_delete_work, neg(libc::EFAULT);
+    current_task_under_cgroup => current_task_under_cgroup_work, neg(libc::EFAULT);
+    ringbuf_output => ringbuf_output_work, neg(libc::EFAULT);
+    ringbuf_reserve => ringbuf_reserve_work, 0;
+    ringbuf_submit => ringbuf_submit_work, neg(libc::EFAULT);
+    ringbuf_discard => ringbuf_discard_work, neg(libc::EFAULT);
+    ringbuf_query => ringbuf_query_work, neg(libc::EFAULT);
+    perf_event_output => perf_event_output_work, neg(libc::EFAULT);
+    get_func_ip => get_func_ip_work, 0;
+    get_attach_cookie => get_attach_cookie_work, 0;
+    get_stackid => get_stackid_work, neg(libc::EFAULT);
+    get_stack => get_stack_work, neg(libc::EFAULT);
+    strncmp => strncmp_work, neg(libc::EFAULT);
+    trace_printk => trace_printk_work, neg(libc::EFAULT);
+    trace_vprintk => trace_vprintk_work, neg(libc::EFAULT);
+    snprintf => snprintf_work, neg(libc::EFAULT);
+    bpf_loop => bpf_loop_work, neg(libc::EFAULT);
 }
 
 /// The helper with kernel id `id`, if this runtime provides it: the registry's CPU

@@ -61,6 +61,11 @@ struct KprobeOpts {
     bpf_cookie: u64,
     offset: usize,
     retprobe: bool,
+    /// Padding, named so that it is zero: libbpf 1.1, which ends its struct at
+    /// `retprobe`, refuses options whose bytes past its own end are not all zero
+    /// ("bpf_kprobe_opts has non-zero extra bytes"), and an unnamed padding byte holds
+    /// whatever the stack held.
+    _pad: [u8; 3],
     attach_mode: c_int,
 }
 
@@ -133,7 +138,7 @@ fn libbpf(cookie: c_long) -> Option<&'static Libbpf> {
 static REGISTER_AT_START: extern "C" fn() = register_handlers;
 
 extern "C" fn register_handlers() {
-    bpftime_attach::ffi_guard!("libbpf handler registration", (), register_all());
+    bpftime_ffi_guard::ffi_guard!("libbpf handler registration", (), register_all());
 }
 
 fn register_all() {
@@ -320,7 +325,7 @@ fn errno() -> c_int {
 /// At open: a `cuda:` program is a kprobe program.
 unsafe extern "C" fn setup(prog: *mut c_void, cookie: c_long) -> c_int {
     // SAFETY: forwarded from libbpf.
-    bpftime_attach::ffi_guard!("libbpf prog setup", -libc::EINVAL, unsafe {
+    bpftime_ffi_guard::ffi_guard!("libbpf prog setup", -libc::EINVAL, unsafe {
         setup_inner(prog, cookie)
     })
 }
@@ -341,7 +346,7 @@ unsafe fn setup_inner(prog: *mut c_void, cookie: c_long) -> c_int {
 /// is refused.
 unsafe extern "C" fn prepare_load(prog: *mut c_void, _opts: *mut c_void, cookie: c_long) -> c_int {
     // SAFETY: forwarded from libbpf.
-    bpftime_attach::ffi_guard!("libbpf prog prepare_load", -libc::EINVAL, unsafe {
+    bpftime_ffi_guard::ffi_guard!("libbpf prog prepare_load", -libc::EINVAL, unsafe {
         prepare_load_inner(prog, cookie)
     })
 }
@@ -368,7 +373,7 @@ unsafe fn prepare_load_inner(prog: *mut c_void, cookie: c_long) -> c_int {
 /// At attach (a skeleton's attach, or `bpf_program__attach`).
 unsafe extern "C" fn attach(prog: *const c_void, cookie: c_long, link: *mut *mut c_void) -> c_int {
     // SAFETY: forwarded from libbpf.
-    bpftime_attach::ffi_guard!("libbpf prog attach", -libc::EINVAL, unsafe {
+    bpftime_ffi_guard::ffi_guard!("libbpf prog attach", -libc::EINVAL, unsafe {
         attach_inner(prog, cookie, link)
     })
 }
@@ -404,6 +409,7 @@ unsafe fn attach_inner(prog: *const c_void, cookie: c_long, link: *mut *mut c_vo
                 bpf_cookie: 0,
                 offset: 0,
                 retprobe: p.kind == GpuProbeKind::Exit,
+                _pad: [0; 3],
                 attach_mode: 0,
             };
             // SAFETY: a program of this libbpf, a NUL-terminated name and valid options.

@@ -3,7 +3,7 @@
 //! itself runs, a thread-local flag sends its own libc calls straight through, so nothing
 //! recurses.
 
-use bpftime_attach::ffi_guard;
+use bpftime_ffi_guard::ffi_guard;
 use bpftime_runtime::Store;
 use bpftime_shim::{Shim, SysResult};
 use std::cell::Cell;

@@ -254,7 +254,7 @@ fn attach_as_another_user_is_refused_with_the_way_out() {
         "{err}"
     );
     assert!(
-        err.contains("run bpftime attach as uid 0 or as root"),
+        err.contains("run `bpftime load` and `bpftime attach` as uid 0"),
         "{err}"
     );
     assert!(t.probe_lines().is_empty());

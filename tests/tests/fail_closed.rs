@@ -280,7 +280,7 @@ fn a_panic_in_our_code_never_takes_the_process_down() {
     c.args(["load", examples::FUNCLATENCY, "--target"])
         .arg(&target)
         .args(["--func", "work"])
-        .env(bpftime_attach::INJECT_PANIC_ENV, "bpf");
+        .env(bpftime_ffi_guard::INJECT_PANIC_ENV, "bpf");
     let out = run_with_timeout(c, Duration::from_secs(60));
     let err = text(&out.stderr);
     assert_eq!(
@@ -306,7 +306,7 @@ fn a_panic_in_our_code_never_takes_the_process_down() {
     c.arg("start")
         .arg(&target)
         .arg("10")
-        .env(bpftime_attach::INJECT_PANIC_ENV, "the agent starter");
+        .env(bpftime_ffi_guard::INJECT_PANIC_ENV, "the agent starter");
     let out = run_with_timeout(c, Duration::from_secs(60));
     let err = text(&out.stderr);
     assert!(out.status.success(), "the target must run on: {err}");

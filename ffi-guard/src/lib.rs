@@ -78,6 +78,25 @@ pub fn run_guarded<R>(site: &GuardSite, failed: impl FnOnce() -> R, work: impl F
     }
 }
 
+/// As [`run_guarded`], for entry points on a hot path (the helpers JIT code calls on every
+/// probe hit): no check for an injected panic, nothing but the unwinding landing pad.
+#[inline(always)]
+pub fn run_guarded_hot<R>(
+    site: &GuardSite,
+    failed: impl FnOnce() -> R,
+    work: impl FnOnce() -> R,
+) -> R {
+    match catch_unwind(AssertUnwindSafe(work)) {
+        Ok(r) => r,
+        Err(payload) => {
+            if !site.reported.swap(true, Ordering::Relaxed) {
+                report(site.name, payload.as_ref());
+            }
+            failed()
+        }
+    }
+}
+
 /// One line on stderr, written with `write(2)`: printing must not panic in turn when
 /// stderr is closed, and must not take the locks the panicking code may have held.
 fn report(name: &str, payload: &(dyn std::any::Any + Send)) {
@@ -104,6 +123,15 @@ macro_rules! ffi_guard {
     }};
 }
 
+/// `ffi_guard_hot!(name, failed, work)`: as [`ffi_guard!`], through [`run_guarded_hot`].
+#[macro_export]
+macro_rules! ffi_guard_hot {
+    ($name:expr, $failed:expr, $work:expr $(,)?) => {{
+        static SITE: $crate::GuardSite = $crate::GuardSite::new($name);
+        $crate::run_guarded_hot(&SITE, || $failed, || $work)
+    }};
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -122,6 +150,12 @@ mod tests {
         inject_panic("injected_site");
         assert_eq!(ffi_guard!("injected_site", -5, 0), -5);
         assert_eq!(ffi_guard!("another_site", -5, 0), 0);
+    }
+
+    #[test]
+    fn the_hot_guard_catches_a_panic_too() {
+        assert_eq!(ffi_guard_hot!("hot_site", 3, panic!("hot")), 3);
+        assert_eq!(ffi_guard_hot!("hot_site_ok", 3, 4), 4);
     }
 
     #[test]
