@@ -47,7 +47,7 @@ pub struct Row<T> {
 pub fn pick<T: fmt::Debug>(table: &[Row<T>], v: Version) -> &T {
     table
         .iter()
-        .find(|r| r.from <= v && r.until.map_or(true, |u| v < u))
+        .find(|r| r.from <= v && r.until.is_none_or(|u| v < u))
         .map(|r| &r.value)
         .unwrap_or_else(|| {
             let rows: Vec<String> = table
