@@ -111,6 +111,29 @@ several_gpus() {  # the checks that need two GPUs or more; a SKIP line on one
         result "cuda_counter on $app" $ok "entries $entries exits $exits (expected $((n * iters)) each), mean thread $(awk -v t="$total" -v e="$exits" 'BEGIN { if (e) printf "%.0f", t / e }') ns, longest $max ns <= longest launch ${ms_max} ms"
     done
 
+    # A panic in our code inside a CUDA entry point (BPFTIME_INJECT_PANIC names the entry
+    # point, agent side): the application's call still goes through, once, to the driver,
+    # the panic is reported once, and the application ends as it would have (its own check
+    # passes, exit 0). The launches then run uninstrumented, or the module is not noted.
+    n=1048576 iters=5
+    # (nvcc's static cudart loads its fatbin with cuLibraryLoadData: DESIGN item 6.)
+    for case in "cuLaunchKernel vec_add" "cuLaunchKernel vec_add_shared" "cuLibraryLoadData vec_add"; do
+        set -- $case
+        entry=$1 app=$2
+        {
+            log=$work/panic-$entry-$app
+            BPFTIME_INJECT_PANIC=$entry run "$log" "$objs/cuda_counter.bpf.o" -- "$cuda/$app" $n $iters
+            reports=$(grep -c "^bpftime: internal error in $entry " "$log.out")
+            entries=$(value "$log.out" counts 0)
+            ok=0
+            if grep -q 'check=ok' "$log.out" && grep -q '^exit=0' "$log.out" && [ "$reports" = 1 ] &&
+                { [ "$entry" != cuLaunchKernel ] || [ "${entries:-0}" = 0 ]; }; then
+                ok=1
+            fi
+            result "a panic injected in $entry on $app: the app runs on" $ok "$(grep -o 'check=[a-z]*' "$log.out" | head -1), $(grep '^exit=' "$log.out"), $reports report(s) (expected 1), entries counted ${entries:-0}"
+        }
+    done
+
     # A kernel that uses its module's __constant__ and __device__ variables: the
     # instrumented copy sees what the host wrote before each launch and its atomic
     # counter reaches the host's cudaMemcpyFromSymbol (the program checks every element
