@@ -195,19 +195,31 @@ impl Drop for GuardedMapping {
 /// # Safety
 /// `start..start + len` is a whole mapping this process owns (a registered one).
 unsafe fn zero_pages(start: usize, len: usize) -> bool {
+    // The system call itself, not libc's `mmap`: in a loader, `mmap` is the syscall
+    // shim's interposer, which takes locks (a fault handler must not) and would take
+    // this replacement for the loader mapping over one of its rings.
+    let ret: isize;
     // SAFETY: caller obligation; MAP_FIXED replaces exactly that range, atomically, so a
-    // thread racing the replacement reads either the file's page or a zero page.
-    let p = unsafe {
-        libc::mmap(
-            start as *mut libc::c_void,
-            len,
-            libc::PROT_READ | libc::PROT_WRITE,
-            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_FIXED,
-            -1,
-            0,
+    // thread racing the replacement reads either the file's page or a zero page. The
+    // x86-64 system call convention: number and result in rax, arguments in rdi, rsi,
+    // rdx, r10, r8, r9; rcx and r11 are clobbered.
+    unsafe {
+        std::arch::asm!(
+            "syscall",
+            inlateout("rax") libc::SYS_mmap as isize => ret,
+            in("rdi") start,
+            in("rsi") len,
+            in("rdx") libc::PROT_READ | libc::PROT_WRITE,
+            in("r10") libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_FIXED,
+            in("r8") -1isize,
+            in("r9") 0usize,
+            lateout("rcx") _,
+            lateout("r11") _,
+            options(nostack),
         )
     };
-    p != libc::MAP_FAILED
+    // Errors come back as -4095..-1.
+    !(-4095..0).contains(&ret)
 }
 
 fn install() {
