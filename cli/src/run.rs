@@ -466,8 +466,16 @@ fn load_and_run(store: &str, args: &RunArgs) -> Result<ExitCode, Failure> {
         match m.map_type() {
             MapType::RingBuf => {
                 let (record, events) = (&record, &events);
+                // A record reaches at most to the end of the ring's second mapping: a
+                // longer one is a length read from a damaged ring file (overwritten
+                // between the shim's check and libbpf's read), and reading it would go
+                // past the mapping.
+                let ring = u64::from(m.max_entries());
                 rings
                     .add(m, move |data: &[u8]| {
+                        if data.len() as u64 + 8 > ring {
+                            return 0;
+                        }
                         record(&name, data);
                         *events.borrow_mut().entry(name.clone()).or_default() += 1;
                         0
@@ -482,6 +490,11 @@ fn load_and_run(store: &str, args: &RunArgs) -> Result<ExitCode, Failure> {
                 let lost_name = name.clone();
                 let buf = PerfBufferBuilder::new(m)
                     .sample_cb(move |_cpu: i32, data: &[u8]| {
+                        // A perf record is at most 64 KiB long (its size is a u16): a
+                        // longer sample is a size read from a damaged ring file.
+                        if data.len() > usize::from(u16::MAX) {
+                            return;
+                        }
                         record(&name, data);
                         *events.borrow_mut().entry(name.clone()).or_default() += 1;
                     })

@@ -118,24 +118,108 @@ pub(crate) fn mark(slot: usize, why: Damage) {
             .compare_exchange(0, why.code(), Ordering::AcqRel, Ordering::Relaxed);
 }
 
+/// A mapping of a store file that the caller made itself (the syscall shim's mappings
+/// of rings that libbpf reads), kept in the fault table while the handle lives: a read
+/// past the end of a truncated file then finds zero pages instead of ending the process.
+/// Drop the handle before the range is unmapped or mapped over, so that a later mapping
+/// at the same address is never taken for this one.
+#[derive(Debug)]
+pub struct GuardedMapping {
+    start: usize,
+    len: usize,
+    /// `None` when the table was full: the mapping is then unprotected (said once).
+    slot: Option<usize>,
+}
+
+/// Puts the mapping of `len` bytes at `base` in the fault table.
+///
+/// # Safety
+/// `base..base + len` is a mapping this process made (one `mmap` or adjacent fixed ones)
+/// and stays one, unmapped and mapped over by nobody, until the handle is dropped: a
+/// fault in it, or [`GuardedMapping::condemn`], replaces the whole range.
+pub unsafe fn guard_mapping(base: *mut u8, len: usize) -> GuardedMapping {
+    GuardedMapping {
+        start: base as usize,
+        len,
+        slot: register(base as usize, len),
+    }
+}
+
+impl GuardedMapping {
+    pub fn start(&self) -> usize {
+        self.start
+    }
+
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Whether any of the `len` bytes at `start` are in this mapping.
+    pub fn overlaps(&self, start: usize, len: usize) -> bool {
+        start < self.start.saturating_add(self.len) && self.start < start.saturating_add(len)
+    }
+
+    /// Why the mapping is damaged, once a fault or [`condemn`](Self::condemn) found it so.
+    pub fn damage(&self) -> Option<Damage> {
+        self.slot.and_then(damage)
+    }
+
+    /// Replaces the whole mapping with private zero pages and marks it damaged for
+    /// `why`: what its file holds would lead its reader astray (positions or lengths that
+    /// reach outside it). Every later read finds zeros, which readers take for an empty
+    /// ring. False when the kernel refused the replacement.
+    pub fn condemn(&self, why: Damage) -> bool {
+        if let Some(slot) = self.slot {
+            mark(slot, why);
+        }
+        // SAFETY: the range is a whole mapping of this process while the handle lives
+        // (guard_mapping's obligation).
+        unsafe { zero_pages(self.start, self.len) }
+    }
+}
+
+impl Drop for GuardedMapping {
+    fn drop(&mut self) {
+        if let Some(slot) = self.slot {
+            unregister(slot);
+        }
+    }
+}
+
 /// Replaces `len` bytes at `start` with private zero pages; false when the kernel refused.
 ///
 /// # Safety
 /// `start..start + len` is a whole mapping this process owns (a registered one).
 unsafe fn zero_pages(start: usize, len: usize) -> bool {
+    // The system call itself, not libc's `mmap`: in a loader, `mmap` is the syscall
+    // shim's interposer, which takes locks (a fault handler must not) and would take
+    // this replacement for the loader mapping over one of its rings.
+    let ret: isize;
     // SAFETY: caller obligation; MAP_FIXED replaces exactly that range, atomically, so a
-    // thread racing the replacement reads either the file's page or a zero page.
-    let p = unsafe {
-        libc::mmap(
-            start as *mut libc::c_void,
-            len,
-            libc::PROT_READ | libc::PROT_WRITE,
-            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_FIXED,
-            -1,
-            0,
+    // thread racing the replacement reads either the file's page or a zero page. The
+    // x86-64 system call convention: number and result in rax, arguments in rdi, rsi,
+    // rdx, r10, r8, r9; rcx and r11 are clobbered.
+    unsafe {
+        std::arch::asm!(
+            "syscall",
+            inlateout("rax") libc::SYS_mmap as isize => ret,
+            in("rdi") start,
+            in("rsi") len,
+            in("rdx") libc::PROT_READ | libc::PROT_WRITE,
+            in("r10") libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_FIXED,
+            in("r8") -1isize,
+            in("r9") 0usize,
+            lateout("rcx") _,
+            lateout("r11") _,
+            options(nostack),
         )
     };
-    p != libc::MAP_FAILED
+    // Errors come back as -4095..-1.
+    !(-4095..0).contains(&ret)
 }
 
 fn install() {
@@ -216,6 +300,90 @@ extern "C" fn on_fault(sig: libc::c_int, info: *mut libc::siginfo_t, context: *m
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A file of two pages of 7s, mapped shared read-write by the caller itself.
+    fn caller_mapping(tag: &str) -> (std::path::PathBuf, std::fs::File, *mut u8) {
+        use std::os::fd::AsRawFd;
+        let dir = std::env::temp_dir().join(format!("bpftime-guard-{tag}-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("f");
+        std::fs::write(&path, vec![7u8; 2 * crate::PAGE_SIZE]).unwrap();
+        let file = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(&path)
+            .unwrap();
+        // SAFETY: a fresh mapping of a file two pages long.
+        let base = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                2 * crate::PAGE_SIZE,
+                libc::PROT_READ,
+                libc::MAP_SHARED,
+                file.as_raw_fd(),
+                0,
+            )
+        };
+        assert_ne!(base, libc::MAP_FAILED);
+        (dir, file, base.cast())
+    }
+
+    fn in_table(start: usize) -> bool {
+        RANGES
+            .iter()
+            .any(|r| r.start.load(Ordering::Acquire) == start)
+    }
+
+    #[test]
+    fn a_guarded_caller_mapping_of_a_truncated_file_reads_zeros_until_it_is_dropped() {
+        let (dir, file, base) = caller_mapping("truncated");
+        // SAFETY: our own mapping, unmapped only after the handle is dropped.
+        let g = unsafe { guard_mapping(base, 2 * crate::PAGE_SIZE) };
+        assert!(in_table(base as usize));
+        assert!(g.overlaps(base as usize + crate::PAGE_SIZE, 1));
+        assert!(!g.overlaps(base as usize + 2 * crate::PAGE_SIZE, 4096));
+        // SAFETY: inside the mapping, backed by the file.
+        assert_eq!(
+            unsafe { std::ptr::read_volatile(base.add(crate::PAGE_SIZE)) },
+            7
+        );
+        assert_eq!(g.damage(), None);
+        file.set_len(0).unwrap();
+        // SAFETY: mapped; the handler replaces the page the file no longer backs.
+        let after = unsafe { std::ptr::read_volatile(base.add(crate::PAGE_SIZE)) };
+        assert_eq!(after, 0, "a truncated page reads as zero");
+        assert_eq!(g.damage(), Some(Damage::Truncated));
+        drop(g);
+        assert!(
+            !in_table(base as usize),
+            "a dropped handle leaves the table"
+        );
+        // SAFETY: the range the test mapped, out of the table.
+        unsafe { libc::munmap(base.cast(), 2 * crate::PAGE_SIZE) };
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn a_condemned_mapping_reads_zeros_and_no_longer_sees_its_file() {
+        let (dir, file, base) = caller_mapping("condemned");
+        // SAFETY: our own mapping, unmapped only after the handle is dropped.
+        let g = unsafe { guard_mapping(base, 2 * crate::PAGE_SIZE) };
+        assert!(g.condemn(Damage::Garbage));
+        assert_eq!(g.damage(), Some(Damage::Garbage));
+        use std::os::unix::fs::FileExt;
+        file.write_all_at(&[9u8; 8], 0).unwrap();
+        for off in [0, crate::PAGE_SIZE, 2 * crate::PAGE_SIZE - 1] {
+            // SAFETY: inside the replaced range.
+            assert_eq!(unsafe { std::ptr::read_volatile(base.add(off)) }, 0);
+        }
+        // The first reason stays.
+        assert!(g.condemn(Damage::Truncated));
+        assert_eq!(g.damage(), Some(Damage::Garbage));
+        drop(g);
+        // SAFETY: the range the test mapped, out of the table.
+        unsafe { libc::munmap(base.cast(), 2 * crate::PAGE_SIZE) };
+        let _ = std::fs::remove_dir_all(&dir);
+    }
 
     #[test]
     fn a_read_past_a_truncated_file_reads_zeros_and_marks_the_mapping() {

@@ -236,6 +236,11 @@ impl Store {
             .map_err(|e| Error::io("open", self.dir.shown(&name), e))
     }
 
+    /// Where the file of a perf event's ring is, for messages.
+    pub fn perf_ring_path(&self, event_id: u32) -> PathBuf {
+        self.dir.shown(crate::perfbuf::ring_name(event_id))
+    }
+
     /// Opens a perf event ring's wake-up FIFO, non-blocking.
     pub fn open_perf_fifo(&self, event_id: u32) -> Result<File> {
         open_fifo(&self.dir, &crate::perfbuf::fifo_name(event_id))

@@ -237,6 +237,87 @@ pub unsafe extern "C" fn ioctl(fd: c_int, request: c_ulong, arg: c_ulong) -> c_i
     unsafe { real(fd, request, arg) }
 }
 
+/// Mappings the shim handed to the loader, which `munmap` must report: a lock-free table
+/// (a free slot has length 0), so that every other `munmap` (malloc's, a thread stack's)
+/// passes straight to libc after a few loads, never waiting for the shim.
+const HANDED_SLOTS: usize = 4096;
+
+struct HandedSlot {
+    start: AtomicUsize,
+    len: AtomicUsize,
+}
+
+static HANDED: [HandedSlot; HANDED_SLOTS] = [const {
+    HandedSlot {
+        start: AtomicUsize::new(0),
+        len: AtomicUsize::new(0),
+    }
+}; HANDED_SLOTS];
+/// One past the highest slot ever used: scans stop there.
+static HANDED_TOP: AtomicUsize = AtomicUsize::new(0);
+
+/// Records a mapping the shim handed out; false when the table is full.
+fn note_handed(start: usize, len: usize) -> bool {
+    for (i, slot) in HANDED.iter().enumerate() {
+        if slot
+            .len
+            .compare_exchange(0, usize::MAX, Ordering::AcqRel, Ordering::Relaxed)
+            .is_ok()
+        {
+            slot.start.store(start, Ordering::Release);
+            slot.len.store(len, Ordering::Release);
+            HANDED_TOP.fetch_max(i + 1, Ordering::AcqRel);
+            return true;
+        }
+    }
+    false
+}
+
+/// Whether `len` bytes at `start` touch a mapping the shim handed out; those it touches
+/// leave the table.
+fn forget_handed(start: usize, len: usize) -> bool {
+    let end = start.saturating_add(len.max(1));
+    let mut found = false;
+    for slot in &HANDED[..HANDED_TOP.load(Ordering::Acquire)] {
+        let l = slot.len.load(Ordering::Acquire);
+        if l == 0 || l == usize::MAX {
+            continue;
+        }
+        let s = slot.start.load(Ordering::Acquire);
+        if start < s.saturating_add(l) && s < end {
+            found = true;
+            slot.len.store(0, Ordering::Release);
+        }
+    }
+    found
+}
+
+/// Before `len` bytes at `addr` are unmapped or mapped over: mappings the shim handed out
+/// there leave the fault table, so a later mapping at that address is never taken for
+/// one of ours.
+fn before_unmap(addr: *mut c_void, len: usize) {
+    if forget_handed(addr as usize, len) {
+        ffi_guard!("munmap", (), {
+            let _ = with_shim(|s| s.munmapped(addr as usize, len));
+        });
+    }
+}
+
+/// After the shim served a mapping: it is remembered for `munmap`, or, with the table
+/// full, left out of the fault table at once (unprotected, rather than wrongly kept).
+fn after_served(p: *mut c_void, len: usize) {
+    if p == libc::MAP_FAILED || note_handed(p as usize, len) {
+        return;
+    }
+    static FULL: std::sync::Once = std::sync::Once::new();
+    FULL.call_once(|| {
+        tracing::warn!(
+            "more than {HANDED_SLOTS} ring mappings at once: a damaged store file can crash this tool"
+        )
+    });
+    let _ = with_shim(|s| s.munmapped(p as usize, len));
+}
+
 unsafe fn mmap_common(
     addr: *mut c_void,
     len: usize,
@@ -245,6 +326,9 @@ unsafe fn mmap_common(
     fd: c_int,
     off: i64,
 ) -> Option<*mut c_void> {
+    if flags & libc::MAP_FIXED != 0 {
+        before_unmap(addr, len);
+    }
     if fd < 0 || !has_bit(&OUR_FDS, fd) {
         return None;
     }
@@ -256,7 +340,10 @@ unsafe fn mmap_common(
         },
         // SAFETY: forwarded caller obligation.
         match with_shim(|s| unsafe { s.mmap(addr, len, prot, flags, fd, off) }) {
-            Ok(Some(Ok(p))) => Some(p),
+            Ok(Some(Ok(p))) => {
+                after_served(p, len);
+                Some(p)
+            }
             Ok(Some(Err(e))) => {
                 set_errno(e);
                 Some(libc::MAP_FAILED)
@@ -310,6 +397,19 @@ pub unsafe extern "C" fn mmap64(
     );
     // SAFETY: forwards unchanged.
     unsafe { real(addr, len, prot, flags, fd, off) }
+}
+
+/// `munmap(2)`: libbpf unmaps ring pages with it when a ring buffer or perf buffer is
+/// freed.
+///
+/// # Safety
+/// As `munmap(2)`.
+#[no_mangle]
+pub unsafe extern "C" fn munmap(addr: *mut c_void, len: usize) -> c_int {
+    before_unmap(addr, len);
+    let real = real!("munmap", unsafe extern "C" fn(*mut c_void, usize) -> c_int);
+    // SAFETY: forwards unchanged.
+    unsafe { real(addr, len) }
 }
 
 /// # Safety
@@ -555,7 +655,10 @@ fn before_wait(epfd: c_int) {
     if has_bit(&EPOLL_FDS, epfd) {
         let saved = std::io::Error::last_os_error().raw_os_error().unwrap_or(0);
         ffi_guard!("epoll_wait", (), {
-            let _ = with_shim(|s| s.epoll_arm_ready(epfd));
+            let _ = with_shim(|s| {
+                s.check_handed(Some(epfd));
+                s.epoll_arm_ready(epfd)
+            });
         });
         set_errno(saved);
     }
@@ -565,7 +668,12 @@ fn after_wait(epfd: c_int, n: c_int) -> c_int {
     if n > 0 && has_bit(&EPOLL_FDS, epfd) {
         let saved = std::io::Error::last_os_error().raw_os_error().unwrap_or(0);
         ffi_guard!("epoll_wait", (), {
-            let _ = with_shim(|s| s.epoll_drained(epfd));
+            let _ = with_shim(|s| {
+                s.epoll_drained(epfd);
+                // The loader reads the rings right after this returns: what it will read
+                // is checked now.
+                s.check_handed(Some(epfd));
+            });
         });
         set_errno(saved);
     }

@@ -57,6 +57,10 @@ pub struct Shim {
     pub(crate) epolls: HashMap<RawFd, Vec<(RawFd, RawFd, crate::perf::Waker)>>,
     /// Programs run here by `BPF_PROG_TEST_RUN`, verified and relocated once.
     pub(crate) test_runs: HashMap<u32, Arc<crate::test_run::Runnable>>,
+    /// Mappings of store files the loader holds, in the fault table until it unmaps them.
+    pub(crate) handed: Vec<crate::handed::Handed>,
+    /// Rings found damaged (and reported): their pages read as zeros here.
+    pub(crate) condemned: HashSet<crate::handed::Owner>,
 }
 
 /// Told of every descriptor the shim hands out (`true`) or forgets (`false`): the
@@ -123,6 +127,8 @@ impl Shim {
             source_lines: HashMap::new(),
             epolls: HashMap::new(),
             test_runs: HashMap::new(),
+            handed: Vec::new(),
+            condemned: HashSet::new(),
         }
     }
 

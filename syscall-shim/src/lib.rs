@@ -12,6 +12,7 @@
 mod attr;
 mod btf;
 mod core;
+mod handed;
 mod info;
 mod perf;
 mod program;

@@ -7,6 +7,7 @@
 
 use crate::attr::Attr;
 use crate::core::{refuse, Object, Shim, SysResult};
+use crate::handed::{Owner, Role};
 use bpftime_runtime::{Map, PerfEventKind, PerfEventRecord, PerfRing, PAGE_SIZE};
 use std::ffi::CStr;
 use std::os::fd::{AsRawFd, IntoRawFd, RawFd};
@@ -15,7 +16,17 @@ use std::sync::Arc;
 /// What a consumer's epoll waits on: a ring buffer map or a perf buffer ring.
 pub(crate) enum Waker {
     Ring(Arc<Map>),
-    Perf(Arc<PerfRing>),
+    Perf(Arc<PerfRing>, u32),
+}
+
+impl Waker {
+    /// The object whose ring this is, as the mappings handed out name it.
+    pub(crate) fn owner(&self) -> Owner {
+        match self {
+            Waker::Ring(m) => Owner::Map(m.id()),
+            Waker::Perf(_, id) => Owner::PerfEvent(*id),
+        }
+    }
 }
 
 const PERF_TYPE_SOFTWARE: u32 = 1;
@@ -406,8 +417,14 @@ impl Shim {
             }
         };
         if let Some((consumer, producer, ring)) = m.ringbuf_regions() {
+            let owner = Owner::Map(m.id());
             return Some(if off == 0 && len <= PAGE_SIZE {
-                map_at(addr, len, prot, flags, consumer)
+                let p = map_at(addr, len, prot, flags, consumer);
+                if let Ok(p) = p {
+                    // SAFETY: the mapping just made, which the loader owns.
+                    unsafe { self.hand_out(p.cast(), len, owner, Role::RingConsumer) };
+                }
+                p
             } else if off == PAGE_SIZE && len == PAGE_SIZE + 2 * ring {
                 if prot & libc::PROT_WRITE != 0 {
                     return Some(Err(libc::EACCES));
@@ -444,7 +461,12 @@ impl Shim {
                     )
                 });
                 match second {
-                    Ok(_) => Ok(base),
+                    Ok(_) => {
+                        let role = Role::RingProducer { ring: ring as u64 };
+                        // SAFETY: the mapping just made, which the loader owns.
+                        unsafe { self.hand_out(base.cast(), len, owner, role) };
+                        Ok(base)
+                    }
                     Err(e) => {
                         // SAFETY: unmaps the reservation made above.
                         unsafe { libc::munmap(base, len) };
@@ -465,7 +487,12 @@ impl Shim {
             if prot & libc::PROT_WRITE != 0 && flags & libc::MAP_SHARED != 0 && m.is_frozen() {
                 return Some(Err(libc::EPERM));
             }
-            return Some(map_at(addr, len, prot, flags, start + off));
+            let p = map_at(addr, len, prot, flags, start + off);
+            if let Ok(p) = p {
+                // SAFETY: the mapping just made, which the loader owns.
+                unsafe { self.hand_out(p.cast(), len, Owner::Map(m.id()), Role::Plain) };
+            }
+            return Some(p);
         }
         Some(Err(refuse(
             libc::ENODEV,
@@ -504,6 +531,11 @@ impl Shim {
                 .raw_os_error()
                 .unwrap_or(libc::ENOMEM));
         }
+        let role = Role::PerfRing {
+            data: (len - PAGE_SIZE) as u64,
+        };
+        // SAFETY: the mapping just made, which the loader owns.
+        unsafe { self.hand_out(r.cast(), len, Owner::PerfEvent(id), role) };
         Ok(r)
     }
 
@@ -534,7 +566,7 @@ impl Shim {
                 match PerfRing::open(self.store(), record.id) {
                     Ok(r) => (
                         self.store().open_perf_fifo(record.id),
-                        Waker::Perf(Arc::new(r)),
+                        Waker::Perf(Arc::new(r), record.id),
                     ),
                     Err(_) => {
                         return Some(Err(refuse(
@@ -610,7 +642,7 @@ impl Shim {
             while unsafe { libc::read(*fifo, buf.as_mut_ptr().cast(), buf.len()) } > 0 {}
             match waker {
                 Waker::Ring(m) => m.ringbuf_clear_wakeup(),
-                Waker::Perf(r) => r.clear_wakeup(),
+                Waker::Perf(r, _) => r.clear_wakeup(),
             }
         }
     }
@@ -623,9 +655,13 @@ impl Shim {
             return;
         };
         for (fifo, _, waker) in list {
+            // A condemned ring reads as empty here, whatever its file says.
+            if self.is_condemned(waker.owner()) {
+                continue;
+            }
             let unread = match waker {
                 Waker::Ring(m) => m.ringbuf_query(bpftime_isa::uapi::ringbuf::AVAIL_DATA) > 0,
-                Waker::Perf(r) => r.has_unread(),
+                Waker::Perf(r, _) => r.has_unread(),
             };
             if unread {
                 // SAFETY: one byte from a local buffer to our own non-blocking FIFO (a

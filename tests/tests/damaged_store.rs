@@ -96,9 +96,8 @@ enum Object {
 }
 
 /// Every map type a program here uses, with its declaration and use. Ring buffers and
-/// perf event arrays are not here yet: under `bpftime run` their consumer is the tool,
-/// whose rings the syscall shim maps for libbpf outside the runtime's fault table, so a
-/// truncated ring kills the tool (the target lives on); see the report of this change.
+/// perf event arrays have their consumer in the tool as well: `damaged_rings.rs` damages
+/// them under both.
 const MAPS: &[(&str, &str, &str)] = &[
     (
         "array",
