@@ -144,6 +144,21 @@ impl Store {
             .open(&path)
             .map_err(|e| Error::io("open", &path, e))?;
         let len = std::mem::size_of::<StoreHeader>();
+        // A mapping past the end of the file faults at the first read (SIGBUS).
+        let have = file
+            .metadata()
+            .map_err(|e| Error::io("stat", &path, e))?
+            .len();
+        if have < len as u64 {
+            return Err(Error::invalid(
+                libc::EINVAL,
+                format!(
+                    "{} is {have} bytes, shorter than a store header ({len}): the store is damaged; remove {} once no bpftime process uses it, or use another `--store` name",
+                    path.display(),
+                    dir.display()
+                ),
+            ));
+        }
         let header = Mapping::map_file(&file, len, &path)?;
         let store = Store {
             name: name.to_string(),
@@ -421,4 +436,33 @@ pub(crate) fn open_object_in(dir: &Path, kind: ObjectKind, id: u32) -> Result<(F
             }
         })?;
     Ok((file, path))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Found by the fuzzer (fuzz/, target store_files): a store file shorter than its
+    /// header was mapped whole, and reading the header raised SIGBUS.
+    #[test]
+    fn a_truncated_store_header_is_refused_not_a_sigbus() {
+        let name = format!("unit-store-short-{}", std::process::id());
+        let dir = Store::dir_for(&name);
+        let _ = fs::remove_dir_all(&dir);
+        drop(Store::create_or_open(&name).unwrap());
+        let path = dir.join("store");
+        let whole = fs::read(&path).unwrap();
+        for cut in [0, 4, 20, whole.len() - 1] {
+            fs::write(&path, &whole[..cut]).unwrap();
+            let err = Store::open(&name).err().expect("a short header is refused");
+            assert_eq!(err.errno(), libc::EINVAL);
+            assert!(
+                err.to_string().contains("shorter than a store header"),
+                "{err}"
+            );
+        }
+        fs::write(&path, &whole).unwrap();
+        assert!(Store::open(&name).is_ok());
+        let _ = fs::remove_dir_all(&dir);
+    }
 }
