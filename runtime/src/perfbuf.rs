@@ -43,6 +43,9 @@ pub fn fifo_path(dir: &Path, event_id: u32) -> PathBuf {
 pub struct PerfRing {
     mapping: Mapping,
     fifo: std::fs::File,
+    /// The data pages' size, read and checked against the mapping once at open: the
+    /// control block is shared, and a size past the mapping would aim writes past it.
+    size: u64,
 }
 
 impl PerfRing {
@@ -101,6 +104,21 @@ impl PerfRing {
                 format!("{} is truncated", path.display()),
             ));
         }
+        // SAFETY: the control block starts the mapping, which is at least 3 pages.
+        let size = unsafe { &*(mapping.base() as *const Control) }.data_size;
+        let fits = (2 * PAGE_SIZE as u64)
+            .checked_add(size)
+            .is_some_and(|end| end <= mapping.len() as u64);
+        if size == 0 || !size.is_power_of_two() || size % PAGE_SIZE as u64 != 0 || !fits {
+            return Err(Error::invalid(
+                libc::EINVAL,
+                format!(
+                    "{} is damaged: its data size {size} is not a power-of-two number of pages inside its {} bytes; close the perf buffer's event (or remove the file) and open it again",
+                    path.display(),
+                    mapping.len()
+                ),
+            ));
+        }
         let fifo_p = fifo_path(dir, event_id);
         let fifo = OpenOptions::new()
             .read(true)
@@ -108,7 +126,11 @@ impl PerfRing {
             .custom_flags(libc::O_NONBLOCK | libc::O_CLOEXEC)
             .open(&fifo_p)
             .map_err(|e| Error::io("open", &fifo_p, e))?;
-        Ok(PerfRing { mapping, fifo })
+        Ok(PerfRing {
+            mapping,
+            fifo,
+            size,
+        })
     }
 
     /// Removes a ring's files (when its event is closed).
@@ -142,7 +164,7 @@ impl PerfRing {
 
     fn put_sample(&self, data: &[u8], count_lost: bool) -> RecordOffer {
         let c = self.control();
-        let size = c.data_size;
+        let size = self.size;
         let raw = ((data.len() + 4 + 7) & !7) - 4;
         let rec = 8 + 4 + raw;
         if rec > u16::MAX as usize {
@@ -158,7 +180,10 @@ impl PerfRing {
         let tail = self.meta_u64(DATA_TAIL).load(Ordering::Acquire);
         let lost = c.lost.load(Ordering::Relaxed);
         let lost_len = if lost > 0 { 24 } else { 0 };
-        if head + (rec + lost_len) as u64 - tail > size {
+        // The consumer moves the tail: one that is damaged (ahead of the head, or too
+        // far behind) leaves a ring that takes nothing.
+        let used = head.wrapping_sub(tail);
+        if used > size || used + (rec + lost_len) as u64 > size {
             if count_lost {
                 c.lost.fetch_add(1, Ordering::Relaxed);
             }
@@ -242,7 +267,7 @@ impl PerfRing {
     /// lost record's count to `lost`; then moves the tail past them.
     #[cfg(test)]
     pub(crate) fn consume(&self, mut sample: impl FnMut(&[u8]), mut lost: impl FnMut(u64)) {
-        let size = self.control().data_size;
+        let size = self.size;
         let head = self.meta_u64(DATA_HEAD).load(Ordering::Acquire);
         let mut tail = self.meta_u64(DATA_TAIL).load(Ordering::Relaxed);
         let byte = |at: u64| {
@@ -270,5 +295,41 @@ impl PerfRing {
             tail += u64::from(len);
         }
         self.meta_u64(DATA_TAIL).store(tail, Ordering::Release);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Seen reading the writer after a store_files fuzz finding in it (fuzz/README.md):
+    /// the data size in a ring's shared control block was trusted, so a damaged one
+    /// aimed writes past the mapping; and a tail ahead of the head made the free-space
+    /// sum overflow.
+    #[test]
+    fn a_damaged_perf_ring_is_refused_or_takes_nothing() {
+        let name = format!("unit-perfbuf-damaged-{}", std::process::id());
+        let _ = std::fs::remove_dir_all(Store::dir_for(&name));
+        let store = Store::create_or_open(&name).unwrap();
+        PerfRing::create(&store, 1, 2 * PAGE_SIZE).unwrap();
+        let path = ring_path(store.dir(), 1);
+        let whole = std::fs::read(&path).unwrap();
+        for size in [0u64, 3 * PAGE_SIZE as u64, 1 << 40, 100, u64::MAX] {
+            let mut bad = whole.clone();
+            bad[16..24].copy_from_slice(&size.to_ne_bytes());
+            std::fs::write(&path, &bad).unwrap();
+            let err = PerfRing::open(store.dir(), 1).err().expect("refused");
+            assert_eq!(err.errno(), libc::EINVAL, "size {size}");
+            assert!(err.to_string().contains("is damaged"), "{err}");
+        }
+        std::fs::write(&path, &whole).unwrap();
+        let ring = PerfRing::open(store.dir(), 1).unwrap();
+        assert!(ring.output(b"fits"));
+        // A consumer's tail ahead of the head: full, not an overflow.
+        ring.meta_u64(DATA_TAIL).store(1 << 20, Ordering::Release);
+        assert_eq!(ring.try_output(b"more"), RecordOffer::Full);
+        drop(ring);
+        drop(store);
+        let _ = std::fs::remove_dir_all(Store::dir_for(&name));
     }
 }
