@@ -30,6 +30,8 @@ const PERF_EVENT_IOC_SET_BPF: u64 = 0x4004_2408;
 const MAX_CALLS: usize = 48;
 /// The largest map the harness asks for (see MAP_CREATE below).
 const MAX_ENTRIES: u32 = 1 << 16;
+const MAX_ELEM_SIZE: u32 = 1 << 20;
+const MAX_MAP_BYTES: u64 = 1 << 24;
 
 struct Harness {
     shim: Shim,
@@ -37,6 +39,8 @@ struct Harness {
     fds: Vec<RawFd>,
     /// Buffers of the call in progress.
     bufs: Vec<Guarded>,
+    /// Offsets of the pointer fields the call in progress holds.
+    ptrs: Vec<usize>,
 }
 
 fn put32(a: &mut [u8], off: usize, v: u32) {
@@ -64,6 +68,7 @@ impl Harness {
 
     /// A pointer field: null, or a buffer of `len` bytes filled from the input.
     fn ptr_field(&mut self, b: &mut Bytes, a: &mut [u8], off: usize, len: usize) {
+        self.ptrs.push(off);
         if b.u8() < 0x10 {
             put64(a, off, 0);
             return;
@@ -76,6 +81,7 @@ impl Harness {
 
     /// A pointer field holding a NUL-terminated string.
     fn str_field(&mut self, b: &mut Bytes, a: &mut [u8], off: usize, prefixes: &[&[u8]]) {
+        self.ptrs.push(off);
         let sel = b.u8();
         if sel < 0x10 {
             put64(a, off, 0);
@@ -114,10 +120,15 @@ impl Harness {
         let mut a = b.fill(256);
         match command {
             cmd::MAP_CREATE => {
-                // Creating a map takes time and memory in proportion to max_entries,
-                // with no cap below the kernel's (fuzz/README.md, findings): bounded
-                // here so that the fuzzer keeps reaching the rest.
-                Self::bound32(&mut a, 12, MAX_ENTRIES);
+                // Creating a map takes time and memory in proportion to its size, with
+                // no cap below the machine's (fuzz/README.md, findings): bounded here so
+                // that the fuzzer keeps reaching the rest.
+                let ks = Self::bound32(&mut a, 4, MAX_ELEM_SIZE) as u64;
+                let vs = Self::bound32(&mut a, 8, MAX_ELEM_SIZE) as u64;
+                let n = Self::bound32(&mut a, 12, MAX_ENTRIES) as u64;
+                if (ks + vs) * n > MAX_MAP_BYTES {
+                    put32(&mut a, 12, (MAX_MAP_BYTES / (ks + vs)).max(1) as u32);
+                }
                 self.fd_field(b, &mut a, 20);
                 self.fd_field(b, &mut a, 48);
             }
@@ -195,11 +206,17 @@ impl Harness {
                 self.fd_field(b, &mut a, 0);
             }
         }
-        let mut attr = Guarded::new(size, &a);
+        // A size that ends inside a pointer field would hand over part of an address:
+        // a caller's bug, so such a field is null here (the part inside reads as 0).
+        for off in std::mem::take(&mut self.ptrs) {
+            if off < size && size < off + 8 {
+                put64(&mut a, off, 0);
+            }
+        }
+        let attr = Guarded::new(size, &a);
         // SAFETY: attr holds `size` bytes, and every pointer in it points to a live
         // buffer of ours of the size the ABI gives it (see the top of this file).
         let r = unsafe { self.shim.bpf(command, attr.ptr(), size) };
-        let _ = attr.bytes_mut();
         let makes_fd = matches!(
             command,
             cmd::MAP_CREATE
@@ -228,6 +245,7 @@ impl Harness {
             .max();
         let g = Guarded::new(code.len(), &code);
         put64(a, 8, g.addr());
+        self.ptrs.push(8);
         self.bufs.push(g);
         self.str_field(b, a, 16, &[b"GPL", b"", b"Dual BSD/GPL"]);
         let log = Self::bound32(a, 28, 1 << 16);
@@ -254,6 +272,7 @@ impl Harness {
                 }
                 let g = Guarded::new(fds.len(), &fds);
                 put64(a, 120, g.addr());
+                self.ptrs.push(120);
                 self.bufs.push(g);
             }
             _ => put64(a, 120, 0),
@@ -290,6 +309,7 @@ impl Harness {
         }
         let g = Guarded::new(len, &info);
         put64(a, 8, g.addr());
+        self.ptrs.push(8);
         self.bufs.push(g);
         self.bufs.extend(inner);
     }
@@ -341,6 +361,7 @@ impl Harness {
             self.fds.push(fd);
         }
         self.bufs.clear();
+        self.ptrs.clear();
     }
 
     fn ioctl(&mut self, b: &mut Bytes) {
@@ -437,6 +458,7 @@ fuzz_target!(|data: &[u8]| {
         shim: Shim::new(store),
         fds: Vec::new(),
         bufs: Vec::new(),
+        ptrs: Vec::new(),
     };
     let mut b = Bytes::new(data);
     for _ in 0..MAX_CALLS {
