@@ -24,7 +24,7 @@ for t in "${targets[@]}"; do
     echo "fuzz-smoke: $t for ${secs}s over fuzz/corpus/$t"
     if ! cargo fuzz run -s "$sanitizer" "$t" "$scratch" "corpus/$t" -- \
         -max_total_time="$secs" -timeout=10 -rss_limit_mb=4096 -print_final_stats=1 \
-        2>&1 | tail -n 40; then
+        2>&1 | tail -n 60; then
         rm -rf "$scratch"
         echo "fuzz-smoke: $t FAILED (input under fuzz/artifacts/$t/)" >&2
         exit 1
