@@ -22,15 +22,16 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Mutex;
 
 use libbpf_sys::{
-    bpf_object__close, bpf_object__load, bpf_object__next_program, bpf_object__open_mem,
-    bpf_program__set_autoload, bpf_program__set_log_buf, bpf_program__set_log_level,
-    __va_list_tag, libbpf_print_level, libbpf_set_print,
+    __va_list_tag, bpf_object__close, bpf_object__load, bpf_object__next_program,
+    bpf_object__open_mem, bpf_program__set_autoload, bpf_program__set_log_buf,
+    bpf_program__set_log_level, libbpf_print_level, libbpf_set_print,
 };
 
 static SHIM: Mutex<Option<Shim>> = Mutex::new(None);
 static REAL_SYSCALL: AtomicUsize = AtomicUsize::new(0);
 
-type SyscallFn = unsafe extern "C" fn(c_long, c_long, c_long, c_long, c_long, c_long, c_long) -> c_long;
+type SyscallFn =
+    unsafe extern "C" fn(c_long, c_long, c_long, c_long, c_long, c_long, c_long) -> c_long;
 
 fn real_syscall() -> SyscallFn {
     let mut p = REAL_SYSCALL.load(Ordering::Relaxed);
@@ -83,7 +84,11 @@ pub unsafe extern "C" fn syscall(
     unsafe { real_syscall()(num, a1, a2, a3, a4, a5, a6) }
 }
 
-unsafe extern "C" fn quiet(_: libbpf_print_level, _: *const c_char, _: *mut __va_list_tag) -> c_int {
+unsafe extern "C" fn quiet(
+    _: libbpf_print_level,
+    _: *const c_char,
+    _: *mut __va_list_tag,
+) -> c_int {
     0
 }
 
@@ -104,7 +109,8 @@ fuzz_target!(|data: &[u8]| {
     *SHIM.lock().unwrap() = Some(Shim::new(store));
     let mut log = vec![0u8; LOG_SIZE];
     // SAFETY: elf outlives the object (libbpf copies what it keeps).
-    let obj = unsafe { bpf_object__open_mem(elf.as_ptr().cast(), elf.len() as _, std::ptr::null()) };
+    let obj =
+        unsafe { bpf_object__open_mem(elf.as_ptr().cast(), elf.len() as _, std::ptr::null()) };
     if !obj.is_null() {
         // One program of the object, as `bpftime verify` loads each on its own.
         let mut progs = Vec::new();

@@ -178,7 +178,13 @@ impl Harness {
                     b,
                     &mut a,
                     0,
-                    &[b"/sys/fs/bpf/", b"/sys/fs/bpf/a/", b"", b"/sys/fs/bpf/../", b"/tmp/"],
+                    &[
+                        b"/sys/fs/bpf/",
+                        b"/sys/fs/bpf/a/",
+                        b"",
+                        b"/sys/fs/bpf/../",
+                        b"/tmp/",
+                    ],
                 );
                 self.fd_field(b, &mut a, 8);
                 self.fd_field(b, &mut a, 16);
@@ -192,7 +198,10 @@ impl Harness {
                 self.ptr_field(b, &mut a, 0, n);
                 self.ptr_field(b, &mut a, 8, log);
             }
-            cmd::LINK_CREATE | cmd::LINK_UPDATE | cmd::PROG_BIND_MAP | cmd::PROG_ATTACH
+            cmd::LINK_CREATE
+            | cmd::LINK_UPDATE
+            | cmd::PROG_BIND_MAP
+            | cmd::PROG_ATTACH
             | cmd::PROG_DETACH => {
                 self.fd_field(b, &mut a, 0);
                 self.fd_field(b, &mut a, 4);
@@ -284,7 +293,10 @@ impl Harness {
     fn info(&mut self, b: &mut Bytes, a: &mut [u8]) {
         let len = Self::bound32(a, 4, 512);
         let mut info = b.fill(len);
-        let kind = self.shim.object(get32(a, 0) as RawFd).map(|o| o.object.clone());
+        let kind = self
+            .shim
+            .object(get32(a, 0) as RawFd)
+            .map(|o| o.object.clone());
         let mut inner = Vec::new();
         let mut set = |info: &mut Vec<u8>, b: &mut Bytes, ptr_off: usize, n: usize| {
             if info.len() >= ptr_off + 8 {
@@ -296,13 +308,25 @@ impl Harness {
         };
         match kind {
             Some(Object::Program(_)) => {
-                let xlated = if info.len() >= 24 { Self::bound32(&mut info, 20, 4096) } else { 0 };
+                let xlated = if info.len() >= 24 {
+                    Self::bound32(&mut info, 20, 4096)
+                } else {
+                    0
+                };
                 set(&mut info, b, 32, xlated);
-                let nr = if info.len() >= 56 { Self::bound32(&mut info, 52, 64) } else { 0 };
+                let nr = if info.len() >= 56 {
+                    Self::bound32(&mut info, 52, 64)
+                } else {
+                    0
+                };
                 set(&mut info, b, 56, nr * 4);
             }
             Some(Object::Btf { .. }) => {
-                let cap = if info.len() >= 12 { Self::bound32(&mut info, 8, 1 << 16) } else { 0 };
+                let cap = if info.len() >= 12 {
+                    Self::bound32(&mut info, 8, 1 << 16)
+                } else {
+                    0
+                };
                 set(&mut info, b, 0, cap);
             }
             _ => {}
@@ -342,7 +366,13 @@ impl Harness {
             b,
             &mut a,
             56,
-            &[b"/proc/self/exe", b"/bin/true", b"vectorAdd", b"", b"/nonexistent/"],
+            &[
+                b"/proc/self/exe",
+                b"/bin/true",
+                b"vectorAdd",
+                b"",
+                b"/nonexistent/",
+            ],
         );
         let pid = match b.u8() % 3 {
             0 => -1,
@@ -438,7 +468,10 @@ impl Harness {
             libc::MAP_PRIVATE
         };
         // SAFETY: no MAP_FIXED: the kernel picks a free range.
-        let r = unsafe { self.shim.mmap(std::ptr::null_mut(), len, prot, flags, fd, off) };
+        let r = unsafe {
+            self.shim
+                .mmap(std::ptr::null_mut(), len, prot, flags, fd, off)
+        };
         if let Some(Ok(p)) = r {
             // SAFETY: unmaps what the call above mapped, at the length it was asked for.
             unsafe { libc::munmap(p, len) };

@@ -128,8 +128,10 @@ fn templates() -> &'static Templates {
             owner_pid: 1,
         };
         let link = read(link.publish(&store).expect("link template"));
-        let btf = read(bpftime_runtime::publish_btf(&store, 5, &[0x9f, 0xeb, 1, 0, 24, 0, 0, 0])
-            .expect("btf template"));
+        let btf = read(
+            bpftime_runtime::publish_btf(&store, 5, &[0x9f, 0xeb, 1, 0, 24, 0, 0, 0])
+                .expect("btf template"),
+        );
         PerfRing::create(&store, 6, 4096 * 2).expect("perf ring template");
         let ring = read(bpftime_runtime::perf_ring_path(store.dir(), 6));
         let store_header = read(store.dir().join("store"));
@@ -185,7 +187,14 @@ fn use_map(m: &Map, b: &mut Bytes) {
     if ks > MAX_ELEM || vs > MAX_ELEM {
         return;
     }
-    let _ = (m.map_type(), m.max_entries(), m.map_flags(), m.name(), m.btf_ids(), m.is_frozen());
+    let _ = (
+        m.map_type(),
+        m.max_entries(),
+        m.map_flags(),
+        m.name(),
+        m.btf_ids(),
+        m.is_frozen(),
+    );
     let mut key = b.fill(ks);
     let mut value = b.fill(vs);
     let _ = m.lookup(&key, &mut value);
@@ -234,7 +243,10 @@ fn check(store: &Store, dir: &Path, b: &mut Bytes) {
             }
         }
         1 => {
-            write(&store.path(ObjectKind::Program, ID), &damaged(b, &t.program));
+            write(
+                &store.path(ObjectKind::Program, ID),
+                &damaged(b, &t.program),
+            );
             let _ = ProgramRecord::read(store, ID);
         }
         2 => {
@@ -242,7 +254,10 @@ fn check(store: &Store, dir: &Path, b: &mut Bytes) {
             let _ = LinkRecord::read(store, ID);
         }
         3 => {
-            write(&store.path(ObjectKind::PerfEvent, ID), &damaged(b, &t.perf_event));
+            write(
+                &store.path(ObjectKind::PerfEvent, ID),
+                &damaged(b, &t.perf_event),
+            );
             let _ = PerfEventRecord::read(store, ID);
         }
         4 => {
@@ -269,7 +284,10 @@ fn check(store: &Store, dir: &Path, b: &mut Bytes) {
             let _ = bpftime_runtime::cpu_slots::install(dir);
         }
         7 => {
-            write(&bpftime_runtime::perf_ring_path(dir, ID), &damaged(b, &t.ring));
+            write(
+                &bpftime_runtime::perf_ring_path(dir, ID),
+                &damaged(b, &t.ring),
+            );
             let fifo = bpftime_runtime::perf_fifo_path(dir, ID);
             let c = std::ffi::CString::new(fifo.as_os_str().as_encoded_bytes()).unwrap();
             // SAFETY: a valid NUL-terminated path; an existing FIFO is fine.

@@ -29,7 +29,8 @@ impl Guarded {
         assert!(base != libc::MAP_FAILED, "the fuzzer is out of memory");
         let base = base.cast::<u8>();
         // SAFETY: the last page of the mapping made above.
-        let r = unsafe { libc::mprotect(base.add(data_pages * PAGE).cast(), PAGE, libc::PROT_NONE) };
+        let r =
+            unsafe { libc::mprotect(base.add(data_pages * PAGE).cast(), PAGE, libc::PROT_NONE) };
         assert_eq!(r, 0, "mprotect of the guard page");
         // SAFETY: len <= data_pages * PAGE, so ptr stays inside the mapping.
         let ptr = unsafe { base.add(data_pages * PAGE - len) };
