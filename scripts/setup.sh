@@ -54,3 +54,10 @@ if ! command -v cargo >/dev/null 2>&1; then
     echo "setup: cargo is not installed; install Rust (https://rustup.rs) and run this again" >&2
     exit 2
 fi
+
+# scripts/fuzz-smoke.sh runs the cargo-fuzz targets under fuzz/ (libFuzzer's C++ is
+# built with the compiler build-essential brings).
+if ! cargo fuzz --version >/dev/null 2>&1; then
+    echo "setup: installing cargo-fuzz (cargo install cargo-fuzz --locked)"
+    cargo install cargo-fuzz --locked
+fi

@@ -190,7 +190,10 @@ impl PerfRing {
         }
         let lost = c.lost.load(Ordering::Relaxed);
         let lost_len = if lost > 0 { 24 } else { 0 };
-        if head + (rec + lost_len) as u64 - tail > size {
+        // The consumer moves the tail: one that is damaged (ahead of the head, or too
+        // far behind) leaves a ring that takes nothing.
+        let used = head.wrapping_sub(tail);
+        if used > size || used + (rec + lost_len) as u64 > size {
             if count_lost {
                 c.lost.fetch_add(1, Ordering::Relaxed);
             }
@@ -314,5 +317,60 @@ impl PerfRing {
             tail += u64::from(len);
         }
         self.meta_u64(DATA_TAIL).store(tail, Ordering::Release);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Seen reading the writer after a store_files fuzz finding in it (fuzz/README.md):
+    /// the data size in a ring's shared control block was trusted, so a damaged one
+    /// aimed writes past the mapping; and a tail ahead of the head made the free-space
+    /// sum overflow. The size is now the mapping's, whatever the control block says.
+    #[test]
+    fn a_damaged_perf_ring_is_refused_or_takes_nothing() {
+        let name = format!("unit-perfbuf-damaged-{}", std::process::id());
+        let _ = std::fs::remove_dir_all(Store::dir_for(&name));
+        let store = Store::create_or_open(&name).unwrap();
+        PerfRing::create(&store, 1, 2 * PAGE_SIZE).unwrap();
+        let path = store.perf_ring_path(1);
+        let whole = std::fs::read(&path).unwrap();
+        for size in [0u64, 3 * PAGE_SIZE as u64, 1 << 40, 100, u64::MAX] {
+            let mut bad = whole.clone();
+            bad[16..24].copy_from_slice(&size.to_ne_bytes());
+            std::fs::write(&path, &bad).unwrap();
+            let ring = PerfRing::open(&store, 1).unwrap();
+            assert_eq!(
+                ring.data_size,
+                (whole.len() - 2 * PAGE_SIZE) as u64,
+                "size {size}"
+            );
+            // Writes stay inside the mapping (a write past it would fault here).
+            for _ in 0..1000 {
+                ring.output(&[0xa5; 100]);
+            }
+        }
+        // A file whose length is not two pages and a power-of-two number of pages is refused.
+        let mut short = whole[..2 * PAGE_SIZE].to_vec();
+        short.extend_from_slice(&[0; 8]);
+        std::fs::write(&path, &short).unwrap();
+        let err = PerfRing::open(&store, 1).err().expect("refused");
+        assert_eq!(err.errno(), libc::EINVAL);
+        assert!(err.to_string().contains("damaged"), "{err}");
+        std::fs::write(&path, &whole).unwrap();
+        let ring = PerfRing::open(&store, 1).unwrap();
+        assert!(ring.output(b"fits"));
+        // A consumer's tail ahead of the head: nothing written (full, or refused as
+        // damage), not an overflow of the free-space sum.
+        ring.meta_u64(DATA_TAIL).store(1 << 20, Ordering::Release);
+        let offer = ring.try_output(b"more");
+        assert!(
+            matches!(offer, RecordOffer::Full | RecordOffer::Refused(_)),
+            "{offer:?}"
+        );
+        drop(ring);
+        drop(store);
+        let _ = std::fs::remove_dir_all(Store::dir_for(&name));
     }
 }

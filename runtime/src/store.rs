@@ -156,12 +156,20 @@ impl Store {
             .open("store", libc::O_RDWR)
             .map_err(|e| Error::io("open", &path, e))?;
         let len = std::mem::size_of::<StoreHeader>();
-        let size = file
+        // A mapping past the end of the file faults at the first read (SIGBUS).
+        let have = file
             .metadata()
             .map_err(|e| Error::io("stat", &path, e))?
             .len();
-        if size < len as u64 {
-            return Err(Error::BadMagic { path, magic: 0 });
+        if have < len as u64 {
+            return Err(Error::invalid(
+                libc::EINVAL,
+                format!(
+                    "{} is {have} bytes, shorter than a store header ({len}): the store is damaged; remove {} once no bpftime process uses it, or use another `--store` name",
+                    path.display(),
+                    Self::dir_for(name).display()
+                ),
+            ));
         }
         let header = Mapping::map_file(&file, len, &path)?;
         let store = Store {
@@ -492,4 +500,33 @@ pub(crate) fn open_object_in(dir: &StoreDir, kind: ObjectKind, id: u32) -> Resul
         }
     })?;
     Ok((file, path))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Found by the fuzzer (fuzz/, target store_files): a store file shorter than its
+    /// header was mapped whole, and reading the header raised SIGBUS.
+    #[test]
+    fn a_truncated_store_header_is_refused_not_a_sigbus() {
+        let name = format!("unit-store-short-{}", std::process::id());
+        let dir = Store::dir_for(&name);
+        let _ = fs::remove_dir_all(&dir);
+        drop(Store::create_or_open(&name).unwrap());
+        let path = dir.join("store");
+        let whole = fs::read(&path).unwrap();
+        for cut in [0, 4, 20, whole.len() - 1] {
+            fs::write(&path, &whole[..cut]).unwrap();
+            let err = Store::open(&name).err().expect("a short header is refused");
+            assert_eq!(err.errno(), libc::EINVAL);
+            assert!(
+                err.to_string().contains("shorter than a store header"),
+                "{err}"
+            );
+        }
+        fs::write(&path, &whole).unwrap();
+        assert!(Store::open(&name).is_ok());
+        let _ = fs::remove_dir_all(&dir);
+    }
 }

@@ -651,6 +651,12 @@ impl Shim {
         let keys = a.u64(f::KEYS) as *mut u8;
         let values = a.u64(f::VALUES) as *mut u8;
         let elem_flags = a.u64(f::ELEM_FLAGS);
+        // The kernel's copy from a null array faults (EFAULT); a slice over one is
+        // undefined behaviour here.
+        let values_used = command != cmd::MAP_DELETE_BATCH;
+        if count > 0 && (keys.is_null() || (values_used && values.is_null())) {
+            return Err(libc::EFAULT);
+        }
         let mut done = 0usize;
         // SAFETY: caller obligation.
         let set_count = |n: usize| unsafe { write_back_u32(attr, size, f::COUNT, n as u32) };
@@ -1160,5 +1166,100 @@ impl Shim {
                 self.fds.insert(new, o);
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use bpftime_isa::uapi::map_type;
+
+    struct TempShim(Option<Shim>, String);
+
+    impl TempShim {
+        fn new(tag: &str) -> TempShim {
+            let name = format!("unit-core-{tag}-{}", std::process::id());
+            let _ = std::fs::remove_dir_all(Store::dir_for(&name));
+            TempShim(Some(Shim::new(Store::create_or_open(&name).unwrap())), name)
+        }
+
+        fn bpf(&mut self, command: u32, attr: &mut [u8; 128]) -> SysResult {
+            // SAFETY: attr is 128 writable bytes; its pointers are null or point at
+            // live buffers of the sizes the calls below give them.
+            unsafe {
+                self.0
+                    .as_mut()
+                    .unwrap()
+                    .bpf(command, attr.as_mut_ptr(), 128)
+            }
+        }
+    }
+
+    impl Drop for TempShim {
+        fn drop(&mut self) {
+            drop(self.0.take());
+            let _ = std::fs::remove_dir_all(Store::dir_for(&self.1));
+        }
+    }
+
+    /// Found by the fuzzer (fuzz/, target shim_bpf): a batch call with a count and a
+    /// null `keys` or `values` made slices over null pointers.
+    #[test]
+    fn batch_calls_with_null_arrays_fail_with_efault() {
+        let mut t = TempShim::new("batch-null");
+        let mut a = [0u8; 128];
+        a[0..4].copy_from_slice(&map_type::HASH.to_ne_bytes());
+        a[4..8].copy_from_slice(&4u32.to_ne_bytes());
+        a[8..12].copy_from_slice(&8u32.to_ne_bytes());
+        a[12..16].copy_from_slice(&8u32.to_ne_bytes());
+        let fd = t.bpf(cmd::MAP_CREATE, &mut a).expect("hash map") as u32;
+        let key = 1u32.to_ne_bytes();
+        let value = [7u8; 8];
+        let mut a = [0u8; 128];
+        a[0..4].copy_from_slice(&fd.to_ne_bytes());
+        a[8..16].copy_from_slice(&(key.as_ptr() as u64).to_ne_bytes());
+        a[16..24].copy_from_slice(&(value.as_ptr() as u64).to_ne_bytes());
+        t.bpf(cmd::MAP_UPDATE_ELEM, &mut a)
+            .expect("an element to walk to");
+        let mut cursor = 0u32;
+        let mut keys = [0u8; 4];
+        let mut values = [0u8; 8];
+        for command in [
+            cmd::MAP_LOOKUP_BATCH,
+            cmd::MAP_LOOKUP_AND_DELETE_BATCH,
+            cmd::MAP_UPDATE_BATCH,
+            cmd::MAP_DELETE_BATCH,
+        ] {
+            let uses_values = command != cmd::MAP_DELETE_BATCH;
+            let cases: &[(u64, u64)] = &[
+                (0, values.as_mut_ptr() as u64),
+                (keys.as_mut_ptr() as u64, 0),
+                (0, 0),
+            ];
+            for &(k, v) in cases {
+                let mut a = [0u8; 128];
+                a[8..16].copy_from_slice(&(&mut cursor as *mut u32 as u64).to_ne_bytes());
+                a[16..24].copy_from_slice(&k.to_ne_bytes());
+                a[24..32].copy_from_slice(&v.to_ne_bytes());
+                a[32..36].copy_from_slice(&1u32.to_ne_bytes());
+                a[36..40].copy_from_slice(&fd.to_ne_bytes());
+                let r = t.bpf(command, &mut a);
+                if k == 0 || uses_values {
+                    assert_eq!(
+                        r,
+                        Err(libc::EFAULT),
+                        "command {command}, keys {k:#x}, values {v:#x}"
+                    );
+                }
+            }
+        }
+        // The element is still there: nothing above reached the map.
+        let mut out = [0u8; 8];
+        let mut a = [0u8; 128];
+        a[0..4].copy_from_slice(&fd.to_ne_bytes());
+        a[8..16].copy_from_slice(&(key.as_ptr() as u64).to_ne_bytes());
+        a[16..24].copy_from_slice(&(out.as_mut_ptr() as u64).to_ne_bytes());
+        assert_eq!(t.bpf(cmd::MAP_LOOKUP_ELEM, &mut a), Ok(0));
+        assert_eq!(out, value);
     }
 }

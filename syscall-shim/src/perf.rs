@@ -59,6 +59,8 @@ const PERF_EVENT_IOC_RESET: u64 = 0x2403;
 /// Attaches a program to a perf event; public so that the preload layer can refuse it on
 /// events that are not ours (the kernel must never be handed a program for one).
 pub const PERF_EVENT_IOC_SET_BPF: u64 = 0x4004_2408;
+/// `PERF_ATTR_SIZE_VER0`: the first `perf_event_attr`, up to and with `config1`.
+const PERF_ATTR_SIZE_VER0: usize = 64;
 /// Where a uprobe event's `config` carries the USDT semaphore's file offset (the kernel's
 /// `PERF_UPROBE_REF_CTR_OFFSET_SHIFT`, and its sysfs `format/ref_ctr_offset`: config:32-63).
 const UPROBE_REF_CTR_OFFSET_SHIFT: u32 = 32;
@@ -219,8 +221,17 @@ impl Shim {
         }
         // SAFETY: caller obligation; size is the attribute's own first fields.
         let head = unsafe { Attr::read(attr, 8) };
-        let size = (head.u32(4) as usize).max(72);
-        // SAFETY: caller obligation.
+        // The caller's struct holds `size` bytes and no more (0 stands for the first
+        // version's): reading further could fault at the end of its page.
+        let size = match head.u32(4) as usize {
+            0 => PERF_ATTR_SIZE_VER0,
+            n => n,
+        };
+        if size < PERF_ATTR_SIZE_VER0 {
+            // No version is this short: the kernel refuses it (E2BIG) before reading on.
+            return None;
+        }
+        // SAFETY: caller obligation: the attribute holds the `size` bytes it declares.
         let a = unsafe { Attr::read(attr, size) };
         if a.u32(0) == PERF_TYPE_SOFTWARE && a.u64(8) == PERF_COUNT_SW_BPF_OUTPUT {
             let record = PerfEventRecord {
@@ -912,5 +923,56 @@ mod tests {
         assert_ne!(KprobePmu::get().type_, UprobePmu::detect().type_);
         let here = std::path::Path::new("/sys/bus/event_source/devices/kprobe/type").exists();
         assert_eq!(KprobePmu::get().served, !here);
+    }
+
+    /// Found by the fuzzer (fuzz/, target shim_bpf): a first-version attribute (size 0
+    /// or 64, 64 bytes long) at the end of a page was read 8 bytes past its end.
+    #[test]
+    fn perf_event_open_reads_no_more_than_the_attribute_declares() {
+        let mut t = TempShim::new("attr-size");
+        // Two pages, the second inaccessible: the attribute ends where it starts.
+        // SAFETY: a fresh anonymous mapping, then its own second page protected.
+        let base = unsafe {
+            let p = libc::mmap(
+                std::ptr::null_mut(),
+                2 * PAGE_SIZE,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+                -1,
+                0,
+            );
+            assert_ne!(p, libc::MAP_FAILED);
+            assert_eq!(
+                libc::mprotect(
+                    p.cast::<u8>().add(PAGE_SIZE).cast(),
+                    PAGE_SIZE,
+                    libc::PROT_NONE
+                ),
+                0
+            );
+            p.cast::<u8>()
+        };
+        for declared in [0u32, 64] {
+            // SAFETY: the last 64 bytes of the first page, ours.
+            let a = unsafe { std::slice::from_raw_parts_mut(base.add(PAGE_SIZE - 64), 64) };
+            a.fill(0);
+            a[0..4].copy_from_slice(&1u32.to_ne_bytes()); // PERF_TYPE_SOFTWARE
+            a[4..8].copy_from_slice(&declared.to_ne_bytes());
+            a[8..16].copy_from_slice(&10u64.to_ne_bytes()); // PERF_COUNT_SW_BPF_OUTPUT
+                                                            // SAFETY: a 64-byte attribute, as its size field says.
+            let fd = unsafe { t.shim().perf_event_open(a.as_ptr(), -1, 0) }
+                .expect("a BPF output event is served here")
+                .expect("a first-version attribute is accepted");
+            assert!(t.close(fd));
+        }
+        // Shorter than any version: left to the kernel, which refuses it.
+        // SAFETY: the last 8 bytes of the first page hold type and size.
+        let a = unsafe { std::slice::from_raw_parts_mut(base.add(PAGE_SIZE - 8), 8) };
+        a[0..4].copy_from_slice(&1u32.to_ne_bytes());
+        a[4..8].copy_from_slice(&8u32.to_ne_bytes());
+        // SAFETY: 8 bytes, as declared.
+        assert!(unsafe { t.shim().perf_event_open(a.as_ptr(), -1, 0) }.is_none());
+        // SAFETY: the mapping made above.
+        unsafe { libc::munmap(base.cast(), 2 * PAGE_SIZE) };
     }
 }
