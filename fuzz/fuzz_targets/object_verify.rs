@@ -15,7 +15,7 @@
 
 use bpftime_fuzz::private_store_root;
 use bpftime_runtime::Store;
-use bpftime_syscall_shim::Shim;
+use bpftime_shim::Shim;
 use libc::{c_char, c_int, c_long};
 use libfuzzer_sys::fuzz_target;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -96,14 +96,14 @@ unsafe extern "C" fn quiet(
 const LOG_SIZE: usize = 1 << 20;
 
 fuzz_target!(|data: &[u8]| {
-    let root = private_store_root();
+    private_store_root();
     // SAFETY: a function that ignores its arguments.
     unsafe { libbpf_set_print(Some(quiet)) };
     let Some((&pick, elf)) = data.split_first() else {
         return;
     };
     let name = "verify";
-    let dir = root.join(format!("bpftime-{name}"));
+    let dir = Store::dir_for(name);
     let _ = std::fs::remove_dir_all(&dir);
     let store = Store::create_or_open(name).expect("create the verify store");
     *SHIM.lock().unwrap() = Some(Shim::new(store));

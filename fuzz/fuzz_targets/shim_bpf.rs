@@ -17,7 +17,7 @@
 use bpftime_fuzz::{private_store_root, Bytes, Guarded};
 use bpftime_isa::uapi::cmd;
 use bpftime_runtime::Store;
-use bpftime_syscall_shim::{KprobePmu, Object, Shim, UprobePmu};
+use bpftime_shim::{KprobePmu, Object, Shim, UprobePmu};
 use libfuzzer_sys::fuzz_target;
 use std::os::fd::RawFd;
 
@@ -480,9 +480,9 @@ impl Harness {
 }
 
 fuzz_target!(|data: &[u8]| {
-    let root = private_store_root();
+    private_store_root();
     let name = "shim";
-    let dir = root.join(format!("bpftime-{name}"));
+    let dir = Store::dir_for(name);
     let _ = std::fs::remove_dir_all(&dir);
     let store = Store::create_or_open(name).expect("create the fuzzer's store");
     let uprobe = UprobePmu::detect().type_;

@@ -18,7 +18,7 @@ use bpftime_runtime::{
     ProgramRecord, Store,
 };
 use libfuzzer_sys::fuzz_target;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::OnceLock;
 
 /// The id the damaged object gets in the store under test.
@@ -133,7 +133,7 @@ fn templates() -> &'static Templates {
                 .expect("btf template"),
         );
         PerfRing::create(&store, 6, 4096 * 2).expect("perf ring template");
-        let ring = read(bpftime_runtime::perf_ring_path(store.dir(), 6));
+        let ring = read(store.perf_ring_path(6));
         let store_header = read(store.dir().join("store"));
         let cpus = read(store.dir().join("cpus"));
         Templates {
@@ -267,7 +267,7 @@ fn check(store: &Store, dir: &Path, b: &mut Bytes) {
         5 => {
             // In a store of its own: the store under test keeps its header mapped,
             // and a file shrunk under a mapping faults whoever maps it.
-            let other = dir.with_file_name("bpftime-files-header");
+            let other = Store::dir_for("files-header");
             let _ = std::fs::create_dir_all(&other);
             write(&other.join("store"), &damaged(b, &t.store_header));
             if let Ok(s) = Store::open("files-header") {
@@ -281,18 +281,16 @@ fn check(store: &Store, dir: &Path, b: &mut Bytes) {
             // The first table that passes is the process's for good (an agent serves
             // one store), so later inputs reach only the checks before it.
             write(&dir.join("cpus"), &damaged(b, &t.cpus));
-            let _ = bpftime_runtime::cpu_slots::install(dir);
+            let _ = bpftime_runtime::cpu_slots::install(store);
         }
         7 => {
-            write(
-                &bpftime_runtime::perf_ring_path(dir, ID),
-                &damaged(b, &t.ring),
-            );
-            let fifo = bpftime_runtime::perf_fifo_path(dir, ID);
+            write(&store.perf_ring_path(ID), &damaged(b, &t.ring));
+            // The ring's wake-up FIFO, by the name the store gives it.
+            let fifo = dir.join(format!("fifo-perf-{ID}"));
             let c = std::ffi::CString::new(fifo.as_os_str().as_encoded_bytes()).unwrap();
             // SAFETY: a valid NUL-terminated path; an existing FIFO is fine.
             unsafe { libc::mkfifo(c.as_ptr(), 0o600) };
-            if let Ok(r) = PerfRing::open(dir, ID) {
+            if let Ok(r) = PerfRing::open(store, ID) {
                 for _ in 0..(b.u8() % 8) {
                     let n = b.u16() as usize % 8192;
                     let data = b.fill(n);
@@ -334,10 +332,10 @@ fn check(store: &Store, dir: &Path, b: &mut Bytes) {
 }
 
 fuzz_target!(|data: &[u8]| {
-    let root: PathBuf = private_store_root();
+    private_store_root();
     templates();
     let name = "files";
-    let dir = root.join(format!("bpftime-{name}"));
+    let dir = Store::dir_for(name);
     let _ = std::fs::remove_dir_all(&dir);
     let store = Store::create_or_open(name).expect("create the store under test");
     let mut b = Bytes::new(data);
