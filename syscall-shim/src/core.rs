@@ -1174,39 +1174,13 @@ mod tests {
     use super::*;
     use bpftime_isa::uapi::map_type;
 
-    struct TempShim(Option<Shim>, String);
-
-    impl TempShim {
-        fn new(tag: &str) -> TempShim {
-            let name = format!("unit-core-{tag}-{}", std::process::id());
-            let _ = std::fs::remove_dir_all(Store::dir_for(&name));
-            TempShim(Some(Shim::new(Store::create_or_open(&name).unwrap())), name)
-        }
-
-        fn bpf(&mut self, command: u32, attr: &mut [u8; 128]) -> SysResult {
-            // SAFETY: attr is 128 writable bytes; its pointers are null or point at
-            // live buffers of the sizes the calls below give them.
-            unsafe {
-                self.0
-                    .as_mut()
-                    .unwrap()
-                    .bpf(command, attr.as_mut_ptr(), 128)
-            }
-        }
-    }
-
-    impl Drop for TempShim {
-        fn drop(&mut self) {
-            drop(self.0.take());
-            let _ = std::fs::remove_dir_all(Store::dir_for(&self.1));
-        }
-    }
+    use crate::test_support::TempShim;
 
     /// Found by the fuzzer (fuzz/, target shim_bpf): a batch call with a count and a
     /// null `keys` or `values` made slices over null pointers.
     #[test]
     fn batch_calls_with_null_arrays_fail_with_efault() {
-        let mut t = TempShim::new("batch-null");
+        let mut t = TempShim::new("core-batch-null");
         let mut a = [0u8; 128];
         a[0..4].copy_from_slice(&map_type::HASH.to_ne_bytes());
         a[4..8].copy_from_slice(&4u32.to_ne_bytes());

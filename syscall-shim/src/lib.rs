@@ -17,6 +17,8 @@ mod info;
 mod perf;
 mod program;
 mod test_run;
+#[cfg(test)]
+mod test_support;
 
 pub use crate::core::{set_fd_observer, Object, ObjectRef, Shim, SysResult};
 pub use perf::{perf_attr_is_bpf, KprobePmu, UprobePmu, PERF_EVENT_IOC_SET_BPF};

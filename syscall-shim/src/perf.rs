@@ -691,26 +691,11 @@ impl Shim {
 mod tests {
     use super::*;
     use bpftime_isa::uapi::{attach_type, cmd, prog_type};
-    use bpftime_runtime::{LinkKind, LinkRecord, ObjectKind, Store};
+    use bpftime_runtime::{LinkKind, LinkRecord, ObjectKind};
 
-    struct TempShim(Option<Shim>, String);
+    use crate::test_support::TempShim;
 
     impl TempShim {
-        fn new(tag: &str) -> TempShim {
-            let name = format!("unit-perf-{tag}-{}", std::process::id());
-            let _ = std::fs::remove_dir_all(Store::dir_for(&name));
-            TempShim(Some(Shim::new(Store::create_or_open(&name).unwrap())), name)
-        }
-
-        fn shim(&mut self) -> &mut Shim {
-            self.0.as_mut().unwrap()
-        }
-
-        fn bpf(&mut self, command: u32, attr: &mut [u8; 128]) -> SysResult {
-            // SAFETY: attr is 128 writable bytes whose pointers point at live buffers.
-            unsafe { self.shim().bpf(command, attr.as_mut_ptr(), 128) }
-        }
-
         /// Loads a kprobe program named `name`.
         fn load(&mut self, name: &str, src: &str) -> SysResult<RawFd> {
             let code = bpftime_isa::encode(&bpftime_isa::asm::assemble(src).unwrap());
@@ -771,13 +756,6 @@ mod tests {
         }
     }
 
-    impl Drop for TempShim {
-        fn drop(&mut self) {
-            drop(self.0.take());
-            let _ = std::fs::remove_dir_all(Store::dir_for(&self.1));
-        }
-    }
-
     const SET_BPF: u64 = PERF_EVENT_IOC_SET_BPF;
     const ACCEPTED: &str = "mov %r0, 0\nexit";
     /// bpf_get_current_comm: fine on the CPU, not on the GPU.
@@ -785,7 +763,7 @@ mod tests {
 
     #[test]
     fn kprobes_by_name_become_gpu_links_through_ioctl_and_link_create() {
-        let mut t = TempShim::new("kprobe");
+        let mut t = TempShim::new("perf-kprobe");
         let prog = t.load("count", ACCEPTED).unwrap();
         // A kprobe, attached with PERF_EVENT_IOC_SET_BPF (bcc, older libbpf).
         let entry = t.kprobe(0, Some(c"vectorAdd"), 0).unwrap();
@@ -834,7 +812,7 @@ mod tests {
 
     #[test]
     fn kprobes_by_address_and_odd_requests_are_refused() {
-        let mut t = TempShim::new("kprobe-refused");
+        let mut t = TempShim::new("perf-kprobe-refused");
         assert_eq!(t.kprobe(0, None, 0xffff_ffff_8100_0000), Err(libc::EINVAL));
         assert_eq!(t.kprobe(0, Some(c""), 0), Err(libc::EINVAL));
         let both = t.retprobe_config() | 1 << bpftime_runtime::GPU_LAUNCH_CONFIG_BIT;
@@ -848,7 +826,7 @@ mod tests {
 
     #[test]
     fn gpu_rules_apply_to_every_program_that_runs_on_a_gpu() {
-        let mut t = TempShim::new("kprobe-rules");
+        let mut t = TempShim::new("perf-kprobe-rules");
         // Named cuda__: checked for the GPU at load.
         assert_eq!(t.load("cuda__comm", CPU_ONLY), Err(libc::EACCES));
         // Named by libbpf's cuda: handler (BPF_PROG_LOAD carries 15 bytes of it).
@@ -929,7 +907,7 @@ mod tests {
     /// or 64, 64 bytes long) at the end of a page was read 8 bytes past its end.
     #[test]
     fn perf_event_open_reads_no_more_than_the_attribute_declares() {
-        let mut t = TempShim::new("attr-size");
+        let mut t = TempShim::new("perf-attr-size");
         // Two pages, the second inaccessible: the attribute ends where it starts.
         // SAFETY: a fresh anonymous mapping, then its own second page protected.
         let base = unsafe {

@@ -196,31 +196,7 @@ mod tests {
     use super::*;
     use bpftime_isa::uapi::cmd;
 
-    struct TempShim(Option<Shim>, String);
-
-    impl TempShim {
-        fn new(tag: &str) -> TempShim {
-            let name = format!("unit-shim-{tag}-{}", std::process::id());
-            let _ = std::fs::remove_dir_all(Store::dir_for(&name));
-            TempShim(Some(Shim::new(Store::create_or_open(&name).unwrap())), name)
-        }
-        fn bpf(&mut self, command: u32, attr: &mut [u8; 128]) -> SysResult {
-            // SAFETY: attr is 128 writable bytes whose pointers point at live buffers.
-            unsafe {
-                self.0
-                    .as_mut()
-                    .unwrap()
-                    .bpf(command, attr.as_mut_ptr(), 128)
-            }
-        }
-    }
-
-    impl Drop for TempShim {
-        fn drop(&mut self) {
-            drop(self.0.take());
-            let _ = std::fs::remove_dir_all(Store::dir_for(&self.1));
-        }
-    }
+    use crate::test_support::TempShim;
 
     fn load(shim: &mut TempShim, prog_type: u32, src: &str) -> u32 {
         let code = bpftime_isa::encode(&bpftime_isa::asm::assemble(src).unwrap());
@@ -246,7 +222,7 @@ mod tests {
 
     #[test]
     fn raw_tracepoint_programs_run_on_their_arguments_and_return_retval() {
-        let mut shim = TempShim::new("testrun");
+        let mut shim = TempShim::new("shim-testrun");
         // r0 = arg0 + arg1
         let fd = load(
             &mut shim,
@@ -273,7 +249,7 @@ mod tests {
 
     #[test]
     fn an_unsafe_raw_tracepoint_program_is_refused_before_it_runs() {
-        let mut shim = TempShim::new("testrun-unsafe");
+        let mut shim = TempShim::new("shim-testrun-unsafe");
         // Reads far past any context.
         let fd = load(
             &mut shim,
