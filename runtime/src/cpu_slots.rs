@@ -377,8 +377,9 @@ extern "C" {
 );
 
 /// How long a thread waits for its CPU's slot before taking the table for damaged:
-/// holders keep a slot for one program run, microseconds.
-const SLOT_PATIENCE: std::time::Duration = std::time::Duration::from_secs(1);
+/// holders keep a slot for one program run, microseconds, but may be preempted; the same
+/// patience as the map locks' (see `maps::lock::PATIENCE` for why 10 s).
+const SLOT_PATIENCE: std::time::Duration = crate::maps::LOCK_PATIENCE;
 
 /// Why the slot table is damaged, if a fault or a wait found it so (`None` also while
 /// no table is installed).

@@ -28,9 +28,11 @@ pub(crate) fn thread_alive(tid: u32) -> bool {
 }
 
 /// How long a lock may stay taken by one live holder before the waiter takes the word
-/// for garbage: holders keep it for a few hundred instructions, so even a holder
-/// preempted on a loaded machine lets go well within this.
-pub(crate) const PATIENCE: std::time::Duration = std::time::Duration::from_secs(1);
+/// for garbage: holders keep it for a few hundred instructions, but a holder preempted on
+/// an overloaded machine was seen to keep a CPU slot past 1 s (two cores, six busy
+/// processes), and a wrong verdict detaches what uses the object; 10 s is past any
+/// preemption, and still ends the wait on a word a damaging writer left.
+pub(crate) const PATIENCE: std::time::Duration = std::time::Duration::from_secs(10);
 
 pub(crate) struct Guard<'a> {
     word: &'a AtomicU32,

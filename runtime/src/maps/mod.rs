@@ -9,7 +9,7 @@ mod bloom;
 mod hash;
 mod local_storage;
 mod lock;
-pub(crate) use lock::{current_tid, plausible_tid, thread_alive};
+pub(crate) use lock::{current_tid, plausible_tid, thread_alive, PATIENCE as LOCK_PATIENCE};
 mod lpm;
 mod queue;
 mod ringbuf;
