@@ -261,7 +261,7 @@ impl Request {
                         Whereabouts::Parked(pc) => !inside(pc),
                         Whereabouts::Running => false,
                     };
-                    !outside && task_flags(tid).map_or(true, |f| f & PF_IO_WORKER == 0)
+                    !outside && task_flags(tid).is_none_or(|f| f & PF_IO_WORKER == 0)
                 });
                 if waiting.is_empty() {
                     return Ok(());

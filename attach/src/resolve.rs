@@ -192,7 +192,7 @@ fn find_symbol(elf: &Elf<'_>, wanted: &str) -> Option<u64> {
     let mut best: Option<(u8, u64)> = None;
     let mut consider = |rank: Option<u8>, value: u64| {
         if let Some(rank) = rank {
-            if best.map_or(true, |(r, _)| rank < r) {
+            if best.is_none_or(|(r, _)| rank < r) {
                 best = Some((rank, value));
             }
         }

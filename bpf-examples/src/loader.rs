@@ -8,7 +8,7 @@ use std::path::PathBuf;
 use std::ptr;
 
 use anyhow::{anyhow, bail, Context, Result};
-use libbpf_rs::{set_print, Link, Map, MapCore, Object, PrintLevel, UprobeOpts};
+use libbpf_rs::{Link, Map, MapCore, Object, UprobeOpts};
 
 /// The loaders' common command line.
 #[derive(Debug, Clone, Default)]
@@ -60,12 +60,7 @@ pub fn parse_args(argv: impl IntoIterator<Item = String>, usage: &str) -> Result
 
 /// Send libbpf's messages to stderr, debug ones only when `verbose`.
 pub fn setup_libbpf_logging(verbose: bool) {
-    let level = if verbose {
-        PrintLevel::Debug
-    } else {
-        PrintLevel::Info
-    };
-    set_print(Some((level, |_, msg| eprint!("{msg}"))));
+    bpftime_libbpf_print::to_stderr(verbose);
 }
 
 /// Resolve a bare library name ("libc.so.6") to the file this process

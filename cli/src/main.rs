@@ -16,7 +16,6 @@ mod output;
 mod attach;
 mod histogram;
 mod inproc;
-mod libbpf_log;
 mod probes;
 mod run;
 mod show;

@@ -147,7 +147,7 @@ pub fn loader_main(store: &str, args: RunArgs) -> ExitCode {
         errln!("bpftime: {e:#}");
         return ExitCode::from(2);
     }
-    crate::libbpf_log::to_stderr(args.verbose);
+    bpftime_libbpf_print::to_stderr(args.verbose);
     match load_and_run(store, &args) {
         Ok(code) => code,
         Err(Failure::Usage(e)) => {

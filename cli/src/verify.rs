@@ -174,7 +174,7 @@ pub fn loader_main(args: VerifyArgs) -> ExitCode {
         errln!("bpftime: {e:#}");
         return ExitCode::from(2);
     }
-    crate::libbpf_log::set(Some((PrintLevel::Info, collect_libbpf_message)));
+    bpftime_libbpf_print::set(Some((PrintLevel::Info, collect_libbpf_message)));
     let names: Vec<String> = match ObjectBuilder::default().open_file(&args.object) {
         Ok(open) => open
             .progs()

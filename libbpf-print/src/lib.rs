@@ -1,4 +1,5 @@
-//! libbpf's messages, formatted by libc.
+//! libbpf's messages, formatted by libc, for every program of ours that links libbpf
+//! (the `bpftime` command and the example loaders).
 //!
 //! libbpf hands its print callback a printf format and a `va_list`. libbpf-rs's
 //! callback formats them in Rust and panics on a message that is not UTF-8 (a map or
@@ -75,5 +76,48 @@ pub fn to_stderr(verbose: bool) {
     } else {
         PrintLevel::Info
     };
-    set(Some((level, |_, msg| err!("{msg}"))));
+    set(Some((level, write_stderr)));
+}
+
+/// A closed or full stderr loses the message rather than panicking inside libbpf's call.
+fn write_stderr(_: PrintLevel, msg: &str) {
+    use std::io::Write;
+    let _ = std::io::stderr().write_all(msg.as_bytes());
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::Mutex;
+
+    static SEEN: Mutex<Vec<String>> = Mutex::new(Vec::new());
+
+    fn keep(_: PrintLevel, msg: &str) {
+        SEEN.lock().unwrap().push(msg.to_owned());
+    }
+
+    #[test]
+    fn a_message_that_is_not_utf8_reaches_the_sink_lossily() {
+        set(Some((PrintLevel::Debug, keep)));
+        // libbpf names the object in its complaint about bytes that are not ELF; a
+        // name with a stray byte is what a damaged object gives.
+        let name = b"obj\xff\xfe-name\0";
+        let junk = [0x7fu8, b'E', b'L', b'X', 0, 0, 0, 0];
+        let opts = libbpf_sys::bpf_object_open_opts {
+            sz: std::mem::size_of::<libbpf_sys::bpf_object_open_opts>() as _,
+            object_name: name.as_ptr().cast(),
+            ..Default::default()
+        };
+        // SAFETY: `junk`, `name` and `opts` outlive the call; libbpf copies what it keeps.
+        let obj = unsafe {
+            libbpf_sys::bpf_object__open_mem(junk.as_ptr().cast(), junk.len() as _, &opts)
+        };
+        assert!(obj.is_null(), "libbpf opened 8 bytes of junk");
+        set(None);
+        let seen = SEEN.lock().unwrap();
+        assert!(
+            seen.iter().any(|m| m.contains("obj\u{fffd}\u{fffd}-name")),
+            "no message named the object: {seen:?}"
+        );
+    }
 }
