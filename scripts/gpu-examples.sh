@@ -116,7 +116,7 @@ several_gpus() {  # the checks that need two GPUs or more; a SKIP line on one
     # the panic is reported once, and the application ends as it would have (its own check
     # passes, exit 0). The launches then run uninstrumented, or the module is not noted.
     n=1048576 iters=5
-    # (nvcc's static cudart loads its fatbin with cuLibraryLoadData: DESIGN item 6.)
+    # (nvcc's static cudart loads its fatbin with cuLibraryLoadData: docs/ARCHITECTURE.md decision 6.)
     for case in "cuLaunchKernel vec_add" "cuLaunchKernel vec_add_shared" "cuLibraryLoadData vec_add"; do
         set -- $case
         entry=$1 app=$2

@@ -1,4 +1,4 @@
-//! One clock for CPU and GPU (DESIGN.md item 8): the GPU's `%globaltimer` measured
+//! One clock for CPU and GPU (docs/ARCHITECTURE.md decision 8): the GPU's `%globaltimer` measured
 //! against the host's `CLOCK_MONOTONIC`, so that `bpf_ktime_get_ns` on the GPU reads the
 //! host's clock and CPU and GPU events order correctly.
 
@@ -14,7 +14,7 @@ pub struct ClockCalibration {
 }
 
 /// How long a calibration is trusted before the next launch takes a new one: the two
-/// clocks drift about 20 ppm apart (DESIGN item 8), 2 µs per 100 ms.
+/// clocks drift about 20 ppm apart (docs/ARCHITECTURE.md decision 8), 2 µs per 100 ms.
 pub const CLOCK_REANCHOR: Duration = Duration::from_millis(100);
 
 /// Global-timer readings bracketed by host readings, per calibration; the tightest wins.

@@ -1,6 +1,6 @@
 //! The CUDA driver entry points GPU attach replaces, and their replacements.
 //!
-//! Interception is at the driver (DESIGN.md item 6), so it works whatever the application
+//! Interception is at the driver (docs/ARCHITECTURE.md decision 6), so it works whatever the application
 //! is built with: cudart (static or shared) resolves these through `cuGetProcAddress`,
 //! driver-API programs call them through the PLT, CuPy and PyTorch through either. Each
 //! entry point is detoured where libcuda exports it and also at any other address

@@ -23,7 +23,7 @@
 //! | 40 | u64 flags: [`FLAG_ZSTD`] and [`FLAG_LEGACY_COMPRESSED`] say how the payload is packed |
 //! | 56 | u64 decompressed size |
 //!
-//! nvcc 13 compresses PTX with ZSTD by default (DESIGN.md item 7).
+//! nvcc 13 compresses PTX with ZSTD by default (docs/ARCHITECTURE.md decision 7).
 
 use std::borrow::Cow;
 

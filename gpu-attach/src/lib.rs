@@ -1,4 +1,4 @@
-//! eBPF inside CUDA kernels: the GPU half of bpftime's attach (DESIGN.md decision 11).
+//! eBPF inside CUDA kernels: the GPU half of bpftime's attach (docs/ARCHITECTURE.md decision 11).
 //!
 //! - [`fatbin`] reads the device code a program hands the driver and picks the PTX that
 //!   fits the device; [`ptx`] splices probe calls into its kernels; [`names`] says which

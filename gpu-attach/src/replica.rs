@@ -1,4 +1,4 @@
-//! Device replicas of store maps, one per map per CUDA context (DESIGN.md item 5): probes
+//! Device replicas of store maps, one per map per CUDA context (docs/ARCHITECTURE.md decision 5): probes
 //! read and write the replica in device memory; the host pushes what the CPU changed
 //! before a launch and pulls what the GPU changed once a launch completes (and drains
 //! rings while kernels run). The decisions are `device_maps`'s; this module moves bytes.

@@ -10,7 +10,7 @@
 //!   returns 0. Helper 502 is the raw global timer; helper 5 (`ktime_get_ns`) is the
 //!   global timer plus the module global [`GpuModule::clock_offset`], which the runtime
 //!   sets to its calibrated (host `CLOCK_MONOTONIC` − global timer) before a launch
-//!   (DESIGN item 8), so that GPU and CPU timestamps order correctly. Left at 0 it is
+//!   (docs/ARCHITECTURE.md decision 8), so that GPU and CPU timestamps order correctly. Left at 0 it is
 //!   the raw timer.
 //! - *extern* helpers ([`extern_helpers`]): calls to device functions that the GPU
 //!   runtime links, each with the helper ABI `u64 f(u64, u64, u64, u64, u64)`. PTX

@@ -829,7 +829,7 @@ impl Shim {
         let source_lines = unsafe { self.source_lines(a, insn_cnt) };
         let lookup = |id: u32| crate::program::desc_of(&maps, id);
         // bpftime's GPU programs: a kprobe whose name starts with `cuda__` probes a
-        // CUDA kernel (DESIGN.md, compatibility contract), and so does one from a
+        // CUDA kernel (docs/ARCHITECTURE.md, compatibility contract), and so does one from a
         // `cuda:` section (libbpf's handler names it before the load). Any other
         // kprobe is checked for the GPU when it is attached to a CUDA kernel.
         let kprobe = prog_type == bpftime_isa::uapi::prog_type::KPROBE;

@@ -129,7 +129,7 @@ pub fn run_with(insns: &[Insn], prog_type: u32, gpu: bool) -> Result<Verified, R
 }
 
 /// With `BPFTIME_VERIFIER_DUMP=dir`, every program and our verdict land in `dir`, for
-/// comparing against the kernel's verifier (the oracle DESIGN.md names).
+/// comparing against the kernel's verifier (the oracle docs/ARCHITECTURE.md names).
 fn dump(insns: &[Insn], prog_type: u32, gpu: bool, r: &Result<Verified, Rejection>) {
     let Some(dir) = std::env::var_os("BPFTIME_VERIFIER_DUMP") else {
         return;
