@@ -152,6 +152,8 @@ impl Programs {
                     value_size: map.value_size(),
                     max_entries: map.max_entries(),
                     flags: map.map_flags(),
+                    frozen: map.is_frozen(),
+                    frozen_value: map.frozen_value().map(Into::into),
                 },
             );
             if let Some(t) = map.inner_template() {
@@ -163,6 +165,7 @@ impl Programs {
                         value_size: t.value_size,
                         max_entries: t.max_entries,
                         flags: t.map_flags,
+                        ..MapDesc::default()
                     },
                 );
             }
@@ -171,7 +174,7 @@ impl Programs {
             insns: &rec.insns,
             prog_type: prog_type::KPROBE,
             gpu,
-            maps: &|imm: i32| descs.get(&(imm as u32)).copied(),
+            maps: &|imm: i32| descs.get(&(imm as u32)).cloned(),
             mem_len: 0,
         };
         verify(&info, &Options::default())

@@ -46,6 +46,11 @@ const PERF: i32 = 6;
 const STACKS: i32 = 7;
 const CGROUPS: i32 = 8;
 const TASKS: i32 = 9;
+/// Global constants as libbpf makes `.rodata`: an array of one element that programs
+/// cannot write (`BPF_F_RDONLY_PROG`), frozen once filled. Constant strings live here:
+/// `bpf_snprintf`'s format at offset 0, `bpf_strncmp`'s string at 8.
+const RODATA: i32 = 10;
+const RODATA_VALUE: &[u8; 16] = b"%d\0\0\0\0\0\0abd\0\0\0\0\0";
 
 impl Maps {
     fn new() -> Maps {
@@ -76,6 +81,7 @@ impl Maps {
                 TASKS,
                 spec(mt::TASK_STORAGE, 4, 8, 0, map_flags::NO_PREALLOC),
             ),
+            (RODATA, spec(mt::ARRAY, 4, 16, 1, map_flags::RDONLY_PROG)),
         ];
         let mut by_fd = HashMap::new();
         for (fd, s) in specs {
@@ -85,6 +91,11 @@ impl Maps {
         by_fd[&ARRAY]
             .update(&0u32.to_ne_bytes(), &7u64.to_ne_bytes(), 0)
             .expect("seed the array");
+        let rodata = &by_fd[&RODATA];
+        rodata
+            .update(&0u32.to_ne_bytes(), RODATA_VALUE, 0)
+            .expect("fill the constants");
+        rodata.freeze().expect("freeze the constants");
         Maps {
             store: Some(store),
             by_fd,
@@ -99,16 +110,28 @@ impl Maps {
             value_size: m.value_size(),
             max_entries: m.max_entries(),
             flags: m.map_flags(),
+            frozen: m.is_frozen(),
+            frozen_value: m.frozen_value().map(Into::into),
         })
     }
 
-    /// `insns` with every map `lddw` loading the map's address, as the loaders do.
+    /// `insns` with every map `lddw` loading the map's address (or its value's), as the
+    /// loaders do.
     fn relocate(&self, insns: &[Insn]) -> Vec<Insn> {
         let mut out = insns.to_vec();
         let mut pc = 0;
         while pc < out.len() {
-            if out[pc].is_lddw() && out[pc].src == op::PSEUDO_MAP_FD {
-                let addr = Arc::as_ptr(&self.by_fd[&out[pc].imm]) as u64;
+            let src = out[pc].src;
+            if out[pc].is_lddw() && matches!(src, op::PSEUDO_MAP_FD | op::PSEUDO_MAP_VALUE) {
+                let m = &self.by_fd[&out[pc].imm];
+                let addr = if src == op::PSEUDO_MAP_FD {
+                    Arc::as_ptr(m) as u64
+                } else {
+                    // SAFETY: the key is 4 live bytes; the verifier let only arrays of
+                    // one element through, whose element 0 exists.
+                    let value = unsafe { m.prog_lookup(0u32.to_ne_bytes().as_ptr()) };
+                    value as u64 + u64::from(out[pc + 1].imm as u32)
+                };
                 out[pc].src = 0;
                 out[pc].imm = addr as u32 as i32;
                 out[pc + 1].imm = (addr >> 32) as u32 as i32;
@@ -130,8 +153,9 @@ impl Drop for Maps {
     }
 }
 
-/// Assembles `src`, where `lddw %rN, map:FD` names a map and `lddw %rN, func:SLOT` a
-/// callback starting at that slot.
+/// Assembles `src`, where `lddw %rN, map:FD` names a map, `lddw %rN, mapval:FD:OFF` the
+/// address `OFF` bytes into its value and `lddw %rN, func:SLOT` a callback starting at
+/// that slot.
 fn program(src: &str) -> Vec<Insn> {
     let mut marks = Vec::new();
     let mut text = String::new();
@@ -140,6 +164,10 @@ fn program(src: &str) -> Vec<Insn> {
         if let Some((head, what)) = line.split_once(", map:") {
             marks.push((op::PSEUDO_MAP_FD, what.parse::<i32>().unwrap()));
             text.push_str(&format!("{head}, 0\n"));
+        } else if let Some((head, what)) = line.split_once(", mapval:") {
+            let (fd, off) = what.split_once(':').unwrap();
+            marks.push((op::PSEUDO_MAP_VALUE, fd.parse::<i32>().unwrap()));
+            text.push_str(&format!("{head}, {}\n", off.parse::<i64>().unwrap() << 32));
         } else if let Some((head, what)) = line.split_once(", func:") {
             marks.push((op::PSEUDO_FUNC, what.parse::<i32>().unwrap()));
             text.push_str(&format!("{head}, 0\n"));
@@ -153,7 +181,7 @@ fn program(src: &str) -> Vec<Insn> {
     // Walk the slots beside the lines: an lddw takes two.
     let mut pc = 0;
     for (src, v) in marks {
-        if src == op::PSEUDO_MAP_FD {
+        if src == op::PSEUDO_MAP_FD || src == op::PSEUDO_MAP_VALUE {
             insns[pc].src = src;
             insns[pc].imm = v;
         } else if src == op::PSEUDO_FUNC {
@@ -306,10 +334,11 @@ fn cpu_case(id: u32) -> (String, Expect) {
                 .into(),
             Exact(0),
         ),
-        // "%d" of 42 into 8 bytes: 3 (with the NUL), then the first byte.
+        // "%d" (a constant, as the kernel requires) of 42 into 8 bytes: 3 (with the
+        // NUL), then the first byte.
         h::SNPRINTF => (
-            "stw [%r10-8], 0x6425\nstdw [%r10-16], 42\nmov %r1, %r10\nadd %r1, -32\nmov %r2, 8\n\
-             mov %r3, %r10\nadd %r3, -8\nmov %r4, %r10\nadd %r4, -16\nmov %r5, 8\ncall 165\n\
+            "stdw [%r10-16], 42\nmov %r1, %r10\nadd %r1, -32\nmov %r2, 8\n\
+             lddw %r3, mapval:10:0\nmov %r4, %r10\nadd %r4, -16\nmov %r5, 8\ncall 165\n\
              mul %r0, 1000\nldxb %r1, [%r10-32]\nadd %r0, %r1\nexit"
                 .into(),
             Exact(3000 + u64::from(b'4')),
@@ -324,9 +353,10 @@ fn cpu_case(id: u32) -> (String, Expect) {
                 .into(),
             Exact(5010),
         ),
+        // "abc" against the constant "abd".
         h::STRNCMP => (
-            "stw [%r10-8], 0x636261\nstw [%r10-16], 0x646261\nmov %r1, %r10\nadd %r1, -8\n\
-             mov %r2, 3\nmov %r3, %r10\nadd %r3, -16\ncall 182\nexit"
+            "stw [%r10-8], 0x636261\nmov %r1, %r10\nadd %r1, -8\n\
+             mov %r2, 3\nlddw %r3, mapval:10:8\ncall 182\nexit"
                 .into(),
             Exact(-1i64 as u64),
         ),

@@ -34,6 +34,11 @@ pub enum Arg {
     MemOutFixed(u32),
     /// Readable memory holding a string (at least one byte).
     Str,
+    /// A string the program cannot change, checked whole at load (the kernel's
+    /// `ARG_PTR_TO_CONST_STR`): a constant offset into the value of a frozen array of
+    /// one element that programs cannot write (`BPF_F_RDONLY_PROG`, as libbpf makes
+    /// `.rodata`), with a NUL before the value ends.
+    ConstStr,
     /// Size of the previous memory argument, at least 1.
     Size,
     /// Size of the previous memory argument, may be 0.
@@ -465,7 +470,7 @@ pub static REGISTRY: &[HelperDef] = &[
     cpu(
         h::SNPRINTF,
         "bpf_snprintf",
-        &[MemOut, SizeOrZero, Str, MemOrNull, SizeOrZero],
+        &[MemOut, SizeOrZero, ConstStr, MemOrNull, SizeOrZero],
         Ret::Integer,
         NO,
     ),
@@ -496,7 +501,7 @@ pub static REGISTRY: &[HelperDef] = &[
     cpu(
         h::STRNCMP,
         "bpf_strncmp",
-        &[Mem, Size, Str],
+        &[Mem, Size, ConstStr],
         Ret::Integer,
         NO,
     ),

@@ -645,7 +645,8 @@ unsafe fn snprintf_work(str: u64, str_size: u64, fmt: u64, data: u64, data_len: 
         let n = (n as i64).max(1) as usize;
         buf[..n - 1].to_vec()
     };
-    let text = match crate::bprintf::format(fmt, &args, &read_str) {
+    let read = |p: u64, out: &mut [u8]| read_memory(out.as_mut_ptr(), out.len(), p);
+    let text = match crate::bprintf::format(fmt, &args, &read_str, &read) {
         Ok(t) => t,
         Err(_) => return neg(libc::EINVAL),
     };

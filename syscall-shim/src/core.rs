@@ -1172,7 +1172,7 @@ impl Shim {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use bpftime_isa::uapi::map_type;
+    use bpftime_isa::uapi::{self, map_type};
 
     use crate::test_support::TempShim;
 
@@ -1235,5 +1235,59 @@ mod tests {
         a[16..24].copy_from_slice(&(out.as_mut_ptr() as u64).to_ne_bytes());
         assert_eq!(t.bpf(cmd::MAP_LOOKUP_ELEM, &mut a), Ok(0));
         assert_eq!(out, value);
+    }
+
+    /// `bpf_snprintf(out, 64, fmt, data, data_len)` with `fmt` at the start of map
+    /// `fd`'s value, as `BPF_PROG_LOAD` answers it.
+    fn load_snprintf(t: &mut TempShim, fd: u32, data_len: i32) -> SysResult {
+        let mut insns = bpftime_isa::asm::assemble(&format!(
+            "mov %r1, %r10\nadd %r1, -80\nmov %r2, 64\nlddw %r3, 0\nmov %r4, %r10\n\
+             add %r4, -16\nmov %r5, {data_len}\ncall 165\nmov %r0, 0\nexit"
+        ))
+        .unwrap();
+        insns[3].src = bpftime_isa::opcode::PSEUDO_MAP_VALUE;
+        insns[3].imm = fd as i32;
+        let code = bpftime_isa::encode(&insns);
+        let mut a = [0u8; 128];
+        a[0..4].copy_from_slice(&uapi::prog_type::KPROBE.to_ne_bytes());
+        a[4..8].copy_from_slice(&(insns.len() as u32).to_ne_bytes());
+        a[8..16].copy_from_slice(&(code.as_ptr() as u64).to_ne_bytes());
+        a[16..24].copy_from_slice(&(c"GPL".as_ptr() as u64).to_ne_bytes());
+        t.bpf(cmd::PROG_LOAD, &mut a)
+    }
+
+    /// The verifier reads `bpf_snprintf`'s format from the map at load, as the kernel
+    /// does: only once the map is frozen, and then from what the map holds.
+    #[test]
+    fn a_format_counts_once_its_read_only_map_is_frozen() {
+        let mut t = TempShim::new("core-const-str");
+        let mut a = [0u8; 128];
+        a[0..4].copy_from_slice(&map_type::ARRAY.to_ne_bytes());
+        a[4..8].copy_from_slice(&4u32.to_ne_bytes());
+        a[8..12].copy_from_slice(&16u32.to_ne_bytes());
+        a[12..16].copy_from_slice(&1u32.to_ne_bytes());
+        a[16..20].copy_from_slice(&uapi::map_flags::RDONLY_PROG.to_ne_bytes());
+        let fd = t.bpf(cmd::MAP_CREATE, &mut a).expect("array") as u32;
+        let key = 0u32.to_ne_bytes();
+        let fmt = *b"%d %d\0\0\0\0\0\0\0\0\0\0";
+        let mut a = [0u8; 128];
+        a[0..4].copy_from_slice(&fd.to_ne_bytes());
+        a[8..16].copy_from_slice(&(key.as_ptr() as u64).to_ne_bytes());
+        a[16..24].copy_from_slice(&(fmt.as_ptr() as u64).to_ne_bytes());
+        t.bpf(cmd::MAP_UPDATE_ELEM, &mut a).expect("the format");
+        assert_eq!(
+            load_snprintf(&mut t, fd, 16),
+            Err(libc::EACCES),
+            "not frozen"
+        );
+        let mut a = [0u8; 128];
+        a[0..4].copy_from_slice(&fd.to_ne_bytes());
+        assert_eq!(t.bpf(cmd::MAP_FREEZE, &mut a), Ok(0));
+        assert!(load_snprintf(&mut t, fd, 16).is_ok(), "two arguments");
+        assert_eq!(
+            load_snprintf(&mut t, fd, 8),
+            Err(libc::EACCES),
+            "one argument"
+        );
     }
 }

@@ -13,6 +13,8 @@ pub(crate) fn desc(m: &Map) -> MapDesc {
         value_size: m.value_size(),
         max_entries: m.max_entries(),
         flags: m.map_flags(),
+        frozen: m.is_frozen(),
+        frozen_value: m.frozen_value().map(Into::into),
     }
 }
 
@@ -24,6 +26,8 @@ fn inner_desc(m: &Map) -> Option<MapDesc> {
         value_size: t.value_size,
         max_entries: t.max_entries,
         flags: t.map_flags,
+        // Inner maps are found at run time: none is known to be frozen.
+        ..MapDesc::default()
     })
 }
 

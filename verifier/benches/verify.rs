@@ -15,6 +15,7 @@ fn maps(fd: i32) -> Option<MapDesc> {
         value_size: 64,
         max_entries: 1,
         flags: 0,
+        ..MapDesc::default()
     })
 }
 

@@ -21,6 +21,7 @@ fn desc(map_type: u32, key_size: u32, value_size: u32, max_entries: u32) -> MapD
         value_size,
         max_entries,
         flags: 0,
+        ..MapDesc::default()
     }
 }
 

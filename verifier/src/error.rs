@@ -2,6 +2,7 @@
 
 use std::fmt::Write as _;
 
+use bpftime_isa::bprintf::FormatError;
 use thiserror::Error;
 
 use crate::state::Reg;
@@ -110,6 +111,22 @@ pub enum RejectKind {
         found: &'static str,
         expected: &'static str,
     },
+    // The stray quote ending this message and the next is in the kernel's text too.
+    #[error("R{reg} does not point to a readonly map'")]
+    NotReadonlyMap { reg: u8 },
+    #[error("R{reg} is not a constant address'")]
+    NotConstantAddress { reg: u8 },
+    #[error("no direct value access support for this map type")]
+    NoDirectValueAccess,
+    #[error("direct value access on string failed")]
+    DirectValueAccessFailed,
+    #[error("string is not zero-terminated")]
+    StringNotTerminated,
+    /// The kernel refuses this without a message of its own.
+    #[error("bpf_snprintf's data_len {len} is not a multiple of 8")]
+    SnprintfDataLen { len: u64 },
+    #[error("Invalid format string: {error}")]
+    InvalidFormat { error: FormatError },
     #[error("cannot pass map_type {map_type} into func {name}#{id}")]
     MapHelperMismatch {
         map_type: u32,

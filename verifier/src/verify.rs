@@ -4,9 +4,11 @@
 
 use std::collections::HashMap;
 use std::fmt::Write as _;
+use std::sync::Arc;
 
+use bpftime_isa::bprintf;
 use bpftime_isa::opcode as op;
-use bpftime_isa::uapi::{self, helper as h, map_type as mt};
+use bpftime_isa::uapi::{self, helper as h, map_flags, map_type as mt};
 use bpftime_isa::Insn;
 
 use crate::cfg::{self, Cfg};
@@ -36,13 +38,21 @@ const WIDEN_AFTER: usize = 16;
 const MAX_VAR_OFF: i64 = 1 << 29;
 
 /// What the loader knows about a map an `lddw` names.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct MapDesc {
     pub map_type: u32,
     pub key_size: u32,
     pub value_size: u32,
     pub max_entries: u32,
     pub flags: u32,
+    /// `BPF_MAP_FREEZE` was done before the program loaded: system calls can no
+    /// longer write the map.
+    pub frozen: bool,
+    /// The value bytes of a frozen array of one element (global data: libbpf's
+    /// `.rodata`), `None` for any other map. When programs cannot write the map
+    /// either (`BPF_F_RDONLY_PROG`) nobody can, so the verifier reads constant
+    /// strings from them at load, as the kernel does (`bpf_snprintf`'s format).
+    pub frozen_value: Option<Arc<[u8]>>,
 }
 
 /// The key [`ProgramInfo::maps`] is asked with for the template of the inner maps
@@ -511,7 +521,7 @@ impl<'a> Verifier<'a> {
 
     fn map(&mut self, fd: i32) -> R<MapDesc> {
         if let Some(m) = self.maps.get(&fd) {
-            return Ok(*m);
+            return Ok(m.clone());
         }
         let m = (self.p.maps)(fd).ok_or(RejectKind::UnknownMap { fd })?;
         if !helpers::KNOWN_MAP_TYPES.contains(&m.map_type) {
@@ -524,7 +534,7 @@ impl<'a> Verifier<'a> {
                 map_type: m.map_type,
             });
         }
-        self.maps.insert(fd, m);
+        self.maps.insert(fd, m.clone());
         Ok(m)
     }
 
@@ -1369,6 +1379,65 @@ impl<'a> Verifier<'a> {
         }
     }
 
+    /// The string a constant-string argument points to (its bytes before the NUL), once
+    /// it is shown to be one as the kernel shows it: a constant offset into the value of
+    /// a frozen array of one element that programs cannot write, with a NUL in it.
+    fn const_str(&mut self, reg: u8, p: Reg) -> R<Vec<u8>> {
+        let Reg::Ptr {
+            region: region @ Region::MapValue { fd, size },
+            nullable: false,
+            off_min,
+            off_max,
+            ..
+        } = p
+        else {
+            return Err(RejectKind::HelperArgType {
+                reg,
+                found: p.type_name(),
+                expected: "map_value",
+            });
+        };
+        let m = self.map(fd)?;
+        if m.flags & map_flags::RDONLY_PROG == 0 || !m.frozen {
+            return Err(RejectKind::NotReadonlyMap { reg });
+        }
+        if off_min != off_max {
+            return Err(RejectKind::NotConstantAddress { reg });
+        }
+        if !matches!(m.map_type, mt::ARRAY | mt::GPU_ARRAY) {
+            return Err(RejectKind::NoDirectValueAccess);
+        }
+        // The string may run to the value's end; an offset at or past the end (or
+        // before the start) reads nothing, which is out of bounds too.
+        let rest = (i64::from(size) - off_min).max(1) as u64;
+        Self::region_bounds(region, off_min, off_max, rest)?;
+        // Only an array of one element has one address for its value; the loader
+        // gives the bytes of those alone.
+        let value = match &m.frozen_value {
+            Some(v) if m.max_entries == 1 => v,
+            _ => return Err(RejectKind::DirectValueAccessFailed),
+        };
+        let tail = value.get(off_min as usize..).unwrap_or_default();
+        let nul = tail
+            .iter()
+            .position(|&b| b == 0)
+            .ok_or(RejectKind::StringNotTerminated)?;
+        Ok(tail[..nul].to_vec())
+    }
+
+    /// `bpf_snprintf`'s format, checked at load for the arguments `data_len` (r5)
+    /// holds. The count comes from r5's known bits even when r5 is not a constant,
+    /// as the kernel takes it: a range the program narrows counts as its known bits.
+    fn snprintf_format(&self, st: &State, fmt: &[u8]) -> R<()> {
+        let len = st.cur().regs[5].as_scalar().map_or(0, |s| s.tnum.value);
+        if !len.is_multiple_of(8) {
+            return Err(RejectKind::SnprintfDataLen { len });
+        }
+        bprintf::parse(fmt, (len / 8) as usize)
+            .map(|_| ())
+            .map_err(|error| RejectKind::InvalidFormat { error })
+    }
+
     // ---- jumps and calls ---------------------------------------------------
 
     fn jump(&mut self, st: &mut State, i: &Insn, pc: usize) -> R<Flow> {
@@ -1520,6 +1589,7 @@ impl<'a> Verifier<'a> {
         let mut callback = None;
         let mut const_key = None;
         let mut size_max = u64::MAX;
+        let mut const_str = None;
         for (n, arg) in proto.args.iter().enumerate() {
             let r = n as u8 + 1;
             let v = Self::read(st, r)?;
@@ -1559,7 +1629,7 @@ impl<'a> Verifier<'a> {
                     map = Some((fd, m));
                 }
                 Arg::MapKey | Arg::MapValue | Arg::MapValueOut => {
-                    let (_, m) = map.expect("prototypes name the map first");
+                    let (_, m) = map.as_ref().expect("prototypes name the map first");
                     let (size, write) = match *arg {
                         Arg::MapKey => (m.key_size, false),
                         Arg::MapValue => (m.value_size, false),
@@ -1582,6 +1652,7 @@ impl<'a> Verifier<'a> {
                 Arg::Mem | Arg::MemOut | Arg::MemOrNull => pending_mem = Some((r, v, *arg)),
                 Arg::MemOutFixed(size) => self.helper_mem(st, r, v, size as u64, true)?,
                 Arg::Str => self.helper_mem(st, r, v, 1, false)?,
+                Arg::ConstStr => const_str = Some(self.const_str(r, v)?),
                 Arg::Size | Arg::SizeOrZero => {
                     let Some(s) = v.as_scalar() else {
                         return Err(wrong("scalar"));
@@ -1676,7 +1747,7 @@ impl<'a> Verifier<'a> {
                     }
                 }
                 Arg::MapValueOrNull => {
-                    let (_, m) = map.expect("prototypes name the map first");
+                    let (_, m) = map.as_ref().expect("prototypes name the map first");
                     let null = v.as_scalar().and_then(|s| s.as_const()) == Some(0);
                     if !null {
                         if !matches!(
@@ -1713,6 +1784,10 @@ impl<'a> Verifier<'a> {
                 }
             }
         }
+        if uid == h::SNPRINTF {
+            let fmt = const_str.expect("bpf_snprintf's format is a constant string");
+            self.snprintf_format(st, &fmt)?;
+        }
         let ctx_arg = st.cur().regs[3];
         // bpf_loop told to run no iteration never calls its callback (the kernel
         // does not look at the callback then either).
@@ -1733,13 +1808,13 @@ impl<'a> Verifier<'a> {
             Ret::Integer => Reg::unknown(),
             Ret::Void => Reg::Uninit,
             Ret::MapValueOrNull
-                if map.is_some_and(|(_, m)| {
+                if map.as_ref().is_some_and(|(_, m)| {
                     matches!(m.map_type, mt::ARRAY_OF_MAPS | mt::HASH_OF_MAPS)
                 }) =>
             {
                 // A lookup in a map of maps gives an inner map, or NULL: the program
                 // may pass it to map helpers once it tested it, as in the kernel.
-                let (fd, _) = map.expect("lookup names a map");
+                let fd = map.as_ref().expect("lookup names a map").0;
                 let inner = inner_map_key(fd);
                 self.map(inner)?;
                 Reg::Ptr {
@@ -1753,7 +1828,8 @@ impl<'a> Verifier<'a> {
                 }
             }
             Ret::MapValueOrNull => {
-                let (fd, m) = map.expect("lookup names a map");
+                let (fd, m) = map.as_ref().expect("lookup names a map");
+                let fd = *fd;
                 // An array lookup with a constant key in range cannot miss (the
                 // kernel drops the null check there too).
                 let hit = uid == h::MAP_LOOKUP_ELEM

@@ -94,6 +94,7 @@ fn load(bytes: &[u8]) -> Vec<Prog> {
                     value_size: w(2),
                     max_entries: w(3),
                     flags: w(4),
+                    ..MapDesc::default()
                 },
             );
             map_fd_of_sym.insert(si, fd);
@@ -111,6 +112,7 @@ fn load(bytes: &[u8]) -> Vec<Prog> {
                     value_size: size,
                     max_entries: 1,
                     flags: 0,
+                    ..MapDesc::default()
                 },
             );
         }
@@ -197,7 +199,7 @@ fn load(bytes: &[u8]) -> Vec<Prog> {
 }
 
 fn verify_prog(p: &Prog, gpu: bool, log_level: u32) -> Result<Verified, Rejection> {
-    let lookup = |fd: i32| p.maps.get(&fd).copied();
+    let lookup = |fd: i32| p.maps.get(&fd).cloned();
     let info = ProgramInfo {
         insns: &p.insns,
         prog_type: prog_type::KPROBE,

@@ -808,6 +808,21 @@ impl Map {
             != 0
     }
 
+    /// The value of a frozen array of one element (global data, such as libbpf's
+    /// `.rodata`), which system calls can no longer change: what the verifier reads
+    /// constant strings from at load. `None` for any other map.
+    pub fn frozen_value(&self) -> Option<Vec<u8>> {
+        if !self.is_frozen()
+            || self.kind != (Kind::Array { percpu: false })
+            || self.max_entries() != 1
+        {
+            return None;
+        }
+        let mut value = vec![0u8; self.value_size() as usize];
+        array::lookup(self, &0u32.to_ne_bytes(), &mut value).ok()?;
+        Some(value)
+    }
+
     /// Size of a value as `bpf()` copies it: per-CPU maps hold one 8-byte
     /// aligned slot per possible CPU.
     pub fn syscall_value_size(&self) -> usize {

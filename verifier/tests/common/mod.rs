@@ -31,6 +31,7 @@ pub fn maps(fd: i32) -> Option<MapDesc> {
         value_size,
         max_entries: 64,
         flags: 0,
+        ..MapDesc::default()
     };
     Some(match fd {
         HASH => d(mt::HASH, 4, 8),

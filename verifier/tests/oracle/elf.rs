@@ -162,6 +162,7 @@ impl Btf {
                 value_size: 0,
                 max_entries: 0,
                 flags: 0,
+                ..MapDesc::default()
             };
             for (field, ty) in &def.members {
                 let ptr = self.resolve(*ty)?;
@@ -238,6 +239,7 @@ pub fn extract(bytes: &[u8]) -> Result<Vec<Program>, String> {
                     value_size: w(2),
                     max_entries: w(3),
                     flags: w(4),
+                    ..MapDesc::default()
                 },
             );
             sym_ref.insert(si, MapRef::Def(name));
@@ -245,7 +247,7 @@ pub fn extract(bytes: &[u8]) -> Result<Vec<Program>, String> {
             let d = btf_defs
                 .get(&name)
                 .ok_or_else(|| format!("map `{name}` has no BTF definition"))?;
-            defs.insert(name.clone(), *d);
+            defs.insert(name.clone(), d.clone());
             sym_ref.insert(si, MapRef::Def(name));
         } else if sec < elf.section_headers.len() {
             let sn = shname(sec);
@@ -332,7 +334,7 @@ pub fn extract(bytes: &[u8]) -> Result<Vec<Program>, String> {
                 match sym_ref.get(&r.r_sym) {
                     Some(MapRef::Def(n)) => {
                         insns[pc].src = op::PSEUDO_MAP_FD;
-                        insns[pc].imm = map_index(n, defs[n]);
+                        insns[pc].imm = map_index(n, defs[n].clone());
                         continue;
                     }
                     Some(MapRef::Data(sec)) => {
@@ -343,6 +345,7 @@ pub fn extract(bytes: &[u8]) -> Result<Vec<Program>, String> {
                             value_size: size.max(1),
                             max_entries: 1,
                             flags: 0,
+                            ..MapDesc::default()
                         };
                         let off = sym.st_value as i64 + insns[pc].imm as i64;
                         insns[pc].src = op::PSEUDO_MAP_VALUE;

@@ -238,11 +238,11 @@ pub fn create_maps(e: &Entry) -> Result<Maps, String> {
         put(&mut a, 8, &d.value_size.to_ne_bytes());
         put(&mut a, 12, &d.max_entries.to_ne_bytes());
         put(&mut a, 16, &d.flags.to_ne_bytes());
-        match bpf(cmd::MAP_CREATE, &mut a) {
+        let fd = match bpf(cmd::MAP_CREATE, &mut a) {
             Ok(fd) => {
                 assert_kernel_object(fd, BpfObject::Map, "BPF_MAP_CREATE");
                 // SAFETY: a fresh fd from the kernel, owned here only.
-                fds.push(unsafe { OwnedFd::from_raw_fd(fd) })
+                unsafe { OwnedFd::from_raw_fd(fd) }
             }
             Err(errno) => {
                 return Err(format!(
@@ -252,9 +252,44 @@ pub fn create_maps(e: &Entry) -> Result<Maps, String> {
                     std::io::Error::from_raw_os_error(errno)
                 ))
             }
+        };
+        // The bytes ours is told the map holds, the kernel's map holds too, frozen
+        // when ours is told it is.
+        let fill = match &d.frozen_value {
+            Some(v) => update_elem(fd.as_raw_fd(), &0u32.to_ne_bytes(), v),
+            None => Ok(()),
+        };
+        let freeze = || match d.frozen {
+            true => map_freeze(fd.as_raw_fd()),
+            false => Ok(()),
+        };
+        if let Err(errno) = fill.and_then(|_| freeze()) {
+            return Err(format!(
+                "{}: filling or freezing `{}` failed: {}",
+                e.name,
+                m.name,
+                std::io::Error::from_raw_os_error(errno)
+            ));
         }
+        fds.push(fd);
     }
     Ok(Maps(fds))
+}
+
+/// `BPF_MAP_UPDATE_ELEM` of `value` at `key`, with no flags.
+pub fn update_elem(fd: i32, key: &[u8], value: &[u8]) -> Result<(), i32> {
+    let mut a = [0u8; 32];
+    put(&mut a, 0, &(fd as u32).to_ne_bytes());
+    put(&mut a, 8, &(key.as_ptr() as u64).to_ne_bytes());
+    put(&mut a, 16, &(value.as_ptr() as u64).to_ne_bytes());
+    bpf(cmd::MAP_UPDATE_ELEM, &mut a).map(|_| ())
+}
+
+/// `BPF_MAP_FREEZE`: system calls may no longer write the map.
+pub fn map_freeze(fd: i32) -> Result<(), i32> {
+    let mut a = [0u8; 8];
+    put(&mut a, 0, &(fd as u32).to_ne_bytes());
+    bpf(cmd::MAP_FREEZE, &mut a).map(|_| ())
 }
 
 impl Maps {

@@ -65,7 +65,7 @@ impl Entry {
         usize::try_from(imm)
             .ok()
             .and_then(|i| self.maps.get(i))
-            .map(|m| m.desc)
+            .map(|m| m.desc.clone())
     }
 }
 
@@ -154,6 +154,7 @@ pub fn parse(name: &str, text: &str) -> Result<Entry, String> {
                             value_size: p(v)?,
                             max_entries: p(e)?,
                             flags: rest.first().map(|f| p(f)).transpose()?.unwrap_or(0),
+                            ..MapDesc::default()
                         },
                     });
                 }
