@@ -102,7 +102,7 @@ pub type Rejection = (i32, String);
 /// Checks a program before it is stored, returning the log on success or the
 /// rejection. Structure first (registers, jump targets, complete `lddw`s, known
 /// helpers, an exit at the end: EINVAL as in the kernel), then, for the program
-/// types bpftime runs, the verifier (EACCES with its log).
+/// types bpftime runs, the verifier (the errno the kernel gives for that refusal, EACCES for an unsafe program, with its log).
 pub fn check_program(
     insns: &[Insn],
     prog_type: u32,
@@ -145,7 +145,7 @@ pub fn check_program_with_lines(
             "{}processed {} insns, {} states, {} pruned; stack depth {}\n",
             v.log, v.insns_processed, v.states, v.pruned, v.stack_depth
         )),
-        Err(r) => Err((libc::EACCES, r.log())),
+        Err(r) => Err((r.kind.errno(), r.log())),
     }
 }
 

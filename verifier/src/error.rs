@@ -187,6 +187,25 @@ pub struct Rejection {
     pub source_line: Option<Box<crate::SourceLine>>,
 }
 
+impl RejectKind {
+    /// The errno the kernel's `BPF_PROG_LOAD` gives for this refusal: EACCES for an
+    /// unsafe program, EINVAL or ENOTSUPP where the kernel's check returns those.
+    pub fn errno(&self) -> i32 {
+        // Linux's numbers (the verifier has no libc): EACCES, EINVAL, and the kernel's
+        // internal "operation not supported", which reaches user space.
+        const EACCES: i32 = 13;
+        const EINVAL: i32 = 22;
+        const ENOTSUPP: i32 = 524;
+        match self {
+            RejectKind::StringNotTerminated
+            | RejectKind::SnprintfDataLen { .. }
+            | RejectKind::InvalidFormat { .. } => EINVAL,
+            RejectKind::DirectValueAccessFailed => ENOTSUPP,
+            _ => EACCES,
+        }
+    }
+}
+
 impl Rejection {
     /// The log the kernel would put in `log_buf`: the trace (if asked for), the
     /// registers that matter, the failing instruction and the reason.

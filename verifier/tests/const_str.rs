@@ -479,11 +479,13 @@ fn the_kernel_agrees_on_every_case() {
             .map(|_| ())
             .map_err(|r| (r.errno, r.last_line().to_string()));
         let o = ours(&c.entry);
-        if k.is_ok() != o.is_ok() {
+        let ours_errno = o.as_ref().err().map(|r| r.kind.errno());
+        if k.is_ok() != o.is_ok() || k.as_ref().err().map(|e| e.0) != ours_errno {
             wrong.push(format!(
                 "{}: kernel {k:?}, ours {:?}",
                 c.name,
-                o.map(|_| ()).map_err(|r| r.kind.to_string())
+                o.map(|_| ())
+                    .map_err(|r| (r.kind.errno(), r.kind.to_string()))
             ));
         }
         let want = c.kernel.map_err(|(errno, line)| (errno, line.to_string()));
