@@ -61,3 +61,9 @@ if ! cargo fuzz --version >/dev/null 2>&1; then
     echo "setup: installing cargo-fuzz (cargo install cargo-fuzz --locked)"
     cargo install cargo-fuzz --locked
 fi
+
+# scripts/docs-check.sh builds the user guide (docs/) with mdBook.
+if ! mdbook --version >/dev/null 2>&1; then
+    echo "setup: installing mdbook (cargo install mdbook --locked --version 0.4.52)"
+    cargo install mdbook --locked --version 0.4.52
+fi

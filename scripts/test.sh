@@ -19,5 +19,7 @@ echo "summary:"
 grep -E '^test result:' target/test.log | awk '{p+=$4; f+=$6; i+=$8} END {printf "%d passed, %d failed, %d skipped (ignored)\n", p, f, i}'
 echo "of the passed, $(tail -1 target/skipped.log) skipped all or part of their checks at run time (listed above)"
 echo
+# The user guide builds and its links resolve.
+./scripts/docs-check.sh
 # A short run of each fuzz target over its committed corpus (fuzz/README.md).
 ./scripts/fuzz-smoke.sh
