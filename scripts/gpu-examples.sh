@@ -412,6 +412,13 @@ several_gpus() {  # the checks that need two GPUs or more; a SKIP line on one
     # kernels take (a, b, c, ...) and read a and b alike: every load lands in the
     # histogram of a or of b, half each, every store in c's, none elsewhere.
     keep=$(dirname "$out")
+    # The timeline's words need a TrueType font: where the system has none that bpftime
+    # finds, matplotlib's own DejaVu Sans.
+    if [ -z "${BPFTIME_FONT:-}" ] && ! fc-match -f '%{file}' sans-serif >/dev/null 2>&1 &&
+        [ ! -e /usr/share/fonts/truetype/dejavu/DejaVuSans.ttf ]; then
+        font=$(python3 -c 'import matplotlib, os; print(os.path.join(matplotlib.get_data_path(), "fonts/ttf/DejaVuSans.ttf"))' 2>/dev/null || true)
+        if [ -n "$font" ] && [ -e "$font" ]; then export BPFTIME_FONT=$font; fi
+    fi
     memtrace() {  # memtrace NAME LOADS STORES APP ARGS...
         local name=$1 loads=$2 stores=$3
         shift 3

@@ -5,13 +5,14 @@
 # libelf/zlib for the static libbpf that libbpf-rs builds, <sys/sdt.h> for the USDT
 # test target, a JDK (HotSpot's USDT probes, for javagc), and libssl-dev for the TLS
 # target of bpftrace's sslsnoop.bt and ssllatency.bt; Node and a pinned trace reader for
-# the --trace tests.
+# the --trace tests; a sans font for the words of the memory timeline's picture.
 set -euo pipefail
 
 packages=(
     build-essential pkg-config make
     clang-19 llvm-19-dev libpolly-19-dev libzstd-dev zlib1g-dev libelf-dev
     libbpf-dev bpftool bpftrace libbpf-tools systemtap-sdt-dev openjdk-17-jdk-headless libssl-dev
+    fonts-dejavu-core
 )
 
 as_root() {

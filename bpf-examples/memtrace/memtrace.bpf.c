@@ -82,6 +82,10 @@ struct access_sample {
 	__u32 kind;
 	__u32 size;
 	__u32 site;
+	/* The kernel's pointer argument the access falls in (0-5), 6 for none: the
+	 * timeline names its buffers by it. */
+	__u32 arg;
+	__u32 pad;
 };
 
 /* Puts the record's type in the object's BTF, so tools read records field by field. */
@@ -188,6 +192,7 @@ int memtrace_access(void *ctx)
 			.kind = a->kind,
 			.size = a->size,
 			.site = a->site,
+			.arg = arg,
 		};
 
 		bpf_ringbuf_output(&timeline, &s, sizeof(s), 0);

@@ -17,6 +17,7 @@ use crate::inproc;
 use crate::probes::{self, Attachment};
 use crate::show::{self, Types};
 use crate::symbolize::AppMaps;
+use crate::timeline::Sample;
 use anyhow::anyhow;
 use bpftime_runtime::{GpuProbe, GpuProbeKind};
 use libbpf_rs::{
@@ -606,7 +607,7 @@ struct OutDir {
     dir: PathBuf,
     events: std::io::BufWriter<std::fs::File>,
     /// Per ring or perf buffer whose records have `time_ns` and `addr`: (time, address).
-    timelines: HashMap<String, Vec<(u64, u64)>>,
+    timelines: HashMap<String, Vec<Sample>>,
 }
 
 impl OutDir {
@@ -623,11 +624,25 @@ impl OutDir {
 
     fn event(&mut self, types: &Types<'_>, map: &str, data: &[u8]) {
         let _ = writeln!(self.events, "{}", show::event_line(types, map, data));
-        if let Some([t, a]) = types.record_fields(data, ["time_ns", "addr"]) {
+        let sample = match types.record_fields(data, ["time_ns", "addr", "arg"]) {
+            Some([time_ns, addr, arg]) => Some(Sample {
+                time_ns,
+                addr,
+                arg: Some(arg),
+            }),
+            None => types
+                .record_fields(data, ["time_ns", "addr"])
+                .map(|[time_ns, addr]| Sample {
+                    time_ns,
+                    addr,
+                    arg: None,
+                }),
+        };
+        if let Some(sample) = sample {
             self.timelines
                 .entry(map.to_string())
                 .or_default()
-                .push((t, a));
+                .push(sample);
         }
     }
 
@@ -643,7 +658,7 @@ impl OutDir {
         names.sort();
         for name in names {
             let path = self.dir.join(format!("{name}.png"));
-            let summary = crate::timeline::write_png(&self.timelines[name], &path)?;
+            let summary = crate::timeline::write_png(&self.timelines[name], name, &path)?;
             written.push(format!("{} ({summary})", path.display()));
         }
         Ok(written)
