@@ -17,7 +17,8 @@
 //! - `bpf()`'s lookup of key `k` copies every thread's value of `k`, thread 0 first,
 //!   `value_size` bytes apart (`BUF[MAX_ENTRIES][THREAD_COUNT][VALUE_SIZE]`): the
 //!   caller's buffer holds `thread count * value_size` bytes (bpftime's threadhist reads
-//!   7 of 1024 from a larger buffer). An update writes all of them from such a buffer.
+//!   7 of 1024 from a larger buffer; libbpf's `bpf_map__lookup_elem`, which knows no such
+//!   type, checks only that it holds one). An update writes all of them from such a buffer.
 //!   A delete fails with EINVAL; keys beyond `max_entries` are ENOENT to a lookup and
 //!   E2BIG to an update.
 //!
