@@ -19,6 +19,9 @@
 //!   caller's buffer holds `thread count * value_size` bytes (bpftime's threadhist reads
 //!   7 of 1024 from a larger buffer; libbpf's `bpf_map__lookup_elem`, which knows no such
 //!   type, checks only that it holds one). An update writes all of them from such a buffer.
+//!   (bpftime's `bpf()` copies `value_size * 1024` bytes whatever the environment says:
+//!   `get_userspace_value_size` multiplies by the attribute's default count, not the one
+//!   the map was made for; here the copy is the map's own count.)
 //!   A delete fails with EINVAL; keys beyond `max_entries` are ENOENT to a lookup and
 //!   E2BIG to an update.
 //!
