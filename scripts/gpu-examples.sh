@@ -232,6 +232,85 @@ several_gpus() {  # the checks that need two GPUs or more; a SKIP line on one
     result "launchlate: CPU uprobe and GPU probe share a map, one clock" $ok "$cpu launches on the CPU, $gpu starts on the GPU (expected 20 each), mean launch-to-start ${mean} ns (<= longest launch ${ms_max} ms), ${early:-?} started before the CPU's stamp (clock error)"
     grep -A12 '^latency_hist' "$log.out" | sed 's/^/    /'
 
+    # bpftime's GPU arrays (map type 1503) shared by a CPU uprobe on the CUDA runtime's
+    # launch call and a GPU entry probe, as bpftime's launchlate shares them: launchlate
+    # with its three maps declared as 1503 (launchlate_gpu.bpf.o), on static cudart (the
+    # uprobe found in the binary) and shared cudart (found in libcudart.so.13): each of the
+    # 20 launches counted on both sides, through the one copy of the map, and the maps
+    # printed as the GPU arrays they were made.
+    for app in vec_add vec_add_shared; do
+        log=$work/launchlate-gpu-$app
+        attach=()
+        [ $app = vec_add_shared ] && attach=(--attach launch=libcudart.so.13:__cudaLaunchKernel)
+        run "$log" "${attach[@]}" "$objs/launchlate_gpu.bpf.o" -- "$cuda/$app" 1048576 20
+        cpu=$(value "$log.out" stats 0) gpu=$(value "$log.out" stats 1)
+        sum=$(value "$log.out" stats 2) early=$(value "$log.out" stats 3)
+        ms_max=$(field "$log.out" ms_max)
+        mean=$(awk -v s="${sum:-0}" -v g="${gpu:-0}" -v e="${early:-0}" 'BEGIN { if (g - e > 0) printf "%.0f", s / (g - e); else print 0 }')
+        typed=$(grep -c '^\(stats\|launched\) (gpu_array ' "$log.out")
+        ok=0
+        [ "$cpu" = 20 ] && [ "$gpu" = 20 ] && [ "${mean:-0}" -gt 0 ] && [ "$typed" = 2 ] &&
+            awk -v m="$mean" -v l="$ms_max" 'BEGIN { exit !(m <= l * 1e6) }' &&
+            grep -q 'check=ok' "$log.out" && grep -q '^exit=0' "$log.out" && ok=1
+        result "launchlate on bpftime's GPU arrays (1503), $app: CPU uprobe and GPU probe share one copy" $ok "$cpu launches on the CPU, $gpu starts on the GPU (expected 20 each), mean launch-to-start ${mean} ns (<= longest launch ${ms_max} ms), $typed of 2 maps shown as gpu_array"
+    done
+
+    # gpu_maps: bpftime's GPU map types, read by a loader of ours (an unmodified libbpf
+    # C tool under `bpftime load`) as bpftime's users read them, with vectorAdd under
+    # `bpftime start`: 8 blocks of 128 threads (1024, the per-thread array's and the
+    # ring's default thread count), 5 launches, n = 1024. Per thread (1502, a plain
+    # read-and-write in each thread's own copy): 5 calls each, and each thread's own
+    # global id + 1 at its place in bpf()'s answer (ids_in_order 1024); the GPU array
+    # (1503): 5120 entries and exits, n summed 5120 x 1024; the GPU hash map (1501): 8
+    # keys (blockIdx.x % 8) of 640 each; the GPU ring buffer (1527, bpf_perf_event_output
+    # with a NULL context): 5120 records of 24 bytes, 5 from each of the 1024 threads,
+    # every field as written, through bpftime's poll function (found with dlsym) and,
+    # again, through libbpf's ring buffer API. Static and shared cudart.
+    gpu_maps_check() {  # gpu_maps_check APP READER
+        local app=$1 reader=$2 n=1024 iters=5 block=128
+        local store=gpu-ex-$$-maps-$app-$reader d=$work/gpu-maps-$app-$reader tool i status
+        GPU_MAPS_READER=$reader LD_LIBRARY_PATH="$objs" "$bt" --store "$store" load "$objs/gpu_maps" \
+            --obj "$objs/gpu_maps.bpf.o" >"$d.tool" 2>&1 &
+        tool=$!
+        for i in $(seq 600); do grep -qx ready "$d.tool" && break; sleep 0.05; done
+        timeout 300 "$bt" --store "$store" start "$cuda/$app" $n $iters $block >"$d.app" 2>&1
+        status=$?
+        # Its counts come at SIGINT; one that does not go is killed, its counts missing.
+        kill -INT $tool 2>/dev/null
+        for i in $(seq 200); do kill -0 $tool 2>/dev/null || break; sleep 0.05; done
+        kill -KILL $tool 2>/dev/null
+        wait $tool 2>/dev/null
+        rm -rf "/dev/shm/bpftime-$(id -u)-$store"
+        cat "$d.tool" "$d.app" >"$logs/gpu-maps-$app-$reader.out" 2>/dev/null
+        local threads=$((n / block * block)) launched=$((n / block * block * iters))
+        local want_pt="per_thread threads=$threads calls_min=$iters calls_max=$iters calls_zero=0 ids_in_order=$threads"
+        local want_totals="totals entries=$launched elements=$((launched * n)) exits=$launched refused=0"
+        local want_hash="by_block keys=8 min=$((launched / 8)) max=$((launched / 8)) sum=$launched"
+        local want_events="events reader=$reader records=$launched size_bad=0 field_bad=0 threads=$threads per_thread_min=$iters per_thread_max=$iters poll_errors=0"
+        local ok=0
+        [ $status = 0 ] && grep -q 'check=ok' "$d.app" && grep -qx "$want_pt" "$d.tool" &&
+            grep -qx "$want_totals" "$d.tool" && grep -qx "$want_hash" "$d.tool" &&
+            grep -qx "$want_events" "$d.tool" && ok=1
+        result "gpu_maps on $app, ring read through $reader: per-thread values, GPU array and hash sums, every ring record" $ok "app exit $status $(grep -o 'check=[a-z]*' "$d.app" | head -1); $(grep -E '^(per_thread|totals|by_block|events) ' "$d.tool" | tr '\n' ';') (expected: $want_pt; $want_totals; $want_hash; $want_events)"
+    }
+    gpu_maps_check vec_add poll
+    gpu_maps_check vec_add_shared poll
+    gpu_maps_check vec_add ringbuf
+
+    # The same object under `bpftime run`, which reads the GPU ring buffer through
+    # libbpf's ring buffer (its info says ring buffer) and prints every map: each thread's
+    # values as runs (`0-1023=5`), the GPU array's and hash map's values.
+    log=$work/gpu-maps-run
+    run "$log" "$objs/gpu_maps.bpf.o" -- "$cuda/vec_add" 1024 5 128
+    records=$(grep -c '^event events 24B' "$log.out")
+    ok=0
+    grep -qx 'per_thread\[0\]: 0-1023=5' "$log.out" && grep -q '^per_thread\[1\]: 0=1 1=2 2=3 ' "$log.out" &&
+        [ "$(value "$log.out" totals 0)" = 5120 ] && [ "$(value "$log.out" totals 2)" = 5120 ] &&
+        [ "$(value "$log.out" totals 1)" = $((5120 * 1024)) ] && [ "$(grep -c '^by_block\[[0-7]\]: 640$' "$log.out")" = 8 ] &&
+        [ "$records" = 5120 ] && grep -q '^events (gpu_ringbuf): 5120 events' "$log.out" &&
+        grep -q 'check=ok' "$log.out" && grep -q '^exit=0' "$log.out" && ok=1
+    result "gpu_maps under bpftime run: every map printed, the GPU ring read through libbpf's ring buffer" $ok "$(grep -E '^per_thread\[0\]|^totals\[[012]\]|^events \(' "$log.out" | tr '\n' ';') $records records of 24 bytes (expected 5120), $(grep -c '^by_block\[[0-7]\]: 640$' "$log.out") of 8 hash keys at 640"
+
     # hashcount: every thread of every launch races to insert the same 64 hash keys.
     log=$work/hashcount
     run "$log" "$objs/hashcount.bpf.o" -- "$cuda/vec_add" 1048576 10 256

@@ -46,7 +46,10 @@ cpu_bins=(bpftime libbpftime_syscall_shim.so libbpftime_agent.so libbpftime_agen
 cpu_inputs=(bench_calls globals.bpf.o funclatency.bpf.o uprobe_empty.bpf.o uprobe_percpu.bpf.o uprobe_pair.bpf.o)
 # The GPU examples' and benchmark's objects.
 gpu_inputs=(cuda_counter.bpf.o threadhist.bpf.o kernelretsnoop.bpf.o kernelretsnoop_perf.bpf.o launchlate.bpf.o hashcount.bpf.o lru_hashcount.bpf.o hashstarts.bpf.o launchsnoop.bpf.o gpu_printk.bpf.o smcount.bpf.o percpu_hashcount.bpf.o bench_empty.bpf.o
-    bench_count.bpf.o bench_exit_time.bpf.o bench_ldst_count.bpf.o bench_ldst_ring.bpf.o memtrace.bpf.o access_check.bpf.o access_shared.bpf.o gpu_probes.bpf.o gpu_timeline.bpf.o gpu_streams.bpf.o tensor_copies.bpf.o)
+    bench_count.bpf.o bench_exit_time.bpf.o bench_ldst_count.bpf.o bench_ldst_ring.bpf.o memtrace.bpf.o access_check.bpf.o access_shared.bpf.o gpu_probes.bpf.o gpu_timeline.bpf.o gpu_streams.bpf.o tensor_copies.bpf.o
+    gpu_maps.bpf.o launchlate_gpu.bpf.o)
+# The C loaders the examples run under `bpftime load` (Debian's shared libbpf, carried too).
+gpu_loaders=(gpu_probes gpu_maps)
 
 build() {
     local target=${CARGO_TARGET_DIR:-target}
@@ -77,7 +80,7 @@ build() {
         xz -T0 -6 -f "$carry/cpu/$b"
     done
     make -s -C bpf-examples gpu
-    for f in "${cpu_inputs[@]}" "${gpu_inputs[@]}" gpu_probes; do
+    for f in "${cpu_inputs[@]}" "${gpu_inputs[@]}" "${gpu_loaders[@]}"; do
         cp "bpf-examples/build/$f" "$carry/cpu/"
     done
     # The unmodified libbpf C tool of the stress run, with the Debian libbpf it links.
@@ -149,7 +152,7 @@ gpu_examples() {
         xz -dc "$carry/cpu/$b.xz" >"$dir/$b"
     done
     chmod +x "$dir/bpftime" "$dir/bpftime-trace-check"
-    for f in "${gpu_inputs[@]}" gpu_probes libbpf.so.1; do
+    for f in "${gpu_inputs[@]}" "${gpu_loaders[@]}" libbpf.so.1; do
         cp "$carry/cpu/$f" "$dir/"
     done
     local status=0

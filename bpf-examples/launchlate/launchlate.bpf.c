@@ -16,6 +16,10 @@
  * `latency_hist` holds the histogram (slot k: [2^k, 2^(k+1)) microseconds, slot 0 also below
  * 1 us); `stats` the launches seen on each side, the sum of the latencies in ns, and the
  * launches whose GPU start read earlier than the CPU's stamp (the clocks' error bound).
+ *
+ * Built with -DBPFTIME_GPU_ARRAYS (launchlate_gpu.bpf.o), the three maps are bpftime's GPU
+ * arrays (map type 1503), as bpftime's own launchlate declares its histogram: one copy
+ * that the CPU uprobe, the GPU probe and the host all see, exactly as an array.
  */
 #include <linux/bpf.h>
 #include <linux/ptrace.h>
@@ -25,15 +29,21 @@
 
 #define SLOTS 32
 
+#ifdef BPFTIME_GPU_ARRAYS
+#define SHARED_ARRAY 1503 /* bpftime's BPF_MAP_TYPE_GPU_ARRAY_MAP */
+#else
+#define SHARED_ARRAY BPF_MAP_TYPE_ARRAY
+#endif
+
 struct {
-	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(type, SHARED_ARRAY);
 	__uint(max_entries, 1);
 	__type(key, __u32);
 	__type(value, __u64);
 } launched SEC(".maps");
 
 struct {
-	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(type, SHARED_ARRAY);
 	__uint(max_entries, SLOTS);
 	__type(key, __u32);
 	__type(value, __u64);
@@ -42,7 +52,7 @@ struct {
 /* 0: launches seen by the CPU, 1: kernels started on the GPU, 2: sum of latencies (ns),
  * 3: GPU starts stamped before the CPU's (negative latencies). */
 struct {
-	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(type, SHARED_ARRAY);
 	__uint(max_entries, 4);
 	__type(key, __u32);
 	__type(value, __u64);

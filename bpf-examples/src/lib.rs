@@ -89,6 +89,16 @@ pub const GPU_PROBES: &str = env!("BPF_EXAMPLES_GPU_PROBES");
 /// GPU probes in every spelling (`cuda:` sections, a `cuda__*` kprobe); not in
 /// [`ARTIFACTS`]: the kernel's libbpf does not take `cuda:` sections.
 pub const GPU_PROBES_BPF_O: &str = env!("BPF_EXAMPLES_GPU_PROBES_BPF_O");
+/// `gpu_maps` loader (C, shared libbpf): loads [`GPU_MAPS_BPF_O`] (`--obj FILE`), prints
+/// each map's id and `ready`, reads its GPU ring buffer through bpftime's poll function
+/// (libbpf's ring buffer with `GPU_MAPS_READER=ringbuf`) until SIGINT, then prints what
+/// each map holds (`gpu_maps/gpu_maps.c` says how).
+pub const GPU_MAPS: &str = env!("BPF_EXAMPLES_GPU_MAPS");
+/// bpftime's GPU map types (per-thread array, GPU array, GPU hash, GPU ring buffer) on
+/// vectorAdd; not in [`ARTIFACTS`]: the kernel knows none of those types.
+pub const GPU_MAPS_BPF_O: &str = env!("BPF_EXAMPLES_GPU_MAPS_BPF_O");
+/// `launchlate` with the maps its CPU uprobe and GPU probe share as bpftime's GPU arrays.
+pub const LAUNCHLATE_GPU_BPF_O: &str = env!("BPF_EXAMPLES_LAUNCHLATE_GPU_BPF_O");
 /// A GPU probe with bpftime's GPU helpers; not in [`ARTIFACTS`] either.
 pub const GPU_BLOCK_COUNT_BPF_O: &str = env!("BPF_EXAMPLES_GPU_BLOCK_COUNT_BPF_O");
 /// `threadhist`: exits of the CUDA kernel vectorAdd by threadIdx.x (`cuda:` exit probe).
@@ -149,6 +159,7 @@ pub const ARTIFACTS: &[&str] = &[
     "stack_target",
     "rejected.bpf.o",
     "gpu_probes",
+    "gpu_maps",
 ];
 
 /// Path of a built artifact, by its file name (one of [`ARTIFACTS`]).

@@ -21,7 +21,7 @@ use crate::timeline::Sample;
 use anyhow::anyhow;
 use bpftime_runtime::{GpuProbe, GpuProbeKind};
 use libbpf_rs::{
-    MapCore, MapType, ObjectBuilder, PerfBufferBuilder, RingBufferBuilder, UprobeOpts,
+    MapCore, MapHandle, MapType, ObjectBuilder, PerfBufferBuilder, RingBufferBuilder, UprobeOpts,
 };
 use std::cell::RefCell;
 use std::collections::HashMap;
@@ -459,21 +459,39 @@ fn load_and_run(store: &str, args: &RunArgs) -> Result<ExitCode, Failure> {
         None => say(&show::event_line(&types, name, data)),
     };
     let maps: Vec<libbpf_rs::Map<'_>> = obj.maps().collect();
+    // bpftime's GPU ring buffers (1527), read as any ring buffer: through a handle whose
+    // type comes from BPF_OBJ_GET_INFO_BY_FD, which calls them ring buffers and gives the
+    // ring's size (the object's own max_entries counts records).
+    let gpu_rings: HashMap<String, MapHandle> = maps
+        .iter()
+        .filter(|m| show::declared_type(m) == bpftime_isa::uapi::map_type::GPU_RINGBUF)
+        .map(|m| {
+            let name = m.name().to_string_lossy().into_owned();
+            m.info()
+                .and_then(|info| MapHandle::from_map_id(info.info.id))
+                .map(|h| (name.clone(), h))
+                .map_err(|e| Failure::Load(anyhow!("GPU ring buffer `{name}`: {e}")))
+        })
+        .collect::<Result<_, _>>()?;
     let mut rings = RingBufferBuilder::new();
     let mut have_rings = false;
     let mut perf = Vec::new();
     for m in &maps {
         let name = m.name().to_string_lossy().into_owned();
-        match m.map_type() {
+        match show::served_type(m) {
             MapType::RingBuf => {
                 let (record, events) = (&record, &events);
+                let ring_map: &dyn MapCore = match gpu_rings.get(&name) {
+                    Some(handle) => handle,
+                    None => m,
+                };
                 // A record reaches at most to the end of the ring's second mapping: a
                 // longer one is a length read from a damaged ring file (overwritten
                 // between the shim's check and libbpf's read), and reading it would go
                 // past the mapping.
-                let ring = u64::from(m.max_entries());
+                let ring = u64::from(ring_map.max_entries());
                 rings
-                    .add(m, move |data: &[u8]| {
+                    .add(ring_map, move |data: &[u8]| {
                         if data.len() as u64 + 8 > ring {
                             return 0;
                         }

@@ -414,6 +414,96 @@ fn btf_ids(map: &Map<'_>) -> (u32, u32) {
     }
 }
 
+/// The map's type as its object declares it: bpftime's GPU types too, which libbpf-rs
+/// has no name for.
+pub fn declared_type(map: &Map<'_>) -> u32 {
+    let raw = map.as_libbpf_object().as_ptr();
+    // SAFETY: `raw` is a live map of an open object; the call only reads it.
+    unsafe { libbpf_rs::libbpf_sys::bpf_map__type(raw) }
+}
+
+/// What the map is served as: bpftime's shared GPU arrays and hash map are arrays and
+/// hash maps, its GPU ring buffer a ring buffer; other types are themselves.
+pub fn served_type(map: &Map<'_>) -> MapType {
+    use bpftime_isa::uapi::map_type as mt;
+    match mt::served_as(declared_type(map)) {
+        mt::GPU_RINGBUF => MapType::RingBuf,
+        t => MapType::from(t),
+    }
+}
+
+/// A per-thread array's keys, each with its threads' values as runs of threads holding
+/// the same value (`0-1023=5`; at most 16 runs a key, then how many more): every key of
+/// every thread the map was made for, which the store says.
+fn per_thread_lines(
+    map: &Map<'_>,
+    store: &bpftime_runtime::Store,
+    types: &Types<'_>,
+    value_id: u32,
+) -> Vec<String> {
+    const RUNS_SHOWN: usize = 16;
+    let name = map.name().to_string_lossy().into_owned();
+    let opened = map
+        .info()
+        .map_err(|e| format!("cannot find the map in the store: {e}"))
+        .and_then(|info| {
+            bpftime_runtime::Map::open(store, info.info.id)
+                .map_err(|e| format!("cannot read the map in the store: {e}"))
+        });
+    let held = match opened {
+        Ok(m) => m,
+        Err(e) => return vec![format!("{name} (gpu_per_thread_array): {e}")],
+    };
+    let threads = held.gpu_threads().unwrap_or(0) as usize;
+    let size = map.value_size() as usize;
+    let mut out = vec![format!(
+        "{name} (gpu_per_thread_array {} -> {}, {} entries of {threads} GPU threads):",
+        types.describe(btf_ids(map).0, map.key_size()),
+        types.describe(value_id, map.value_size()),
+        map.max_entries(),
+    )];
+    let mut values = vec![0u8; held.syscall_value_size()];
+    for key in 0..map.max_entries() {
+        if held.lookup(&key.to_ne_bytes(), &mut values).is_err() || size == 0 {
+            continue;
+        }
+        let mut runs: Vec<(usize, usize, String)> = Vec::new();
+        for (t, v) in values.chunks_exact(size).enumerate().take(threads) {
+            let text = types.format(value_id, v);
+            match runs.last_mut() {
+                Some((_, end, last)) if *last == text => *end = t,
+                _ => runs.push((t, t, text)),
+            }
+        }
+        let mut line = format!("{name}[{key}]:");
+        for (from, to, v) in runs.iter().take(RUNS_SHOWN) {
+            if from == to {
+                let _ = write!(line, " {from}={v}");
+            } else {
+                let _ = write!(line, " {from}-{to}={v}");
+            }
+        }
+        if runs.len() > RUNS_SHOWN {
+            let _ = write!(line, " ... ({} more runs)", runs.len() - RUNS_SHOWN);
+        }
+        out.push(line);
+    }
+    out
+}
+
+/// The map's type as `bpftime run` names it: bpftime's GPU types by their names there.
+fn label(map: &Map<'_>) -> String {
+    use bpftime_isa::uapi::map_type as mt;
+    match declared_type(map) {
+        mt::GPU_HASH => "gpu_hash".into(),
+        mt::GPU_ARRAY => "gpu_array".into(),
+        mt::GPU_KERNEL_SHARED_ARRAY => "gpu_kernel_shared_array".into(),
+        mt::GPU_ARRAY_HOST => "gpu_array_host".into(),
+        mt::GPU_RINGBUF => "gpu_ringbuf".into(),
+        _ => kind_name(served_type(map)),
+    }
+}
+
 fn kind_name(t: MapType) -> String {
     match t {
         MapType::Hash => "hash".into(),
@@ -443,7 +533,7 @@ fn is_log2_histogram(map: &Map<'_>, types: &Types<'_>, key_id: u32, value_id: u3
             .is_some();
     let counts = map.value_size() == 8 && types.as_uint(value_id, &[0; 8]).is_some();
     let kinds = matches!(
-        map.map_type(),
+        served_type(map),
         MapType::Array
             | MapType::PercpuArray
             | MapType::Hash
@@ -477,7 +567,7 @@ fn keys_to_print<'m>(
     store: &bpftime_runtime::Store,
 ) -> Result<Box<dyn Iterator<Item = Vec<u8>> + 'm>, String> {
     let sparse = matches!(
-        map.map_type(),
+        served_type(map),
         MapType::Array | MapType::PercpuArray | MapType::StackTrace
     ) && map.max_entries() > SMALL_ARRAY;
     if sparse {
@@ -495,7 +585,7 @@ fn entries(
     types: &Types<'_>,
     value_id: u32,
 ) -> Vec<(Vec<u8>, Value)> {
-    let percpu = map.map_type().is_percpu();
+    let percpu = served_type(map).is_percpu();
     keys.filter_map(|k| {
         if percpu {
             let per_cpu = map.lookup_percpu(&k, MapFlags::ANY).ok()??;
@@ -602,7 +692,11 @@ pub fn dump_maps(
     for map in obj.maps() {
         let name = map.name().to_string_lossy().into_owned();
         let (key_id, value_id) = btf_ids(&map);
-        let kind = map.map_type();
+        let kind = served_type(&map);
+        if bpftime_isa::uapi::map_type::is_per_gpu_thread(declared_type(&map)) {
+            out.extend(per_thread_lines(&map, store, types, value_id));
+            continue;
+        }
         match kind {
             // Keys are 32-bit stack ids (the kernel refuses any other size).
             MapType::StackTrace if map.key_size() == 4 => {
@@ -615,7 +709,7 @@ pub fn dump_maps(
             MapType::RingBuf | MapType::PerfEventArray => {
                 out.push(format!(
                     "{name} ({}): {} events",
-                    kind_name(kind),
+                    label(&map),
                     events.get(&name).copied().unwrap_or(0)
                 ));
                 continue;
@@ -627,7 +721,7 @@ pub fn dump_maps(
             | MapType::LruHash
             | MapType::LruPercpuHash => {}
             _ => {
-                out.push(format!("{name} ({}): contents not shown", kind_name(kind)));
+                out.push(format!("{name} ({}): contents not shown", label(&map)));
                 continue;
             }
         }
@@ -656,7 +750,7 @@ pub fn dump_maps(
         let list = match keys_to_print(&map, store) {
             Ok(keys) => entries(&map, keys, types, value_id),
             Err(e) => {
-                out.push(format!("{name} ({}): {e}", kind_name(kind)));
+                out.push(format!("{name} ({}): {e}", label(&map)));
                 continue;
             }
         };
@@ -668,7 +762,7 @@ pub fn dump_maps(
         if is_log2_histogram(&map, types, key_id, value_id) {
             out.push(format!(
                 "{name} (log2 histogram; {} {header}):",
-                kind_name(kind)
+                label(&map)
             ));
             let counts: Vec<(u32, u64)> = list
                 .iter()
@@ -691,7 +785,7 @@ pub fn dump_maps(
         };
         out.push(format!(
             "{name} ({} {header}, {total} entries):",
-            kind_name(kind),
+            label(&map),
         ));
         let show_zero = !is_array || map.max_entries() <= SMALL_ARRAY;
         let mut shown: Vec<(Option<u64>, String, String)> = list

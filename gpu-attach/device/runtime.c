@@ -38,7 +38,10 @@ typedef DEVICE_GLOBAL u32 global_u32;
 #define BPF_MAP_TYPE_LRU_HASH 9
 #define BPF_MAP_TYPE_LRU_PERCPU_HASH 10
 #define BPF_MAP_TYPE_RINGBUF 27
+/* bpftime's GPU map types. The host describes 1501, 1503, 1504 and 1513 to the device as
+ * the standard hash map and array they are served as, 1512 as 1502. */
 #define BPF_MAP_TYPE_GPU_HASH 1501
+#define BPF_MAP_TYPE_GPU_PER_THREAD_ARRAY 1502
 #define BPF_MAP_TYPE_GPU_ARRAY 1503
 #define BPF_MAP_TYPE_GPU_RINGBUF 1527
 
@@ -100,7 +103,8 @@ struct gpu_map {
     u32 max_entries;
     u32 key_stride;    /* round8(key_size) */
     u32 value_stride;  /* round8(value_size) */
-    u32 copies;        /* values per key: 1, or the SM count of a per-CPU map */
+    u32 copies;        /* values per key: 1, the SM count of a per-CPU map, or the thread
+                        * count of a per-thread array */
     u32 capacity;      /* hash slots, a power of two */
     u64 values;        /* array: max_entries * copies values; hash: capacity * copies */
     u64 keys;          /* hash: capacity keys */
@@ -189,12 +193,38 @@ static u32 copy_index(const struct gpu_map *m)
     return m->copies > 1 ? sm_id() % m->copies : 0;
 }
 
+/* The thread's global id as bpftime numbers the copies of a per-thread array (its
+ * `getGlobalThreadId`): the thread's coordinates in the whole grid, x fastest, z slowest;
+ * `blockIdx.x * blockDim.x + threadIdx.x` in a one-dimensional launch. */
+static u64 global_thread_id(void)
+{
+    u64 dx = __nvvm_read_ptx_sreg_ntid_x(), dy = __nvvm_read_ptx_sreg_ntid_y();
+    u64 x = (u64)__nvvm_read_ptx_sreg_ctaid_x() * dx + __nvvm_read_ptx_sreg_tid_x();
+    u64 y = (u64)__nvvm_read_ptx_sreg_ctaid_y() * dy + __nvvm_read_ptx_sreg_tid_y();
+    u64 z = (u64)__nvvm_read_ptx_sreg_ctaid_z() * __nvvm_read_ptx_sreg_ntid_z() +
+            __nvvm_read_ptx_sreg_tid_z();
+    u64 width = (u64)__nvvm_read_ptx_sreg_nctaid_x() * dx;
+    u64 height = (u64)__nvvm_read_ptx_sreg_nctaid_y() * dy;
+    return (z * height + y) * width + x;
+}
+
+/* A per-thread array keeps `copies` values per key, the thread of global id t using
+ * copy t: no two threads share a value, so a probe updates its own without atomics. A
+ * thread past the map's thread count has none (bpftime would write past the map). */
 static u8 *array_value(const struct gpu_map *m, const u8 *key)
 {
     u32 index = *(const u32 *)key;
     if (index >= m->max_entries)
         return 0;
-    u64 at = ((u64)index * m->copies + copy_index(m)) * m->value_stride;
+    u64 copy;
+    if (m->map_type == BPF_MAP_TYPE_GPU_PER_THREAD_ARRAY) {
+        copy = global_thread_id();
+        if (copy >= m->copies)
+            return 0;
+    } else {
+        copy = copy_index(m);
+    }
+    u64 at = ((u64)index * m->copies + copy) * m->value_stride;
     return (u8 *)m->values + at;
 }
 
@@ -318,7 +348,8 @@ static int reserve_entry(const struct gpu_map *m)
 
 static int is_array(u32 t)
 {
-    return t == BPF_MAP_TYPE_ARRAY || t == BPF_MAP_TYPE_PERCPU_ARRAY || t == BPF_MAP_TYPE_GPU_ARRAY;
+    return t == BPF_MAP_TYPE_ARRAY || t == BPF_MAP_TYPE_PERCPU_ARRAY || t == BPF_MAP_TYPE_GPU_ARRAY ||
+           t == BPF_MAP_TYPE_GPU_PER_THREAD_ARRAY;
 }
 
 #ifndef BPFTIME_TABLE_ONLY
@@ -764,10 +795,20 @@ static u64 ring_output(struct ring *r, const u8 *data, u64 size)
         return CALL_WHOLE;                                                                 \
     } while (0)
 
+/* A GPU ring buffer's records are at most its value_size bytes (bpftime's slot). */
+static u64 gpu_ring_output(const struct gpu_map *m, u64 data, u64 size)
+{
+    if (size > m->value_size)
+        return (u64)-E2BIG;
+    return ring_output(ring_shard((struct ring *)m->ring), (const u8 *)data, size);
+}
+
 static __attribute__((noinline)) u64 ringbuf_output(u64 map, u64 data, u64 size)
 {
     const struct gpu_map *m = (const struct gpu_map *)map;
-    if (m->map_type != BPF_MAP_TYPE_RINGBUF && m->map_type != BPF_MAP_TYPE_GPU_RINGBUF)
+    if (m->map_type == BPF_MAP_TYPE_GPU_RINGBUF)
+        return gpu_ring_output(m, data, size);
+    if (m->map_type != BPF_MAP_TYPE_RINGBUF)
         return (u64)-EINVAL;
     return ring_output(ring_shard((struct ring *)m->ring), (const u8 *)data, size);
 }
@@ -818,9 +859,13 @@ u64 bpftime_gpu_perf_event_output(u64 ctx, u64 map, u64 flags, u64 data, u64 siz
                     perf_event_output(map, flags, data, size));
 }
 
+/* On a GPU ring buffer (bpftime's way to write one) the record goes as it is, without
+ * the flags, which mean nothing there: the host hands it on with its size. */
 static __attribute__((noinline)) u64 perf_event_output(u64 map, u64 flags, u64 data, u64 size)
 {
     const struct gpu_map *m = (const struct gpu_map *)map;
+    if (m->map_type == BPF_MAP_TYPE_GPU_RINGBUF)
+        return gpu_ring_output(m, data, size);
     if (m->map_type != BPF_MAP_TYPE_PERF_EVENT_ARRAY || size == 0 || size > 0x7fff0000ull)
         return (u64)-EINVAL;
     struct ring *r = ring_shard((struct ring *)m->ring);

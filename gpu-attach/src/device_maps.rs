@@ -188,6 +188,10 @@ pub fn round8(v: u32) -> u32 {
 pub enum DeviceKind {
     /// Values at `values + (key * copies + copy) * value_stride`.
     Array,
+    /// bpftime's per-thread array: an array whose copy of a key's value is the thread's
+    /// (the copy of its global id, `copies` being the map's thread count), synced as an
+    /// array of `max_entries * copies` values.
+    ThreadArray,
     /// An open-addressing table of `capacity` slots.
     Hash,
     /// Records in a ring the host drains into the store's ring buffer.
@@ -196,24 +200,32 @@ pub enum DeviceKind {
     PerfEventArray,
 }
 
-/// The device kind of a map type, or why it has none.
+/// The device kind of a map type, or why it has none. bpftime's GPU arrays (1503, 1504,
+/// 1513) and hash map (1501) are arrays and hash tables exactly as the standard ones are
+/// (`map_type::served_as`): the same replica, sync and fast paths.
 pub fn device_kind(map_type: u32) -> Result<DeviceKind, String> {
-    Ok(match map_type {
-        map_type::ARRAY | map_type::PERCPU_ARRAY | map_type::GPU_ARRAY => DeviceKind::Array,
-        map_type::HASH
-        | map_type::PERCPU_HASH
-        | map_type::GPU_HASH
-        | map_type::LRU_HASH
-        | map_type::LRU_PERCPU_HASH => DeviceKind::Hash,
+    Ok(match map_type::served_as(map_type) {
+        map_type::ARRAY | map_type::PERCPU_ARRAY => DeviceKind::Array,
+        map_type::GPU_PER_THREAD_ARRAY => DeviceKind::ThreadArray,
+        map_type::HASH | map_type::PERCPU_HASH | map_type::LRU_HASH | map_type::LRU_PERCPU_HASH => {
+            DeviceKind::Hash
+        }
         map_type::RINGBUF | map_type::GPU_RINGBUF => DeviceKind::Ringbuf,
         map_type::PERF_EVENT_ARRAY => DeviceKind::PerfEventArray,
         other => {
             return Err(format!(
                 "map type {other} has no GPU replica (GPU probes use array, hash, LRU hash, \
-                 per-CPU array, hash and LRU hash, ringbuf and perf_event_array maps)"
+                 per-CPU array, hash and LRU hash, ringbuf and perf_event_array maps, and \
+                 bpftime's GPU maps)"
             ))
         }
     })
+}
+
+/// The type a map's device descriptor (`struct gpu_map`) carries: what runtime.c
+/// dispatches on, the standard type a bpftime GPU type is served as.
+pub fn device_map_type(map_type: u32) -> u32 {
+    map_type::served_as(map_type)
 }
 
 /// Whether a map type keeps one value per CPU: on the device, one per SM.
@@ -1300,6 +1312,33 @@ mod tests {
         assert_eq!(lru_extra_bytes(map_type::LRU_PERCPU_HASH, 64), 64 * 4 + 8);
         assert_eq!(device_kind(map_type::LRU_HASH), Ok(DeviceKind::Hash));
         assert_eq!(device_kind(map_type::LRU_PERCPU_HASH), Ok(DeviceKind::Hash));
+        // bpftime's shared GPU maps are the standard ones on the device, down to the
+        // type runtime.c dispatches on; its per-thread arrays (either kind) are theirs.
+        for (gpu, kind, standard) in [
+            (map_type::GPU_ARRAY, DeviceKind::Array, map_type::ARRAY),
+            (
+                map_type::GPU_KERNEL_SHARED_ARRAY,
+                DeviceKind::Array,
+                map_type::ARRAY,
+            ),
+            (map_type::GPU_ARRAY_HOST, DeviceKind::Array, map_type::ARRAY),
+            (map_type::GPU_HASH, DeviceKind::Hash, map_type::HASH),
+            (
+                map_type::GPU_PER_THREAD_ARRAY_HOST,
+                DeviceKind::ThreadArray,
+                map_type::GPU_PER_THREAD_ARRAY,
+            ),
+            (
+                map_type::GPU_RINGBUF,
+                DeviceKind::Ringbuf,
+                map_type::GPU_RINGBUF,
+            ),
+        ] {
+            assert_eq!(device_kind(gpu), Ok(kind), "{gpu}");
+            assert_eq!(device_map_type(gpu), standard, "{gpu}");
+            assert!(!is_per_cpu(gpu), "{gpu}");
+            assert_eq!(lru_extra_bytes(device_map_type(gpu), 64), 0, "{gpu}");
+        }
         assert!(is_per_cpu(map_type::LRU_PERCPU_HASH));
     }
 

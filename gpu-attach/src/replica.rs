@@ -15,11 +15,11 @@ use bpftime_runtime::{Map, RecordOffer};
 use crate::arena::Arena;
 use crate::cuda::{Api, CudaError, DevicePtr, Handle};
 use crate::device_maps::{
-    add_deltas, compact_image, device_kind, drain_ring, encode_hash_ops, hash_capacity, is_per_cpu,
-    lru_extra_bytes, needs_rebuild, ring_shards, round8, value_deltas, DeviceKind, DeviceRing,
-    GpuMapDesc, HashImage, HashShape, PerCpuHashSync, RingRecord, ShardEntry, StoreChange,
-    WordDelta, HASH_OPS_BYTES, HASH_OP_HEADER, RING_TAIL, SHARDED_ARRAY_MAX, SHARD_WINDOW_SPAN,
-    SLOT_FULL,
+    add_deltas, compact_image, device_kind, device_map_type, drain_ring, encode_hash_ops,
+    hash_capacity, is_per_cpu, lru_extra_bytes, needs_rebuild, ring_shards, round8, value_deltas,
+    DeviceKind, DeviceRing, GpuMapDesc, HashImage, HashShape, PerCpuHashSync, RingRecord,
+    ShardEntry, StoreChange, WordDelta, HASH_OPS_BYTES, HASH_OP_HEADER, RING_TAIL,
+    SHARDED_ARRAY_MAX, SHARD_WINDOW_SPAN, SLOT_FULL,
 };
 
 /// Why a replica could not be made or synced.
@@ -429,7 +429,7 @@ impl Replica {
             )));
         }
         let mut desc = GpuMapDesc {
-            map_type: map.map_type(),
+            map_type: device_map_type(map.map_type()),
             key_size: map.key_size(),
             value_size: map.value_size(),
             max_entries: map.max_entries(),
@@ -483,6 +483,16 @@ impl Replica {
                 mover.put(desc.values, &shadow)?;
                 SyncState::Array { shadow }
             }
+            DeviceKind::ThreadArray => {
+                // Never sharded: a thread's value is its own, and a thread that adds to
+                // it atomically reads its own adds back within the launch.
+                desc.copies = map.gpu_threads().unwrap_or(1).max(1);
+                let bytes = array_elements(&desc) * desc.value_stride as usize;
+                desc.values = mover.alloc(bytes)?;
+                let shadow = host_array(&map, &desc);
+                mover.put(desc.values, &shadow)?;
+                SyncState::Array { shadow }
+            }
             DeviceKind::Hash if per_cpu => {
                 desc.copies = sm_count.max(1);
                 let shape = alloc_hash_table(mover, &mut desc)?;
@@ -510,7 +520,9 @@ impl Replica {
             }
             DeviceKind::Ringbuf | DeviceKind::PerfEventArray => {
                 let size = if kind == DeviceKind::Ringbuf {
-                    (map.max_entries() as u64).next_power_of_two().max(4096)
+                    // A GPU ring buffer's max_entries counts records: its ring's bytes
+                    // are the store's.
+                    u64::from(map.ring_size()).next_power_of_two().max(4096)
                 } else {
                     PERF_RING_BYTES
                 };
@@ -560,7 +572,7 @@ impl Replica {
         // bpf() or the helpers; small arrays always, which also catches stores through
         // looked-up pointers and memory-mapped writes.
         let counted_only = match self.kind {
-            DeviceKind::Array => {
+            DeviceKind::Array | DeviceKind::ThreadArray => {
                 self.desc.max_entries as usize
                     * self.desc.copies as usize
                     * self.desc.value_stride as usize
@@ -923,7 +935,7 @@ impl Replica {
                 Some((flags, data)) => self.map.offer_record(flags, data),
                 None => RecordOffer::Refused(-(libc::EINVAL as i64)),
             },
-            DeviceKind::Array | DeviceKind::Hash => RecordOffer::Taken,
+            DeviceKind::Array | DeviceKind::ThreadArray | DeviceKind::Hash => RecordOffer::Taken,
         };
         if let RecordOffer::Refused(error) = offer {
             if crate::session::may_log() {
@@ -1278,6 +1290,19 @@ struct HostArray {
 
 impl HostArray {
     fn of(map: &Map, desc: &GpuMapDesc) -> Option<HostArray> {
+        if let Some(v) = map.thread_values() {
+            // A per-thread array, as the device lays it out: key k's value of thread t
+            // is element k * threads + t, `stride` bytes apart.
+            let (threads, stride) = v.per_cpu?;
+            return Some(HostArray {
+                base: v.base,
+                key_stride: stride as usize,
+                value_size: (desc.value_size as usize).min(v.value_size as usize),
+                max_entries: map.max_entries() as usize * threads as usize,
+                cpus: 1,
+                cpu_stride: 0,
+            });
+        }
         let v = map.array_values()?;
         let (cpus, cpu_stride) = v.per_cpu.map_or((1, 0), |(n, s)| (n as usize, s as usize));
         Some(HostArray {
@@ -1372,10 +1397,16 @@ impl DeviceDelta {
     }
 }
 
+/// The values an array replica holds: a value per key, or per key and thread for a
+/// per-thread array.
+fn array_elements(desc: &GpuMapDesc) -> usize {
+    desc.max_entries as usize * desc.copies as usize
+}
+
 /// An array map's values as the store holds them, laid out as the device does.
 fn host_array(map: &Map, desc: &GpuMapDesc) -> Vec<u8> {
     let stride = desc.value_stride as usize;
-    let mut out = vec![0u8; desc.max_entries as usize * stride];
+    let mut out = vec![0u8; array_elements(desc) * stride];
     if let Some(host) = HostArray::of(map, desc) {
         for (k, chunk) in out.chunks_mut(stride).enumerate() {
             let v = host.value(k);
@@ -1735,6 +1766,60 @@ mod tests {
 
     fn key(k: u64) -> Vec<u8> {
         k.to_ne_bytes().to_vec()
+    }
+
+    /// A per-thread array's replica holds the store's values in the device's layout (key
+    /// k's value of thread t is element k * threads + t, which runtime.c's lookup of
+    /// thread t finds), and what the device changed in element e lands in that key's value
+    /// of that thread, as `bpf()` hands it to a loader.
+    #[test]
+    fn a_per_thread_arrays_replica_is_laid_out_as_the_device_reads_it() {
+        let name = format!("unit-replica-pt-{}", std::process::id());
+        let _ = std::fs::remove_dir_all(Store::dir_for(&name));
+        let store = Store::create_or_open(&name).unwrap();
+        let map = Map::create(
+            &store,
+            &MapSpec {
+                map_type: map_type::GPU_PER_THREAD_ARRAY,
+                key_size: 4,
+                value_size: 8,
+                max_entries: 2,
+                map_extra: 3,
+                ..Default::default()
+            },
+        )
+        .unwrap();
+        let words = |v: &[u64]| v.iter().flat_map(|w| w.to_ne_bytes()).collect::<Vec<u8>>();
+        map.update(&0u32.to_ne_bytes(), &words(&[1, 2, 3]), 0)
+            .unwrap();
+        map.update(&1u32.to_ne_bytes(), &words(&[4, 5, 6]), 0)
+            .unwrap();
+        assert_eq!(device_kind(map.map_type()), Ok(DeviceKind::ThreadArray));
+        let desc = GpuMapDesc {
+            map_type: device_map_type(map.map_type()),
+            key_size: 4,
+            value_size: 8,
+            max_entries: 2,
+            value_stride: 8,
+            copies: map.gpu_threads().unwrap(),
+            ..GpuMapDesc::default()
+        };
+        assert_eq!(desc.map_type, map_type::GPU_PER_THREAD_ARRAY);
+        assert_eq!(host_array(&map, &desc), words(&[1, 2, 3, 4, 5, 6]));
+        // The device added 10 to thread 1's value of key 1 (element 4).
+        let host = HostArray::of(&map, &desc).unwrap();
+        host.add(
+            4,
+            &[WordDelta {
+                offset: 0,
+                width: 8,
+                delta: 10,
+            }],
+        );
+        let mut out = vec![0u8; 24];
+        map.lookup(&1u32.to_ne_bytes(), &mut out).unwrap();
+        assert_eq!(out, words(&[4, 15, 6]));
+        let _ = store.destroy();
     }
 
     /// A device that replaced entries of a full map (an LRU map's evictions, or a hash

@@ -177,3 +177,32 @@ fn a_crowd_of_lru_inserts_never_fails_for_room() {
         assert_eq!(r["duplicates"], 0, "{line}");
     }
 }
+
+/// A per-thread array (bpftime's 1502) on the device: over every thread of a
+/// three-dimensional launch, each thread's lookup is its own copy, the one of its global
+/// id as bpftime numbers threads (x fastest, then y, then z across the whole grid), so a
+/// plain read-and-write counts exactly; the threads past the map's count get NULL and
+/// -E2BIG, and no other thread's value moves for them.
+#[test]
+fn a_per_thread_array_gives_each_thread_the_copy_of_its_global_id() {
+    let r = run("per_thread");
+    assert_eq!(r["threads"], 144, "{r:?}");
+    assert_eq!(r["counted"], 100, "{r:?}");
+    assert_eq!(r["own_ids"], 100, "{r:?}");
+    assert_eq!(r["missed"], 44, "{r:?}");
+    assert_eq!(r["refused"], 44, "{r:?}");
+}
+
+/// bpf_perf_event_output on a GPU ring buffer (bpftime's 1527) writes the record as it is,
+/// whatever the flags, with its size in the header as bpf_ringbuf_output's records have
+/// it (so the host hands both on the same way); a record larger than the map's value is
+/// refused with -E2BIG and takes no room.
+#[test]
+fn perf_event_output_on_a_gpu_ring_buffer_writes_the_bare_record() {
+    let r = run("gpu_ring");
+    assert_eq!((r["first"], r["second"], r["ringbuf"]), (0, 0, 0), "{r:?}");
+    assert_eq!(r["too_big_errno"], 7, "{r:?}");
+    assert_eq!((r["len0"], r["len1"], r["len2"]), (24, 5, 3), "{r:?}");
+    assert_eq!(r["head"], 32 + 16 + 16, "{r:?}");
+    assert_eq!(r["data_ok"], 1, "{r:?}");
+}

@@ -26,13 +26,22 @@ static __thread unsigned host_sm;
 #define __nvvm_read_ptx_sreg_laneid() 0u
 #define __nvvm_read_ptx_sreg_clock() 0u
 #define __nvvm_read_ptx_sreg_globaltimer() 0ull
-#define __nvvm_read_ptx_sreg_ctaid_x() 0u
-#define __nvvm_read_ptx_sreg_ctaid_y() 0u
-#define __nvvm_read_ptx_sreg_ctaid_z() 0u
-#define __nvvm_read_ptx_sreg_nctaid_x() 1u
-#define __nvvm_read_ptx_sreg_nctaid_y() 1u
-#define __nvvm_read_ptx_sreg_tid_x() 0u
-#define __nvvm_read_ptx_sreg_tid_y() 0u
+/* Where the calling thread stands in a launch: its block and thread index, the grid's and
+ * the block's size (x, y, z); a lone thread of a one-thread launch unless a scenario says
+ * otherwise. */
+static __thread unsigned host_ctaid[3], host_tid[3];
+static __thread unsigned host_nctaid[3] = {1, 1, 1}, host_ntid[3] = {1, 1, 1};
+#define __nvvm_read_ptx_sreg_ctaid_x() host_ctaid[0]
+#define __nvvm_read_ptx_sreg_ctaid_y() host_ctaid[1]
+#define __nvvm_read_ptx_sreg_ctaid_z() host_ctaid[2]
+#define __nvvm_read_ptx_sreg_nctaid_x() host_nctaid[0]
+#define __nvvm_read_ptx_sreg_nctaid_y() host_nctaid[1]
+#define __nvvm_read_ptx_sreg_tid_x() host_tid[0]
+#define __nvvm_read_ptx_sreg_tid_y() host_tid[1]
+#define __nvvm_read_ptx_sreg_tid_z() host_tid[2]
+#define __nvvm_read_ptx_sreg_ntid_x() host_ntid[0]
+#define __nvvm_read_ptx_sreg_ntid_y() host_ntid[1]
+#define __nvvm_read_ptx_sreg_ntid_z() host_ntid[2]
 #pragma clang diagnostic ignored "-Wunused-function"
 #include "../device/runtime.c"
 
@@ -389,9 +398,110 @@ static int lru_order(void)
     return 0;
 }
 
+/* A per-thread array (bpftime's 1502) of 2 keys for `copies` threads, 8-byte values. */
+static struct gpu_map *new_per_thread(u32 copies)
+{
+    struct gpu_map *m = calloc(1, sizeof(*m));
+    m->map_type = BPF_MAP_TYPE_GPU_PER_THREAD_ARRAY;
+    m->key_size = 4;
+    m->value_size = 8;
+    m->max_entries = 2;
+    m->value_stride = 8;
+    m->copies = copies;
+    m->values = (u64)calloc(2 * (u64)copies, 8);
+    return m;
+}
+
+/* Every thread of a three-dimensional launch (a grid of 3 x 2 x 2 blocks of 2 x 3 x 2
+ * threads: 144 threads), one after the other, adds 1 to its value of key 0 by a plain
+ * read and write (no atomics, as bpftime's threadhist does) and writes its own global id,
+ * as bpftime's getGlobalThreadId gives it, plus 1000 into key 1, in a map made for 100
+ * threads. The map's values are then listed in the device's layout: the thread of global
+ * id t owns copy t; the 44 threads past the count get no value (a NULL lookup, -E2BIG
+ * updates). */
+static int per_thread(void)
+{
+    const unsigned grid[3] = {3, 2, 2}, block[3] = {2, 3, 2};
+    struct gpu_map *m = new_per_thread(100);
+    u32 missed = 0, refused = 0, threads = 0;
+    for (int i = 0; i < 3; i++) {
+        host_nctaid[i] = grid[i];
+        host_ntid[i] = block[i];
+    }
+    for (unsigned bz = 0; bz < grid[2]; bz++)
+        for (unsigned by = 0; by < grid[1]; by++)
+            for (unsigned bx = 0; bx < grid[0]; bx++)
+                for (unsigned tz = 0; tz < block[2]; tz++)
+                    for (unsigned ty = 0; ty < block[1]; ty++)
+                        for (unsigned tx = 0; tx < block[0]; tx++) {
+                            host_ctaid[0] = bx, host_ctaid[1] = by, host_ctaid[2] = bz;
+                            host_tid[0] = tx, host_tid[1] = ty, host_tid[2] = tz;
+                            u64 x = bx * block[0] + tx, y = by * block[1] + ty;
+                            u64 z = bz * block[2] + tz;
+                            u64 id = z * (grid[0] * block[0]) * (grid[1] * block[1]) +
+                                     y * (grid[0] * block[0]) + x;
+                            u32 zero = 0, one = 1;
+                            u64 *v = (u64 *)bpftime_gpu_map_lookup_elem((u64)m, (u64)&zero, 0, 0, 0);
+                            threads++;
+                            if (!v) {
+                                missed++;
+                                u64 mine = id + 1000;
+                                if (bpftime_gpu_map_update_elem((u64)m, (u64)&one, (u64)&mine, 0, 0) ==
+                                    (u64)-E2BIG)
+                                    refused++;
+                                continue;
+                            }
+                            *v += 1;
+                            u64 mine = id + 1000;
+                            bpftime_gpu_map_update_elem((u64)m, (u64)&one, (u64)&mine, 0, 0);
+                        }
+    u32 counted = 0, own_ids = 0;
+    for (u32 t = 0; t < 100; t++) {
+        counted += ((u64 *)m->values)[t] == 1;
+        own_ids += ((u64 *)m->values)[100 + t] == t + 1000;
+    }
+    printf("threads=%u counted=%u own_ids=%u missed=%u refused=%u\n", threads, counted, own_ids,
+           missed, refused);
+    return 0;
+}
+
+/* Records of bpf_perf_event_output on a GPU ring buffer (24-byte values): each goes into
+ * the ring as it is (no flags before it, unlike a perf event array's), with its size; one
+ * larger than the map's value is refused (-E2BIG) and never written. */
+static int gpu_ring(void)
+{
+    struct gpu_map *m = calloc(1, sizeof(*m));
+    struct ring *r = calloc(1, sizeof(*r));
+    r->size = 4096;
+    r->shards = 1;
+    r->data = (u64)calloc(4096, 1);
+    m->map_type = BPF_MAP_TYPE_GPU_RINGBUF;
+    m->value_size = 24;
+    m->ring = (u64)r;
+    u8 rec[32];
+    for (int i = 0; i < 32; i++)
+        rec[i] = (u8)(i + 1);
+    u64 a = bpftime_gpu_perf_event_output(0, (u64)m, 0xffffffffull, (u64)rec, 24);
+    u64 b = bpftime_gpu_perf_event_output(0, (u64)m, 0, (u64)rec, 5);
+    u64 c = bpftime_gpu_perf_event_output(0, (u64)m, 0, (u64)rec, 25);
+    u64 d = bpftime_gpu_ringbuf_output((u64)m, (u64)rec, 3, 0, 0);
+    u32 *h0 = (u32 *)r->data, *h1 = (u32 *)((u8 *)r->data + 32), *h2 = (u32 *)((u8 *)r->data + 48);
+    int data_ok = !memcmp((u8 *)r->data + 8, rec, 24) && !memcmp((u8 *)r->data + 40, rec, 5) &&
+                  !memcmp((u8 *)r->data + 56, rec, 3);
+    printf("first=%lld second=%lld too_big_errno=%lld ringbuf=%lld head=%llu len0=%u len1=%u len2=%u "
+           "data_ok=%d\n",
+           (long long)a, (long long)b, -(long long)c, (long long)d, r->head, h0[0], h1[0], h2[0],
+           data_ok);
+    return 0;
+}
+
 int main(int argc, char **argv)
 {
     const char *s = argc > 1 ? argv[1] : "";
+    if (!strcmp(s, "per_thread"))
+        return per_thread();
+    if (!strcmp(s, "gpu_ring"))
+        return gpu_ring();
     if (!strcmp(s, "same_keys"))
         return same_keys();
     if (!strcmp(s, "churn"))
@@ -410,6 +520,6 @@ int main(int argc, char **argv)
         return counters(BPF_MAP_TYPE_HASH);
     if (!strcmp(s, "lru_counters"))
         return counters(BPF_MAP_TYPE_LRU_HASH);
-    fprintf(stderr, "usage: host_table same_keys|churn|lru_churn|lru|lru_percpu|lru_order|counters|lru_counters|lru_crowd\n");
+    fprintf(stderr, "usage: host_table same_keys|churn|lru_churn|lru|lru_percpu|lru_order|counters|lru_counters|lru_crowd|per_thread|gpu_ring\n");
     return 1;
 }

@@ -155,6 +155,9 @@ const VALUE_MAPS: &[u32] = &[
     mt::GPU_HASH,
     mt::GPU_PER_THREAD_ARRAY,
     mt::GPU_ARRAY,
+    mt::GPU_KERNEL_SHARED_ARRAY,
+    mt::GPU_PER_THREAD_ARRAY_HOST,
+    mt::GPU_ARRAY_HOST,
 ];
 /// Map types a program may look up in: those holding values, and maps of maps (which
 /// give an inner map).
@@ -169,6 +172,9 @@ const LOOKUP_MAPS: &[u32] = &[
     mt::GPU_HASH,
     mt::GPU_PER_THREAD_ARRAY,
     mt::GPU_ARRAY,
+    mt::GPU_KERNEL_SHARED_ARRAY,
+    mt::GPU_PER_THREAD_ARRAY_HOST,
+    mt::GPU_ARRAY_HOST,
     mt::ARRAY_OF_MAPS,
     mt::HASH_OF_MAPS,
 ];

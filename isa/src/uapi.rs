@@ -73,10 +73,64 @@ pub mod map_type {
     pub const BLOOM_FILTER: u32 = 30;
     pub const USER_RINGBUF: u32 = 31;
     pub const CGRP_STORAGE: u32 = 32;
+    // bpftime's GPU map types: its `GPU_MAP_OFFSET` (1500) plus a standard type, as
+    // bpftime's runtime/include/bpftime_shm.hpp numbers them.
+    /// A hash map shared by every GPU thread and the host.
     pub const GPU_HASH: u32 = 1501;
+    /// An array with a copy of every value per GPU thread (see `gpu_threads`).
     pub const GPU_PER_THREAD_ARRAY: u32 = 1502;
+    /// An array shared by every GPU thread and the host.
     pub const GPU_ARRAY: u32 = 1503;
+    /// bpftime's array shared with a kernel eBPF map; here (no kernel) a GPU array.
+    pub const GPU_KERNEL_SHARED_ARRAY: u32 = 1504;
+    /// bpftime's per-thread array in host memory (for GPUs without CUDA IPC).
+    pub const GPU_PER_THREAD_ARRAY_HOST: u32 = 1512;
+    /// bpftime's shared array in host memory (for GPUs without CUDA IPC).
+    pub const GPU_ARRAY_HOST: u32 = 1513;
+    /// A ring buffer that GPU probes write with `bpf_perf_event_output`.
     pub const GPU_RINGBUF: u32 = 1527;
+
+    /// What a map of type `t` is served as here: bpftime's shared GPU arrays and hash
+    /// maps are the standard array and hash map (one copy that every GPU thread, CPU
+    /// program and `bpf()` caller sees), its host-memory per-thread array is the
+    /// per-thread array; every other type is itself. Code that dispatches on a map's
+    /// type asks this, and keeps the created type only for what it reports
+    /// (`BPF_OBJ_GET_INFO_BY_FD`, listings).
+    pub const fn served_as(t: u32) -> u32 {
+        match t {
+            GPU_HASH => HASH,
+            GPU_ARRAY | GPU_KERNEL_SHARED_ARRAY | GPU_ARRAY_HOST => ARRAY,
+            GPU_PER_THREAD_ARRAY_HOST => GPU_PER_THREAD_ARRAY,
+            t => t,
+        }
+    }
+
+    /// Whether `t` keeps a copy of each value per GPU thread.
+    pub const fn is_per_gpu_thread(t: u32) -> bool {
+        served_as(t) == GPU_PER_THREAD_ARRAY
+    }
+
+    /// Every bpftime GPU map type.
+    pub const GPU_TYPES: [u32; 7] = [
+        GPU_HASH,
+        GPU_PER_THREAD_ARRAY,
+        GPU_ARRAY,
+        GPU_KERNEL_SHARED_ARRAY,
+        GPU_PER_THREAD_ARRAY_HOST,
+        GPU_ARRAY_HOST,
+        GPU_RINGBUF,
+    ];
+}
+
+/// How many GPU threads a per-thread array (and a GPU ring buffer) is made for, as
+/// bpftime sizes them: `BPFTIME_MAP_GPU_THREAD_COUNT` in the environment of the process
+/// that creates the map, else 1024 (bpftime's `gpu_thread_count` default). A thread
+/// whose global id is past it gets no value (its lookup is NULL).
+pub mod gpu_threads {
+    /// The variable bpftime reads, in the loader's environment.
+    pub const ENV: &str = "BPFTIME_MAP_GPU_THREAD_COUNT";
+    /// bpftime's default.
+    pub const DEFAULT: u32 = 1024;
 }
 
 /// `enum bpf_prog_type`.

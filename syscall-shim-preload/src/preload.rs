@@ -1057,3 +1057,53 @@ pub unsafe extern "C" fn fopen64(
         unsafe { fopen_missing(real, path, mode) }
     )
 }
+
+/// The callback of [`bpftime_syscall_server__poll_gpu_ringbuf_map`]: a record, its size,
+/// and the caller's context.
+pub type PollCallback = unsafe extern "C" fn(data: *const c_void, size: u64, ctx: *mut c_void);
+
+/// bpftime's poll of a GPU ring buffer, under the name its loaders look up with
+/// `dlsym(RTLD_DEFAULT, "bpftime_syscall_server__poll_gpu_ringbuf_map")` (kernelretsnoop
+/// prints "This example can only be used under bpftime!" without it): calls `callback`
+/// with every record the ring of `map_fd` holds now, in order, `(data, size, ctx)`, then
+/// returns 0; never waits. `data` is valid during the call only. Fails with a negative
+/// errno (and `errno` set): -EBADF for a descriptor that is not ours, -EINVAL for one
+/// that is no ring buffer or a null callback. See `bpftime_shim::poll_gpu_ring` for what
+/// bpftime's own does and how ours differs.
+///
+/// # Safety
+/// `callback`, when not null, must be a function of that C signature, which may be called
+/// with `ctx`.
+#[no_mangle]
+pub unsafe extern "C" fn bpftime_syscall_server__poll_gpu_ringbuf_map(
+    map_fd: c_int,
+    ctx: *mut c_void,
+    callback: Option<PollCallback>,
+) -> c_int {
+    let fail = |errno: i32| -> c_int {
+        set_errno(errno);
+        -errno
+    };
+    ffi_guard!(
+        "bpftime_syscall_server__poll_gpu_ringbuf_map",
+        fail(INTERNAL_ERROR),
+        {
+            let Some(callback) = callback else {
+                return fail(libc::EINVAL);
+            };
+            // The ring is taken out of the shim, and read without its lock: the callback
+            // may make bpf() calls of its own.
+            let ring = match with_shim(|s| s.ring_to_poll(map_fd)) {
+                Ok(Ok(ring)) => ring,
+                Ok(Err(errno)) => return fail(errno),
+                Err(why) => return fail(why.errno()),
+            };
+            bpftime_shim::poll_gpu_ring(&ring, |record| {
+                // SAFETY: the caller's function (see above), with the record's bytes,
+                // which stay mapped while the ring handle lives, and its context.
+                unsafe { callback(record.as_ptr().cast(), record.len() as u64, ctx) }
+            });
+            0
+        }
+    )
+}

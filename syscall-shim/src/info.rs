@@ -44,11 +44,20 @@ impl Shim {
         let info: Vec<u8> = match &obj.object {
             Object::Map(m) => {
                 let mut b = vec![0u8; MAP_INFO_LEN];
-                put32(&mut b, 0, m.map_type());
+                let (map_type, key_size, value_size, max_entries) =
+                    if m.map_type() == bpftime_isa::uapi::map_type::GPU_RINGBUF {
+                        // A GPU ring buffer is, to every reader on the host, the BPF ring
+                        // buffer it is kept as: libbpf's ring_buffer__add takes a map only
+                        // when this says RINGBUF and gives the ring's size.
+                        (bpftime_isa::uapi::map_type::RINGBUF, 0, 0, m.ring_size())
+                    } else {
+                        (m.map_type(), m.key_size(), m.value_size(), m.max_entries())
+                    };
+                put32(&mut b, 0, map_type);
                 put32(&mut b, 4, m.id());
-                put32(&mut b, 8, m.key_size());
-                put32(&mut b, 12, m.value_size());
-                put32(&mut b, 16, m.max_entries());
+                put32(&mut b, 8, key_size);
+                put32(&mut b, 12, value_size);
+                put32(&mut b, 16, max_entries);
                 put32(&mut b, 20, m.map_flags());
                 put_name(&mut b, 24, &m.name());
                 let (btf, k, v) = m.btf_ids();

@@ -12,6 +12,7 @@
 mod attr;
 mod btf;
 mod core;
+mod gpu_ring;
 mod handed;
 mod info;
 mod perf;
@@ -21,5 +22,6 @@ mod test_run;
 mod test_support;
 
 pub use crate::core::{set_fd_observer, Object, ObjectRef, Shim, SysResult};
+pub use gpu_ring::poll_gpu_ring;
 pub use perf::{perf_attr_is_bpf, KprobePmu, UprobePmu, PERF_EVENT_IOC_SET_BPF};
 pub use program::{check_program, check_program_with_lines, source_lines, Rejection};

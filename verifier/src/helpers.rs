@@ -46,6 +46,9 @@ pub const GPU_MAP_TYPES: &[u32] = &[
     mt::GPU_HASH,
     mt::GPU_PER_THREAD_ARRAY,
     mt::GPU_ARRAY,
+    mt::GPU_KERNEL_SHARED_ARRAY,
+    mt::GPU_PER_THREAD_ARRAY_HOST,
+    mt::GPU_ARRAY_HOST,
     mt::GPU_RINGBUF,
 ];
 
@@ -82,6 +85,9 @@ pub const KNOWN_MAP_TYPES: &[u32] = &[
     mt::GPU_HASH,
     mt::GPU_PER_THREAD_ARRAY,
     mt::GPU_ARRAY,
+    mt::GPU_KERNEL_SHARED_ARRAY,
+    mt::GPU_PER_THREAD_ARRAY_HOST,
+    mt::GPU_ARRAY_HOST,
     mt::GPU_RINGBUF,
 ];
 

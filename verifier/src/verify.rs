@@ -605,8 +605,7 @@ impl<'a> Verifier<'a> {
                         let m = self.map(i.imm)?;
                         let off = hi as u32;
                         // Only single-element arrays (global data) have one address.
-                        let direct =
-                            matches!(m.map_type, mt::ARRAY | mt::GPU_ARRAY) && m.max_entries == 1;
+                        let direct = mt::served_as(m.map_type) == mt::ARRAY && m.max_entries == 1;
                         if off >= m.value_size || !direct {
                             return Err(RejectKind::MapValueOffset {
                                 value_size: m.value_size,
@@ -1590,6 +1589,7 @@ impl<'a> Verifier<'a> {
         let mut const_key = None;
         let mut size_max = u64::MAX;
         let mut const_str = None;
+        let mut null_ctx = None;
         for (n, arg) in proto.args.iter().enumerate() {
             let r = n as u8 + 1;
             let v = Self::read(st, r)?;
@@ -1645,7 +1645,10 @@ impl<'a> Verifier<'a> {
                         return Err(wrong("pointer to stack or map value"));
                     }
                     self.helper_mem(st, r, v, size as u64, write)?;
-                    if *arg == Arg::MapKey && matches!(m.map_type, mt::ARRAY | mt::PERCPU_ARRAY) {
+                    // A per-thread array's lookup misses for threads past its count.
+                    if *arg == Arg::MapKey
+                        && matches!(mt::served_as(m.map_type), mt::ARRAY | mt::PERCPU_ARRAY)
+                    {
                         const_key = const_stack_key(st, v, m.key_size);
                     }
                 }
@@ -1702,7 +1705,13 @@ impl<'a> Verifier<'a> {
                     reserve_size = c.min(u64::from(u32::MAX)) as u32;
                 }
                 Arg::Ctx => {
-                    if !matches!(
+                    let null = v.as_scalar().and_then(|s| s.as_const()) == Some(0);
+                    if null && uid == h::PERF_EVENT_OUTPUT {
+                        // bpftime's GPU programs pass NULL to bpf_perf_event_output on
+                        // a GPU ring buffer (which has no use for it): allowed there
+                        // alone, once the map argument shows which map it is.
+                        null_ctx = Some(wrong("ctx"));
+                    } else if !matches!(
                         v,
                         Reg::Ptr {
                             region: Region::Ctx,
@@ -1787,6 +1796,14 @@ impl<'a> Verifier<'a> {
         if uid == h::SNPRINTF {
             let fmt = const_str.expect("bpf_snprintf's format is a constant string");
             self.snprintf_format(st, &fmt)?;
+        }
+        if let Some(refused) = null_ctx {
+            if map
+                .as_ref()
+                .is_none_or(|(_, m)| m.map_type != mt::GPU_RINGBUF)
+            {
+                return Err(refused);
+            }
         }
         let ctx_arg = st.cur().regs[3];
         // bpf_loop told to run no iteration never calls its callback (the kernel

@@ -3,7 +3,7 @@ use crate::Result;
 use bpftime_isa::uapi::update_flags;
 use std::sync::atomic::{AtomicU32, Ordering};
 
-fn index(map: &Map, key: &[u8]) -> Result<u32> {
+pub(super) fn index(map: &Map, key: &[u8]) -> Result<u32> {
     map.check_key(key)?;
     Ok(u32::from_ne_bytes([key[0], key[1], key[2], key[3]]))
 }
@@ -11,7 +11,7 @@ fn index(map: &Map, key: &[u8]) -> Result<u32> {
 /// The index an update of `key` with `flags` writes, checked in the kernel's order:
 /// unknown flags, then the index, then `BPF_NOEXIST` (every element of an array exists).
 /// The GPU and x86 JITs' inlined updates give the same answers (bpftime-lifter).
-fn update_index(map: &Map, key: &[u8], flags: u64) -> Result<u32> {
+pub(super) fn update_index(map: &Map, key: &[u8], flags: u64) -> Result<u32> {
     if flags & !update_flags::LOCK > update_flags::EXIST {
         return Err(err(libc::EINVAL, "unknown update flags"));
     }
@@ -25,13 +25,9 @@ fn update_index(map: &Map, key: &[u8], flags: u64) -> Result<u32> {
     Ok(idx)
 }
 
-fn slot(map: &Map, idx: u32) -> *mut u8 {
+pub(super) fn slot(map: &Map, idx: u32) -> *mut u8 {
     let stride = round8(map.value_size());
-    let copies = if map.kind.percpu() {
-        map.ncpus() as usize
-    } else {
-        1
-    };
+    let copies = map.value_copies();
     // SAFETY: callers check idx < max_entries; the data area holds max_entries * copies slots.
     unsafe { map.data().add(idx as usize * stride * copies) }
 }

@@ -14,6 +14,7 @@ mod lpm;
 mod queue;
 mod ringbuf;
 pub(crate) mod stack_trace;
+mod thread_array;
 
 use crate::fault::Damage;
 use crate::layout::{InnerTemplate, MapHeader, ObjectKind, PAGE_SIZE};
@@ -226,6 +227,9 @@ enum Kind {
     /// Arrays whose values are object ids (prog_array, perf_event_array; cgroup_array,
     /// whose ids are cgroups').
     IdArray,
+    /// bpftime's per-GPU-thread array (see `thread_array.rs`): a copy of every value per
+    /// GPU thread, for the thread count fixed at creation.
+    ThreadArray,
     Hash {
         percpu: bool,
         lru: bool,
@@ -254,7 +258,9 @@ enum Kind {
 
 impl Kind {
     fn of(map_type: u32) -> Option<Kind> {
-        Some(match map_type {
+        // bpftime's GPU arrays and hash maps are served as the standard ones; its GPU
+        // ring buffer is a ring buffer (`ring_size` says how large).
+        Some(match map_type::served_as(map_type) {
             map_type::ARRAY => Kind::Array { percpu: false },
             map_type::PERCPU_ARRAY => Kind::Array { percpu: true },
             // A cgroup array holds cgroups as their ids (the cgroup directory's inode).
@@ -289,7 +295,8 @@ impl Kind {
             map_type::QUEUE => Kind::Queue,
             map_type::BLOOM_FILTER => Kind::Bloom,
             map_type::STACK => Kind::Stack,
-            map_type::RINGBUF => Kind::Ringbuf,
+            map_type::RINGBUF | map_type::GPU_RINGBUF => Kind::Ringbuf,
+            map_type::GPU_PER_THREAD_ARRAY => Kind::ThreadArray,
             map_type::STACK_TRACE => Kind::StackTrace,
             map_type::ARRAY_OF_MAPS => Kind::MapArray,
             map_type::HASH_OF_MAPS => Kind::MapHash,
@@ -366,6 +373,16 @@ struct Fixed {
 }
 
 impl Fixed {
+    /// A ring buffer's bytes: its `max_entries`, or for a GPU ring buffer (whose
+    /// `max_entries` counts records) the size fixed at creation.
+    fn ring_size(&self) -> u32 {
+        if self.map_type == map_type::GPU_RINGBUF {
+            self.nbuckets
+        } else {
+            self.max_entries
+        }
+    }
+
     fn of(h: &MapHeader) -> Fixed {
         Fixed {
             map_type: h.map_type,
@@ -431,7 +448,13 @@ impl Fixed {
     /// Whether these fields describe a map a file of `len` bytes holds, as
     /// `BPF_MAP_CREATE` on this machine would have laid it out.
     fn fits(&self, kind: Kind, len: usize) -> bool {
-        let Ok(layout) = Layout::compute(kind, &self.spec()) else {
+        // A GPU thread count was fixed at creation and kept in `nelems`.
+        let threads = if uses_gpu_threads(self.map_type) {
+            self.nelems
+        } else {
+            0
+        };
+        let Ok(layout) = Layout::compute(kind, &self.spec(), threads) else {
             return false;
         };
         self.ncpus == possible_cpus()
@@ -459,13 +482,13 @@ impl Map {
             err(
                 libc::EINVAL,
                 format!(
-                    "map type {} ({}) is not supported by bpftime (supported: array, hash, percpu_array, percpu_hash, lru_hash, lru_percpu_hash, ringbuf, perf_event_array, prog_array, cgroup_array, lpm_trie, array_of_maps, hash_of_maps, queue, stack, bloom_filter, stack_trace, task_storage, inode_storage, sk_storage, cgrp_storage, and, always empty, sockmap, sockhash, devmap, devmap_hash, cpumap, xskmap, reuseport_sockarray)",
+                    "map type {} ({}) is not supported by bpftime (supported: array, hash, percpu_array, percpu_hash, lru_hash, lru_percpu_hash, ringbuf, perf_event_array, prog_array, cgroup_array, lpm_trie, array_of_maps, hash_of_maps, queue, stack, bloom_filter, stack_trace, task_storage, inode_storage, sk_storage, cgrp_storage, bpftime's GPU maps 1501-1504, 1512, 1513 and 1527, and, always empty, sockmap, sockhash, devmap, devmap_hash, cpumap, xskmap, reuseport_sockarray)",
                     spec.map_type,
                     type_name(spec.map_type)
                 ),
             )
         })?;
-        let layout = Layout::compute(kind, spec)?;
+        let layout = Layout::compute(kind, spec, gpu_thread_count(spec)?)?;
         let id = store.alloc_id();
         let ncpus = possible_cpus();
         let path = store.publish_with(ObjectKind::Map, id, layout.file_len, |bytes| {
@@ -532,7 +555,7 @@ impl Map {
                 format!("map type {} is not supported", spec.map_type),
             )
         })?;
-        Layout::compute(kind, spec).map(|_| ())
+        Layout::compute(kind, spec, gpu_thread_count(spec)?).map(|_| ())
     }
 
     /// Opens a map of the store in this process.
@@ -579,7 +602,7 @@ impl Map {
             Mapping::map_file_ring(
                 &file,
                 ringbuf::DATA_OFFSET,
-                fixed.max_entries as usize,
+                fixed.ring_size() as usize,
                 &path,
             )?
         } else {
@@ -738,8 +761,36 @@ impl Map {
     pub fn id(&self) -> u32 {
         self.id
     }
+    /// The type the map was created with (bpftime's GPU types included), for what is
+    /// reported; what the map does follows [`map_type::served_as`] of it.
     pub fn map_type(&self) -> u32 {
         self.fixed.map_type
+    }
+
+    /// The GPU threads a per-thread array keeps values for, or a GPU ring buffer was
+    /// sized for: fixed at creation (see `gpu_thread_count`). `None` for other maps.
+    pub fn gpu_threads(&self) -> Option<u32> {
+        uses_gpu_threads(self.fixed.map_type).then_some(self.fixed.nelems)
+    }
+
+    /// A ring buffer's size in bytes (what libbpf's consumer maps and what
+    /// `BPF_OBJ_GET_INFO_BY_FD` reports as its `max_entries`); 0 for other maps.
+    pub fn ring_size(&self) -> u32 {
+        if self.kind == Kind::Ringbuf {
+            self.fixed.ring_size()
+        } else {
+            0
+        }
+    }
+
+    /// Copies of each value the data area holds: one per CPU (per-CPU maps), one per
+    /// GPU thread (per-thread arrays), else one.
+    fn value_copies(&self) -> usize {
+        match self.kind {
+            Kind::ThreadArray => self.fixed.nelems as usize,
+            k if k.percpu() => self.fixed.ncpus as usize,
+            _ => 1,
+        }
     }
     /// Whether a program reaches per-CPU values through this map: its own, or those of
     /// the inner maps of a map of maps.
@@ -826,10 +877,11 @@ impl Map {
     /// Size of a value as `bpf()` copies it: per-CPU maps hold one 8-byte
     /// aligned slot per possible CPU.
     pub fn syscall_value_size(&self) -> usize {
-        if self.kind.percpu() {
-            round8(self.value_size()) * self.ncpus() as usize
-        } else {
-            self.value_size() as usize
+        match self.kind {
+            k if k.percpu() => round8(self.value_size()) * self.ncpus() as usize,
+            // bpftime's layout: every thread's value, `value_size` bytes apart.
+            Kind::ThreadArray => self.value_size() as usize * self.value_copies(),
+            _ => self.value_size() as usize,
         }
     }
 
@@ -911,6 +963,12 @@ impl Map {
                     array::nonzero(self, k, part)
                 })?
             }
+            Kind::ThreadArray => {
+                let slot_len = round8(self.value_size()) * self.value_copies();
+                array::slots_with_data(self, slot_len, self.max_entries(), |k, part| {
+                    array::nonzero(self, k, part)
+                })?
+            }
             Kind::StackTrace => {
                 let slot_len = stack_trace::slot_size(self.value_size());
                 // A slot is in use when the word at its start says so; a slot that
@@ -929,6 +987,7 @@ impl Map {
         self.check_syscall_read()?;
         match self.kind {
             Kind::Array { .. } => array::lookup(self, key, value),
+            Kind::ThreadArray => thread_array::lookup(self, key, value),
             Kind::IdArray => Err(err(
                 libc::EOPNOTSUPP,
                 "prog_array and perf_event_array values are read through their ids",
@@ -960,6 +1019,7 @@ impl Map {
         self.check_syscall_write()?;
         match self.kind {
             Kind::Array { .. } => array::update(self, key, value, flags),
+            Kind::ThreadArray => thread_array::update(self, key, value, flags),
             Kind::IdArray => Err(err(
                 libc::EINVAL,
                 "prog_array and perf_event_array take file descriptors (use set_id)",
@@ -992,7 +1052,9 @@ impl Map {
     pub fn delete(&self, key: &[u8]) -> Result<()> {
         self.check_syscall_write()?;
         match self.kind {
-            Kind::Array { .. } => Err(err(libc::EINVAL, "array elements cannot be deleted")),
+            Kind::Array { .. } | Kind::ThreadArray => {
+                Err(err(libc::EINVAL, "array elements cannot be deleted"))
+            }
             Kind::IdArray => array::clear_id(self, key),
             Kind::Hash { lpm: true, .. } => lpm::delete(self, key),
             Kind::Hash { .. } => hash::delete(self, key.as_ptr()),
@@ -1033,7 +1095,9 @@ impl Map {
             return Err(err(libc::EINVAL, "key size mismatch"));
         }
         match self.kind {
-            Kind::Array { .. } | Kind::IdArray | Kind::MapArray => array::next_key(self, key, out),
+            Kind::Array { .. } | Kind::ThreadArray | Kind::IdArray | Kind::MapArray => {
+                array::next_key(self, key, out)
+            }
             Kind::Hash { lpm: true, .. } => lpm::next_key(self, key, out),
             Kind::Hash { .. } | Kind::MapHash => hash::next_key(self, key, out),
             Kind::Queue | Kind::Stack => Err(err(libc::EINVAL, "queues and stacks have no keys")),
@@ -1112,6 +1176,23 @@ impl Map {
         })
     }
 
+    /// Where a per-thread array keeps its values: key `k`'s value of GPU thread `t` at
+    /// `base + k * key_stride + t * per_cpu.1` for `t < per_cpu.0` (here the copies are
+    /// threads', not CPUs'), for as long as the map handle lives. `None` for other maps.
+    pub fn thread_values(&self) -> Option<ArrayValues> {
+        if self.kind != Kind::ThreadArray {
+            return None;
+        }
+        let stride = round8(self.value_size()) as u32;
+        let threads = self.fixed.nelems;
+        Some(ArrayValues {
+            base: self.data(),
+            key_stride: stride * threads,
+            value_size: self.value_size(),
+            per_cpu: Some((threads, stride)),
+        })
+    }
+
     /// Runs `f` on `key`'s values in a per-CPU hash map, under the map's lock (no delete
     /// or reuse of the element comes between), first inserting the key with every CPU's
     /// value zeroed when it is missing and `create` is set. Returns what `f` returned and
@@ -1165,7 +1246,7 @@ impl Map {
         (self.kind == Kind::Ringbuf).then_some((
             ringbuf::CONSUMER_OFFSET,
             ringbuf::PRODUCER_OFFSET,
-            self.max_entries() as usize,
+            self.ring_size() as usize,
         ))
     }
 
@@ -1227,7 +1308,7 @@ impl Map {
             .as_inner_template()
             .map_err(|e| err(libc::EINVAL, e.to_string()))?;
         let arrays = matches!(
-            t.map_type,
+            map_type::served_as(t.map_type),
             map_type::ARRAY
                 | map_type::PERCPU_ARRAY
                 | map_type::CGROUP_ARRAY
@@ -1331,6 +1412,9 @@ impl Map {
                 id.and_then(|id| self.inner_handle(id))
                     .map_or(std::ptr::null_mut(), |m| Arc::as_ptr(&m) as *mut u8)
             }
+            // A per-thread array's values are GPU threads'; a CPU program is none of
+            // them, and finds nothing (its updates fail: EINVAL below).
+            Kind::ThreadArray => std::ptr::null_mut(),
             _ => std::ptr::null_mut(),
         }
     }
@@ -1465,6 +1549,9 @@ impl Map {
     /// `bpf_perf_event_output` on a perf_event_array: writes `data` to the ring
     /// of the event at `flags & BPF_F_INDEX_MASK` (or the current CPU's).
     pub fn perf_event_output(&self, flags: u64, data: &[u8]) -> i64 {
+        if self.map_type() == map_type::GPU_RINGBUF {
+            return self.gpu_ring_output(data);
+        }
         let ring = match self.perf_event_ring(flags) {
             Ok(r) => r,
             Err(e) => return e,
@@ -1493,7 +1580,10 @@ impl Map {
                 Err(e) => RecordOffer::Refused(e),
             };
         }
-        if flags != 0 || ringbuf::record_len(data.len() as u64) > u64::from(self.max_entries()) {
+        if flags != 0
+            || ringbuf::record_len(data.len() as u64) > u64::from(self.ring_size())
+            || !self.fits_gpu_record(data.len())
+        {
             return RecordOffer::Refused(-(libc::E2BIG as i64));
         }
         // SAFETY: `data` is a slice of its length.
@@ -1542,6 +1632,28 @@ impl Map {
         );
         rings.insert(event, r.clone());
         Ok(r)
+    }
+
+    /// `bpf_perf_event_output` on a GPU ring buffer (bpftime's way to write one): the
+    /// record as it is (no perf header: a consumer gets the bytes and their size), of
+    /// at most the map's `value_size` bytes (bpftime's slot; -E2BIG past it); the flags
+    /// mean nothing. -ENOSPC, counted as a drop, when the ring is full.
+    fn gpu_ring_output(&self, data: &[u8]) -> i64 {
+        if !self.fits_gpu_record(data.len()) || data.is_empty() {
+            return -(libc::E2BIG as i64);
+        }
+        // SAFETY: `data` is a slice of its length.
+        if unsafe { ringbuf::output(self, data.as_ptr(), data.len() as u64, 0, true) } {
+            0
+        } else {
+            -(libc::ENOSPC as i64)
+        }
+    }
+
+    /// Whether a record of `len` bytes fits this map's records: any, except in a GPU ring
+    /// buffer, whose records are at most its `value_size` bytes.
+    fn fits_gpu_record(&self, len: usize) -> bool {
+        self.map_type() != map_type::GPU_RINGBUF || len <= self.value_size() as usize
     }
 
     /// `bpf_ringbuf_reserve`: a record of `size` bytes, or null when the ring is full.
@@ -1686,8 +1798,61 @@ fn too_large() -> Error {
     )
 }
 
+/// Whether maps of type `t` are made for a number of GPU threads.
+fn uses_gpu_threads(t: u32) -> bool {
+    map_type::is_per_gpu_thread(t) || t == map_type::GPU_RINGBUF
+}
+
+/// The GPU thread count a map of `spec` is made for, as bpftime makes it: the
+/// `BPFTIME_MAP_GPU_THREAD_COUNT` of this process's environment, else 1024; a non-zero
+/// `map_extra` names it instead (ours: bpftime passes map_extra on and ignores it). 0
+/// for maps that are made for no threads.
+fn gpu_thread_count(spec: &MapSpec) -> Result<u32> {
+    use bpftime_isa::uapi::gpu_threads::{DEFAULT, ENV};
+    if !uses_gpu_threads(spec.map_type) {
+        return Ok(0);
+    }
+    let bad = |what: String| {
+        err(
+            libc::EINVAL,
+            format!(
+                "{what}: a GPU map's thread count is a number from 1 to {}",
+                u32::MAX
+            ),
+        )
+    };
+    if spec.map_extra != 0 {
+        return u32::try_from(spec.map_extra)
+            .map_err(|_| bad(format!("map_extra {}", spec.map_extra)));
+    }
+    match std::env::var(ENV) {
+        Ok(v) => match v.trim().parse::<u32>() {
+            Ok(n) if n > 0 => Ok(n),
+            _ => Err(bad(format!("{ENV}={v:?}"))),
+        },
+        Err(_) => Ok(DEFAULT),
+    }
+}
+
+/// The bytes of a GPU ring buffer's ring: room for `max_entries` records of up to
+/// `value_size` bytes for each of `threads` threads (bpftime gives every thread a ring of
+/// `max_entries` such records; here the threads share one ring of as many bytes), rounded
+/// up to a power of two of at least a page, as a ring buffer's size is. `None` past the
+/// largest ring (2^31 bytes).
+pub(crate) fn gpu_ring_size(max_entries: u32, value_size: u32, threads: u32) -> Option<u32> {
+    let record = ringbuf::record_len(u64::from(value_size));
+    let bytes = record
+        .checked_mul(u64::from(max_entries))?
+        .checked_mul(u64::from(threads))?
+        .max(PAGE_SIZE as u64)
+        .checked_next_power_of_two()?;
+    (bytes <= 1 << 31).then_some(bytes as u32)
+}
+
 impl Layout {
-    fn compute(kind: Kind, s: &MapSpec) -> Result<Layout> {
+    /// The layout of a map of `kind` for `s`; `gpu_threads` is the GPU thread count a
+    /// per-thread array or a GPU ring buffer is made for (see [`gpu_thread_count`]).
+    fn compute(kind: Kind, s: &MapSpec, gpu_threads: u32) -> Result<Layout> {
         let inval = |what: &str| err(libc::EINVAL, what.to_string());
         if let Kind::LocalStorage(_) = kind {
             local_storage::check_spec(s)?;
@@ -1738,6 +1903,34 @@ impl Layout {
                     .and_then(|v| v.checked_mul(s.max_entries as usize))
                     .ok_or_else(too_large)?;
                 (len, 0, 0, 0)
+            }
+            Kind::ThreadArray => {
+                if s.key_size != 4 || s.value_size == 0 {
+                    return Err(inval("arrays need a 4-byte key and a non-empty value"));
+                }
+                if s.map_flags & map_flags::MMAPABLE != 0 {
+                    return Err(inval("per-thread arrays cannot be mmapable"));
+                }
+                let len = round8(s.value_size)
+                    .checked_mul(gpu_threads as usize)
+                    .and_then(|v| v.checked_mul(s.max_entries as usize))
+                    .ok_or_else(too_large)?;
+                (len, 0, gpu_threads, 0)
+            }
+            Kind::Ringbuf if s.map_type == map_type::GPU_RINGBUF => {
+                if s.value_size == 0 {
+                    return Err(inval(
+                        "a GPU ring buffer's value is its largest record, which must not be empty",
+                    ));
+                }
+                let ring = gpu_ring_size(s.max_entries, s.value_size, gpu_threads)
+                    .ok_or_else(too_large)?;
+                (
+                    ringbuf::DATA_OFFSET - PAGE_SIZE + ring as usize,
+                    ring,
+                    gpu_threads,
+                    0,
+                )
             }
             Kind::IdArray => {
                 if s.key_size != 4 || s.value_size != 4 {
@@ -1890,5 +2083,7 @@ impl Layout {
     }
 }
 
+#[cfg(test)]
+mod gpu_tests;
 #[cfg(test)]
 mod tests;

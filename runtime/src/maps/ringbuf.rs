@@ -57,7 +57,7 @@ pub(super) fn positions_in_order(map: &Map) -> bool {
     // The consumer's first: it never passes the producer's, which only grows.
     let c = cons.load(Ordering::Acquire);
     let p = prod.load(Ordering::Acquire);
-    c <= p && p - c <= u64::from(map.max_entries())
+    c <= p && p - c <= u64::from(map.ring_size())
 }
 
 /// The ring bytes a record of `size` bytes of data takes: its header, rounded up to 8.
@@ -73,7 +73,7 @@ pub(super) fn reserve(map: &Map, size: u64, flags: u64) -> *mut u8 {
 /// producer that keeps the record and offers it again counts nothing).
 pub(super) fn reserve_counting(map: &Map, size: u64, flags: u64, count_drop: bool) -> *mut u8 {
     let h = map.header();
-    let ring = map.max_entries() as u64;
+    let ring = map.ring_size() as u64;
     if flags != 0 || size > (u32::MAX / 4) as u64 {
         return std::ptr::null_mut();
     }
@@ -201,7 +201,7 @@ pub(super) fn query(map: &Map, flags: u64) -> u64 {
     let p = prod.load(Ordering::Acquire);
     match flags {
         rb::AVAIL_DATA => p - c,
-        rb::RING_SIZE => map.max_entries() as u64,
+        rb::RING_SIZE => map.ring_size() as u64,
         rb::CONS_POS => c,
         rb::PROD_POS => p,
         _ => 0,
@@ -212,7 +212,7 @@ pub(super) fn query(map: &Map, flags: u64) -> u64 {
 /// first record still being written. Returns the number of records read.
 pub(super) fn drain(map: &Map, mut f: impl FnMut(&[u8])) -> usize {
     let base = map.mapping.base();
-    let ring = map.max_entries() as u64;
+    let ring = map.ring_size() as u64;
     let (cons, prod) = positions(base);
     let mut c = cons.load(Ordering::Acquire);
     let mut n = 0;

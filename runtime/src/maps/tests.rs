@@ -1,10 +1,10 @@
 use super::*;
 use bpftime_isa::uapi::{map_type as mt, update_flags as uf};
 
-struct TempStore(Option<Store>);
+pub(super) struct TempStore(Option<Store>);
 
 impl TempStore {
-    fn new(tag: &str) -> Self {
+    pub(super) fn new(tag: &str) -> Self {
         let name = format!("unit-{tag}-{}", std::process::id());
         let _ = std::fs::remove_dir_all(Store::dir_for(&name));
         TempStore(Some(Store::create_or_open(&name).unwrap()))
@@ -26,7 +26,7 @@ impl Drop for TempStore {
     }
 }
 
-fn spec(map_type: u32, key: u32, value: u32, max: u32) -> MapSpec {
+pub(super) fn spec(map_type: u32, key: u32, value: u32, max: u32) -> MapSpec {
     MapSpec {
         map_type,
         key_size: key,
@@ -47,7 +47,7 @@ fn perf_array_with_ring(s: &TempStore, event: u32) -> (Map, crate::PerfRing) {
     (perf, ring)
 }
 
-fn errno<T: std::fmt::Debug>(r: Result<T>) -> i32 {
+pub(super) fn errno<T: std::fmt::Debug>(r: Result<T>) -> i32 {
     r.unwrap_err().errno()
 }
 

@@ -23,6 +23,13 @@ pub const MAP_OF_MAPS: i32 = 9;
 pub const LRU: i32 = 10;
 /// A single-element array, as global data (`.rodata`, `.bss`) is.
 pub const GLOBAL: i32 = 11;
+/// bpftime's GPU maps, as its examples declare them.
+pub const GPU_RINGBUF: i32 = 12;
+pub const PER_THREAD: i32 = 13;
+pub const GPU_HASH: i32 = 14;
+pub const GPU_KERNEL_SHARED: i32 = 15;
+pub const PER_THREAD_HOST: i32 = 16;
+pub const GPU_ARRAY_HOST: i32 = 17;
 
 pub fn maps(fd: i32) -> Option<MapDesc> {
     let d = |map_type, key_size, value_size| MapDesc {
@@ -44,6 +51,12 @@ pub fn maps(fd: i32) -> Option<MapDesc> {
         STACK_TRACE => d(mt::STACK_TRACE, 4, 64),
         MAP_OF_MAPS => d(mt::ARRAY_OF_MAPS, 4, 4),
         LRU => d(mt::LRU_HASH, 8, 32),
+        GPU_RINGBUF => d(mt::GPU_RINGBUF, 4, 24),
+        PER_THREAD => d(mt::GPU_PER_THREAD_ARRAY, 4, 8),
+        GPU_HASH => d(mt::GPU_HASH, 4, 8),
+        GPU_KERNEL_SHARED => d(mt::GPU_KERNEL_SHARED_ARRAY, 4, 8),
+        PER_THREAD_HOST => d(mt::GPU_PER_THREAD_ARRAY_HOST, 4, 8),
+        GPU_ARRAY_HOST => d(mt::GPU_ARRAY_HOST, 4, 8),
         // The inner maps of MAP_OF_MAPS are hashes like HASH.
         _ if bpftime_verifier::inner_map_owner(fd) == Some(MAP_OF_MAPS) => d(mt::HASH, 4, 8),
         GLOBAL => MapDesc {
