@@ -99,7 +99,12 @@ pub(super) fn delete(map: &Map, key: &[u8]) -> Result<()> {
 /// prefixes), the one with a 0 there first.
 fn walk_order(a: &[u8], b: &[u8]) -> std::cmp::Ordering {
     use std::cmp::Ordering;
-    let len = |k: &[u8]| u32::from_ne_bytes(k[..4].try_into().expect("4-byte prefix length"));
+    // Keys read back from a damaged store may claim more prefix than they carry data:
+    // a prefix counts no further than the key's own bits.
+    let len = |k: &[u8]| {
+        let prefix = u32::from_ne_bytes(k[..4].try_into().expect("4-byte prefix length"));
+        prefix.min((k.len().saturating_sub(4) * 8) as u32)
+    };
     let (la, lb) = (len(a), len(b));
     let bit = |k: &[u8], i: u32| (k[4 + i as usize / 8] >> (7 - i % 8)) & 1;
     for i in 0..la.min(lb) {
@@ -138,6 +143,27 @@ pub(super) fn next_key(map: &Map, key: Option<&[u8]>, out: &mut [u8]) -> Result<
 #[cfg(test)]
 mod tests {
     use super::masked;
+
+    #[test]
+    fn keys_claiming_more_prefix_than_they_carry_are_ordered_not_a_panic() {
+        // Found by the store_files fuzzer: a damaged LPM map's stored key said 0x2500
+        // bits of prefix over 4 bytes of data.
+        let mut long = 0x2500u32.to_ne_bytes().to_vec();
+        long.extend_from_slice(&[0xff, 0, 0, 0]);
+        let mut short = 8u32.to_ne_bytes().to_vec();
+        short.extend_from_slice(&[0xff, 0, 0, 0]);
+        assert_eq!(super::walk_order(&long, &short), std::cmp::Ordering::Less);
+        assert_eq!(
+            super::walk_order(&short, &long),
+            std::cmp::Ordering::Greater
+        );
+        let mut other = 0x2500u32.to_ne_bytes().to_vec();
+        other.extend_from_slice(&[0x7f, 0, 0, 0]);
+        assert_eq!(super::walk_order(&other, &long), std::cmp::Ordering::Less);
+        assert_eq!(super::walk_order(&long, &long), std::cmp::Ordering::Equal);
+        let lone = 64u32.to_ne_bytes().to_vec();
+        assert_eq!(super::walk_order(&lone, &lone), std::cmp::Ordering::Equal);
+    }
 
     #[test]
     fn data_past_the_prefix_is_cleared_most_significant_bit_first() {
