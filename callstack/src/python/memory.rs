@@ -1,0 +1,307 @@
+//! Reading the interpreter's memory from inside its process without ever faulting.
+//!
+//! The walk follows pointers found in the interpreter's structures. On the launching
+//! thread's own frames they are good (the thread is inside those calls, so its frames and
+//! their code objects are alive and nobody else changes them), but a layout this crate
+//! got wrong would make them anything, and a fault would kill the application. So every
+//! read is checked first.
+//!
+//! `process_vm_readv` on our own pid checks every read and never faults, but it is a
+//! system call: 2 µs each on the development VM, per frame, at every kernel launch. So a
+//! read is checked against a copy of the process's readable private mappings instead and
+//! then copied directly; a read outside that copy goes through `process_vm_readv`, and if
+//! that succeeds the copy was stale and is read again (at most once a second). Shared
+//! mappings and devices are never read directly (a device mapping can fault on a read
+//! of a mapped page): interpreter structures are never there.
+
+use std::cell::Cell;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{RwLock, RwLockReadGuard};
+use std::time::Instant;
+
+/// A source of bytes at addresses.
+pub(crate) trait Memory {
+    /// Fills `out` from `addr` on; false where any of it cannot be read.
+    fn read(&self, addr: usize, out: &mut [u8]) -> bool;
+
+    fn word(&self, addr: usize) -> Option<usize> {
+        let mut b = [0u8; 8];
+        self.read(addr, &mut b).then(|| usize::from_le_bytes(b))
+    }
+}
+
+/// This process's memory, checked against one look at the copy of its mappings: made for
+/// one capture, and dropped before the next (the copy is read again only when no
+/// capture looks at it).
+pub(crate) struct OwnMemory {
+    mappings: Option<RwLockReadGuard<'static, Vec<(usize, usize)>>>,
+    /// The mapping the last read was in: a walk reads mostly in a few (the thread's frame
+    /// stack, an arena of code objects), so most reads are checked against it alone.
+    last: Cell<(usize, usize)>,
+    /// A read outside the copy succeeded: the copy is stale.
+    stale: Cell<bool>,
+}
+
+/// The readable private mappings, as sorted, merged `[start, end)` ranges.
+static MAPPINGS: RwLock<Vec<(usize, usize)>> = RwLock::new(Vec::new());
+/// When [`MAPPINGS`] was last read, in ms since [`EPOCH`]; 0 for never.
+static MAPPINGS_READ_MS: AtomicU64 = AtomicU64::new(0);
+static EPOCH: std::sync::OnceLock<Instant> = std::sync::OnceLock::new();
+
+/// How often a stale copy of the mappings may be read again: reading /proc/self/maps of
+/// a process with PyTorch loaded takes milliseconds.
+const REREAD_MS: u64 = 1000;
+
+impl OwnMemory {
+    pub(crate) fn new() -> OwnMemory {
+        if MAPPINGS_READ_MS.load(Ordering::Relaxed) == 0 {
+            refresh_mappings(true);
+        }
+        OwnMemory {
+            mappings: Some(MAPPINGS.read().unwrap_or_else(|e| e.into_inner())),
+            last: Cell::new((0, 0)),
+            stale: Cell::new(false),
+        }
+    }
+}
+
+impl Drop for OwnMemory {
+    fn drop(&mut self) {
+        self.mappings = None;
+        if self.stale.get() {
+            refresh_mappings(false);
+        }
+    }
+}
+
+impl Memory for OwnMemory {
+    fn read(&self, addr: usize, out: &mut [u8]) -> bool {
+        if out.is_empty() {
+            return true;
+        }
+        let Some(end) = addr.checked_add(out.len()) else {
+            return false;
+        };
+        if addr < 4096 {
+            return false;
+        }
+        let within = |(s, e): (usize, usize)| s <= addr && end <= e;
+        let inside = within(self.last.get())
+            || self.mappings.as_ref().is_some_and(|m| {
+                let i = m.partition_point(|&(_, e)| e <= addr);
+                let hit = m.get(i).copied().filter(|&r| within(r));
+                if let Some(r) = hit {
+                    self.last.set(r);
+                }
+                hit.is_some()
+            });
+        if inside {
+            copy_mapped(addr, out);
+            return true;
+        }
+        if read_checked(addr, out) {
+            // Readable, yet not in the copy: something was mapped since it was made.
+            self.stale.set(true);
+            return true;
+        }
+        false
+    }
+}
+
+/// Copies from memory known to be mapped and readable.
+fn copy_mapped(addr: usize, out: &mut [u8]) {
+    // Volatile loads: the bytes belong to the interpreter, outside anything Rust knows
+    // of, and the compiler must neither assume them unchanged nor invent reads. Whole
+    // words where aligned: a frame or a code object is copied in a few loads.
+    let words = if addr.is_multiple_of(8) {
+        out.len() / 8
+    } else {
+        0
+    };
+    for (i, chunk) in out.chunks_exact_mut(8).take(words).enumerate() {
+        // SAFETY: as below, for 8 bytes at an address aligned for a u64.
+        let word = unsafe { std::ptr::read_volatile((addr + i * 8) as *const u64) };
+        chunk.copy_from_slice(&word.to_ne_bytes());
+    }
+    for (i, b) in out.iter_mut().enumerate().skip(words * 8) {
+        // SAFETY: [addr, addr + out.len()) lies in a readable private mapping of this
+        // process (checked against the mappings by the caller); a mapping that a live
+        // interpreter structure lies in is not unmapped while the walk reads it.
+        *b = unsafe { std::ptr::read_volatile((addr + i) as *const u8) };
+    }
+}
+
+/// Reads through the kernel, which fails where a direct read would fault.
+fn read_checked(addr: usize, out: &mut [u8]) -> bool {
+    let local = libc::iovec {
+        iov_base: out.as_mut_ptr().cast(),
+        iov_len: out.len(),
+    };
+    let remote = libc::iovec {
+        iov_base: addr as *mut libc::c_void,
+        iov_len: out.len(),
+    };
+    // SAFETY: the kernel writes at most `out.len()` bytes into `out` and reads the
+    // remote range itself, failing with EFAULT where it is not mapped.
+    let n = unsafe { libc::process_vm_readv(libc::getpid(), &local, 1, &remote, 1, 0) };
+    n == out.len() as isize
+}
+
+fn now_ms() -> u64 {
+    // Never 0, which means "never read".
+    EPOCH.get_or_init(Instant::now).elapsed().as_millis() as u64 + 1
+}
+
+fn refresh_mappings(first: bool) {
+    let now = now_ms();
+    let last = MAPPINGS_READ_MS.load(Ordering::Relaxed);
+    if !first && now.saturating_sub(last) < REREAD_MS {
+        return;
+    }
+    // One thread reads; the others go on with the copy they have.
+    if MAPPINGS_READ_MS
+        .compare_exchange(last, now, Ordering::AcqRel, Ordering::Relaxed)
+        .is_err()
+    {
+        return;
+    }
+    let Ok(text) = std::fs::read_to_string("/proc/self/maps") else {
+        return;
+    };
+    let ranges = readable_private(&text);
+    *MAPPINGS.write().unwrap_or_else(|e| e.into_inner()) = ranges;
+}
+
+/// The readable private mappings of a `/proc/PID/maps` text, sorted and merged.
+fn readable_private(maps: &str) -> Vec<(usize, usize)> {
+    let mut out: Vec<(usize, usize)> = Vec::new();
+    for line in maps.lines() {
+        let mut parts = line.split_ascii_whitespace();
+        let (Some(range), Some(perms)) = (parts.next(), parts.next()) else {
+            continue;
+        };
+        let path = parts.nth(3).unwrap_or("");
+        let perms = perms.as_bytes();
+        if perms.len() < 4 || perms[0] != b'r' || perms[3] != b'p' {
+            continue;
+        }
+        // Device memory can fault on a read; the kernel's pages ([vvar]) too.
+        if path.starts_with("/dev/") || path.starts_with("[vvar") || path == "[vsyscall]" {
+            continue;
+        }
+        let Some((s, e)) = range.split_once('-') else {
+            continue;
+        };
+        let (Ok(s), Ok(e)) = (usize::from_str_radix(s, 16), usize::from_str_radix(e, 16)) else {
+            continue;
+        };
+        match out.last_mut() {
+            Some(last) if last.1 == s => last.1 = e,
+            _ => out.push((s, e)),
+        }
+    }
+    out.sort_unstable();
+    out
+}
+
+#[cfg(test)]
+pub(crate) mod tests {
+    use super::*;
+
+    /// Memory made of given regions, for walks over made-up structures.
+    pub(crate) struct Fake {
+        regions: Vec<(usize, Vec<u8>)>,
+    }
+
+    impl Fake {
+        pub(crate) fn new(regions: &[(usize, Vec<u8>)]) -> Fake {
+            Fake {
+                regions: regions.to_vec(),
+            }
+        }
+    }
+
+    impl Memory for Fake {
+        fn read(&self, addr: usize, out: &mut [u8]) -> bool {
+            for (start, bytes) in &self.regions {
+                if addr >= *start && addr + out.len() <= start + bytes.len() {
+                    let at = addr - start;
+                    out.copy_from_slice(&bytes[at..at + out.len()]);
+                    return true;
+                }
+            }
+            false
+        }
+    }
+
+    #[test]
+    fn own_memory_reads_what_is_mapped_and_refuses_what_is_not() {
+        let here = [7u8, 8, 9, 10];
+        let mut out = [0u8; 4];
+        assert!(OwnMemory::new().read(here.as_ptr() as usize, &mut out));
+        assert_eq!(out, here);
+        let heap = vec![0x5au8; 100_000];
+        let mut big = vec![0u8; heap.len()];
+        assert!(OwnMemory::new().read(heap.as_ptr() as usize, &mut big));
+        assert_eq!(big, heap);
+        for bogus in [
+            0usize,
+            8,
+            0xdead_0000,
+            usize::MAX - 3,
+            0x7fff_ffff_f000_0000,
+        ] {
+            assert!(!OwnMemory::new().read(bogus, &mut out), "{bogus:#x}");
+        }
+    }
+
+    #[test]
+    fn a_page_that_cannot_be_read_is_refused_and_a_new_mapping_is_read() {
+        // SAFETY: a fresh anonymous mapping of two pages, ours alone.
+        let p = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                8192,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+                -1,
+                0,
+            )
+        };
+        assert_ne!(p, libc::MAP_FAILED);
+        let addr = p as usize;
+        // SAFETY: the second page of our mapping loses its access; the first is written.
+        unsafe {
+            libc::mprotect((addr + 4096) as *mut libc::c_void, 4096, libc::PROT_NONE);
+            *(addr as *mut u8) = 42;
+        }
+        let mut b = [0u8; 1];
+        assert!(OwnMemory::new().read(addr, &mut b));
+        assert_eq!(b[0], 42);
+        let mut across = [0u8; 16];
+        assert!(!OwnMemory::new().read(addr + 4096 - 8, &mut across));
+        assert!(!OwnMemory::new().read(addr + 4096, &mut b));
+        // SAFETY: our own mapping, no longer used.
+        unsafe { libc::munmap(p, 8192) };
+    }
+
+    #[test]
+    fn the_readable_private_mappings_are_merged_and_devices_left_out() {
+        let maps = "\
+7f0000000000-7f0000001000 r--p 00000000 08:01 12 /usr/lib/libpython3.12.so.1.0
+7f0000001000-7f0000003000 rw-p 00001000 08:01 12 /usr/lib/libpython3.12.so.1.0
+7f0000003000-7f0000004000 ---p 00000000 00:00 0
+7f0000004000-7f0000005000 rw-s 00000000 00:05 9 /dev/shm/store
+7f0000005000-7f0000006000 rw-p 00000000 00:05 9 /dev/nvidia0
+7f0000006000-7f0000007000 rw-p 00000000 00:00 0 [heap]
+ffffffffff600000-ffffffffff601000 --xp 00000000 00:00 0 [vsyscall]
+";
+        assert_eq!(
+            readable_private(maps),
+            vec![
+                (0x7f00_0000_0000, 0x7f00_0000_3000),
+                (0x7f00_0000_6000, 0x7f00_0000_7000)
+            ]
+        );
+    }
+}
