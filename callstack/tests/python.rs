@@ -278,12 +278,18 @@ fn python_frames_replace_the_evaluation_loop_in_every_version_here() {
         bad.extend(check(python, *version, &out));
         println!(
             "{} (3.{}): a capture at a depth of {} Python frames took {:.0} ns with them, \
-             {:.0} ns with native frames only",
+             {:.0} ns with native frames only; their walk alone {:.0} ns{}",
             python.display(),
             version.1,
             out["bench_depth"],
             out["capture_ns_python"].as_f64().unwrap_or(0.0),
             out["capture_ns_native"].as_f64().unwrap_or(0.0),
+            out["capture_ns_walk"].as_f64().unwrap_or(0.0),
+            if cfg!(debug_assertions) {
+                " (an unoptimized build: run with --release for figures)"
+            } else {
+                ""
+            },
         );
         tested.push(version.1);
     }

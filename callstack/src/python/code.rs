@@ -119,26 +119,25 @@ impl Codes {
         out: &mut Vec<PyEntry>,
     ) {
         let l = &interp.layout;
-        let mut header = [0u8; 256];
-        let header = &mut header[..l.code_len.min(256)];
-        let word = |b: &[u8], off: usize| usize::from_le_bytes(b[off..off + 8].try_into().unwrap());
-        let int = |b: &[u8], off: usize| i32::from_le_bytes(b[off..off + 4].try_into().unwrap());
         for f in frames {
             if matches!(l.frames, Frames::EntryFrame { .. }) && f.owner == OWNED_BY_CSTACK {
                 out.push(PyEntry::CallEnd);
                 continue;
             }
-            if !f.code.is_multiple_of(8)
-                || !mem.read(f.code, header)
-                || word(header, l.ob_type) != interp.code_type
-            {
+            if !f.code.is_multiple_of(8) {
+                return;
+            }
+            let Some(header) = mem.span(f.code, l.code_len) else {
+                return;
+            };
+            if header.word(l.ob_type) != interp.code_type {
                 return;
             }
             let identity = Identity {
-                name: word(header, l.code_name),
-                file: word(header, l.code_filename),
-                table: word(header, l.code_linetable),
-                first_line: int(header, l.code_firstlineno),
+                name: header.word(l.code_name),
+                file: header.word(l.code_filename),
+                table: header.word(l.code_linetable),
+                first_line: header.int(l.code_firstlineno),
             };
             let unit = match l.code_units {
                 // 3.10's f_lasti is already an index of code units.
@@ -153,8 +152,7 @@ impl Codes {
             // A frame still being set up is left out, as CPython's tracebacks do; it
             // still closes its call of the evaluation loop.
             let incomplete = f.owner != OWNED_BY_GENERATOR
-                && l.code_first_traceable
-                    .is_some_and(|o| unit < int(header, o));
+                && l.code_first_traceable.is_some_and(|o| unit < header.int(o));
             if !incomplete {
                 let code = self.intern(mem, interp, f.code, identity);
                 out.push(PyEntry::Frame { code, unit });
@@ -209,13 +207,12 @@ fn read_str(mem: &impl Memory, interp: &Interpreter, at: usize) -> Option<String
     let l = &interp.layout;
     // The length and state are in the header every string has; a short ASCII name may
     // end before a wider string's header would.
-    let mut head = [0u8; 128];
-    let head = &mut head[..l.str_ascii_data.min(128)];
-    if !at.is_multiple_of(8) || !mem.read(at, head) {
+    if !at.is_multiple_of(8) {
         return None;
     }
-    let length = i64::from_le_bytes(head[l.str_length..l.str_length + 8].try_into().ok()?);
-    let state = u32::from_le_bytes(head[l.str_state..l.str_state + 4].try_into().ok()?);
+    let head = mem.span(at, l.str_ascii_data)?;
+    let length = head.word(l.str_length) as i64;
+    let state = head.int(l.str_state) as u32;
     let (kind, compact, ascii) = ((state >> 2) & 7, state & 0x20 != 0, state & 0x40 != 0);
     let length = usize::try_from(length).ok().filter(|&n| n <= MAX_CHARS)?;
     if !compact || !matches!(kind, 1 | 2 | 4) {

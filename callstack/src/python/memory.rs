@@ -24,9 +24,86 @@ pub(crate) trait Memory {
     /// Fills `out` from `addr` on; false where any of it cannot be read.
     fn read(&self, addr: usize, out: &mut [u8]) -> bool;
 
+    /// The `len` bytes at `addr`, where all of them can be read, for fields to be loaded
+    /// from: a structure is checked once, then only the fields the walk needs are loaded.
+    fn span(&self, addr: usize, len: usize) -> Option<Span> {
+        let mut copy = vec![0u8; len];
+        self.read(addr, &mut copy).then_some(Span::Copied(copy))
+    }
+
     fn word(&self, addr: usize) -> Option<usize> {
         let mut b = [0u8; 8];
         self.read(addr, &mut b).then(|| usize::from_le_bytes(b))
+    }
+}
+
+/// Bytes found readable, to load fields from.
+pub(crate) enum Span {
+    /// In a readable mapping of this process: loaded in place.
+    Mapped {
+        addr: usize,
+        len: usize,
+    },
+    Copied(Vec<u8>),
+}
+
+impl Span {
+    /// The `N` bytes at `off`; zeros past the span's end (where the walk's layouts never
+    /// reach).
+    #[inline]
+    fn bytes<const N: usize>(&self, off: usize) -> [u8; N] {
+        let mut b = [0u8; N];
+        match self {
+            Span::Mapped { addr, len } => {
+                if off <= *len && N <= *len - off {
+                    load(addr + off, &mut b);
+                }
+            }
+            Span::Copied(v) => {
+                if let Some(s) = off.checked_add(N).and_then(|end| v.get(off..end)) {
+                    b.copy_from_slice(s);
+                }
+            }
+        }
+        b
+    }
+
+    #[inline]
+    pub(crate) fn word(&self, off: usize) -> usize {
+        match *self {
+            // The common case, a field of a structure in place: one load.
+            Span::Mapped { addr, len } if off < len && len - off >= 8 => {
+                let at = addr + off;
+                if at.is_multiple_of(8) {
+                    // SAFETY: within a span checked to lie in a readable mapping (as
+                    // `load` has it), aligned for a usize.
+                    return unsafe { std::ptr::read_volatile(at as *const usize) };
+                }
+                usize::from_le_bytes(self.bytes(off))
+            }
+            _ => usize::from_le_bytes(self.bytes(off)),
+        }
+    }
+
+    #[inline]
+    pub(crate) fn int(&self, off: usize) -> i32 {
+        match *self {
+            Span::Mapped { addr, len } if off < len && len - off >= 4 => {
+                let at = addr + off;
+                if at.is_multiple_of(4) {
+                    // SAFETY: within a span checked to lie in a readable mapping (as
+                    // `load` has it), aligned for an i32.
+                    return unsafe { std::ptr::read_volatile(at as *const i32) };
+                }
+                i32::from_le_bytes(self.bytes(off))
+            }
+            _ => i32::from_le_bytes(self.bytes(off)),
+        }
+    }
+
+    #[inline]
+    pub(crate) fn byte(&self, off: usize) -> u8 {
+        self.bytes::<1>(off)[0]
     }
 }
 
@@ -74,19 +151,17 @@ impl Drop for OwnMemory {
     }
 }
 
-impl Memory for OwnMemory {
-    fn read(&self, addr: usize, out: &mut [u8]) -> bool {
-        if out.is_empty() {
-            return true;
-        }
-        let Some(end) = addr.checked_add(out.len()) else {
+impl OwnMemory {
+    /// Whether `len` bytes at `addr` lie in one readable private mapping of the copy.
+    fn mapped(&self, addr: usize, len: usize) -> bool {
+        let Some(end) = addr.checked_add(len) else {
             return false;
         };
         if addr < 4096 {
             return false;
         }
         let within = |(s, e): (usize, usize)| s <= addr && end <= e;
-        let inside = within(self.last.get())
+        within(self.last.get())
             || self.mappings.as_ref().is_some_and(|m| {
                 let i = m.partition_point(|&(_, e)| e <= addr);
                 let hit = m.get(i).copied().filter(|&r| within(r));
@@ -94,9 +169,19 @@ impl Memory for OwnMemory {
                     self.last.set(r);
                 }
                 hit.is_some()
-            });
-        if inside {
-            copy_mapped(addr, out);
+            })
+    }
+}
+
+impl Memory for OwnMemory {
+    fn read(&self, addr: usize, out: &mut [u8]) -> bool {
+        if out.is_empty() {
+            return true;
+        }
+        if self.mapped(addr, out.len()) {
+            for (i, b) in out.iter_mut().enumerate() {
+                load(addr + i, std::array::from_mut(b));
+            }
             return true;
         }
         if read_checked(addr, out) {
@@ -106,28 +191,47 @@ impl Memory for OwnMemory {
         }
         false
     }
+
+    fn span(&self, addr: usize, len: usize) -> Option<Span> {
+        if len > 0 && self.mapped(addr, len) {
+            return Some(Span::Mapped { addr, len });
+        }
+        let mut copy = vec![0u8; len];
+        if read_checked(addr, &mut copy) {
+            self.stale.set(true);
+            return Some(Span::Copied(copy));
+        }
+        None
+    }
 }
 
-/// Copies from memory known to be mapped and readable.
-fn copy_mapped(addr: usize, out: &mut [u8]) {
+/// Loads `N` bytes at `at`, in memory known to be mapped and readable: one load where
+/// aligned.
+///
+/// The caller has checked that [at, at + N) lies in a readable private mapping of this
+/// process (`Span::Mapped` is only made so); a mapping that a live interpreter structure
+/// lies in is not unmapped while the walk reads it.
+#[inline]
+fn load<const N: usize>(at: usize, out: &mut [u8; N]) {
     // Volatile loads: the bytes belong to the interpreter, outside anything Rust knows
-    // of, and the compiler must neither assume them unchanged nor invent reads. Whole
-    // words where aligned: a frame or a code object is copied in a few loads.
-    let words = if addr.is_multiple_of(8) {
-        out.len() / 8
+    // of, and the compiler must neither assume them unchanged nor invent reads.
+    if N == 8 && at.is_multiple_of(8) {
+        // SAFETY: mapped and readable (the function's contract), aligned for a u64.
+        let v = unsafe { std::ptr::read_volatile(at as *const u64) };
+        out.iter_mut()
+            .zip(v.to_ne_bytes())
+            .for_each(|(o, b)| *o = b);
+    } else if N == 4 && at.is_multiple_of(4) {
+        // SAFETY: mapped and readable (the function's contract), aligned for a u32.
+        let v = unsafe { std::ptr::read_volatile(at as *const u32) };
+        out.iter_mut()
+            .zip(v.to_ne_bytes())
+            .for_each(|(o, b)| *o = b);
     } else {
-        0
-    };
-    for (i, chunk) in out.chunks_exact_mut(8).take(words).enumerate() {
-        // SAFETY: as below, for 8 bytes at an address aligned for a u64.
-        let word = unsafe { std::ptr::read_volatile((addr + i * 8) as *const u64) };
-        chunk.copy_from_slice(&word.to_ne_bytes());
-    }
-    for (i, b) in out.iter_mut().enumerate().skip(words * 8) {
-        // SAFETY: [addr, addr + out.len()) lies in a readable private mapping of this
-        // process (checked against the mappings by the caller); a mapping that a live
-        // interpreter structure lies in is not unmapped while the walk reads it.
-        *b = unsafe { std::ptr::read_volatile((addr + i) as *const u8) };
+        for (i, b) in out.iter_mut().enumerate() {
+            // SAFETY: mapped and readable (the function's contract).
+            *b = unsafe { std::ptr::read_volatile((at + i) as *const u8) };
+        }
     }
 }
 
@@ -253,6 +357,26 @@ pub(crate) mod tests {
         ] {
             assert!(!OwnMemory::new().read(bogus, &mut out), "{bogus:#x}");
         }
+    }
+
+    #[test]
+    fn fields_load_from_a_span_checked_once() {
+        let words: Vec<u64> = vec![0x1122_3344_5566_7788, 0xdead_beef, 7];
+        let mem = OwnMemory::new();
+        let span = mem.span(words.as_ptr() as usize, 24).unwrap();
+        assert!(matches!(span, Span::Mapped { .. }));
+        assert_eq!(span.word(0), 0x1122_3344_5566_7788);
+        assert_eq!(
+            (span.int(8), span.byte(16), span.byte(1)),
+            (0xdead_beefu32 as i32, 7, 0x77)
+        );
+        assert_eq!(span.word(20), 0, "past the end");
+        assert!(mem.span(0xdead_0000, 8).is_none());
+        let copied = Fake::new(&[(0x1000, vec![1, 2, 3, 4, 5, 6, 7, 8, 9])]).span(0x1000, 9);
+        assert_eq!(
+            copied.map(|s| (s.word(1), s.word(2))),
+            Some((0x0908_0706_0504_0302, 0))
+        );
     }
 
     #[test]

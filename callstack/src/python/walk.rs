@@ -46,47 +46,45 @@ pub(crate) fn walk(
     let Some(mut at) = mem.word(holder.wrapping_add(layout.current_frame)) else {
         return Walked::Cut;
     };
-    let field =
-        |buf: &[u8], off: usize| usize::from_le_bytes(buf[off..off + 8].try_into().unwrap());
-    let mut buf = [0u8; 128];
-    let frame = &mut buf[..layout.frame_len.min(128)];
     // Brent's cycle check: a saved frame that the walk comes back to is a cycle, found
     // within three times its length (past any tail), with no memory beyond one pointer.
     let (mut saved, mut power, mut steps) = (at, 1usize, 0usize);
     let first = out.len();
     while at != 0 {
-        if out.len() - first == MAX_PY_FRAMES || !at.is_multiple_of(8) || !mem.read(at, frame) {
+        if out.len() - first == MAX_PY_FRAMES || !at.is_multiple_of(8) {
             return Walked::Cut;
         }
-        let code = field(frame, layout.frame_code);
+        let Some(frame) = mem.span(at, layout.frame_len) else {
+            return Walked::Cut;
+        };
+        let code = frame.word(layout.frame_code);
         let raw = match layout.frames {
             Frames::Objects { lasti } => {
-                if field(frame, layout.ob_type) != frame_type {
+                if frame.word(layout.ob_type) != frame_type {
                     return Walked::Cut;
                 }
                 RawFrame {
                     code,
-                    instr: i32::from_le_bytes(frame[lasti..lasti + 4].try_into().unwrap()) as i64
-                        as u64,
+                    instr: frame.int(lasti) as i64 as u64,
                     owner: 0,
                     entry: true,
                 }
             }
             Frames::EntryFlag { is_entry, owner } => RawFrame {
                 code,
-                instr: field(frame, layout.frame_instr) as u64,
-                owner: frame[owner],
-                entry: frame[is_entry] != 0,
+                instr: frame.word(layout.frame_instr) as u64,
+                owner: frame.byte(owner),
+                entry: frame.byte(is_entry) != 0,
             },
             Frames::EntryFrame { owner } => RawFrame {
                 code,
-                instr: field(frame, layout.frame_instr) as u64,
-                owner: frame[owner],
+                instr: frame.word(layout.frame_instr) as u64,
+                owner: frame.byte(owner),
                 entry: false,
             },
         };
         out.push(raw);
-        at = field(frame, layout.frame_previous);
+        at = frame.word(layout.frame_previous);
         if at == saved {
             return Walked::Cut;
         }
