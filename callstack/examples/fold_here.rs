@@ -66,6 +66,29 @@ pub unsafe extern "C" fn bpftime_callstack_fold_from(
     })
 }
 
+/// The line of code unit `unit` in `table` (`len` bytes of a CPython 3.`minor` code
+/// object's `co_linetable`, from line `first_line`), or -1 where it has none.
+///
+/// # Safety
+/// `table` is `len` readable bytes.
+#[no_mangle]
+pub unsafe extern "C" fn bpftime_callstack_line_of(
+    minor: u8,
+    table: *const u8,
+    len: usize,
+    first_line: i32,
+    unit: i32,
+) -> i64 {
+    ffi_guard!("bpftime_callstack_line_of", -2, {
+        if table.is_null() {
+            return -2;
+        }
+        // SAFETY: the caller gave `len` readable bytes at `table`.
+        let table = unsafe { std::slice::from_raw_parts(table, len) };
+        bpftime_callstack::line_of(minor, table, first_line, unit).map_or(-1, i64::from)
+    })
+}
+
 /// The CPython version whose frames are read (`312`), 0 without Python, -1 where the
 /// Python here is refused.
 #[no_mangle]

@@ -16,4 +16,4 @@ mod python;
 pub use capture::{python_version, Capturer, Stack};
 pub use fold::Namer;
 pub use native::{clean, containing_object};
-pub use python::PythonError;
+pub use python::{line_of, PythonError};

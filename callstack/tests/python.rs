@@ -234,6 +234,14 @@ fn check(python: &Path, version: (u8, u8), out: &Value) -> Vec<String> {
         expect(together, format!("{case}: Python frames apart: {folded}"));
     }
 
+    // The line of every code unit of the code objects of a few standard modules, against
+    // CPython's own co_lines().
+    let tables = &out["line_tables"];
+    expect(
+        tables["units"].as_u64().unwrap_or(0) > 10_000 && tables["wrong"] == 0,
+        format!("line tables: {tables}"),
+    );
+
     // Thread states that are not: the call comes back, with native frames only.
     for r in out["garbage"].as_array().cloned().unwrap_or_default() {
         let folded = r[1].as_str().unwrap_or("");

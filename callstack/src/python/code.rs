@@ -49,8 +49,12 @@ pub(crate) struct CodeInfo {
 }
 
 impl CodeInfo {
+    /// The line shown for `unit`: none where the table has none, or no line a person
+    /// could look up (a module's prologue is on line 0).
     pub(crate) fn line(&self, unit: i32) -> Option<u32> {
         line_at(self.format, &self.table, self.first_line, unit)
+            .and_then(|l| u32::try_from(l).ok())
+            .filter(|&l| l > 0)
     }
 }
 

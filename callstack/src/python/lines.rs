@@ -4,17 +4,17 @@
 use super::layout::LineTable;
 
 /// The line of the instruction at `unit` (an index in 16-bit code units), or none where
-/// the table gives it none. An instruction before the first (a frame not yet started) is
-/// on the first line, as CPython has it.
-pub(crate) fn line_at(format: LineTable, table: &[u8], first_line: i32, unit: i32) -> Option<u32> {
+/// the table gives it none, exactly as CPython has it (a module's first instruction is on
+/// line 0). An instruction before the first (a frame not yet started) is on the first
+/// line.
+pub(crate) fn line_at(format: LineTable, table: &[u8], first_line: i32, unit: i32) -> Option<i32> {
     if unit < 0 {
-        return u32::try_from(first_line).ok();
+        return Some(first_line);
     }
-    let line = match format {
+    match format {
         LineTable::Pairs => pairs(table, first_line, unit as u64 * 2),
         LineTable::Locations => locations(table, first_line, unit as u64),
-    }?;
-    u32::try_from(line).ok().filter(|&l| l > 0)
+    }
 }
 
 /// 3.10's table: (bytes covered: u8, line delta: i8) pairs from line `first_line` at
@@ -199,10 +199,5 @@ mod tests {
         let endless = [0x80 | (14 << 3), 0x7f, 0x7f, 0x7f, 0x7f, 0x7f, 0x7f, 0x7f];
         assert_eq!(line_at(LineTable::Locations, &endless, 1, 0), None);
         assert_eq!(line_at(LineTable::Pairs, &[], 1, 0), None);
-        assert_eq!(
-            line_at(LineTable::Pairs, &[2, 0], -5, 0),
-            None,
-            "no line 0 or less"
-        );
     }
 }

@@ -246,6 +246,14 @@ fn symbols() -> Option<Symbols> {
     })
 }
 
+/// The line of the code unit `unit` in a copy of a CPython 3.`minor` code object's
+/// `co_linetable`: for tests that hold it against CPython's own `co_lines()`.
+#[doc(hidden)]
+pub fn line_of(minor: u8, table: &[u8], first_line: i32, unit: i32) -> Option<i32> {
+    let format = Layout::of(minor)?.line_table;
+    lines::line_at(format, table, first_line, unit)
+}
+
 /// The `function (file:line)` of a Python frame.
 pub(crate) fn describe(codes: &Codes, code: u32, unit: i32) -> String {
     let Some(info) = codes.get(code).filter(|_| code != UNNAMED) else {
@@ -324,6 +332,16 @@ mod tests {
         });
         assert_eq!(describe(&codes, 0, 1), "Model.forward (m/model.py:40)");
         assert_eq!(describe(&codes, 0, 5), "Model.forward (m/model.py)");
+        // A module's prologue is on line 0 (its first line less one): no line shown.
+        codes.push_for_tests(code::CodeInfo {
+            name: "<module>".into(),
+            file: "train.py".into(),
+            first_line: 1,
+            table: vec![0x80 | (13 << 3), 3].into(),
+            format: layout::LineTable::Locations,
+        });
+        assert_eq!(describe(&codes, 1, 0), "<module> (train.py)");
+        assert_eq!(line_of(12, &[0x80 | (13 << 3), 3], 1, 0), Some(0));
     }
 
     #[test]

@@ -136,6 +136,42 @@ def garbage():
     out["real_thread_state"] = {"expected": expected, "folded": buf.value.decode() if n >= 0 else ""}
 
 
+def line_tables():
+    """Every code unit of every code object of a few standard modules: the line our
+    decoder finds in the code object's line table against the one co_lines() gives."""
+    import argparse
+    import inspect
+    import json.decoder
+    import types
+
+    fn = fold_lib.bpftime_callstack_line_of
+    fn.argtypes = [ctypes.c_uint8, ctypes.c_char_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int]
+    fn.restype = ctypes.c_int64
+
+    def codes(code):
+        yield code
+        for c in code.co_consts:
+            if isinstance(c, types.CodeType):
+                yield from codes(c)
+
+    units, bad = 0, []
+    for mod in (argparse, inspect, json.decoder, threading):
+        with open(mod.__file__) as f:
+            root = compile(f.read(), mod.__file__, "exec")
+        for code in codes(root):
+            table = code.co_linetable
+            for start, end, line in code.co_lines():
+                for off in range(start, end, 2):
+                    got = fn(sys.version_info[1], table, len(table), code.co_firstlineno, off // 2)
+                    want = -1 if line is None else line
+                    units += 1
+                    if got != want and len(bad) < 5:
+                        bad.append([code.co_name, off, want, got])
+                    elif got != want:
+                        bad.append(None)
+    out["line_tables"] = {"units": units, "wrong": len(bad), "examples": [b for b in bad if b]}
+
+
 def main():
     outer()  # at: main
     Model()
@@ -150,6 +186,7 @@ def main():
     worker.join()
     bench(30)
     garbage()
+    line_tables()
 
 
 main()  # at: <module>
