@@ -185,6 +185,26 @@ mod tests {
     }
 
     #[test]
+    fn random_tables_give_some_answer_and_never_panic() {
+        // A small xorshift: the same tables on every run.
+        let mut x = 0x2545_f491_4f6c_dd1du64;
+        let mut next = move || {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x
+        };
+        for _ in 0..20_000 {
+            let len = (next() % 48) as usize;
+            let table: Vec<u8> = (0..len).map(|_| next() as u8).collect();
+            let first = (next() % 2000) as i32 - 1000;
+            let unit = (next() % 64) as i32 - 2;
+            let _ = line_at(LineTable::Locations, &table, first, unit);
+            let _ = line_at(LineTable::Pairs, &table, first, unit);
+        }
+    }
+
+    #[test]
     fn a_table_that_is_not_one_gives_no_line_and_no_panic() {
         for table in [
             &[0x00u8, 1][..],

@@ -202,6 +202,42 @@ mod tests {
     }
 
     #[test]
+    fn random_memory_ends_every_walk_within_the_bound() {
+        // Pages of random words, many of them pointers back into the pages: whatever the
+        // walk follows, it ends, without a panic, within its bound, in every layout.
+        let mut x = 0x9e37_79b9_7f4a_7c15u64;
+        let mut next = move || {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x
+        };
+        let base = 0x10_0000usize;
+        let size = 1 << 16;
+        for round in 0..50 {
+            let words: Vec<u8> = (0..size / 8)
+                .flat_map(|_| {
+                    let r = next();
+                    let w = if r % 3 == 0 {
+                        r
+                    } else {
+                        (base as u64 + (r % size as u64)) & !7
+                    };
+                    w.to_le_bytes()
+                })
+                .collect();
+            let mem = Fake::new(&[(base, words)]);
+            for minor in 10..=13 {
+                let layout = Layout::of(minor).unwrap();
+                let mut out = Vec::new();
+                let tstate = (base + (next() as usize % size)) & !7;
+                walk(&mem, &layout, tstate, base, &mut out);
+                assert!(out.len() <= MAX_PY_FRAMES, "round {round}, 3.{minor}");
+            }
+        }
+    }
+
+    #[test]
     fn a_310_frame_that_is_not_a_frame_object_ends_the_walk() {
         let l = Layout::of(10).unwrap();
         let frame = |ty: usize, back: usize, lasti: i32| {
