@@ -204,7 +204,8 @@ mod tests {
     #[test]
     fn random_memory_ends_every_walk_within_the_bound() {
         // Pages of random words, many of them pointers back into the pages: whatever the
-        // walk follows, it ends, without a panic, within its bound, in every layout.
+        // walk follows, it ends, without a panic, within its bound, in every layout, and
+        // so does the naming of what it found.
         let mut x = 0x9e37_79b9_7f4a_7c15u64;
         let mut next = move || {
             x ^= x << 13;
@@ -214,14 +215,17 @@ mod tests {
         };
         let base = 0x10_0000usize;
         let size = 1 << 16;
+        let mut named = 0;
         for round in 0..50 {
             let words: Vec<u8> = (0..size / 8)
                 .flat_map(|_| {
                     let r = next();
+                    // Pointers to 8 places, one of them taken for the code type below,
+                    // so that some random frames pass for Python's and get named.
                     let w = if r % 3 == 0 {
                         r
                     } else {
-                        (base as u64 + (r % size as u64)) & !7
+                        base as u64 + (r % 8) * 8192
                     };
                     w.to_le_bytes()
                 })
@@ -233,8 +237,16 @@ mod tests {
                 let tstate = (base + (next() as usize % size)) & !7;
                 walk(&mem, &layout, tstate, base, &mut out);
                 assert!(out.len() <= MAX_PY_FRAMES, "round {round}, 3.{minor}");
+                // And what the frames name, with any word taken for the code type.
+                let interp = crate::python::Interpreter::for_tests(layout, base);
+                let mut codes = crate::python::Codes::default();
+                let mut entries = Vec::new();
+                codes.add(&mem, &interp, &out, &mut entries);
+                assert!(entries.len() <= 2 * out.len());
+                named += codes.get(0).is_some() as usize;
             }
         }
+        assert!(named > 0, "no random frame got as far as its names");
     }
 
     #[test]
