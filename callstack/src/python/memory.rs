@@ -10,7 +10,8 @@
 //! system call: 2 µs each on the development VM, per frame, at every kernel launch. So a
 //! read is checked against a copy of the process's readable private mappings instead and
 //! then copied directly; a read outside that copy goes through `process_vm_readv`, and if
-//! that succeeds the copy was stale and is read again (at most once a second). Shared
+//! that succeeds (or the call is refused, as a container's seccomp filter may) the copy
+//! may be stale and is read again (at most once a second). Shared
 //! mappings and devices are never read directly (a device mapping can fault on a read
 //! of a mapped page): interpreter structures are never there.
 
@@ -184,12 +185,7 @@ impl Memory for OwnMemory {
             }
             return true;
         }
-        if read_checked(addr, out) {
-            // Readable, yet not in the copy: something was mapped since it was made.
-            self.stale.set(true);
-            return true;
-        }
-        false
+        self.read_outside(addr, out)
     }
 
     fn span(&self, addr: usize, len: usize) -> Option<Span> {
@@ -197,11 +193,29 @@ impl Memory for OwnMemory {
             return Some(Span::Mapped { addr, len });
         }
         let mut copy = vec![0u8; len];
-        if read_checked(addr, &mut copy) {
-            self.stale.set(true);
-            return Some(Span::Copied(copy));
+        self.read_outside(addr, &mut copy)
+            .then_some(Span::Copied(copy))
+    }
+}
+
+impl OwnMemory {
+    /// A read outside the copy of the mappings, through the kernel.
+    fn read_outside(&self, addr: usize, out: &mut [u8]) -> bool {
+        match read_checked(addr, out) {
+            Checked::Read => {
+                // Readable, yet not in the copy: something was mapped since it was made.
+                self.stale.set(true);
+                true
+            }
+            Checked::NotMapped => false,
+            Checked::Refused => {
+                // The kernel would not say (a seccomp filter that refuses the call, as
+                // some container runtimes have): the copy may be stale, so it is read
+                // again, and the read fails meanwhile.
+                self.stale.set(true);
+                false
+            }
         }
-        None
     }
 }
 
@@ -235,8 +249,16 @@ fn load<const N: usize>(at: usize, out: &mut [u8; N]) {
     }
 }
 
+enum Checked {
+    Read,
+    /// Some of it is not mapped (or not readable): what a direct read would fault on.
+    NotMapped,
+    /// The call itself was refused.
+    Refused,
+}
+
 /// Reads through the kernel, which fails where a direct read would fault.
-fn read_checked(addr: usize, out: &mut [u8]) -> bool {
+fn read_checked(addr: usize, out: &mut [u8]) -> Checked {
     let local = libc::iovec {
         iov_base: out.as_mut_ptr().cast(),
         iov_len: out.len(),
@@ -248,7 +270,15 @@ fn read_checked(addr: usize, out: &mut [u8]) -> bool {
     // SAFETY: the kernel writes at most `out.len()` bytes into `out` and reads the
     // remote range itself, failing with EFAULT where it is not mapped.
     let n = unsafe { libc::process_vm_readv(libc::getpid(), &local, 1, &remote, 1, 0) };
-    n == out.len() as isize
+    if n == out.len() as isize {
+        return Checked::Read;
+    }
+    // A short read is a range that ends in memory that cannot be read.
+    if n >= 0 || std::io::Error::last_os_error().raw_os_error() == Some(libc::EFAULT) {
+        Checked::NotMapped
+    } else {
+        Checked::Refused
+    }
 }
 
 fn now_ms() -> u64 {
