@@ -679,6 +679,32 @@ several_gpus() {  # the checks that need two GPUs or more; a SKIP line on one
         result "GPU flame graph of PyTorch (no PTX)" 0 "no PyTorch with CUDA on this machine"
     fi
 
+    # Python frames in the GPU flame graph: python_frames.py launches its multiply and sum
+    # from <module> -> main -> outer -> middle -> inner, so a stack must read those five
+    # Python frames, in order and at the script's marked lines, where the interpreter's
+    # native frames were; the backward pass's kernels come from autograd's C++ thread,
+    # whose stacks keep their native frames and hold no Python frame; no native frame of
+    # the evaluation loop is left anywhere; and the end-of-run line names the version.
+    if python3 -c 'import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)' 2>/dev/null; then
+        script=bpf-examples/cuda/python_frames.py
+        flame pyframes python3 "$script" 10
+        folded=$work/pyframes.folded
+        at() { grep -n "# at: $1\$" "$script" | cut -d: -f1; }
+        path="<module> ($script:$(at '<module>'));main ($script:$(at main));outer ($script:$(at outer));middle ($script:$(at middle));inner ($script:$(at inner));"
+        forward=$(grep -cF "$path" "$folded" 2>/dev/null)
+        backward=$(grep 'autograd::Engine' "$folded" 2>/dev/null | grep -vc '\.py:')
+        backward_py=$(grep 'autograd::Engine' "$folded" 2>/dev/null | grep -c '\.py:')
+        left=$(grep -c '_PyEval_EvalFrameDefault' "$folded" 2>/dev/null)
+        version=$(grep -o 'with Python [0-9.]* frames' "$work/pyframes.out" | head -1)
+        ok=0
+        grep -q 'check=ok' "$work/pyframes.out" && grep -q '^exit=0' "$work/pyframes.out" &&
+            [ "${forward:-0}" -ge 1 ] && [ "${backward:-0}" -ge 1 ] && [ "${backward_py:-1}" = 0 ] &&
+            [ "${left:-1}" = 0 ] && [ -n "$version" ] && ok=1
+        result "GPU flame graph with Python frames (PyTorch)" $ok "${version:-no Python frames}; $forward stacks through $path; $backward autograd-thread stacks without Python frames ($backward_py with); ${left:-?} stacks with _PyEval_EvalFrameDefault left; $(wc -l <"$folded" 2>/dev/null) stacks in all"
+    else
+        result "GPU flame graph with Python frames (PyTorch)" 0 "no PyTorch with CUDA on this machine"
+    fi
+
     # One timeline (`bpftime run --trace`): two_paths under gpu_timeline (a uprobe and a
     # uretprobe on train_step, a uprobe on prepare_batch, probes inside `scale` with a printk
     # at exit): each of the 2 x 10 + 1 launches joined by one flow to its kernel's span,

@@ -63,9 +63,14 @@ fn start_flamegraph(path: PathBuf) {
                 } else {
                     String::new()
                 };
+                let python = match bpftime_gpu_profile::python_version() {
+                    Ok(Some((major, minor))) => format!(", with Python {major}.{minor} frames"),
+                    Ok(None) => String::new(),
+                    Err(e) => format!("; no Python frames in it: {e}"),
+                };
                 eprintln!(
                     "bpftime: GPU flame graph of {} launches ({:.3} ms of GPU time, {} stacks) \
-                     in {} and {}{untimed}",
+                     in {} and {}{python}{untimed}",
                     w.launches,
                     w.gpu_ns as f64 / 1e6,
                     w.lines,

@@ -2,24 +2,24 @@
 //! launch's GPU time, summed per stack and kernel.
 //!
 //! [`LaunchStacks::record`] is a launch program's body: at the launch call (on the
-//! launching thread) it walks that thread's stack and keeps the return addresses; when the
-//! launch completed it adds the GPU time (end minus start) to that stack and kernel. Names
-//! are looked up once, when the graph is written, so a launch costs one stack walk.
+//! launching thread) it captures that thread's stack (`bpftime-callstack`: the return
+//! addresses and, on a thread running CPython, its Python frames); when the launch
+//! completed it adds the GPU time (end minus start) to that stack and kernel. Names are
+//! looked up once, when the graph is written, so a launch costs one stack walk.
 //!
 //! A folded line is `outermost;...;innermost;[gpu] kernel NS`: the frames of the CPU stack
-//! from `_start` down to the launch call, then the kernel as a leaf frame, weighted by the
-//! nanoseconds of GPU time its launches from that stack took.
+//! from `_start` down to the launch call, each native frame of the Python interpreter's
+//! evaluation loop replaced by the Python functions it ran (`forward (model.py:40)`), then
+//! the kernel as a leaf frame, weighted by the nanoseconds of GPU time its launches from
+//! that stack took.
 
 use std::collections::{HashMap, HashSet};
-use std::ffi::{c_void, CStr};
 use std::io::Write as _;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
+use bpftime_callstack::{clean, Capturer, Stack};
 use bpftime_gpu_attach::{names, LaunchContext, PHASE_COMPLETED, PHASE_LAUNCHED};
-
-/// Frames kept per stack, innermost first; deeper frames are cut.
-const MAX_FRAMES: usize = 256;
 /// Launches kept between their call and their completion. A launch that never completes
 /// with GPU times (untimed when too many are in flight, or a failed query) would otherwise
 /// stay forever; past this many, the oldest are given up.
@@ -58,9 +58,9 @@ pub struct Written {
 
 #[derive(Default)]
 struct Recorded {
-    /// Distinct stacks, as return addresses innermost first.
-    stacks: Vec<Box<[usize]>>,
-    stack_ids: HashMap<Box<[usize]>, u32>,
+    /// Distinct stacks.
+    stacks: Vec<Stack>,
+    stack_ids: HashMap<Stack, u32>,
     kernels: HashSet<Arc<str>>,
     /// Launches between their call and their completion: their stack.
     in_flight: HashMap<u64, u32>,
@@ -74,6 +74,7 @@ pub struct LaunchStacks {
     /// Objects (path substrings) whose frames at the top of a stack are the interception's,
     /// not the application's: they are left out of the graph.
     interception: Vec<String>,
+    capturer: Capturer,
     recorded: Mutex<Recorded>,
 }
 
@@ -83,6 +84,7 @@ impl LaunchStacks {
     pub fn new(interception: Vec<String>) -> Self {
         LaunchStacks {
             interception,
+            capturer: Capturer::new(),
             recorded: Mutex::new(Recorded::default()),
         }
     }
@@ -95,7 +97,7 @@ impl LaunchStacks {
     pub fn record(&self, ctx: &LaunchContext, kernel: &str) {
         match ctx.phase {
             PHASE_LAUNCHED if ctx.result == 0 => {
-                let stack = capture();
+                let stack = self.capturer.capture();
                 let mut r = self.lock();
                 let id = match r.stack_ids.get(&stack) {
                     Some(&id) => id,
@@ -144,10 +146,10 @@ impl LaunchStacks {
     /// The folded stacks, sorted, with their launch counts alongside.
     pub fn folded(&self) -> Vec<(String, Total)> {
         let r = self.lock();
-        let mut names = Symbols::default();
+        let mut namer = self.capturer.namer();
         let mut merged: HashMap<String, Total> = HashMap::new();
         for ((stack, kernel), total) in &r.totals {
-            let mut frames = names.frames(&r.stacks[*stack as usize], &self.interception);
+            let mut frames = namer.fold(&r.stacks[*stack as usize], &self.interception);
             frames.push(format!("[gpu] {}", kernel_frame(kernel)));
             // Two stacks can read the same once names are looked up (addresses in one
             // function), so lines merge here.
@@ -200,127 +202,11 @@ impl LaunchStacks {
     }
 }
 
-/// The calling thread's return addresses, innermost first.
-#[inline(never)]
-fn capture() -> Box<[usize]> {
-    let mut ips = Vec::with_capacity(64);
-    backtrace::trace(|frame| {
-        let ip = frame.ip() as usize;
-        // The outermost frame of a thread has no return address.
-        if ip != 0 {
-            ips.push(ip);
-        }
-        ips.len() < MAX_FRAMES
-    });
-    ips.into_boxed_slice()
-}
-
 /// A kernel's frame: its demangled name without parameters (`vectorAdd`,
 /// `tiles::matmul<16>`), or the mangled one where it does not demangle.
 fn kernel_frame(mangled: &str) -> String {
     let names = names::kernel_names(mangled);
     clean(names.last().map(String::as_str).unwrap_or(mangled))
-}
-
-/// A frame name as the folded format can carry it: no `;` (the separator), no line breaks.
-fn clean(name: &str) -> String {
-    name.chars()
-        .map(|c| match c {
-            ';' => ':',
-            '\n' | '\r' => ' ',
-            c => c,
-        })
-        .collect()
-}
-
-/// One code address: the object it lies in and the function names there (inlined ones
-/// first), looked up once.
-#[derive(Clone)]
-struct Frame {
-    object: String,
-    names: Vec<String>,
-}
-
-#[derive(Default)]
-struct Symbols {
-    frames: HashMap<usize, Frame>,
-}
-
-impl Symbols {
-    fn lookup(&mut self, ip: usize) -> &Frame {
-        self.frames.entry(ip).or_insert_with(|| {
-            let (object, exported) = containing_object(ip);
-            let mut names = Vec::new();
-            backtrace::resolve(ip as *mut c_void, |symbol| {
-                if let Some(name) = symbol.name() {
-                    names.push(clean(&format!("{name:#}")));
-                }
-            });
-            if names.is_empty() {
-                if let Some(sym) = exported {
-                    names.push(clean(&format!(
-                        "{:#}",
-                        backtrace::SymbolName::new(sym.as_bytes())
-                    )));
-                }
-            }
-            Frame { object, names }
-        })
-    }
-
-    /// The frames of `stack`, outermost first, without the interception's frames on top.
-    fn frames(&mut self, stack: &[usize], interception: &[String]) -> Vec<String> {
-        let mut start = 0;
-        while start < stack.len() {
-            let object = &self.lookup(stack[start]).object;
-            if !interception.iter().any(|i| object.contains(i.as_str())) {
-                break;
-            }
-            start += 1;
-        }
-        let mut out: Vec<String> = Vec::new();
-        for &ip in stack[start..].iter().rev() {
-            let frame = self.lookup(ip).clone();
-            if frame.names.is_empty() {
-                let unknown = format!("[{}]", basename(&frame.object));
-                // A run of nameless frames in one object says no more than one.
-                if out.last() != Some(&unknown) {
-                    out.push(unknown);
-                }
-            } else {
-                out.extend(frame.names.into_iter().rev());
-            }
-        }
-        out
-    }
-}
-
-fn basename(path: &str) -> &str {
-    match path.rsplit('/').next() {
-        Some("") | None => "unknown",
-        Some(b) => b,
-    }
-}
-
-/// The path of the object the code at `ip` (a return address) lies in, and the exported
-/// symbol covering it, if any.
-pub fn containing_object(ip: usize) -> (String, Option<String>) {
-    // SAFETY: `Dl_info` is plain data that dladdr fills in.
-    let mut info: libc::Dl_info = unsafe { std::mem::zeroed() };
-    // A return address may be one past its function's last byte: look up the call.
-    let addr = ip.saturating_sub(1) as *const c_void;
-    // SAFETY: dladdr only reads the loader's tables for `addr`.
-    if unsafe { libc::dladdr(addr, &mut info) } == 0 {
-        return (String::new(), None);
-    }
-    let text = |p: *const libc::c_char| {
-        // SAFETY: dladdr's strings are NUL-terminated and live as long as the object.
-        (!p.is_null()).then(|| unsafe { CStr::from_ptr(p) }.to_string_lossy().into_owned())
-    };
-    (
-        text(info.dli_fname).unwrap_or_default(),
-        text(info.dli_sname),
-    )
 }
 
 #[cfg(test)]
@@ -436,7 +322,8 @@ mod tests {
 
     #[test]
     fn the_interception_frames_on_top_are_left_out() {
-        let me = containing_object(capture as *const () as usize + 1).0;
+        let me =
+            bpftime_callstack::containing_object(launch_from_path_one as *const () as usize + 1).0;
         assert!(!me.is_empty());
         let s = LaunchStacks::new(vec![me]);
         launch_from_path_one(&s, 1);
@@ -472,8 +359,7 @@ mod tests {
     }
 
     #[test]
-    fn names_without_a_separator_or_line_break() {
-        assert_eq!(clean("a;b\nc"), "a:b c");
+    fn kernel_names_without_their_parameters() {
         assert_eq!(kernel_frame("_Z7vec_addPKfS0_Pfi"), "vec_add");
         assert_eq!(kernel_frame("not_mangled"), "not_mangled");
     }

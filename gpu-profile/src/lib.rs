@@ -2,13 +2,15 @@
 //! events (`cuda:KERNEL:launch`, in `bpftime-gpu-attach`), which every kernel gets, PTX or
 //! not.
 //!
-//! - [`flamegraph`]: the CPU stack of each launch call, weighted by that launch's GPU time,
-//!   as folded stacks (`flamegraph.pl` and inferno read them) and as an SVG flame graph.
+//! - [`flamegraph`]: the CPU stack of each launch call (with its Python frames, on a
+//!   CPython thread), weighted by that launch's GPU time, as folded stacks
+//!   (`flamegraph.pl` and inferno read them) and as an SVG flame graph.
 //! - [`timeline`]: traced calls, CUDA driver calls, launches, kernels and GPU probe lines
 //!   on one clock, written as a Perfetto/Chrome trace.
 
 pub mod flamegraph;
 pub mod timeline;
 
-pub use flamegraph::{containing_object, FlameGraphError, LaunchStacks, Written};
+pub use bpftime_callstack::{containing_object, python_version, PythonError};
+pub use flamegraph::{FlameGraphError, LaunchStacks, Written};
 pub use timeline::{Name, Summary, Timeline, TimelineError};
