@@ -25,6 +25,10 @@ struct {
 	__uint(max_entries, RING_BYTES); /* bytes; a power of 2 pages */
 } events SEC(".maps");
 
+/* Puts struct event in the object's BTF (a ring buffer's records carry no type), so
+ * `bpftime run` prints each record field by field. */
+const struct event *event_type __attribute__((unused));
+
 #ifdef EVERY
 /* Built with -DEVERY=K (ringbuf_sparse.bpf.o): only one call in K is an event. */
 struct {

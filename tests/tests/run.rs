@@ -192,17 +192,15 @@ fn run_ringbuf_events_prints_every_event_as_it_arrives() {
     let s = Session::new("run-ringbuf");
     let out = run_on_calls(&s, examples::RINGBUF_EVENTS_BPF_O, &[]);
     assert_eq!(out.code, Some(0), "{}", out.context());
-    // struct event { u32 pid; u32 tid; s64 arg; u64 ts; u32 path; u32 pad; }:
-    // the second 64-bit word is the argument of work().
+    // Each record printed field by field from the object's BTF (struct event { pid tid
+    // arg ts path pad }): `arg` is the argument of work().
     let args: Vec<u64> = out
         .stdout
         .iter()
-        .filter(|l| l.starts_with("event events 32B "))
+        .filter(|l| l.starts_with("event events 32B struct event { pid="))
         .map(|l| {
-            let words = l.split_once("u64[").expect("u64 dump").1;
-            let words: Vec<&str> = words.split(']').next().unwrap().split(' ').collect();
-            assert_eq!(words.len(), 4, "{l}");
-            words[1].parse().expect("arg")
+            let arg = l.split_once(" arg=").expect("an arg field").1;
+            arg.split(' ').next().unwrap().parse().expect("arg")
         })
         .collect();
     assert_eq!(
