@@ -436,6 +436,8 @@ impl Agent {
                 crate::gpu::attach(self.store(), &self.runtime, rec);
                 return None;
             }
+            // Not run in targets yet: tools can load and attach them.
+            LinkKind::Tracepoint | LinkKind::RawTracepoint => return None,
         };
         let me = std::process::id() as i32;
         if rec.pid != -1 && rec.pid != me {

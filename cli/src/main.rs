@@ -2,7 +2,7 @@
 
 use anyhow::{bail, Context, Result};
 use bpftime_runtime::{
-    LinkRecord, Map, ObjectKind, PerfEventKind, PerfEventRecord, ProgramRecord, Store,
+    LinkKind, LinkRecord, Map, ObjectKind, PerfEventKind, PerfEventRecord, ProgramRecord, Store,
     DEFAULT_STORE_NAME, STORE_ENV,
 };
 use clap::{Parser, Subcommand};
@@ -392,9 +392,12 @@ fn list(store: &str, clean: bool) -> Result<()> {
     Ok(())
 }
 
-/// `uprobe /path/bin:0x1139 pid -1`, or `gpu-exit vectorAdd` for a CUDA kernel.
+/// `uprobe /path/bin:0x1139 pid -1`, `gpu-exit vectorAdd` for a CUDA kernel,
+/// `tracepoint syscalls/sys_enter_openat pid -1`.
 fn link_target(l: &LinkRecord) -> String {
-    if l.kind.is_gpu() {
+    if matches!(l.kind, LinkKind::Tracepoint | LinkKind::RawTracepoint) {
+        format!("{} {} pid {}", l.kind.label(), l.path, l.pid)
+    } else if l.kind.is_gpu() {
         format!("{} {}", l.kind.label(), l.path)
     } else {
         format!(
@@ -427,5 +430,6 @@ fn perf_event_target(e: &PerfEventRecord) -> String {
             }
         }
         PerfEventKind::BpfOutput => format!("{label} cpu {}", e.cpu),
+        PerfEventKind::Tracepoint => format!("{label} {} pid {}", e.path, e.pid),
     }
 }

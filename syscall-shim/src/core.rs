@@ -61,6 +61,9 @@ pub struct Shim {
     pub(crate) handed: Vec<crate::handed::Handed>,
     /// Rings found damaged (and reported): their pages read as zeros here.
     pub(crate) condemned: HashSet<crate::handed::Owner>,
+    /// How far into its context each program loaded here reads (the verifier's
+    /// `ctx_read_end`), for the checks at a tracepoint attach.
+    pub(crate) ctx_read_ends: HashMap<u32, u32>,
 }
 
 /// Told of every descriptor the shim hands out (`true`) or forgets (`false`): the
@@ -129,6 +132,7 @@ impl Shim {
             test_runs: HashMap::new(),
             handed: Vec::new(),
             condemned: HashSet::new(),
+            ctx_read_ends: HashMap::new(),
         }
     }
 
@@ -385,6 +389,8 @@ impl Shim {
             // SAFETY: forwarded caller obligation.
             cmd::OBJ_GET_INFO_BY_FD => unsafe { self.get_info(&a, attr, size) },
             cmd::LINK_CREATE => self.link_create(&a),
+            // SAFETY: forwarded caller obligation for the name pointer.
+            cmd::RAW_TRACEPOINT_OPEN => unsafe { self.raw_tracepoint_open(&a) },
             cmd::LINK_DETACH => {
                 let fd = a.u32(0) as RawFd;
                 match self.object(fd).cloned() {
@@ -837,7 +843,7 @@ impl Shim {
             && (name.starts_with(bpftime_runtime::CUDA_PROGRAM_PREFIX)
                 || self.gpu_names.contains(&name));
         let kept_lines = (kprobe && !gpu).then(|| source_lines.clone());
-        let checked = crate::program::check_program_with_lines(
+        let checked = crate::program::check_program_full(
             &insns,
             prog_type,
             &lookup,
@@ -845,8 +851,8 @@ impl Shim {
             source_lines,
             gpu,
         );
-        let log = match checked {
-            Ok(log) => log,
+        let (log, ctx_read_end) = match checked {
+            Ok(done) => done,
             Err((errno, log)) => {
                 // The log goes back to the tool, whose loader prints it (libbpf does);
                 // feature probes that expect a rejection print nothing, as on the kernel.
@@ -872,6 +878,7 @@ impl Shim {
             owner_pid: std::process::id(),
         };
         rec.publish(&self.store).map_err(|e| e.errno())?;
+        self.ctx_read_ends.insert(id, ctx_read_end);
         if gpu {
             self.gpu_verified.insert(id);
             // Announced for this load; libbpf loads again only after a failure.
@@ -962,7 +969,7 @@ impl Shim {
         if attach_type != bpftime_isa::uapi::attach_type::PERF_EVENT {
             return Err(refuse(
                 libc::EINVAL,
-                format_args!("BPF_LINK_CREATE with attach type {attach_type}: bpftime links programs to uprobe and kprobe (CUDA kernel) perf events only"),
+                format_args!("BPF_LINK_CREATE with attach type {attach_type}: bpftime links programs to uprobe, kprobe (CUDA kernel) and tracepoint perf events only"),
             ));
         }
         let prog = self.program(a.u32(f::PROG_FD))?;
@@ -973,6 +980,11 @@ impl Shim {
             None => return Err(libc::EBADF),
         };
         let id = self.make_link(&prog, &ev, a.u64(f::PERF_EVENT_COOKIE), false)?;
+        self.open_link_fd(id)
+    }
+
+    /// A descriptor for the new link `id`.
+    pub(crate) fn open_link_fd(&mut self, id: u32) -> SysResult {
         self.open_fd(ObjectKind::Link, id, Object::Link(id))
             .map(|fd| fd as i64)
     }
@@ -985,7 +997,9 @@ impl Shim {
         owned_by_event: bool,
     ) -> SysResult<u32> {
         let kind = ev.kind.link_kind().ok_or(libc::EINVAL)?;
-        if prog.prog_type != bpftime_isa::uapi::prog_type::KPROBE {
+        if kind == LinkKind::Tracepoint {
+            self.check_tracepoint_program(prog, &ev.path)?;
+        } else if prog.prog_type != bpftime_isa::uapi::prog_type::KPROBE {
             return Err(refuse(
                 libc::EINVAL,
                 format_args!(
