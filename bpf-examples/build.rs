@@ -38,6 +38,10 @@ const ARTIFACTS: &[&str] = &[
     "gpu_probes",
     "pinning",
     "pinning.bpf.o",
+    "syscall_tp",
+    "syscall_tp.bpf.o",
+    "syscalls",
+    "syscalls-static",
 ];
 
 /// GPU objects, built too: only bpftime loads them (GPU helpers, or `cuda:`
@@ -81,6 +85,7 @@ const SOURCES: &[&str] = &[
     "stacks",
     "printk",
     "pinning",
+    "syscall_tp",
     "rejected",
     "gpu_probes",
     "gpu_block_count",

@@ -1,0 +1,91 @@
+// SPDX-License-Identifier: MIT
+/*
+ * syscalls: a deterministic workload of system calls for the syscall tracepoint tests.
+ *
+ * Usage: syscalls ROUNDS THREADS FILE...
+ *
+ * THREADS threads, started together, each open every FILE ROUNDS times in three ways:
+ * through the C library's open() (an openat with O_RDONLY|O_CLOEXEC), through its
+ * syscall() (openat with O_RDONLY|O_NONBLOCK), and with a `syscall` instruction of our
+ * own (openat with O_RDONLY|O_NOCTTY, mode 0640), closing what opened; and call getppid
+ * once per round through the C library and once with an instruction of our own. Then a
+ * forked child does one round on its own thread. Prints "done" with the totals.
+ */
+#define _GNU_SOURCE
+#include <fcntl.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <sys/syscall.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+static int rounds, nfiles;
+static char **files;
+static pthread_barrier_t start;
+
+static long raw3(long nr, long a, long b, long c, long d)
+{
+	long ret;
+	register long r10 __asm__("r10") = d;
+
+	__asm__ volatile("syscall"
+			 : "=a"(ret)
+			 : "a"(nr), "D"(a), "S"(b), "d"(c), "r"(r10)
+			 : "rcx", "r11", "memory");
+	return ret;
+}
+
+static void one_round(void)
+{
+	for (int f = 0; f < nfiles; f++) {
+		int fd = open(files[f], O_RDONLY | O_CLOEXEC);
+		if (fd >= 0)
+			close(fd);
+		fd = syscall(SYS_openat, AT_FDCWD, files[f], O_RDONLY | O_NONBLOCK, 0);
+		if (fd >= 0)
+			close(fd);
+		fd = raw3(SYS_openat, AT_FDCWD, (long)files[f], O_RDONLY | O_NOCTTY, 0640);
+		if (fd >= 0)
+			close(fd);
+	}
+	getppid();
+	raw3(SYS_getppid, 0, 0, 0, 0);
+}
+
+static void *worker(void *arg)
+{
+	(void)arg;
+	pthread_barrier_wait(&start);
+	for (int r = 0; r < rounds; r++)
+		one_round();
+	return NULL;
+}
+
+int main(int argc, char **argv)
+{
+	if (argc < 4) {
+		fprintf(stderr, "usage: %s ROUNDS THREADS FILE...\n", argv[0]);
+		return 2;
+	}
+	rounds = atoi(argv[1]);
+	int threads = atoi(argv[2]);
+	files = argv + 3;
+	nfiles = argc - 3;
+	pthread_t *t = calloc(threads, sizeof(*t));
+	pthread_barrier_init(&start, NULL, threads);
+	for (int i = 0; i < threads; i++)
+		pthread_create(&t[i], NULL, worker, NULL);
+	for (int i = 0; i < threads; i++)
+		pthread_join(t[i], NULL);
+	pid_t child = fork();
+	if (child == 0) {
+		one_round();
+		_exit(0);
+	}
+	int status = 0;
+	waitpid(child, &status, 0);
+	printf("done opens=%d getppids=%d child=%d\n", 3 * nfiles * (rounds * threads + 1),
+	       2 * (rounds * threads + 1), WIFEXITED(status) ? WEXITSTATUS(status) : -1);
+	return 0;
+}
