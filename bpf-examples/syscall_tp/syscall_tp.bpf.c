@@ -21,7 +21,7 @@ char LICENSE[] SEC("license") = "GPL";
 #define NR_OPENAT 257
 
 const volatile char target_comm[16] = {};
-const volatile char prefix[32] = {};
+const volatile char prefix[64] = {};
 const volatile __u32 prefix_len = 0;
 
 struct {
@@ -134,11 +134,11 @@ int raw_enter(struct bpf_raw_tracepoint_args *ctx)
 	if (nr == NR_OPENAT) {
 		struct regs *regs = (struct regs *)ctx->args[0];
 		const char *filename = 0;
-		char buf[32] = {};
+		char buf[64] = {};
 
 		bpf_probe_read_kernel(&filename, sizeof(filename), &regs->si);
 		bpf_probe_read_user_str(buf, sizeof(buf), filename);
-		for (int i = 0; i < 32; i++) {
+		for (int i = 0; i < 64; i++) {
 			if (i >= prefix_len)
 				break;
 			if (buf[i] != prefix[i])

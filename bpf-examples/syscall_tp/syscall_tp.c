@@ -53,8 +53,8 @@ int main(int argc, char **argv)
 			return 2;
 		}
 	}
-	if (!comm || strlen(comm) > 15 || strlen(prefix) > 31) {
-		fprintf(stderr, "usage: %s -c COMM (at most 15 bytes) [-p PREFIX] [-o OBJ]\n", argv[0]);
+	if (!comm || strlen(comm) > 15 || strlen(prefix) > 63) {
+		fprintf(stderr, "usage: %s -c COMM (at most 15 bytes) [-p PREFIX (at most 63)] [-o OBJ]\n", argv[0]);
 		return 2;
 	}
 	libbpf_set_print(libbpf_print);
@@ -72,7 +72,7 @@ int main(int argc, char **argv)
 		/* The object's read-only globals, in declaration order. */
 		struct {
 			char comm[16];
-			char prefix[32];
+			char prefix[64];
 			unsigned prefix_len;
 		} v = {};
 		struct bpf_map *rodata = bpf_object__find_map_by_name(obj, ".rodata");

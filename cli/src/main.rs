@@ -267,6 +267,21 @@ pub fn check_runnable(path: &Path) -> Result<()> {
     Ok(())
 }
 
+/// Whether `path` is an ELF executable without an interpreter (the dynamic loader, which
+/// is what honours `LD_PRELOAD`).
+fn statically_linked(path: &Path) -> bool {
+    let Ok(bytes) = std::fs::read(path) else {
+        return false;
+    };
+    match goblin::elf::Elf::parse(&bytes) {
+        Ok(elf) => !elf
+            .program_headers
+            .iter()
+            .any(|p| p.p_type == goblin::elf::program_header::PT_INTERP),
+        Err(_) => false,
+    }
+}
+
 /// What `bpftime start` runs: `app` with the agent's starter preloaded, in
 /// `store` (also used by `bpftime run`, which starts the app itself).
 fn start_command(
@@ -277,6 +292,12 @@ fn start_command(
     library(AGENT_LIB).map_err(UsageError)?;
     let outputs = profiling.outputs().map_err(UsageError)?;
     let mut command = preload_command(store, AGENT_STARTER_LIB, app)?;
+    if let Some(found) = find_program(Path::new(&app[0])).filter(|p| statically_linked(p)) {
+        errln!(
+            "bpftime: {} is statically linked: no library can be preloaded into it, so it runs without the agent and nothing is attached to it",
+            found.display()
+        );
+    }
     for (_, env, path) in outputs {
         command.env(env, path);
     }

@@ -45,12 +45,15 @@ impl Ids {
     /// The kernel's ids, from the tracefs mounted at `root`; None when they cannot be
     /// read. An event the kernel lacks is not served.
     pub fn from_tracefs(root: &Path) -> Option<Ids> {
-        let read = |e: &Event| -> Option<u32> {
+        Ids::from_lookup(|e| {
             let p = root.join("events").join(e.path()).join("id");
             std::fs::read_to_string(p).ok()?.trim().parse().ok()
-        };
-        // Unreadable as a whole (not mounted, or not ours to read) unless the raw
-        // events are there.
+        })
+    }
+
+    /// The kernel's ids as `read` gives each event's (None for an event it lacks);
+    /// None when even the raw events have none, which means tracefs cannot be read.
+    pub fn from_lookup(read: impl Fn(&Event) -> Option<u32>) -> Option<Ids> {
         read(&Event::RawEnter)?;
         Some(Ids::from_pairs(
             Event::all().filter_map(|e| Some((e, read(&e)?))),

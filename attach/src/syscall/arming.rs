@@ -216,7 +216,7 @@ enum Request {
 
 /// The signal that carries arming requests, and the disposition it replaced.
 static CARRIER: AtomicI32 = AtomicI32::new(0);
-static CARRIER_PREVIOUS: std::sync::OnceLock<libc::sigaction> = std::sync::OnceLock::new();
+static CARRIER_PREVIOUS: std::sync::OnceLock<KSigaction> = std::sync::OnceLock::new();
 /// The request being answered: its kind and generation, and where answers go.
 static REQUEST: AtomicU64 = AtomicU64::new(0);
 const ANSWER_SLOTS: usize = 4096;
@@ -225,26 +225,50 @@ static ANSWERED: AtomicUsize = AtomicUsize::new(0);
 static PID: AtomicI32 = AtomicI32::new(0);
 const TAG: u64 = 0x5ca1 << 48;
 
+/// The signal that carries requests, installed with our restorer: its `rt_sigreturn`
+/// is then one of ours, never a call of the application's that tools would see.
 fn carrier() -> Result<i32, ArmError> {
     let sig = CARRIER.load(Ordering::Acquire);
     if sig != 0 {
         return Ok(sig);
     }
     for sig in (libc::SIGRTMIN() + 1..=libc::SIGRTMAX()).rev() {
-        // SAFETY: a zeroed sigaction is a valid "no handler, empty mask" value.
-        let mut action: libc::sigaction = unsafe { std::mem::zeroed() };
-        action.sa_sigaction = on_arm as *const () as usize;
-        action.sa_flags = libc::SA_SIGINFO | libc::SA_ONSTACK | libc::SA_RESTART;
-        // SAFETY: as above, filled in by the kernel.
-        let mut previous: libc::sigaction = unsafe { std::mem::zeroed() };
+        let mut previous = KSigaction::default();
         // SAFETY: only reads the disposition.
-        if unsafe { libc::sigaction(sig, std::ptr::null(), &mut previous) } != 0
-            || previous.sa_sigaction != libc::SIG_DFL
-        {
+        let r = unsafe {
+            raw(
+                libc::SYS_rt_sigaction as u64,
+                sig as u64,
+                0,
+                &mut previous as *mut KSigaction as u64,
+                8,
+                0,
+                0,
+            )
+        };
+        if r != 0 || previous.handler != libc::SIG_DFL as u64 {
             continue;
         }
-        // SAFETY: live sigaction values; the handler is async-signal-safe.
-        if unsafe { libc::sigaction(sig, &action, &mut previous) } != 0 {
+        let ours = KSigaction {
+            handler: on_arm as *const () as u64,
+            flags: (libc::SA_SIGINFO | libc::SA_ONSTACK | libc::SA_RESTART) as u64 | SA_RESTORER,
+            restorer: entry::restorer() as u64,
+            mask: 0,
+        };
+        // SAFETY: live kernel sigaction structures; the handler is async-signal-safe and
+        // returns through our restorer.
+        let r = unsafe {
+            raw(
+                libc::SYS_rt_sigaction as u64,
+                sig as u64,
+                &ours as *const KSigaction as u64,
+                &mut previous as *mut KSigaction as u64,
+                8,
+                0,
+                0,
+            )
+        };
+        if r != 0 {
             continue;
         }
         let _ = CARRIER_PREVIOUS.set(previous);
@@ -340,8 +364,12 @@ extern "C" fn on_arm(sig: libc::c_int, info: *mut libc::siginfo_t, ctx: *mut lib
         && pid == PID.load(Ordering::Acquire);
     if !ours {
         if let Some(prev) = CARRIER_PREVIOUS.get() {
+            // SAFETY: a zeroed sigaction is a valid value; only handler and flags matter.
+            let mut p: libc::sigaction = unsafe { std::mem::zeroed() };
+            p.sa_sigaction = prev.handler as usize;
+            p.sa_flags = prev.flags as libc::c_int;
             // SAFETY: as the kernel handed them to us, for the handler ours replaced.
-            unsafe { crate::patch::chain(prev, sig, info, ctx) };
+            unsafe { crate::patch::chain(&p, sig, info, ctx) };
         }
         return;
     }

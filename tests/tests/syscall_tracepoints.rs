@@ -1,0 +1,288 @@
+//! System call tracepoints under bpftime against the kernel's, on one workload: a libbpf
+//! tool of ours (`syscall_tp`: openat's arguments and results through
+//! `tracepoint/syscalls/sys_enter_openat` and `sys_exit_openat`, calls counted by number
+//! through `raw_tracepoint/sys_enter` and `sys_exit`) watching the `syscalls` target,
+//! which opens files on several threads through the C library, its `syscall()` and a
+//! `syscall` instruction of its own, then once more in a forked child.
+//!
+//! The kernel runs the tool with tracefs mounted in a private mount namespace (loaders
+//! find tracepoint ids there); under `bpftime load` tracefs stays unmounted, and the
+//! shim answers for its files.
+
+use bpftime_syscalls::{Event, Ids};
+use bpftime_tests::{examples, kernel_unavailable, Session, Tool};
+use std::collections::BTreeMap;
+use std::process::Command;
+use std::time::Duration;
+
+const ROUNDS: u32 = 20;
+const THREADS: u32 = 4;
+
+/// `program args...` in a private mount namespace with tracefs mounted where loaders
+/// look for it; the namespace (and the mount) go when the program exits.
+fn with_tracefs(program: &str, args: &[&str]) -> Command {
+    let mut c = Command::new("unshare");
+    c.args([
+        "-m",
+        "sh",
+        "-c",
+        "mount -t tracefs nodev /sys/kernel/tracing && exec \"$@\"",
+        "sh",
+        program,
+    ])
+    .args(args);
+    c
+}
+
+/// What the kernel's tracefs says of every syscall event: (path, id, format text).
+fn kernel_formats() -> Vec<(String, u32, String)> {
+    let script = "mount -t tracefs nodev /sys/kernel/tracing && cd /sys/kernel/tracing/events && \
+                  for f in syscalls/*/format raw_syscalls/sys_enter/format raw_syscalls/sys_exit/format; do \
+                  printf '=== %s\\n' \"$f\"; cat \"$f\"; done";
+    let out = Command::new("unshare")
+        .args(["-m", "sh", "-c", script])
+        .output()
+        .expect("unshare");
+    assert!(out.status.success(), "{out:?}");
+    let text = String::from_utf8(out.stdout).unwrap();
+    text.split("=== ")
+        .filter(|s| !s.is_empty())
+        .map(|chunk| {
+            let (path, format) = chunk.split_once('\n').unwrap();
+            let path = path.trim_end_matches("/format").to_string();
+            let id = format
+                .lines()
+                .find_map(|l| l.strip_prefix("ID: "))
+                .and_then(|v| v.parse().ok())
+                .unwrap_or_else(|| panic!("{path}: no id in {format}"));
+            (path, id, format.to_string())
+        })
+        .collect()
+}
+
+#[test]
+fn formats_are_the_kernels_byte_for_byte_and_every_event_is_served() {
+    if let Some(why) = kernel_unavailable() {
+        eprintln!("skipped, no kernel to compare with: {why}");
+        return;
+    }
+    let kernel = kernel_formats();
+    assert!(kernel.len() > 600, "{} events", kernel.len());
+    for (path, id, format) in &kernel {
+        let (group, name) = path.split_once('/').unwrap();
+        let event = Event::parse(group, name)
+            .unwrap_or_else(|| panic!("the kernel has {path}, which bpftime does not serve"));
+        assert_eq!(&event.format(*id), format, "{path}");
+    }
+    let served = Event::all().count();
+    assert_eq!(
+        served,
+        kernel.len(),
+        "events served that this kernel does not have"
+    );
+    // With tracefs readable, the shim's ids are the kernel's.
+    let ids = Ids::from_lookup(|e| {
+        let path = e.path();
+        kernel
+            .iter()
+            .find(|(p, _, _)| *p == path)
+            .map(|(_, id, _)| *id)
+    })
+    .expect("the kernel's ids");
+    for (path, id, _) in &kernel {
+        let (group, name) = path.split_once('/').unwrap();
+        assert_eq!(
+            ids.id(Event::parse(group, name).unwrap()),
+            Some(*id),
+            "{path}"
+        );
+    }
+}
+
+/// One openat the tool reported, as compared: the thread and the descriptor number are
+/// left out (threads and the descriptors a process holds differ between runs); a
+/// failure keeps its errno.
+fn open_key(line: &str) -> Option<String> {
+    let rest = line.strip_prefix("open ")?;
+    let field = |k: &str| {
+        rest.split_whitespace()
+            .find_map(|w| w.strip_prefix(&format!("{k}=")))
+            .unwrap_or("?")
+            .to_string()
+    };
+    let ret: i64 = field("ret").parse().ok()?;
+    let file = rest.split_once(" file=")?.1;
+    Some(format!(
+        "nr={} dfd={} flags={} mode={} ret={} file={file}",
+        field("nr"),
+        field("dfd"),
+        field("flags"),
+        field("mode"),
+        if ret >= 0 {
+            "fd".to_string()
+        } else {
+            ret.to_string()
+        }
+    ))
+}
+
+/// The tool's openat records under `prefix`, counted, and its counts by key.
+fn summary(lines: &[String], prefix: &str) -> (BTreeMap<String, u64>, BTreeMap<u32, u64>) {
+    let mut opens = BTreeMap::new();
+    for key in lines.iter().filter_map(|l| open_key(l)) {
+        if key.contains(&format!("file={prefix}")) {
+            *opens.entry(key).or_insert(0) += 1;
+        }
+    }
+    let counts = lines
+        .iter()
+        .filter_map(|l| {
+            let rest = l.strip_prefix("count key=")?;
+            let (k, n) = rest.split_once(" n=")?;
+            Some((k.parse().ok()?, n.parse().ok()?))
+        })
+        .collect();
+    (opens, counts)
+}
+
+/// What the target's workload opens: each file in three ways, once per thread and round
+/// and once in its child; the descriptors of files that exist, ENOENT for the other.
+fn expected_opens(files: &[String]) -> BTreeMap<String, u64> {
+    let times = u64::from(ROUNDS * THREADS + 1);
+    let mut out = BTreeMap::new();
+    for f in files {
+        let ret = if f.ends_with("missing") { "-2" } else { "fd" };
+        // open(): AT_FDCWD as the C library passes it (an `int`, zero-extended in rdi),
+        // O_RDONLY|O_CLOEXEC; syscall(): O_NONBLOCK; the target's own instruction: a
+        // 64-bit AT_FDCWD, O_NOCTTY, mode 0640.
+        for (dfd, flags, mode) in [
+            ("4294967196", libc::O_CLOEXEC, 0),
+            ("4294967196", libc::O_NONBLOCK, 0),
+            ("-100", libc::O_NOCTTY, 0o640),
+        ] {
+            out.insert(
+                format!("nr=257 dfd={dfd} flags={flags} mode={mode} ret={ret} file={f}"),
+                times,
+            );
+        }
+    }
+    out
+}
+
+/// Runs the workload `target` (a private copy, so that its command name is this run's)
+/// with the tool watching it, on the kernel or under bpftime; returns the tool's lines.
+fn workload(s: &Session, target: &str, kernel: bool, files: &[String]) -> Vec<String> {
+    let comm = std::path::Path::new(target)
+        .file_name()
+        .unwrap()
+        .to_str()
+        .unwrap()
+        .to_string();
+    let prefix = s.tmp.to_str().unwrap().to_string();
+    let tool_args = ["-c", comm.as_str(), "-p", prefix.as_str()];
+    let tool = if kernel {
+        Tool::spawn(with_tracefs(examples::SYSCALL_TP, &tool_args))
+    } else {
+        let mut args = vec![examples::SYSCALL_TP];
+        args.extend(tool_args);
+        s.load(&args)
+    };
+    let mut app_args = vec![ROUNDS.to_string(), THREADS.to_string()];
+    app_args.extend(files.iter().cloned());
+    let out = if kernel {
+        Command::new(target).args(&app_args).output().unwrap()
+    } else {
+        let mut c = s.bpftime();
+        c.arg("start").arg(target).args(&app_args);
+        bpftime_tests::run_with_timeout(c, Duration::from_secs(120))
+    };
+    assert!(
+        out.status.success() && String::from_utf8_lossy(&out.stdout).contains("child=0"),
+        "the target failed: {out:?}"
+    );
+    // The last records reach the ring a little after the target exits.
+    std::thread::sleep(Duration::from_millis(300));
+    let (code, lines, err) = tool.stop();
+    assert_eq!(code, 0, "the tool failed: {lines:?}\n{err}");
+    lines
+}
+
+#[test]
+fn openat_arguments_and_counts_by_number_match_the_kernel() {
+    let s = Session::new("systp");
+    let files: Vec<String> = ["one", "two", "missing"]
+        .iter()
+        .map(|n| s.tmp.join(n).to_str().unwrap().to_string())
+        .collect();
+    std::fs::write(&files[0], "1").unwrap();
+    std::fs::write(&files[1], "2").unwrap();
+    let prefix = s.tmp.to_str().unwrap();
+    let want_opens = expected_opens(&files);
+    let calls = u64::from(ROUNDS * THREADS + 1);
+    let check = |who: &str, lines: &[String]| {
+        let (opens, counts) = summary(lines, prefix);
+        assert_eq!(opens, want_opens, "{who}: openat records");
+        // getppid twice per round (C library, own instruction), at entry and at return;
+        // openat under the prefix through pt_regs at entry.
+        assert_eq!(
+            counts.get(&110),
+            Some(&(2 * calls)),
+            "{who}: getppid entries"
+        );
+        assert_eq!(
+            counts.get(&2110),
+            Some(&(2 * calls)),
+            "{who}: getppid returns"
+        );
+        assert_eq!(
+            counts.get(&1000),
+            Some(&(9 * calls)),
+            "{who}: openat through pt_regs"
+        );
+        (opens, counts)
+    };
+    let ours = s.target_copy(examples::SYSCALLS);
+    let ours_named = s.tmp.join(format!("stb{}", std::process::id() % 100_000));
+    std::fs::rename(&ours, &ours_named).unwrap();
+    let lines = workload(&s, ours_named.to_str().unwrap(), false, &files);
+    check("bpftime", &lines);
+    match kernel_unavailable() {
+        Some(why) => eprintln!("kernel comparison skipped: {why}"),
+        None => {
+            let k = s.target_copy(examples::SYSCALLS);
+            let k_named = s.tmp.join(format!("stk{}", std::process::id() % 100_000));
+            std::fs::rename(&k, &k_named).unwrap();
+            let lines = workload(&s, k_named.to_str().unwrap(), true, &files);
+            check("kernel", &lines);
+        }
+    }
+}
+
+/// A statically linked target has no dynamic loader to preload the agent with: `bpftime
+/// start` says so and runs it untraced, as it is; the kernel traces it exactly.
+#[test]
+fn a_static_target_runs_untraced_with_a_notice_and_the_kernel_traces_it() {
+    let s = Session::new("systp-static");
+    let file = s.tmp.join("one");
+    std::fs::write(&file, "1").unwrap();
+    let target = s.target_copy(examples::SYSCALLS_STATIC);
+    let named = s.tmp.join(format!("sts{}", std::process::id() % 100_000));
+    std::fs::rename(&target, &named).unwrap();
+    let files = vec![file.to_str().unwrap().to_string()];
+    let mut c = s.bpftime();
+    c.arg("start").arg(&named).args(["1", "1"]).args(&files);
+    let out = bpftime_tests::run_with_timeout(c, Duration::from_secs(60));
+    assert!(out.status.success(), "{out:?}");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("is statically linked"), "{err}");
+    if let Some(why) = kernel_unavailable() {
+        eprintln!("kernel comparison skipped: {why}");
+        return;
+    }
+    let lines = workload(&s, named.to_str().unwrap(), true, &files);
+    let (opens, _) = summary(&lines, s.tmp.to_str().unwrap());
+    assert_eq!(
+        opens.values().sum::<u64>(),
+        3 * u64::from(ROUNDS * THREADS + 1)
+    );
+}
