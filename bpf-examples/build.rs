@@ -86,6 +86,7 @@ const SOURCES: &[&str] = &[
     "printk",
     "pinning",
     "syscall_tp",
+    "syscall_costs",
     "rejected",
     "gpu_probes",
     "gpu_block_count",

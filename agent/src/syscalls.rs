@@ -39,6 +39,8 @@ enum Point {
 
 struct Attached {
     point: Point,
+    /// The arguments a `sys_enter_NAME` record holds.
+    args: usize,
     cookie: u64,
     prog: Arc<LoadedProgram>,
     runtime: Arc<Runtime>,
@@ -108,9 +110,8 @@ fn on_enter(regs: &PtRegs) {
         let mut rec = [0u64; RECORD / 8];
         header(&mut rec, id);
         rec[NR_OFFSET as usize / 8] = nr & 0xffff_ffff;
-        let n = bpftime_syscalls::by_nr(nr as u32).map_or(0, |s| s.args.len());
         let at = ARGS_OFFSET as usize / 8;
-        rec[at..at + n].copy_from_slice(&args[..n]);
+        rec[at..at + a.args].copy_from_slice(&args[..a.args]);
         debug_assert!(event.is_enter());
         a.run(&rec);
     }
@@ -200,8 +201,15 @@ pub(crate) fn attach(store: &Store, runtime: &Arc<Runtime>, rec: &LinkRecord) {
             return;
         }
     };
+    let args = match point {
+        Point::Tracepoint(Event::Enter(nr), _) => bpftime_syscalls::by_nr(nr)
+            .map_or(0, |s| s.args.len())
+            .min(bpftime_syscalls::MAX_ARGS),
+        _ => 0,
+    };
     let attached = Arc::new(Attached {
         point,
+        args,
         cookie: rec.cookie,
         reads_context: helpers::reads_probe_context(&prog.insns),
         prog,

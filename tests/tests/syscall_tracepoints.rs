@@ -286,3 +286,69 @@ fn a_static_target_runs_untraced_with_a_notice_and_the_kernel_traces_it() {
         3 * u64::from(ROUNDS * THREADS + 1)
     );
 }
+
+/// What a loader says when a program does not attach: gpu_probes' `cannot attach` line.
+fn attach_failure(mut c: Command) -> String {
+    let out = bpftime_tests::run_with_timeout(
+        {
+            c.env("LC_ALL", "C");
+            c
+        },
+        Duration::from_secs(60),
+    );
+    let err = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert_eq!(
+        out.status.code(),
+        Some(1),
+        "the loader should fail: {out:?}"
+    );
+    err.lines()
+        .find(|l| l.starts_with("cannot attach program"))
+        .unwrap_or_else(|| panic!("no attach failure in: {err}"))
+        .to_string()
+}
+
+/// A tracepoint that does not exist, a raw tracepoint that does not exist, and a program
+/// that reads past its record: each refused at attach with the kernel's errno (ENOENT
+/// for the id file libbpf reads and for the raw tracepoint, EACCES for the read).
+#[test]
+fn bad_tracepoints_and_reads_past_the_record_fail_as_on_the_kernel() {
+    let s = Session::new("systp-bad");
+    let cases = [
+        (
+            "nosuch",
+            "SEC(\"tracepoint/syscalls/sys_enter_nosuchcall\") int p(void *ctx) { return 0; }",
+            "No such file or directory",
+        ),
+        (
+            "rawnosuch",
+            "SEC(\"raw_tracepoint/nosuch_tp\") int p(void *ctx) { return 0; }",
+            "No such file or directory",
+        ),
+        (
+            "past",
+            "SEC(\"tracepoint/syscalls/sys_enter_getppid\") \
+             int p(unsigned long long *ctx) { return ctx[2] == 7; }",
+            "Permission denied",
+        ),
+    ];
+    for (name, body, errno_text) in cases {
+        let source = format!(
+            "#include <linux/bpf.h>\n#include <bpf/bpf_helpers.h>\n{body}\n\
+             char LICENSE[] SEC(\"license\") = \"GPL\";\n"
+        );
+        let obj = s.compile_bpf(name, &source);
+        let obj = obj.to_str().unwrap();
+        let mut c = s.bpftime();
+        c.args(["load", examples::GPU_PROBES, "--obj", obj]);
+        let ours = attach_failure(c);
+        assert!(ours.ends_with(errno_text), "{name}: {ours}");
+        match kernel_unavailable() {
+            Some(why) => eprintln!("kernel comparison skipped: {why}"),
+            None => {
+                let kernel = attach_failure(with_tracefs(examples::GPU_PROBES, &["--obj", obj]));
+                assert_eq!(ours, kernel, "{name}");
+            }
+        }
+    }
+}

@@ -17,9 +17,11 @@
 //! call is made at once and the caller resumes with rcx = the return address and r11
 //! clobbered, as after a real one. Otherwise the registers are saved as the kernel's
 //! `struct pt_regs` (what a raw tracepoint's first argument points at), xmm0-15 beside
-//! them, and `syscall::dispatch` runs the programs and makes the call itself through
-//! `bpftime_syscall_raw`, unless it answers that the call must be made from the caller's
-//! own stack: `rt_sigreturn` (which reads its frame at the stack pointer) and the calls
+//! them, `syscall::dispatch` runs the programs watching the call, and the call is made
+//! here (where no frame made before it has to be returned through, which after a system
+//! call is mispredicted) before `syscall::returned` runs those watching its return; but
+//! a call whose effects dispatch keeps (signal masks and dispositions) is made by
+//! dispatch, and one that must be made from the caller's own stack is made there: `rt_sigreturn` (which reads its frame at the stack pointer) and the calls
 //! that make a process or thread (whose child resumes on the caller's stack or on a stack
 //! of its own, never on ours). Those are made here with every register as the caller had
 //! it; the return address waits in the thread's static TLS (the child's, for a thread with
@@ -30,12 +32,16 @@
 //! inline assembly on x86. ymm/zmm upper halves and x87 state are not saved around the
 //! programs (see `stubs`).
 
-use super::{dispatch, returned_from_fork, FLAGS, SITES, SITE_SLOTS, TLS_OFFSET};
+use super::{dispatch, returned, returned_from_fork, EXIT, FLAGS, SITES, SITE_SLOTS, TLS_OFFSET};
 
-/// What `dispatch` answers.
+/// What `dispatch` answers: the call was made (or emulated), its result is in the frame.
 pub(crate) const DONE: u64 = 0;
+/// Make it from the caller's stack, the thread's own signal frame being there.
 pub(crate) const SIGRETURN: u64 = 1;
+/// Make it from the caller's stack, frame-free, and resume the child.
 pub(crate) const FORK: u64 = 2;
+/// Make it here, then run the programs watching its return.
+pub(crate) const EXECUTE: u64 = 3;
 
 extern "C" {
     #[link_name = "bpftime_syscalls_start"]
@@ -201,10 +207,34 @@ std::arch::global_asm!(
         cld
         call {dispatch}
         mov rsp, rbx
+        cmp rax, {execute}
+        je 25f
         cmp rax, {fork}
         je 40f
         cmp rax, {sigreturn}
         je 30f
+        jmp 26f
+    25:
+        mov rdi, [rsp + 112]
+        mov rsi, [rsp + 104]
+        mov rdx, [rsp + 96]
+        mov r10, [rsp + 56]
+        mov r8, [rsp + 72]
+        mov r9, [rsp + 64]
+        mov rax, [rsp + 120]
+        syscall
+        mov [rsp + 80], rax
+        mov rax, [rsp + 120]
+        cmp rax, {flag_count}
+        jae 26f
+        lea r11, [rip + {flags}]
+        test byte ptr [r11 + rax], {exit}
+        jz 26f
+        mov rdi, rsp
+        and rsp, -16
+        call {returned}
+        mov rsp, rbx
+    26:
     ",
     restore_frame!(),
     "
@@ -346,6 +376,9 @@ std::arch::global_asm!(
     tls = sym TLS_OFFSET,
     fork = const FORK,
     sigreturn = const SIGRETURN,
+    execute = const EXECUTE,
+    exit = const EXIT,
+    returned = sym returned,
 );
 
 const SITE_BITS: u32 = SITE_SLOTS.trailing_zeros();

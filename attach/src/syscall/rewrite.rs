@@ -116,6 +116,10 @@ pub(crate) fn offer(site: usize) {
     }
 }
 
+/// Set to `0` in a target's environment to keep every call on the signal (to measure it,
+/// or to keep page 0 unmapped).
+pub const NO_REWRITE_ENV: &str = "BPFTIME_SYSCALL_REWRITE";
+
 const GROUP: [u8; 15] = [
     0x2e, 0x2e, 0x2e, 0x2e, 0x2e, 0x2e, 0x2e, 0x2e, 0x2e, 0x2e, 0xb9, 0x90, 0x90, 0x90, 0x90,
 ];
@@ -147,6 +151,9 @@ pub(crate) fn start() -> Result<(), String> {
     static STARTED: OnceLock<Result<(), String>> = OnceLock::new();
     STARTED
         .get_or_init(|| {
+            if std::env::var_os(NO_REWRITE_ENV).is_some_and(|v| v == "0") {
+                return Err(format!("{NO_REWRITE_ENV}=0 in the environment"));
+            }
             // SAFETY: a fresh anonymous mapping at 0, refused if anything is there already.
             let p = unsafe {
                 libc::mmap(
