@@ -352,3 +352,76 @@ fn bad_tracepoints_and_reads_past_the_record_fail_as_on_the_kernel() {
         }
     }
 }
+
+/// `@[key]: N` lines of a bpftrace map, by key.
+fn bpftrace_map(lines: &[String]) -> BTreeMap<String, u64> {
+    lines
+        .iter()
+        .filter_map(|l| {
+            let rest = l.strip_prefix("@[")?;
+            let (k, n) = rest.rsplit_once("]: ")?;
+            Some((k.to_string(), n.trim().parse().ok()?))
+        })
+        .collect()
+}
+
+/// bpftrace's `tracepoint:syscalls:sys_enter_openat` with a filter on `comm`, reading
+/// `args->filename` through the format file's layout, under `bpftime load` and on the
+/// kernel: the same files, counted the same.
+#[test]
+fn a_bpftrace_one_liner_on_sys_enter_openat_counts_as_on_the_kernel() {
+    bpftime_tests::require_bpftrace();
+    let s = Session::new("systp-bt");
+    let files: Vec<String> = ["one", "missing"]
+        .iter()
+        .map(|n| s.tmp.join(n).to_str().unwrap().to_string())
+        .collect();
+    std::fs::write(&files[0], "1").unwrap();
+    let run = |kernel: bool| -> BTreeMap<String, u64> {
+        let target = s.target_copy(examples::SYSCALLS);
+        let comm = format!("sbt{}{}", u8::from(kernel), std::process::id() % 100_000);
+        let named = s.tmp.join(&comm);
+        std::fs::rename(&target, &named).unwrap();
+        let script = format!(
+            "tracepoint:syscalls:sys_enter_openat /comm == \"{comm}\"/ {{ @[str(args->filename)] = count(); }}"
+        );
+        let tool = if kernel {
+            let t = Tool::spawn_until(
+                with_tracefs("bpftrace", &["-e", &script]),
+                "Attaching 1 probe...",
+            );
+            // A SIGINT in the last part of bpftrace's start-up is lost (see Session::load_bpftrace).
+            std::thread::sleep(Duration::from_secs(2));
+            t
+        } else {
+            s.load_bpftrace(&script)
+        };
+        let mut app = if kernel {
+            Command::new(&named)
+        } else {
+            let mut c = s.bpftime();
+            c.arg("start").arg(&named);
+            c
+        };
+        app.args([ROUNDS.to_string(), THREADS.to_string()])
+            .args(&files);
+        let out = bpftime_tests::run_with_timeout(app, Duration::from_secs(120));
+        assert!(out.status.success(), "{out:?}");
+        let (_, lines, err) = tool.stop();
+        let map = bpftrace_map(&lines);
+        assert!(
+            !map.is_empty(),
+            "bpftrace counted nothing: {lines:?}\n{err}"
+        );
+        map.into_iter()
+            .filter(|(k, _)| k.starts_with(s.tmp.to_str().unwrap()))
+            .collect()
+    };
+    let times = 3 * u64::from(ROUNDS * THREADS + 1);
+    let want: BTreeMap<String, u64> = files.iter().map(|f| (f.clone(), times)).collect();
+    assert_eq!(run(false), want, "bpftime");
+    match kernel_unavailable() {
+        Some(why) => eprintln!("kernel comparison skipped: {why}"),
+        None => assert_eq!(run(true), want, "kernel"),
+    }
+}
