@@ -10,6 +10,9 @@
  * own (openat with O_RDONLY|O_NOCTTY, mode 0640), closing what opened; and call getppid
  * once per round through the C library and once with an instruction of our own. Then a
  * forked child does one round on its own thread. Prints "done" with the totals.
+ *
+ * With SYSCALLS_WAIT in the environment it first prints "pid=<pid>" and waits for a line
+ * on stdin, so that a tool can be pointed at it (syscount -p) before it starts.
  */
 #define _GNU_SOURCE
 #include <fcntl.h>
@@ -67,6 +70,14 @@ int main(int argc, char **argv)
 	if (argc < 4) {
 		fprintf(stderr, "usage: %s ROUNDS THREADS FILE...\n", argv[0]);
 		return 2;
+	}
+	if (getenv("SYSCALLS_WAIT")) {
+		char line[16];
+
+		printf("pid=%d\n", getpid());
+		fflush(stdout);
+		if (!fgets(line, sizeof(line), stdin))
+			return 1;
 	}
 	rounds = atoi(argv[1]);
 	int threads = atoi(argv[2]);

@@ -425,3 +425,181 @@ fn a_bpftrace_one_liner_on_sys_enter_openat_counts_as_on_the_kernel() {
         None => assert_eq!(run(true), want, "kernel"),
     }
 }
+
+const OPENSNOOP: &str = "/usr/sbin/opensnoop";
+const SYSCOUNT: &str = "/usr/sbin/syscount";
+
+fn require(tool: &str) {
+    assert!(
+        std::path::Path::new(tool).exists(),
+        "{tool} is missing: run scripts/setup.sh (Debian package libbpf-tools)"
+    );
+}
+
+/// libbpf-tools' opensnoop, unmodified, on the workload, under bpftime and on the kernel:
+/// the same opens, with the same flags and errors.
+#[test]
+fn opensnoop_reports_every_open_as_on_the_kernel() {
+    require(OPENSNOOP);
+    let s = Session::new("systp-os");
+    let files: Vec<String> = ["one", "missing"]
+        .iter()
+        .map(|n| s.tmp.join(n).to_str().unwrap().to_string())
+        .collect();
+    std::fs::write(&files[0], "1").unwrap();
+    let run = |kernel: bool| -> BTreeMap<String, u64> {
+        let target = s.target_copy(examples::SYSCALLS);
+        let comm = format!("sos{}{}", u8::from(kernel), std::process::id() % 100_000);
+        let named = s.tmp.join(&comm);
+        std::fs::rename(&target, &named).unwrap();
+        // Tools print to a pipe in blocks; stdbuf -oL makes their lines arrive as printed.
+        let args = ["-oL", OPENSNOOP, "-n", comm.as_str()];
+        let header = "PID    COMM              FD ERR PATH";
+        let tool = if kernel {
+            Tool::spawn_until(with_tracefs("stdbuf", &args), header)
+        } else {
+            let mut c = s.bpftime();
+            c.arg("load").arg("stdbuf").args(args);
+            Tool::spawn_until(c, header)
+        };
+        let mut app = if kernel {
+            Command::new(&named)
+        } else {
+            let mut c = s.bpftime();
+            c.arg("start").arg(&named);
+            c
+        };
+        app.args([ROUNDS.to_string(), THREADS.to_string()])
+            .args(&files);
+        let out = bpftime_tests::run_with_timeout(app, Duration::from_secs(120));
+        assert!(out.status.success(), "{out:?}");
+        std::thread::sleep(Duration::from_millis(500));
+        let (_, lines, err) = tool.stop();
+        let mut opens = BTreeMap::new();
+        for l in &lines {
+            // PID COMM FD ERR PATH: the descriptor's number is left out.
+            let f: Vec<&str> = l.split_whitespace().collect();
+            if f.len() == 5 && f[4].starts_with(s.tmp.to_str().unwrap()) {
+                let fd = if f[2].parse::<i64>().is_ok_and(|fd| fd >= 0) {
+                    "fd"
+                } else {
+                    f[2]
+                };
+                *opens
+                    .entry(format!("{fd} err={} {}", f[3], f[4]))
+                    .or_insert(0) += 1;
+            }
+        }
+        assert!(!opens.is_empty(), "opensnoop saw nothing: {lines:?}\n{err}");
+        opens
+    };
+    let times = 3 * u64::from(ROUNDS * THREADS + 1);
+    let want: BTreeMap<String, u64> = [
+        (format!("fd err=0 {}", files[0]), times),
+        (format!("-1 err=2 {}", files[1]), times),
+    ]
+    .into_iter()
+    .collect();
+    assert_eq!(run(false), want, "bpftime");
+    match kernel_unavailable() {
+        Some(why) => eprintln!("kernel comparison skipped: {why}"),
+        None => assert_eq!(run(true), want, "kernel"),
+    }
+}
+
+/// libbpf-tools' syscount -p, unmodified, pointed at the workload before it starts (it
+/// counts at `raw_syscalls:sys_exit` by number): the same counts of the calls the workload
+/// makes a fixed number of times, under bpftime and on the kernel.
+#[test]
+fn syscount_counts_a_process_calls_as_on_the_kernel() {
+    require(SYSCOUNT);
+    let s = Session::new("systp-sc");
+    let files: Vec<String> = ["one", "missing"]
+        .iter()
+        .map(|n| s.tmp.join(n).to_str().unwrap().to_string())
+        .collect();
+    std::fs::write(&files[0], "1").unwrap();
+    let run = |kernel: bool| -> BTreeMap<String, u64> {
+        use std::io::{BufRead, BufReader, Write};
+        let mut app = if kernel {
+            Command::new(examples::SYSCALLS)
+        } else {
+            let mut c = s.bpftime();
+            c.arg("start").arg(examples::SYSCALLS);
+            c
+        };
+        app.args([ROUNDS.to_string(), THREADS.to_string()])
+            .args(&files)
+            .env("SYSCALLS_WAIT", "1")
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped());
+        let mut child = app.spawn().unwrap();
+        let mut out = BufReader::new(child.stdout.take().unwrap());
+        let mut line = String::new();
+        out.read_line(&mut line).unwrap();
+        let pid: i32 = line.trim().strip_prefix("pid=").unwrap().parse().unwrap();
+        let pid_s = pid.to_string();
+        let args = ["-oL", SYSCOUNT, "-p", pid_s.as_str()];
+        let ready = "Tracing syscalls, printing top 10... Ctrl+C to quit.";
+        let tool = if kernel {
+            Tool::spawn_until(with_tracefs("stdbuf", &args), ready)
+        } else {
+            let mut c = s.bpftime();
+            c.arg("load").arg("stdbuf").args(args);
+            let t = Tool::spawn_until(c, ready);
+            // The target's agent attaches once it sees the links: it has when its SIGSYS
+            // handler is in (its threads are armed right after).
+            let deadline = std::time::Instant::now() + Duration::from_secs(30);
+            loop {
+                let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+                let caught = status
+                    .lines()
+                    .find_map(|l| l.strip_prefix("SigCgt:"))
+                    .and_then(|v| u64::from_str_radix(v.trim(), 16).ok())
+                    .unwrap_or(0);
+                if caught & 1 << (libc::SIGSYS - 1) != 0 {
+                    break;
+                }
+                assert!(
+                    std::time::Instant::now() < deadline,
+                    "the agent never attached"
+                );
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            std::thread::sleep(Duration::from_millis(500));
+            t
+        };
+        child.stdin.take().unwrap().write_all(b"go\n").unwrap();
+        let mut rest = String::new();
+        std::io::Read::read_to_string(&mut out, &mut rest).unwrap();
+        assert!(
+            child.wait().unwrap().success() && rest.contains("child=0"),
+            "{rest}"
+        );
+        let (_, lines, err) = tool.stop();
+        let counts: BTreeMap<String, u64> = lines
+            .iter()
+            .filter_map(|l| {
+                let (name, n) = l.split_once(char::is_whitespace)?;
+                Some((name.to_string(), n.trim().parse().ok()?))
+            })
+            .filter(|(name, _)| ["openat", "getppid", "close"].contains(&name.as_str()))
+            .collect();
+        assert_eq!(counts.len(), 3, "syscount: {lines:?}\n{err}");
+        counts
+    };
+    // The parent's calls only (-p): each thread's rounds; the fork child is another pid.
+    let rounds = u64::from(ROUNDS * THREADS);
+    let want: BTreeMap<String, u64> = [
+        ("openat".to_string(), 3 * 2 * rounds),
+        ("close".to_string(), 3 * rounds),
+        ("getppid".to_string(), 2 * rounds),
+    ]
+    .into_iter()
+    .collect();
+    assert_eq!(run(false), want, "bpftime");
+    match kernel_unavailable() {
+        Some(why) => eprintln!("kernel comparison skipped: {why}"),
+        None => assert_eq!(run(true), want, "kernel"),
+    }
+}
