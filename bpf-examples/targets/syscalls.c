@@ -9,7 +9,9 @@
  * syscall() (openat with O_RDONLY|O_NONBLOCK), and with a `syscall` instruction of our
  * own (openat with O_RDONLY|O_NOCTTY, mode 0640), closing what opened; and call getppid
  * once per round through the C library and once with an instruction of our own. Then a
- * forked child does one round on its own thread. Prints "done" with the totals.
+ * forked child does one round on its own thread. Prints "done" with the totals and the
+ * calls whose result was wrong (an open of a file that exists failing, or of one that does
+ * not succeeding, getppid not the parent's), and exits 1 if there was any.
  *
  * With SYSCALLS_WAIT in the environment it first prints "pid=<pid>" and waits for a line
  * on stdin, so that a tool can be pointed at it (syscount -p) before it starts.
@@ -25,7 +27,11 @@
 
 static int rounds, nfiles;
 static char **files;
+static int *exists;
+static pid_t parent;
 static pthread_barrier_t start;
+/* Calls whose result was not what the files and the process say it must be. */
+static int errors;
 
 static long raw3(long nr, long a, long b, long c, long d)
 {
@@ -39,21 +45,30 @@ static long raw3(long nr, long a, long b, long c, long d)
 	return ret;
 }
 
+static void check(int ok)
+{
+	if (!ok)
+		__atomic_fetch_add(&errors, 1, __ATOMIC_RELAXED);
+}
+
 static void one_round(void)
 {
 	for (int f = 0; f < nfiles; f++) {
 		int fd = open(files[f], O_RDONLY | O_CLOEXEC);
+		check((fd >= 0) == exists[f]);
 		if (fd >= 0)
 			close(fd);
 		fd = syscall(SYS_openat, AT_FDCWD, files[f], O_RDONLY | O_NONBLOCK, 0);
+		check((fd >= 0) == exists[f]);
 		if (fd >= 0)
 			close(fd);
 		fd = raw3(SYS_openat, AT_FDCWD, (long)files[f], O_RDONLY | O_NOCTTY, 0640);
+		check((fd >= 0) == exists[f] && (fd >= 0 || fd == -2));
 		if (fd >= 0)
 			close(fd);
 	}
-	getppid();
-	raw3(SYS_getppid, 0, 0, 0, 0);
+	check(getppid() == parent);
+	check(raw3(SYS_getppid, 0, 0, 0, 0) == parent);
 }
 
 static void *worker(void *arg)
@@ -83,6 +98,10 @@ int main(int argc, char **argv)
 	int threads = atoi(argv[2]);
 	files = argv + 3;
 	nfiles = argc - 3;
+	exists = calloc(nfiles, sizeof(*exists));
+	for (int f = 0; f < nfiles; f++)
+		exists[f] = access(files[f], F_OK) == 0;
+	parent = getppid();
 	pthread_t *t = calloc(threads, sizeof(*t));
 	pthread_barrier_init(&start, NULL, threads);
 	for (int i = 0; i < threads; i++)
@@ -91,12 +110,13 @@ int main(int argc, char **argv)
 		pthread_join(t[i], NULL);
 	pid_t child = fork();
 	if (child == 0) {
+		parent = getppid();
 		one_round();
-		_exit(0);
+		_exit(errors ? 1 : 0);
 	}
 	int status = 0;
 	waitpid(child, &status, 0);
-	printf("done opens=%d getppids=%d child=%d\n", 3 * nfiles * (rounds * threads + 1),
-	       2 * (rounds * threads + 1), WIFEXITED(status) ? WEXITSTATUS(status) : -1);
-	return 0;
+	printf("done opens=%d getppids=%d child=%d errors=%d\n", 3 * nfiles * (rounds * threads + 1),
+	       2 * (rounds * threads + 1), WIFEXITED(status) ? WEXITSTATUS(status) : -1, errors);
+	return errors ? 1 : 0;
 }

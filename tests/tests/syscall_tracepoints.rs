@@ -603,3 +603,53 @@ fn syscount_counts_a_process_calls_as_on_the_kernel() {
         None => assert_eq!(run(true), want, "kernel"),
     }
 }
+
+/// Tools attach and detach, again and again, while the target's threads make system calls
+/// without pause: the target's own calls all give their right results (it checks every
+/// open and getppid), its threads and its child finish, and each tool run saw calls and
+/// exited cleanly.
+#[test]
+fn tools_attach_and_detach_while_threads_make_system_calls() {
+    let s = Session::new("systp-stress");
+    let files: Vec<String> = ["one", "missing"]
+        .iter()
+        .map(|n| s.tmp.join(n).to_str().unwrap().to_string())
+        .collect();
+    std::fs::write(&files[0], "1").unwrap();
+    let target = s.target_copy(examples::SYSCALLS);
+    let comm = format!("sst{}", std::process::id() % 100_000);
+    let named = s.tmp.join(&comm);
+    std::fs::rename(&target, &named).unwrap();
+    let mut app = s.bpftime();
+    app.arg("start")
+        .arg(&named)
+        .args(["20000", "8"])
+        .args(&files)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped());
+    let mut app = app.spawn().unwrap();
+    let prefix = s.tmp.to_str().unwrap().to_string();
+    let (mut runs, mut saw) = (0, 0);
+    // While the target runs (seconds under the hooks), up to 8 tool runs.
+    while runs < 8 && app.try_wait().unwrap().is_none() {
+        let tool = s.load(&[examples::SYSCALL_TP, "-c", &comm, "-p", &prefix]);
+        std::thread::sleep(Duration::from_millis(400));
+        let (code, lines, err) = tool.stop();
+        assert_eq!(code, 0, "tool run {runs}: {err}");
+        runs += 1;
+        if !summary(&lines, &prefix).0.is_empty() {
+            saw += 1;
+        }
+    }
+    let out = app.wait_with_output().unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success() && stdout.contains("child=0 errors=0"),
+        "the target's calls went wrong under attaching and detaching tools: {out:?}"
+    );
+    assert!(
+        saw >= 2,
+        "{runs} tool runs, {saw} of which saw calls, before the target finished: {stdout}"
+    );
+    eprintln!("{runs} tool runs came and went, {saw} saw calls");
+}

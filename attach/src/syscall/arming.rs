@@ -30,7 +30,9 @@ const SA_RESTORER: u64 = 0x0400_0000;
 
 /// System calls that came in through SIGSYS.
 pub(crate) static TRAPPED: AtomicU64 = AtomicU64::new(0);
-/// Whether threads are being armed (children arm themselves only from an armed parent).
+/// Whether the process was ever armed: from then on its signal masks and its SIGSYS and
+/// SIGTRAP dispositions are kept as dispatch needs them, also after a disarm (a thread
+/// may still be armed while the others are told, and a child armed by its parent).
 static ARMED: AtomicBool = AtomicBool::new(false);
 static ONE_ARMER: Mutex<()> = Mutex::new(());
 
@@ -197,14 +199,11 @@ pub fn arm() -> Result<ArmReport, ArmError> {
 }
 
 /// Disarms every thread: system calls go straight to the kernel again, but for rewritten
-/// sites, which keep going through the entry (a few nanoseconds, no programs).
+/// sites, which keep going through the entry (a few nanoseconds, no programs). Signal
+/// masks and dispositions stay kept (see `ARMED`).
 pub fn disarm() -> Result<usize, ArmError> {
     let _one = ONE_ARMER.lock().unwrap_or_else(|e| e.into_inner());
-    ARMED.store(false, Ordering::Release);
     let (n, _) = broadcast(Request::Disarm)?;
-    for nr in [13, 14] {
-        FLAGS[nr].fetch_and(!SPECIAL, Ordering::AcqRel);
-    }
     Ok(n)
 }
 
@@ -458,7 +457,7 @@ fn disarm_this_thread() {
     }
 }
 
-/// Whether the process is armed: its signal masks and SIGSYS disposition are kept.
+/// Whether the process was ever armed: its signal masks and dispositions are kept.
 pub(crate) fn armed() -> bool {
     ARMED.load(Ordering::Acquire)
 }
