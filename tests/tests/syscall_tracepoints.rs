@@ -655,3 +655,72 @@ fn tools_attach_and_detach_while_threads_make_system_calls() {
     );
     eprintln!("{runs} tool runs came and went, {saw} saw calls");
 }
+
+/// `bpftime attach` into a process started without bpftime, waiting on its stdin: once
+/// a tool attaches, the threads it starts and its child are traced as under `bpftime
+/// start`.
+#[test]
+fn an_attached_process_gets_its_system_calls_traced() {
+    use std::io::{BufRead, BufReader, Write};
+    let s = Session::new("systp-attach");
+    let files: Vec<String> = ["one", "missing"]
+        .iter()
+        .map(|n| s.tmp.join(n).to_str().unwrap().to_string())
+        .collect();
+    std::fs::write(&files[0], "1").unwrap();
+    let target = s.target_copy(examples::SYSCALLS);
+    let comm = format!("sat{}", std::process::id() % 100_000);
+    let named = s.tmp.join(&comm);
+    std::fs::rename(&target, &named).unwrap();
+    let mut child = Command::new(&named)
+        .args([ROUNDS.to_string(), THREADS.to_string()])
+        .args(&files)
+        .env("SYSCALLS_WAIT", "1")
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut out = BufReader::new(child.stdout.take().unwrap());
+    let mut line = String::new();
+    out.read_line(&mut line).unwrap();
+    let pid = line.trim().strip_prefix("pid=").unwrap().to_string();
+    let mut attach = s.bpftime();
+    attach.args(["attach", &pid]);
+    let r = bpftime_tests::run_with_timeout(attach, Duration::from_secs(60));
+    assert!(r.status.success(), "{r:?}");
+    let prefix = s.tmp.to_str().unwrap().to_string();
+    let tool = s.load(&[examples::SYSCALL_TP, "-c", &comm, "-p", &prefix]);
+    // The agent attaches once it sees the links: its SIGSYS handler shows it.
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while !std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .unwrap()
+        .lines()
+        .find_map(|l| l.strip_prefix("SigCgt:"))
+        .and_then(|v| u64::from_str_radix(v.trim(), 16).ok())
+        .is_some_and(|c| c & 1 << (libc::SIGSYS - 1) != 0)
+    {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the agent never attached"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    std::thread::sleep(Duration::from_millis(500));
+    child.stdin.take().unwrap().write_all(b"go\n").unwrap();
+    let mut rest = String::new();
+    std::io::Read::read_to_string(&mut out, &mut rest).unwrap();
+    assert!(
+        child.wait().unwrap().success() && rest.contains("errors=0"),
+        "{rest}"
+    );
+    std::thread::sleep(Duration::from_millis(300));
+    let (_, lines, err) = tool.stop();
+    let (opens, counts) = summary(&lines, &prefix);
+    let calls = u64::from(ROUNDS * THREADS + 1);
+    assert_eq!(
+        opens.values().sum::<u64>(),
+        3 * 2 * calls,
+        "{lines:?}\n{err}"
+    );
+    assert_eq!(counts.get(&110), Some(&(2 * calls + 2)));
+}
