@@ -437,6 +437,11 @@ fn require(tool: &str) {
     );
 }
 
+/// opensnoop's workload: a perf buffer event per open, which the kernel drops when the
+/// tool falls behind on a busy machine (it says "lost N events"); kept small.
+const SNOOP_ROUNDS: u32 = 4;
+const SNOOP_THREADS: u32 = 2;
+
 /// libbpf-tools' opensnoop, unmodified, on the workload, under bpftime and on the kernel:
 /// the same opens, with the same flags and errors.
 #[test]
@@ -470,7 +475,7 @@ fn opensnoop_reports_every_open_as_on_the_kernel() {
             c.arg("start").arg(&named);
             c
         };
-        app.args([ROUNDS.to_string(), THREADS.to_string()])
+        app.args([SNOOP_ROUNDS.to_string(), SNOOP_THREADS.to_string()])
             .args(&files);
         let out = bpftime_tests::run_with_timeout(app, Duration::from_secs(120));
         assert!(out.status.success(), "{out:?}");
@@ -494,7 +499,7 @@ fn opensnoop_reports_every_open_as_on_the_kernel() {
         assert!(!opens.is_empty(), "opensnoop saw nothing: {lines:?}\n{err}");
         opens
     };
-    let times = 3 * u64::from(ROUNDS * THREADS + 1);
+    let times = 3 * u64::from(SNOOP_ROUNDS * SNOOP_THREADS + 1);
     let want: BTreeMap<String, u64> = [
         (format!("fd err=0 {}", files[0]), times),
         (format!("-1 err=2 {}", files[1]), times),
@@ -505,6 +510,28 @@ fn opensnoop_reports_every_open_as_on_the_kernel() {
     match kernel_unavailable() {
         Some(why) => eprintln!("kernel comparison skipped: {why}"),
         None => assert_eq!(run(true), want, "kernel"),
+    }
+}
+
+/// Waits until the agent in process `pid`, which started before the tool, has seen the
+/// tool's links and armed the hooks: its SIGSYS handler is installed then, and its threads
+/// are armed right after (given half a second).
+fn wait_for_hooks(pid: &str) {
+    let caught = || -> u64 {
+        let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix("SigCgt:"))
+            .and_then(|v| u64::from_str_radix(v.trim(), 16).ok())
+            .unwrap_or(0)
+    };
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while caught() & 1 << (libc::SIGSYS - 1) == 0 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the agent never attached"
+        );
+        std::thread::sleep(Duration::from_millis(20));
     }
 }
 
@@ -548,25 +575,7 @@ fn syscount_counts_a_process_calls_as_on_the_kernel() {
             let mut c = s.bpftime();
             c.arg("load").arg("stdbuf").args(args);
             let t = Tool::spawn_until(c, ready);
-            // The target's agent attaches once it sees the links: it has when its SIGSYS
-            // handler is in (its threads are armed right after).
-            let deadline = std::time::Instant::now() + Duration::from_secs(30);
-            loop {
-                let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
-                let caught = status
-                    .lines()
-                    .find_map(|l| l.strip_prefix("SigCgt:"))
-                    .and_then(|v| u64::from_str_radix(v.trim(), 16).ok())
-                    .unwrap_or(0);
-                if caught & 1 << (libc::SIGSYS - 1) != 0 {
-                    break;
-                }
-                assert!(
-                    std::time::Instant::now() < deadline,
-                    "the agent never attached"
-                );
-                std::thread::sleep(Duration::from_millis(20));
-            }
+            wait_for_hooks(&pid_s);
             std::thread::sleep(Duration::from_millis(500));
             t
         };
@@ -690,21 +699,7 @@ fn an_attached_process_gets_its_system_calls_traced() {
     assert!(r.status.success(), "{r:?}");
     let prefix = s.tmp.to_str().unwrap().to_string();
     let tool = s.load(&[examples::SYSCALL_TP, "-c", &comm, "-p", &prefix]);
-    // The agent attaches once it sees the links: its SIGSYS handler shows it.
-    let deadline = std::time::Instant::now() + Duration::from_secs(30);
-    while !std::fs::read_to_string(format!("/proc/{pid}/status"))
-        .unwrap()
-        .lines()
-        .find_map(|l| l.strip_prefix("SigCgt:"))
-        .and_then(|v| u64::from_str_radix(v.trim(), 16).ok())
-        .is_some_and(|c| c & 1 << (libc::SIGSYS - 1) != 0)
-    {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "the agent never attached"
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    wait_for_hooks(&pid);
     std::thread::sleep(Duration::from_millis(500));
     child.stdin.take().unwrap().write_all(b"go\n").unwrap();
     let mut rest = String::new();
