@@ -719,3 +719,55 @@ fn an_attached_process_gets_its_system_calls_traced() {
     );
     assert_eq!(counts.get(&110), Some(&(2 * calls + 2)));
 }
+
+/// A target that runs under seccomp when a tool first attaches is left alone: one line
+/// on its stderr says why, its calls go on unhooked and right, and the tool sees none.
+#[test]
+fn a_target_under_seccomp_gets_a_notice_and_runs_unaffected() {
+    use std::io::{BufRead, BufReader, Read, Write};
+    let s = Session::new("systp-seccomp");
+    let file = s.tmp.join("one");
+    std::fs::write(&file, "1").unwrap();
+    let target = s.target_copy(examples::SYSCALLS);
+    let comm = format!("ssc{}", std::process::id() % 100_000);
+    let named = s.tmp.join(&comm);
+    std::fs::rename(&target, &named).unwrap();
+    let mut app = s.bpftime();
+    app.arg("start")
+        .arg(&named)
+        .args(["2", "2"])
+        .arg(&file)
+        .env("SYSCALLS_WAIT", "1")
+        .env("SYSCALLS_SECCOMP", "1")
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped());
+    let mut child = app.spawn().unwrap();
+    let mut out = BufReader::new(child.stdout.take().unwrap());
+    let mut line = String::new();
+    out.read_line(&mut line).unwrap();
+    assert!(line.starts_with("pid="), "{line}");
+    let prefix = s.tmp.to_str().unwrap().to_string();
+    let tool = s.load(&[examples::SYSCALL_TP, "-c", &comm, "-p", &prefix]);
+    // The notice comes when the target's agent sees the tool's links.
+    let mut err = BufReader::new(child.stderr.take().unwrap());
+    let mut notice = String::new();
+    while !notice.contains("seccomp") {
+        notice.clear();
+        assert!(
+            err.read_line(&mut notice).unwrap() > 0,
+            "no notice from the target"
+        );
+    }
+    assert!(notice.starts_with("bpftime: "), "{notice}");
+    child.stdin.take().unwrap().write_all(b"go\n").unwrap();
+    let mut rest = String::new();
+    out.read_to_string(&mut rest).unwrap();
+    assert!(
+        child.wait().unwrap().success() && rest.contains("errors=0"),
+        "{rest}"
+    );
+    let (_, lines, _) = tool.stop();
+    let (opens, _) = summary(&lines, &prefix);
+    assert!(opens.is_empty(), "{opens:?}");
+}
