@@ -178,6 +178,60 @@ fn scenario() {
         libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0,
         "fork child: status {status:#x}"
     );
+    // vfork itself: the child runs on the parent's stack until it exits.
+    // SAFETY: the child only calls _exit.
+    let pid = unsafe { libc::vfork() };
+    if pid == 0 {
+        // SAFETY: exits the vfork child at once.
+        unsafe { libc::_exit(7) };
+    }
+    let mut status = 0;
+    // SAFETY: waits for our child.
+    unsafe { libc::waitpid(pid, &mut status, 0) };
+    assert!(
+        libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 7,
+        "vfork child: status {status:#x}"
+    );
+    // A sleep interrupted by a signal whose handler makes calls of its own, restarted.
+    // SAFETY: a plain handler with SA_RESTART; an interval timer for this process.
+    unsafe {
+        let mut sa: libc::sigaction = std::mem::zeroed();
+        sa.sa_sigaction = on_usr1 as *const () as usize;
+        sa.sa_flags = libc::SA_RESTART;
+        libc::sigaction(libc::SIGALRM, &sa, std::ptr::null_mut());
+        let t = libc::itimerval {
+            it_interval: libc::timeval {
+                tv_sec: 0,
+                tv_usec: 0,
+            },
+            it_value: libc::timeval {
+                tv_sec: 0,
+                tv_usec: 20_000,
+            },
+        };
+        libc::setitimer(libc::ITIMER_REAL, &t, std::ptr::null_mut());
+    }
+    let (e, _) = counted(|| {
+        let mut buf = [0u8; 1];
+        let mut fds = [0; 2];
+        // SAFETY: a pipe of our own; the read blocks until the write after the alarm.
+        unsafe {
+            libc::pipe(fds.as_mut_ptr());
+            let w = fds[1];
+            let writer = std::thread::spawn(move || {
+                std::thread::sleep(std::time::Duration::from_millis(100));
+                libc::write(w, b"x".as_ptr().cast(), 1);
+            });
+            assert_eq!(libc::read(fds[0], buf.as_mut_ptr().cast(), 1), 1);
+            writer.join().unwrap();
+            libc::close(fds[0]);
+            libc::close(fds[1]);
+        }
+    });
+    assert_eq!(
+        e, 1,
+        "the alarm's handler ran during the blocked read, which went on"
+    );
     let out = Command::new("/bin/sh")
         .args(["-c", "echo spawned"])
         .output()
