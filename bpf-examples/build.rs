@@ -42,6 +42,7 @@ const ARTIFACTS: &[&str] = &[
     "syscall_tp.bpf.o",
     "syscalls",
     "syscalls-static",
+    "signals",
 ];
 
 /// GPU objects, built too: only bpftime loads them (GPU helpers, or `cuda:`

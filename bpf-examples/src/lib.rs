@@ -90,6 +90,9 @@ pub const SYSCALL_TP_BPF_O: &str = env!("BPF_EXAMPLES_SYSCALL_TP_BPF_O");
 pub const SYSCALLS: &str = env!("BPF_EXAMPLES_SYSCALLS");
 /// The same, linked statically.
 pub const SYSCALLS_STATIC: &str = env!("BPF_EXAMPLES_SYSCALLS_STATIC");
+/// Test target `signals N`: SIGUSR1 to itself N times by kill() and N times by tgkill(),
+/// then a kill() of a pid that cannot exist.
+pub const SIGNALS: &str = env!("BPF_EXAMPLES_SIGNALS");
 /// Test target `stack_target N`: fixed call chains (no PIE, frame pointers).
 pub const STACK_TARGET: &str = env!("BPF_EXAMPLES_STACK_TARGET");
 

@@ -900,6 +900,80 @@ fn served_tracefs_file(path: &std::ffi::CStr, errno: i32) -> Option<String> {
     served
 }
 
+/// After a failed `access` of `path`: whether to answer that it exists, for a tracefs
+/// path of a served event the kernel gives none of (libbpf-tools check their tracepoints
+/// with `access` before they attach, and turn off programs whose tracepoint is missing).
+///
+/// # Safety
+/// `path` must be NULL or a NUL-terminated string.
+unsafe fn access_missing(path: *const libc::c_char, mode: c_int) -> bool {
+    let saved = std::io::Error::last_os_error().raw_os_error().unwrap_or(0);
+    if path.is_null()
+        || (saved != libc::ENOENT && saved != libc::EACCES)
+        || mode & (libc::W_OK | libc::X_OK) != 0
+    {
+        return false;
+    }
+    // SAFETY: caller obligation.
+    let p = unsafe { std::ffi::CStr::from_ptr(path) };
+    let exists = bpftime_shim::served_tracefs_path_exists(p.to_bytes());
+    if !exists {
+        set_errno(saved);
+    }
+    exists
+}
+
+/// `access(2)`; see [`access_missing`] for the paths the shim answers for.
+///
+/// # Safety
+/// As `access(2)`.
+#[no_mangle]
+pub unsafe extern "C" fn access(path: *const libc::c_char, mode: c_int) -> c_int {
+    let real = real!(
+        "access",
+        unsafe extern "C" fn(*const libc::c_char, c_int) -> c_int
+    );
+    // SAFETY: forwards unchanged.
+    let r = unsafe { real(path, mode) };
+    if r == 0 {
+        return r;
+    }
+    // SAFETY: forwarded caller obligation.
+    if ffi_guard!("access", false, unsafe { access_missing(path, mode) }) {
+        0
+    } else {
+        r
+    }
+}
+
+/// `faccessat(2)`, for absolute paths; see [`access_missing`].
+///
+/// # Safety
+/// As `faccessat(2)`.
+#[no_mangle]
+pub unsafe extern "C" fn faccessat(
+    dirfd: c_int,
+    path: *const libc::c_char,
+    mode: c_int,
+    flags: c_int,
+) -> c_int {
+    let real = real!(
+        "faccessat",
+        unsafe extern "C" fn(c_int, *const libc::c_char, c_int, c_int) -> c_int
+    );
+    // SAFETY: forwards unchanged.
+    let r = unsafe { real(dirfd, path, mode, flags) };
+    if r == 0 {
+        return r;
+    }
+    // SAFETY: forwarded caller obligation (the served paths are absolute).
+    if ffi_guard!("access", false, unsafe { access_missing(path, mode) }) {
+        0
+    } else {
+        r
+    }
+}
+
 /// After a failed `open`: the file the shim answers for in its place, if any.
 ///
 /// # Safety

@@ -24,4 +24,4 @@ mod tracepoint;
 pub use crate::core::{set_fd_observer, Object, ObjectRef, Shim, SysResult, KERNEL_BTF_ID};
 pub use perf::{perf_attr_is_bpf, KprobePmu, UprobePmu, PERF_EVENT_IOC_SET_BPF};
 pub use program::{check_program, check_program_with_lines, source_lines, Rejection};
-pub use tracepoint::{served_tracefs_file, tracepoint_ids};
+pub use tracepoint::{served_tracefs_file, served_tracefs_path_exists, tracepoint_ids};

@@ -50,6 +50,12 @@ pub fn served_tracefs_file(path: &[u8]) -> Option<String> {
     bpftime_syscalls::served_file(path, tracepoint_ids())
 }
 
+/// Whether a tracefs path the kernel gives none of is one of the served events' (their
+/// directories, `id` and `format` files) or `available_events`.
+pub fn served_tracefs_path_exists(path: &[u8]) -> bool {
+    !DETECTING.with(|d| d.get()) && bpftime_syscalls::served_path_exists(path, tracepoint_ids())
+}
+
 /// `BPF_RAW_TRACEPOINT_OPEN`'s attribute: the tracepoint's name, the program.
 mod raw_open {
     pub const NAME: usize = 0;

@@ -10,7 +10,7 @@ mod table;
 mod tracefs;
 
 pub use table::{by_name, by_nr, table, Arg, Syscall};
-pub use tracefs::{served_file, Ids, TRACEFS_ROOTS};
+pub use tracefs::{served_file, served_path_exists, Ids, TRACEFS_ROOTS};
 
 /// Where the `common_*` fields end and a syscall record's own fields begin.
 pub const COMMON_SIZE: u32 = 8;

@@ -108,6 +108,35 @@ pub fn served_file(path: &[u8], ids: &Ids) -> Option<String> {
     }
 }
 
+/// Whether `path` is a tracefs directory or file of a served event (`events/GROUP`,
+/// `events/GROUP/NAME`, its `id` and `format`) or `available_events`, numbered by `ids`:
+/// what tools ask `access()` before they attach (libbpf-tools' `tracepoint_exists`).
+pub fn served_path_exists(path: &[u8], ids: &Ids) -> bool {
+    let Some(rest) = std::str::from_utf8(path).ok().and_then(|p| {
+        TRACEFS_ROOTS
+            .iter()
+            .find_map(|r| p.strip_prefix(r)?.strip_prefix('/'))
+    }) else {
+        return false;
+    };
+    let rest = rest.trim_end_matches('/');
+    if rest == "available_events" {
+        return true;
+    }
+    let Some(events) = rest.strip_prefix("events/") else {
+        return false;
+    };
+    let parts: Vec<&str> = events.split('/').collect();
+    match parts[..] {
+        [group] => matches!(group, "syscalls" | "raw_syscalls"),
+        [group, name] => Event::parse(group, name).is_some_and(|e| ids.id(e).is_some()),
+        [group, name, "id" | "format"] => {
+            Event::parse(group, name).is_some_and(|e| ids.id(e).is_some())
+        }
+        _ => false,
+    }
+}
+
 fn field(out: &mut String, decl: &str, offset: u32, size: u32, signed: bool) {
     let _ = writeln!(
         out,
@@ -234,6 +263,31 @@ print fmt: \"dfd: 0x%08lx, filename: 0x%08lx, flags: 0x%08lx, mode: 0x%08lx\", \
             b"/tmp/events/syscalls/sys_enter_openat/id",
         ] {
             assert_eq!(served_file(missing, &ids), None, "{missing:?}");
+        }
+        for (p, exists) in [
+            ("/sys/kernel/tracing/events/syscalls", true),
+            ("/sys/kernel/debug/tracing/events/raw_syscalls/", true),
+            (
+                "/sys/kernel/tracing/events/syscalls/sys_enter_newstat",
+                true,
+            ),
+            (
+                "/sys/kernel/tracing/events/syscalls/sys_exit_newstat/format",
+                true,
+            ),
+            (
+                "/sys/kernel/tracing/events/syscalls/sys_enter_nosuchcall",
+                false,
+            ),
+            ("/sys/kernel/tracing/events/sched", false),
+            (
+                "/sys/kernel/tracing/events/syscalls/sys_enter_newstat/enable",
+                false,
+            ),
+            ("/sys/kernel/tracing", false),
+            ("/sys/kernel/tracing/events", false),
+        ] {
+            assert_eq!(served_path_exists(p.as_bytes(), &ids), exists, "{p}");
         }
         // Distinct ids, all within a record's `unsigned short common_type`.
         let all: Vec<u32> = Event::all().filter_map(|e| ids.id(e)).collect();

@@ -771,3 +771,66 @@ fn a_target_under_seccomp_gets_a_notice_and_runs_unaffected() {
     let (opens, _) = summary(&lines, &prefix);
     assert!(opens.is_empty(), "{opens:?}");
 }
+
+const SIGSNOOP: &str = "/usr/sbin/sigsnoop";
+
+/// libbpf-tools' sigsnoop -k (signals sent by kill, tkill and tgkill, through their
+/// `sys_enter_*` and `sys_exit_*` tracepoints), unmodified: every signal the target sends,
+/// with its target and result, as on the kernel.
+#[test]
+fn sigsnoop_reports_every_signal_sent_as_on_the_kernel() {
+    require(SIGSNOOP);
+    let s = Session::new("systp-sig");
+    const N: u64 = 5;
+    let run = |kernel: bool| -> BTreeMap<String, u64> {
+        let target = s.target_copy(examples::SIGNALS);
+        let comm = format!("ssg{}{}", u8::from(kernel), std::process::id() % 100_000);
+        let named = s.tmp.join(&comm);
+        std::fs::rename(&target, &named).unwrap();
+        let args = ["-oL", SIGSNOOP, "-k"];
+        let header = "TIME     PID     COMM             SIG       TPID    RESULT";
+        let tool = if kernel {
+            Tool::spawn_until(with_tracefs("stdbuf", &args), header)
+        } else {
+            let mut c = s.bpftime();
+            c.arg("load").arg("stdbuf").args(args);
+            Tool::spawn_until(c, header)
+        };
+        let mut app = if kernel {
+            Command::new(&named)
+        } else {
+            let mut c = s.bpftime();
+            c.arg("start").arg(&named);
+            c
+        };
+        app.arg(N.to_string());
+        let out = bpftime_tests::run_with_timeout(app, Duration::from_secs(60));
+        assert!(out.status.success(), "{out:?}");
+        std::thread::sleep(Duration::from_millis(300));
+        let (_, lines, err) = tool.stop();
+        let mut seen = BTreeMap::new();
+        for l in &lines {
+            // TIME PID COMM SIG TPID RESULT: the target's own pid as "self".
+            let f: Vec<&str> = l.split_whitespace().collect();
+            if f.len() == 6 && f[2] == comm {
+                let tpid = if f[4] == f[1] { "self" } else { f[4] };
+                *seen
+                    .entry(format!("sig={} tpid={tpid} result={}", f[3], f[5]))
+                    .or_insert(0) += 1;
+            }
+        }
+        assert!(!seen.is_empty(), "sigsnoop saw nothing: {lines:?}\n{err}");
+        seen
+    };
+    let want: BTreeMap<String, u64> = [
+        ("sig=10 tpid=self result=0".to_string(), 2 * N),
+        (format!("sig=10 tpid={} result=-3", 1 << 22 | 12345), 1),
+    ]
+    .into_iter()
+    .collect();
+    assert_eq!(run(false), want, "bpftime");
+    match kernel_unavailable() {
+        Some(why) => eprintln!("kernel comparison skipped: {why}"),
+        None => assert_eq!(run(true), want, "kernel"),
+    }
+}
