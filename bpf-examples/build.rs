@@ -39,6 +39,11 @@ const ARTIFACTS: &[&str] = &[
     "gpu_maps",
     "pinning",
     "pinning.bpf.o",
+    "syscall_tp",
+    "syscall_tp.bpf.o",
+    "syscalls",
+    "syscalls-static",
+    "signals",
 ];
 
 /// GPU objects, built too: only bpftime loads them (GPU helpers, or `cuda:`
@@ -84,6 +89,8 @@ const SOURCES: &[&str] = &[
     "stacks",
     "printk",
     "pinning",
+    "syscall_tp",
+    "syscall_costs",
     "rejected",
     "gpu_probes",
     "gpu_maps",

@@ -115,6 +115,11 @@ bpftime_attach::static_tls_flag!(fn shadow_offset, "bpftime_starter_shadow");
 // The CPU slot a thread runs a program as, read by every per-CPU access of JIT code.
 bpftime_attach::static_tls_flag!(fn cpu_slot_offset, "bpftime_starter_cpu_slot");
 
+// Each thread's selector byte for Syscall User Dispatch and the return address of a
+// process-making call in flight (see bpftime_attach's system call hooks), read by their
+// assembly and written by the kernel's dispatch checks on every system call.
+bpftime_attach::static_tls_area!(fn syscall_offset, "bpftime_starter_syscalls", 24);
+
 // A `struct rseq` (32 bytes, 32-aligned) of our own, for a process whose glibc registers
 // none (before 2.35, or `GLIBC_TUNABLES=glibc.pthread.rseq=0`): a thread registers it the
 // first time it takes a CPU slot (see bpftime_runtime::cpu_slots). Its `cpu_id` starts
@@ -163,10 +168,10 @@ fn start_agent(on_own_thread: bool) -> Result<(), String> {
         return Err(format!("{path} has no {AGENT_ENTRY:?}: {}", dl_error()));
     }
     // SAFETY: the agent exports `bpftime_agent_start` as
-    // `extern "C" fn(isize, bool, isize, isize, isize, isize)`
+    // `extern "C" fn(isize, bool, isize, isize, isize, isize, isize)`
     // (built with this library, from the same directory); the library stays loaded
     // (never dlclose'd), so the code outlives the call.
-    let start: extern "C" fn(isize, bool, isize, isize, isize, isize) =
+    let start: extern "C" fn(isize, bool, isize, isize, isize, isize, isize) =
         unsafe { std::mem::transmute(sym) };
     start(
         hook_flag_offset(),
@@ -175,6 +180,7 @@ fn start_agent(on_own_thread: bool) -> Result<(), String> {
         shadow_offset(),
         cpu_slot_offset(),
         rseq_offset(),
+        syscall_offset(),
     );
     Ok(())
 }

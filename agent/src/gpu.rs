@@ -225,7 +225,9 @@ pub(crate) fn attach(store: &Store, runtime: &Arc<Runtime>, rec: &LinkRecord) ->
         LinkKind::GpuAccess => ProbePoint::Access,
         LinkKind::GpuSharedAccess => ProbePoint::SharedAccess,
         LinkKind::GpuLaunch => return attach_launch(store, runtime, rec),
-        LinkKind::Uprobe | LinkKind::Uretprobe => return false,
+        LinkKind::Uprobe | LinkKind::Uretprobe | LinkKind::Tracepoint | LinkKind::RawTracepoint => {
+            return false
+        }
     };
     let programs = &runtime.programs;
     let prog = match ProgramRecord::read(store, rec.prog_id) {

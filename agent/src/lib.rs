@@ -7,6 +7,7 @@
 mod crash;
 mod gpu;
 mod program;
+mod syscalls;
 mod trace;
 mod watch;
 
@@ -22,7 +23,9 @@ mod watch;
 /// bytes of it for the CPU slot a thread runs a program as (see
 /// `bpftime_runtime::cpu_slots`), or 0 for none. `rseq_tp_offset` is a 32-byte rseq area
 /// in it, for threads whose glibc registers none (see
-/// `bpftime_runtime::cpu_slots::use_own_rseq_area`), or 0 for none.
+/// `bpftime_runtime::cpu_slots::use_own_rseq_area`), or 0 for none. `syscall_tp_offset`
+/// is 24 bytes of it for the system call hooks (see
+/// `bpftime_attach::use_static_tls_for_syscalls`), or 0 for none.
 #[no_mangle]
 pub extern "C" fn bpftime_agent_start(
     hook_flag_tp_offset: isize,
@@ -31,6 +34,7 @@ pub extern "C" fn bpftime_agent_start(
     shadow_tp_offset: isize,
     cpu_slot_tp_offset: isize,
     rseq_tp_offset: isize,
+    syscall_tp_offset: isize,
 ) {
     static STARTED: std::sync::Once = std::sync::Once::new();
     STARTED.call_once(|| {
@@ -44,6 +48,7 @@ pub extern "C" fn bpftime_agent_start(
                 shadow_tp_offset,
                 cpu_slot_tp_offset,
                 rseq_tp_offset,
+                syscall_tp_offset,
             )
         };
         bpftime_ffi_guard::ffi_guard!("the agent's start", (), start());

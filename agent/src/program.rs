@@ -170,9 +170,15 @@ impl Programs {
                 );
             }
         }
+        // A tracepoint's program is checked against its record, a raw tracepoint's against
+        // its arguments; every other program the agent runs gets a pt_regs.
+        let checked_as = match rec.prog_type {
+            prog_type::TRACEPOINT | prog_type::RAW_TRACEPOINT if !gpu => rec.prog_type,
+            _ => prog_type::KPROBE,
+        };
         let info = ProgramInfo {
             insns: &rec.insns,
-            prog_type: prog_type::KPROBE,
+            prog_type: checked_as,
             gpu,
             maps: &|imm: i32| descs.get(&(imm as u32)).cloned(),
             mem_len: 0,

@@ -108,6 +108,7 @@ pub(crate) fn start(
     shadow_tp_offset: isize,
     cpu_slot_tp_offset: isize,
     rseq_tp_offset: isize,
+    syscall_tp_offset: isize,
 ) {
     bpftime_runtime::init_logging();
     crate::crash::install_if_asked();
@@ -130,6 +131,11 @@ pub(crate) fn start(
         if let Err(e) = unsafe { bpftime_attach::use_static_tls_shadow(shadow_tp_offset) } {
             tracing::warn!("hooks keep their shadow stacks in dynamic TLS only: {e}");
         }
+    }
+    if syscall_tp_offset != 0 {
+        // SAFETY: the starter's 24 bytes of static TLS, zero in every thread and used by
+        // nothing else.
+        unsafe { bpftime_attach::use_static_tls_for_syscalls(syscall_tp_offset) };
     }
     // The starter's thread runs on (frees, exits) once probes are live; the kernel
     // would never see those calls, so neither may the tools.
@@ -236,6 +242,7 @@ impl Agent {
             .collect();
         for id in gone {
             crate::gpu::detach(id);
+            crate::syscalls::detach(id);
             crate::trace::detached(id);
             let Some(held) = links.remove(&id) else {
                 continue;
@@ -434,6 +441,10 @@ impl Agent {
             | LinkKind::GpuAccess
             | LinkKind::GpuSharedAccess => {
                 crate::gpu::attach(self.store(), &self.runtime, rec);
+                return None;
+            }
+            LinkKind::Tracepoint | LinkKind::RawTracepoint => {
+                crate::syscalls::attach(self.store(), &self.runtime, rec);
                 return None;
             }
         };

@@ -778,7 +778,7 @@ pub unsafe fn use_static_tls_flag(tp_offset: isize) -> Result<(), AttachError> {
     Ok(())
 }
 
-fn in_handlers() -> bool {
+pub(crate) fn in_handlers() -> bool {
     let offset = STATIC_TLS_FLAG.load(Ordering::Relaxed);
     if offset == 0 {
         return IN_HANDLERS.get();
@@ -797,7 +797,7 @@ fn in_handlers() -> bool {
     v != 0
 }
 
-fn set_in_handlers(on: bool) {
+pub(crate) fn set_in_handlers(on: bool) {
     let offset = STATIC_TLS_FLAG.load(Ordering::Relaxed);
     if offset == 0 {
         IN_HANDLERS.set(on);

@@ -55,6 +55,7 @@ mod regs;
 mod resolve;
 mod site;
 mod stubs;
+mod syscall;
 
 pub use detour::{detour, remove_detour, Detour};
 pub use error::AttachError;
@@ -70,6 +71,44 @@ pub use resolve::{
     Location, Target,
 };
 pub use site::{function_at, plan_site, SitePlan};
+pub use syscall::{
+    arm as arm_syscall_hooks, disarm as disarm_syscall_hooks, set_syscall_handlers, syscall_stats,
+    use_static_tls as use_static_tls_for_syscalls, watch_syscall, ArmError, ArmReport,
+    RewriteStats, SyscallHandler, SyscallStats,
+};
+
+/// Defines `$size` zeroed bytes of static TLS, 8-aligned, in the crate that invokes it, and
+/// `fn $name() -> isize` answering their offset from the thread pointer (see
+/// [`static_tls_flag!`]); 24 of them are what [`use_static_tls_for_syscalls`] takes.
+#[macro_export]
+macro_rules! static_tls_area {
+    ($vis:vis fn $name:ident, $symbol:literal, $size:literal) => {
+        ::std::arch::global_asm!(
+            ".pushsection .tbss,\"awT\",@nobits",
+            ".p2align 3",
+            concat!(".globl ", $symbol),
+            concat!(".hidden ", $symbol),
+            concat!($symbol, ":"),
+            concat!(".zero ", $size),
+            ".popsection",
+        );
+
+        /// The offset of these bytes of static TLS from the thread pointer, the same in
+        /// every thread.
+        $vis fn $name() -> isize {
+            let offset: isize;
+            // SAFETY: reads the GOT slot the loader filled with the variable's TLS offset.
+            unsafe {
+                ::std::arch::asm!(
+                    concat!("mov {}, qword ptr [rip + ", $symbol, "@gottpoff]"),
+                    out(reg) offset,
+                    options(nostack, readonly, preserves_flags),
+                )
+            };
+            offset
+        }
+    };
+}
 
 /// Defines 8 zeroed bytes of static TLS (for [`use_static_tls_flag`], which uses one, or any
 /// other per-thread word) in the crate that invokes it, and `fn $name() -> isize`

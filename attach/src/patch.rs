@@ -57,7 +57,7 @@ pub(crate) fn read_code(addr: usize, len: usize) -> io::Result<Vec<u8>> {
     Ok(buf)
 }
 
-fn write_code(addr: usize, bytes: &[u8]) -> Result<(), AttachError> {
+pub(crate) fn write_code(addr: usize, bytes: &[u8]) -> Result<(), AttachError> {
     mem_file()
         .and_then(|f| f.write_all_at(bytes, addr as u64))
         .map_err(|source| AttachError::Memory {
@@ -665,6 +665,38 @@ static TRAP_COUNT: AtomicUsize = AtomicUsize::new(0);
 static TRAP_ADDR: [AtomicUsize; MAX_TRAPS] = [const { AtomicUsize::new(0) }; MAX_TRAPS];
 static TRAP_TO: [AtomicUsize; MAX_TRAPS] = [const { AtomicUsize::new(0) }; MAX_TRAPS];
 static PREVIOUS: OnceLock<libc::sigaction> = OnceLock::new();
+/// The process's own SIGTRAP handler and flags, when it set them while its `rt_sigaction`
+/// calls went through the system call hooks (which keep ours installed): what traps that
+/// are not ours go to instead of `PREVIOUS`.
+static APP_SIGTRAP: [AtomicUsize; 2] = [const { AtomicUsize::new(0) }; 2];
+static APP_SIGTRAP_SET: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// Whether our SIGTRAP handler is installed (so the process's own disposition is kept
+/// apart rather than replacing it).
+pub(crate) fn trap_handler_installed() -> bool {
+    PREVIOUS.get().is_some()
+}
+
+/// The process's own SIGTRAP disposition: handler and flags.
+pub(crate) fn app_sigtrap() -> (usize, usize) {
+    if APP_SIGTRAP_SET.load(Ordering::Acquire) {
+        (
+            APP_SIGTRAP[0].load(Ordering::Acquire),
+            APP_SIGTRAP[1].load(Ordering::Acquire),
+        )
+    } else {
+        PREVIOUS.get().map_or((libc::SIG_DFL, 0), |p| {
+            (p.sa_sigaction, p.sa_flags as usize)
+        })
+    }
+}
+
+/// Records what the process asked for SIGTRAP, in place of installing it.
+pub(crate) fn set_app_sigtrap(handler: usize, flags: usize) {
+    APP_SIGTRAP[0].store(handler, Ordering::Release);
+    APP_SIGTRAP[1].store(flags, Ordering::Release);
+    APP_SIGTRAP_SET.store(true, Ordering::Release);
+}
 
 /// Tells the SIGTRAP handler that a trap at `addr` means "go to `to`", before any `int3`
 /// is written there. An address registered again (a function detoured anew) keeps its
@@ -741,7 +773,15 @@ extern "C" fn on_sigtrap(sig: libc::c_int, info: *mut libc::siginfo_t, ctx: *mut
         return;
     }
     // Not ours: behave as if we had never been installed.
-    if let Some(prev) = PREVIOUS.get() {
+    if APP_SIGTRAP_SET.load(Ordering::Acquire) {
+        // SAFETY: a zeroed sigaction is a valid value; only handler and flags matter.
+        let mut prev: libc::sigaction = unsafe { std::mem::zeroed() };
+        let (handler, flags) = app_sigtrap();
+        prev.sa_sigaction = handler;
+        prev.sa_flags = flags as libc::c_int;
+        // SAFETY: as this handler was called, for the handler the process asked for.
+        unsafe { chain(&prev, sig, info, ctx) };
+    } else if let Some(prev) = PREVIOUS.get() {
         // SAFETY: as this handler was called, for the handler it replaced.
         unsafe { chain(prev, sig, info, ctx) };
     }

@@ -80,6 +80,19 @@ pub const USDT_TARGET: &str = env!("BPF_EXAMPLES_USDT_TARGET");
 pub const USDT_COUNT: &str = env!("BPF_EXAMPLES_USDT_COUNT");
 /// BPF object loaded by `usdt_count`.
 pub const USDT_COUNT_BPF_O: &str = env!("BPF_EXAMPLES_USDT_COUNT_BPF_O");
+/// `syscall_tp` loader (C, shared libbpf): system call tracepoints of the processes
+/// named `-c COMM` (openat's arguments and results, counts by number).
+pub const SYSCALL_TP: &str = env!("BPF_EXAMPLES_SYSCALL_TP");
+/// BPF object loaded by `syscall_tp`.
+pub const SYSCALL_TP_BPF_O: &str = env!("BPF_EXAMPLES_SYSCALL_TP_BPF_O");
+/// Test target `syscalls ROUNDS THREADS FILE...`: opens each file in three ways (C
+/// library, `syscall()`, its own instruction) on each thread, then once in a child.
+pub const SYSCALLS: &str = env!("BPF_EXAMPLES_SYSCALLS");
+/// The same, linked statically.
+pub const SYSCALLS_STATIC: &str = env!("BPF_EXAMPLES_SYSCALLS_STATIC");
+/// Test target `signals N`: SIGUSR1 to itself N times by kill() and N times by tgkill(),
+/// then a kill() of a pid that cannot exist.
+pub const SIGNALS: &str = env!("BPF_EXAMPLES_SIGNALS");
 /// Test target `stack_target N`: fixed call chains (no PIE, frame pointers).
 pub const STACK_TARGET: &str = env!("BPF_EXAMPLES_STACK_TARGET");
 

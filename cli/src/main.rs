@@ -2,7 +2,7 @@
 
 use anyhow::{bail, Context, Result};
 use bpftime_runtime::{
-    LinkRecord, Map, ObjectKind, PerfEventKind, PerfEventRecord, ProgramRecord, Store,
+    LinkKind, LinkRecord, Map, ObjectKind, PerfEventKind, PerfEventRecord, ProgramRecord, Store,
     DEFAULT_STORE_NAME, STORE_ENV,
 };
 use clap::{Parser, Subcommand};
@@ -267,6 +267,21 @@ pub fn check_runnable(path: &Path) -> Result<()> {
     Ok(())
 }
 
+/// Whether `path` is an ELF executable without an interpreter (the dynamic loader, which
+/// is what honours `LD_PRELOAD`).
+fn statically_linked(path: &Path) -> bool {
+    let Ok(bytes) = std::fs::read(path) else {
+        return false;
+    };
+    match goblin::elf::Elf::parse(&bytes) {
+        Ok(elf) => !elf
+            .program_headers
+            .iter()
+            .any(|p| p.p_type == goblin::elf::program_header::PT_INTERP),
+        Err(_) => false,
+    }
+}
+
 /// What `bpftime start` runs: `app` with the agent's starter preloaded, in
 /// `store` (also used by `bpftime run`, which starts the app itself).
 fn start_command(
@@ -277,6 +292,12 @@ fn start_command(
     library(AGENT_LIB).map_err(UsageError)?;
     let outputs = profiling.outputs().map_err(UsageError)?;
     let mut command = preload_command(store, AGENT_STARTER_LIB, app)?;
+    if let Some(found) = find_program(Path::new(&app[0])).filter(|p| statically_linked(p)) {
+        errln!(
+            "bpftime: {} is statically linked: no library can be preloaded into it, so it runs without the agent and nothing is attached to it",
+            found.display()
+        );
+    }
     for (_, env, path) in outputs {
         command.env(env, path);
     }
@@ -392,9 +413,12 @@ fn list(store: &str, clean: bool) -> Result<()> {
     Ok(())
 }
 
-/// `uprobe /path/bin:0x1139 pid -1`, or `gpu-exit vectorAdd` for a CUDA kernel.
+/// `uprobe /path/bin:0x1139 pid -1`, `gpu-exit vectorAdd` for a CUDA kernel,
+/// `tracepoint syscalls/sys_enter_openat pid -1`.
 fn link_target(l: &LinkRecord) -> String {
-    if l.kind.is_gpu() {
+    if matches!(l.kind, LinkKind::Tracepoint | LinkKind::RawTracepoint) {
+        format!("{} {} pid {}", l.kind.label(), l.path, l.pid)
+    } else if l.kind.is_gpu() {
         format!("{} {}", l.kind.label(), l.path)
     } else {
         format!(
@@ -427,5 +451,6 @@ fn perf_event_target(e: &PerfEventRecord) -> String {
             }
         }
         PerfEventKind::BpfOutput => format!("{label} cpu {}", e.cpu),
+        PerfEventKind::Tracepoint => format!("{label} {} pid {}", e.path, e.pid),
     }
 }

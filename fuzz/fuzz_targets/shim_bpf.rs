@@ -198,6 +198,21 @@ impl Harness {
                 self.ptr_field(b, &mut a, 0, n);
                 self.ptr_field(b, &mut a, 8, log);
             }
+            cmd::RAW_TRACEPOINT_OPEN => {
+                self.str_field(
+                    b,
+                    &mut a,
+                    0,
+                    &[b"sys_enter", b"sys_exit", b"sched_switch", b""],
+                );
+                self.fd_field(b, &mut a, 8);
+            }
+            cmd::BTF_GET_FD_BY_ID => {
+                // The kernel's BTF, which the shim serves from sysfs, or a store id.
+                if b.u8() & 1 == 0 {
+                    put32(&mut a, 0, bpftime_shim::KERNEL_BTF_ID);
+                }
+            }
             cmd::LINK_CREATE
             | cmd::LINK_UPDATE
             | cmd::PROG_BIND_MAP
@@ -236,6 +251,8 @@ impl Harness {
                 | cmd::PROG_GET_FD_BY_ID
                 | cmd::LINK_GET_FD_BY_ID
                 | cmd::LINK_CREATE
+                | cmd::RAW_TRACEPOINT_OPEN
+                | cmd::BTF_GET_FD_BY_ID
         );
         if let (true, Ok(fd)) = (makes_fd, r) {
             self.fds.push(fd as RawFd);
@@ -328,6 +345,20 @@ impl Harness {
                     0
                 };
                 set(&mut info, b, 0, cap);
+            }
+            Some(Object::KernelBtf { .. }) => {
+                let cap = if info.len() >= 12 {
+                    Self::bound32(&mut info, 8, 1 << 16)
+                } else {
+                    0
+                };
+                set(&mut info, b, 0, cap);
+                let name = if info.len() >= 28 {
+                    Self::bound32(&mut info, 24, 64)
+                } else {
+                    0
+                };
+                set(&mut info, b, 16, name);
             }
             _ => {}
         }

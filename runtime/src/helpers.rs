@@ -131,6 +131,12 @@ pub(crate) fn fork_generation() -> u64 {
     FORKS.load(Ordering::Relaxed)
 }
 
+/// This thread's `tgid << 32 | tid`, as `bpf_get_current_pid_tgid` gives it (for records
+/// the agent fills in, a tracepoint's `common_pid`).
+pub fn current_pid_tgid() -> u64 {
+    pid_tgid()
+}
+
 /// This thread's `tgid << 32 | tid`, cached per thread (a system call costs more
 /// than most programs) and refreshed in a forked child.
 #[inline]

@@ -154,6 +154,9 @@ pub enum PerfEventKind {
     GpuAccess,
     /// Those and every shared-memory access ([`crate::GPU_SHARED_ACCESS_CONFIG_BIT`]).
     GpuSharedAccess,
+    /// A tracepoint (`PERF_TYPE_TRACEPOINT`); `path` is `GROUP/NAME` (a system call's
+    /// `syscalls/sys_enter_openat`, or `raw_syscalls/sys_enter`), `offset` its id.
+    Tracepoint,
 }
 
 impl PerfEventKind {
@@ -167,6 +170,7 @@ impl PerfEventKind {
             PerfEventKind::GpuLaunch => 6,
             PerfEventKind::GpuAccess => 7,
             PerfEventKind::GpuSharedAccess => 8,
+            PerfEventKind::Tracepoint => 9,
         }
     }
     fn from_u32(v: u32) -> Option<Self> {
@@ -179,6 +183,7 @@ impl PerfEventKind {
             6 => Some(PerfEventKind::GpuLaunch),
             7 => Some(PerfEventKind::GpuAccess),
             8 => Some(PerfEventKind::GpuSharedAccess),
+            9 => Some(PerfEventKind::Tracepoint),
             _ => None,
         }
     }
@@ -194,6 +199,7 @@ impl PerfEventKind {
             PerfEventKind::GpuLaunch => "gpu-launch",
             PerfEventKind::GpuAccess => "gpu-ldst",
             PerfEventKind::GpuSharedAccess => "gpu-ldst.shared",
+            PerfEventKind::Tracepoint => "tracepoint",
         }
     }
 
@@ -208,6 +214,7 @@ impl PerfEventKind {
             PerfEventKind::GpuLaunch => LinkKind::GpuLaunch,
             PerfEventKind::GpuAccess => LinkKind::GpuAccess,
             PerfEventKind::GpuSharedAccess => LinkKind::GpuSharedAccess,
+            PerfEventKind::Tracepoint => LinkKind::Tracepoint,
             PerfEventKind::BpfOutput => return None,
         })
     }
@@ -293,6 +300,12 @@ pub enum LinkKind {
     GpuAccess,
     /// At those and every shared-memory access of a CUDA kernel; `path` as for `GpuEntry`.
     GpuSharedAccess,
+    /// A tracepoint program at a tracepoint; `path` is its `GROUP/NAME`
+    /// (`syscalls/sys_enter_openat`), `offset` its id.
+    Tracepoint,
+    /// A raw tracepoint program (`BPF_RAW_TRACEPOINT_OPEN`); `path` is the tracepoint's
+    /// name (`sys_enter`, `sys_exit`).
+    RawTracepoint,
 }
 
 impl LinkKind {
@@ -305,6 +318,8 @@ impl LinkKind {
             LinkKind::GpuLaunch => 5,
             LinkKind::GpuAccess => 6,
             LinkKind::GpuSharedAccess => 7,
+            LinkKind::Tracepoint => 8,
+            LinkKind::RawTracepoint => 9,
         }
     }
 
@@ -317,6 +332,8 @@ impl LinkKind {
             5 => LinkKind::GpuLaunch,
             6 => LinkKind::GpuAccess,
             7 => LinkKind::GpuSharedAccess,
+            8 => LinkKind::Tracepoint,
+            9 => LinkKind::RawTracepoint,
             _ => return None,
         })
     }
@@ -331,6 +348,8 @@ impl LinkKind {
             LinkKind::GpuLaunch => "gpu-launch",
             LinkKind::GpuAccess => "gpu-ldst",
             LinkKind::GpuSharedAccess => "gpu-ldst.shared",
+            LinkKind::Tracepoint => "tracepoint",
+            LinkKind::RawTracepoint => "raw-tracepoint",
         }
     }
 
@@ -469,6 +488,8 @@ mod tests {
             (LinkKind::GpuLaunch, 5),
             (LinkKind::GpuAccess, 6),
             (LinkKind::GpuSharedAccess, 7),
+            (LinkKind::Tracepoint, 8),
+            (LinkKind::RawTracepoint, 9),
         ];
         for (k, code) in links {
             assert_eq!(k.to_u32(), code);
@@ -483,13 +504,14 @@ mod tests {
             (PerfEventKind::GpuLaunch, 6),
             (PerfEventKind::GpuAccess, 7),
             (PerfEventKind::GpuSharedAccess, 8),
+            (PerfEventKind::Tracepoint, 9),
         ];
         for (k, code) in events {
             assert_eq!(k.to_u32(), code);
             assert_eq!(PerfEventKind::from_u32(code), Some(k));
         }
-        assert_eq!(LinkKind::from_u32(8), None);
-        assert_eq!(PerfEventKind::from_u32(9), None);
+        assert_eq!(LinkKind::from_u32(10), None);
+        assert_eq!(PerfEventKind::from_u32(10), None);
     }
 
     #[test]

@@ -885,18 +885,112 @@ fn memory_file(content: &str, flags: c_int) -> Option<c_int> {
     Some(fd)
 }
 
+/// What a tracefs file of a system call tracepoint (`id`, `format`), or
+/// `available_events`, reads when the kernel gives none: tracefs not mounted (ENOENT),
+/// or not readable by this user (EACCES). The shim serves those tracepoints, so it
+/// answers for them, with the ids its `perf_event_open` takes.
+fn served_tracefs_file(path: &std::ffi::CStr, errno: i32) -> Option<String> {
+    if errno != libc::ENOENT && errno != libc::EACCES {
+        return None;
+    }
+    let served = bpftime_shim::served_tracefs_file(path.to_bytes());
+    if served.is_some() {
+        tracing::debug!(path = %path.to_string_lossy(), errno, "the kernel's tracefs gives no such file; bpftime answers for its system call tracepoints");
+    }
+    served
+}
+
+/// After a failed `access` of `path`: whether to answer that it exists, for a tracefs
+/// path of a served event the kernel gives none of (libbpf-tools check their tracepoints
+/// with `access` before they attach, and turn off programs whose tracepoint is missing).
+///
+/// # Safety
+/// `path` must be NULL or a NUL-terminated string.
+unsafe fn access_missing(path: *const libc::c_char, mode: c_int) -> bool {
+    let saved = std::io::Error::last_os_error().raw_os_error().unwrap_or(0);
+    if path.is_null()
+        || (saved != libc::ENOENT && saved != libc::EACCES)
+        || mode & (libc::W_OK | libc::X_OK) != 0
+    {
+        return false;
+    }
+    // SAFETY: caller obligation.
+    let p = unsafe { std::ffi::CStr::from_ptr(path) };
+    let exists = bpftime_shim::served_tracefs_path_exists(p.to_bytes());
+    if !exists {
+        set_errno(saved);
+    }
+    exists
+}
+
+/// `access(2)`; see [`access_missing`] for the paths the shim answers for.
+///
+/// # Safety
+/// As `access(2)`.
+#[no_mangle]
+pub unsafe extern "C" fn access(path: *const libc::c_char, mode: c_int) -> c_int {
+    let real = real!(
+        "access",
+        unsafe extern "C" fn(*const libc::c_char, c_int) -> c_int
+    );
+    // SAFETY: forwards unchanged.
+    let r = unsafe { real(path, mode) };
+    if r == 0 {
+        return r;
+    }
+    // SAFETY: forwarded caller obligation.
+    if ffi_guard!("access", false, unsafe { access_missing(path, mode) }) {
+        0
+    } else {
+        r
+    }
+}
+
+/// `faccessat(2)`, for absolute paths; see [`access_missing`].
+///
+/// # Safety
+/// As `faccessat(2)`.
+#[no_mangle]
+pub unsafe extern "C" fn faccessat(
+    dirfd: c_int,
+    path: *const libc::c_char,
+    mode: c_int,
+    flags: c_int,
+) -> c_int {
+    let real = real!(
+        "faccessat",
+        unsafe extern "C" fn(c_int, *const libc::c_char, c_int, c_int) -> c_int
+    );
+    // SAFETY: forwards unchanged.
+    let r = unsafe { real(dirfd, path, mode, flags) };
+    if r == 0 {
+        return r;
+    }
+    // SAFETY: forwarded caller obligation (the served paths are absolute).
+    if ffi_guard!("access", false, unsafe { access_missing(path, mode) }) {
+        0
+    } else {
+        r
+    }
+}
+
 /// After a failed `open`: the file the shim answers for in its place, if any.
 ///
 /// # Safety
 /// `path` must be NULL or a NUL-terminated string.
 unsafe fn open_missing(path: *const libc::c_char, flags: c_int) -> Option<c_int> {
     let saved = std::io::Error::last_os_error().raw_os_error().unwrap_or(0);
-    if path.is_null() || saved != libc::ENOENT || flags & libc::O_ACCMODE != libc::O_RDONLY {
+    if path.is_null() || flags & libc::O_ACCMODE != libc::O_RDONLY {
         return None;
     }
     // SAFETY: caller obligation.
     let p = unsafe { std::ffi::CStr::from_ptr(path) };
-    let fd = served_pmu_file(p).and_then(|c| memory_file(&c, flags));
+    let content = match saved {
+        libc::ENOENT => served_pmu_file(p),
+        _ => None,
+    }
+    .or_else(|| served_tracefs_file(p, saved));
+    let fd = content.and_then(|c| memory_file(&c, flags));
     if fd.is_none() {
         set_errno(saved);
     }
@@ -987,29 +1081,42 @@ unsafe fn fopen_missing(
         )
     };
     let read_only = m.to_bytes().first() == Some(&b'r') && !m.to_bytes().contains(&b'+');
+    if read_only {
+        if let Some(f) = served_tracefs_file(p, saved).and_then(|c| memory_stream(&c, m)) {
+            return f;
+        }
+    }
     if saved == libc::ENOENT && read_only {
         if PROBE_EVENTS.contains(&p.to_bytes()) {
             tracing::debug!(path = %p.to_string_lossy(), "tracefs is not mounted; serving an empty list of legacy probes");
             // SAFETY: NUL-terminated literals.
             return unsafe { real(c"/dev/null".as_ptr(), c"r".as_ptr()) };
         }
-        let flags = if m.to_bytes().contains(&b'e') {
-            libc::O_CLOEXEC
-        } else {
-            0
-        };
-        if let Some(fd) = served_pmu_file(p).and_then(|c| memory_file(&c, flags)) {
-            // SAFETY: our own fresh fd, handed over to the stream.
-            let f = unsafe { libc::fdopen(fd, c"r".as_ptr()) };
-            if !f.is_null() {
-                return f;
-            }
-            // SAFETY: our own fd, which fdopen did not take.
-            unsafe { libc::close(fd) };
+        if let Some(f) = served_pmu_file(p).and_then(|c| memory_stream(&c, m)) {
+            return f;
         }
     }
     set_errno(saved);
     std::ptr::null_mut()
+}
+
+/// A read-only stream holding `content`, for an `fopen` the shim answers (`e` in
+/// `mode` makes its descriptor close-on-exec).
+fn memory_stream(content: &str, mode: &std::ffi::CStr) -> Option<*mut libc::FILE> {
+    let flags = if mode.to_bytes().contains(&b'e') {
+        libc::O_CLOEXEC
+    } else {
+        0
+    };
+    let fd = memory_file(content, flags)?;
+    // SAFETY: our own fresh fd, handed over to the stream.
+    let f = unsafe { libc::fdopen(fd, c"r".as_ptr()) };
+    if f.is_null() {
+        // SAFETY: our own fd, which fdopen did not take.
+        unsafe { libc::close(fd) };
+        return None;
+    }
+    Some(f)
 }
 
 /// `fopen(3)`; see [`fopen_missing`] for the files the shim answers for.

@@ -23,7 +23,18 @@ pub enum Object {
         id: u32,
         size: u32,
     },
+    /// The kernel's own BTF (`/sys/kernel/btf/vmlinux`), which loaders look for among the
+    /// BTF objects to read kernel types from (bpftrace does, for tracepoints' arguments);
+    /// its descriptor is the sysfs file.
+    KernelBtf {
+        size: u32,
+    },
 }
+
+/// The id the kernel's BTF goes by here: above any the store hands out.
+pub const KERNEL_BTF_ID: u32 = 0x7fff_fff0;
+/// Where the kernel exposes its BTF.
+pub(crate) const KERNEL_BTF_PATH: &str = "/sys/kernel/btf/vmlinux";
 
 #[derive(Debug, Clone)]
 pub struct ObjectRef {
@@ -61,6 +72,9 @@ pub struct Shim {
     pub(crate) handed: Vec<crate::handed::Handed>,
     /// Rings found damaged (and reported): their pages read as zeros here.
     pub(crate) condemned: HashSet<crate::handed::Owner>,
+    /// How far into its context each program loaded here reads (the verifier's
+    /// `ctx_read_end`), for the checks at a tracepoint attach.
+    pub(crate) ctx_read_ends: HashMap<u32, u32>,
 }
 
 /// Told of every descriptor the shim hands out (`true`) or forgets (`false`): the
@@ -129,6 +143,7 @@ impl Shim {
             test_runs: HashMap::new(),
             handed: Vec::new(),
             condemned: HashSet::new(),
+            ctx_read_ends: HashMap::new(),
         }
     }
 
@@ -222,9 +237,42 @@ impl Shim {
                 LinkRecord::read(&self.store, id).map_err(|e| e.errno())?;
                 Object::Link(id)
             }
+            ObjectKind::Btf => {
+                let blob = bpftime_runtime::read_btf(&self.store, id).map_err(|e| e.errno())?;
+                Object::Btf {
+                    id,
+                    size: blob.len() as u32,
+                }
+            }
             _ => return Err(libc::EINVAL),
         };
         self.open_fd(kind, id, object).map(|fd| fd as i64)
+    }
+
+    /// A descriptor for the kernel's BTF: its sysfs file, read-only. Reading it is no
+    /// call of the kernel's eBPF; the file is what `btf__load_vmlinux_btf` reads too.
+    fn open_kernel_btf(&mut self) -> SysResult {
+        let file = std::fs::File::open(KERNEL_BTF_PATH)
+            .map_err(|e| e.raw_os_error().unwrap_or(libc::ENOENT))?;
+        let size = file.metadata().map(|m| m.len() as u32).unwrap_or(0);
+        let fd = std::os::fd::IntoRawFd::into_raw_fd(file);
+        let Some((dev, ino)) = stat_fd(fd) else {
+            // SAFETY: opened above, not handed out.
+            unsafe { libc::close(fd) };
+            return Err(libc::EIO);
+        };
+        observe_fd(fd, true);
+        self.fds.insert(
+            fd,
+            ObjectRef {
+                kind: ObjectKind::Btf,
+                id: KERNEL_BTF_ID,
+                object: Object::KernelBtf { size },
+                dev,
+                ino,
+            },
+        );
+        Ok(fd as i64)
     }
 
     /// The pathname of `BPF_OBJ_PIN` and `BPF_OBJ_GET`, below `/sys/fs/bpf`.
@@ -385,6 +433,8 @@ impl Shim {
             // SAFETY: forwarded caller obligation.
             cmd::OBJ_GET_INFO_BY_FD => unsafe { self.get_info(&a, attr, size) },
             cmd::LINK_CREATE => self.link_create(&a),
+            // SAFETY: forwarded caller obligation for the name pointer.
+            cmd::RAW_TRACEPOINT_OPEN => unsafe { self.raw_tracepoint_open(&a) },
             cmd::LINK_DETACH => {
                 let fd = a.u32(0) as RawFd;
                 match self.object(fd).cloned() {
@@ -409,7 +459,11 @@ impl Shim {
                     _ => ObjectKind::Btf,
                 };
                 let start = a.u32(attr::get_id::START_ID);
-                let next = self.store.ids(kind).into_iter().find(|&i| i > start).ok_or(libc::ENOENT)?;
+                let mut ids = self.store.ids(kind);
+                if kind == ObjectKind::Btf && std::path::Path::new(KERNEL_BTF_PATH).exists() {
+                    ids.push(KERNEL_BTF_ID);
+                }
+                let next = ids.into_iter().find(|&i| i > start).ok_or(libc::ENOENT)?;
                 // SAFETY: caller obligation: attr holds `size` writable bytes.
                 unsafe { write_back_u32(attr, size, attr::get_id::NEXT_ID, next) };
                 Ok(0)
@@ -417,6 +471,8 @@ impl Shim {
             cmd::MAP_GET_FD_BY_ID => self.open_by_id(ObjectKind::Map, a.u32(0)),
             cmd::PROG_GET_FD_BY_ID => self.open_by_id(ObjectKind::Program, a.u32(0)),
             cmd::LINK_GET_FD_BY_ID => self.open_by_id(ObjectKind::Link, a.u32(0)),
+            cmd::BTF_GET_FD_BY_ID if a.u32(0) == KERNEL_BTF_ID => self.open_kernel_btf(),
+            cmd::BTF_GET_FD_BY_ID => self.open_by_id(ObjectKind::Btf, a.u32(0)),
             cmd::OBJ_PIN => self.obj_pin(&a),
             cmd::OBJ_GET => self.obj_get(&a),
             cmd::PROG_ATTACH | cmd::PROG_DETACH => Err(refuse(
@@ -837,7 +893,7 @@ impl Shim {
             && (name.starts_with(bpftime_runtime::CUDA_PROGRAM_PREFIX)
                 || self.gpu_names.contains(&name));
         let kept_lines = (kprobe && !gpu).then(|| source_lines.clone());
-        let checked = crate::program::check_program_with_lines(
+        let checked = crate::program::check_program_full(
             &insns,
             prog_type,
             &lookup,
@@ -845,8 +901,8 @@ impl Shim {
             source_lines,
             gpu,
         );
-        let log = match checked {
-            Ok(log) => log,
+        let (log, ctx_read_end) = match checked {
+            Ok(done) => done,
             Err((errno, log)) => {
                 // The log goes back to the tool, whose loader prints it (libbpf does);
                 // feature probes that expect a rejection print nothing, as on the kernel.
@@ -872,6 +928,7 @@ impl Shim {
             owner_pid: std::process::id(),
         };
         rec.publish(&self.store).map_err(|e| e.errno())?;
+        self.ctx_read_ends.insert(id, ctx_read_end);
         if gpu {
             self.gpu_verified.insert(id);
             // Announced for this load; libbpf loads again only after a failure.
@@ -962,7 +1019,7 @@ impl Shim {
         if attach_type != bpftime_isa::uapi::attach_type::PERF_EVENT {
             return Err(refuse(
                 libc::EINVAL,
-                format_args!("BPF_LINK_CREATE with attach type {attach_type}: bpftime links programs to uprobe and kprobe (CUDA kernel) perf events only"),
+                format_args!("BPF_LINK_CREATE with attach type {attach_type}: bpftime links programs to uprobe, kprobe (CUDA kernel) and tracepoint perf events only"),
             ));
         }
         let prog = self.program(a.u32(f::PROG_FD))?;
@@ -973,6 +1030,11 @@ impl Shim {
             None => return Err(libc::EBADF),
         };
         let id = self.make_link(&prog, &ev, a.u64(f::PERF_EVENT_COOKIE), false)?;
+        self.open_link_fd(id)
+    }
+
+    /// A descriptor for the new link `id`.
+    pub(crate) fn open_link_fd(&mut self, id: u32) -> SysResult {
         self.open_fd(ObjectKind::Link, id, Object::Link(id))
             .map(|fd| fd as i64)
     }
@@ -985,7 +1047,9 @@ impl Shim {
         owned_by_event: bool,
     ) -> SysResult<u32> {
         let kind = ev.kind.link_kind().ok_or(libc::EINVAL)?;
-        if prog.prog_type != bpftime_isa::uapi::prog_type::KPROBE {
+        if kind == LinkKind::Tracepoint {
+            self.check_tracepoint_program(prog, &ev.path)?;
+        } else if prog.prog_type != bpftime_isa::uapi::prog_type::KPROBE {
             return Err(refuse(
                 libc::EINVAL,
                 format_args!(
@@ -1175,6 +1239,64 @@ mod tests {
     use bpftime_isa::uapi::{self, map_type};
 
     use crate::test_support::TempShim;
+
+    /// bpftrace reads kernel types from the kernel's BTF object, found by walking BTF ids
+    /// (`bpf_btf_get_next_id`) for the one named vmlinux, and read with libbpf's
+    /// `btf__load_from_kernel_by_id`: a 4 KiB buffer first, then one of the size reported.
+    #[test]
+    fn the_kernels_btf_is_listed_opened_and_read_as_the_kernel_gives_it() {
+        let Ok(want) = std::fs::read(KERNEL_BTF_PATH) else {
+            eprintln!("no {KERNEL_BTF_PATH} here");
+            return;
+        };
+        let mut t = TempShim::new("core-kernel-btf");
+        let mut a = [0u8; 128];
+        let mut seen = Vec::new();
+        let mut start = 0u32;
+        loop {
+            a[0..4].copy_from_slice(&start.to_ne_bytes());
+            if t.bpf(cmd::BTF_GET_NEXT_ID, &mut a).is_err() {
+                break;
+            }
+            start = u32::from_ne_bytes(a[4..8].try_into().unwrap());
+            seen.push(start);
+        }
+        assert!(seen.contains(&KERNEL_BTF_ID), "{seen:?}");
+        let mut a = [0u8; 128];
+        a[0..4].copy_from_slice(&KERNEL_BTF_ID.to_ne_bytes());
+        let fd = t.bpf(cmd::BTF_GET_FD_BY_ID, &mut a).unwrap() as u32;
+        let info = |t: &mut TempShim, buf: &mut [u8], name: &mut [u8]| -> ([u8; 32], SysResult) {
+            let mut info = [0u8; 32];
+            info[0..8].copy_from_slice(&(buf.as_mut_ptr() as u64).to_ne_bytes());
+            info[8..12].copy_from_slice(&(buf.len() as u32).to_ne_bytes());
+            info[16..24].copy_from_slice(&(name.as_mut_ptr() as u64).to_ne_bytes());
+            info[24..28].copy_from_slice(&(name.len() as u32).to_ne_bytes());
+            let mut a = [0u8; 128];
+            a[0..4].copy_from_slice(&fd.to_ne_bytes());
+            a[4..8].copy_from_slice(&32u32.to_ne_bytes());
+            a[8..16].copy_from_slice(&(info.as_mut_ptr() as u64).to_ne_bytes());
+            let r = t.bpf(cmd::OBJ_GET_INFO_BY_FD, &mut a);
+            (info, r)
+        };
+        let mut small = vec![0u8; 4096];
+        let mut name = [0u8; 64];
+        let (got, r) = info(&mut t, &mut small, &mut name);
+        assert_eq!(r, Ok(0), "a short buffer gets what fits");
+        let size = u32::from_ne_bytes(got[8..12].try_into().unwrap()) as usize;
+        assert_eq!(size, want.len());
+        assert_eq!(&small[..], &want[..4096]);
+        assert_eq!(&name[..8], b"vmlinux\0");
+        assert_eq!(u32::from_ne_bytes(got[24..28].try_into().unwrap()), 7);
+        assert_eq!(
+            u32::from_ne_bytes(got[28..32].try_into().unwrap()),
+            1,
+            "kernel_btf"
+        );
+        let mut all = vec![0u8; size];
+        let (_, r) = info(&mut t, &mut all, &mut name);
+        assert_eq!(r, Ok(0));
+        assert_eq!(all, want);
+    }
 
     /// Found by the fuzzer (fuzz/, target shim_bpf): a batch call with a count and a
     /// null `keys` or `values` made slices over null pointers.

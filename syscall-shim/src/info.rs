@@ -136,15 +136,58 @@ impl Shim {
                 if !dst.is_null() {
                     let blob =
                         bpftime_runtime::read_btf(self.store(), *id).map_err(|e| e.errno())?;
-                    if cap < blob.len() {
-                        return Err(libc::ENOSPC);
-                    }
-                    // SAFETY: the caller's buffer holds btf_size bytes (checked above).
-                    unsafe { std::ptr::copy_nonoverlapping(blob.as_ptr(), dst, blob.len()) };
+                    // As the kernel: what fits, and btf_size says how much there is
+                    // (libbpf asks with 4 KiB first, then with room for all of it).
+                    let n = cap.min(blob.len());
+                    // SAFETY: the caller's buffer holds btf_size bytes; n is at most that.
+                    unsafe { std::ptr::copy_nonoverlapping(blob.as_ptr(), dst, n) };
                     put64(&mut b, 0, dst as u64);
                 }
                 put32(&mut b, 8, *size);
                 put32(&mut b, 12, *id);
+                b
+            }
+            Object::KernelBtf { size } => {
+                let mut b = vec![0u8; BTF_INFO_LEN];
+                let field64 = |off: usize| {
+                    if input.len() >= off + 8 {
+                        get64(&input, off)
+                    } else {
+                        0
+                    }
+                };
+                let field32 = |off: usize| {
+                    if input.len() >= off + 4 {
+                        get32(&input, off)
+                    } else {
+                        0
+                    }
+                };
+                let dst = field64(0) as *mut u8;
+                if !dst.is_null() {
+                    let blob = std::fs::read(crate::core::KERNEL_BTF_PATH)
+                        .map_err(|e| e.raw_os_error().unwrap_or(libc::EIO))?;
+                    let n = (field32(8) as usize).min(blob.len());
+                    // SAFETY: the caller's buffer holds btf_size bytes; n is at most that.
+                    unsafe { std::ptr::copy_nonoverlapping(blob.as_ptr(), dst, n) };
+                    put64(&mut b, 0, dst as u64);
+                }
+                put32(&mut b, 8, *size);
+                put32(&mut b, 12, crate::core::KERNEL_BTF_ID);
+                // The name, "vmlinux", NUL-terminated into the caller's buffer when it has
+                // room (ENOSPC otherwise, as the kernel); name_len says its length.
+                let name = b"vmlinux\0";
+                let (name_ptr, name_cap) = (field64(16) as *mut u8, field32(24) as usize);
+                if !name_ptr.is_null() {
+                    if name_cap < name.len() {
+                        return Err(libc::ENOSPC);
+                    }
+                    // SAFETY: the caller's name buffer holds name_len bytes.
+                    unsafe { std::ptr::copy_nonoverlapping(name.as_ptr(), name_ptr, name.len()) };
+                    put64(&mut b, 16, name_ptr as u64);
+                }
+                put32(&mut b, 24, (name.len() - 1) as u32);
+                put32(&mut b, 28, 1);
                 b
             }
             Object::PerfEvent { .. } => return Err(libc::EINVAL),

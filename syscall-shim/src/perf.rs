@@ -258,11 +258,9 @@ impl Shim {
         }
         if a.u32(0) == PERF_TYPE_TRACEPOINT {
             // Tracepoint events exist to run eBPF programs (or perf's own sampling, which
-            // no loader does in this process): the kernel must not be given one for us.
-            return Some(Err(refuse(
-                libc::EOPNOTSUPP,
-                format_args!("tracepoint perf events are not served by bpftime"),
-            )));
+            // no loader does in this process): the kernel is never given one, and those
+            // that are no system call's are refused.
+            return Some(self.tracepoint_event(a.u64(8), pid, cpu));
         }
         if a.u32(0) != self.pmu.type_ {
             return None;

@@ -123,10 +123,24 @@ pub fn check_program_with_lines(
     source_lines: Vec<SourceLine>,
     gpu: bool,
 ) -> Result<String, Rejection> {
+    check_program_full(insns, prog_type, maps, log_level, source_lines, gpu).map(|(log, _)| log)
+}
+
+/// [`check_program_with_lines`], with how far into its context the program loads
+/// (the verifier's `ctx_read_end`; 0 for a program type that is not verified).
+pub(crate) fn check_program_full(
+    insns: &[Insn],
+    prog_type: u32,
+    maps: &dyn Fn(u32) -> Option<MapDesc>,
+    log_level: u32,
+    source_lines: Vec<SourceLine>,
+    gpu: bool,
+) -> Result<(String, u32), Rejection> {
+    use bpftime_isa::uapi::prog_type as pt;
     let structural = check_structure(insns, gpu)?;
-    if prog_type != bpftime_isa::uapi::prog_type::KPROBE {
+    if !matches!(prog_type, pt::KPROBE | pt::TRACEPOINT | pt::RAW_TRACEPOINT) {
         // Other types (libbpf's feature probes load a few) are stored but never run.
-        return Ok(structural);
+        return Ok((structural, 0));
     }
     let info = ProgramInfo {
         insns,
@@ -141,9 +155,12 @@ pub fn check_program_with_lines(
         ..Options::default()
     };
     match verify(&info, &opts) {
-        Ok(v) => Ok(format!(
-            "{}processed {} insns, {} states, {} pruned; stack depth {}\n",
-            v.log, v.insns_processed, v.states, v.pruned, v.stack_depth
+        Ok(v) => Ok((
+            format!(
+                "{}processed {} insns, {} states, {} pruned; stack depth {}\n",
+                v.log, v.insns_processed, v.states, v.pruned, v.stack_depth
+            ),
+            v.ctx_read_end,
         )),
         Err(r) => Err((r.kind.errno(), r.log())),
     }

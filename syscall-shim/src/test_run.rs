@@ -166,10 +166,9 @@ impl Shim {
         Ok(0)
     }
 
-    /// The program ready to run here, verified once. Raw tracepoint programs
-    /// are checked with the rules of kprobe programs: the same helpers, and a
-    /// read-only context as large as `struct pt_regs`, which covers the
-    /// at most twelve 8-byte arguments a raw tracepoint has.
+    /// The program ready to run here, verified once (again, if it was loaded by
+    /// another process): a read-only context of at most twelve 8-byte arguments,
+    /// which the zero-filled `CTX_LEN` bytes it runs on cover.
     fn runnable(&mut self, rec: &ProgramRecord) -> SysResult<Arc<Runnable>> {
         if let Some(r) = self.test_runs.get(&rec.id) {
             return Ok(r.clone());
@@ -178,7 +177,7 @@ impl Shim {
         let run = relocate(self.store(), rec, &mut maps)?;
         let lookup = |id: u32| crate::program::desc_of(&maps, id);
         if let Err((errno, log)) =
-            crate::program::check_program(&rec.insns, uapi::prog_type::KPROBE, &lookup, 0)
+            crate::program::check_program(&rec.insns, uapi::prog_type::RAW_TRACEPOINT, &lookup, 0)
         {
             return Err(refuse(
                 errno,
@@ -250,12 +249,14 @@ mod tests {
     #[test]
     fn an_unsafe_raw_tracepoint_program_is_refused_before_it_runs() {
         let mut shim = TempShim::new("shim-testrun-unsafe");
-        // Reads far past any context.
-        let fd = load(
-            &mut shim,
-            uapi::prog_type::RAW_TRACEPOINT,
-            "ldxdw %r0, [%r1+4096]\nexit",
+        // Reads far past any context: refused at load, as by the kernel.
+        let code = bpftime_isa::encode(
+            &bpftime_isa::asm::assemble("ldxdw %r0, [%r1+4096]\nexit").unwrap(),
         );
-        assert_eq!(test_run(&mut shim, fd, &[], 0).0, Err(libc::EACCES));
+        let mut a = [0u8; 128];
+        a[0..4].copy_from_slice(&uapi::prog_type::RAW_TRACEPOINT.to_ne_bytes());
+        a[4..8].copy_from_slice(&((code.len() / 8) as u32).to_ne_bytes());
+        a[8..16].copy_from_slice(&(code.as_ptr() as u64).to_ne_bytes());
+        assert_eq!(shim.bpf(cmd::PROG_LOAD, &mut a), Err(libc::EACCES));
     }
 }

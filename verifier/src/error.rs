@@ -248,6 +248,11 @@ pub struct Verified {
     /// every bit once the context reaches a helper, which may read any of it: a uprobe
     /// hook need only fill in these.
     pub ctx_words_read: u64,
+    /// One past the last byte of the context the program loads directly (the kernel's
+    /// `max_ctx_offset`): a tracepoint program attaches only where the record is at
+    /// least this long, a raw tracepoint program only where it has this many bytes of
+    /// arguments.
+    pub ctx_read_end: u32,
     /// The trace, when `Options::log_level > 0`, ending with the summary line.
     pub log: String,
 }

@@ -43,5 +43,5 @@ pub use scalar::{Scalar, Tnum};
 pub use state::{Reg, Region};
 pub use verify::{
     inner_map_key, inner_map_owner, verify, MapDesc, Options, ProgramInfo, SourceLine,
-    PROG_TYPE_CONFORMANCE, PT_REGS_SIZE,
+    PROG_TYPE_CONFORMANCE, PT_REGS_SIZE, RAW_TRACEPOINT_CTX, TRACEPOINT_CTX,
 };

@@ -26,6 +26,16 @@ pub const PROG_TYPE_CONFORMANCE: u32 = 0x4254_0001;
 /// Size of the context of kprobe/uprobe programs: x86-64 `struct pt_regs`, 21 u64s.
 pub const PT_REGS_SIZE: u32 = 168;
 
+/// Where a tracepoint program may read its record: past the 8 bytes of `common_*`
+/// fields (the kernel refuses those) and below 2048 (`PERF_MAX_TRACE_SIZE` on Linux
+/// 6.1; 6.18 allows 8192). How much of that the record holds is checked when the
+/// program is attached, against the program's [`Verified::ctx_read_end`].
+pub const TRACEPOINT_CTX: std::ops::Range<i64> = 8..2048;
+
+/// Where a raw tracepoint program may read its context, an array of up to 12 u64
+/// arguments (`MAX_BPF_FUNC_ARGS`); how many the tracepoint has is checked at attach.
+pub const RAW_TRACEPOINT_CTX: std::ops::Range<i64> = 0..96;
+
 /// Stored states compared at each pruning point, newest first.
 const SCAN_STATES: usize = 64;
 /// Instructions a path runs between two stored states.
@@ -152,7 +162,7 @@ fn verify_paths(p: &ProgramInfo, opts: &Options) -> Result<Verified, Rejection> 
     if p.insns.len() > uapi::MAX_INSNS {
         return Err(fail(0, RejectKind::ProgramTooLarge { len: p.insns.len() }));
     }
-    if p.prog_type != uapi::prog_type::KPROBE && p.prog_type != PROG_TYPE_CONFORMANCE {
+    if ctx_range(p.prog_type).is_none() && p.prog_type != PROG_TYPE_CONFORMANCE {
         return Err(fail(
             0,
             RejectKind::UnsupportedProgType {
@@ -178,6 +188,16 @@ fn verify_paths(p: &ProgramInfo, opts: &Options) -> Result<Verified, Rejection> 
         stats: Verified::default(),
     };
     v.run()
+}
+
+/// Where programs of `prog_type` may read their context, for the types it verifies.
+fn ctx_range(prog_type: u32) -> Option<std::ops::Range<i64>> {
+    match prog_type {
+        uapi::prog_type::KPROBE => Some(0..PT_REGS_SIZE as i64),
+        uapi::prog_type::TRACEPOINT => Some(TRACEPOINT_CTX),
+        uapi::prog_type::RAW_TRACEPOINT => Some(RAW_TRACEPOINT_CTX),
+        _ => None,
+    }
 }
 
 /// A state kept at a pruning point. `branches` counts the paths below it still
@@ -880,7 +900,11 @@ impl<'a> Verifier<'a> {
     }
 
     fn ctx_access(&self, off: i64, size: u32, write: bool) -> R<()> {
-        if write || off < 0 || off + size as i64 > PT_REGS_SIZE as i64 {
+        let range = ctx_range(self.p.prog_type).unwrap_or(0..0);
+        // A tracepoint's record is read-only, and so are a probe's registers: a uprobe
+        // program does not change the traced code's state. Linux 6.18 takes a negative
+        // offset into a tracepoint's record; what lies before it is not the program's.
+        if write || off < range.start || off + size as i64 > range.end {
             return Err(RejectKind::CtxAccess { off, size });
         }
         if off % size as i64 != 0 {
@@ -935,6 +959,8 @@ impl<'a> Verifier<'a> {
                         self.ctx_access(lo, size, false)?;
                         // Aligned and at most 8 bytes (ctx_access): inside one word.
                         self.stats.ctx_words_read |= 1u64.checked_shl((lo / 8) as u32).unwrap_or(0);
+                        self.stats.ctx_read_end =
+                            self.stats.ctx_read_end.max((lo + size as i64) as u32);
                         Ok(unknown_bytes(size))
                     }
                     Region::Stack { frame } => {

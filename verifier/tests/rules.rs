@@ -1394,3 +1394,57 @@ reject!(
     6,
     RejectKind::StackOutOfBounds { off: 0, size: 0 }
 );
+
+// ---- tracepoint contexts -----------------------------------------------------------
+
+fn verify_as(
+    prog_type: u32,
+    src: &str,
+) -> Result<bpftime_verifier::Verified, bpftime_verifier::Rejection> {
+    run_with(&asm(src), prog_type, false)
+}
+
+/// The furthest byte a program loads from its context is what a tracepoint's record
+/// size (or a raw tracepoint's argument count) is checked against at attach.
+#[test]
+fn tracepoint_programs_report_how_far_into_their_record_they_read() {
+    let tp = prog_type::TRACEPOINT;
+    let v = verify_as(
+        tp,
+        "ldxw %r0, [%r1+8]\nldxdw %r2, [%r1+40]\nldxb %r3, [%r1+17]\nexit",
+    )
+    .unwrap();
+    assert_eq!(v.ctx_read_end, 48);
+    // The record handed to a helper is not a load of it (the kernel's max_ctx_offset
+    // counts loads only).
+    let v = verify_as(tp, "ldxw %r0, [%r1+8]\nexit").unwrap();
+    assert_eq!(v.ctx_read_end, 12);
+    let raw = prog_type::RAW_TRACEPOINT;
+    assert_eq!(
+        verify_as(raw, "ldxdw %r0, [%r1+8]\nexit")
+            .unwrap()
+            .ctx_read_end,
+        16
+    );
+    for (prog_type, src, off) in [
+        (tp, "ldxdw %r0, [%r1+0]\nexit", 0),
+        (tp, "ldxdw %r0, [%r1-8]\nexit", -8),
+        (tp, "ldxdw %r0, [%r1+2048]\nexit", 2048),
+        (raw, "ldxdw %r0, [%r1+96]\nexit", 96),
+        (raw, "stdw [%r1+8], 0\nmov %r0, 0\nexit", 8),
+    ] {
+        let e = verify_as(prog_type, src).unwrap_err();
+        assert!(
+            matches!(e.kind, RejectKind::CtxAccess { off: o, .. } if o == off),
+            "{src}: {}",
+            e.log()
+        );
+    }
+    // Other program types stay refused.
+    let e = verify_as(prog_type::XDP, "mov %r0, 0\nexit").unwrap_err();
+    assert!(
+        matches!(e.kind, RejectKind::UnsupportedProgType { .. }),
+        "{}",
+        e.log()
+    );
+}

@@ -90,7 +90,11 @@ const MAP_TYPES: &[(&str, u32)] = &[
     ("bloom_filter", mt::BLOOM_FILTER),
 ];
 
-const PROG_TYPES: &[(&str, u32)] = &[("kprobe", prog_type::KPROBE)];
+const PROG_TYPES: &[(&str, u32)] = &[
+    ("kprobe", prog_type::KPROBE),
+    ("tracepoint", prog_type::TRACEPOINT),
+    ("raw_tracepoint", prog_type::RAW_TRACEPOINT),
+];
 
 pub fn map_type_name(t: u32) -> Option<&'static str> {
     MAP_TYPES.iter().find(|(_, v)| *v == t).map(|(n, _)| *n)

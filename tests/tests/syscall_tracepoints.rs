@@ -1,0 +1,836 @@
+//! System call tracepoints under bpftime against the kernel's, on one workload: a libbpf
+//! tool of ours (`syscall_tp`: openat's arguments and results through
+//! `tracepoint/syscalls/sys_enter_openat` and `sys_exit_openat`, calls counted by number
+//! through `raw_tracepoint/sys_enter` and `sys_exit`) watching the `syscalls` target,
+//! which opens files on several threads through the C library, its `syscall()` and a
+//! `syscall` instruction of its own, then once more in a forked child.
+//!
+//! The kernel runs the tool with tracefs mounted in a private mount namespace (loaders
+//! find tracepoint ids there); under `bpftime load` tracefs stays unmounted, and the
+//! shim answers for its files.
+
+use bpftime_syscalls::{Event, Ids};
+use bpftime_tests::{examples, kernel_unavailable, Session, Tool};
+use std::collections::BTreeMap;
+use std::process::Command;
+use std::time::Duration;
+
+const ROUNDS: u32 = 20;
+const THREADS: u32 = 4;
+
+/// `program args...` in a private mount namespace with tracefs mounted where loaders
+/// look for it; the namespace (and the mount) go when the program exits.
+fn with_tracefs(program: &str, args: &[&str]) -> Command {
+    let mut c = Command::new("unshare");
+    c.args([
+        "-m",
+        "sh",
+        "-c",
+        "mount -t tracefs nodev /sys/kernel/tracing && exec \"$@\"",
+        "sh",
+        program,
+    ])
+    .args(args);
+    c
+}
+
+/// What the kernel's tracefs says of every syscall event: (path, id, format text).
+fn kernel_formats() -> Vec<(String, u32, String)> {
+    let script = "mount -t tracefs nodev /sys/kernel/tracing && cd /sys/kernel/tracing/events && \
+                  for f in syscalls/*/format raw_syscalls/sys_enter/format raw_syscalls/sys_exit/format; do \
+                  printf '=== %s\\n' \"$f\"; cat \"$f\"; done";
+    let out = Command::new("unshare")
+        .args(["-m", "sh", "-c", script])
+        .output()
+        .expect("unshare");
+    assert!(out.status.success(), "{out:?}");
+    let text = String::from_utf8(out.stdout).unwrap();
+    text.split("=== ")
+        .filter(|s| !s.is_empty())
+        .map(|chunk| {
+            let (path, format) = chunk.split_once('\n').unwrap();
+            let path = path.trim_end_matches("/format").to_string();
+            let id = format
+                .lines()
+                .find_map(|l| l.strip_prefix("ID: "))
+                .and_then(|v| v.parse().ok())
+                .unwrap_or_else(|| panic!("{path}: no id in {format}"));
+            (path, id, format.to_string())
+        })
+        .collect()
+}
+
+#[test]
+fn formats_are_the_kernels_byte_for_byte_and_every_event_is_served() {
+    if let Some(why) = kernel_unavailable() {
+        eprintln!("skipped, no kernel to compare with: {why}");
+        return;
+    }
+    let kernel = kernel_formats();
+    assert!(kernel.len() > 600, "{} events", kernel.len());
+    for (path, id, format) in &kernel {
+        let (group, name) = path.split_once('/').unwrap();
+        let event = Event::parse(group, name)
+            .unwrap_or_else(|| panic!("the kernel has {path}, which bpftime does not serve"));
+        assert_eq!(&event.format(*id), format, "{path}");
+    }
+    let served = Event::all().count();
+    assert_eq!(
+        served,
+        kernel.len(),
+        "events served that this kernel does not have"
+    );
+    // With tracefs readable, the shim's ids are the kernel's.
+    let ids = Ids::from_lookup(|e| {
+        let path = e.path();
+        kernel
+            .iter()
+            .find(|(p, _, _)| *p == path)
+            .map(|(_, id, _)| *id)
+    })
+    .expect("the kernel's ids");
+    for (path, id, _) in &kernel {
+        let (group, name) = path.split_once('/').unwrap();
+        assert_eq!(
+            ids.id(Event::parse(group, name).unwrap()),
+            Some(*id),
+            "{path}"
+        );
+    }
+}
+
+/// One openat the tool reported, as compared: the thread and the descriptor number are
+/// left out (threads and the descriptors a process holds differ between runs); a
+/// failure keeps its errno.
+fn open_key(line: &str) -> Option<String> {
+    let rest = line.strip_prefix("open ")?;
+    let field = |k: &str| {
+        rest.split_whitespace()
+            .find_map(|w| w.strip_prefix(&format!("{k}=")))
+            .unwrap_or("?")
+            .to_string()
+    };
+    let ret: i64 = field("ret").parse().ok()?;
+    let file = rest.split_once(" file=")?.1;
+    Some(format!(
+        "nr={} dfd={} flags={} mode={} ret={} file={file}",
+        field("nr"),
+        field("dfd"),
+        field("flags"),
+        field("mode"),
+        if ret >= 0 {
+            "fd".to_string()
+        } else {
+            ret.to_string()
+        }
+    ))
+}
+
+/// The tool's openat records under `prefix`, counted, and its counts by key.
+fn summary(lines: &[String], prefix: &str) -> (BTreeMap<String, u64>, BTreeMap<u32, u64>) {
+    let mut opens = BTreeMap::new();
+    for key in lines.iter().filter_map(|l| open_key(l)) {
+        if key.contains(&format!("file={prefix}")) {
+            *opens.entry(key).or_insert(0) += 1;
+        }
+    }
+    let counts = lines
+        .iter()
+        .filter_map(|l| {
+            let rest = l.strip_prefix("count key=")?;
+            let (k, n) = rest.split_once(" n=")?;
+            Some((k.parse().ok()?, n.parse().ok()?))
+        })
+        .collect();
+    (opens, counts)
+}
+
+/// What the target's workload opens: each file in three ways, once per thread and round
+/// and once in its child; the descriptors of files that exist, ENOENT for the other.
+fn expected_opens(files: &[String]) -> BTreeMap<String, u64> {
+    let times = u64::from(ROUNDS * THREADS + 1);
+    let mut out = BTreeMap::new();
+    for f in files {
+        let ret = if f.ends_with("missing") { "-2" } else { "fd" };
+        // open(): AT_FDCWD as the C library passes it (an `int`, zero-extended in rdi),
+        // O_RDONLY|O_CLOEXEC; syscall(): O_NONBLOCK; the target's own instruction: a
+        // 64-bit AT_FDCWD, O_NOCTTY, mode 0640.
+        for (dfd, flags, mode) in [
+            ("4294967196", libc::O_CLOEXEC, 0),
+            ("4294967196", libc::O_NONBLOCK, 0),
+            ("-100", libc::O_NOCTTY, 0o640),
+        ] {
+            out.insert(
+                format!("nr=257 dfd={dfd} flags={flags} mode={mode} ret={ret} file={f}"),
+                times,
+            );
+        }
+    }
+    out
+}
+
+/// Runs the workload `target` (a private copy, so that its command name is this run's)
+/// with the tool watching it, on the kernel or under bpftime; returns the tool's lines.
+fn workload(s: &Session, target: &str, kernel: bool, files: &[String]) -> Vec<String> {
+    let comm = std::path::Path::new(target)
+        .file_name()
+        .unwrap()
+        .to_str()
+        .unwrap()
+        .to_string();
+    let prefix = s.tmp.to_str().unwrap().to_string();
+    let tool_args = ["-c", comm.as_str(), "-p", prefix.as_str()];
+    let tool = if kernel {
+        Tool::spawn(with_tracefs(examples::SYSCALL_TP, &tool_args))
+    } else {
+        let mut args = vec![examples::SYSCALL_TP];
+        args.extend(tool_args);
+        s.load(&args)
+    };
+    let mut app_args = vec![ROUNDS.to_string(), THREADS.to_string()];
+    app_args.extend(files.iter().cloned());
+    let out = if kernel {
+        Command::new(target).args(&app_args).output().unwrap()
+    } else {
+        let mut c = s.bpftime();
+        c.arg("start").arg(target).args(&app_args);
+        bpftime_tests::run_with_timeout(c, Duration::from_secs(120))
+    };
+    assert!(
+        out.status.success() && String::from_utf8_lossy(&out.stdout).contains("child=0"),
+        "the target failed: {out:?}"
+    );
+    // The last records reach the ring a little after the target exits.
+    std::thread::sleep(Duration::from_millis(300));
+    let (code, lines, err) = tool.stop();
+    assert_eq!(code, 0, "the tool failed: {lines:?}\n{err}");
+    lines
+}
+
+#[test]
+fn openat_arguments_and_counts_by_number_match_the_kernel() {
+    let s = Session::new("systp");
+    let files: Vec<String> = ["one", "two", "missing"]
+        .iter()
+        .map(|n| s.tmp.join(n).to_str().unwrap().to_string())
+        .collect();
+    std::fs::write(&files[0], "1").unwrap();
+    std::fs::write(&files[1], "2").unwrap();
+    let prefix = s.tmp.to_str().unwrap();
+    let want_opens = expected_opens(&files);
+    let calls = u64::from(ROUNDS * THREADS + 1);
+    let check = |who: &str, lines: &[String]| {
+        let (opens, counts) = summary(lines, prefix);
+        assert_eq!(opens, want_opens, "{who}: openat records");
+        // getppid twice per round (C library, own instruction), and once more in the
+        // process and in its child to learn their parent, at entry and at return; openat
+        // under the prefix through pt_regs at entry.
+        assert_eq!(
+            counts.get(&110),
+            Some(&(2 * calls + 2)),
+            "{who}: getppid entries"
+        );
+        assert_eq!(
+            counts.get(&2110),
+            Some(&(2 * calls + 2)),
+            "{who}: getppid returns"
+        );
+        assert_eq!(
+            counts.get(&1000),
+            Some(&(9 * calls)),
+            "{who}: openat through pt_regs"
+        );
+        (opens, counts)
+    };
+    let ours = s.target_copy(examples::SYSCALLS);
+    let ours_named = s.tmp.join(format!("stb{}", std::process::id() % 100_000));
+    std::fs::rename(&ours, &ours_named).unwrap();
+    let lines = workload(&s, ours_named.to_str().unwrap(), false, &files);
+    check("bpftime", &lines);
+    match kernel_unavailable() {
+        Some(why) => eprintln!("kernel comparison skipped: {why}"),
+        None => {
+            let k = s.target_copy(examples::SYSCALLS);
+            let k_named = s.tmp.join(format!("stk{}", std::process::id() % 100_000));
+            std::fs::rename(&k, &k_named).unwrap();
+            let lines = workload(&s, k_named.to_str().unwrap(), true, &files);
+            check("kernel", &lines);
+        }
+    }
+}
+
+/// A statically linked target has no dynamic loader to preload the agent with: `bpftime
+/// start` says so and runs it untraced, as it is; the kernel traces it exactly.
+#[test]
+fn a_static_target_runs_untraced_with_a_notice_and_the_kernel_traces_it() {
+    let s = Session::new("systp-static");
+    let file = s.tmp.join("one");
+    std::fs::write(&file, "1").unwrap();
+    let target = s.target_copy(examples::SYSCALLS_STATIC);
+    let named = s.tmp.join(format!("sts{}", std::process::id() % 100_000));
+    std::fs::rename(&target, &named).unwrap();
+    let files = vec![file.to_str().unwrap().to_string()];
+    let mut c = s.bpftime();
+    c.arg("start").arg(&named).args(["1", "1"]).args(&files);
+    let out = bpftime_tests::run_with_timeout(c, Duration::from_secs(60));
+    assert!(out.status.success(), "{out:?}");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("is statically linked"), "{err}");
+    if let Some(why) = kernel_unavailable() {
+        eprintln!("kernel comparison skipped: {why}");
+        return;
+    }
+    let lines = workload(&s, named.to_str().unwrap(), true, &files);
+    let (opens, _) = summary(&lines, s.tmp.to_str().unwrap());
+    assert_eq!(
+        opens.values().sum::<u64>(),
+        3 * u64::from(ROUNDS * THREADS + 1)
+    );
+}
+
+/// What a loader says when a program does not attach: gpu_probes' `cannot attach` line.
+fn attach_failure(mut c: Command) -> String {
+    let out = bpftime_tests::run_with_timeout(
+        {
+            c.env("LC_ALL", "C");
+            c
+        },
+        Duration::from_secs(60),
+    );
+    let err = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert_eq!(
+        out.status.code(),
+        Some(1),
+        "the loader should fail: {out:?}"
+    );
+    err.lines()
+        .find(|l| l.starts_with("cannot attach program"))
+        .unwrap_or_else(|| panic!("no attach failure in: {err}"))
+        .to_string()
+}
+
+/// A tracepoint that does not exist, a raw tracepoint that does not exist, and a program
+/// that reads past its record: each refused at attach with the kernel's errno (ENOENT
+/// for the id file libbpf reads and for the raw tracepoint, EACCES for the read).
+#[test]
+fn bad_tracepoints_and_reads_past_the_record_fail_as_on_the_kernel() {
+    let s = Session::new("systp-bad");
+    let cases = [
+        (
+            "nosuch",
+            "SEC(\"tracepoint/syscalls/sys_enter_nosuchcall\") int p(void *ctx) { return 0; }",
+            "No such file or directory",
+        ),
+        (
+            "rawnosuch",
+            "SEC(\"raw_tracepoint/nosuch_tp\") int p(void *ctx) { return 0; }",
+            "No such file or directory",
+        ),
+        (
+            "past",
+            "SEC(\"tracepoint/syscalls/sys_enter_getppid\") \
+             int p(unsigned long long *ctx) { return ctx[2] == 7; }",
+            "Permission denied",
+        ),
+    ];
+    for (name, body, errno_text) in cases {
+        let source = format!(
+            "#include <linux/bpf.h>\n#include <bpf/bpf_helpers.h>\n{body}\n\
+             char LICENSE[] SEC(\"license\") = \"GPL\";\n"
+        );
+        let obj = s.compile_bpf(name, &source);
+        let obj = obj.to_str().unwrap();
+        let mut c = s.bpftime();
+        c.args(["load", examples::GPU_PROBES, "--obj", obj]);
+        let ours = attach_failure(c);
+        assert!(ours.ends_with(errno_text), "{name}: {ours}");
+        match kernel_unavailable() {
+            Some(why) => eprintln!("kernel comparison skipped: {why}"),
+            None => {
+                let kernel = attach_failure(with_tracefs(examples::GPU_PROBES, &["--obj", obj]));
+                assert_eq!(ours, kernel, "{name}");
+            }
+        }
+    }
+}
+
+/// `@[key]: N` lines of a bpftrace map, by key.
+fn bpftrace_map(lines: &[String]) -> BTreeMap<String, u64> {
+    lines
+        .iter()
+        .filter_map(|l| {
+            let rest = l.strip_prefix("@[")?;
+            let (k, n) = rest.rsplit_once("]: ")?;
+            Some((k.to_string(), n.trim().parse().ok()?))
+        })
+        .collect()
+}
+
+/// bpftrace's `tracepoint:syscalls:sys_enter_openat` with a filter on `comm`, reading
+/// `args->filename` through the format file's layout, under `bpftime load` and on the
+/// kernel: the same files, counted the same.
+#[test]
+fn a_bpftrace_one_liner_on_sys_enter_openat_counts_as_on_the_kernel() {
+    bpftime_tests::require_bpftrace();
+    let s = Session::new("systp-bt");
+    let files: Vec<String> = ["one", "missing"]
+        .iter()
+        .map(|n| s.tmp.join(n).to_str().unwrap().to_string())
+        .collect();
+    std::fs::write(&files[0], "1").unwrap();
+    let run = |kernel: bool| -> BTreeMap<String, u64> {
+        let target = s.target_copy(examples::SYSCALLS);
+        let comm = format!("sbt{}{}", u8::from(kernel), std::process::id() % 100_000);
+        let named = s.tmp.join(&comm);
+        std::fs::rename(&target, &named).unwrap();
+        let script = format!(
+            "tracepoint:syscalls:sys_enter_openat /comm == \"{comm}\"/ {{ @[str(args->filename)] = count(); }}"
+        );
+        let tool = if kernel {
+            let t = Tool::spawn_until(
+                with_tracefs("bpftrace", &["-e", &script]),
+                "Attaching 1 probe...",
+            );
+            // A SIGINT in the last part of bpftrace's start-up is lost (see Session::load_bpftrace).
+            std::thread::sleep(Duration::from_secs(2));
+            t
+        } else {
+            s.load_bpftrace(&script)
+        };
+        let mut app = if kernel {
+            Command::new(&named)
+        } else {
+            let mut c = s.bpftime();
+            c.arg("start").arg(&named);
+            c
+        };
+        app.args([ROUNDS.to_string(), THREADS.to_string()])
+            .args(&files);
+        let out = bpftime_tests::run_with_timeout(app, Duration::from_secs(120));
+        assert!(out.status.success(), "{out:?}");
+        let (_, lines, err) = tool.stop();
+        let map = bpftrace_map(&lines);
+        assert!(
+            !map.is_empty(),
+            "bpftrace counted nothing: {lines:?}\n{err}"
+        );
+        map.into_iter()
+            .filter(|(k, _)| k.starts_with(s.tmp.to_str().unwrap()))
+            .collect()
+    };
+    let times = 3 * u64::from(ROUNDS * THREADS + 1);
+    let want: BTreeMap<String, u64> = files.iter().map(|f| (f.clone(), times)).collect();
+    assert_eq!(run(false), want, "bpftime");
+    match kernel_unavailable() {
+        Some(why) => eprintln!("kernel comparison skipped: {why}"),
+        None => assert_eq!(run(true), want, "kernel"),
+    }
+}
+
+const OPENSNOOP: &str = "/usr/sbin/opensnoop";
+const SYSCOUNT: &str = "/usr/sbin/syscount";
+
+fn require(tool: &str) {
+    assert!(
+        std::path::Path::new(tool).exists(),
+        "{tool} is missing: run scripts/setup.sh (Debian package libbpf-tools)"
+    );
+}
+
+/// opensnoop's workload: a perf buffer event per open, which the kernel drops when the
+/// tool falls behind on a busy machine (it says "lost N events"); kept small.
+const SNOOP_ROUNDS: u32 = 4;
+const SNOOP_THREADS: u32 = 2;
+
+/// libbpf-tools' opensnoop, unmodified, on the workload, under bpftime and on the kernel:
+/// the same opens, with the same flags and errors.
+#[test]
+fn opensnoop_reports_every_open_as_on_the_kernel() {
+    require(OPENSNOOP);
+    let s = Session::new("systp-os");
+    let files: Vec<String> = ["one", "missing"]
+        .iter()
+        .map(|n| s.tmp.join(n).to_str().unwrap().to_string())
+        .collect();
+    std::fs::write(&files[0], "1").unwrap();
+    let run = |kernel: bool| -> BTreeMap<String, u64> {
+        let target = s.target_copy(examples::SYSCALLS);
+        let comm = format!("sos{}{}", u8::from(kernel), std::process::id() % 100_000);
+        let named = s.tmp.join(&comm);
+        std::fs::rename(&target, &named).unwrap();
+        // Tools print to a pipe in blocks; stdbuf -oL makes their lines arrive as printed.
+        let args = ["-oL", OPENSNOOP, "-n", comm.as_str()];
+        let header = "PID    COMM              FD ERR PATH";
+        let tool = if kernel {
+            Tool::spawn_until(with_tracefs("stdbuf", &args), header)
+        } else {
+            let mut c = s.bpftime();
+            c.arg("load").arg("stdbuf").args(args);
+            Tool::spawn_until(c, header)
+        };
+        let mut app = if kernel {
+            Command::new(&named)
+        } else {
+            let mut c = s.bpftime();
+            c.arg("start").arg(&named);
+            c
+        };
+        app.args([SNOOP_ROUNDS.to_string(), SNOOP_THREADS.to_string()])
+            .args(&files);
+        let out = bpftime_tests::run_with_timeout(app, Duration::from_secs(120));
+        assert!(out.status.success(), "{out:?}");
+        std::thread::sleep(Duration::from_millis(500));
+        let (_, lines, err) = tool.stop();
+        let mut opens = BTreeMap::new();
+        for l in &lines {
+            // PID COMM FD ERR PATH: the descriptor's number is left out.
+            let f: Vec<&str> = l.split_whitespace().collect();
+            if f.len() == 5 && f[4].starts_with(s.tmp.to_str().unwrap()) {
+                let fd = if f[2].parse::<i64>().is_ok_and(|fd| fd >= 0) {
+                    "fd"
+                } else {
+                    f[2]
+                };
+                *opens
+                    .entry(format!("{fd} err={} {}", f[3], f[4]))
+                    .or_insert(0) += 1;
+            }
+        }
+        assert!(!opens.is_empty(), "opensnoop saw nothing: {lines:?}\n{err}");
+        opens
+    };
+    let times = 3 * u64::from(SNOOP_ROUNDS * SNOOP_THREADS + 1);
+    let want: BTreeMap<String, u64> = [
+        (format!("fd err=0 {}", files[0]), times),
+        (format!("-1 err=2 {}", files[1]), times),
+    ]
+    .into_iter()
+    .collect();
+    assert_eq!(run(false), want, "bpftime");
+    match kernel_unavailable() {
+        Some(why) => eprintln!("kernel comparison skipped: {why}"),
+        None => assert_eq!(run(true), want, "kernel"),
+    }
+}
+
+/// Waits until the agent in process `pid`, which started before the tool, has seen the
+/// tool's links and armed the hooks: its SIGSYS handler is installed then, and its threads
+/// are armed right after (given half a second).
+fn wait_for_hooks(pid: &str) {
+    let caught = || -> u64 {
+        let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix("SigCgt:"))
+            .and_then(|v| u64::from_str_radix(v.trim(), 16).ok())
+            .unwrap_or(0)
+    };
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while caught() & 1 << (libc::SIGSYS - 1) == 0 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the agent never attached"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// libbpf-tools' syscount -p, unmodified, pointed at the workload before it starts (it
+/// counts at `raw_syscalls:sys_exit` by number): the same counts of the calls the workload
+/// makes a fixed number of times, under bpftime and on the kernel.
+#[test]
+fn syscount_counts_a_process_calls_as_on_the_kernel() {
+    require(SYSCOUNT);
+    let s = Session::new("systp-sc");
+    let files: Vec<String> = ["one", "missing"]
+        .iter()
+        .map(|n| s.tmp.join(n).to_str().unwrap().to_string())
+        .collect();
+    std::fs::write(&files[0], "1").unwrap();
+    let run = |kernel: bool| -> BTreeMap<String, u64> {
+        use std::io::{BufRead, BufReader, Write};
+        let mut app = if kernel {
+            Command::new(examples::SYSCALLS)
+        } else {
+            let mut c = s.bpftime();
+            c.arg("start").arg(examples::SYSCALLS);
+            c
+        };
+        app.args([ROUNDS.to_string(), THREADS.to_string()])
+            .args(&files)
+            .env("SYSCALLS_WAIT", "1")
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped());
+        let mut child = app.spawn().unwrap();
+        let mut out = BufReader::new(child.stdout.take().unwrap());
+        let mut line = String::new();
+        out.read_line(&mut line).unwrap();
+        let pid: i32 = line.trim().strip_prefix("pid=").unwrap().parse().unwrap();
+        let pid_s = pid.to_string();
+        let args = ["-oL", SYSCOUNT, "-p", pid_s.as_str()];
+        let ready = "Tracing syscalls, printing top 10... Ctrl+C to quit.";
+        let tool = if kernel {
+            Tool::spawn_until(with_tracefs("stdbuf", &args), ready)
+        } else {
+            let mut c = s.bpftime();
+            c.arg("load").arg("stdbuf").args(args);
+            let t = Tool::spawn_until(c, ready);
+            wait_for_hooks(&pid_s);
+            std::thread::sleep(Duration::from_millis(500));
+            t
+        };
+        child.stdin.take().unwrap().write_all(b"go\n").unwrap();
+        let mut rest = String::new();
+        std::io::Read::read_to_string(&mut out, &mut rest).unwrap();
+        assert!(
+            child.wait().unwrap().success() && rest.contains("child=0"),
+            "{rest}"
+        );
+        let (_, lines, err) = tool.stop();
+        let counts: BTreeMap<String, u64> = lines
+            .iter()
+            .filter_map(|l| {
+                let (name, n) = l.split_once(char::is_whitespace)?;
+                Some((name.to_string(), n.trim().parse().ok()?))
+            })
+            .filter(|(name, _)| ["openat", "getppid", "close"].contains(&name.as_str()))
+            .collect();
+        assert_eq!(counts.len(), 3, "syscount: {lines:?}\n{err}");
+        counts
+    };
+    // The parent's calls only (-p): each thread's rounds, and the getppid that tells the
+    // process its parent; the fork child is another pid.
+    let rounds = u64::from(ROUNDS * THREADS);
+    let want: BTreeMap<String, u64> = [
+        ("openat".to_string(), 3 * 2 * rounds),
+        ("close".to_string(), 3 * rounds),
+        ("getppid".to_string(), 2 * rounds + 1),
+    ]
+    .into_iter()
+    .collect();
+    assert_eq!(run(false), want, "bpftime");
+    match kernel_unavailable() {
+        Some(why) => eprintln!("kernel comparison skipped: {why}"),
+        None => assert_eq!(run(true), want, "kernel"),
+    }
+}
+
+/// Tools attach and detach, again and again, while the target's threads make system calls
+/// without pause: the target's own calls all give their right results (it checks every
+/// open and getppid), its threads and its child finish, and each tool run saw calls and
+/// exited cleanly.
+#[test]
+fn tools_attach_and_detach_while_threads_make_system_calls() {
+    let s = Session::new("systp-stress");
+    let files: Vec<String> = ["one", "missing"]
+        .iter()
+        .map(|n| s.tmp.join(n).to_str().unwrap().to_string())
+        .collect();
+    std::fs::write(&files[0], "1").unwrap();
+    let target = s.target_copy(examples::SYSCALLS);
+    let comm = format!("sst{}", std::process::id() % 100_000);
+    let named = s.tmp.join(&comm);
+    std::fs::rename(&target, &named).unwrap();
+    let mut app = s.bpftime();
+    app.arg("start")
+        .arg(&named)
+        .args(["20000", "8"])
+        .args(&files)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped());
+    let mut app = app.spawn().unwrap();
+    let prefix = s.tmp.to_str().unwrap().to_string();
+    let (mut runs, mut saw) = (0, 0);
+    // While the target runs (seconds under the hooks), up to 8 tool runs.
+    while runs < 8 && app.try_wait().unwrap().is_none() {
+        let tool = s.load(&[examples::SYSCALL_TP, "-c", &comm, "-p", &prefix]);
+        std::thread::sleep(Duration::from_millis(400));
+        let (code, lines, err) = tool.stop();
+        assert_eq!(code, 0, "tool run {runs}: {err}");
+        runs += 1;
+        if !summary(&lines, &prefix).0.is_empty() {
+            saw += 1;
+        }
+    }
+    let out = app.wait_with_output().unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success() && stdout.contains("child=0 errors=0"),
+        "the target's calls went wrong under attaching and detaching tools: {out:?}"
+    );
+    assert!(
+        saw >= 2,
+        "{runs} tool runs, {saw} of which saw calls, before the target finished: {stdout}"
+    );
+    eprintln!("{runs} tool runs came and went, {saw} saw calls");
+}
+
+/// `bpftime attach` into a process started without bpftime, waiting on its stdin: once
+/// a tool attaches, the threads it starts and its child are traced as under `bpftime
+/// start`.
+#[test]
+fn an_attached_process_gets_its_system_calls_traced() {
+    use std::io::{BufRead, BufReader, Write};
+    let s = Session::new("systp-attach");
+    let files: Vec<String> = ["one", "missing"]
+        .iter()
+        .map(|n| s.tmp.join(n).to_str().unwrap().to_string())
+        .collect();
+    std::fs::write(&files[0], "1").unwrap();
+    let target = s.target_copy(examples::SYSCALLS);
+    let comm = format!("sat{}", std::process::id() % 100_000);
+    let named = s.tmp.join(&comm);
+    std::fs::rename(&target, &named).unwrap();
+    let mut child = Command::new(&named)
+        .args([ROUNDS.to_string(), THREADS.to_string()])
+        .args(&files)
+        .env("SYSCALLS_WAIT", "1")
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut out = BufReader::new(child.stdout.take().unwrap());
+    let mut line = String::new();
+    out.read_line(&mut line).unwrap();
+    let pid = line.trim().strip_prefix("pid=").unwrap().to_string();
+    let mut attach = s.bpftime();
+    attach.args(["attach", &pid]);
+    let r = bpftime_tests::run_with_timeout(attach, Duration::from_secs(60));
+    assert!(r.status.success(), "{r:?}");
+    let prefix = s.tmp.to_str().unwrap().to_string();
+    let tool = s.load(&[examples::SYSCALL_TP, "-c", &comm, "-p", &prefix]);
+    wait_for_hooks(&pid);
+    std::thread::sleep(Duration::from_millis(500));
+    child.stdin.take().unwrap().write_all(b"go\n").unwrap();
+    let mut rest = String::new();
+    std::io::Read::read_to_string(&mut out, &mut rest).unwrap();
+    assert!(
+        child.wait().unwrap().success() && rest.contains("errors=0"),
+        "{rest}"
+    );
+    std::thread::sleep(Duration::from_millis(300));
+    let (_, lines, err) = tool.stop();
+    let (opens, counts) = summary(&lines, &prefix);
+    let calls = u64::from(ROUNDS * THREADS + 1);
+    assert_eq!(
+        opens.values().sum::<u64>(),
+        3 * 2 * calls,
+        "{lines:?}\n{err}"
+    );
+    assert_eq!(counts.get(&110), Some(&(2 * calls + 2)));
+}
+
+/// A target that runs under seccomp when a tool first attaches is left alone: one line
+/// on its stderr says why, its calls go on unhooked and right, and the tool sees none.
+#[test]
+fn a_target_under_seccomp_gets_a_notice_and_runs_unaffected() {
+    use std::io::{BufRead, BufReader, Read, Write};
+    let s = Session::new("systp-seccomp");
+    let file = s.tmp.join("one");
+    std::fs::write(&file, "1").unwrap();
+    let target = s.target_copy(examples::SYSCALLS);
+    let comm = format!("ssc{}", std::process::id() % 100_000);
+    let named = s.tmp.join(&comm);
+    std::fs::rename(&target, &named).unwrap();
+    let mut app = s.bpftime();
+    app.arg("start")
+        .arg(&named)
+        .args(["2", "2"])
+        .arg(&file)
+        .env("SYSCALLS_WAIT", "1")
+        .env("SYSCALLS_SECCOMP", "1")
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped());
+    let mut child = app.spawn().unwrap();
+    let mut out = BufReader::new(child.stdout.take().unwrap());
+    let mut line = String::new();
+    out.read_line(&mut line).unwrap();
+    assert!(line.starts_with("pid="), "{line}");
+    let prefix = s.tmp.to_str().unwrap().to_string();
+    let tool = s.load(&[examples::SYSCALL_TP, "-c", &comm, "-p", &prefix]);
+    // The notice comes when the target's agent sees the tool's links.
+    let mut err = BufReader::new(child.stderr.take().unwrap());
+    let mut notice = String::new();
+    while !notice.contains("seccomp") {
+        notice.clear();
+        assert!(
+            err.read_line(&mut notice).unwrap() > 0,
+            "no notice from the target"
+        );
+    }
+    assert!(notice.starts_with("bpftime: "), "{notice}");
+    child.stdin.take().unwrap().write_all(b"go\n").unwrap();
+    let mut rest = String::new();
+    out.read_to_string(&mut rest).unwrap();
+    assert!(
+        child.wait().unwrap().success() && rest.contains("errors=0"),
+        "{rest}"
+    );
+    let (_, lines, _) = tool.stop();
+    let (opens, _) = summary(&lines, &prefix);
+    assert!(opens.is_empty(), "{opens:?}");
+}
+
+const SIGSNOOP: &str = "/usr/sbin/sigsnoop";
+
+/// libbpf-tools' sigsnoop -k (signals sent by kill, tkill and tgkill, through their
+/// `sys_enter_*` and `sys_exit_*` tracepoints), unmodified: every signal the target sends,
+/// with its target and result, as on the kernel.
+#[test]
+fn sigsnoop_reports_every_signal_sent_as_on_the_kernel() {
+    require(SIGSNOOP);
+    let s = Session::new("systp-sig");
+    const N: u64 = 5;
+    let run = |kernel: bool| -> BTreeMap<String, u64> {
+        let target = s.target_copy(examples::SIGNALS);
+        let comm = format!("ssg{}{}", u8::from(kernel), std::process::id() % 100_000);
+        let named = s.tmp.join(&comm);
+        std::fs::rename(&target, &named).unwrap();
+        let args = ["-oL", SIGSNOOP, "-k"];
+        let header = "TIME     PID     COMM             SIG       TPID    RESULT";
+        let tool = if kernel {
+            Tool::spawn_until(with_tracefs("stdbuf", &args), header)
+        } else {
+            let mut c = s.bpftime();
+            c.arg("load").arg("stdbuf").args(args);
+            Tool::spawn_until(c, header)
+        };
+        let mut app = if kernel {
+            Command::new(&named)
+        } else {
+            let mut c = s.bpftime();
+            c.arg("start").arg(&named);
+            c
+        };
+        app.arg(N.to_string());
+        let out = bpftime_tests::run_with_timeout(app, Duration::from_secs(60));
+        assert!(out.status.success(), "{out:?}");
+        std::thread::sleep(Duration::from_millis(300));
+        let (_, lines, err) = tool.stop();
+        let mut seen = BTreeMap::new();
+        for l in &lines {
+            // TIME PID COMM SIG TPID RESULT: the target's own pid as "self".
+            let f: Vec<&str> = l.split_whitespace().collect();
+            if f.len() == 6 && f[2] == comm {
+                let tpid = if f[4] == f[1] { "self" } else { f[4] };
+                *seen
+                    .entry(format!("sig={} tpid={tpid} result={}", f[3], f[5]))
+                    .or_insert(0) += 1;
+            }
+        }
+        assert!(!seen.is_empty(), "sigsnoop saw nothing: {lines:?}\n{err}");
+        seen
+    };
+    let want: BTreeMap<String, u64> = [
+        ("sig=10 tpid=self result=0".to_string(), 2 * N),
+        (format!("sig=10 tpid={} result=-3", 1 << 22 | 12345), 1),
+    ]
+    .into_iter()
+    .collect();
+    assert_eq!(run(false), want, "bpftime");
+    match kernel_unavailable() {
+        Some(why) => eprintln!("kernel comparison skipped: {why}"),
+        None => assert_eq!(run(true), want, "kernel"),
+    }
+}
