@@ -150,7 +150,7 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     let r = match cli.command {
         Cmd::Load { tool } => {
-            preload_command(&cli.store, SHIM_LIB, &tool).and_then(|c| exec(&cli.store, c, &tool))
+            load_command(&cli.store, &tool).and_then(|c| exec(&cli.store, c, &tool))
         }
         Cmd::Start { profiling, app } => {
             start_command(&cli.store, &app, &profiling).and_then(|c| exec(&cli.store, c, &app))
@@ -280,6 +280,42 @@ fn statically_linked(path: &Path) -> bool {
             .any(|p| p.p_type == goblin::elf::program_header::PT_INTERP),
         Err(_) => false,
     }
+}
+
+/// What `bpftime load` runs: `tool` with the syscall shim preloaded. A statically linked
+/// tool (or a script run by one) cannot have the shim preloaded, so its `bpf()` calls
+/// would reach the kernel's eBPF: it is refused, never run.
+fn load_command(store: &str, tool: &[OsString]) -> Result<Command, UsageError> {
+    let command = preload_command(store, SHIM_LIB, tool)?;
+    let found = find_program(Path::new(&tool[0])).unwrap_or_else(|| PathBuf::from(&tool[0]));
+    let runs = script_interpreter(&found).unwrap_or_else(|| found.clone());
+    if statically_linked(&runs) {
+        let via = if runs == found {
+            String::new()
+        } else {
+            format!(" (the interpreter of {})", found.display())
+        };
+        return Err(UsageError(anyhow::anyhow!(
+            "{}{via} is statically linked: the syscall shim cannot be preloaded into it, so its bpf() calls would reach the kernel's eBPF; bpftime load does not run it (use a dynamically linked build of the tool, as distributions ship them)",
+            runs.display()
+        )));
+    }
+    Ok(command)
+}
+
+/// The program a `#!` script names as its interpreter, if `path` is such a script.
+fn script_interpreter(path: &Path) -> Option<PathBuf> {
+    use std::io::Read;
+    let mut head = [0u8; 256];
+    let n = std::fs::File::open(path).ok()?.read(&mut head).ok()?;
+    let line = head[..n].strip_prefix(b"#!")?;
+    let line = line.split(|b| *b == b'\n').next()?;
+    let interp = line
+        .split(|b| *b == b' ' || *b == b'\t')
+        .find(|w| !w.is_empty())?;
+    Some(PathBuf::from(
+        <std::ffi::OsStr as std::os::unix::ffi::OsStrExt>::from_bytes(interp),
+    ))
 }
 
 /// What `bpftime start` runs: `app` with the agent's starter preloaded, in

@@ -316,3 +316,58 @@ fn a_panic_in_our_code_never_takes_the_process_down() {
         "the target ran from its own file"
     );
 }
+
+/// A statically linked tool cannot have the shim preloaded: under `bpftime load` its
+/// `bpf()` calls would go to the kernel. `load` refuses it (and a script whose
+/// interpreter is one) before running anything, with one line naming it.
+#[test]
+fn load_refuses_a_statically_linked_tool() {
+    let s = Session::new("fc-static");
+    let src = s.tmp.join("static_tool.c");
+    std::fs::write(
+        &src,
+        "#include <stdio.h>\n#include <unistd.h>\n#include <sys/syscall.h>\n#include <linux/bpf.h>\n\
+         int main(void) {\n\
+             union bpf_attr a = { .map_type = BPF_MAP_TYPE_ARRAY, .key_size = 4,\n\
+                                  .value_size = 8, .max_entries = 1 };\n\
+             long fd = syscall(SYS_bpf, BPF_MAP_CREATE, &a, sizeof(a));\n\
+             printf(\"the tool ran: bpf() gave %ld\\n\", fd);\n\
+             return 0;\n\
+         }\n",
+    )
+    .unwrap();
+    let tool = s.tmp.join("static_tool");
+    let cc = Command::new("gcc")
+        .args(["-static", "-O1", "-o"])
+        .arg(&tool)
+        .arg(&src)
+        .output()
+        .expect("gcc");
+    assert!(cc.status.success(), "gcc -static: {}", text(&cc.stderr));
+    let script = s.tmp.join("static_script");
+    std::fs::write(&script, format!("#!{}\n", tool.display())).unwrap();
+    std::fs::set_permissions(&script, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    for (given, named) in [(&tool, &tool), (&script, &tool)] {
+        let out = kill_on_kernel_ebpf(s.bpftime().arg("load").arg(given))
+            .output()
+            .unwrap();
+        assert_not_killed_by_filter("bpftime load of a static tool", &out);
+        assert_eq!(out.status.code(), Some(2), "{}", text(&out.stderr));
+        assert!(
+            !text(&out.stdout).contains("the tool ran"),
+            "the static tool ran: {}",
+            text(&out.stdout)
+        );
+        let err = text(&out.stderr);
+        assert!(
+            err.starts_with(&format!("bpftime: {} ", named.display()))
+                && err.contains("is statically linked")
+                && err.contains("would reach the kernel's eBPF"),
+            "{err}"
+        );
+        assert!(
+            !bpftime_runtime::Store::dir_for(&s.store).exists(),
+            "a refused load left a store behind"
+        );
+    }
+}
