@@ -6,9 +6,13 @@
 //! or flags (a `0x90` immediate byte decodes as `nop`), ending in a jump to the entry. On
 //! our AMD EPYC VM a sled of `nop`s cost about 40 ns to slide through from a small number,
 //! this one about 4. Mapping page 0 needs CAP_SYS_RAWIO or `vm.mmap_min_addr` 0; it also
-//! makes reads of null pointers read the sled instead of faulting (where the CPU has no
-//! execute-only pages), and a call through a null function pointer lands in the entry,
-//! which stops it unless its return address is a rewritten site's.
+//! makes reads of null pointers read the sled instead of faulting where the CPU has no
+//! execute-only pages, and a call through a null function pointer lands in the entry,
+//! which stops it unless its return address is a rewritten site's. Programs rely on null
+//! reads faulting (a JVM's implicit null checks, Go's nil checks), so the sled is kept
+//! only where the kernel made it execute-only (a protection key on the mapping, x86's
+//! PKU: `ProtectionKey` in smaps); elsewhere every call stays on the signal unless
+//! `BPFTIME_SYSCALL_REWRITE=1` accepts a readable page 0 for the speed.
 //!
 //! The `call` pushes its return address below the caller's stack pointer, where a leaf
 //! function may keep data (the red zone): only sites in functions that address nothing
@@ -117,8 +121,25 @@ pub(crate) fn offer(site: usize) {
 }
 
 /// Set to `0` in a target's environment to keep every call on the signal (to measure it,
-/// or to keep page 0 unmapped).
+/// or to keep page 0 unmapped); `1` rewrites sites even where page 0 would be readable.
 pub const NO_REWRITE_ENV: &str = "BPFTIME_SYSCALL_REWRITE";
+
+/// The protection key smaps gives the mapping that starts at `start` (`None`: no such
+/// mapping, or a kernel without protection keys, which prints no such line).
+fn protection_key(smaps: &str, start: usize) -> Option<u32> {
+    let head = format!("{start:08x}-");
+    let mut lines = smaps.lines().skip_while(|l| !l.starts_with(&head));
+    lines.next()?;
+    lines
+        // The next mapping's header ends this one's fields.
+        .take_while(|l| {
+            l.split_whitespace()
+                .next()
+                .is_some_and(|f| f.ends_with(':'))
+        })
+        .find_map(|l| l.strip_prefix("ProtectionKey:"))
+        .and_then(|k| k.trim().parse().ok())
+}
 
 const GROUP: [u8; 15] = [
     0x2e, 0x2e, 0x2e, 0x2e, 0x2e, 0x2e, 0x2e, 0x2e, 0x2e, 0x2e, 0xb9, 0x90, 0x90, 0x90, 0x90,
@@ -173,6 +194,18 @@ pub(crate) fn start() -> Result<(), String> {
                 }
                 return Err(format!(
                     "the page at address 0 cannot be mapped ({why}; it needs root or vm.mmap_min_addr=0)"
+                ));
+            }
+            let forced = std::env::var_os(NO_REWRITE_ENV).is_some_and(|v| v == "1");
+            let execute_only = std::fs::read_to_string("/proc/self/smaps")
+                .ok()
+                .and_then(|m| protection_key(&m, 0))
+                .is_some_and(|k| k != 0);
+            if !execute_only && !forced {
+                // SAFETY: the page mapped above, which nothing uses yet.
+                unsafe { libc::munmap(std::ptr::null_mut(), PAGE) };
+                return Err(format!(
+                    "the page at address 0 would be readable on this CPU (no protection keys), so null pointer reads in the target would stop faulting; {NO_REWRITE_ENV}=1 accepts that for speed"
                 ));
             }
             // Written as code is, through /proc/self/mem: never writable and executable.
@@ -406,6 +439,25 @@ fn function_bounds(addr: usize) -> Option<(usize, usize)> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_protection_key_of_page_zero_is_read_from_smaps() {
+        let smaps = "00000000-00001000 --xp 00000000 00:00 0 \n\
+Size:                  4 kB\n\
+VmFlags: ex mr mw me \n\
+ProtectionKey:         1\n\
+55d0c0000000-55d0c0001000 r--p 00000000 fd:01 42   /bin/x\n\
+ProtectionKey:         0\n";
+        assert_eq!(super::protection_key(smaps, 0), Some(1));
+        let no_key = "00000000-00001000 --xp 00000000 00:00 0 \nSize: 4 kB\n\
+55d0c0000000-55d0c0001000 r--p 00000000 fd:01 42   /bin/x\nProtectionKey: 3\n";
+        assert_eq!(
+            super::protection_key(no_key, 0),
+            None,
+            "another mapping's key"
+        );
+        assert_eq!(super::protection_key("", 0), None);
+    }
 
     #[test]
     fn every_sled_byte_slides_to_a_jump_to_the_entry() {
