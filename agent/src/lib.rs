@@ -5,6 +5,7 @@
 //! later attach without a restart and tools that exit detach.
 
 mod crash;
+mod exit;
 mod gpu;
 mod program;
 mod syscalls;

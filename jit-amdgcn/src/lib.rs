@@ -384,6 +384,7 @@ pub fn compile(
     env: &dyn GpuEnv,
     opts: &AmdgcnOptions,
 ) -> Result<AmdgcnObject, CompileError> {
+    let _llvm = bpftime_lifter::llvm_in_use()?;
     let started = Instant::now();
     let context = Context::create();
     let machine = amdgpu_machine(opts)?;

@@ -291,6 +291,7 @@ pub fn lifted_ir(
     opts: &PtxOptions,
 ) -> Result<String, CompileError> {
     opts.check()?;
+    let _llvm = bpftime_lifter::llvm_in_use()?;
     let context = Context::create();
     let machine = nvptx_machine(opts)?;
     let gpu = optimized_module(&context, &machine, insns, env, opts)?;
@@ -367,6 +368,7 @@ pub fn compile(
     opts: &PtxOptions,
 ) -> Result<PtxProgram, CompileError> {
     opts.check()?;
+    let _llvm = bpftime_lifter::llvm_in_use()?;
     let started = Instant::now();
     let context = Context::create();
     let machine = nvptx_machine(opts)?;

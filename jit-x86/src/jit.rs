@@ -294,6 +294,7 @@ fn prepare(module: &Module<'_>, machine: &TargetMachine) {
 
 /// The optimized LLVM IR the JIT would compile, as text (for golden files and debugging).
 pub fn lifted_ir(insns: &[Insn], env: &dyn JitEnv, opts: &JitOptions) -> Result<String, JitError> {
+    let _llvm = bpftime_lifter::llvm_in_use()?;
     let context = Context::create();
     let (lifted, _) = lift_and_optimize(&context, insns, env, opts)?;
     Ok(lifted.module.print_to_string().to_string())
@@ -333,6 +334,7 @@ impl JitProgram {
         env: &dyn JitEnv,
         opts: &JitOptions,
     ) -> Result<Self, JitError> {
+        let _llvm = bpftime_lifter::llvm_in_use()?;
         let started = Instant::now();
         let context = Context::create();
         let (lifted, machine) = lift_and_optimize(&context, insns, env, opts)?;

@@ -45,4 +45,6 @@ pub enum LiftError {
     InvalidIr { message: String },
     #[error("pass pipeline `{pipeline}` failed: {message}")]
     Passes { pipeline: String, message: String },
+    #[error("the process is exiting: no program is compiled any more")]
+    ProcessExiting,
 }

@@ -32,14 +32,17 @@
 //! Each function keeps r0-r10 and its own 512-byte stack in allocas, so SROA and mem2reg
 //! turn them into SSA values. Lifting assumes a little-endian target.
 
-#![forbid(unsafe_code)]
+#![deny(unsafe_code)]
 #![warn(unreachable_pub)]
 
 mod error;
+#[allow(unsafe_code)] // registers the exit handler (libc's atexit)
+mod exit_gate;
 mod lift;
 mod target;
 
 pub use error::LiftError;
+pub use exit_gate::{exit_destructor_registered, llvm_in_use, LlvmInUse};
 pub use lift::{lift, optimize, Lifted};
 pub use target::{
     ArrayMapLayout, CpuNumber, CpuSlotTable, HelperLowering, LoweringTarget, PerCpuCopies,

@@ -137,3 +137,33 @@ fn a_second_tool_attaches_to_a_target_that_outlived_the_first() {
     let (status, _, err) = target.finish();
     assert!(status.success(), "target failed: {err}");
 }
+
+/// A target that exits while its agent compiles a tool's program that just arrived exits
+/// with its own status: `exit()` destroys LLVM's static objects, and it once did so under
+/// the compile, which then died of SIGSEGV (the target's status 139 instead of 0).
+/// The target leaves as soon as the tool is ready, a few milliseconds apart from one round
+/// to the next, which is while the agent compiles.
+#[test]
+fn a_target_exiting_while_a_tool_attaches_keeps_its_exit_status() {
+    let s = Session::new("late-exit");
+    let t = s.target_copy(examples::TICKER);
+    let t = t.to_str().unwrap();
+    for round in 0..30u64 {
+        let mut target_cmd = s.bpftime();
+        target_cmd.args(["start", t]);
+        let mut target = Driven::spawn(target_cmd);
+        target.wait_for("work=");
+        let mut tool_cmd = s.bpftime();
+        tool_cmd.args(["load", examples::GLOBALS, "--target", t, "--func", "work"]);
+        let mut tool = Driven::spawn(tool_cmd);
+        tool.wait_for("ready");
+        std::thread::sleep(std::time::Duration::from_millis(round % 6));
+        let (status, _, err) = target.finish();
+        assert!(
+            status.success(),
+            "round {round}: the target exited with {status:?}\n{err}"
+        );
+        let (status, _, err) = tool.finish();
+        assert!(status.success(), "round {round}: tool failed: {err}");
+    }
+}

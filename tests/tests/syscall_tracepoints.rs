@@ -763,9 +763,12 @@ fn a_target_under_seccomp_gets_a_notice_and_runs_unaffected() {
     child.stdin.take().unwrap().write_all(b"go\n").unwrap();
     let mut rest = String::new();
     out.read_to_string(&mut rest).unwrap();
+    let status = child.wait().unwrap();
+    let mut err_rest = String::new();
+    let _ = err.read_to_string(&mut err_rest);
     assert!(
-        child.wait().unwrap().success() && rest.contains("errors=0"),
-        "{rest}"
+        status.success() && rest.contains("errors=0"),
+        "{status:?}\nstdout: {rest}\nstderr: {err_rest}"
     );
     let (_, lines, _) = tool.stop();
     let (opens, _) = summary(&lines, &prefix);
