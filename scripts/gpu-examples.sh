@@ -686,7 +686,8 @@ several_gpus() {  # the checks that need two GPUs or more; a SKIP line on one
     # whose stacks keep their native frames and hold no Python frame; no native frame of
     # the evaluation loop is left anywhere; and the end-of-run line names the version.
     if python3 -c 'import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)' 2>/dev/null; then
-        script=bpf-examples/cuda/python_frames.py
+        # Absolute, as CPython (3.9 and later) gives a script run by a relative path.
+        script=$(pwd)/bpf-examples/cuda/python_frames.py
         flame pyframes python3 "$script" 10
         folded=$work/pyframes.folded
         at() { grep -n "# at: $1\$" "$script" | cut -d: -f1; }

@@ -102,20 +102,39 @@ pub fn parse_target(spec: &str) -> Result<TargetSpec, String> {
     })
 }
 
-/// Finds a library given by name (`libc.so.6`) the way the app would most
-/// likely get it: `LD_LIBRARY_PATH`, the copy this process has loaded, the
-/// system directories; an executable name is looked up on `PATH`.
-pub fn find_library(name: &str) -> Option<PathBuf> {
+/// Finds a library given by name (`libc.so.6`) where the dynamic loader would
+/// find it for `app`: `LD_LIBRARY_PATH`, the app's own run path (RPATH or RUNPATH,
+/// `$ORIGIN` read as its directory), the copy this process has loaded, the
+/// directories of /etc/ld.so.conf and its includes (what ldconfig caches: CUDA's
+/// packages put theirs there), then the system directories; an executable name is
+/// looked up on `PATH`.
+pub fn find_library(name: &str, app: Option<&Path>) -> Option<PathBuf> {
     let from_env = std::env::var_os("LD_LIBRARY_PATH")
         .map(|v| std::env::split_paths(&v).collect::<Vec<_>>())
         .unwrap_or_default();
     if let Some(p) = from_env.iter().map(|d| d.join(name)).find(|p| p.is_file()) {
         return Some(p);
     }
+    if let Some(p) = app
+        .map(run_path)
+        .unwrap_or_default()
+        .iter()
+        .map(|d| d.join(name))
+        .find(|p| p.is_file())
+    {
+        return Some(p);
+    }
     if !name.contains('/') {
         if let Ok(p) = bpftime_attach::resolve_binary(Path::new(name)) {
             return Some(p);
         }
+    }
+    if let Some(p) = ld_so_conf_dirs(Path::new("/etc/ld.so.conf"))
+        .iter()
+        .map(|d| d.join(name))
+        .find(|p| p.is_file())
+    {
+        return Some(p);
     }
     const SYSTEM_DIRS: &[&str] = &[
         "/lib/x86_64-linux-gnu",
@@ -138,6 +157,103 @@ pub fn find_library(name: &str) -> Option<PathBuf> {
     crate::find_program(Path::new(name))
 }
 
+/// The directories of an executable's DT_RUNPATH (or, without one, DT_RPATH), with
+/// `$ORIGIN` replaced by the executable's directory; none when it cannot be read.
+fn run_path(app: &Path) -> Vec<PathBuf> {
+    let Ok(bytes) = std::fs::read(app) else {
+        return Vec::new();
+    };
+    let Ok(elf) = Elf::parse(&bytes) else {
+        return Vec::new();
+    };
+    let origin = std::fs::canonicalize(app)
+        .ok()
+        .and_then(|p| p.parent().map(Path::to_path_buf))
+        .unwrap_or_default();
+    let origin = origin.to_string_lossy();
+    let paths = if elf.runpaths.is_empty() {
+        &elf.rpaths
+    } else {
+        &elf.runpaths
+    };
+    paths
+        .iter()
+        .flat_map(|p| p.split(':'))
+        .filter(|d| !d.is_empty())
+        .map(|d| PathBuf::from(d.replace("${ORIGIN}", &origin).replace("$ORIGIN", &origin)))
+        .collect()
+}
+
+/// The library directories an ld.so.conf names, its `include` lines followed (a
+/// pattern's `*` matches within one file name, as the loader's glob), in order.
+fn ld_so_conf_dirs(conf: &Path) -> Vec<PathBuf> {
+    let mut dirs = Vec::new();
+    read_ld_so_conf(conf, &mut dirs, 0);
+    dirs
+}
+
+fn read_ld_so_conf(conf: &Path, dirs: &mut Vec<PathBuf>, depth: u32) {
+    // Includes that include each other end here.
+    if depth > 8 {
+        return;
+    }
+    let Ok(text) = std::fs::read_to_string(conf) else {
+        return;
+    };
+    let base = conf.parent().unwrap_or(Path::new("/"));
+    for line in text.lines() {
+        let line = line.split('#').next().unwrap_or("").trim();
+        if line.is_empty() {
+            continue;
+        }
+        if let Some(pattern) = line
+            .strip_prefix("include")
+            .filter(|r| r.starts_with([' ', '\t']))
+        {
+            for pattern in pattern.split_whitespace() {
+                for file in glob_files(&base.join(pattern)) {
+                    read_ld_so_conf(&file, dirs, depth + 1);
+                }
+            }
+        } else if !line.starts_with("hwcap") {
+            dirs.extend(
+                line.split([' ', '\t', ',', ':'])
+                    .filter(|d| d.starts_with('/'))
+                    .map(PathBuf::from),
+            );
+        }
+    }
+}
+
+/// The files a pattern whose last component may hold `*` names, sorted.
+fn glob_files(pattern: &Path) -> Vec<PathBuf> {
+    let (Some(dir), Some(name)) = (pattern.parent(), pattern.file_name()) else {
+        return Vec::new();
+    };
+    let name = name.to_string_lossy();
+    let Some((prefix, suffix)) = name.split_once('*') else {
+        return if pattern.is_file() {
+            vec![pattern.to_path_buf()]
+        } else {
+            Vec::new()
+        };
+    };
+    let mut files: Vec<PathBuf> = std::fs::read_dir(dir)
+        .into_iter()
+        .flatten()
+        .filter_map(|e| e.ok())
+        .filter(|e| {
+            let n = e.file_name();
+            let n = n.to_string_lossy();
+            n.len() >= prefix.len() + suffix.len() && n.starts_with(prefix) && n.ends_with(suffix)
+        })
+        .map(|e| e.path())
+        .filter(|p| p.is_file())
+        .collect();
+    files.sort();
+    files
+}
+
 /// Resolves `spec` for program `prog`, checking that the file exists and holds
 /// the function. `app` is the app's binary (already found on `PATH`).
 pub fn resolve(prog: &str, retprobe: bool, spec: &TargetSpec, app: &Path) -> Result<Attachment> {
@@ -150,9 +266,9 @@ pub fn resolve(prog: &str, retprobe: bool, spec: &TargetSpec, app: &Path) -> Res
             }
             p
         }
-        Some(f) => find_library(f).ok_or_else(|| {
+        Some(f) => find_library(f, Some(app)).ok_or_else(|| {
             anyhow!(
-                "program `{prog}`: cannot find `{f}` (looked in LD_LIBRARY_PATH, the libraries bpftime has loaded, the system library directories and PATH); give its full path"
+                "program `{prog}`: cannot find `{f}` (looked in LD_LIBRARY_PATH, the app's run path, the libraries bpftime has loaded, /etc/ld.so.conf's directories, the system library directories and PATH); give its full path"
             )
         })?,
     };
@@ -226,6 +342,79 @@ fn check_function(elf: &Elf, name: &str) -> Result<(), String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// As the loader reads it: comments, an include by pattern (sorted, only files
+    /// that match), nested includes, several directories on a line, hwcap lines left.
+    #[test]
+    fn ld_so_conf_is_read_with_its_includes() {
+        let root = std::env::temp_dir().join(format!("bpftime-ldconf-{}", std::process::id()));
+        let d = root.join("ld.so.conf.d");
+        std::fs::create_dir_all(&d).unwrap();
+        std::fs::write(
+            root.join("ld.so.conf"),
+            "# top\n/opt/first\ninclude ld.so.conf.d/*.conf\nhwcap 0 x\n/opt/a /opt/b\n",
+        )
+        .unwrap();
+        std::fs::write(d.join("20-cuda.conf"), "/usr/local/cuda/lib64 # cuda\n").unwrap();
+        std::fs::write(d.join("10-x.conf"), "include ../more.conf\n").unwrap();
+        std::fs::write(root.join("more.conf"), "/opt/more\n").unwrap();
+        std::fs::write(d.join("README"), "/not/a/conf\n").unwrap();
+        let dirs = ld_so_conf_dirs(&root.join("ld.so.conf"));
+        std::fs::remove_dir_all(&root).unwrap();
+        let want: Vec<PathBuf> = [
+            "/opt/first",
+            "/opt/more",
+            "/usr/local/cuda/lib64",
+            "/opt/a",
+            "/opt/b",
+        ]
+        .iter()
+        .map(PathBuf::from)
+        .collect();
+        assert_eq!(dirs, want);
+    }
+
+    /// A library found only through the app's RUNPATH, `$ORIGIN` read as the app's
+    /// directory.
+    #[test]
+    fn a_library_on_the_apps_run_path_is_found() {
+        let root = std::env::temp_dir().join(format!("bpftime-runpath-{}", std::process::id()));
+        std::fs::create_dir_all(root.join("lib")).unwrap();
+        let app = root.join("app");
+        let cc = std::process::Command::new("cc")
+            .args(["-x", "c", "-", "-o"])
+            .arg(&app)
+            .arg("-Wl,--enable-new-dtags,-rpath,$ORIGIN/lib")
+            .stdin(std::process::Stdio::piped())
+            .spawn()
+            .and_then(|mut c| {
+                use std::io::Write;
+                c.stdin
+                    .take()
+                    .unwrap()
+                    .write_all(b"int main(void){return 0;}\n")?;
+                c.wait()
+            })
+            .expect("cc");
+        assert!(cc.success());
+        let lib = root.join("lib/libonly-here.so.1");
+        std::fs::copy("/bin/true", &lib).unwrap();
+        let found = find_library("libonly-here.so.1", Some(&app));
+        let elsewhere = find_library("libonly-here.so.1", None);
+        std::fs::remove_dir_all(&root).unwrap();
+        assert_eq!(
+            found,
+            Some(
+                std::fs::canonicalize(std::env::temp_dir())
+                    .unwrap()
+                    .join(format!(
+                        "bpftime-runpath-{}/lib/libonly-here.so.1",
+                        std::process::id()
+                    ))
+            )
+        );
+        assert_eq!(elsewhere, None);
+    }
 
     fn sym(name: &str, offset: u64) -> FuncSpec {
         FuncSpec::Symbol {
