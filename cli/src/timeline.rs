@@ -4,8 +4,10 @@
 //!
 //! Buffers far apart in the address space would leave most of the picture empty: the
 //! address axis is cut into the ranges the accesses fall in (a gap of more than
-//! [`GAP`] bytes starts a new one), each given rows in proportion to its span, separated
-//! by a grey line and named by the kernel pointer argument most of its accesses fall in.
+//! [`GAP`] bytes starts a new one, and so does a change of the kernel pointer argument
+//! the accesses fall in, for buffers allocated side by side), each given rows in
+//! proportion to its span, separated by a grey line and named by the argument most of
+//! its accesses fall in.
 //! Density is drawn on a log scale, black where nothing was seen.
 //!
 //! Text needs a TrueType font; none is linked in (a system font is read at run time:
@@ -28,6 +30,8 @@ const PLOT_WIDTH: usize = 900;
 const PLOT_HEIGHT: usize = 720;
 /// A gap in the addresses wider than this separates two ranges.
 const GAP: u64 = 64 << 20;
+/// At most this many more ranges than the gaps make, for changes of argument.
+const MAX_SPLITS_BY_ARGUMENT: usize = 8;
 /// Rows between two ranges.
 const SEPARATOR: usize = 2;
 /// The font family name plotters knows our font by.
@@ -59,17 +63,41 @@ struct Band {
     rows: usize,
 }
 
-fn bands(addrs: impl Iterator<Item = u64>, height: usize) -> Vec<Band> {
-    let mut addrs: Vec<u64> = addrs.collect();
-    addrs.sort_unstable();
-    addrs.dedup();
-    let mut ranges: Vec<(u64, u64)> = Vec::new();
-    for a in addrs {
-        match ranges.last_mut() {
-            Some(r) if a - r.1 <= GAP => r.1 = a,
-            _ => ranges.push((a, a)),
+/// Splits the sampled addresses into ranges: at a gap wider than [`GAP`], and where the
+/// kernel argument the accesses fall in changes (buffers allocated next to each other
+/// get a range, a name and offsets of their own), unless that would make more than
+/// [`MAX_SPLITS_BY_ARGUMENT`] extra ranges (arguments aliasing one buffer, interleaved).
+fn bands(points: impl Iterator<Item = (u64, Option<u64>)>, height: usize) -> Vec<Band> {
+    let mut points: Vec<(u64, Option<u64>)> = points.collect();
+    points.sort_unstable_by_key(|p| p.0);
+    points.dedup_by_key(|p| p.0);
+    let split = |by_argument: bool| {
+        // (lo, hi, the argument of the range's accesses so far)
+        let mut ranges: Vec<(u64, u64, Option<u64>)> = Vec::new();
+        for &(a, arg) in &points {
+            match ranges.last_mut() {
+                Some(r)
+                    if a - r.1 <= GAP
+                        && !(by_argument && arg.is_some() && r.2.is_some() && arg != r.2) =>
+                {
+                    r.1 = a;
+                    r.2 = r.2.or(arg);
+                }
+                _ => ranges.push((a, a, arg)),
+            }
         }
-    }
+        ranges
+            .into_iter()
+            .map(|(lo, hi, _)| (lo, hi))
+            .collect::<Vec<_>>()
+    };
+    let by_gap = split(false);
+    let by_argument = split(true);
+    let ranges = if by_argument.len() <= by_gap.len() + MAX_SPLITS_BY_ARGUMENT {
+        by_argument
+    } else {
+        by_gap
+    };
     let usable = height.saturating_sub(SEPARATOR * ranges.len().saturating_sub(1));
     let min_rows = 8.min(usable / ranges.len().max(1)).max(1);
     let span = |r: &(u64, u64)| (r.1 - r.0 + 1) as f64;
@@ -240,7 +268,7 @@ pub fn write_png(points: &[Sample], name: &str, path: &Path) -> anyhow::Result<S
     }
     let t0 = points.iter().map(|p| p.time_ns).min().unwrap_or(0);
     let t1 = points.iter().map(|p| p.time_ns).max().unwrap_or(0);
-    let bands = bands(points.iter().map(|p| p.addr), PLOT_HEIGHT);
+    let bands = bands(points.iter().map(|p| (p.addr, p.arg)), PLOT_HEIGHT);
     let mut counts = vec![0u32; PLOT_WIDTH * PLOT_HEIGHT];
     for p in points {
         let x = ((p.time_ns - t0) as u128 * (PLOT_WIDTH as u128 - 1) / u128::from((t1 - t0).max(1)))
@@ -476,7 +504,7 @@ mod tests {
             addrs.push(0x7000_0000_0000 + i * mib);
             addrs.push(0x7100_0000_0000 + i * mib / 4);
         }
-        let b = bands(addrs.into_iter(), PLOT_HEIGHT);
+        let b = bands(addrs.into_iter().map(|a| (a, None)), PLOT_HEIGHT);
         assert_eq!(b.len(), 2);
         assert_eq!(
             (b[0].lo, b[0].hi),
@@ -491,6 +519,34 @@ mod tests {
         );
         assert_eq!(b[1].top, b[0].rows + SEPARATOR);
         assert!(b[1].top + b[1].rows <= PLOT_HEIGHT);
+    }
+
+    /// vectorAdd's a, b and c, allocated one after the other: three ranges, each named by
+    /// its argument, not one named by whichever had most samples.
+    #[test]
+    fn adjacent_buffers_of_different_arguments_get_ranges_of_their_own() {
+        let mib = 1u64 << 20;
+        let base = 0x7fd9_be00_2980u64;
+        let mut points = Vec::new();
+        for arg in 0..3u64 {
+            for i in 0..64u64 {
+                points.push(sample(i, base + arg * 64 * mib + i * mib, Some(arg)));
+            }
+        }
+        let b = bands(points.iter().map(|p| (p.addr, p.arg)), PLOT_HEIGHT);
+        assert_eq!(b.len(), 3);
+        let names: Vec<String> = b.iter().map(|b| band_name(b, &points)).collect();
+        assert_eq!(names, ["argument 0", "argument 1", "argument 2"]);
+        assert_eq!(b[1].lo, base + 64 * mib);
+        // Records that do not say stay in the range they fall in.
+        points.push(sample(0, base + 64 * mib + 3, None));
+        let b = bands(points.iter().map(|p| (p.addr, p.arg)), PLOT_HEIGHT);
+        assert_eq!(b.len(), 3);
+        // Two arguments interleaved over one buffer split it no more than the bound.
+        let mixed: Vec<(u64, Option<u64>)> = (0..200u64)
+            .map(|i| (base + i * 4096, Some(i % 2)))
+            .collect();
+        assert_eq!(bands(mixed.into_iter(), PLOT_HEIGHT).len(), 1);
     }
 
     /// The picture's pixels, decoded from the PNG our encoder wrote.
