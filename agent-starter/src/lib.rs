@@ -12,15 +12,8 @@
 //! It also owns one byte of static TLS for the hooks (see `hook_flag_offset`): the
 //! agent, being `dlopen`ed, could only have dynamic TLS, which its assembly cannot reach.
 
+use bpftime_abi::{AgentEntry, AgentStart, AGENT_DISABLE_ENV, AGENT_ENTRY, AGENT_LIB};
 use std::ffi::{CStr, CString};
-
-/// The agent library, looked for in the starter's own directory.
-const AGENT_LIB: &str = "libbpftime_agent.so";
-/// The agent's entry point: `extern "C" fn(hook_flag_tp_offset: isize)`, run once per
-/// process.
-const AGENT_ENTRY: &CStr = c"bpftime_agent_start";
-/// Set in a target's environment to keep the agent out of it.
-const DISABLE_ENV: &str = "BPFTIME_AGENT_DISABLE";
 
 /// Runs when the dynamic loader maps this library, before `main` for a preload. Nothing
 /// here may take the target down: a panic is reported once and the target runs on,
@@ -30,14 +23,14 @@ extern "C" fn starter_init() {
 }
 
 fn start_in_target() {
-    if std::env::var_os(DISABLE_ENV).is_some() {
+    if std::env::var_os(AGENT_DISABLE_ENV).is_some() {
         return;
     }
     // `bpftime attach` leaves this file before it injects us. An injected dlopen
     // runs this constructor holding the loader's lock, and the agent's start needs
     // that lock on another thread: starting inline would deadlock the target. So
     // the agent starts on a thread of its own, once the injected call returns.
-    let hint = format!("/dev/shm/bpftime-inject-{}", std::process::id());
+    let hint = bpftime_abi::attach_hint_path(std::process::id());
     // Not followed if a link: a link another user planted is no hint of `attach`'s.
     if std::fs::symlink_metadata(&hint).is_ok_and(|m| m.is_file()) {
         let spawned = std::thread::Builder::new()
@@ -62,9 +55,10 @@ fn start_in_target() {
 /// that is still there (`attach` may have given up and removed it), is no link, and
 /// belongs to root or to us (it lies where every user can write; the runtime's
 /// `report_to_attach` does the same for the agent, which this library does not link).
-fn report_to_attach(hint: &str, why: &str) {
+fn report_to_attach(hint: &std::path::Path, why: &str) {
     use std::os::fd::{AsRawFd, FromRawFd};
-    let Ok(c) = std::ffi::CString::new(hint) else {
+    let Ok(c) = std::ffi::CString::new(std::os::unix::ffi::OsStrExt::as_bytes(hint.as_os_str()))
+    else {
         return;
     };
     // SAFETY: NUL-terminated path; no O_CREAT: the file is never made here.
@@ -95,9 +89,10 @@ fn report_to_attach(hint: &str, why: &str) {
 }
 
 /// Declares that this library follows `bpftime attach`'s injection contract
-/// (version 1: see cli/src/attach.rs); `attach` refuses libraries without it.
+/// (see cli/src/attach.rs); `attach` refuses libraries without it. The symbol's name is
+/// `bpftime_abi::ATTACH_CONTRACT_SYMBOL`.
 #[no_mangle]
-pub static BPFTIME_ATTACH_CONTRACT: u32 = 1;
+pub static BPFTIME_ATTACH_CONTRACT: u32 = bpftime_abi::ATTACH_CONTRACT_VERSION;
 
 #[used]
 #[link_section = ".init_array"]
@@ -167,21 +162,21 @@ fn start_agent(on_own_thread: bool) -> Result<(), String> {
     if sym.is_null() {
         return Err(format!("{path} has no {AGENT_ENTRY:?}: {}", dl_error()));
     }
-    // SAFETY: the agent exports `bpftime_agent_start` as
-    // `extern "C" fn(isize, bool, isize, isize, isize, isize, isize)`
-    // (built with this library, from the same directory); the library stays loaded
-    // (never dlclose'd), so the code outlives the call.
-    let start: extern "C" fn(isize, bool, isize, isize, isize, isize, isize) =
-        unsafe { std::mem::transmute(sym) };
-    start(
-        hook_flag_offset(),
-        on_own_thread,
-        ids_offset(),
-        shadow_offset(),
-        cpu_slot_offset(),
-        rseq_offset(),
-        syscall_offset(),
-    );
+    // SAFETY: the agent exports its entry point as an `AgentEntry` (it checks the
+    // arguments' version and size, for an agent of another build); the library stays
+    // loaded (never dlclose'd), so the code outlives the call.
+    let start: AgentEntry = unsafe { std::mem::transmute(sym) };
+    let args = AgentStart {
+        hook_flag_tp_offset: hook_flag_offset(),
+        ids_tp_offset: ids_offset(),
+        shadow_tp_offset: shadow_offset(),
+        cpu_slot_tp_offset: cpu_slot_offset(),
+        rseq_tp_offset: rseq_offset(),
+        syscall_tp_offset: syscall_offset(),
+        ..AgentStart::new(on_own_thread)
+    };
+    // SAFETY: `args` lives for the call.
+    unsafe { start(&args) };
     Ok(())
 }
 

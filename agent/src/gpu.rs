@@ -89,7 +89,7 @@ fn own_object() -> String {
     let here = own_object as *const () as usize + 1;
     let (path, _) = bpftime_gpu_profile::containing_object(here);
     if path.is_empty() {
-        "libbpftime_agent.so".into()
+        bpftime_abi::AGENT_LIB.into()
     } else {
         path
     }

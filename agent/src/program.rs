@@ -16,7 +16,7 @@ use std::sync::{Arc, Mutex, OnceLock};
 
 /// Set to `0` (or `interpreter`) in a target's environment to run its programs on
 /// the interpreter instead of the JIT.
-pub(crate) const JIT_ENV: &str = "BPFTIME_JIT";
+pub(crate) use bpftime_abi::JIT_ENV;
 
 /// A program ready to run in this process.
 pub(crate) struct LoadedProgram {

@@ -101,15 +101,17 @@ impl Drop for Semaphore {
     }
 }
 
-pub(crate) fn start(
-    hook_flag_tp_offset: isize,
-    on_starter_thread: bool,
-    ids_tp_offset: isize,
-    shadow_tp_offset: isize,
-    cpu_slot_tp_offset: isize,
-    rseq_tp_offset: isize,
-    syscall_tp_offset: isize,
-) {
+pub(crate) fn start(args: &bpftime_abi::AgentStart) {
+    let bpftime_abi::AgentStart {
+        hook_flag_tp_offset,
+        on_starter_thread,
+        ids_tp_offset,
+        shadow_tp_offset,
+        cpu_slot_tp_offset,
+        rseq_tp_offset,
+        syscall_tp_offset,
+        ..
+    } = *args;
     bpftime_runtime::init_logging();
     crate::crash::install_if_asked();
     if rseq_tp_offset != 0 {
@@ -584,7 +586,7 @@ impl Agent {
 /// The store `bpftime attach` named for this process (it cannot change an
 /// injected process's environment), from a file only root or we could have written.
 fn inject_hint() -> Option<(std::path::PathBuf, String)> {
-    let path = std::path::PathBuf::from(format!("/dev/shm/bpftime-inject-{}", std::process::id()));
+    let path = bpftime_abi::attach_hint_path(std::process::id());
     let name = bpftime_runtime::read_attach_hint(&path)?;
     Some((path, name))
 }

@@ -36,11 +36,10 @@ use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
-/// The exported symbol by which a library says it follows the contract above.
-const CONTRACT_SYMBOL: &str = "BPFTIME_ATTACH_CONTRACT";
-const CONTRACT_VERSION: u32 = 1;
-/// Set in a target's environment to keep the agent out of it.
-const DISABLE_ENV: &str = "BPFTIME_AGENT_DISABLE";
+use bpftime_abi::{
+    AGENT_DISABLE_ENV as DISABLE_ENV, ATTACH_CONTRACT_SYMBOL as CONTRACT_SYMBOL,
+    ATTACH_CONTRACT_VERSION as CONTRACT_VERSION,
+};
 
 #[derive(clap::Args)]
 pub struct AttachArgs {

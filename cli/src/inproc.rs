@@ -19,7 +19,7 @@ use std::sync::atomic::{AtomicI32, Ordering};
 
 /// The app must not inherit the shim: the parent keeps the user's own
 /// `LD_PRELOAD` here, and the loader puts it back before starting anything.
-const USER_PRELOAD_ENV: &str = "BPFTIME_USER_LD_PRELOAD";
+use bpftime_abi::USER_LD_PRELOAD_ENV as USER_PRELOAD_ENV;
 /// The shim's own warnings (libbpf's probes it refuses, the rejected program's
 /// log that libbpf prints anyway) would bury the report: unless the user set
 /// `BPFTIME_LOG`, the loader gets errors only, and the app the default again.

@@ -24,12 +24,7 @@ mod timeline;
 mod trace_pipe;
 mod verify;
 
-const SHIM_LIB: &str = "libbpftime_syscall_shim.so";
-/// What `start` preloads: a small library that loads the agent (it must not carry
-/// LLVM itself; see agent-starter).
-const AGENT_STARTER_LIB: &str = "libbpftime_agent_starter.so";
-/// The agent proper, which the starter loads from its own directory.
-const AGENT_LIB: &str = "libbpftime_agent.so";
+use bpftime_abi::{AGENT_LIB, AGENT_STARTER_LIB, SYSCALL_SHIM_LIB as SHIM_LIB};
 
 #[derive(Parser)]
 #[command(

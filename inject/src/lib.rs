@@ -42,7 +42,7 @@ use std::path::{Path, PathBuf};
 /// own effective uid, uses that name instead of `BPFTIME_STORE`, then unlinks
 /// the file, which tells `bpftime attach` that the name was taken.
 pub fn store_hint_path(pid: i32) -> PathBuf {
-    PathBuf::from(format!("/dev/shm/bpftime-inject-{pid}"))
+    bpftime_abi::attach_hint_path(pid as u32)
 }
 
 /// What a successful [`Target::load_library`] did.

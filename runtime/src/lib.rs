@@ -69,11 +69,4 @@ pub use perfbuf::PerfRing;
 pub use pins::{bpffs_relative, Pin, BPFFS_ROOT};
 pub use store::{owner_alive, ObjectInfo, Store, DEFAULT_STORE_NAME, STORE_ENV};
 
-/// Set by `bpftime start --gpu-flamegraph PATH` (and `run`): the agent writes the GPU flame
-/// graph of the target's kernel launches to `PATH.svg` and `PATH.folded` at exit.
-pub const GPU_FLAMEGRAPH_ENV: &str = "BPFTIME_GPU_FLAMEGRAPH";
-
-/// Set by `bpftime start --trace FILE` (and `run`): the agent writes a Perfetto/Chrome
-/// trace of the target (traced calls, CUDA calls, launches, kernels, GPU lines) to `FILE`
-/// at exit.
-pub const TRACE_ENV: &str = "BPFTIME_TRACE";
+pub use bpftime_abi::{GPU_FLAMEGRAPH_ENV, TRACE_ENV};

@@ -9,10 +9,8 @@ use std::sync::atomic::Ordering;
 
 /// The store a process uses when nothing names another one.
 pub const DEFAULT_STORE_NAME: &str = "default";
-/// Environment variable naming the store; the CLI's `--store` sets it for children.
-pub const STORE_ENV: &str = "BPFTIME_STORE";
-/// Where stores live; overridable so tests can use a private directory.
-const STORE_ROOT_ENV: &str = "BPFTIME_SHM_ROOT";
+pub use bpftime_abi::STORE_ENV;
+use bpftime_abi::STORE_ROOT_ENV;
 
 /// A handle on one store directory.
 pub struct Store {
