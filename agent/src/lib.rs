@@ -28,6 +28,9 @@ pub unsafe extern "C" fn bpftime_agent_start(args: *const bpftime_abi::AgentStar
         // A failing agent must never take the target down with it: a panic leaves the
         // target running uninstrumented.
         let start = || {
+            // Before anything else: an exit that begins from here on finds LLVM's
+            // globals guarded.
+            bpftime_lifter::guard_llvm_at_exit();
             // SAFETY: the caller's obligation (null, or an `AgentStart` alive for the
             // call); the version and size are checked before any other field is read.
             let args = unsafe { args.as_ref() };

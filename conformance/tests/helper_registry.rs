@@ -53,8 +53,10 @@ const RODATA: i32 = 10;
 const RODATA_VALUE: &[u8; 16] = b"%d\0\0\0\0\0\0abd\0\0\0\0\0";
 
 impl Maps {
-    fn new() -> Maps {
-        let name = format!("test-helper-registry-{}", std::process::id());
+    /// `test` names the store with the process id: the tests of this file run at once,
+    /// and one's teardown must not take the other's store away.
+    fn new(test: &str) -> Maps {
+        let name = format!("test-helper-registry-{test}-{}", std::process::id());
         let store = Store::create_or_open(&name).expect("a store");
         let spec = |map_type, key_size, value_size, max_entries, map_flags| MapSpec {
             map_type,
@@ -423,7 +425,7 @@ fn assert_refused(d: &HelperDef, maps: &Maps, gpu: bool) {
 
 #[test]
 fn every_helper_runs_on_its_engines_or_is_refused_at_load() {
-    let maps = Maps::new();
+    let maps = Maps::new("cpu");
     let mut ctx = vec![0u8; PT_REGS_SIZE as usize];
     let ctx_addr = ctx.as_mut_ptr() as u64;
     let mut ran = 0;
@@ -470,7 +472,7 @@ fn every_helper_runs_on_its_engines_or_is_refused_at_load() {
 
 #[test]
 fn every_gpu_helper_lowers_and_every_other_is_refused_for_the_gpu() {
-    let maps = Maps::new();
+    let maps = Maps::new("gpu");
     let ptxas = bpftime_gpu_attach::toolchain::ptxas_for_tests();
     if ptxas.is_none() {
         eprintln!("skipped: the ptxas check (ptxas not found); lowering is still checked");

@@ -8,8 +8,11 @@
 //! exit handler waits for the uses in flight and refuses new ones before LLVM's
 //! destructors run.
 //!
-//! Exit handlers run newest first. Ours is registered at the first use, after the
-//! destructors of LLVM's globals (registered when the library was loaded). LLVM registers
+//! Exit handlers run newest first. Ours is registered when the library that links LLVM
+//! starts ([`guard_llvm_at_exit`]; else at the first use), after the destructors of
+//! LLVM's globals (registered when the library was loaded): an exit that begins before
+//! the first compile then refuses it rather than destroying LLVM's globals under it (seen:
+//! a double free in LLVM's pass registry). LLVM registers
 //! a few more when a first compile first reaches them (function-local statics of its code
 //! generator); a library that links LLVM routes its `__cxa_atexit` calls through
 //! [`exit_destructor_registered`] (the agent does, with the linker's `--wrap`), so that
@@ -27,8 +30,8 @@ use crate::LiftError;
 static IN_USE: AtomicUsize = AtomicUsize::new(0);
 /// Set by the exit handler: no new use starts.
 static EXITING: AtomicBool = AtomicBool::new(false);
-static REGISTERED_AT_FIRST_USE: Once = Once::new();
-/// Whether LLVM was ever used here: from then on the handler follows every registration.
+static FIRST_REGISTRATION: Once = Once::new();
+/// Whether the handler was registered: from then on it follows every registration.
 static USED: AtomicBool = AtomicBool::new(false);
 static REGISTERED_AFTER_FIRST_USE: Once = Once::new();
 /// How long `exit()` waits for compiles in flight. Compiles take milliseconds; a longer
@@ -55,12 +58,7 @@ pub struct LlvmInUse {
 /// Starts a use of LLVM: every compile takes one before it creates a context. Fails
 /// with [`LiftError::ProcessExiting`] once the process has begun to exit.
 pub fn llvm_in_use() -> Result<LlvmInUse, LiftError> {
-    REGISTERED_AT_FIRST_USE.call_once(|| {
-        USED.store(true, SeqCst);
-        register_exit_handler();
-        // SAFETY: a handler of ours that only stores an atomic, for the child side.
-        unsafe { libc::pthread_atfork(None, None, Some(forget_other_threads_uses)) };
-    });
+    guard_llvm_at_exit();
     // The handler stores EXITING then reads IN_USE; a use adds to IN_USE then reads
     // EXITING. Sequentially consistent, at least one of the two sees the other.
     IN_USE.fetch_add(1, SeqCst);
@@ -85,6 +83,18 @@ impl Drop for LlvmInUse {
             REGISTERED_AFTER_FIRST_USE.call_once(register_exit_handler);
         }
     }
+}
+
+/// Registers the gate's exit handler now, once: a library that links LLVM calls this
+/// when it starts, after the loader ran LLVM's static constructors (which register their
+/// destructors). Later calls, and [`llvm_in_use`], do nothing more.
+pub fn guard_llvm_at_exit() {
+    FIRST_REGISTRATION.call_once(|| {
+        USED.store(true, SeqCst);
+        register_exit_handler();
+        // SAFETY: a handler of ours that only stores an atomic, for the child side.
+        unsafe { libc::pthread_atfork(None, None, Some(forget_other_threads_uses)) };
+    });
 }
 
 /// Tells the gate that an exit-time destructor was just registered with `__cxa_atexit`:

@@ -42,7 +42,7 @@ mod lift;
 mod target;
 
 pub use error::LiftError;
-pub use exit_gate::{exit_destructor_registered, llvm_in_use, LlvmInUse};
+pub use exit_gate::{exit_destructor_registered, guard_llvm_at_exit, llvm_in_use, LlvmInUse};
 pub use lift::{lift, optimize, Lifted};
 pub use target::{
     ArrayMapLayout, CpuNumber, CpuSlotTable, HelperLowering, LoweringTarget, PerCpuCopies,
