@@ -209,7 +209,9 @@ impl PerfRing {
                         .base()
                         .add(2 * PAGE_SIZE + (pos % size) as usize) = b
                 };
-                pos += 1;
+                // Positions run modulo 2^64 as the kernel's do; a damaged head near the
+                // top wraps instead of overflowing (a fuzz finding).
+                pos = pos.wrapping_add(1);
             }
         };
         if lost > 0 {
@@ -368,6 +370,21 @@ mod tests {
         assert!(
             matches!(offer, RecordOffer::Full | RecordOffer::Refused(_)),
             "{offer:?}"
+        );
+        // A head at the top of the u64 range (damaged, or a ring that ran 2^64 bytes):
+        // the record goes in across the wrap, at the positions modulo the ring's size.
+        drop(ring);
+        std::fs::write(&path, &whole).unwrap();
+        let ring = PerfRing::open(&store, 1).unwrap();
+        let top = u64::MAX - 7;
+        ring.meta_u64(DATA_HEAD).store(top, Ordering::Release);
+        ring.meta_u64(DATA_TAIL).store(top, Ordering::Release);
+        assert!(ring.output(b"wraps"));
+        let head = ring.meta_u64(DATA_HEAD).load(Ordering::Acquire);
+        // An 8-byte header, the 4-byte size, and 5 bytes of data padded to 12.
+        assert_eq!(
+            head, 16,
+            "the head wrapped past 2^64 by the record's 24 bytes"
         );
         drop(ring);
         drop(store);
