@@ -121,8 +121,11 @@ pub const ATTACH_CONTRACT_SYMBOL: &str = "BPFTIME_ATTACH_CONTRACT";
 /// The version of the injection contract (see cli/src/attach.rs).
 pub const ATTACH_CONTRACT_VERSION: u32 = 1;
 
-/// The file `bpftime attach` leaves for the process it injects into: the store to use,
-/// and where the agent reports why it did not start.
+/// The file `bpftime attach` leaves for the process it injects into, `pid` as that
+/// process sees itself (`getpid()` there): the store to use, and where the agent reports
+/// why it did not start. It holds the store name (no newline) and exists only while
+/// `attach` loads the agent; the agent takes the name when the file is owned by root or
+/// by its own effective uid, then unlinks it, which tells `attach` the name was taken.
 pub fn attach_hint_path(pid: u32) -> PathBuf {
     PathBuf::from(format!("/dev/shm/bpftime-inject-{pid}"))
 }

@@ -8,7 +8,7 @@
 //!    [`CONTRACT_SYMBOL`] holding the version; a library without it is
 //!    refused before the process is touched.
 //! 2. Before loading it, this command writes the store name (no newline) to
-//!    [`bpftime_inject::store_hint_path`] for the pid as the process sees
+//!    [`bpftime_abi::attach_hint_path`] for the pid as the process sees
 //!    itself (`/dev/shm/bpftime-inject-<pid>`), mode 0644.
 //! 3. The library is loaded by `dlopen` on a borrowed thread of the process,
 //!    which holds the process's loader lock while the constructors run: a
@@ -27,7 +27,7 @@
 //! 5. This command waits for either, up to `--timeout`, then removes the file
 //!    in every case.
 
-use bpftime_inject::{store_hint_path, InjectError, Target};
+use bpftime_inject::{InjectError, Target};
 use bpftime_runtime::Store;
 use goblin::elf::{program_header::PT_LOAD, Elf};
 use std::io::Write;
@@ -127,7 +127,7 @@ fn attach(store: &str, args: &AttachArgs) -> Result<(), Failure> {
     }
     Store::create_or_open(store)
         .map_err(|e| refused(format!("cannot open the store `{store}`: {e}")))?;
-    let hint = store_hint_path(target.pid_in_namespace());
+    let hint = bpftime_abi::attach_hint_path(target.pid_in_namespace() as u32);
     write_hint(&hint, store)?;
     let outcome = target
         .load_library(&library)

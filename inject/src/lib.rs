@@ -30,20 +30,7 @@ mod tracee;
 
 pub use error::{InjectError, Result};
 
-use std::path::{Path, PathBuf};
-
-/// Where `bpftime attach` leaves the name of the store for an agent it is
-/// loading into process `pid` (the pid as that process sees itself, i.e.
-/// `getpid()` there). See [`Target::pid_in_namespace`].
-///
-/// The contract with the agent: the file holds the store name (no newline);
-/// it exists only while `bpftime attach` loads the agent. The agent's
-/// constructor, when this file exists and is owned by root or by the agent's
-/// own effective uid, uses that name instead of `BPFTIME_STORE`, then unlinks
-/// the file, which tells `bpftime attach` that the name was taken.
-pub fn store_hint_path(pid: i32) -> PathBuf {
-    bpftime_abi::attach_hint_path(pid as u32)
-}
+use std::path::Path;
 
 /// What a successful [`Target::load_library`] did.
 #[derive(Debug, Clone)]

@@ -30,9 +30,8 @@ use crate::LiftError;
 static IN_USE: AtomicUsize = AtomicUsize::new(0);
 /// Set by the exit handler: no new use starts.
 static EXITING: AtomicBool = AtomicBool::new(false);
+/// Once it has run, the handler follows every registration.
 static FIRST_REGISTRATION: Once = Once::new();
-/// Whether the handler was registered: from then on it follows every registration.
-static USED: AtomicBool = AtomicBool::new(false);
 static REGISTERED_AFTER_FIRST_USE: Once = Once::new();
 /// How long `exit()` waits for compiles in flight. Compiles take milliseconds; a longer
 /// one is let go rather than hold the application's exit for ever.
@@ -90,7 +89,6 @@ impl Drop for LlvmInUse {
 /// destructors). Later calls, and [`llvm_in_use`], do nothing more.
 pub fn guard_llvm_at_exit() {
     FIRST_REGISTRATION.call_once(|| {
-        USED.store(true, SeqCst);
         register_exit_handler();
         // SAFETY: a handler of ours that only stores an atomic, for the child side.
         unsafe { libc::pthread_atfork(None, None, Some(forget_other_threads_uses)) };
@@ -101,7 +99,7 @@ pub fn guard_llvm_at_exit() {
 /// once LLVM has been used, the gate's handler is registered again after it, so that it
 /// runs first. For a library's `__cxa_atexit` wrapper; cannot panic.
 pub fn exit_destructor_registered() {
-    if USED.load(SeqCst) && !REGISTERING.with(Cell::get) {
+    if FIRST_REGISTRATION.is_completed() && !REGISTERING.with(Cell::get) {
         register_exit_handler();
     }
 }
