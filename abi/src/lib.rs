@@ -6,10 +6,12 @@
 //! are separate libraries, and an agent from another build must refuse arguments it
 //! does not know rather than misread them.
 
-#![forbid(unsafe_code)]
+// One call needs `unsafe` (geteuid); everything else here is data.
+#![deny(unsafe_code)]
 
 use std::ffi::CStr;
-use std::path::PathBuf;
+use std::fs::File;
+use std::path::{Path, PathBuf};
 
 /// The syscall shim `bpftime load` preloads into a loader.
 pub const SYSCALL_SHIM_LIB: &str = "libbpftime_syscall_shim.so";
@@ -128,6 +130,36 @@ pub const ATTACH_CONTRACT_VERSION: u32 = 1;
 /// by its own effective uid, then unlinks it, which tells `attach` the name was taken.
 pub fn attach_hint_path(pid: u32) -> PathBuf {
     PathBuf::from(format!("/dev/shm/bpftime-inject-{pid}"))
+}
+
+/// Opens the attach hint at `path` for reading, or for writing when `write`, when it is a
+/// plain file owned by root or by the caller's effective uid; None otherwise. The hint
+/// lies where every user can write, so this is the one test of it: it is never created
+/// here, a link is not followed (a link cannot make us write where it points), and a
+/// file another user planted says nothing to us (no store, no start on a thread).
+pub fn open_attach_hint(path: &Path, write: bool) -> Option<File> {
+    use std::os::unix::fs::OpenOptionsExt;
+    let file = std::fs::OpenOptions::new()
+        .read(!write)
+        .write(write)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
+        .open(path)
+        .ok()?;
+    is_trusted_attach_hint(&file.metadata().ok()?).then_some(file)
+}
+
+/// Whether a file with `meta` may be the attach hint: a plain file (not a link, not a
+/// FIFO) owned by root or by the caller's effective uid.
+pub fn is_trusted_attach_hint(meta: &std::fs::Metadata) -> bool {
+    use std::os::unix::fs::MetadataExt;
+    let owner = meta.uid();
+    meta.file_type().is_file() && (owner == 0 || owner == effective_uid())
+}
+
+#[allow(unsafe_code)]
+fn effective_uid() -> u32 {
+    // SAFETY: geteuid has no preconditions and cannot fail.
+    unsafe { libc::geteuid() }
 }
 
 /// The store a process uses (its name; the CLI's `--store`).

@@ -31,8 +31,21 @@ fn start_in_target() {
     // that lock on another thread: starting inline would deadlock the target. So
     // the agent starts on a thread of its own, once the injected call returns.
     let hint = bpftime_abi::attach_hint_path(std::process::id());
-    // Not followed if a link: a link another user planted is no hint of `attach`'s.
-    if std::fs::symlink_metadata(&hint).is_ok_and(|m| m.is_file()) {
+    // Only a hint of root's or ours counts: one another user planted (the directory is
+    // everyone's) must not move our start off the main thread, where probes would miss
+    // what the target does before the thread runs.
+    let trusted_hint = match std::fs::symlink_metadata(&hint) {
+        Ok(meta) if bpftime_abi::is_trusted_attach_hint(&meta) => true,
+        Ok(_) => {
+            eprintln!(
+                "bpftime agent: ignoring {}: not a plain file of root's or this user's (remove it; only `bpftime attach` makes it)",
+                hint.display()
+            );
+            false
+        }
+        Err(_) => false,
+    };
+    if trusted_hint {
         let spawned = std::thread::Builder::new()
             .name("bpftime-start".into())
             .spawn(move || {
@@ -51,38 +64,13 @@ fn start_in_target() {
     }
 }
 
-/// Tells a waiting `bpftime attach` why the agent did not start; only into a hint file
-/// that is still there (`attach` may have given up and removed it), is no link, and
-/// belongs to root or to us (it lies where every user can write; the runtime's
-/// `report_to_attach` does the same for the agent, which this library does not link).
+/// Tells a waiting `bpftime attach` why the agent did not start, in a hint that is still
+/// there (`attach` may have given up and removed it) and trusted (the runtime's
+/// `report_to_attach` does the same for the agent; this library does not link it).
 fn report_to_attach(hint: &std::path::Path, why: &str) {
-    use std::os::fd::{AsRawFd, FromRawFd};
-    let Ok(c) = std::ffi::CString::new(std::os::unix::ffi::OsStrExt::as_bytes(hint.as_os_str()))
-    else {
+    let Some(mut f) = bpftime_abi::open_attach_hint(hint, true) else {
         return;
     };
-    // SAFETY: NUL-terminated path; no O_CREAT: the file is never made here.
-    let fd = unsafe {
-        libc::open(
-            c.as_ptr(),
-            libc::O_WRONLY | libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_CLOEXEC,
-        )
-    };
-    if fd < 0 {
-        return;
-    }
-    // SAFETY: just opened, owned by nothing else.
-    let mut f = unsafe { std::fs::File::from_raw_fd(fd) };
-    // SAFETY: stat is plain old data, filled in by the kernel.
-    let mut st: libc::stat = unsafe { std::mem::zeroed() };
-    // SAFETY: `f` is open; `st` is a valid out buffer.
-    let stat_ok = unsafe { libc::fstat(f.as_raw_fd(), &mut st) } == 0;
-    // SAFETY: no preconditions.
-    let me = unsafe { libc::geteuid() };
-    if !stat_ok || st.st_mode & libc::S_IFMT != libc::S_IFREG || (st.st_uid != 0 && st.st_uid != me)
-    {
-        return;
-    }
     if f.set_len(0).is_ok() {
         let _ = std::io::Write::write_all(&mut f, format!("error: {why}").as_bytes());
     }

@@ -149,3 +149,69 @@ fn a_store_bpftime_makes_is_its_users_alone_whatever_the_umask() {
         assert_eq!(mode(&dir.join(f)), 0o600, "{f}");
     }
 }
+
+/// An attach hint another user planted for a process `bpftime start` runs (the hint's
+/// directory is everyone's; its name is the pid, easy to guess) is ignored with one line
+/// that names it: the agent starts before `main` as without it, every call from the
+/// first one is counted, and the planted file is left as it was.
+#[test]
+fn a_planted_attach_hint_does_not_move_the_agents_start() {
+    const N: u64 = 200;
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        println!("skipped: needs root to plant a file as a second user (uid {OTHER})");
+        return;
+    }
+    let s = Session::new("planted-hint");
+    let exe = s.target_copy(bpftime_tests::examples::CALLS);
+    let loader = s.load(&[
+        bpftime_tests::examples::FUNCLATENCY,
+        "--target",
+        exe.to_str().unwrap(),
+        "--func",
+        "work",
+    ]);
+    // The shell tells its pid (the target's, after exec) and waits for the plant.
+    let pid_file = s.tmp.join("pid");
+    let mut c = s.bpftime();
+    c.args(["start", "sh", "-c"])
+        .arg(r#"echo $$ > "$1.tmp" && mv "$1.tmp" "$1" && read go && exec "$2" "$3""#)
+        .arg("sh")
+        .arg(&pid_file)
+        .arg(&exe)
+        .arg(N.to_string())
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped());
+    let mut child = c.spawn().expect("bpftime start");
+    let end = std::time::Instant::now() + Duration::from_secs(30);
+    let pid = loop {
+        if let Ok(p) = std::fs::read_to_string(&pid_file) {
+            break p.trim().parse::<u32>().expect("pid");
+        }
+        assert!(std::time::Instant::now() < end, "the shell never started");
+        std::thread::sleep(Duration::from_millis(10));
+    };
+    let hint = bpftime_abi::attach_hint_path(pid);
+    let planted = b"planted-store".to_vec();
+    std::fs::write(&hint, &planted).unwrap();
+    std::os::unix::fs::chown(&hint, Some(OTHER), Some(OTHER)).unwrap();
+    std::io::Write::write_all(child.stdin.as_mut().unwrap(), b"go\n").unwrap();
+    let out = child.wait_with_output().expect("wait");
+    let kept = std::fs::read(&hint);
+    let _ = std::fs::remove_file(&hint);
+    let err = text(&out.stderr);
+    assert!(out.status.success(), "{err}");
+    assert!(
+        err.contains(&format!("ignoring {}", hint.display())),
+        "no line names the planted hint: {err}"
+    );
+    assert_eq!(kept.ok(), Some(planted), "the planted hint was changed");
+    let (code, lines, lerr) = loader.stop();
+    assert_eq!(code, 0, "loader failed: {lerr}");
+    assert_eq!(
+        bpftime_tests::field(&lines, "count=", "count"),
+        Some(N),
+        "calls were missed: {lines:?}"
+    );
+}
