@@ -16,6 +16,13 @@ use std::process::Command;
 use std::time::Duration;
 
 const ROUNDS: u32 = 20;
+
+/// The tests here run one at a time: bpftrace's syscount.bt counts every process's calls on
+/// the kernel, and the others' targets make the same calls.
+fn alone() -> std::sync::MutexGuard<'static, ()> {
+    static ONE: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    ONE.lock().unwrap_or_else(|e| e.into_inner())
+}
 const THREADS: u32 = 4;
 
 /// `program args...` in a private mount namespace with tracefs mounted where loaders
@@ -62,6 +69,7 @@ fn kernel_formats() -> Vec<(String, u32, String)> {
 
 #[test]
 fn formats_are_the_kernels_byte_for_byte_and_every_event_is_served() {
+    let _alone = alone();
     if let Some(why) = kernel_unavailable() {
         eprintln!("skipped, no kernel to compare with: {why}");
         return;
@@ -209,6 +217,7 @@ fn workload(s: &Session, target: &str, kernel: bool, files: &[String]) -> Vec<St
 
 #[test]
 fn openat_arguments_and_counts_by_number_match_the_kernel() {
+    let _alone = alone();
     let s = Session::new("systp");
     let files: Vec<String> = ["one", "two", "missing"]
         .iter()
@@ -263,6 +272,7 @@ fn openat_arguments_and_counts_by_number_match_the_kernel() {
 /// start` says so and runs it untraced, as it is; the kernel traces it exactly.
 #[test]
 fn a_static_target_runs_untraced_with_a_notice_and_the_kernel_traces_it() {
+    let _alone = alone();
     let s = Session::new("systp-static");
     let file = s.tmp.join("one");
     std::fs::write(&file, "1").unwrap();
@@ -314,6 +324,7 @@ fn attach_failure(mut c: Command) -> String {
 /// for the id file libbpf reads and for the raw tracepoint, EACCES for the read).
 #[test]
 fn bad_tracepoints_and_reads_past_the_record_fail_as_on_the_kernel() {
+    let _alone = alone();
     let s = Session::new("systp-bad");
     let cases = [
         (
@@ -371,6 +382,7 @@ fn bpftrace_map(lines: &[String]) -> BTreeMap<String, u64> {
 /// kernel: the same files, counted the same.
 #[test]
 fn a_bpftrace_one_liner_on_sys_enter_openat_counts_as_on_the_kernel() {
+    let _alone = alone();
     bpftime_tests::require_bpftrace();
     let s = Session::new("systp-bt");
     let files: Vec<String> = ["one", "missing"]
@@ -446,6 +458,7 @@ const SNOOP_THREADS: u32 = 2;
 /// the same opens, with the same flags and errors.
 #[test]
 fn opensnoop_reports_every_open_as_on_the_kernel() {
+    let _alone = alone();
     require(OPENSNOOP);
     let s = Session::new("systp-os");
     let files: Vec<String> = ["one", "missing"]
@@ -540,6 +553,7 @@ fn wait_for_hooks(pid: &str) {
 /// makes a fixed number of times, under bpftime and on the kernel.
 #[test]
 fn syscount_counts_a_process_calls_as_on_the_kernel() {
+    let _alone = alone();
     require(SYSCOUNT);
     let s = Session::new("systp-sc");
     let files: Vec<String> = ["one", "missing"]
@@ -621,6 +635,7 @@ fn syscount_counts_a_process_calls_as_on_the_kernel() {
 /// exited cleanly.
 #[test]
 fn tools_attach_and_detach_while_threads_make_system_calls() {
+    let _alone = alone();
     let s = Session::new("systp-stress");
     let files: Vec<String> = ["one", "missing"]
         .iter()
@@ -670,6 +685,7 @@ fn tools_attach_and_detach_while_threads_make_system_calls() {
 /// start`.
 #[test]
 fn an_attached_process_gets_its_system_calls_traced() {
+    let _alone = alone();
     use std::io::{BufRead, BufReader, Write};
     let s = Session::new("systp-attach");
     let files: Vec<String> = ["one", "missing"]
@@ -724,6 +740,7 @@ fn an_attached_process_gets_its_system_calls_traced() {
 /// on its stderr says why, its calls go on unhooked and right, and the tool sees none.
 #[test]
 fn a_target_under_seccomp_gets_a_notice_and_runs_unaffected() {
+    let _alone = alone();
     use std::io::{BufRead, BufReader, Read, Write};
     let s = Session::new("systp-seccomp");
     let file = s.tmp.join("one");
@@ -782,6 +799,7 @@ const SIGSNOOP: &str = "/usr/sbin/sigsnoop";
 /// with its target and result, as on the kernel.
 #[test]
 fn sigsnoop_reports_every_signal_sent_as_on_the_kernel() {
+    let _alone = alone();
     require(SIGSNOOP);
     let s = Session::new("systp-sig");
     const N: u64 = 5;
@@ -835,5 +853,176 @@ fn sigsnoop_reports_every_signal_sent_as_on_the_kernel() {
     match kernel_unavailable() {
         Some(why) => eprintln!("kernel comparison skipped: {why}"),
         None => assert_eq!(run(true), want, "kernel"),
+    }
+}
+
+/// Runs one of bpftrace's bundled tools, unmodified, on the kernel (tracefs mounted in a
+/// private namespace) or under `bpftime load` while `syscalls ROUNDS THREADS FILE...` runs
+/// under the name `comm` (on the kernel as it is, under `bpftime start` otherwise); waits
+/// until the tool printed `banner` and its `links` probes are in place first. The tool's
+/// lines, after a SIGINT.
+fn bundled_bpftrace_tool(
+    s: &Session,
+    kernel: bool,
+    tool: &str,
+    banner: &str,
+    links: usize,
+    comm: &str,
+    workload: &[String],
+) -> Vec<String> {
+    let target = s.target_copy(examples::SYSCALLS);
+    let named = s.tmp.join(comm);
+    std::fs::rename(&target, &named).unwrap();
+    let script = tool;
+    let tool = if kernel {
+        Tool::spawn_until(with_tracefs("bpftrace", &[script]), banner)
+    } else {
+        let mut c = s.bpftime();
+        c.args(["load", "bpftrace", script]);
+        let t = Tool::spawn_until(c, banner);
+        s.wait_for_links(links);
+        t
+    };
+    // A SIGINT in the last part of bpftrace's start-up is lost (see Session::load_bpftrace).
+    std::thread::sleep(Duration::from_secs(2));
+    let mut app = if kernel {
+        Command::new(&named)
+    } else {
+        let mut c = s.bpftime();
+        c.arg("start").arg(&named);
+        c
+    };
+    app.args(workload);
+    let out = bpftime_tests::run_with_timeout(app, Duration::from_secs(120));
+    assert!(out.status.success(), "{out:?}");
+    std::thread::sleep(Duration::from_millis(500));
+    let (code, lines, err) = tool.stop();
+    assert_eq!(code, 0, "{script}: {lines:?}\n{err}");
+    lines
+}
+
+/// bpftrace's own opensnoop.bt (`sys_enter_open`/`openat` keep the file name by thread,
+/// `sys_exit_*` print it with the result): the target's opens, each with its errno, as
+/// the kernel reports them.
+#[test]
+fn bpftraces_opensnoop_bt_reports_every_open_as_on_the_kernel() {
+    let _alone = alone();
+    bpftime_tests::require_bpftrace();
+    const TOOL: &str = "/usr/sbin/opensnoop.bt";
+    assert!(
+        std::path::Path::new(TOOL).exists(),
+        "{TOOL} is missing: run scripts/setup.sh (Debian package bpftrace)"
+    );
+    let s = Session::new("systp-osbt");
+    let files: Vec<String> = ["one", "missing"]
+        .iter()
+        .map(|n| s.tmp.join(n).to_str().unwrap().to_string())
+        .collect();
+    std::fs::write(&files[0], "1").unwrap();
+    let run = |kernel: bool| -> BTreeMap<String, u64> {
+        let comm = format!("obt{}{}", u8::from(kernel), std::process::id() % 100_000);
+        let mut workload = vec![SNOOP_ROUNDS.to_string(), SNOOP_THREADS.to_string()];
+        workload.extend(files.iter().cloned());
+        let banner = "Tracing open syscalls... Hit Ctrl-C to end.";
+        let lines = bundled_bpftrace_tool(&s, kernel, TOOL, banner, 4, &comm, &workload);
+        let mut opens = BTreeMap::new();
+        for l in &lines {
+            // PID COMM FD ERR PATH; the descriptor's number is left out.
+            let f: Vec<&str> = l.split_whitespace().collect();
+            if f.len() == 5 && f[1] == comm && f[4].starts_with(s.tmp.to_str().unwrap()) {
+                let fd = if f[2].parse::<i64>().is_ok_and(|fd| fd >= 0) {
+                    "fd"
+                } else {
+                    f[2]
+                };
+                *opens
+                    .entry(format!("{fd} err={} {}", f[3], f[4]))
+                    .or_insert(0) += 1;
+            }
+        }
+        assert!(!opens.is_empty(), "opensnoop.bt saw nothing: {lines:?}");
+        opens
+    };
+    let times = 3 * u64::from(SNOOP_ROUNDS * SNOOP_THREADS + 1);
+    let want: BTreeMap<String, u64> = [
+        (format!("fd err=0 {}", files[0]), times),
+        (format!("-1 err=2 {}", files[1]), times),
+    ]
+    .into_iter()
+    .collect();
+    assert_eq!(run(false), want, "bpftime");
+    match kernel_unavailable() {
+        Some(why) => eprintln!("kernel comparison skipped: {why}"),
+        None => assert_eq!(run(true), want, "kernel"),
+    }
+}
+
+/// bpftrace's own syscount.bt (`tracepoint:raw_syscalls:sys_enter`, counts by call number
+/// and by command, the top ten of each printed at the end): the target's getppid calls
+/// counted as the kernel counts them (on the kernel the tool sees every process, so only
+/// a call nothing else here makes is compared, in a number that puts it in the top ten),
+/// and under bpftime only the target's calls, none of the agent's threads.
+#[test]
+fn bpftraces_syscount_bt_counts_calls_as_on_the_kernel() {
+    let _alone = alone();
+    bpftime_tests::require_bpftrace();
+    const TOOL: &str = "/usr/sbin/syscount.bt";
+    assert!(
+        std::path::Path::new(TOOL).exists(),
+        "{TOOL} is missing: run scripts/setup.sh (Debian package bpftrace)"
+    );
+    const BIG_ROUNDS: u32 = 500;
+    let s = Session::new("systp-scbt");
+    let file = s.tmp.join("one").to_str().unwrap().to_string();
+    std::fs::write(&file, "1").unwrap();
+    let calls = u64::from(BIG_ROUNDS * THREADS + 1);
+    let run = |kernel: bool| -> (Option<u64>, BTreeMap<String, u64>) {
+        let comm = format!("sct{}{}", u8::from(kernel), std::process::id() % 100_000);
+        let workload = [BIG_ROUNDS.to_string(), THREADS.to_string(), file.clone()];
+        let banner = "Counting syscalls... Hit Ctrl-C to end.";
+        let lines = bundled_bpftrace_tool(&s, kernel, TOOL, banner, 1, &comm, &workload);
+        let by_call = bpftrace_map(
+            &lines
+                .iter()
+                .filter(|l| l.starts_with("@syscall["))
+                .map(|l| l.replacen("@syscall[", "@[", 1))
+                .collect::<Vec<_>>(),
+        );
+        let by_comm = bpftrace_map(
+            &lines
+                .iter()
+                .filter(|l| l.starts_with("@process["))
+                .map(|l| l.replacen("@process[", "@[", 1))
+                .collect::<Vec<_>>(),
+        );
+        assert!(!by_call.is_empty(), "syscount.bt printed no calls: {lines:?}");
+        (by_call.get("110").copied(), by_comm)
+    };
+    // getppid twice a round on every thread and in the child, and once more in the
+    // process and in the child to learn their parent.
+    let getppid = 2 * calls + 2;
+    let (ours, by_comm) = run(false);
+    assert_eq!(ours, Some(getppid), "bpftime: getppid calls");
+    let comm = format!("sct0{}", std::process::id() % 100_000);
+    assert_eq!(
+        by_comm.keys().collect::<Vec<_>>(),
+        [&comm],
+        "bpftime: calls of other threads than the target's"
+    );
+    // The command's total: every call from `main` on (three opens, three closes and two
+    // getppid a round) and those of the child; the kernel's is larger by the loader's
+    // calls before the agent starts, which no process can see of itself.
+    let ours_total = by_comm[&comm];
+    assert!(ours_total >= 8 * calls, "bpftime: {by_comm:?}");
+    match kernel_unavailable() {
+        Some(why) => eprintln!("kernel comparison skipped: {why}"),
+        None => {
+            let (kernel, by_comm) = run(true);
+            assert_eq!(kernel, Some(getppid), "kernel: getppid calls");
+            let kcomm = format!("sct1{}", std::process::id() % 100_000);
+            let theirs = by_comm.get(&kcomm).copied().unwrap_or(0);
+            assert!(theirs >= ours_total, "kernel: {by_comm:?}");
+            eprintln!("syscount.bt: the command's calls: bpftime {ours_total}, kernel {theirs}");
+        }
     }
 }
