@@ -44,6 +44,7 @@ const ARTIFACTS: &[&str] = &[
     "syscalls",
     "syscalls-static",
     "signals",
+    "forks",
 ];
 
 /// GPU objects, built too: only bpftime loads them (GPU helpers, or `cuda:`

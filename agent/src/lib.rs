@@ -4,6 +4,7 @@
 //! it with inline hooks. A watcher thread follows the store, so tools loaded
 //! later attach without a restart and tools that exit detach.
 
+mod alloc;
 mod crash;
 mod exit;
 mod gpu;
@@ -11,6 +12,9 @@ mod program;
 mod syscalls;
 mod trace;
 mod watch;
+
+#[global_allocator]
+static ALLOCATOR: alloc::AgentAllocator = alloc::AgentAllocator;
 
 /// The entry point the starter calls once the loader has run every initializer
 /// of this library (LLVM's static constructors among them), with its

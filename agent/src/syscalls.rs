@@ -289,6 +289,7 @@ fn publish<'a>(links: impl Iterator<Item = &'a Arc<Attached>>) {
 /// Arms the hooks once a first system call program is attached; says what cannot be done.
 fn arm() {
     bpftime_attach::set_syscall_handlers(on_enter, on_exit);
+    bpftime_attach::set_new_task_handler(bpftime_runtime::helpers::forget_cached_ids);
     match bpftime_attach::arm_syscall_hooks() {
         Ok(report) => {
             tracing::info!(

@@ -72,7 +72,8 @@ pub use resolve::{
 };
 pub use site::{function_at, plan_site, SitePlan};
 pub use syscall::{
-    arm as arm_syscall_hooks, disarm as disarm_syscall_hooks, set_syscall_handlers, syscall_stats,
+    arm as arm_syscall_hooks, disarm as disarm_syscall_hooks, in_process_making_call,
+    set_new_task_handler, set_syscall_handlers, syscall_stats,
     use_static_tls as use_static_tls_for_syscalls, watch_syscall, ArmError, ArmReport,
     RewriteStats, SyscallHandler, SyscallStats,
 };

@@ -93,6 +93,9 @@ pub const SYSCALLS_STATIC: &str = env!("BPF_EXAMPLES_SYSCALLS_STATIC");
 /// Test target `signals N`: SIGUSR1 to itself N times by kill() and N times by tgkill(),
 /// then a kill() of a pid that cannot exist.
 pub const SIGNALS: &str = env!("BPF_EXAMPLES_SIGNALS");
+/// Test target `forks N`: N times each, a child by the C library's fork(), by a fork
+/// system call of its own, by vfork() and by posix_spawn(), and a thread.
+pub const FORKS: &str = env!("BPF_EXAMPLES_FORKS");
 /// Test target `stack_target N`: fixed call chains (no PIE, frame pointers).
 pub const STACK_TARGET: &str = env!("BPF_EXAMPLES_STACK_TARGET");
 

@@ -83,8 +83,16 @@ static FORKS: AtomicU64 = AtomicU64::new(0);
 static IDS_TP_OFFSET: AtomicIsize = AtomicIsize::new(0);
 
 extern "C" fn after_fork_in_child() {
-    FORKS.fetch_add(1, Ordering::Relaxed);
     // The child's only thread is this one: clearing its static slot clears them all.
+    forget_cached_ids();
+}
+
+/// Forgets the ids this thread cached, so that the next read asks the kernel: for a new
+/// process or thread that started with a copy of, or a share in, its maker's memory (a
+/// `fork` or `clone` made without the C library's `fork`, whose handler does this too,
+/// and the maker of a `vfork` child, which wrote its own ids there).
+pub fn forget_cached_ids() {
+    FORKS.fetch_add(1, Ordering::Relaxed);
     let offset = IDS_TP_OFFSET.load(Ordering::Relaxed);
     if offset != 0 {
         // SAFETY: `use_static_tls_ids`'s caller vouched for 8 bytes of static TLS here.

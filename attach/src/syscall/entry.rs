@@ -32,7 +32,10 @@
 //! inline assembly on x86. ymm/zmm upper halves and x87 state are not saved around the
 //! programs (see `stubs`).
 
-use super::{dispatch, returned, returned_from_fork, EXIT, FLAGS, SITES, SITE_SLOTS, TLS_OFFSET};
+use super::{
+    dispatch, returned, returned_from_fork, returned_in_child, EXIT, FLAGS, SITES, SITE_SLOTS,
+    TLS_OFFSET,
+};
 
 /// What `dispatch` answers: the call was made (or emulated), its result is in the frame.
 pub(crate) const DONE: u64 = 0;
@@ -296,8 +299,10 @@ std::arch::global_asm!(
         jmp qword ptr fs:[r11 + 8]
     ",
     // The child: arms dispatch for itself if its parent was armed (its selector byte is
-    // in its own TLS: at the thread pointer, which `fs:0` holds, plus the offset), then
-    // resumes at the return address with rax 0.
+    // in its own TLS: at the thread pointer, which `fs:0` holds, plus the offset), runs
+    // the programs watching the call's return in it (as the kernel does, with 0), on a
+    // frame below the red zone of whatever stack it has, then resumes at the return
+    // address with rax 0 and every other register as the call left it.
     "
     50:
         lea rsp, [rsp - 128]
@@ -321,6 +326,20 @@ std::arch::global_asm!(
         sub r10, rdx
         syscall
     51:
+        push rbx
+        mov rbx, rsp
+        and rsp, -16
+        sub rsp, 256
+        .irp i, 0,1,2,3,4,5,6,7,8,9,10,11,12,13,14,15
+        movups [rsp + 16 * \\i], xmm\\i
+        .endr
+        cld
+        call {returned_in_child}
+        .irp i, 0,1,2,3,4,5,6,7,8,9,10,11,12,13,14,15
+        movups xmm\\i, [rsp + 16 * \\i]
+        .endr
+        mov rsp, rbx
+        pop rbx
         pop r9
         pop r8
         pop r10
@@ -373,6 +392,7 @@ std::arch::global_asm!(
     flag_count = const super::NR_LIMIT,
     dispatch = sym dispatch,
     returned_from_fork = sym returned_from_fork,
+    returned_in_child = sym returned_in_child,
     tls = sym TLS_OFFSET,
     fork = const FORK,
     sigreturn = const SIGRETURN,

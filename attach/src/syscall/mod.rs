@@ -59,8 +59,9 @@ pub(crate) const SITE_SLOTS: usize = 4096;
 pub(crate) static SITES: [AtomicU64; SITE_SLOTS] = [const { AtomicU64::new(0) }; SITE_SLOTS];
 
 /// Where each thread's 24 bytes of static TLS for dispatch are, from the thread pointer:
-/// byte 0 its selector (1 once armed), byte 1 whether a child it makes arms itself, then
-/// the return address of a process-making call in flight, then its number.
+/// byte 0 its selector (1 once armed), byte 1 whether a child it makes arms itself, byte 2
+/// whether it is inside a process-making call (see [`in_process_making_call`]), then at 8
+/// the return address of such a call in flight, then at 16 its number.
 pub(crate) static TLS_OFFSET: AtomicIsize = AtomicIsize::new(0);
 
 const SYS_RT_SIGACTION: u64 = 13;
@@ -83,6 +84,36 @@ pub type SyscallHandler = fn(&PtRegs);
 
 static ON_ENTER: AtomicUsize = AtomicUsize::new(0);
 static ON_EXIT: AtomicUsize = AtomicUsize::new(0);
+static ON_NEW_TASK: AtomicUsize = AtomicUsize::new(0);
+
+/// What must forget what it cached of the thread's ids: run in every child a hooked call
+/// made (first thing, before its programs) and in the caller after such a call (a `vfork`
+/// child shares the caller's memory and wrote its own ids where the caller keeps its).
+pub type NewTaskHandler = fn();
+
+/// Gives the function that runs in a new process or thread and in its maker (once, before
+/// [`arm`]).
+pub fn set_new_task_handler(f: NewTaskHandler) {
+    ON_NEW_TASK.store(f as usize, Ordering::Release);
+}
+
+/// Whether this thread is inside a system call that makes a process or a thread, from
+/// before the programs watching its entry run until those watching its return ran (in the
+/// caller and in the child). The C library's `fork` holds every lock of its `malloc` over
+/// that call, so nothing run there may call `malloc`: the agent's allocator serves such
+/// threads from memory of its own.
+#[inline]
+pub fn in_process_making_call() -> bool {
+    // SAFETY: this thread's dispatch TLS.
+    tls_byte(2).is_some_and(|b| unsafe { *b } != 0)
+}
+
+fn set_process_making_call(on: bool) {
+    if let Some(b) = tls_byte(2) {
+        // SAFETY: this thread's dispatch TLS.
+        unsafe { *b = u8::from(on) };
+    }
+}
 
 /// Gives the functions that run programs at system calls (once, before [`arm`]).
 pub fn set_syscall_handlers(enter: SyscallHandler, exit: SyscallHandler) {
@@ -171,6 +202,9 @@ pub(crate) extern "C" fn dispatch(regs: *mut PtRegs) -> u64 {
         .map_or(0, |f| f.load(Ordering::Acquire));
     // Our own threads, and code running programs already, run none.
     let programs = !in_handlers();
+    if matches!(nr, SYS_CLONE | SYS_FORK | SYS_VFORK | SYS_CLONE3) {
+        set_process_making_call(true);
+    }
     if programs && flags & ENTER != 0 {
         run(&ON_ENTER, regs);
     }
@@ -258,6 +292,30 @@ unsafe fn prepare_fork(regs: &PtRegs) {
 /// Called by the entry in the caller of a process-making call once it returned `ret`:
 /// the programs watching the return.
 pub(crate) extern "C" fn returned_from_fork(ret: i64) {
+    new_task();
+    after_process_making_call(ret);
+}
+
+/// Called by the entry in the child of a process-making call, armed if its maker was:
+/// what it cached of its maker's ids is forgotten, then the programs watching the call's
+/// return run with 0, as the kernel runs them in the child.
+pub(crate) extern "C" fn returned_in_child() {
+    new_task();
+    after_process_making_call(0);
+}
+
+fn new_task() {
+    let f = match ON_NEW_TASK.load(Ordering::Acquire) {
+        0 => return,
+        // SAFETY: only `set_new_task_handler` stores here, a `NewTaskHandler`.
+        f => unsafe { std::mem::transmute::<usize, NewTaskHandler>(f) },
+    };
+    let _ = catch_unwind(f);
+}
+
+/// The programs watching the return of the process-making call this thread's dispatch
+/// TLS names, with `ret`; then the thread is out of the call.
+fn after_process_making_call(ret: i64) {
     let Some(me) = tls_byte(0) else {
         return;
     };
@@ -271,19 +329,19 @@ pub(crate) extern "C" fn returned_from_fork(ret: i64) {
     let flags = FLAGS
         .get(nr as usize)
         .map_or(0, |f| f.load(Ordering::Acquire));
-    if flags & EXIT == 0 || in_handlers() {
-        return;
+    if flags & EXIT != 0 && !in_handlers() {
+        let regs = PtRegs {
+            ax: ret as u64,
+            orig_ax: nr,
+            ip,
+            cx: ip,
+            cs: 0x33,
+            ss: 0x2b,
+            ..PtRegs::default()
+        };
+        run(&ON_EXIT, &regs);
     }
-    let regs = PtRegs {
-        ax: ret as u64,
-        orig_ax: nr,
-        ip,
-        cx: ip,
-        cs: 0x33,
-        ss: 0x2b,
-        ..PtRegs::default()
-    };
-    run(&ON_EXIT, &regs);
+    set_process_making_call(false);
 }
 
 /// What the hooks did so far, for notices and tests.
