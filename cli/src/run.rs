@@ -54,6 +54,8 @@ pub struct RunArgs {
     /// The eBPF object (`clang -target bpf -g -c prog.bpf.c`). Sections name
     /// the probes: SEC("uprobe/FUNC") for a function of the app,
     /// SEC("uprobe//PATH:FUNC") or SEC("uretprobe/LIB.so:FUNC") for others,
+    /// SEC("tracepoint/syscalls/sys_enter_NAME") (sys_exit_NAME, raw_syscalls/sys_enter,
+    /// raw_tracepoint/sys_exit...) for the app's system calls,
     /// SEC("cuda:KERNEL[:entry|exit|launch|ldst|ldst.shared]") for a CUDA kernel.
     object: PathBuf,
     /// The app and its arguments (after `--`).
@@ -203,6 +205,8 @@ impl GpuAttachment {
 struct Plan {
     uprobes: Vec<Attachment>,
     gpu: Vec<GpuAttachment>,
+    /// Programs on system call tracepoints, by name, attached where their sections say.
+    tracepoints: Vec<(String, bpftime_syscalls::Event)>,
 }
 
 /// Where each autoloaded program of `open` attaches, checked against the files.
@@ -227,6 +231,7 @@ fn plan(
     let mut plans = Plan {
         uprobes: Vec::new(),
         gpu: Vec::new(),
+        tracepoints: Vec::new(),
     };
     for p in open.progs() {
         if !p.autoload() {
@@ -254,6 +259,16 @@ fn plan(
             }
             None => {}
         }
+        if let Some(event) = bpftime_syscalls::Event::from_section(&section) {
+            if forced.remove(&name).is_some() {
+                return Err(usage(anyhow!(
+                    "--attach {name}=...: program `{name}` is on the tracepoint {} (SEC(\"{section}\")), which every system call of the app reaches; --attach names functions for uprobes",
+                    event.path()
+                )));
+            }
+            plans.tracepoints.push((name, event));
+            continue;
+        }
         let Some((retprobe, rest)) = probes::uprobe_section(&section) else {
             let hint = if section.starts_with("kprobe") || section.starts_with("kretprobe") {
                 " (a kprobe probes a CUDA kernel when its program is named cuda__*, or write SEC(\"cuda:KERNEL\"))".to_string()
@@ -261,7 +276,7 @@ fn plan(
                 String::new()
             };
             return Err(usage(anyhow!(
-                "program `{name}`: section `{section}` is not a uprobe, a uretprobe or a GPU probe; bpftime run attaches SEC(\"uprobe/...\"), SEC(\"uretprobe/...\") and SEC(\"cuda:...\") programs{hint}"
+                "program `{name}`: section `{section}` is not a uprobe, a uretprobe, a system call tracepoint or a GPU probe; bpftime run attaches SEC(\"uprobe/...\"), SEC(\"uretprobe/...\"), SEC(\"tracepoint/syscalls/...\"), SEC(\"tracepoint/raw_syscalls/...\"), SEC(\"raw_tracepoint/sys_enter\") (and sys_exit) and SEC(\"cuda:...\") programs{hint}"
             )));
         };
         let spec = match forced.remove(&name) {
@@ -280,7 +295,7 @@ fn plan(
             .uprobes
             .push(probes::resolve(&name, retprobe, &spec, app).map_err(Failure::Usage)?);
     }
-    if plans.uprobes.is_empty() && plans.gpu.is_empty() {
+    if plans.uprobes.is_empty() && plans.gpu.is_empty() && plans.tracepoints.is_empty() {
         return Err(usage(anyhow!(
             "{} has no program to attach",
             object.display()
@@ -441,6 +456,26 @@ fn load_and_run(store: &str, args: &RunArgs) -> Result<ExitCode, Failure> {
             .attach_uprobe_with_opts(-1, &a.file, a.offset as usize, opts)
             .map_err(|e| Failure::Load(anyhow!("cannot attach {}: {e}", a.describe())))?;
         errln!("bpftime run: attached {}", a.describe());
+        links.push(link);
+    }
+
+    for (name, event) in &plans.tracepoints {
+        let prog = obj
+            .progs_mut()
+            .find(|p| p.name().to_string_lossy() == *name)
+            .ok_or_else(|| Failure::Load(anyhow!("program `{name}` vanished after load")))?;
+        // libbpf attaches by the section, finding the tracepoint's id in tracefs (which
+        // the shim answers for).
+        let link = prog.attach().map_err(|e| {
+            Failure::Load(anyhow!(
+                "cannot attach {name} to the tracepoint {}: {e}",
+                event.path()
+            ))
+        })?;
+        errln!(
+            "bpftime run: attached {name} to the tracepoint {}",
+            event.path()
+        );
         links.push(link);
     }
 

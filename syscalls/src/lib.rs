@@ -58,6 +58,24 @@ impl Event {
         }
     }
 
+    /// The event a program's ELF section attaches it to, as libbpf reads the section:
+    /// `tracepoint/GROUP/NAME` or `tp/GROUP/NAME` for a tracepoint, and
+    /// `raw_tracepoint/NAME` or `raw_tp/NAME` for the raw `sys_enter` and `sys_exit`
+    /// (which watch the same calls as `raw_syscalls`'); None for any other section.
+    pub fn from_section(section: &str) -> Option<Event> {
+        if let Some(raw) = ["raw_tracepoint/", "raw_tp/"]
+            .iter()
+            .find_map(|p| section.strip_prefix(p))
+        {
+            return Event::parse("raw_syscalls", raw);
+        }
+        let rest = ["tracepoint/", "tp/"]
+            .iter()
+            .find_map(|p| section.strip_prefix(p))?;
+        let (group, name) = rest.split_once('/')?;
+        Event::parse(group, name)
+    }
+
     /// `GROUP/NAME`, as tracefs's directories and libbpf's section names write it.
     pub fn path(&self) -> String {
         format!("{}/{}", self.group(), self.name())
@@ -113,4 +131,32 @@ impl Event {
 
 fn call_name(nr: u32) -> &'static str {
     by_nr(nr).map_or("unknown", |s| s.name)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sections_name_the_events_libbpf_attaches_them_to() {
+        let openat = by_name("openat").unwrap().nr;
+        for (section, want) in [
+            (
+                "tracepoint/syscalls/sys_enter_openat",
+                Some(Event::Enter(openat)),
+            ),
+            ("tp/syscalls/sys_exit_openat", Some(Event::Exit(openat))),
+            ("tracepoint/raw_syscalls/sys_enter", Some(Event::RawEnter)),
+            ("raw_tracepoint/sys_exit", Some(Event::RawExit)),
+            ("raw_tp/sys_enter", Some(Event::RawEnter)),
+            ("tracepoint/syscalls/sys_enter_nosuchcall", None),
+            ("tracepoint/sched/sched_switch", None),
+            ("raw_tp/sched_switch", None),
+            ("tp_btf/sys_enter", None),
+            ("uprobe/syscalls/sys_enter_openat", None),
+            ("tracepoint/syscalls", None),
+        ] {
+            assert_eq!(Event::from_section(section), want, "{section}");
+        }
+    }
 }

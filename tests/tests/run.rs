@@ -1751,3 +1751,103 @@ fn run_and_verify_check_the_store_before_loading() {
         "{stderr}"
     );
 }
+
+/// A tool's object with programs on system call tracepoints, under `bpftime run`: attached
+/// where their sections say (a `syscalls` tracepoint and the raw `sys_exit`), they count
+/// the app's calls exactly; `--attach` on one is refused with the reason.
+#[test]
+fn run_attaches_system_call_tracepoints_where_their_sections_say() {
+    let s = Session::new("run-systp");
+    let obj = s.compile_bpf(
+        "systp_count",
+        r#"
+#include <linux/bpf.h>
+#include <bpf/bpf_helpers.h>
+struct {
+    __uint(type, BPF_MAP_TYPE_ARRAY);
+    __uint(max_entries, 2);
+    __type(key, __u32);
+    __type(value, __u64);
+} counts SEC(".maps");
+static void bump(__u32 k)
+{
+    __u64 *v = bpf_map_lookup_elem(&counts, &k);
+    if (v)
+        __sync_fetch_and_add(v, 1);
+}
+SEC("tracepoint/syscalls/sys_enter_getppid")
+int on_getppid(void *ctx) { bump(0); return 0; }
+SEC("raw_tracepoint/sys_exit")
+int on_exit(struct bpf_raw_tracepoint_args *ctx) { bump(1); return 0; }
+char LICENSE[] SEC("license") = "GPL";
+"#,
+    );
+    let obj = obj.to_str().unwrap();
+    let file = s.tmp.join("one");
+    std::fs::write(&file, "1").unwrap();
+    let (rounds, threads) = (5u64, 3u64);
+    let out = bpftime(
+        &s,
+        &[
+            "run",
+            obj,
+            "--",
+            examples::SYSCALLS,
+            &rounds.to_string(),
+            &threads.to_string(),
+            file.to_str().unwrap(),
+        ],
+    );
+    assert_eq!(out.code, Some(0), "{}", out.context());
+    for want in [
+        "attached on_getppid to the tracepoint syscalls/sys_enter_getppid",
+        "attached on_exit to the tracepoint raw_syscalls/sys_exit",
+    ] {
+        assert!(
+            out.stderr.contains(want),
+            "says not `{want}`: {}",
+            out.context()
+        );
+    }
+    let count = |key: u32| -> Option<u64> {
+        out.stdout.iter().find_map(|l| {
+            l.strip_prefix(&format!("counts[{key}]: "))?
+                .trim()
+                .parse()
+                .ok()
+        })
+    };
+    // getppid twice a round on each thread and in the child, and once more in the
+    // process and in the child (as syscall_tracepoints.rs checks against the kernel).
+    let calls = rounds * threads + 1;
+    assert_eq!(count(0), Some(2 * calls + 2), "{}", out.context());
+    // Every return the process and its child saw: at least the getppid and the three
+    // opens and closes a round.
+    assert!(
+        count(1).is_some_and(|n| n >= 8 * calls),
+        "{}",
+        out.context()
+    );
+
+    let refused = bpftime(
+        &s,
+        &[
+            "run",
+            "--attach",
+            "on_getppid=work",
+            obj,
+            "--",
+            examples::SYSCALLS,
+            "1",
+            "1",
+        ],
+    );
+    assert_eq!(refused.code, Some(2), "{}", refused.context());
+    assert!(
+        refused
+            .stderr
+            .contains("is on the tracepoint syscalls/sys_enter_getppid"),
+        "{}",
+        refused.context()
+    );
+}
