@@ -29,8 +29,15 @@ pub enum Error {
     NoStore { name: String, dir: PathBuf },
     #[error("{kind} {id} is not in the store")]
     NoObject { kind: &'static str, id: u32 },
+    /// A map operation or an object refused, with the kernel's errno. The text is borrowed
+    /// where it is fixed: programs' map calls fail on their hot path (a full map, a missing
+    /// key), and must not allocate there (the C library's `malloc` may be locked over a
+    /// `fork` the program watches).
     #[error("{what}")]
-    Invalid { what: String, errno: i32 },
+    Invalid {
+        what: std::borrow::Cow<'static, str>,
+        errno: i32,
+    },
 }
 
 impl Error {
@@ -42,7 +49,7 @@ impl Error {
         }
     }
 
-    pub(crate) fn invalid(errno: i32, what: impl Into<String>) -> Self {
+    pub(crate) fn invalid(errno: i32, what: impl Into<std::borrow::Cow<'static, str>>) -> Self {
         Error::Invalid {
             what: what.into(),
             errno,

@@ -41,7 +41,7 @@ pub(crate) fn lock_word(word: &std::sync::atomic::AtomicU32) -> Option<lock::Gua
     lock::lock(word, || false, || {})
 }
 
-pub(crate) fn err(errno: i32, what: impl Into<String>) -> Error {
+pub(crate) fn err(errno: i32, what: impl Into<std::borrow::Cow<'static, str>>) -> Error {
     Error::invalid(errno, what)
 }
 
