@@ -5,7 +5,8 @@
 # libelf/zlib for the static libbpf that libbpf-rs builds, <sys/sdt.h> for the USDT
 # test target, a JDK (HotSpot's USDT probes, for javagc), and libssl-dev for the TLS
 # target of bpftrace's sslsnoop.bt and ssllatency.bt; Node and a pinned trace reader for
-# the --trace tests; a sans font for the words of the memory timeline's picture.
+# the --trace tests; a sans font for the words of the memory timeline's picture; Prometheus,
+# which scrapes `bpftime run --metrics` in its test.
 set -euo pipefail
 
 packages=(
@@ -27,6 +28,15 @@ if [ "${#missing[@]}" -gt 0 ]; then
     echo "setup: installing ${missing[*]}"
     as_root apt-get update -qq
     as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}"
+fi
+
+# Prometheus, which scrapes `bpftime run --metrics` in the metrics test: the server alone
+# (not the exporters Debian recommends beside it). On a host that runs systemd, Debian's
+# package starts its service on :9090; `systemctl disable --now prometheus` stops it.
+if ! command -v prometheus >/dev/null 2>&1; then
+    echo "setup: installing prometheus (the metrics test scrapes bpftime with it)"
+    as_root apt-get update -qq
+    as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends prometheus
 fi
 
 # ptxas, to check generated PTX without a GPU, pinned to the GPU machine's CUDA 13.0

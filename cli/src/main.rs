@@ -16,6 +16,7 @@ mod output;
 mod attach;
 mod histogram;
 mod inproc;
+mod metrics;
 mod probes;
 mod run;
 mod show;

@@ -49,6 +49,11 @@ pub struct RunArgs {
     /// (DIR/MAP.png: time across, address down, density as colour).
     #[arg(long, value_name = "DIR")]
     out: Option<PathBuf>,
+    /// Serve the object's maps as Prometheus metrics at http://ADDR/metrics while the
+    /// app runs (ADDR is HOST:PORT, or :PORT for every address): one family per hash or
+    /// array map, `bpftime_MAP{KEY MEMBERS...} VALUE`, and the object's global variables.
+    #[arg(long, value_name = "ADDR")]
+    metrics: Option<String>,
     #[command(flatten)]
     profiling: crate::Profiling,
     /// The eBPF object (`clang -target bpf -g -c prog.bpf.c`). Sections name
@@ -117,6 +122,10 @@ pub fn main(store: &str, args: RunArgs) -> ExitCode {
                 return ExitCode::from(2);
             }
         }
+    }
+    if let Some(addr) = &args.metrics {
+        argv.push("--metrics".into());
+        argv.push(addr.into());
     }
     match args.profiling.to_args() {
         Ok(a) => argv.extend(a),
@@ -573,6 +582,18 @@ fn load_and_run(store: &str, args: &RunArgs) -> Result<ExitCode, Failure> {
     } else {
         None
     };
+    let metrics = args
+        .metrics
+        .as_deref()
+        .map(crate::metrics::MetricsServer::bind)
+        .transpose()
+        .map_err(usage)?;
+    if let Some(m) = &metrics {
+        if let Ok(addr) = m.local_addr() {
+            errln!("bpftime run: metrics at http://{addr}/metrics");
+        }
+    }
+    let mut render = || crate::metrics::exposition(&obj, &store_handle, &types);
     let mut trace = TraceTail::new(store);
     // With no ring to wait on, a trace line wakes the loop as soon as it is written.
     let trace_written = crate::trace_pipe::DirWatch::new_for(trace.store.as_ref());
@@ -602,6 +623,9 @@ fn load_and_run(store: &str, args: &RunArgs) -> Result<ExitCode, Failure> {
             let _ = p.poll(Duration::ZERO);
         }
         trace.drain();
+        if let Some(m) = &metrics {
+            m.answer_waiting(&mut render);
+        }
         app_maps.refresh();
         match child.try_wait() {
             Ok(Some(status)) => break status,

@@ -133,6 +133,73 @@ impl<'obj> Types<'obj> {
         }
     }
 
+    /// The value as a number when type `id` is an integer or an enum of at most 8 bytes
+    /// (signed where the type says so), or a float; with no type information, as
+    /// [`Types::as_uint`] reads it.
+    pub fn as_number(&self, id: u32, bytes: &[u8]) -> Option<f64> {
+        let t = self.ty(id).map(|t| t.skip_mods_and_typedefs());
+        match t {
+            Some(t) if t.kind() == BtfKind::Int && bytes.len() <= 8 => {
+                let signed = types::Int::try_from(t)
+                    .is_ok_and(|i| matches!(i.encoding, types::IntEncoding::Signed));
+                Some(if signed {
+                    sint(bytes) as f64
+                } else {
+                    uint(bytes) as f64
+                })
+            }
+            Some(t) if t.kind() == BtfKind::Float => match bytes.len() {
+                4 => Some(f32::from_le_bytes(bytes.try_into().ok()?).into()),
+                8 => Some(f64::from_le_bytes(bytes.try_into().ok()?)),
+                _ => None,
+            },
+            _ => self.as_uint(id, bytes).map(|v| v as f64),
+        }
+    }
+
+    /// The named members of struct type `id` laid over `bytes`, each with its type and
+    /// bytes (bit fields and members past `bytes` left out); None when `id` is no struct.
+    pub fn members<'b>(&self, id: u32, bytes: &'b [u8]) -> Option<Vec<(String, u32, &'b [u8])>> {
+        let t = self.ty(id)?.skip_mods_and_typedefs();
+        if t.kind() != BtfKind::Struct {
+            return None;
+        }
+        let c = types::Composite::try_from(t).ok()?;
+        Some(
+            (0..c.len())
+                .filter_map(|i| c.get(i))
+                .filter_map(|m| {
+                    let types::MemberAttr::Normal { offset } = m.attr else {
+                        return None;
+                    };
+                    let name = m.name?.to_string_lossy().into_owned();
+                    let ty: u32 = m.ty.into();
+                    let len = Self::size_of(self.ty(ty)?)?;
+                    let start = offset as usize / 8;
+                    Some((name, ty, bytes.get(start..start + len)?))
+                })
+                .collect(),
+        )
+    }
+
+    /// Type `id` applied to `bytes` as a label's text: a character array as the string it
+    /// holds (to its first NUL), anything else as [`Types::format`] shows it.
+    pub fn label_text(&self, id: u32, bytes: &[u8]) -> String {
+        let is_chars = self
+            .ty(id)
+            .map(|t| t.skip_mods_and_typedefs())
+            .and_then(|t| types::Array::try_from(t).ok())
+            .is_some_and(|a| {
+                let elem = a.contained_type().skip_mods_and_typedefs();
+                elem.kind() == BtfKind::Int && Self::size_of(elem) == Some(1)
+            });
+        if is_chars {
+            let end = bytes.iter().position(|&b| b == 0).unwrap_or(bytes.len());
+            return String::from_utf8_lossy(&bytes[..end]).into_owned();
+        }
+        self.format(id, bytes)
+    }
+
     /// Whether type `id` is a data section (`.bss`, `.data`, `.rodata`).
     pub fn is_datasec(&self, id: u32) -> bool {
         self.ty(id).is_some_and(|t| t.kind() == BtfKind::DataSec)
@@ -140,6 +207,14 @@ impl<'obj> Types<'obj> {
 
     /// `name: value` for each variable of data section `id`.
     pub fn datasec_vars(&self, id: u32, bytes: &[u8]) -> Vec<(String, String)> {
+        self.datasec_numbers(id, bytes)
+            .into_iter()
+            .map(|(name, ty, data)| (name, self.format(ty, data)))
+            .collect()
+    }
+
+    /// Each variable of data section `id` laid over `bytes`: its name, type and bytes.
+    pub fn datasec_numbers<'b>(&self, id: u32, bytes: &'b [u8]) -> Vec<(String, u32, &'b [u8])> {
         let Some(sec) = self.ty(id).and_then(|t| types::DataSec::try_from(t).ok()) else {
             return Vec::new();
         };
@@ -150,9 +225,7 @@ impl<'obj> Types<'obj> {
                 let name = name_of(&var).unwrap_or_else(|| "?".into());
                 let start = v.offset as usize;
                 let data = bytes.get(start..start + v.size)?;
-                let mut s = String::new();
-                self.write(var.next_type()?, data, &mut s, 0);
-                Some((name, s))
+                Some((name, u32::from(var.next_type()?.type_id()), data))
             })
             .collect()
     }
@@ -403,7 +476,7 @@ pub fn event_line(types: &Types<'_>, map: &str, data: &[u8]) -> String {
     }
 }
 
-fn btf_ids(map: &Map<'_>) -> (u32, u32) {
+pub(crate) fn btf_ids(map: &Map<'_>) -> (u32, u32) {
     let raw = map.as_libbpf_object().as_ptr();
     // SAFETY: `raw` is a live map of a loaded object; both calls only read it.
     unsafe {
@@ -504,7 +577,7 @@ fn label(map: &Map<'_>) -> String {
     }
 }
 
-fn kind_name(t: MapType) -> String {
+pub(crate) fn kind_name(t: MapType) -> String {
     match t {
         MapType::Hash => "hash".into(),
         MapType::Array => "array".into(),
@@ -562,7 +635,7 @@ fn present_keys(map: &Map<'_>, store: &bpftime_runtime::Store) -> Result<Vec<Vec
 
 /// The keys of `map` to print: every key, or, for an array or a stack trace map
 /// larger than [`SMALL_ARRAY`], those that hold something (see [`present_keys`]).
-fn keys_to_print<'m>(
+pub(crate) fn keys_to_print<'m>(
     map: &'m Map<'_>,
     store: &bpftime_runtime::Store,
 ) -> Result<Box<dyn Iterator<Item = Vec<u8>> + 'm>, String> {
@@ -579,7 +652,7 @@ fn keys_to_print<'m>(
 
 /// The entries of `keys` with per-CPU values folded: integers summed, other
 /// values listed by CPU.
-fn entries(
+pub(crate) fn entries(
     map: &Map<'_>,
     keys: impl Iterator<Item = Vec<u8>>,
     types: &Types<'_>,
@@ -605,7 +678,7 @@ fn entries(
     .collect()
 }
 
-enum Value {
+pub(crate) enum Value {
     Bytes(Vec<u8>),
     Number(u64),
     PerCpu(Vec<Vec<u8>>),
