@@ -272,11 +272,17 @@ several_gpus() {  # the checks that need two GPUs or more; a SKIP line on one
     # keys (blockIdx.x % 8) of 640 each; the GPU ring buffer (1527, bpf_perf_event_output
     # with a NULL context): 5120 records of 24 bytes, 5 from each of the 1024 threads,
     # every field as written, through bpftime's poll function (found with dlsym) and,
-    # again, through libbpf's ring buffer API. Static and shared cudart.
+    # again, through libbpf's ring buffer API and its perf buffer API (8 pages a CPU:
+    # 5120 records do not fit at once, so what does not fit waits in the ring). Static
+    # and shared cudart.
     gpu_maps_check() {  # gpu_maps_check APP READER
         local app=$1 reader=$2 n=1024 iters=5 block=128
         local store=gpu-ex-$$-maps-$app-$reader d=$work/gpu-maps-$app-$reader tool i status
-        GPU_MAPS_READER=$reader LD_LIBRARY_PATH="$objs" "$bt" --store "$store" load "$objs/gpu_maps" \
+        # libbpf's perf buffer API takes the ring only where the shim shows it as a perf
+        # event array (BPFTIME_GPU_RING_AS=perf); the others read it as a ring buffer.
+        local ring_as=ringbuf
+        [ "$reader" = perf ] && ring_as=perf
+        BPFTIME_GPU_RING_AS=$ring_as GPU_MAPS_READER=$reader LD_LIBRARY_PATH="$objs" "$bt" --store "$store" load "$objs/gpu_maps" \
             --obj "$objs/gpu_maps.bpf.o" >"$d.tool" 2>&1 &
         tool=$!
         for i in $(seq 600); do grep -qx ready "$d.tool" && break; sleep 0.05; done
@@ -303,6 +309,7 @@ several_gpus() {  # the checks that need two GPUs or more; a SKIP line on one
     gpu_maps_check vec_add poll
     gpu_maps_check vec_add_shared poll
     gpu_maps_check vec_add ringbuf
+    gpu_maps_check vec_add_shared perf
 
     # The same object under `bpftime run`, which reads the GPU ring buffer through
     # libbpf's ring buffer (its info says ring buffer) and prints every map: each thread's

@@ -162,6 +162,10 @@ fn effective_uid() -> u32 {
     unsafe { libc::geteuid() }
 }
 
+/// How a loader's libbpf is shown bpftime's GPU ring buffers (map type 1527): `ringbuf`
+/// (the default: libbpf's ring buffer API reads them) or `perf` (its perf buffer API).
+pub const GPU_RING_AS_ENV: &str = "BPFTIME_GPU_RING_AS";
+
 /// The store a process uses (its name; the CLI's `--store`).
 pub const STORE_ENV: &str = "BPFTIME_STORE";
 /// Where stores live instead of /dev/shm (tests and fuzzing).

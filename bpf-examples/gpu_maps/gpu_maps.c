@@ -8,7 +8,10 @@
  *   `bpftime_syscall_server__poll_gpu_ringbuf_map(map_fd, ctx, callback)`, found with
  *   dlsym(RTLD_DEFAULT) in the preloaded syscall library, every 20 ms and once more at
  *   the end; with GPU_MAPS_READER=ringbuf in the environment, through libbpf's ring
- *   buffer API instead, as a tool reads a standard ring buffer;
+ *   buffer API instead, as a tool reads a standard ring buffer; with GPU_MAPS_READER=perf,
+ *   through its perf buffer API (perf_buffer__new, which bpftime allows where
+ *   BPFTIME_GPU_RING_AS=perf shows the map as a perf event array), a sample's size
+ *   rounded up as the kernel rounds it;
  * - the per-thread array `per_thread` with bpf_map_lookup_elem into a buffer of one
  *   value per GPU thread, as many as the map was made for: BPFTIME_MAP_GPU_THREAD_COUNT
  *   in our environment (the loader's is the one bpftime reads), else 1024;
@@ -23,8 +26,9 @@
  *   per_thread threads=T calls_min= calls_max= calls_zero= ids_in_order=
  *   totals entries= elements= exits= refused=
  *   by_block keys= min= max= sum=
- *   events reader=poll|ringbuf records= size_bad= field_bad= threads= per_thread_min=
+ *   events reader=poll|ringbuf|perf records= size_bad= field_bad= threads= per_thread_min=
  *          per_thread_max= poll_errors=
+ *   perf lost=          (with GPU_MAPS_READER=perf: what the perf buffer said it lost)
  *
  * `ids_in_order` counts the threads t whose PT_ID value is t + 1: each thread's value
  * sits at its global id. An events record is `field_bad` when its magic is wrong, its n
@@ -59,12 +63,14 @@ struct tally {
 	uint32_t *per_id;
 };
 
-static void take(struct tally *t, const void *data, uint64_t size)
+/* A record of `size` bytes; `padded`: a perf buffer sample, whose size the kernel rounds
+ * up so that it ends 8-aligned after its 4-byte size field (up to 7 more bytes). */
+static void take_sized(struct tally *t, const void *data, uint64_t size, int padded)
 {
 	const struct gpu_maps_event *e = data;
 
 	t->records++;
-	if (size != sizeof(*e)) {
+	if (padded ? size < sizeof(*e) || size >= sizeof(*e) + 8 : size != sizeof(*e)) {
 		t->size_bad++;
 		return;
 	}
@@ -88,13 +94,28 @@ static void take(struct tally *t, const void *data, uint64_t size)
 
 static void on_polled(const void *data, uint64_t size, void *ctx)
 {
-	take(ctx, data, size);
+	take_sized(ctx, data, size, 0);
 }
 
 static int on_ring_record(void *ctx, void *data, size_t size)
 {
-	take(ctx, data, size);
+	take_sized(ctx, data, size, 0);
 	return 0;
+}
+
+static void on_perf_sample(void *ctx, int cpu, void *data, __u32 size)
+{
+	(void)cpu;
+	take_sized(ctx, data, size, 1);
+}
+
+static uint64_t perf_lost;
+
+static void on_perf_lost(void *ctx, int cpu, __u64 count)
+{
+	(void)ctx;
+	(void)cpu;
+	perf_lost += count;
 }
 
 static uint64_t gpu_thread_count(void)
@@ -204,6 +225,8 @@ int main(int argc, char **argv)
 {
 	const char *reader_env = getenv("GPU_MAPS_READER");
 	int use_ringbuf = reader_env && !strcmp(reader_env, "ringbuf");
+	int use_perf = reader_env && !strcmp(reader_env, "perf");
+	struct perf_buffer *pb = NULL;
 	struct loader_args args = {};
 	struct bpf_link *links[MAX_LINKS];
 	struct tally tally = {};
@@ -226,7 +249,7 @@ int main(int argc, char **argv)
 	tally.per_id = calloc(MAX_GLOBAL_ID, sizeof(*tally.per_id));
 	if (!tally.per_id)
 		return 1;
-	if (!use_ringbuf) {
+	if (!use_ringbuf && !use_perf) {
 		poll_ring = (poll_fn)dlsym(RTLD_DEFAULT, "bpftime_syscall_server__poll_gpu_ringbuf_map");
 		if (!poll_ring) {
 			puts("This loader reads bpftime's GPU ring buffer: run it under bpftime "
@@ -266,11 +289,21 @@ int main(int argc, char **argv)
 			err = 1;
 		}
 	}
+	if (!err && use_perf) {
+		pb = perf_buffer__new(events_fd, 8, on_perf_sample, on_perf_lost, &tally, NULL);
+		if (!pb) {
+			fprintf(stderr, "perf_buffer__new on events: %s\n", strerror(errno));
+			err = 1;
+		}
+	}
 	if (!err) {
 		announce_ready();
 		while (!exit_requested) {
 			if (rb) {
 				if (ring_buffer__poll(rb, 20) < 0 && !exit_requested)
+					poll_errors++;
+			} else if (pb) {
+				if (perf_buffer__poll(pb, 20) < 0 && !exit_requested)
 					poll_errors++;
 			} else {
 				if (poll_ring(events_fd, &tally, on_polled) != 0)
@@ -282,16 +315,22 @@ int main(int argc, char **argv)
 		if (rb) {
 			if (ring_buffer__consume(rb) < 0)
 				poll_errors++;
+		} else if (pb) {
+			if (perf_buffer__consume(pb) < 0)
+				poll_errors++;
 		} else if (poll_ring(events_fd, &tally, on_polled) != 0) {
 			poll_errors++;
 		}
 		print_per_thread(bpf_object__find_map_fd_by_name(obj, "per_thread"));
 		print_totals(bpf_object__find_map_fd_by_name(obj, "totals"));
 		print_by_block(bpf_object__find_map_fd_by_name(obj, "by_block"));
-		print_events(&tally, rb ? "ringbuf" : "poll", poll_errors);
+		print_events(&tally, rb ? "ringbuf" : pb ? "perf" : "poll", poll_errors);
+		if (pb)
+			printf("perf lost=%llu\n", (unsigned long long)perf_lost);
 		fflush(stdout);
 	}
 	ring_buffer__free(rb);
+	perf_buffer__free(pb);
 	for (i = 0; i < n; i++)
 		bpf_link__destroy(links[i]);
 	bpf_object__close(obj);

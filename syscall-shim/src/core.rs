@@ -75,6 +75,8 @@ pub struct Shim {
     /// How far into its context each program loaded here reads (the verifier's
     /// `ctx_read_end`), for the checks at a tracepoint attach.
     pub(crate) ctx_read_ends: HashMap<u32, u32>,
+    /// GPU ring buffers read through perf buffers, by map id.
+    pub(crate) gpu_ring_pumps: HashMap<u32, crate::gpu_ring::PerfPump>,
 }
 
 /// Told of every descriptor the shim hands out (`true`) or forgets (`false`): the
@@ -144,6 +146,7 @@ impl Shim {
             handed: Vec::new(),
             condemned: HashSet::new(),
             ctx_read_ends: HashMap::new(),
+            gpu_ring_pumps: HashMap::new(),
         }
     }
 
@@ -636,6 +639,28 @@ impl Shim {
                 let fd = i32::from_ne_bytes(value()?[..4].try_into().map_err(|_| libc::EINVAL)?);
                 let inner = self.map_by_fd(fd)?;
                 e(m.set_inner(k, &inner, flags))
+            }
+            // A GPU ring buffer shown as a perf event array takes perf events by fd, as
+            // libbpf's perf buffer API puts them in (see gpu_ring.rs).
+            cmd::MAP_UPDATE_ELEM if m.map_type() == bpftime_isa::uapi::map_type::GPU_RINGBUF => {
+                let index =
+                    u32::from_ne_bytes(need_key()?[..4].try_into().map_err(|_| libc::EINVAL)?);
+                let fd = i32::from_ne_bytes(value()?[..4].try_into().map_err(|_| libc::EINVAL)?);
+                let event = match self.object(fd).cloned() {
+                    Some(ObjectRef {
+                        id,
+                        object: Object::PerfEvent { .. },
+                        ..
+                    }) => id,
+                    Some(_) => return Err(libc::EINVAL),
+                    None => return Err(libc::EBADF),
+                };
+                self.gpu_ring_add_perf_buffer(&m, index, event)
+            }
+            cmd::MAP_DELETE_ELEM if m.map_type() == bpftime_isa::uapi::map_type::GPU_RINGBUF => {
+                let index =
+                    u32::from_ne_bytes(need_key()?[..4].try_into().map_err(|_| libc::EINVAL)?);
+                self.gpu_ring_remove_perf_buffer(&m, index)
             }
             cmd::MAP_LOOKUP_ELEM if m.holds_ids() => {
                 let k = need_key()?;

@@ -21,12 +21,65 @@
 //! descriptor that is not ours and -EINVAL for one that is not a ring buffer (any BPF ring
 //! buffer is read, not only a GPU one). The callback runs outside the shim's lock, so it
 //! may make `bpf()` calls.
+//!
+//! libbpf reads the ring too: as a ring buffer by default, or, with
+//! `BPFTIME_GPU_RING_AS=perf`, through its perf buffer API ([`GpuRingAs`]), whose buffers
+//! a thread of ours fills from the ring.
 
 use crate::core::{Object, Shim, SysResult};
 use bpftime_isa::uapi::map_type;
-use bpftime_runtime::Map;
-use std::os::fd::RawFd;
-use std::sync::Arc;
+use bpftime_runtime::{Map, PerfRing, RecordOffer};
+use std::collections::BTreeMap;
+use std::os::fd::{AsRawFd, RawFd};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+
+/// How the loader's libbpf is shown a GPU ring buffer (`BPFTIME_GPU_RING_AS`): libbpf's
+/// ring buffer API takes a map only when `BPF_OBJ_GET_INFO_BY_FD` calls it
+/// `BPF_MAP_TYPE_RINGBUF`, and its perf buffer API only when it says
+/// `BPF_MAP_TYPE_PERF_EVENT_ARRAY`, from the same answer; bpftime's poll function reads
+/// it either way.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum GpuRingAs {
+    /// The default: a BPF ring buffer of the ring's size.
+    Ringbuf,
+    /// A perf event array of one entry per possible CPU, whose perf buffers get the
+    /// ring's records once `perf_buffer__new` put them in.
+    Perf,
+}
+
+impl GpuRingAs {
+    /// From the environment; an unknown value is said once and taken as the default.
+    pub fn from_env() -> GpuRingAs {
+        static CHOICE: std::sync::OnceLock<GpuRingAs> = std::sync::OnceLock::new();
+        *CHOICE.get_or_init(|| {
+            match std::env::var(bpftime_abi::GPU_RING_AS_ENV).as_deref() {
+                Err(_) | Ok("") | Ok("ringbuf") => GpuRingAs::Ringbuf,
+                Ok("perf") => GpuRingAs::Perf,
+                Ok(other) => {
+                    eprintln!(
+                        "bpftime: {}={other} is neither `ringbuf` nor `perf`; GPU ring buffers are shown as ring buffers",
+                        bpftime_abi::GPU_RING_AS_ENV
+                    );
+                    GpuRingAs::Ringbuf
+                }
+            }
+        })
+    }
+}
+
+/// The perf buffers a GPU ring buffer's records go to, by the index the loader put each
+/// under (a CPU's number), and the thread that moves them there.
+pub(crate) struct PerfPump {
+    rings: Arc<Mutex<BTreeMap<u32, Arc<PerfRing>>>>,
+    stop: Arc<AtomicBool>,
+}
+
+impl Drop for PerfPump {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Release);
+    }
+}
 
 impl Shim {
     /// The ring buffer behind `fd` for bpftime's poll function: EBADF when `fd` is not
@@ -40,6 +93,117 @@ impl Shim {
             }
             Some(_) => Err(libc::EINVAL),
             None => Err(libc::EBADF),
+        }
+    }
+}
+
+impl Shim {
+    /// `BPF_MAP_UPDATE_ELEM` of a GPU ring buffer with a perf event (libbpf's
+    /// `perf_buffer__new` on a ring shown as a perf event array): that event's perf buffer
+    /// gets the ring's records from now on.
+    pub(crate) fn gpu_ring_add_perf_buffer(
+        &mut self,
+        ring: &Arc<Map>,
+        index: u32,
+        event: u32,
+    ) -> SysResult {
+        if index >= bpftime_runtime::possible_cpus() {
+            return Err(libc::E2BIG);
+        }
+        let perf = PerfRing::open(self.store(), event).map_err(|e| e.errno())?;
+        let pump = self.gpu_ring_pumps.entry(ring.id()).or_insert_with(|| {
+            let pump = PerfPump {
+                rings: Arc::default(),
+                stop: Arc::default(),
+            };
+            let (rings, stop, ring) = (pump.rings.clone(), pump.stop.clone(), ring.clone());
+            let spawned = std::thread::Builder::new()
+                .name("bpftime-gpu-perf".into())
+                .spawn(move || move_records(&ring, &rings, &stop));
+            if let Err(e) = spawned {
+                eprintln!(
+                    "bpftime: cannot start the thread that moves GPU records to perf buffers: {e}"
+                );
+            }
+            pump
+        });
+        pump.rings
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(index, Arc::new(perf));
+        Ok(0)
+    }
+
+    /// `BPF_MAP_DELETE_ELEM` of a GPU ring buffer's perf buffer (libbpf's
+    /// `perf_buffer__free`): ENOENT when none is at `index`.
+    pub(crate) fn gpu_ring_remove_perf_buffer(&mut self, ring: &Map, index: u32) -> SysResult {
+        let Some(pump) = self.gpu_ring_pumps.get(&ring.id()) else {
+            return Err(libc::ENOENT);
+        };
+        let mut rings = pump.rings.lock().unwrap_or_else(|e| e.into_inner());
+        rings.remove(&index).ok_or(libc::ENOENT)?;
+        let empty = rings.is_empty();
+        drop(rings);
+        if empty {
+            self.gpu_ring_pumps.remove(&ring.id());
+        }
+        Ok(0)
+    }
+}
+
+/// Moves the records that reach `ring` into the perf buffer of the lowest index in
+/// `rings`, in order, each as a `PERF_RECORD_SAMPLE` of its bytes, waking its reader; what
+/// the perf buffer has no room for waits in the ring, and what the ring and the GPU
+/// dropped counts as lost in the perf buffer (libbpf's lost callback says so). Waits on the ring's wake-up FIFO, and
+/// looks every 100 ms regardless (the GPU's records come in bursts after their launches).
+fn move_records(ring: &Map, rings: &Mutex<BTreeMap<u32, Arc<PerfRing>>>, stop: &AtomicBool) {
+    let fifo = ring.open_wakeup_fifo().and_then(Result::ok);
+    let mut dropped = ring.dropped();
+    let mut buf = [0u8; 64];
+    while !stop.load(Ordering::Acquire) {
+        if let Some(f) = &fifo {
+            let mut pfd = libc::pollfd {
+                fd: f.as_raw_fd(),
+                events: libc::POLLIN,
+                revents: 0,
+            };
+            // SAFETY: one valid pollfd.
+            if unsafe { libc::poll(&mut pfd, 1, 100) } > 0 {
+                // SAFETY: reads into a local buffer from a non-blocking FIFO we opened.
+                while unsafe { libc::read(pfd.fd, buf.as_mut_ptr().cast(), buf.len()) } > 0 {}
+            }
+            ring.ringbuf_clear_wakeup();
+        } else {
+            std::thread::sleep(std::time::Duration::from_millis(100));
+        }
+        let Some(perf) = rings
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .values()
+            .next()
+            .cloned()
+        else {
+            continue;
+        };
+        let mut moved = 0;
+        ring.ringbuf_drain_while(|record| match perf.try_output(record) {
+            RecordOffer::Taken => {
+                moved += 1;
+                true
+            }
+            // Kept in the ring until the reader made room: the ring, not the perf
+            // buffer, drops what does not fit, and counts it (below).
+            RecordOffer::Full => false,
+            // Never fits (larger than the perf buffer): counted lost there, passed.
+            RecordOffer::Refused(_) => true,
+        });
+        let now = ring.dropped();
+        if now > dropped {
+            perf.count_lost(now - dropped);
+            dropped = now;
+        }
+        if moved > 0 {
+            perf.wake();
         }
     }
 }

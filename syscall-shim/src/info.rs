@@ -46,10 +46,23 @@ impl Shim {
                 let mut b = vec![0u8; MAP_INFO_LEN];
                 let (map_type, key_size, value_size, max_entries) =
                     if m.map_type() == bpftime_isa::uapi::map_type::GPU_RINGBUF {
-                        // A GPU ring buffer is, to every reader on the host, the BPF ring
-                        // buffer it is kept as: libbpf's ring_buffer__add takes a map only
-                        // when this says RINGBUF and gives the ring's size.
-                        (bpftime_isa::uapi::map_type::RINGBUF, 0, 0, m.ring_size())
+                        // A GPU ring buffer is, to readers on the host, the BPF ring buffer
+                        // it is kept as (libbpf's ring_buffer__add takes a map only when
+                        // this says RINGBUF and gives the ring's size), or a perf event
+                        // array of a slot per CPU where BPFTIME_GPU_RING_AS=perf says the
+                        // tool reads it with perf_buffer__new (see gpu_ring.rs).
+                        use crate::gpu_ring::GpuRingAs;
+                        match GpuRingAs::from_env() {
+                            GpuRingAs::Ringbuf => {
+                                (bpftime_isa::uapi::map_type::RINGBUF, 0, 0, m.ring_size())
+                            }
+                            GpuRingAs::Perf => (
+                                bpftime_isa::uapi::map_type::PERF_EVENT_ARRAY,
+                                4,
+                                4,
+                                bpftime_runtime::possible_cpus(),
+                            ),
+                        }
                     } else {
                         (m.map_type(), m.key_size(), m.value_size(), m.max_entries())
                     };

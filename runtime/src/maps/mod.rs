@@ -1695,6 +1695,15 @@ impl Map {
         }
         ringbuf::drain(self, f)
     }
+
+    /// [`Map::ringbuf_drain`] for a consumer that may have no room: it stops at the
+    /// first record `f` declines, which stays first in the ring.
+    pub fn ringbuf_drain_while(&self, f: impl FnMut(&[u8]) -> bool) -> usize {
+        if self.kind != Kind::Ringbuf {
+            return 0;
+        }
+        ringbuf::drain_while(self, f)
+    }
 }
 
 impl Drop for Map {

@@ -211,6 +211,15 @@ pub(super) fn query(map: &Map, flags: u64) -> u64 {
 /// Reads every submitted record, in order, as a consumer would; stops at the
 /// first record still being written. Returns the number of records read.
 pub(super) fn drain(map: &Map, mut f: impl FnMut(&[u8])) -> usize {
+    drain_while(map, |r| {
+        f(r);
+        true
+    })
+}
+
+/// [`drain`], stopping before the first record `f` declines (returns false for), which
+/// stays in the ring, first of what the next drain reads.
+pub(super) fn drain_while(map: &Map, mut f: impl FnMut(&[u8]) -> bool) -> usize {
     let base = map.mapping.base();
     let ring = map.ring_size() as u64;
     let (cons, prod) = positions(base);
@@ -239,7 +248,9 @@ pub(super) fn drain(map: &Map, mut f: impl FnMut(&[u8])) -> usize {
         }
         if len & rb::DISCARD_BIT == 0 {
             // SAFETY: the record is contiguous thanks to the double mapping.
-            f(unsafe { std::slice::from_raw_parts(hdr.add(rb::HDR_SZ as usize), size) });
+            if !f(unsafe { std::slice::from_raw_parts(hdr.add(rb::HDR_SZ as usize), size) }) {
+                break;
+            }
             n += 1;
         }
         c += (size as u64 + rb::HDR_SZ as u64 + 7) & !7;

@@ -295,6 +295,36 @@ fn ringbuf_records_wrap_and_drops_are_counted() {
     assert_eq!(consumed, expected);
 }
 
+/// A consumer with no room declines a record: the drain stops there, and the record is
+/// the first the next drain reads; records before it are consumed once.
+#[test]
+fn a_declined_record_stays_first_in_the_ring() {
+    let s = TempStore::new("drain-while");
+    let m = Map::create(&s, &spec(mt::RINGBUF, 0, 0, 4096)).unwrap();
+    for i in 0..10u8 {
+        assert_eq!(m.offer_record(0, &[i; 20]), RecordOffer::Taken);
+    }
+    let mut got = Vec::new();
+    let n = m.ringbuf_drain_while(|r| {
+        if r[0] == 4 {
+            return false;
+        }
+        got.push(r[0]);
+        true
+    });
+    assert_eq!((n, got.clone()), (4, vec![0, 1, 2, 3]));
+    got.clear();
+    assert_eq!(
+        m.ringbuf_drain_while(|r| {
+            got.push(r[0]);
+            true
+        }),
+        6
+    );
+    assert_eq!(got, (4..10).collect::<Vec<u8>>());
+    assert_eq!(m.ringbuf_drain(|_| panic!("drained twice")), 0);
+}
+
 /// GPU records reach the store in bursts and are kept and offered again while a ring is
 /// full (gpu-attach's backlog): an offer a full ring refuses counts no drop, where the
 /// helper's refusal does, and is taken once the consumer made room.
