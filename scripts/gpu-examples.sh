@@ -640,6 +640,7 @@ several_gpus() {  # the checks that need two GPUs or more; a SKIP line on one
         cp "$work/$name.out" "$logs/flame-$name.out" 2>/dev/null
         cp "$work/$name.svg" "$keep/flamegraph-$name.svg" 2>/dev/null
         cp "$work/$name.folded" "$keep/flamegraph-$name.folded" 2>/dev/null
+        cp "$work/$name.pb.gz" "$keep/flamegraph-$name.pb.gz" 2>/dev/null
     }
     flame two_paths "$cuda/two_paths" 20
     folded=$work/two_paths.folded

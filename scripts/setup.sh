@@ -5,8 +5,8 @@
 # libelf/zlib for the static libbpf that libbpf-rs builds, <sys/sdt.h> for the USDT
 # test target, a JDK (HotSpot's USDT probes, for javagc), and libssl-dev for the TLS
 # target of bpftrace's sslsnoop.bt and ssllatency.bt; Node and a pinned trace reader for
-# the --trace tests; a sans font for the words of the memory timeline's picture; Prometheus,
-# which scrapes `bpftime run --metrics` in its test.
+# the --trace tests; a sans font for the words of the memory timeline's picture;
+# Prometheus and Go's pprof, which read bpftime's metrics and profiles in the tests.
 set -euo pipefail
 
 packages=(
@@ -30,13 +30,18 @@ if [ "${#missing[@]}" -gt 0 ]; then
     as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}"
 fi
 
-# Prometheus, which scrapes `bpftime run --metrics` in the metrics test: the server alone
-# (not the exporters Debian recommends beside it). On a host that runs systemd, Debian's
-# package starts its service on :9090; `systemctl disable --now prometheus` stops it.
-if ! command -v prometheus >/dev/null 2>&1; then
-    echo "setup: installing prometheus (the metrics test scrapes bpftime with it)"
+# Readers of what bpftime writes for other tools, without what Debian recommends beside
+# them: Prometheus, which scrapes `bpftime run --metrics` in the metrics test (on a host
+# that runs systemd, Debian's package starts its service on :9090; `systemctl disable
+# --now prometheus` stops it), and Go, whose `go tool pprof` reads the flame graph's
+# pprof profile in its test.
+readers=()
+command -v prometheus >/dev/null 2>&1 || readers+=(prometheus)
+command -v go >/dev/null 2>&1 || readers+=(golang-go)
+if [ "${#readers[@]}" -gt 0 ]; then
+    echo "setup: installing ${readers[*]} (tests read bpftime's metrics and profiles with them)"
     as_root apt-get update -qq
-    as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends prometheus
+    as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${readers[@]}"
 fi
 
 # ptxas, to check generated PTX without a GPU, pinned to the GPU machine's CUDA 13.0

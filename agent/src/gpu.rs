@@ -70,12 +70,13 @@ fn start_flamegraph(path: PathBuf) {
                 };
                 eprintln!(
                     "bpftime: GPU flame graph of {} launches ({:.3} ms of GPU time, {} stacks) \
-                     in {} and {}{python}{untimed}",
+                     in {}, {} and {} (pprof){python}{untimed}",
                     w.launches,
                     w.gpu_ns as f64 / 1e6,
                     w.lines,
                     w.svg.display(),
-                    w.folded.display()
+                    w.folded.display(),
+                    w.pprof.display()
                 );
             }
             Err(e) => eprintln!("bpftime: no GPU flame graph: {e}"),

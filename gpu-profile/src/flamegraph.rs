@@ -38,6 +38,9 @@ pub enum FlameGraphError {
     Draw(std::io::Error),
 }
 
+/// What the graph shows, its title.
+const TITLE: &str = "GPU time by the CPU stack that launched it";
+
 /// GPU time from one stack into one kernel.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
 pub struct Total {
@@ -50,6 +53,8 @@ pub struct Total {
 pub struct Written {
     pub folded: PathBuf,
     pub svg: PathBuf,
+    /// The same as a gzipped pprof profile (`go tool pprof`, Pyroscope, Parca).
+    pub pprof: PathBuf,
     /// Distinct (stack, kernel) lines.
     pub lines: usize,
     pub launches: u64,
@@ -162,7 +167,7 @@ impl LaunchStacks {
         lines
     }
 
-    /// Writes `PATH.folded` and `PATH.svg` (`path`'s extension replaced).
+    /// Writes `PATH.folded`, `PATH.svg` and `PATH.pb.gz` (`path`'s extension replaced).
     pub fn write(&self, path: &Path) -> Result<Written, FlameGraphError> {
         let lines = self.folded();
         if lines.is_empty() {
@@ -182,7 +187,7 @@ impl LaunchStacks {
         })?;
         let mut svg = Vec::new();
         let mut options = inferno::flamegraph::Options::default();
-        options.title = "GPU time by the CPU stack that launched it".into();
+        options.title = TITLE.into();
         options.count_name = "ns of GPU time".into();
         inferno::flamegraph::from_lines(&mut options, text.iter().map(String::as_str), &mut svg)
             .map_err(FlameGraphError::Draw)?;
@@ -192,9 +197,17 @@ impl LaunchStacks {
                 path: svg_path.clone(),
                 source,
             })?;
+        let pprof_path = path.with_extension("pb.gz");
+        std::fs::write(&pprof_path, crate::pprof::encode(&lines, TITLE)).map_err(|source| {
+            FlameGraphError::Write {
+                path: pprof_path.clone(),
+                source,
+            }
+        })?;
         Ok(Written {
             folded: folded_path,
             svg: svg_path,
+            pprof: pprof_path,
             lines: lines.len(),
             launches: lines.iter().map(|(_, t)| t.launches).sum(),
             gpu_ns: lines.iter().map(|(_, t)| t.gpu_ns).sum(),
@@ -355,6 +368,59 @@ mod tests {
         assert!(svg.starts_with("<?xml"), "{}", &svg[..80.min(svg.len())]);
         assert!(svg.contains("[gpu] vec_add"));
         assert!(svg.contains("launch_from_path_one"));
+        assert_eq!(w.pprof, dir.join("graph.pb.gz"));
+        // pprof itself reads the profile: the sample's values and its stack, the kernel
+        // innermost, the function that launched it further out, this test further still.
+        let out = std::process::Command::new("go")
+            .args(["tool", "pprof", "-raw"])
+            .arg(&w.pprof)
+            .env("HOME", &dir)
+            .output()
+            .expect("go is not installed: run scripts/setup.sh (Debian package golang-go)");
+        let raw = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            out.status.success(),
+            "{raw}{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert!(
+            raw.contains("launches/count gpu_time/nanoseconds[dflt]"),
+            "{raw}"
+        );
+        let sample = raw
+            .lines()
+            .skip_while(|l| !l.starts_with("Samples:"))
+            .skip(2)
+            .take_while(|l| !l.starts_with("Locations"))
+            .collect::<Vec<_>>();
+        assert!(
+            sample[0].trim_start().starts_with("1       4242: "),
+            "{raw}"
+        );
+        let loc = |id: &str| {
+            raw.lines()
+                .find_map(|l| {
+                    let l = l.trim_start();
+                    let rest = l.strip_prefix(&format!("{id}: 0x0 "))?;
+                    // pprof gives the profile a mapping of its own (M=1).
+                    let rest = rest.strip_prefix("M=1 ").unwrap_or(rest);
+                    Some(rest.trim().to_string())
+                })
+                .unwrap_or_default()
+        };
+        let ids: Vec<&str> = sample[0]
+            .split(':')
+            .nth(1)
+            .unwrap()
+            .split_whitespace()
+            .collect();
+        assert_eq!(loc(ids[0]), "[gpu] vec_add :0 s=0", "{raw}");
+        let at = |name: &str| ids.iter().position(|i| loc(i).contains(name));
+        let (launcher, test) = (at("launch_from_path_one"), at("writes_folded_stacks"));
+        assert!(
+            launcher.is_some() && test.is_some() && launcher < test,
+            "innermost first: {raw}"
+        );
         std::fs::remove_dir_all(&dir).unwrap();
     }
 

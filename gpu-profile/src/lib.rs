@@ -4,11 +4,13 @@
 //!
 //! - [`flamegraph`]: the CPU stack of each launch call (with its Python frames, on a
 //!   CPython thread), weighted by that launch's GPU time, as folded stacks
-//!   (`flamegraph.pl` and inferno read them) and as an SVG flame graph.
+//!   (`flamegraph.pl` and inferno read them), as an SVG flame graph and as a pprof
+//!   profile ([`pprof`]).
 //! - [`timeline`]: traced calls, CUDA driver calls, launches, kernels and GPU probe lines
 //!   on one clock, written as a Perfetto/Chrome trace.
 
 pub mod flamegraph;
+pub mod pprof;
 pub mod timeline;
 
 pub use bpftime_callstack::{containing_object, python_version, PythonError};
