@@ -365,6 +365,16 @@ fn bad_tracepoints_and_reads_past_the_record_fail_as_on_the_kernel() {
     }
 }
 
+/// `run` under bpftime (`false`) and, where the kernel can answer, on the kernel (`true`):
+/// both must give `want`.
+fn bpftime_and_kernel_give<T: PartialEq + std::fmt::Debug>(want: &T, run: impl Fn(bool) -> T) {
+    assert_eq!(&run(false), want, "bpftime");
+    match kernel_unavailable() {
+        Some(why) => eprintln!("kernel comparison skipped: {why}"),
+        None => assert_eq!(&run(true), want, "kernel"),
+    }
+}
+
 /// `@[key]: N` lines of a bpftrace map, by key.
 fn bpftrace_map(lines: &[String]) -> BTreeMap<String, u64> {
     lines
@@ -432,11 +442,7 @@ fn a_bpftrace_one_liner_on_sys_enter_openat_counts_as_on_the_kernel() {
     };
     let times = 3 * u64::from(ROUNDS * THREADS + 1);
     let want: BTreeMap<String, u64> = files.iter().map(|f| (f.clone(), times)).collect();
-    assert_eq!(run(false), want, "bpftime");
-    match kernel_unavailable() {
-        Some(why) => eprintln!("kernel comparison skipped: {why}"),
-        None => assert_eq!(run(true), want, "kernel"),
-    }
+    bpftime_and_kernel_give(&want, run);
 }
 
 const OPENSNOOP: &str = "/usr/sbin/opensnoop";
@@ -453,6 +459,39 @@ fn require(tool: &str) {
 /// tool falls behind on a busy machine (it says "lost N events"); kept small.
 const SNOOP_ROUNDS: u32 = 4;
 const SNOOP_THREADS: u32 = 2;
+
+/// The opens an opensnoop printed (`PID COMM FD ERR PATH`, libbpf-tools' and bpftrace's
+/// alike) of files under `prefix`, by command `comm` where given, counted by what they
+/// returned: `fd` for a descriptor (its number left out), else the result and errno.
+fn snooped_opens(lines: &[String], comm: Option<&str>, prefix: &str) -> BTreeMap<String, u64> {
+    let mut opens = BTreeMap::new();
+    for l in lines {
+        let f: Vec<&str> = l.split_whitespace().collect();
+        if f.len() == 5 && comm.is_none_or(|c| f[1] == c) && f[4].starts_with(prefix) {
+            let fd = if f[2].parse::<i64>().is_ok_and(|fd| fd >= 0) {
+                "fd"
+            } else {
+                f[2]
+            };
+            *opens
+                .entry(format!("{fd} err={} {}", f[3], f[4]))
+                .or_insert(0) += 1;
+        }
+    }
+    opens
+}
+
+/// What an opensnoop reports of the snoop workload on `files` (one that exists, one that
+/// does not): three opens of each a thread and round, and in the child.
+fn expected_snooped_opens(files: &[String]) -> BTreeMap<String, u64> {
+    let times = 3 * u64::from(SNOOP_ROUNDS * SNOOP_THREADS + 1);
+    [
+        (format!("fd err=0 {}", files[0]), times),
+        (format!("-1 err=2 {}", files[1]), times),
+    ]
+    .into_iter()
+    .collect()
+}
 
 /// libbpf-tools' opensnoop, unmodified, on the workload, under bpftime and on the kernel:
 /// the same opens, with the same flags and errors.
@@ -494,36 +533,12 @@ fn opensnoop_reports_every_open_as_on_the_kernel() {
         assert!(out.status.success(), "{out:?}");
         std::thread::sleep(Duration::from_millis(500));
         let (_, lines, err) = tool.stop();
-        let mut opens = BTreeMap::new();
-        for l in &lines {
-            // PID COMM FD ERR PATH: the descriptor's number is left out.
-            let f: Vec<&str> = l.split_whitespace().collect();
-            if f.len() == 5 && f[4].starts_with(s.tmp.to_str().unwrap()) {
-                let fd = if f[2].parse::<i64>().is_ok_and(|fd| fd >= 0) {
-                    "fd"
-                } else {
-                    f[2]
-                };
-                *opens
-                    .entry(format!("{fd} err={} {}", f[3], f[4]))
-                    .or_insert(0) += 1;
-            }
-        }
+        let opens = snooped_opens(&lines, None, s.tmp.to_str().unwrap());
         assert!(!opens.is_empty(), "opensnoop saw nothing: {lines:?}\n{err}");
         opens
     };
-    let times = 3 * u64::from(SNOOP_ROUNDS * SNOOP_THREADS + 1);
-    let want: BTreeMap<String, u64> = [
-        (format!("fd err=0 {}", files[0]), times),
-        (format!("-1 err=2 {}", files[1]), times),
-    ]
-    .into_iter()
-    .collect();
-    assert_eq!(run(false), want, "bpftime");
-    match kernel_unavailable() {
-        Some(why) => eprintln!("kernel comparison skipped: {why}"),
-        None => assert_eq!(run(true), want, "kernel"),
-    }
+    let want = expected_snooped_opens(&files);
+    bpftime_and_kernel_give(&want, run);
 }
 
 /// Waits until the agent in process `pid`, which started before the tool, has seen the
@@ -622,11 +637,7 @@ fn syscount_counts_a_process_calls_as_on_the_kernel() {
     ]
     .into_iter()
     .collect();
-    assert_eq!(run(false), want, "bpftime");
-    match kernel_unavailable() {
-        Some(why) => eprintln!("kernel comparison skipped: {why}"),
-        None => assert_eq!(run(true), want, "kernel"),
-    }
+    bpftime_and_kernel_give(&want, run);
 }
 
 /// Tools attach and detach, again and again, while the target's threads make system calls
@@ -849,11 +860,7 @@ fn sigsnoop_reports_every_signal_sent_as_on_the_kernel() {
     ]
     .into_iter()
     .collect();
-    assert_eq!(run(false), want, "bpftime");
-    match kernel_unavailable() {
-        Some(why) => eprintln!("kernel comparison skipped: {why}"),
-        None => assert_eq!(run(true), want, "kernel"),
-    }
+    bpftime_and_kernel_give(&want, run);
 }
 
 /// Runs one of bpftrace's bundled tools, unmodified, on the kernel (tracefs mounted in a
@@ -925,36 +932,12 @@ fn bpftraces_opensnoop_bt_reports_every_open_as_on_the_kernel() {
         workload.extend(files.iter().cloned());
         let banner = "Tracing open syscalls... Hit Ctrl-C to end.";
         let lines = bundled_bpftrace_tool(&s, kernel, TOOL, banner, 4, &comm, &workload);
-        let mut opens = BTreeMap::new();
-        for l in &lines {
-            // PID COMM FD ERR PATH; the descriptor's number is left out.
-            let f: Vec<&str> = l.split_whitespace().collect();
-            if f.len() == 5 && f[1] == comm && f[4].starts_with(s.tmp.to_str().unwrap()) {
-                let fd = if f[2].parse::<i64>().is_ok_and(|fd| fd >= 0) {
-                    "fd"
-                } else {
-                    f[2]
-                };
-                *opens
-                    .entry(format!("{fd} err={} {}", f[3], f[4]))
-                    .or_insert(0) += 1;
-            }
-        }
+        let opens = snooped_opens(&lines, Some(&comm), s.tmp.to_str().unwrap());
         assert!(!opens.is_empty(), "opensnoop.bt saw nothing: {lines:?}");
         opens
     };
-    let times = 3 * u64::from(SNOOP_ROUNDS * SNOOP_THREADS + 1);
-    let want: BTreeMap<String, u64> = [
-        (format!("fd err=0 {}", files[0]), times),
-        (format!("-1 err=2 {}", files[1]), times),
-    ]
-    .into_iter()
-    .collect();
-    assert_eq!(run(false), want, "bpftime");
-    match kernel_unavailable() {
-        Some(why) => eprintln!("kernel comparison skipped: {why}"),
-        None => assert_eq!(run(true), want, "kernel"),
-    }
+    let want = expected_snooped_opens(&files);
+    bpftime_and_kernel_give(&want, run);
 }
 
 /// bpftrace's own syscount.bt (`tracepoint:raw_syscalls:sys_enter`, counts by call number

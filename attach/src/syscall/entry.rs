@@ -125,6 +125,32 @@ macro_rules! save_frame {
 }
 
 // Everything `save_frame` saved but rax, rcx and r11, and the vectors.
+/// Calls the Rust function the asm operand `$f` names from wherever the stack pointer is,
+/// on a 16-aligned frame below it, with xmm0-15 kept around the call; rbx (which the
+/// caller saved) holds the stack pointer meanwhile.
+macro_rules! call_keeping_xmm {
+    ($f:literal) => {
+        concat!(
+            "
+        mov rbx, rsp
+        and rsp, -16
+        sub rsp, 256
+        .irp i, 0,1,2,3,4,5,6,7,8,9,10,11,12,13,14,15
+        movups [rsp + 16 * \\i], xmm\\i
+        .endr
+        cld
+        call {",
+            $f,
+            "}
+        .irp i, 0,1,2,3,4,5,6,7,8,9,10,11,12,13,14,15
+        movups xmm\\i, [rsp + 16 * \\i]
+        .endr
+        mov rsp, rbx
+    "
+        )
+    };
+}
+
 macro_rules! restore_frame {
     () => {
         "
@@ -273,19 +299,10 @@ std::arch::global_asm!(
         push r10
         push rax
         push rbx
-        mov rbx, rsp
-        and rsp, -16
-        sub rsp, 256
-        .irp i, 0,1,2,3,4,5,6,7,8,9,10,11,12,13,14,15
-        movups [rsp + 16 * \\i], xmm\\i
-        .endr
         mov rdi, rax
-        cld
-        call {returned_from_fork}
-        .irp i, 0,1,2,3,4,5,6,7,8,9,10,11,12,13,14,15
-        movups xmm\\i, [rsp + 16 * \\i]
-        .endr
-        mov rsp, rbx
+    ",
+    call_keeping_xmm!("returned_from_fork"),
+    "
         pop rbx
         pop rax
         pop r10
@@ -327,18 +344,9 @@ std::arch::global_asm!(
         syscall
     51:
         push rbx
-        mov rbx, rsp
-        and rsp, -16
-        sub rsp, 256
-        .irp i, 0,1,2,3,4,5,6,7,8,9,10,11,12,13,14,15
-        movups [rsp + 16 * \\i], xmm\\i
-        .endr
-        cld
-        call {returned_in_child}
-        .irp i, 0,1,2,3,4,5,6,7,8,9,10,11,12,13,14,15
-        movups xmm\\i, [rsp + 16 * \\i]
-        .endr
-        mov rsp, rbx
+    ",
+    call_keeping_xmm!("returned_in_child"),
+    "
         pop rbx
         pop r9
         pop r8
