@@ -392,6 +392,9 @@ pub(crate) mod tests {
     #[test]
     fn fields_load_from_a_span_checked_once() {
         let words: Vec<u64> = vec![0x1122_3344_5566_7788, 0xdead_beef, 7];
+        // The copy of the mappings is the process's, and tests beside this one read it:
+        // one read before this thread's heap was mapped would not hold the vector.
+        refresh_mappings(true);
         let mem = OwnMemory::new();
         let span = mem.span(words.as_ptr() as usize, 24).unwrap();
         assert!(matches!(span, Span::Mapped { .. }));
