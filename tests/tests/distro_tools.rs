@@ -267,13 +267,13 @@ type SslRun = Result<(Vec<String>, u32, String), String>;
 fn run_ssl_script(
     target: Command,
     tool: &dyn Fn(u32) -> Command,
-    wait_for_links: &dyn Fn(),
+    wait_attached: &dyn Fn(&Driven),
     (is_event, events): (fn(&str) -> bool, usize),
 ) -> SslRun {
     let mut app = Driven::spawn(target);
     let pid: u32 = app.wait_for("pid=")[4..].parse().unwrap();
     let mut t = Tool::spawn_until(tool(pid), "Tracing SSL/TLS handshake... Hit Ctrl-C to end.");
-    wait_for_links();
+    wait_attached(&app);
     std::thread::sleep(Duration::from_secs(2));
     app.send("go");
     assert_eq!(app.wait_for("rounds="), format!("rounds={ROUNDS}"));
@@ -309,7 +309,12 @@ fn ssl_under_bpftime(tag: &str, script: &str, events: Events) -> (Vec<String>, u
         let s = Session::new(&format!("{tag}-{attempt}"));
         let target = s.target_copy(examples::TLS_PAIR);
         let mut app = s.bpftime();
-        app.arg("start").arg(&target).arg(ROUNDS.to_string());
+        // The agent says which links it attached: the calls begin only once every probe
+        // is in place (its JIT may take seconds on a busy machine).
+        app.env("BPFTIME_LOG", "info")
+            .arg("start")
+            .arg(&target)
+            .arg(ROUNDS.to_string());
         match run_ssl_script(
             app,
             &|pid| {
@@ -317,7 +322,13 @@ fn ssl_under_bpftime(tag: &str, script: &str, events: Events) -> (Vec<String>, u
                 c.args(["load", "bpftrace", "-p", &pid.to_string(), script]);
                 c
             },
-            &|| s.wait_for_links(SSL_LINKS),
+            &|app| {
+                s.wait_for_links(SSL_LINKS);
+                assert!(
+                    app.wait_for_stderr(" attached ", SSL_LINKS, Duration::from_secs(120)),
+                    "the agent did not attach {SSL_LINKS} links in time"
+                );
+            },
             events,
         ) {
             Ok(run) => return run,
@@ -347,7 +358,7 @@ fn ssl_on_kernel(script: &str, events: Events) -> Option<SslRun> {
             c.args(["-p", &pid.to_string(), script]);
             c
         },
-        &|| {},
+        &|_| {},
         events,
     ))
 }

@@ -18,6 +18,8 @@ pub struct Driven {
     /// Everything printed on stdout so far.
     pub seen: Vec<String>,
     stderr: Option<std::thread::JoinHandle<String>>,
+    /// What it wrote to stderr so far, line by line as it came.
+    stderr_so_far: std::sync::Arc<std::sync::Mutex<String>>,
 }
 
 impl Driven {
@@ -38,10 +40,20 @@ impl Driven {
                 }
             }
         });
+        let stderr_so_far = std::sync::Arc::new(std::sync::Mutex::new(String::new()));
+        let so_far = stderr_so_far.clone();
         let stderr = Some(std::thread::spawn(move || {
-            let mut s = String::new();
-            let _ = err.read_to_string(&mut s);
-            s
+            let mut buf = [0u8; 4096];
+            loop {
+                match err.read(&mut buf) {
+                    Ok(0) | Err(_) => break,
+                    Ok(n) => so_far
+                        .lock()
+                        .unwrap_or_else(|e| e.into_inner())
+                        .push_str(&String::from_utf8_lossy(&buf[..n])),
+                }
+            }
+            so_far.lock().unwrap_or_else(|e| e.into_inner()).clone()
         }));
         Driven {
             what,
@@ -50,6 +62,7 @@ impl Driven {
             lines,
             seen: Vec::new(),
             stderr,
+            stderr_so_far,
         }
     }
 
@@ -87,6 +100,27 @@ impl Driven {
                     );
                 }
             }
+        }
+    }
+
+    /// Waits until the process wrote `n` stderr lines holding `text`; false at the timeout.
+    pub fn wait_for_stderr(&self, text: &str, n: usize, timeout: Duration) -> bool {
+        let end = Instant::now() + timeout;
+        loop {
+            let seen = self
+                .stderr_so_far
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .lines()
+                .filter(|l| l.contains(text))
+                .count();
+            if seen >= n {
+                return true;
+            }
+            if Instant::now() > end {
+                return false;
+            }
+            std::thread::sleep(Duration::from_millis(20));
         }
     }
 
