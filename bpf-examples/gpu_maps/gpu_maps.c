@@ -290,7 +290,9 @@ int main(int argc, char **argv)
 		}
 	}
 	if (!err && use_perf) {
-		pb = perf_buffer__new(events_fd, 8, on_perf_sample, on_perf_lost, &tally, NULL);
+		/* 64 pages a CPU: a launch's 1024 records (40 bytes each in a perf buffer)
+		 * several times over. */
+		pb = perf_buffer__new(events_fd, 64, on_perf_sample, on_perf_lost, &tally, NULL);
 		if (!pb) {
 			fprintf(stderr, "perf_buffer__new on events: %s\n", strerror(errno));
 			err = 1;
