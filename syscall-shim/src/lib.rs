@@ -15,6 +15,7 @@ mod core;
 mod gpu_ring;
 mod handed;
 mod info;
+mod map_cmds;
 mod perf;
 mod program;
 mod test_run;
