@@ -83,12 +83,17 @@ static __always_inline int is_target(void)
 
 static __always_inline void bump(__u32 key)
 {
-	__u64 one = 1, *v = bpf_map_lookup_elem(&counts, &key);
+	__u64 zero = 0, *v = bpf_map_lookup_elem(&counts, &key);
 
+	/* Threads on two CPUs may both find the key missing: one insert wins, the other
+	 * fails (EEXIST), and both then add to the one value; inserting 1 instead lost a
+	 * count now and then on the kernel (728 of 729). */
+	if (!v) {
+		bpf_map_update_elem(&counts, &key, &zero, BPF_NOEXIST);
+		v = bpf_map_lookup_elem(&counts, &key);
+	}
 	if (v)
 		__sync_fetch_and_add(v, 1);
-	else
-		bpf_map_update_elem(&counts, &key, &one, BPF_NOEXIST);
 }
 
 SEC("tracepoint/syscalls/sys_enter_openat")
