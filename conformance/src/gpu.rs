@@ -8,8 +8,8 @@ use bpftime_isa::Insn;
 use bpftime_jit_ptx::{compile, CompileError, GpuEnv, GpuHelper, PtxOptions, PtxProgram};
 use cudarc::driver::LaunchConfig;
 
+pub use crate::gpu_runner::{check_libcuda, GpuDevice, GpuRunError, LIBCUDA, ONE_THREAD};
 pub use bpftime_gpu_attach::clock::host_monotonic_ns;
-pub use bpftime_gpu_attach::runner::{check_libcuda, GpuDevice, GpuRunError, LIBCUDA, ONE_THREAD};
 
 use crate::engine::Engine;
 

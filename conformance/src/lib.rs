@@ -9,6 +9,7 @@
 mod data;
 mod engine;
 pub mod gpu;
+mod gpu_runner;
 mod jit;
 
 pub use data::{

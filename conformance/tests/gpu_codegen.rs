@@ -46,13 +46,13 @@ fn scratch(tag: &str) -> PathBuf {
 }
 
 fn ptxas() -> Option<PathBuf> {
-    bpftime_gpu_attach::toolchain::ptxas_for_tests()
+    bpftime_gpu_ptx::toolchain::ptxas_for_tests()
 }
 
 /// Runs ptxas on `file` for sm_90; `relocatable` (`-c`) when the PTX calls device
 /// functions that the runtime links later. Returns ptxas's complaint on failure.
 fn run_ptxas(ptxas: &Path, file: &Path, relocatable: bool) -> Result<(), String> {
-    bpftime_gpu_attach::toolchain::run_ptxas(ptxas, file, 90, relocatable)
+    bpftime_gpu_ptx::toolchain::run_ptxas(ptxas, file, 90, relocatable)
 }
 
 #[test]

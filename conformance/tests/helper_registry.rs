@@ -473,7 +473,7 @@ fn every_helper_runs_on_its_engines_or_is_refused_at_load() {
 #[test]
 fn every_gpu_helper_lowers_and_every_other_is_refused_for_the_gpu() {
     let maps = Maps::new("gpu");
-    let ptxas = bpftime_gpu_attach::toolchain::ptxas_for_tests();
+    let ptxas = bpftime_gpu_ptx::toolchain::ptxas_for_tests();
     if ptxas.is_none() {
         eprintln!("skipped: the ptxas check (ptxas not found); lowering is still checked");
     }
@@ -503,7 +503,7 @@ fn every_gpu_helper_lowers_and_every_other_is_refused_for_the_gpu() {
             let file = dir.join(format!("{}.ptx", d.name));
             std::fs::write(&file, &p.ptx).unwrap();
             if let Err(e) =
-                bpftime_gpu_attach::toolchain::run_ptxas(ptxas, &file, 90, !p.externs.is_empty())
+                bpftime_gpu_ptx::toolchain::run_ptxas(ptxas, &file, 90, !p.externs.is_empty())
             {
                 panic!("ptxas refuses {}: {e}", d.name);
             }

@@ -283,15 +283,8 @@ pub fn compact_image(shape: &HashShape, image: &HashImage) -> HashImage {
         .expect("a table's own entries fit its slots")
 }
 
-/// FNV-1a, as runtime.c's `hash_key`.
-pub fn hash_key(key: &[u8]) -> u32 {
-    let mut h: u32 = 2_166_136_261;
-    for &b in key {
-        h ^= b as u32;
-        h = h.wrapping_mul(16_777_619);
-    }
-    h
-}
+/// runtime.c's `hash_key`: where a key's slot search starts.
+pub use bpftime_gpu_ptx::fnv1a as hash_key;
 
 /// A device hash table's three arrays, as host bytes.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -1210,7 +1203,7 @@ mod tests {
         assert!(HASH_OPS_PTX.contains(".visible .entry __bpftime_hash_ops("));
         // Nothing the probes' helpers need: the kernel loads on its own.
         assert!(!HASH_OPS_PTX.contains(".extern"));
-        let Some(ptxas) = crate::toolchain::ptxas_for_tests() else {
+        let Some(ptxas) = bpftime_gpu_ptx::toolchain::ptxas_for_tests() else {
             return;
         };
         let dir = std::env::temp_dir().join(format!("bpftime-hashops-{}", std::process::id()));
@@ -1219,7 +1212,7 @@ mod tests {
         std::fs::write(&file, HASH_OPS_PTX).unwrap();
         // CUDA 13's ptxas starts at sm_75.
         for sm in [75, 90] {
-            crate::toolchain::run_ptxas(&ptxas, &file, sm, false)
+            bpftime_gpu_ptx::toolchain::run_ptxas(&ptxas, &file, sm, false)
                 .unwrap_or_else(|e| panic!("sm_{sm}: {e}"));
         }
         let _ = std::fs::remove_dir_all(&dir);

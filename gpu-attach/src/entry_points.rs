@@ -17,9 +17,9 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use bpftime_attach::{detour, Detour};
 
 use crate::cuda::{Api, CuResult, Handle, LaunchConfig, CUDA_SUCCESS, STREAM_PER_THREAD};
-use crate::fatbin::ModulePtx;
 use crate::launch::Geometry;
 use crate::session::{session, Owner};
+use bpftime_gpu_ptx::fatbin::ModulePtx;
 
 /// How many addresses one entry point can be detoured at.
 const SLOTS: usize = 4;
@@ -129,7 +129,7 @@ unsafe fn loaded_file(
     // SAFETY: the driver just opened this path and wrote `out`.
     let (handle, path) = unsafe { (*out, CStr::from_ptr(path).to_string_lossy().into_owned()) };
     let ptx = std::fs::read(&path)
-        .map_err(|e| crate::fatbin::FatbinError::Decompress {
+        .map_err(|e| bpftime_gpu_ptx::fatbin::FatbinError::Decompress {
             what: "module file",
             arch: 0,
             reason: format!("{path}: {e}"),

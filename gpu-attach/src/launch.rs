@@ -54,7 +54,7 @@ pub struct LaunchContext {
     pub result: u32,
     /// Bytes of the name before its NUL (at most `LAUNCH_NAME_BYTES - 1`).
     pub name_len: u32,
-    /// The kernel's id as memory-access probes see it ([`crate::ptx::kernel_id`]).
+    /// The kernel's id as memory-access probes see it ([`bpftime_gpu_ptx::ptx::kernel_id`]).
     pub kernel_id: u32,
     /// The kernel's (mangled) name, NUL-terminated.
     pub name: [u8; LAUNCH_NAME_BYTES],
@@ -79,7 +79,7 @@ impl LaunchContext {
             phase: PHASE_LAUNCHED,
             result: 0,
             name_len: 0,
-            kernel_id: crate::ptx::kernel_id(name),
+            kernel_id: bpftime_gpu_ptx::ptx::kernel_id(name),
             name: [0; LAUNCH_NAME_BYTES],
         };
         let bytes = name.as_bytes();
@@ -185,7 +185,10 @@ mod tests {
         assert_eq!(c.name(), "k".repeat(LAUNCH_NAME_BYTES - 1));
         let c = LaunchContext::new("_Z9vectorAddPKfS0_Pfi", g, 7, 1);
         assert_eq!(c.name(), "_Z9vectorAddPKfS0_Pfi");
-        assert_eq!(c.kernel_id, crate::ptx::kernel_id("_Z9vectorAddPKfS0_Pfi"));
+        assert_eq!(
+            c.kernel_id,
+            bpftime_gpu_ptx::ptx::kernel_id("_Z9vectorAddPKfS0_Pfi")
+        );
         assert_eq!(
             (c.grid, c.block, c.stream, c.device),
             ([4096, 1, 1], [256, 1, 1], 7, 1)

@@ -1,8 +1,7 @@
 //! eBPF inside CUDA kernels: the GPU half of bpftime's attach (docs/ARCHITECTURE.md decision 11).
 //!
-//! - [`fatbin`] reads the device code a program hands the driver and picks the PTX that
-//!   fits the device; [`ptx`] splices probe calls into its kernels; [`names`] says which
-//!   kernels a probe's pattern names.
+//! - The text of device code (fatbins, PTX parsing and splicing, kernel names) is
+//!   `bpftime-gpu-ptx`'s, the stage before this one.
 //! - [`device_maps`] holds the layouts the device runtime (device/runtime.c, compiled into
 //!   every probe) works on, and the host-side logic of keeping them in step with the store.
 //! - The session (`install`, [`GpuAttach`]) intercepts the CUDA driver in a target
@@ -14,30 +13,23 @@
 //!   probe printed, with its GPU time.
 //! - [`scan`] finds the PTX of kernels whose modules were loaded before GPU attach
 //!   started, in the fatbins of the ELF objects the process maps.
-//! - [`runner`] runs a program as a kernel of its own (the conformance suite's GPU engine),
-//!   and [`toolchain`] finds NVIDIA's compilers for the tests.
+//! - The conformance suite's stand-alone GPU runner is `bpftime-conformance`'s.
 
 mod arena;
 pub mod clock;
 mod cuda;
 pub mod device_maps;
 mod entry_points;
-pub mod fatbin;
-pub mod inline;
 pub mod launch;
-pub mod names;
 pub mod observer;
 pub mod probe;
-pub mod ptx;
 mod replica;
-pub mod runner;
 pub mod scan;
 mod session;
 mod tensor_maps;
-pub mod toolchain;
 
+pub use bpftime_gpu_ptx::ProbePoint;
 pub use launch::{LaunchContext, LaunchProbe, PHASE_COMPLETED, PHASE_LAUNCHED};
-pub use ptx::ProbePoint;
 pub use session::{
     after_exit_flush, cuda_loaded, install, installed, GpuAttach, GpuDevice, GpuProbe, InstallError,
 };

@@ -14,7 +14,7 @@ use bpftime_jit_ptx::{
 
 use crate::cuda::DevicePtr;
 use crate::device_maps::{config_ir, RuntimeConfig, RUNTIME_BITCODE};
-use crate::ptx::{ProbePoint, ACCESS_OFFSETS, ACCESS_UNIFORM, ARG_OFFSETS, CTX_SIZE};
+use bpftime_gpu_ptx::ptx::{ProbePoint, ACCESS_OFFSETS, ACCESS_UNIFORM, ARG_OFFSETS, CTX_SIZE};
 
 /// Where one of a probe's maps lives on the device.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

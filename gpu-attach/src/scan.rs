@@ -29,8 +29,8 @@ use goblin::elf::Elf;
 use goblin::strtab::Strtab;
 use thiserror::Error;
 
-use crate::fatbin::{self, FatbinError, ModulePtx};
-use crate::ptx;
+use bpftime_gpu_ptx::fatbin::{self, FatbinError, ModulePtx};
+use bpftime_gpu_ptx::ptx;
 
 /// The section of fatbin containers.
 pub const FATBIN_SECTION: &str = ".nv_fatbin";

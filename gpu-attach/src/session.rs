@@ -27,16 +27,16 @@ use crate::cuda::{
     CUDA_SUCCESS, EVENT_DEFAULT, EVENT_DISABLE_TIMING, STREAM_NON_BLOCKING,
 };
 use crate::device_maps::{DeviceKind, RuntimeConfig, ShardEntry};
-use crate::fatbin::{FatbinError, ModulePtx};
-use crate::inline::InlineBody;
 use crate::launch::{
     EventClock, Geometry, LaunchContext, LaunchProbe, PHASE_COMPLETED, PHASE_LAUNCHED,
 };
-use crate::names;
 use crate::probe::{DeviceMapRef, ProbeCache, ProbeCompiler};
-use crate::ptx::{strip_header, ProbeCall, ProbePoint, PtxModule, Splice, Version};
 use crate::replica::{DeviceDelta, HashOpsLaunch, Mover, Replica, RingReader, ShardWindow};
 use crate::scan::FatbinIndex;
+use bpftime_gpu_ptx::fatbin::{FatbinError, ModulePtx};
+use bpftime_gpu_ptx::inline::InlineBody;
+use bpftime_gpu_ptx::names;
+use bpftime_gpu_ptx::ptx::{strip_header, ProbeCall, ProbePoint, PtxModule, Splice, Version};
 
 /// What kind of handle an image was loaded as.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -889,7 +889,7 @@ impl GpuAttach {
             .read()
             .probes
             .values()
-            .any(|p| p.point.sees(crate::ptx::SiteSpace::Global));
+            .any(|p| p.point.sees(bpftime_gpu_ptx::ptx::SiteSpace::Global));
         if probing {
             self.notice(&format!("tensor-map:{why}"), || {
                 format!("memory-access probes do not see the tensor copies through {why}")
@@ -2640,7 +2640,9 @@ impl GpuAttach {
             clock.globals.extend(globals);
         }
         // The table of tensor maps its tensor copies' probes look in.
-        let tensor_copies = match self.module_global(handle, crate::ptx::TENSOR_MAPS_GLOBAL) {
+        let tensor_copies = match self
+            .module_global(handle, bpftime_gpu_ptx::ptx::TENSOR_MAPS_GLOBAL)
+        {
             Some(global) => match self.tensor_map_table(&context) {
                 Ok(at) => {
                     let mover = self.mover(&context);
@@ -3729,7 +3731,7 @@ mod tests {
 
     #[test]
     fn the_apply_kernel_passes_ptxas() {
-        let Some(ptxas) = crate::toolchain::ptxas_for_tests() else {
+        let Some(ptxas) = bpftime_gpu_ptx::toolchain::ptxas_for_tests() else {
             return;
         };
         let dir = std::env::temp_dir().join(format!("bpftime-apply-{}", std::process::id()));
@@ -3738,7 +3740,7 @@ mod tests {
         std::fs::write(&file, APPLY_DELTAS_PTX).unwrap();
         // CUDA 13's ptxas starts at sm_75.
         for sm in [75, 90] {
-            crate::toolchain::run_ptxas(&ptxas, &file, sm, false)
+            bpftime_gpu_ptx::toolchain::run_ptxas(&ptxas, &file, sm, false)
                 .unwrap_or_else(|e| panic!("sm_{sm}: {e}"));
         }
         // 64 (address, value) pairs fill the kernel's 1024-byte list.
@@ -3749,7 +3751,7 @@ mod tests {
     fn the_fold_kernel_passes_ptxas() {
         // FOLD_ENTRIES entries of six u64s fill the kernel's parameter list.
         assert!(FOLD_SHARDS_PTX.contains(&format!("__bt_entries[{}]", FOLD_ENTRIES * 48)));
-        let Some(ptxas) = crate::toolchain::ptxas_for_tests() else {
+        let Some(ptxas) = bpftime_gpu_ptx::toolchain::ptxas_for_tests() else {
             return;
         };
         let dir = std::env::temp_dir().join(format!("bpftime-fold-{}", std::process::id()));
@@ -3757,7 +3759,7 @@ mod tests {
         let file = dir.join("fold.ptx");
         std::fs::write(&file, FOLD_SHARDS_PTX).unwrap();
         for sm in [75, 90] {
-            crate::toolchain::run_ptxas(&ptxas, &file, sm, false)
+            bpftime_gpu_ptx::toolchain::run_ptxas(&ptxas, &file, sm, false)
                 .unwrap_or_else(|e| panic!("sm_{sm}: {e}"));
         }
     }

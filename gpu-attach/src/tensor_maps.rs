@@ -6,12 +6,12 @@
 //! what it was made from (the tensor's address, dimensions and strides, the box), so it
 //! keeps a table of them, which GPU attach copies to each device that runs probed tensor
 //! copies; the calls there find a copy's map in it by its 128 bytes
-//! ([`crate::ptx::TENSOR_MAPS_GLOBAL`] has the layout).
+//! ([`bpftime_gpu_ptx::ptx::TENSOR_MAPS_GLOBAL`] has the layout).
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
 
-use crate::ptx::{TENSOR_MAPS_HEAD, TENSOR_MAP_ENTRY};
+use bpftime_gpu_ptx::ptx::{TENSOR_MAPS_HEAD, TENSOR_MAP_ENTRY};
 
 /// Bytes of a `CUtensorMap`.
 pub(crate) const MAP_BYTES: usize = 128;

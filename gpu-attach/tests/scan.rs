@@ -15,7 +15,7 @@ use bpftime_gpu_attach::scan::{
 const VECTOR_ADD: &str = "_Z9vectorAddPKfS0_Pfi";
 
 fn nvcc() -> Option<PathBuf> {
-    let found = bpftime_gpu_attach::toolchain::find("nvcc", "NVCC");
+    let found = bpftime_gpu_ptx::toolchain::find("nvcc", "NVCC");
     if found.is_none() {
         eprintln!(
             "skipped: nvcc not found (tried $NVCC, PATH, /usr/local/cuda/bin and pip's \
@@ -341,8 +341,8 @@ fn a_kernel_name_in_several_objects_is_told_apart_by_its_modules_kernels_or_refu
 
 #[test]
 fn entry_names_are_the_kernels_the_full_parse_finds_not_declarations_or_comments() {
-    use bpftime_gpu_attach::ptx::{entry_names, PtxModule};
-    let fixtures = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures");
+    use bpftime_gpu_ptx::ptx::{entry_names, PtxModule};
+    let fixtures = Path::new(env!("CARGO_MANIFEST_DIR")).join("../gpu-ptx/tests/fixtures");
     for f in ["kernels.ptx", "exits.ptx", "accesses.ptx"] {
         let text = std::fs::read_to_string(fixtures.join(f)).unwrap();
         let parsed: Vec<String> = PtxModule::parse(&text)

@@ -1,14 +1,14 @@
-//! Fatbins and PTX splicing on real nvcc output (CUDA 13.0, tests/fixtures/make.sh) and
+//! Fatbins and PTX splicing on real nvcc output (CUDA 13.0, gpu-ptx/tests/fixtures/make.sh) and
 //! on hand-written PTX with every way a kernel can end, checked by NVIDIA's `ptxas`
-//! without a GPU. ptxas is found as `bpftime_gpu_attach::toolchain` says; without it
+//! without a GPU. ptxas is found as `bpftime_gpu_ptx::toolchain` says; without it
 //! these tests fail unless `BPFTIME_NO_PTXAS` is set, which they say.
 
 mod support;
 
 use support::{assert_ptxas_accepts, assert_ptxas_accepts_for, kernel_named, nvcc_module, read};
 
-use bpftime_gpu_attach::fatbin::{self, EntryKind, FatbinError, Image, FLAG_ZSTD};
-use bpftime_gpu_attach::ptx::{
+use bpftime_gpu_ptx::fatbin::{self, EntryKind, FatbinError, Image, FLAG_ZSTD};
+use bpftime_gpu_ptx::ptx::{
     AccessKind, AccessSpace, ParamType, ProbeCall, ProbePoint, PtxError, PtxModule, SiteSpace,
     Splice, Version,
 };
@@ -65,7 +65,7 @@ fn splice_of(
         program.ptx
     );
     Splice {
-        definitions: bpftime_gpu_attach::ptx::strip_header(&program.ptx),
+        definitions: bpftime_gpu_ptx::ptx::strip_header(&program.ptx),
         needs_version: Some(Version::new(7, 8)),
         needs_sm: Some(opts.sm),
         calls: kernels
@@ -553,7 +553,7 @@ fn a_probe_using_the_whole_device_runtime_compiles_and_splices() {
         let text = String::from_utf8(read("kernels.ptx")).unwrap();
         let module = PtxModule::parse(&text).unwrap();
         let splice = Splice {
-            definitions: bpftime_gpu_attach::ptx::strip_header(&program.ptx),
+            definitions: bpftime_gpu_ptx::ptx::strip_header(&program.ptx),
             needs_version: Some(Version::new(7, 8)),
             needs_sm: Some(sm),
             calls: vec![(
@@ -687,7 +687,7 @@ fn splice_into_vector_add(ptx: &str, symbol: &str, inline: bool) -> String {
     let text = String::from_utf8(read("kernels.ptx")).unwrap();
     let module = PtxModule::parse(&text).unwrap();
     let splice = Splice {
-        definitions: bpftime_gpu_attach::ptx::strip_header(ptx),
+        definitions: bpftime_gpu_ptx::ptx::strip_header(ptx),
         needs_version: Some(Version::new(7, 8)),
         needs_sm: Some(90),
         calls: vec![(
@@ -1039,7 +1039,7 @@ fn every_form_of_global_access_is_probed_and_other_spaces_are_not() {
         out.matches("call (__bt_ret), __bpftime_probe_8").count(),
         12
     );
-    let id = bpftime_gpu_attach::ptx::kernel_id("accesses") as u64;
+    let id = bpftime_gpu_ptx::ptx::kernel_id("accesses") as u64;
     // Size and kind, kernel id and site, as immediates.
     assert!(
         out.contains(&format!("mov.u64 %__bta9, {};", 16 | 1u64 << 32)),
@@ -1206,7 +1206,7 @@ fn a_probe_on_a_per_cpu_hash_compiles_splices_and_passes_ptxas() {
         let text = String::from_utf8(read("kernels.ptx")).unwrap();
         let module = PtxModule::parse(&text).unwrap();
         let splice = Splice {
-            definitions: bpftime_gpu_attach::ptx::strip_header(&p.ptx),
+            definitions: bpftime_gpu_ptx::ptx::strip_header(&p.ptx),
             needs_version: Some(Version::new(7, 8)),
             needs_sm: Some(sm),
             calls: vec![(
@@ -1358,7 +1358,7 @@ fn with_shared_asked_every_form_of_shared_access_is_probed_and_local_const_param
         "{out}"
     );
     // Sites are numbered among what the probe sees: the last is the 12th.
-    let id = bpftime_gpu_attach::ptx::kernel_id("shared_forms") as u64;
+    let id = bpftime_gpu_ptx::ptx::kernel_id("shared_forms") as u64;
     assert!(
         out.contains(&format!("mov.u64 %__bta10, {};", id | 11u64 << 32)),
         "{out}"
@@ -1514,7 +1514,7 @@ fn probes_wait_for_the_next_loads_of_their_run_and_no_longer() {
     let out = module
         .splice(&splice, Version::newest_for_driver(13000))
         .unwrap();
-    let id = bpftime_gpu_attach::ptx::kernel_id("runs") as u64;
+    let id = bpftime_gpu_ptx::ptx::kernel_id("runs") as u64;
     // The body as statements and probes (by site), in order.
     let order: Vec<String> = out[out.find("ld.param.u64 %rd1, [p];").unwrap()..]
         .lines()
@@ -1963,7 +1963,7 @@ fn matrix_loads_and_stores_are_a_row_per_addressing_lane() {
 /// inlined), the module passes ptxas.
 #[test]
 fn nvcc_tensor_copies_are_a_global_access_per_row_of_their_box() {
-    use bpftime_gpu_attach::ptx::TENSOR_MAPS_GLOBAL;
+    use bpftime_gpu_ptx::ptx::TENSOR_MAPS_GLOBAL;
     let text = String::from_utf8(read("tma_copy.ptx")).unwrap();
     assert_eq!(text.matches("cp.async.bulk.tensor.2d").count(), 2);
     let module = PtxModule::parse(&text).unwrap();

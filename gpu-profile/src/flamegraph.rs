@@ -19,7 +19,8 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
 use bpftime_callstack::{clean, Capturer, Stack};
-use bpftime_gpu_attach::{names, LaunchContext, PHASE_COMPLETED, PHASE_LAUNCHED};
+use bpftime_gpu_attach::{LaunchContext, PHASE_COMPLETED, PHASE_LAUNCHED};
+use bpftime_gpu_ptx::names;
 /// Launches kept between their call and their completion. A launch that never completes
 /// with GPU times (untimed when too many are in flight, or a failed query) would otherwise
 /// stay forever; past this many, the oldest are given up.

@@ -24,7 +24,8 @@ use std::sync::atomic::{AtomicPtr, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use bpftime_gpu_attach::observer::{ApiCall, GpuPrint, Observer};
-use bpftime_gpu_attach::{names, LaunchContext, PHASE_COMPLETED, PHASE_LAUNCHED};
+use bpftime_gpu_attach::{LaunchContext, PHASE_COMPLETED, PHASE_LAUNCHED};
+use bpftime_gpu_ptx::names;
 
 /// Events per chunk of a thread's buffer.
 const CHUNK: usize = 4096;

@@ -508,20 +508,7 @@ fn lifted_ir_matches_golden_file() {
     let fake_helpers = |id: u32| (id == 1).then_some(0x1000);
     let ir = lifted_ir(&prog, &fake_helpers, &JitOptions::optimized()).unwrap();
     let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/golden/lookup.ll");
-    if std::env::var_os("BPFTIME_BLESS").is_some() {
-        std::fs::create_dir_all(path.parent().unwrap()).unwrap();
-        std::fs::write(&path, &ir).unwrap();
-    }
-    let want = std::fs::read_to_string(&path).unwrap_or_else(|e| {
-        panic!(
-            "{}: {e} (run with BPFTIME_BLESS=1 to create it)",
-            path.display()
-        )
-    });
-    assert_eq!(
-        ir, want,
-        "lifted IR changed; rerun with BPFTIME_BLESS=1 if intended"
-    );
+    bpftime_golden::assert_golden(&path, &ir);
 }
 
 static ARRAY: [u64; 4] = [10, 11, 12, 13];

@@ -11,7 +11,7 @@ use std::process::Command;
 use std::time::Duration;
 
 fn nvcc() -> PathBuf {
-    bpftime_gpu_attach::toolchain::find("nvcc", "NVCC").unwrap_or_else(|| {
+    bpftime_gpu_ptx::toolchain::find("nvcc", "NVCC").unwrap_or_else(|| {
         panic!("nvcc not found (tried $NVCC, PATH, /usr/local/cuda/bin and pip's nvidia-cuda-nvcc); run scripts/setup.sh")
     })
 }
@@ -40,7 +40,7 @@ fn vec_add(dir: &Path) -> PathBuf {
 
 #[test]
 fn a_cuda_app_without_a_gpu_runs_as_without_bpftime_with_one_notice() {
-    if bpftime_gpu_attach::runner::check_libcuda().is_ok() {
+    if bpftime_conformance::gpu::check_libcuda().is_ok() {
         eprintln!("skipped: this machine has the CUDA driver; the no-GPU path needs one without (scripts/gpu.sh tests the GPU path)");
         return;
     }
@@ -188,7 +188,7 @@ fn a_launch_program_verifies_as_cpu_code() {
 /// would without bpftime, no graph is written, and one line says why.
 #[test]
 fn a_gpu_flame_graph_without_a_gpu_says_why_there_is_none() {
-    if bpftime_gpu_attach::runner::check_libcuda().is_ok() {
+    if bpftime_conformance::gpu::check_libcuda().is_ok() {
         eprintln!("skipped: this machine has the CUDA driver; the no-GPU path needs one without (scripts/gpu.sh tests the GPU path)");
         return;
     }

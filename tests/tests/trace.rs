@@ -386,11 +386,11 @@ fn the_consumer_flags_a_broken_trace() {
 /// Builds `NAME.cu` of the CUDA examples with nvcc into the session's directory; `None`
 /// (said why) where there is no GPU or no nvcc.
 fn cuda_example(s: &Session, name: &str, check: &str) -> Option<std::path::PathBuf> {
-    if let Err(why) = bpftime_gpu_attach::runner::check_libcuda() {
+    if let Err(why) = bpftime_conformance::gpu::check_libcuda() {
         eprintln!("skipped: no GPU here ({why}); scripts/gpu-examples.sh runs this check on the GPU machine (`{check}`)");
         return None;
     }
-    let Some(nvcc) = bpftime_gpu_attach::toolchain::find("nvcc", "NVCC") else {
+    let Some(nvcc) = bpftime_gpu_ptx::toolchain::find("nvcc", "NVCC") else {
         eprintln!("skipped: no nvcc to build {name} (scripts/setup.sh installs one)");
         return None;
     };

@@ -1,5 +1,5 @@
 //! Rejection logs as golden files: a change in wording or register rendering is a
-//! reviewed diff. `BLESS=1 cargo test -p bpftime-verifier --test golden` rewrites them.
+//! reviewed diff. `BPFTIME_BLESS=1 cargo test -p bpftime-verifier --test golden` rewrites them.
 
 mod common;
 
@@ -15,16 +15,7 @@ fn golden(name: &str, src: &str) {
     let path = Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("tests/golden")
         .join(format!("{name}.log"));
-    if std::env::var_os("BLESS").is_some() {
-        std::fs::write(&path, &log).unwrap();
-        return;
-    }
-    let want = std::fs::read_to_string(&path)
-        .unwrap_or_else(|_| panic!("{} missing; run with BLESS=1", path.display()));
-    assert_eq!(
-        log, want,
-        "log of {name} changed; BLESS=1 rewrites tests/golden/{name}.log"
-    );
+    bpftime_golden::assert_golden(&path, &log);
 }
 
 #[test]

@@ -1,4 +1,4 @@
-//! What the splice tests share: the fixtures (nvcc's output, tests/fixtures/make.sh), the
+//! What the splice tests share: the fixtures (nvcc's output, gpu-ptx/tests/fixtures/make.sh), the
 //! nvcc module's kernels, clang-built programs of bpf-examples with their maps, and
 //! NVIDIA's `ptxas` as the judge of spliced PTX. Each test crate uses part of it.
 
@@ -8,16 +8,16 @@ use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
 use bpftime_gpu_attach::device_maps::{RuntimeConfig, ShardEntry, SHARD_WINDOW_SPAN};
-use bpftime_gpu_attach::fatbin::Image;
 use bpftime_gpu_attach::probe::DeviceMapRef;
-use bpftime_gpu_attach::ptx::{Kernel, ProbeCall, ProbePoint, PtxModule, Splice, Version};
-use bpftime_gpu_attach::toolchain;
+use bpftime_gpu_ptx::fatbin::Image;
+use bpftime_gpu_ptx::ptx::{Kernel, ProbeCall, ProbePoint, PtxModule, Splice, Version};
+use bpftime_gpu_ptx::toolchain;
 use bpftime_isa::Insn;
 use goblin::elf::Elf;
 
 pub fn fixture(name: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("tests/fixtures")
+        .join("../gpu-ptx/tests/fixtures")
         .join(name)
 }
 
@@ -68,7 +68,7 @@ pub fn vector_add_with(probe_ptx: &str, symbol: &str, point: ProbePoint, tag: &s
     let module = nvcc_module();
     let kernel = kernel_named(&module, "vectorAdd").name.clone();
     let splice = Splice {
-        definitions: bpftime_gpu_attach::ptx::strip_header(probe_ptx),
+        definitions: bpftime_gpu_ptx::ptx::strip_header(probe_ptx),
         needs_version: Some(Version::new(7, 8)),
         needs_sm: Some(90),
         calls: vec![(

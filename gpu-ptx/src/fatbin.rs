@@ -473,7 +473,8 @@ pub struct ModulePtx {
 }
 
 impl ModulePtx {
-    pub(crate) fn from_entries(entries: &[Entry<'_>]) -> ModulePtx {
+    /// The PTX entries of a fatbin's `entries`, copied out, with a count of the machine-code ones.
+    pub fn from_entries(entries: &[Entry<'_>]) -> ModulePtx {
         ModulePtx {
             entries: entries
                 .iter()
