@@ -1,6 +1,6 @@
 //! The `gpu` engine: each program is compiled to PTX by `bpftime-jit-ptx` and its
-//! kernel entry runs as one thread on an NVIDIA GPU through `bpftime-gpu-attach`'s
-//! runner, with the test's memory copied to the device and back.
+//! kernel entry runs as one thread on an NVIDIA GPU through the
+//! stand-alone runner (`gpu_runner`), with the test's memory copied to the device and back.
 
 use std::sync::OnceLock;
 
@@ -9,7 +9,7 @@ use bpftime_jit_ptx::{compile, CompileError, GpuEnv, GpuHelper, PtxOptions, PtxP
 use cudarc::driver::LaunchConfig;
 
 pub use crate::gpu_runner::{check_libcuda, GpuDevice, GpuRunError, LIBCUDA, ONE_THREAD};
-pub use bpftime_gpu_attach::clock::host_monotonic_ns;
+pub use bpftime_gpu_device::clock::host_monotonic_ns;
 
 use crate::engine::Engine;
 

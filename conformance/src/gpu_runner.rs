@@ -14,7 +14,7 @@ use cudarc::driver::{
 };
 use cudarc::nvrtc::Ptx;
 
-use bpftime_gpu_attach::clock::{self, ClockCalibration, CLOCK_REANCHOR};
+use bpftime_gpu_device::clock::{self, ClockCalibration, CLOCK_REANCHOR};
 
 /// The name of the driver library, as the loader finds it.
 pub const LIBCUDA: &str = "libcuda.so.1";

@@ -16,9 +16,11 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
 use bpftime_attach::{detour, Detour};
 
-use crate::cuda::{Api, CuResult, Handle, LaunchConfig, CUDA_SUCCESS, STREAM_PER_THREAD};
 use crate::launch::Geometry;
 use crate::session::{session, Owner};
+use bpftime_gpu_device::cuda::{
+    Api, CuResult, Handle, LaunchConfig, CUDA_SUCCESS, STREAM_PER_THREAD,
+};
 use bpftime_gpu_ptx::fatbin::ModulePtx;
 
 /// How many addresses one entry point can be detoured at.
@@ -416,7 +418,7 @@ fn launched(
     // The call's time only where launch programs will read it: a clock read per launch
     // otherwise.
     let called = if s.watches_launches() {
-        crate::clock::host_monotonic_ns()
+        bpftime_gpu_device::clock::host_monotonic_ns()
     } else {
         0
     };
@@ -527,7 +529,7 @@ entry_point!(
     &["cuGraphLaunch", "cuGraphLaunch_ptsz"],
     fn(exec: Handle, stream: Handle),
     |original, per_thread| {
-        let called = crate::clock::host_monotonic_ns();
+        let called = bpftime_gpu_device::clock::host_monotonic_ns();
         let s = session();
         let ours = if stream == 0 && per_thread {
             STREAM_PER_THREAD

@@ -122,7 +122,7 @@ pub struct Geometry {
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct EventClock {
     /// A completed event of the context.
-    pub base: crate::cuda::Handle,
+    pub base: bpftime_gpu_device::cuda::Handle,
     pub offset_ns: i64,
     pub error_ns: u64,
     pub taken: Instant,

@@ -2,11 +2,11 @@
 //!
 //! - The text of device code (fatbins, PTX parsing and splicing, kernel names) is
 //!   `bpftime-gpu-ptx`'s, the stage before this one.
-//! - [`device_maps`] holds the layouts the device runtime (device/runtime.c, compiled into
-//!   every probe) works on, and the host-side logic of keeping them in step with the store.
+//! - The device side (the driver API slice, device memory, the device runtime's map
+//!   layouts, map replicas, the GPU clock) is `bpftime-gpu-device`'s.
 //! - The session (`install`, [`GpuAttach`]) intercepts the CUDA driver in a target
 //!   process, builds instrumented modules, keeps map replicas on each device in sync and
-//!   anchors the GPU clock to the host's ([`clock`]).
+//!   anchors the GPU clock to the host's.
 //! - [`launch`] runs CPU programs at each launch of the kernels they name, and again with
 //!   the launch's GPU times once it completed, for every kernel, PTX or not.
 //! - [`observer`] tells a timeline of every intercepted driver call and every line a GPU
@@ -15,15 +15,10 @@
 //!   started, in the fatbins of the ELF objects the process maps.
 //! - The conformance suite's stand-alone GPU runner is `bpftime-conformance`'s.
 
-mod arena;
-pub mod clock;
-mod cuda;
-pub mod device_maps;
 mod entry_points;
 pub mod launch;
 pub mod observer;
 pub mod probe;
-mod replica;
 pub mod scan;
 mod session;
 mod tensor_maps;

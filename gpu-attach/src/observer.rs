@@ -75,7 +75,7 @@ pub(crate) fn call_begins() -> u64 {
     if !OBSERVING.load(Ordering::Relaxed) {
         return 0;
     }
-    crate::clock::host_monotonic_ns()
+    bpftime_gpu_device::clock::host_monotonic_ns()
 }
 
 /// Reports a call that began at `begin_ns` (from [`call_begins`]; 0: nobody observed).
@@ -88,7 +88,7 @@ pub(crate) fn call_ends(name: &'static str, begin_ns: u64, result: u32) {
         o.api_call(&ApiCall {
             name,
             begin_ns,
-            end_ns: crate::clock::host_monotonic_ns(),
+            end_ns: bpftime_gpu_device::clock::host_monotonic_ns(),
             result,
         });
     }

@@ -12,8 +12,8 @@ use bpftime_jit_ptx::{
     compile, ArrayMapLayout, GpuEnv, ProbeAbi, PtxOptions, PtxProgram, PtxVersion,
 };
 
-use crate::cuda::DevicePtr;
-use crate::device_maps::{config_ir, RuntimeConfig, RUNTIME_BITCODE};
+use bpftime_gpu_device::cuda::DevicePtr;
+use bpftime_gpu_device::device_maps::{config_ir, RuntimeConfig, RUNTIME_BITCODE};
 use bpftime_gpu_ptx::ptx::{ProbePoint, ACCESS_OFFSETS, ACCESS_UNIFORM, ARG_OFFSETS, CTX_SIZE};
 
 /// Where one of a probe's maps lives on the device.

@@ -356,7 +356,7 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 
 /// `CLOCK_MONOTONIC` now, in nanoseconds.
 pub fn now_ns() -> u64 {
-    bpftime_gpu_attach::clock::host_monotonic_ns()
+    bpftime_gpu_device::clock::host_monotonic_ns()
 }
 
 fn gettid() -> i32 {

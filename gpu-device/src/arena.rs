@@ -50,7 +50,7 @@ pub enum ArenaError {
 }
 
 /// A virtual range on one device, mapped as it fills and handed out in order.
-pub(crate) struct Arena {
+pub struct Arena {
     vmm: VmmApi,
     device: i32,
     base: DevicePtr,

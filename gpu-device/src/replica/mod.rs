@@ -22,6 +22,14 @@ use crate::device_maps::{
     SHARDED_ARRAY_MAX, SHARD_WINDOW_SPAN, SLOT_FULL,
 };
 
+mod mover;
+mod ring_reader;
+
+use mover::u32s_as_bytes;
+pub use mover::{as_bytes, Mover, Pinned};
+use ring_reader::perf_record;
+pub use ring_reader::RingReader;
+
 /// Why a replica could not be made or synced.
 #[derive(Debug, thiserror::Error)]
 pub enum ReplicaError {
@@ -33,121 +41,6 @@ pub enum ReplicaError {
     },
     #[error(transparent)]
     Cuda(#[from] CudaError),
-}
-
-/// Device memory and a stream of our own in one context, for moving bytes.
-pub(crate) struct Mover<'a> {
-    pub api: &'a Api,
-    /// A non-blocking stream of GPU attach's own in the current context.
-    pub stream: Handle,
-    /// The context's arena, where there is one: addresses that repeat from run to run.
-    pub arena: Option<&'a Arena>,
-}
-
-impl Mover<'_> {
-    pub fn alloc(&self, bytes: usize) -> Result<DevicePtr, CudaError> {
-        if let Some(arena) = self.arena {
-            match arena.alloc(self.api, bytes) {
-                Ok(p) => return Ok(p),
-                Err(e) => tracing::debug!(bytes, "device memory outside the arena: {e}"),
-            }
-        }
-        let mut p = 0;
-        // SAFETY: writes one device pointer.
-        self.api.check("cuMemAlloc", unsafe {
-            (self.api.mem_alloc)(&mut p, bytes.max(8))
-        })?;
-        Ok(p)
-    }
-
-    /// `bytes` of page-locked host memory.
-    pub fn alloc_pinned(&self, bytes: usize) -> Result<Pinned, CudaError> {
-        let mut p = std::ptr::null_mut();
-        // SAFETY: writes one host pointer.
-        self.api.check("cuMemHostAlloc", unsafe {
-            (self.api.mem_host_alloc)(&mut p, bytes.max(8), 0)
-        })?;
-        let at = std::ptr::NonNull::new(p.cast::<u8>()).ok_or_else(|| CudaError {
-            call: "cuMemHostAlloc",
-            code: 0,
-            name: "a null pointer".into(),
-        })?;
-        Ok(Pinned { at, len: bytes })
-    }
-
-    /// Copies `bytes` to `dst` and waits for it.
-    pub fn put(&self, dst: DevicePtr, bytes: &[u8]) -> Result<(), CudaError> {
-        if bytes.is_empty() {
-            return Ok(());
-        }
-        // SAFETY: `bytes` stays borrowed until the copy is waited for below.
-        self.api.check("cuMemcpyHtoDAsync", unsafe {
-            (self.api.memcpy_htod_async)(dst, bytes.as_ptr().cast(), bytes.len(), self.stream)
-        })?;
-        self.wait()
-    }
-
-    /// Copies `out.len()` bytes from `src` and waits for them.
-    pub fn get(&self, src: DevicePtr, out: &mut [u8]) -> Result<(), CudaError> {
-        self.get_async(src, out)?;
-        self.wait()
-    }
-
-    /// Queues a copy of `out.len()` bytes from `src`; `out` must not be read or dropped
-    /// before [`Mover::wait`] returns (the borrow checker does not see the device's
-    /// write: callers keep the buffer borrowed across the wait).
-    pub fn get_async(&self, src: DevicePtr, out: &mut [u8]) -> Result<(), CudaError> {
-        if out.is_empty() {
-            return Ok(());
-        }
-        // SAFETY: the caller keeps `out` alive and unread until it waits (above).
-        self.api.check("cuMemcpyDtoHAsync", unsafe {
-            (self.api.memcpy_dtoh_async)(
-                out.as_mut_ptr().cast::<c_void>(),
-                src,
-                out.len(),
-                self.stream,
-            )
-        })
-    }
-
-    /// Queues a copy of `bytes` to `dst`, staged so that the caller's buffer is free at
-    /// once: a pageable source is copied before the call returns.
-    pub fn put_async(&self, dst: DevicePtr, bytes: &[u8]) -> Result<(), CudaError> {
-        if bytes.is_empty() {
-            return Ok(());
-        }
-        // SAFETY: `bytes` is readable for its length; from pageable memory the driver
-        // stages the copy before returning.
-        self.api.check("cuMemcpyHtoDAsync", unsafe {
-            (self.api.memcpy_htod_async)(dst, bytes.as_ptr().cast(), bytes.len(), self.stream)
-        })
-    }
-
-    pub fn zero(&self, dst: DevicePtr, bytes: usize) -> Result<(), CudaError> {
-        // SAFETY: a device range we allocated.
-        self.api.check("cuMemsetD8Async", unsafe {
-            (self.api.memset_d8_async)(dst, 0, bytes, self.stream)
-        })?;
-        self.wait()
-    }
-
-    pub fn wait(&self) -> Result<(), CudaError> {
-        // SAFETY: our own stream.
-        self.api.check("cuStreamSynchronize", unsafe {
-            (self.api.stream_synchronize)(self.stream)
-        })
-    }
-}
-
-pub(crate) fn as_bytes<T: Copy>(v: &T) -> &[u8] {
-    // SAFETY: a plain `#[repr(C)]` value of integers, read as its bytes.
-    unsafe { std::slice::from_raw_parts((v as *const T).cast::<u8>(), std::mem::size_of::<T>()) }
-}
-
-fn u32s_as_bytes(v: &[u32]) -> &[u8] {
-    // SAFETY: u32s read as bytes.
-    unsafe { std::slice::from_raw_parts(v.as_ptr().cast::<u8>(), v.len() * 4) }
 }
 
 enum SyncState {
@@ -192,31 +85,31 @@ enum SyncState {
 /// past [`Backlog::most`] bytes, or when the process exits and the consumer stops making
 /// room, are they given up, and counted as the store's ring counts what it drops.
 #[derive(Debug, Default)]
-pub(crate) struct Backlog {
+pub struct Backlog {
     held: std::collections::VecDeque<RingRecord>,
     bytes: usize,
     most: usize,
 }
 
 impl Backlog {
-    pub(crate) fn new(most: usize) -> Backlog {
+    pub fn new(most: usize) -> Backlog {
         Backlog {
             most,
             ..Backlog::default()
         }
     }
 
-    pub(crate) fn is_empty(&self) -> bool {
+    pub fn is_empty(&self) -> bool {
         self.held.is_empty()
     }
 
-    pub(crate) fn len(&self) -> usize {
+    pub fn len(&self) -> usize {
         self.held.len()
     }
 
     /// Delivers what is held, then `new`, in order, until the store's ring is full; keeps
     /// the rest, up to `most` bytes, and gives up (`lose`) any record past that.
-    pub(crate) fn offer(
+    pub fn offer(
         &mut self,
         new: Vec<RingRecord>,
         mut deliver: impl FnMut(&RingRecord) -> RecordOffer,
@@ -243,7 +136,7 @@ impl Backlog {
     }
 
     /// Gives up everything held.
-    pub(crate) fn give_up(&mut self, mut lose: impl FnMut(&RingRecord)) {
+    pub fn give_up(&mut self, mut lose: impl FnMut(&RingRecord)) {
         for r in self.held.drain(..) {
             lose(&r);
         }
@@ -253,7 +146,7 @@ impl Backlog {
 
 /// What a push leaves for the launch's stream, before the launch.
 #[derive(Default)]
-pub(crate) struct Pushed {
+pub struct Pushed {
     /// Additions to device words (the apply kernel).
     pub deltas: Vec<DeviceDelta>,
     /// Launches of the hash ops kernel.
@@ -261,7 +154,7 @@ pub(crate) struct Pushed {
 }
 
 /// One launch of the hash ops kernel (device/hash_ops.c): its parameters.
-pub(crate) struct HashOpsLaunch {
+pub struct HashOpsLaunch {
     /// The table's `GpuMapDesc`.
     pub map: DevicePtr,
     /// Where it writes `seq` when done.
@@ -273,7 +166,7 @@ pub(crate) struct HashOpsLaunch {
 }
 
 /// One map's replica in one context.
-pub(crate) struct Replica {
+pub struct Replica {
     pub map: Arc<Map>,
     pub kind: DeviceKind,
     /// Device address of its [`GpuMapDesc`]: what the probe's `lddw map` loads.
@@ -304,41 +197,13 @@ pub(crate) struct Replica {
 
 /// An array's values being read from the device without its lock, into its staging
 /// memory ([`Replica::take_copy`]), to be applied under it ([`Replica::pull_taken`]).
-pub(crate) struct PullCopy {
+pub struct PullCopy {
     shadow_changes: u64,
-}
-
-/// Page-locked host memory: copies between it and the device are queued without the host
-/// waiting for each, where a copy into pageable memory returns only once done and keeps
-/// the driver busy meanwhile (holding up the application's own calls). Made on first use
-/// and kept for the process's life, as device memory is.
-pub(crate) struct Pinned {
-    at: std::ptr::NonNull<u8>,
-    len: usize,
-}
-
-// SAFETY: plain bytes, which each owner touches only where it says (`Replica::take_copy`,
-// `RingReader::read`).
-unsafe impl Send for Pinned {}
-// SAFETY: as above.
-unsafe impl Sync for Pinned {}
-
-impl Pinned {
-    /// # Safety
-    /// No copy or kernel of ours may be writing these bytes, and no other slice of them
-    /// be live.
-    // The device writes these bytes behind any borrow: exclusive use is the caller's to
-    // keep, by the contract above, not the borrow checker's.
-    #[allow(clippy::mut_from_ref)]
-    unsafe fn bytes(&self) -> &mut [u8] {
-        // SAFETY: `len` bytes of ours; the caller rules out every other use.
-        unsafe { std::slice::from_raw_parts_mut(self.at.as_ptr(), self.len) }
-    }
 }
 
 /// A context's shard window (see `SHARD_WINDOW_SPAN`): made on first use, its arrays'
 /// values handed out from its start.
-pub(crate) struct ShardWindow {
+pub struct ShardWindow {
     copies: u32,
     state: Mutex<WindowState>,
 }
@@ -397,7 +262,7 @@ impl ShardWindow {
 /// split in shards by SM ([`ring_shards`]), and a launch's records arrive all at once: at
 /// 1 MiB (16 shards of 64 KiB on an H200), a launch of 65536 threads with a record each
 /// lost two in three of them. 16 MiB is 128 KiB a shard: several such launches.
-pub(crate) const PERF_RING_BYTES: u64 = 1 << 24;
+pub const PERF_RING_BYTES: u64 = 1 << 24;
 
 impl Replica {
     /// Makes the replica of `map` with the store's current contents, for a device of
@@ -938,7 +803,7 @@ impl Replica {
             DeviceKind::Array | DeviceKind::ThreadArray | DeviceKind::Hash => RecordOffer::Taken,
         };
         if let RecordOffer::Refused(error) = offer {
-            if crate::session::may_log() {
+            if crate::exiting::may_log() {
                 tracing::debug!(map = self.map.id(), error, "the store refused a GPU record");
             }
         }
@@ -974,302 +839,6 @@ impl Replica {
             }
             _ => self.map.count_dropped(1),
         }
-    }
-}
-
-/// A perf event array's record as the device wrote it: the helper's flags, then the data.
-fn perf_record(record: &RingRecord) -> Option<(u64, &[u8])> {
-    let flags = record.data.get(..8)?;
-    Some((
-        u64::from_le_bytes(flags.try_into().expect("8 bytes")),
-        &record.data[8..],
-    ))
-}
-
-/// A device ring (`struct ring` of runtime.c: `shards` of them, each with its own space)
-/// and the host's side of reading it.
-pub(crate) struct RingReader {
-    /// Device address of the first shard's `struct ring`.
-    pub ring: DevicePtr,
-    shards: Vec<ShardReader>,
-    /// Page-locked room the reads go through ([`RoomLayout`]); `None` where the driver
-    /// refused it (the reads then go into pageable memory, each copy done when it returns).
-    room: Option<Pinned>,
-}
-
-/// One shard of a ring, as the host reads it.
-struct ShardReader {
-    data: DevicePtr,
-    size: u64,
-    /// How far the host has read, and the device's drop count it has accounted for.
-    tail: u64,
-    dropped: u64,
-    /// The host's copy of the shard, refreshed only where new records are.
-    bytes: Vec<u8>,
-}
-
-const SHARD_HEADER: u64 = std::mem::size_of::<DeviceRing>() as u64;
-
-/// Bytes of records one round of a read brings at most.
-const ROOM_BYTES: usize = 256 << 10;
-
-/// What a ring reader's page-locked room holds where: every shard's header, every shard's
-/// new tail on its way to the device, then records on their way in.
-struct RoomLayout {
-    headers: std::ops::Range<usize>,
-    tails: std::ops::Range<usize>,
-    records: std::ops::Range<usize>,
-}
-
-impl RoomLayout {
-    fn new(shards: usize) -> RoomLayout {
-        let headers = 0..shards * SHARD_HEADER as usize;
-        let tails = headers.end..headers.end + shards * 8;
-        let records = tails.end..tails.end + ROOM_BYTES;
-        RoomLayout {
-            headers,
-            tails,
-            records,
-        }
-    }
-}
-
-/// A run of a shard's new bytes: `len` bytes from offset `at` of shard `shard`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-struct Span {
-    shard: usize,
-    at: usize,
-    len: usize,
-}
-
-/// The runs a read brings, shard by shard: each shard's bytes from its tail to its head
-/// (`(size, tail, head)`), one run or two across the shard's end, each cut into runs of
-/// at most `most` bytes. Positions are multiples of 8, as records are.
-fn new_spans(shards: &[(u64, u64, u64)], most: usize) -> Vec<Span> {
-    let mut spans = Vec::new();
-    for (shard, &(size, tail, head)) in shards.iter().enumerate() {
-        if head <= tail {
-            continue;
-        }
-        let start = (tail & (size - 1)) as usize;
-        let len = (head - tail).min(size) as usize;
-        let first = len.min(size as usize - start);
-        for (mut at, mut left) in [(start, first), (0, len - first)] {
-            while left > 0 {
-                let n = left.min(most);
-                spans.push(Span { shard, at, len: n });
-                at += n;
-                left -= n;
-            }
-        }
-    }
-    spans
-}
-
-/// Consecutive runs of `spans` that one round of a read brings: at most [`ROOM_BYTES`]
-/// together (each span is at most that).
-fn room_rounds(spans: &[Span]) -> Vec<std::ops::Range<usize>> {
-    let mut rounds = Vec::new();
-    let (mut start, mut bytes) = (0, 0);
-    for (i, s) in spans.iter().enumerate() {
-        if i > start && bytes + s.len > ROOM_BYTES {
-            rounds.push(start..i);
-            (start, bytes) = (i, 0);
-        }
-        bytes += s.len;
-    }
-    if start < spans.len() {
-        rounds.push(start..spans.len());
-    }
-    rounds
-}
-
-impl RingReader {
-    /// An empty ring of `size` bytes (a power of two) in device memory, in `shards`
-    /// (a power of two dividing it) of `size / shards` bytes each.
-    pub fn new(mover: &Mover<'_>, size: u64, shards: u64) -> Result<RingReader, CudaError> {
-        let shards = shards.clamp(1, size);
-        let shard_size = size / shards;
-        let data = mover.alloc(size as usize)?;
-        mover.zero(data, size as usize)?;
-        let ring = mover.alloc((SHARD_HEADER * shards) as usize)?;
-        let headers: Vec<u8> = (0..shards)
-            .flat_map(|i| {
-                as_bytes(&DeviceRing {
-                    data: data + i * shard_size,
-                    size: shard_size,
-                    shards,
-                    ..DeviceRing::default()
-                })
-                .to_vec()
-            })
-            .collect();
-        mover.put(ring, &headers)?;
-        let layout = RoomLayout::new(shards as usize);
-        let room = mover
-            .alloc_pinned(layout.records.end)
-            .map_err(|e| tracing::debug!("a ring is read through pageable memory: {e}"))
-            .ok();
-        Ok(RingReader {
-            ring,
-            shards: (0..shards)
-                .map(|i| ShardReader {
-                    data: data + i * shard_size,
-                    size: shard_size,
-                    tail: 0,
-                    dropped: 0,
-                    bytes: vec![0; shard_size as usize],
-                })
-                .collect(),
-            room,
-        })
-    }
-
-    /// The records committed since the last read, shard by shard (each in order), and
-    /// how many the device dropped since. Moves each shard's tail past what was read,
-    /// freeing the space.
-    ///
-    /// Through the page-locked room, the pieces' copies are queued and waited for once a
-    /// round, and the new tails go without a wait. Into pageable memory each copy returns
-    /// only once done and keeps the driver busy meanwhile: on memtrace's timeline ring
-    /// (128 shards), read while a 2^16-element vectorAdd was launched and waited for 200
-    /// times, each launch took 0.138 ms that way and 0.113 ms through the room (H200).
-    pub fn read(&mut self, mover: &Mover<'_>) -> Result<(Vec<RingRecord>, u64), CudaError> {
-        let layout = RoomLayout::new(self.shards.len());
-        // SAFETY: the reader's own room, used only under `&mut self`. Every copy into it
-        // is waited for before it is read; the copies of the last read's tails, which
-        // read it, are ordered in our stream before this read's first copy, which is
-        // waited for before the tails are written again.
-        let mut room = self.room.as_ref().map(|r| unsafe { r.bytes() });
-        // Every shard's counters, in one copy.
-        let headers = match room.as_deref_mut() {
-            Some(bytes) => {
-                let headers = &mut bytes[layout.headers.clone()];
-                mover.get_async(self.ring, headers)?;
-                mover.wait()?;
-                headers.to_vec()
-            }
-            None => {
-                let mut headers = vec![0u8; layout.headers.len()];
-                mover.get(self.ring, &mut headers)?;
-                headers
-            }
-        };
-        let (heads, dropped) = shard_heads(&mut self.shards, &headers);
-        let bounds: Vec<(u64, u64, u64)> = self
-            .shards
-            .iter()
-            .zip(&heads)
-            .map(|(s, &h)| (s.size, s.tail, h))
-            .collect();
-        let spans = new_spans(&bounds, ROOM_BYTES);
-        if spans.is_empty() {
-            return Ok((Vec::new(), dropped));
-        }
-        for round in room_rounds(&spans) {
-            let spans = &spans[round];
-            match room.as_deref_mut() {
-                Some(bytes) => {
-                    let mut to = layout.records.start;
-                    for s in spans {
-                        let from = self.shards[s.shard].data + s.at as u64;
-                        mover.get_async(from, &mut bytes[to..to + s.len])?;
-                        to += s.len;
-                    }
-                    mover.wait()?;
-                    let mut from = layout.records.start;
-                    for s in spans {
-                        let shard = &mut self.shards[s.shard];
-                        shard.bytes[s.at..s.at + s.len].copy_from_slice(&bytes[from..from + s.len]);
-                        from += s.len;
-                    }
-                }
-                // Straight into the shards' copies, each copy done when it returns.
-                None => {
-                    for s in spans {
-                        let shard = &mut self.shards[s.shard];
-                        let at = s.at..s.at + s.len;
-                        mover.get_async(shard.data + s.at as u64, &mut shard.bytes[at])?;
-                    }
-                    mover.wait()?;
-                }
-            }
-        }
-        let mut records = Vec::new();
-        for (i, &head) in heads.iter().enumerate() {
-            let shard = &mut self.shards[i];
-            if head == shard.tail {
-                continue;
-            }
-            let Some(tail) = shard.drain(self.ring, i, head, &mut records) else {
-                continue;
-            };
-            let to = self.ring + i as u64 * SHARD_HEADER + RING_TAIL;
-            match room.as_deref_mut() {
-                // Not waited for: the next read's first copy comes after it in our stream.
-                Some(bytes) => {
-                    let slot = &mut bytes[layout.tails.start + i * 8..][..8];
-                    slot.copy_from_slice(&tail.to_le_bytes());
-                    mover.put_async(to, slot)?;
-                }
-                None => mover.put_async(to, &tail.to_le_bytes())?,
-            }
-        }
-        if room.is_none() {
-            mover.wait()?;
-        }
-        Ok((records, dropped))
-    }
-}
-
-/// Every shard's head in `headers` (the shards' `struct ring`s as read), and the
-/// records the device dropped since the last read.
-fn shard_heads(shards: &mut [ShardReader], headers: &[u8]) -> (Vec<u64>, u64) {
-    let mut dropped = 0;
-    let heads = shards
-        .iter_mut()
-        .enumerate()
-        .map(|(i, shard)| {
-            let header = &headers[i * SHARD_HEADER as usize..][..SHARD_HEADER as usize];
-            let word = |w: usize| {
-                u64::from_le_bytes(header[w * 8..w * 8 + 8].try_into().expect("8 bytes"))
-            };
-            let (head, device_dropped) = (word(2), word(4));
-            dropped += device_dropped.saturating_sub(shard.dropped);
-            shard.dropped = device_dropped.max(shard.dropped);
-            head
-        })
-        .collect();
-    (heads, dropped)
-}
-
-impl ShardReader {
-    /// The records of this shard (`index` of the ring at `ring`) up to `head`, from its
-    /// bytes as read, onto `records`; its new tail where it moved.
-    fn drain(
-        &mut self,
-        ring: DevicePtr,
-        index: usize,
-        head: u64,
-        records: &mut Vec<RingRecord>,
-    ) -> Option<u64> {
-        let (mut got, tail) = drain_ring(&self.bytes, self.size, self.tail, head);
-        if crate::session::may_log() && tail != head {
-            tracing::debug!(
-                ring,
-                shard = index,
-                from = self.tail,
-                to = tail,
-                head,
-                records = got.len(),
-                "device ring read stopped at a record still being written"
-            );
-        }
-        records.append(&mut got);
-        (tail != self.tail).then(|| {
-            self.tail = tail;
-            tail
-        })
     }
 }
 
@@ -1383,7 +952,7 @@ impl HostArray {
 /// address, with bit 0 set for a 4-byte word, and the value to add. The apply kernel
 /// (`session`) takes them as they are.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct DeviceDelta {
+pub struct DeviceDelta {
     pub addr: u64,
     pub delta: u64,
 }
@@ -1569,7 +1138,7 @@ fn apply_store_change(map: &Map, change: StoreChange) -> bool {
                 Err(e) => {
                     // The key went (the CPU deleted it) or the map is full: the GPU's
                     // change has nowhere to go, as a CPU program's update would not.
-                    if crate::session::may_log() {
+                    if crate::exiting::may_log() {
                         tracing::debug!(
                             map = map.id(),
                             "a GPU change to a per-CPU hash map was dropped: {e}"
@@ -1583,291 +1152,4 @@ fn apply_store_change(map: &Map, change: StoreChange) -> bool {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use bpftime_runtime::{MapSpec, Store};
-
-    fn records(from: u8, n: u8) -> Vec<RingRecord> {
-        (from..from + n)
-            .map(|i| RingRecord {
-                data: vec![i; 8],
-                raw: false,
-            })
-            .collect()
-    }
-
-    /// A store ring with room for `room` records until its consumer reads them.
-    struct Consumer {
-        room: usize,
-        queued: Vec<u8>,
-        read: Vec<u8>,
-    }
-
-    impl Consumer {
-        fn take(&mut self, r: &RingRecord) -> RecordOffer {
-            if self.queued.len() == self.room {
-                return RecordOffer::Full;
-            }
-            self.queued.push(r.data[0]);
-            RecordOffer::Taken
-        }
-
-        fn read_all(&mut self) {
-            self.read.append(&mut self.queued);
-        }
-    }
-
-    #[test]
-    fn records_a_full_ring_cannot_take_wait_and_arrive_in_order() {
-        let mut consumer = Consumer {
-            room: 3,
-            queued: Vec::new(),
-            read: Vec::new(),
-        };
-        let mut backlog = Backlog::new(1 << 20);
-        let mut lost = 0;
-        // A burst of ten into room for three, then four more while seven wait.
-        backlog.offer(records(0, 10), |r| consumer.take(r), |_| lost += 1);
-        assert_eq!((consumer.queued.len(), backlog.len()), (3, 7));
-        consumer.read_all();
-        backlog.offer(records(10, 4), |r| consumer.take(r), |_| lost += 1);
-        assert_eq!(
-            backlog.len(),
-            8,
-            "the new records wait behind the held ones"
-        );
-        while !backlog.is_empty() {
-            consumer.read_all();
-            backlog.offer(Vec::new(), |r| consumer.take(r), |_| lost += 1);
-        }
-        consumer.read_all();
-        assert_eq!(consumer.read, (0..14).collect::<Vec<u8>>());
-        assert_eq!(lost, 0);
-        // With room, records go straight through and nothing is held.
-        backlog.offer(records(14, 2), |r| consumer.take(r), |_| lost += 1);
-        assert_eq!(
-            (backlog.len(), consumer.queued.as_slice()),
-            (0, &[14, 15][..])
-        );
-    }
-
-    #[test]
-    fn a_backlog_past_its_bytes_loses_the_newest_and_gives_up_the_rest_when_told() {
-        let mut lost = Vec::new();
-        // Room for two 8-byte records held.
-        let mut backlog = Backlog::new(16);
-        backlog.offer(
-            records(0, 5),
-            |_| RecordOffer::Full,
-            |r| lost.push(r.data[0]),
-        );
-        assert_eq!(backlog.len(), 2);
-        assert_eq!(lost, [2, 3, 4]);
-        // A record the ring refuses for good (not for room) is not held.
-        backlog.offer(
-            Vec::new(),
-            |_| RecordOffer::Refused(-7),
-            |r| lost.push(r.data[0]),
-        );
-        assert!(backlog.is_empty());
-        backlog.offer(
-            records(5, 2),
-            |_| RecordOffer::Full,
-            |r| lost.push(r.data[0]),
-        );
-        backlog.give_up(|r| lost.push(r.data[0]));
-        assert!(backlog.is_empty());
-        assert_eq!(lost, [2, 3, 4, 5, 6]);
-        // Its bytes were given back with them.
-        backlog.offer(
-            records(7, 2),
-            |_| RecordOffer::Full,
-            |r| lost.push(r.data[0]),
-        );
-        assert_eq!(backlog.len(), 2);
-    }
-
-    #[test]
-    fn a_read_brings_each_shards_bytes_from_tail_to_head() {
-        // (size, tail, head): nothing new; in the middle; across the end (the second run
-        // from the start); the whole shard, from its middle.
-        let shards = [(64, 24, 24), (64, 8, 40), (64, 112, 144), (64, 32, 96)];
-        let spans = new_spans(&shards, usize::MAX);
-        let want = [
-            Span {
-                shard: 1,
-                at: 8,
-                len: 32,
-            },
-            Span {
-                shard: 2,
-                at: 48,
-                len: 16,
-            },
-            Span {
-                shard: 2,
-                at: 0,
-                len: 16,
-            },
-            Span {
-                shard: 3,
-                at: 32,
-                len: 32,
-            },
-            Span {
-                shard: 3,
-                at: 0,
-                len: 32,
-            },
-        ];
-        assert_eq!(spans, want);
-        // Cut to at most 16 bytes, the runs cover the same bytes in the same order.
-        let cut = new_spans(&shards, 16);
-        assert!(cut.iter().all(|s| s.len <= 16 && s.len > 0));
-        let bytes = |spans: &[Span]| -> Vec<(usize, usize)> {
-            spans
-                .iter()
-                .flat_map(|s| (s.at..s.at + s.len).map(move |b| (s.shard, b)))
-                .collect()
-        };
-        assert_eq!(bytes(&cut), bytes(&spans));
-    }
-
-    #[test]
-    fn a_reads_rounds_keep_to_its_room() {
-        let one = |len| Span {
-            shard: 0,
-            at: 0,
-            len,
-        };
-        // A piece that would overflow the room starts a round; one that fills it alone
-        // has a round of its own.
-        let big = vec![
-            one(ROOM_BYTES / 2),
-            one(ROOM_BYTES / 2),
-            one(8),
-            one(ROOM_BYTES),
-        ];
-        assert_eq!(room_rounds(&big), vec![0..2, 2..3, 3..4]);
-        let many = vec![one(1000); 1000];
-        assert!(room_rounds(&[]).is_empty());
-        // Every span in exactly one round, in order, no round past the room.
-        for spans in [&many[..], &big[..]] {
-            let rounds = room_rounds(spans);
-            assert_eq!(rounds.first().unwrap().start, 0);
-            assert_eq!(rounds.last().unwrap().end, spans.len());
-            assert!(rounds.windows(2).all(|w| w[0].end == w[1].start));
-            for r in rounds {
-                let bytes: usize = spans[r.clone()].iter().map(|s| s.len).sum();
-                assert!(bytes <= ROOM_BYTES, "{r:?}");
-            }
-        }
-    }
-
-    fn key(k: u64) -> Vec<u8> {
-        k.to_ne_bytes().to_vec()
-    }
-
-    /// A per-thread array's replica holds the store's values in the device's layout (key
-    /// k's value of thread t is element k * threads + t, which runtime.c's lookup of
-    /// thread t finds), and what the device changed in element e lands in that key's value
-    /// of that thread, as `bpf()` hands it to a loader.
-    #[test]
-    fn a_per_thread_arrays_replica_is_laid_out_as_the_device_reads_it() {
-        let name = format!("unit-replica-pt-{}", std::process::id());
-        let _ = std::fs::remove_dir_all(Store::dir_for(&name));
-        let store = Store::create_or_open(&name).unwrap();
-        let map = Map::create(
-            &store,
-            &MapSpec {
-                map_type: map_type::GPU_PER_THREAD_ARRAY,
-                key_size: 4,
-                value_size: 8,
-                max_entries: 2,
-                map_extra: 3,
-                ..Default::default()
-            },
-        )
-        .unwrap();
-        let words = |v: &[u64]| v.iter().flat_map(|w| w.to_ne_bytes()).collect::<Vec<u8>>();
-        map.update(&0u32.to_ne_bytes(), &words(&[1, 2, 3]), 0)
-            .unwrap();
-        map.update(&1u32.to_ne_bytes(), &words(&[4, 5, 6]), 0)
-            .unwrap();
-        assert_eq!(device_kind(map.map_type()), Ok(DeviceKind::ThreadArray));
-        let desc = GpuMapDesc {
-            map_type: device_map_type(map.map_type()),
-            key_size: 4,
-            value_size: 8,
-            max_entries: 2,
-            value_stride: 8,
-            copies: map.gpu_threads().unwrap(),
-            ..GpuMapDesc::default()
-        };
-        assert_eq!(desc.map_type, map_type::GPU_PER_THREAD_ARRAY);
-        assert_eq!(host_array(&map, &desc), words(&[1, 2, 3, 4, 5, 6]));
-        // The device added 10 to thread 1's value of key 1 (element 4).
-        let host = HostArray::of(&map, &desc).unwrap();
-        host.add(
-            4,
-            &[WordDelta {
-                offset: 0,
-                width: 8,
-                delta: 10,
-            }],
-        );
-        let mut out = vec![0u8; 24];
-        map.lookup(&1u32.to_ne_bytes(), &mut out).unwrap();
-        assert_eq!(out, words(&[4, 15, 6]));
-        let _ = store.destroy();
-    }
-
-    /// A device that replaced entries of a full map (an LRU map's evictions, or a hash
-    /// map's deletes and inserts in one launch) leaves the store's map holding what the
-    /// device holds: its deletes go first, so the inserts fit.
-    #[test]
-    fn a_full_map_whose_entries_the_device_replaced_ends_as_the_device_has_it() {
-        let name = format!("unit-replica-{}", std::process::id());
-        let _ = std::fs::remove_dir_all(Store::dir_for(&name));
-        let store = Store::create_or_open(&name).unwrap();
-        for map_type in [map_type::HASH, map_type::LRU_HASH] {
-            let map = Map::create(
-                &store,
-                &MapSpec {
-                    map_type,
-                    key_size: 8,
-                    value_size: 8,
-                    max_entries: 4,
-                    ..Default::default()
-                },
-            )
-            .unwrap();
-            let shadow: HashMap<Vec<u8>, Vec<u8>> = (0..4).map(|k| (key(k), key(k))).collect();
-            for (k, v) in &shadow {
-                map.update(k, v, 0).unwrap();
-            }
-            // The device evicted or deleted keys 0 and 1, inserted 10 and 11, changed 2.
-            let device: HashMap<Vec<u8>, Vec<u8>> = [(2, 20), (3, 3), (10, 10), (11, 11)]
-                .into_iter()
-                .map(|(k, v)| (key(k), key(v)))
-                .collect();
-            // Deleting 0 and 1 and inserting 10 and 11 are counted; changing 2 is, but for
-            // the LRU map, written in place.
-            let counted = if map_type == map_type::LRU_HASH { 4 } else { 5 };
-            assert_eq!(apply_device_hash(&map, &shadow, &device), counted);
-            let mut value = vec![0u8; 8];
-            for (k, v) in &device {
-                map.lookup(k, &mut value)
-                    .unwrap_or_else(|e| panic!("map type {map_type}, key {k:?}: {e}"));
-                assert_eq!(&value, v, "map type {map_type}");
-            }
-            for k in [0, 1] {
-                assert!(
-                    map.lookup(&key(k), &mut value).is_err(),
-                    "map type {map_type}"
-                );
-            }
-        }
-        let _ = store.destroy();
-    }
-}
+mod tests;

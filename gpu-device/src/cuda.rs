@@ -335,8 +335,20 @@ unsafe fn symbol(lib: *mut c_void, name: &str) -> Option<*mut c_void> {
     (!p.is_null()).then_some(p)
 }
 
+/// The handle of the driver library this process loaded, which is never closed: made
+/// only by [`loaded_libcuda`], so that [`api_from`] resolves from a real one.
+#[derive(Debug, Clone, Copy)]
+pub struct LoadedDriver(*mut c_void);
+
+impl LoadedDriver {
+    /// The `dlopen` handle, for `dlsym`.
+    pub fn handle(self) -> *mut c_void {
+        self.0
+    }
+}
+
 /// The driver library's handle if this process has loaded it, without loading it.
-pub fn loaded_libcuda() -> Option<*mut c_void> {
+pub fn loaded_libcuda() -> Option<LoadedDriver> {
     // SAFETY: RTLD_NOLOAD only looks: it returns the handle of an already-loaded library
     // (taking a reference, which we keep for good) or NULL.
     let h = unsafe {
@@ -345,14 +357,15 @@ pub fn loaded_libcuda() -> Option<*mut c_void> {
             libc::RTLD_NOW | libc::RTLD_NOLOAD | libc::RTLD_GLOBAL,
         )
     };
-    (!h.is_null()).then_some(h)
+    (!h.is_null()).then_some(LoadedDriver(h))
 }
 
-/// Resolves the entry points from the loaded driver `lib` (from [`loaded_libcuda`]); an
-/// error names an entry point the driver lacks.
-pub(crate) fn api_from(lib: *mut c_void) -> Result<Api, String> {
-    // SAFETY: `lib` is the loaded driver's handle, which is never closed.
-    unsafe { Api::resolve(lib) }
+/// Resolves the entry points from the loaded driver; an error names an entry point the
+/// driver lacks.
+pub fn api_from(lib: LoadedDriver) -> Result<Api, String> {
+    // SAFETY: `lib` is the loaded driver's handle (a `LoadedDriver` is made from nothing
+    // else), which is never closed.
+    unsafe { Api::resolve(lib.0) }
 }
 
 impl Api {
