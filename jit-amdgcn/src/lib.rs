@@ -1,7 +1,7 @@
 //! Compiles lifted eBPF to AMDGCN code objects.
 //!
 //! [`compile`] lowers a program exactly as `bpftime-jit-ptx` does (the shared
-//! [`gpu`](bpftime_jit_ptx::gpu) module: builtins for the special registers, the
+//! [`bpftime_jit_gpu`] lowering: builtins for the special registers, the
 //! runtime's helpers as external device functions, a probe function and a kernel) and
 //! has LLVM's AMDGPU backend write a relocatable ELF code object for `gfx90a` or
 //! `gfx942` (`amdgcn-amd-amdhsa`). The runtime links it, resolving the external
@@ -25,12 +25,12 @@ use std::sync::OnceLock;
 use std::time::Instant;
 
 use bpftime_isa::Insn;
-use bpftime_jit_ptx::gpu::{
+pub use bpftime_jit_gpu::CompileError;
+use bpftime_jit_gpu::{
     build_module, call_int, demote_stack_atomics, extern_functions, intrinsic, Axis, Dimension,
     GpuBackend, SpecialRegister,
 };
-pub use bpftime_jit_ptx::gpu::{GpuEnv, GpuHelper, OptLevel, StandardGpuEnv};
-pub use bpftime_jit_ptx::CompileError;
+pub use bpftime_jit_gpu::{GpuEnv, GpuHelper, OptLevel, StandardGpuEnv};
 use bpftime_lifter::optimize;
 use inkwell::builder::Builder;
 use inkwell::context::Context;
@@ -403,7 +403,7 @@ pub fn compile(
         &backend,
         &opts.symbol,
         true,
-        &bpftime_jit_ptx::gpu::ProbeAbi::Context,
+        &bpftime_jit_gpu::ProbeAbi::Context,
     )?;
     optimize(&gpu.module, &machine, opts.opt_level.pipeline())?;
     demote_stack_atomics(&gpu.module)?;

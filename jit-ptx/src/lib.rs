@@ -9,22 +9,23 @@
 //! explicit PTX ISA version (default 7.8, at most 8.5, the newest LLVM 19 writes; the
 //! device's driver reads up to 9.0).
 //!
-//! The [`gpu`] module is the part every GPU backend shares (`bpftime-jit-amdgcn` uses
-//! it too): which helper becomes what, the names of the runtime's device functions, the
-//! probe and kernel wrappers.
+//! The part every GPU backend shares (which helper becomes what, the names of the
+//! runtime's device functions, the probe and kernel wrappers, the IR folds) is
+//! `bpftime-jit-gpu`'s, re-exported here as [`gpu`].
 
 #![warn(unreachable_pub)]
 
-mod error;
-pub mod gpu;
 mod ptx;
 
-pub use bpftime_lifter::{ArrayMapLayout, LiftError, PerCpuCopies};
-pub use error::CompileError;
-pub use gpu::{
+/// The GPU half of lowering, which every GPU backend shares.
+pub use bpftime_jit_gpu as gpu;
+
+pub use bpftime_jit_gpu::CompileError;
+pub use bpftime_jit_gpu::{
     extern_helpers, GpuEnv, GpuHelper, OptLevel, ProbeAbi, StandardGpuEnv, KNOWN_IN_RANGE,
     KNOWN_UNIFORM,
 };
+pub use bpftime_lifter::{ArrayMapLayout, LiftError, PerCpuCopies};
 pub use ptx::{compile, lifted_ir, PtxOptions, PtxProgram, PtxVersion};
 
 #[cfg(test)]
