@@ -9,8 +9,9 @@ use bpftime_jit_x86::{
     ArrayMapLayout, CpuSlotTable, JitCache, JitEnv, JitOptions, JitProgram, PerCpuCopies,
     FS_SEGMENT,
 };
+use bpftime_prepare::MapRef;
 use bpftime_runtime::{cpu_slots, helpers, Map, ProgramRecord, Store};
-use bpftime_verifier::{verify, MapDesc, Options, ProgramInfo, Verified};
+use bpftime_verifier::{verify, Options, ProgramInfo, Verified};
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, OnceLock};
 
@@ -141,34 +142,9 @@ impl Programs {
         rec: &ProgramRecord,
         gpu: bool,
     ) -> Result<Verified, String> {
-        let mut descs = HashMap::new();
+        let mut maps = HashMap::new();
         for &m in &rec.map_ids {
-            let map = self.map(store, m)?;
-            descs.insert(
-                m,
-                MapDesc {
-                    map_type: map.map_type(),
-                    key_size: map.key_size(),
-                    value_size: map.value_size(),
-                    max_entries: map.max_entries(),
-                    flags: map.map_flags(),
-                    frozen: map.is_frozen(),
-                    frozen_value: map.frozen_value().map(Into::into),
-                },
-            );
-            if let Some(t) = map.inner_template() {
-                descs.insert(
-                    bpftime_verifier::inner_map_key(m as i32) as u32,
-                    MapDesc {
-                        map_type: t.map_type,
-                        key_size: t.key_size,
-                        value_size: t.value_size,
-                        max_entries: t.max_entries,
-                        flags: t.map_flags,
-                        ..MapDesc::default()
-                    },
-                );
-            }
+            maps.insert(m, self.map(store, m)?);
         }
         // A tracepoint's program is checked against its record, a raw tracepoint's against
         // its arguments; every other program the agent runs gets a pt_regs.
@@ -180,7 +156,7 @@ impl Programs {
             insns: &rec.insns,
             prog_type: checked_as,
             gpu,
-            maps: &|imm: i32| descs.get(&(imm as u32)).cloned(),
+            maps: &|imm: i32| bpftime_prepare::desc_of(&maps, imm as u32),
             mem_len: 0,
         };
         verify(&info, &Options::default())
@@ -193,20 +169,12 @@ impl Programs {
         store: &Store,
         rec: &ProgramRecord,
     ) -> Result<(Vec<Insn>, Vec<Arc<Map>>), String> {
-        let mut insns = rec.insns.clone();
         let mut maps = Vec::new();
-        let mut pc = 0;
-        while pc < insns.len() {
-            let i = insns[pc];
-            if !(i.is_lddw() && pc + 1 < insns.len()) {
-                pc += 1;
-                continue;
-            }
-            if matches!(i.src, op::PSEUDO_MAP_FD | op::PSEUDO_MAP_VALUE) {
-                let m = self.map(store, i.imm as u32)?;
-                let addr = if i.src == op::PSEUDO_MAP_FD {
-                    Arc::as_ptr(&m) as u64
-                } else {
+        let insns = bpftime_prepare::relocate(&rec.insns, |r| {
+            let m = self.map(store, r.map())?;
+            let addr = match r {
+                MapRef::Map(_) => Arc::as_ptr(&m) as u64,
+                MapRef::Value { offset, .. } => {
                     // SAFETY: a 4-byte key on the stack; map values are looked up by index 0.
                     let base = unsafe { m.prog_lookup(0u32.to_ne_bytes().as_ptr()) };
                     if base.is_null() {
@@ -216,15 +184,12 @@ impl Programs {
                             m.id()
                         ));
                     }
-                    base as u64 + insns[pc + 1].imm as u32 as u64
-                };
-                insns[pc].src = 0;
-                insns[pc].imm = addr as u32 as i32;
-                insns[pc + 1].imm = (addr >> 32) as u32 as i32;
-                maps.push(m);
-            }
-            pc += 2;
-        }
+                    base as u64 + u64::from(offset)
+                }
+            };
+            maps.push(m);
+            Ok(addr)
+        })?;
         Ok((insns, maps))
     }
 }

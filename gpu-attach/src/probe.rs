@@ -7,10 +7,11 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 
-use bpftime_isa::{opcode as op, Insn};
+use bpftime_isa::Insn;
 use bpftime_jit_ptx::{
     compile, ArrayMapLayout, GpuEnv, ProbeAbi, PtxOptions, PtxProgram, PtxVersion,
 };
+use bpftime_prepare::MapRef;
 
 use bpftime_gpu_device::cuda::DevicePtr;
 use bpftime_gpu_device::device_maps::{config_ir, RuntimeConfig, RUNTIME_BITCODE};
@@ -343,33 +344,19 @@ fn this_build() -> Option<String> {
 /// replica's descriptor, a map value (global data) the replica's first value plus the
 /// offset.
 fn relocate(insns: &[Insn], maps: &HashMap<u32, DeviceMapRef>) -> Result<Vec<Insn>, String> {
-    let mut out = insns.to_vec();
-    let mut pc = 0;
-    while pc < out.len() {
-        let i = out[pc];
-        if !(i.is_lddw() && pc + 1 < out.len()) {
-            pc += 1;
-            continue;
+    bpftime_prepare::relocate(insns, |r| {
+        let id = r.map();
+        let m = maps
+            .get(&id)
+            .ok_or_else(|| format!("map {id} is not among the program's maps"))?;
+        match r {
+            MapRef::Map(_) => Ok(m.desc),
+            MapRef::Value { offset, .. } => m
+                .values
+                .map(|v| v + u64::from(offset))
+                .ok_or_else(|| format!("map {id} has no values to point into")),
         }
-        if matches!(i.src, op::PSEUDO_MAP_FD | op::PSEUDO_MAP_VALUE) {
-            let id = i.imm as u32;
-            let r = maps
-                .get(&id)
-                .ok_or_else(|| format!("map {id} is not among the program's maps"))?;
-            let addr = if i.src == op::PSEUDO_MAP_FD {
-                r.desc
-            } else {
-                r.values
-                    .ok_or_else(|| format!("map {id} has no values to point into"))?
-                    + out[pc + 1].imm as u32 as u64
-            };
-            out[pc].src = 0;
-            out[pc].imm = addr as u32 as i32;
-            out[pc + 1].imm = (addr >> 32) as u32 as i32;
-        }
-        pc += 2;
-    }
-    Ok(out)
+    })
 }
 
 /// The helpers, inlined array maps and device runtime a probe is compiled with.

@@ -535,7 +535,7 @@ impl Shim {
         let name = a.str(f::NAME, 16);
         // Map references: file descriptors become store ids.
         let mut maps: HashMap<u32, Arc<Map>> = HashMap::new();
-        let resolved = crate::program::resolve_maps(&insns, |fd, by_index| {
+        let resolved = bpftime_prepare::resolve_maps(&insns, |fd, by_index| {
             let fd = if by_index {
                 if fd_array.is_null() {
                     return Err(libc::EINVAL);
@@ -560,7 +560,7 @@ impl Shim {
         };
         // SAFETY: caller obligation for the line info pointer.
         let source_lines = unsafe { self.source_lines(a, insn_cnt) };
-        let lookup = |id: u32| crate::program::desc_of(&maps, id);
+        let lookup = |id: u32| bpftime_prepare::desc_of(&maps, id);
         // bpftime's GPU programs: a kprobe whose name starts with `cuda__` probes a
         // CUDA kernel (docs/ARCHITECTURE.md, compatibility contract), and so does one from a
         // `cuda:` section (libbpf's handler names it before the load). Any other
@@ -570,7 +570,7 @@ impl Shim {
             && (name.starts_with(bpftime_runtime::CUDA_PROGRAM_PREFIX)
                 || self.gpu_names.contains(&name));
         let kept_lines = (kprobe && !gpu).then(|| source_lines.clone());
-        let checked = crate::program::check_program_full(
+        let checked = bpftime_prepare::check_program_full(
             &insns,
             prog_type,
             &lookup,
@@ -652,7 +652,7 @@ impl Shim {
         };
         // SAFETY: caller obligation: cnt records of rec_size bytes.
         let records = unsafe { std::slice::from_raw_parts(ptr, cnt * rec_size) };
-        crate::program::source_lines(&btf, records, rec_size)
+        bpftime_prepare::source_lines(&btf, records, rec_size)
     }
 
     fn btf_load(&mut self, a: &Attr) -> SysResult {
@@ -786,9 +786,9 @@ impl Shim {
             let m = Map::open(&self.store, id).map_err(|e| e.errno())?;
             maps.insert(id, Arc::new(m));
         }
-        let lookup = |id: u32| crate::program::desc_of(&maps, id);
+        let lookup = |id: u32| bpftime_prepare::desc_of(&maps, id);
         let lines = self.source_lines.get(&prog.id).cloned().unwrap_or_default();
-        let checked = crate::program::check_program_with_lines(
+        let checked = bpftime_prepare::check_program_with_lines(
             &prog.insns,
             prog.prog_type,
             &lookup,

@@ -17,14 +17,13 @@ mod handed;
 mod info;
 mod map_cmds;
 mod perf;
-mod program;
 mod test_run;
 #[cfg(test)]
 mod test_support;
 mod tracepoint;
 
 pub use crate::core::{set_fd_observer, Object, ObjectRef, Shim, SysResult, KERNEL_BTF_ID};
+pub use bpftime_prepare::{check_program, check_program_with_lines, source_lines, Rejection};
 pub use gpu_ring::poll_gpu_ring;
 pub use perf::{perf_attr_is_bpf, KprobePmu, UprobePmu, PERF_EVENT_IOC_SET_BPF};
-pub use program::{check_program, check_program_with_lines, source_lines, Rejection};
 pub use tracepoint::{served_tracefs_file, served_tracefs_path_exists, tracepoint_ids};

@@ -9,7 +9,8 @@
 use crate::attr::{self, write_back_u32, Attr};
 use crate::core::{refuse, Shim, SysResult};
 use bpftime_interpreter::{execute, Environment, MemoryPolicy};
-use bpftime_isa::{opcode as op, uapi, HelperFn, Insn};
+use bpftime_isa::{uapi, HelperFn, Insn};
+use bpftime_prepare::MapRef;
 use bpftime_runtime::{helpers, Map, ProgramRecord, Store};
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -37,42 +38,31 @@ fn relocate(
     rec: &ProgramRecord,
     maps: &mut HashMap<u32, Arc<Map>>,
 ) -> Result<Runnable, i32> {
-    let mut insns = rec.insns.clone();
     let mut held = Vec::new();
-    let mut pc = 0;
-    while pc + 1 < insns.len() {
-        let i = insns[pc];
-        if !i.is_lddw() {
-            pc += 1;
-            continue;
-        }
-        if matches!(i.src, op::PSEUDO_MAP_FD | op::PSEUDO_MAP_VALUE) {
-            let id = i.imm as u32;
-            let m = match maps.get(&id) {
-                Some(m) => m.clone(),
-                None => {
-                    let m = Arc::new(Map::open(store, id).map_err(|e| e.errno())?);
-                    maps.insert(id, m.clone());
-                    m
-                }
-            };
-            let addr = if i.src == op::PSEUDO_MAP_FD {
-                Arc::as_ptr(&m) as u64
-            } else {
+    let insns = bpftime_prepare::relocate(&rec.insns, |r| {
+        let id = r.map();
+        let m = match maps.get(&id) {
+            Some(m) => m.clone(),
+            None => {
+                let m = Arc::new(Map::open(store, id).map_err(|e| e.errno())?);
+                maps.insert(id, m.clone());
+                m
+            }
+        };
+        let addr = match r {
+            MapRef::Map(_) => Arc::as_ptr(&m) as u64,
+            MapRef::Value { offset, .. } => {
                 // SAFETY: a 4-byte key on the stack; global data lives at index 0.
                 let base = unsafe { m.prog_lookup(0u32.to_ne_bytes().as_ptr()) };
                 if base.is_null() {
                     return Err(libc::EINVAL);
                 }
-                base as u64 + insns[pc + 1].imm as u32 as u64
-            };
-            insns[pc].src = 0;
-            insns[pc].imm = addr as u32 as i32;
-            insns[pc + 1].imm = (addr >> 32) as u32 as i32;
-            held.push(m);
-        }
-        pc += 2;
-    }
+                base as u64 + u64::from(offset)
+            }
+        };
+        held.push(m);
+        Ok(addr)
+    })?;
     Ok(Runnable {
         insns: insns.into(),
         _maps: held,
@@ -175,9 +165,9 @@ impl Shim {
         }
         let mut maps = HashMap::new();
         let run = relocate(self.store(), rec, &mut maps)?;
-        let lookup = |id: u32| crate::program::desc_of(&maps, id);
+        let lookup = |id: u32| bpftime_prepare::desc_of(&maps, id);
         if let Err((errno, log)) =
-            crate::program::check_program(&rec.insns, uapi::prog_type::RAW_TRACEPOINT, &lookup, 0)
+            bpftime_prepare::check_program(&rec.insns, uapi::prog_type::RAW_TRACEPOINT, &lookup, 0)
         {
             return Err(refuse(
                 errno,

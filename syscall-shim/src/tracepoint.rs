@@ -194,8 +194,8 @@ impl Shim {
             let m = bpftime_runtime::Map::open(self.store(), id).map_err(|e| e.errno())?;
             maps.insert(id, std::sync::Arc::new(m));
         }
-        let lookup = |id: u32| crate::program::desc_of(&maps, id);
-        let (_, end) = crate::program::check_program_full(
+        let lookup = |id: u32| bpftime_prepare::desc_of(&maps, id);
+        let (_, end) = bpftime_prepare::check_program_full(
             &prog.insns,
             prog.prog_type,
             &lookup,

@@ -1,12 +1,18 @@
-//! What `BPF_PROG_LOAD` does to a program before it is stored: map references
-//! become store ids, and the program is checked.
+//! One program's preparation, the same in every process that handles it.
+//!
+//! - At load (`BPF_PROG_LOAD`, in the tool's process): map references become store ids
+//!   ([`resolve_maps`]) and the program is checked ([`check_program`]): its structure,
+//!   then the verifier, with the maps as the store has them ([`desc_of`]).
+//! - Where it runs (the agent in a target, the shim's test run, GPU attach): map
+//!   references become addresses of that process's or device's maps ([`relocate`]).
 
 use bpftime_isa::helpers::{self, Engine};
 use bpftime_isa::{opcode as op, Insn};
 use bpftime_runtime::Map;
 use bpftime_verifier::{verify, MapDesc, Options, ProgramInfo, SourceLine};
 
-pub(crate) fn desc(m: &Map) -> MapDesc {
+/// A store map as the verifier sees it.
+pub fn desc(m: &Map) -> MapDesc {
     MapDesc {
         map_type: m.map_type(),
         key_size: m.key_size(),
@@ -33,7 +39,7 @@ fn inner_desc(m: &Map) -> Option<MapDesc> {
 
 /// What the verifier asks about the map with store id `key`, or, for the
 /// [`inner_map_key`](bpftime_verifier::inner_map_key) of one, about its inner maps.
-pub(crate) fn desc_of<M: AsRef<Map>>(
+pub fn desc_of<M: AsRef<Map>>(
     maps: &std::collections::HashMap<u32, M>,
     key: u32,
 ) -> Option<MapDesc> {
@@ -46,7 +52,7 @@ pub(crate) fn desc_of<M: AsRef<Map>>(
 /// Rewrites every map reference (`lddw` with a map fd or a map index into
 /// `fd_array`) to carry the map's store id. `resolve(fd_or_index, by_index)`
 /// returns that id. Returns the rewritten program and the ids it uses.
-pub(crate) fn resolve_maps(
+pub fn resolve_maps(
     insns: &[Insn],
     mut resolve: impl FnMut(i32, bool) -> Result<u32, i32>,
 ) -> Result<(Vec<Insn>, Vec<u32>), (i32, String)> {
@@ -96,6 +102,60 @@ pub(crate) fn resolve_maps(
     Ok((out, ids))
 }
 
+/// A map reference in a stored program, as [`relocate`] hands it to its resolver.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MapRef {
+    /// The map itself (`lddw` with `BPF_PSEUDO_MAP_FD`), by store id.
+    Map(u32),
+    /// An address `offset` bytes into the map's first value (`BPF_PSEUDO_MAP_VALUE`:
+    /// global data), by store id.
+    Value { map: u32, offset: u32 },
+}
+
+impl MapRef {
+    /// The store id of the map referred to.
+    pub fn map(self) -> u32 {
+        match self {
+            MapRef::Map(id) | MapRef::Value { map: id, .. } => id,
+        }
+    }
+}
+
+/// Rewrites every map reference of a stored program (an `lddw` that [`resolve_maps`]
+/// left carrying a store id) into a plain 64-bit constant: the address `resolve` gives
+/// for it, in the process or on the device where the program runs. Other instructions
+/// are kept as they are; the first error of `resolve` is returned.
+pub fn relocate<E>(
+    insns: &[Insn],
+    mut resolve: impl FnMut(MapRef) -> Result<u64, E>,
+) -> Result<Vec<Insn>, E> {
+    let mut out = insns.to_vec();
+    let mut pc = 0;
+    while pc + 1 < out.len() {
+        let i = out[pc];
+        if !i.is_lddw() {
+            pc += 1;
+            continue;
+        }
+        let reference = match i.src {
+            op::PSEUDO_MAP_FD => Some(MapRef::Map(i.imm as u32)),
+            op::PSEUDO_MAP_VALUE => Some(MapRef::Value {
+                map: i.imm as u32,
+                offset: out[pc + 1].imm as u32,
+            }),
+            _ => None,
+        };
+        if let Some(reference) = reference {
+            let addr = resolve(reference)?;
+            out[pc].src = 0;
+            out[pc].imm = addr as u32 as i32;
+            out[pc + 1].imm = (addr >> 32) as u32 as i32;
+        }
+        pc += 2;
+    }
+    Ok(out)
+}
+
 /// A rejection: the errno the kernel gives for the same fault, and the log.
 pub type Rejection = (i32, String);
 
@@ -128,7 +188,7 @@ pub fn check_program_with_lines(
 
 /// [`check_program_with_lines`], with how far into its context the program loads
 /// (the verifier's `ctx_read_end`; 0 for a program type that is not verified).
-pub(crate) fn check_program_full(
+pub fn check_program_full(
     insns: &[Insn],
     prog_type: u32,
     maps: &dyn Fn(u32) -> Option<MapDesc>,
