@@ -12,7 +12,7 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex, OnceLock};
 
 use bpftime_attach::{attach_uretprobe, HookId, PtRegs};
-use bpftime_gpu_attach::{GpuAttach, GpuProbe, LaunchContext, LaunchProbe, ProbePoint};
+use bpftime_gpu_attach::{GpuAttach, GpuProbe, LaunchContext, LaunchProbe};
 use bpftime_gpu_profile::LaunchStacks;
 use bpftime_runtime::helpers::{self, ProbeContext};
 use bpftime_runtime::GPU_FLAMEGRAPH_ENV;
@@ -220,15 +220,15 @@ pub(crate) fn attach(store: &Store, runtime: &Arc<Runtime>, rec: &LinkRecord) ->
     if rec.pid != -1 && rec.pid != me {
         return false;
     }
-    let point = match rec.kind {
-        LinkKind::GpuEntry => ProbePoint::Entry,
-        LinkKind::GpuExit => ProbePoint::Exit,
-        LinkKind::GpuAccess => ProbePoint::Access,
-        LinkKind::GpuSharedAccess => ProbePoint::SharedAccess,
-        LinkKind::GpuLaunch => return attach_launch(store, runtime, rec),
+    let kind = match rec.kind {
+        LinkKind::Gpu(kind) => kind,
         LinkKind::Uprobe | LinkKind::Uretprobe | LinkKind::Tracepoint | LinkKind::RawTracepoint => {
             return false
         }
+    };
+    // A launch program runs on the CPU; every other kind is spliced into kernels.
+    let Some(point) = bpftime_gpu_attach::probe_point(kind) else {
+        return attach_launch(store, runtime, rec);
     };
     let programs = &runtime.programs;
     let prog = match ProgramRecord::read(store, rec.prog_id) {

@@ -437,11 +437,7 @@ impl Agent {
         let retprobe = match rec.kind {
             LinkKind::Uprobe => false,
             LinkKind::Uretprobe => true,
-            LinkKind::GpuEntry
-            | LinkKind::GpuExit
-            | LinkKind::GpuLaunch
-            | LinkKind::GpuAccess
-            | LinkKind::GpuSharedAccess => {
+            LinkKind::Gpu(_) => {
                 crate::gpu::attach(self.store(), &self.runtime, rec);
                 return None;
             }

@@ -19,7 +19,7 @@ use crate::show::{self, Types};
 use crate::symbolize::AppMaps;
 use crate::timeline::Sample;
 use anyhow::anyhow;
-use bpftime_runtime::{GpuProbe, GpuProbeKind};
+use bpftime_runtime::{GpuAttachPoint, GpuProbeKind};
 use libbpf_rs::{
     MapCore, MapHandle, MapType, ObjectBuilder, PerfBufferBuilder, RingBufferBuilder, UprobeOpts,
 };
@@ -192,19 +192,13 @@ fn overrides(attach: &[String]) -> Result<HashMap<String, String>, Failure> {
 /// kernel `--attach` names.
 struct GpuAttachment {
     prog: String,
-    probe: GpuProbe,
+    probe: GpuAttachPoint,
     kernel: Option<String>,
 }
 
 impl GpuAttachment {
     fn describe(&self) -> String {
-        let kind = match self.probe.kind {
-            GpuProbeKind::Entry => "gpu-entry",
-            GpuProbeKind::Exit => "gpu-exit",
-            GpuProbeKind::Launch => "gpu-launch",
-            GpuProbeKind::Access => "gpu-ldst",
-            GpuProbeKind::SharedAccess => "gpu-ldst.shared",
-        };
+        let kind = self.probe.kind.label();
         let kernel = self.kernel.as_deref().unwrap_or(&self.probe.kernel);
         format!("{} ({kind}) -> CUDA kernel {kernel}", self.prog)
     }

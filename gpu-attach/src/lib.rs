@@ -25,6 +25,7 @@ mod tensor_maps;
 
 pub use bpftime_gpu_ptx::ProbePoint;
 pub use launch::{LaunchContext, LaunchProbe, PHASE_COMPLETED, PHASE_LAUNCHED};
+pub use probe::probe_point;
 pub use session::{
     after_exit_flush, cuda_loaded, install, installed, GpuAttach, GpuDevice, GpuProbe, InstallError,
 };

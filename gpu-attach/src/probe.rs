@@ -12,6 +12,7 @@ use bpftime_jit_ptx::{
     compile, ArrayMapLayout, GpuEnv, ProbeAbi, PtxOptions, PtxProgram, PtxVersion,
 };
 use bpftime_prepare::MapRef;
+use bpftime_runtime::GpuProbeKind;
 
 use bpftime_gpu_device::cuda::DevicePtr;
 use bpftime_gpu_device::device_maps::{config_ir, RuntimeConfig, RUNTIME_BITCODE};
@@ -338,6 +339,18 @@ fn this_build() -> Option<String> {
             ))
         })
         .clone()
+}
+
+/// Where in a kernel a program of `kind` is spliced; `None` for a launch program, which
+/// runs on the CPU at each launch ([`crate::launch`]).
+pub fn probe_point(kind: GpuProbeKind) -> Option<ProbePoint> {
+    match kind {
+        GpuProbeKind::Entry => Some(ProbePoint::Entry),
+        GpuProbeKind::Exit => Some(ProbePoint::Exit),
+        GpuProbeKind::Access => Some(ProbePoint::Access),
+        GpuProbeKind::SharedAccess => Some(ProbePoint::SharedAccess),
+        GpuProbeKind::Launch => None,
+    }
 }
 
 /// Rewrites `lddw` map references (store ids) into device addresses: a map becomes its

@@ -12,7 +12,6 @@
 //! load and store of every kernel (global memory only: shared memory is asked for with
 //! `:ldst.shared`).
 
-use crate::objects::LinkKind;
 use thiserror::Error;
 
 /// The prefix of our own GPU attach points in section names.
@@ -54,14 +53,14 @@ pub enum GpuProbeKind {
 }
 
 impl GpuProbeKind {
-    /// The kind of link that attaches such a program.
-    pub fn link_kind(self) -> LinkKind {
+    /// The kind as `bpftime list` and `bpftime run` show it.
+    pub fn label(self) -> &'static str {
         match self {
-            GpuProbeKind::Entry => LinkKind::GpuEntry,
-            GpuProbeKind::Exit => LinkKind::GpuExit,
-            GpuProbeKind::Launch => LinkKind::GpuLaunch,
-            GpuProbeKind::Access => LinkKind::GpuAccess,
-            GpuProbeKind::SharedAccess => LinkKind::GpuSharedAccess,
+            GpuProbeKind::Entry => "gpu-entry",
+            GpuProbeKind::Exit => "gpu-exit",
+            GpuProbeKind::Launch => "gpu-launch",
+            GpuProbeKind::Access => "gpu-ldst",
+            GpuProbeKind::SharedAccess => "gpu-ldst.shared",
         }
     }
 
@@ -85,9 +84,9 @@ impl GpuProbeKind {
     }
 }
 
-/// A GPU probe as its section names it.
+/// Where a GPU program attaches, as its section names it.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct GpuProbe {
+pub struct GpuAttachPoint {
     pub kind: GpuProbeKind,
     /// The kernel name pattern: mangled, demangled, or a glob.
     pub kernel: String,
@@ -101,7 +100,7 @@ pub enum GpuSectionError {
 }
 
 /// Reads a `cuda:` section name; `None` when `section` is not one.
-pub fn parse_cuda_section(section: &str) -> Option<Result<GpuProbe, GpuSectionError>> {
+pub fn parse_cuda_section(section: &str) -> Option<Result<GpuAttachPoint, GpuSectionError>> {
     let rest = section.strip_prefix(CUDA_SECTION_PREFIX)?;
     let (kernel, word) = match rest.rsplit_once(':') {
         // `ns::kern` splits into `ns:` and `kern`: a word after `::` is part
@@ -122,7 +121,7 @@ pub fn parse_cuda_section(section: &str) -> Option<Result<GpuProbe, GpuSectionEr
             section: section.to_string(),
         }));
     }
-    Some(Ok(GpuProbe {
+    Some(Ok(GpuAttachPoint {
         kind,
         kernel: kernel.to_string(),
     }))
@@ -130,7 +129,7 @@ pub fn parse_cuda_section(section: &str) -> Option<Result<GpuProbe, GpuSectionEr
 
 /// The GPU probe that program `prog` in `section` is, if it is one: a `cuda:`
 /// section, or a `cuda__*` program in `kprobe/KERNEL` or `kretprobe/KERNEL`.
-pub fn gpu_probe(prog: &str, section: &str) -> Option<Result<GpuProbe, GpuSectionError>> {
+pub fn gpu_probe(prog: &str, section: &str) -> Option<Result<GpuAttachPoint, GpuSectionError>> {
     if let Some(r) = parse_cuda_section(section) {
         return Some(r);
     }
@@ -148,12 +147,12 @@ pub fn gpu_probe(prog: &str, section: &str) -> Option<Result<GpuProbe, GpuSectio
             section: section.to_string(),
         })
     } else if kernel == MEMCAPTURE && kind == GpuProbeKind::Entry {
-        Ok(GpuProbe {
+        Ok(GpuAttachPoint {
             kind: GpuProbeKind::Access,
             kernel: "*".to_string(),
         })
     } else {
-        Ok(GpuProbe {
+        Ok(GpuAttachPoint {
             kind,
             kernel: kernel.to_string(),
         })
@@ -163,9 +162,10 @@ pub fn gpu_probe(prog: &str, section: &str) -> Option<Result<GpuProbe, GpuSectio
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::objects::LinkKind;
 
-    fn probe(kind: GpuProbeKind, kernel: &str) -> Option<Result<GpuProbe, GpuSectionError>> {
-        Some(Ok(GpuProbe {
+    fn probe(kind: GpuProbeKind, kernel: &str) -> Option<Result<GpuAttachPoint, GpuSectionError>> {
+        Some(Ok(GpuAttachPoint {
             kind,
             kernel: kernel.to_string(),
         }))
@@ -312,14 +312,22 @@ mod tests {
     }
 
     #[test]
-    fn kinds_map_to_links() {
-        assert_eq!(GpuProbeKind::Entry.link_kind(), LinkKind::GpuEntry);
-        assert_eq!(GpuProbeKind::Exit.link_kind(), LinkKind::GpuExit);
-        assert_eq!(GpuProbeKind::Launch.link_kind(), LinkKind::GpuLaunch);
-        assert_eq!(GpuProbeKind::Access.link_kind(), LinkKind::GpuAccess);
+    fn kinds_say_where_they_run_and_how_they_are_shown() {
+        use GpuProbeKind::*;
+        // The labels `bpftime list` has always shown for these links.
+        let labels: Vec<&str> = [Entry, Exit, Launch, Access, SharedAccess]
+            .iter()
+            .map(|k| LinkKind::Gpu(*k).label())
+            .collect();
         assert_eq!(
-            GpuProbeKind::SharedAccess.link_kind(),
-            LinkKind::GpuSharedAccess
+            labels,
+            [
+                "gpu-entry",
+                "gpu-exit",
+                "gpu-launch",
+                "gpu-ldst",
+                "gpu-ldst.shared"
+            ]
         );
         assert!(GpuProbeKind::Access.on_gpu());
         assert!(GpuProbeKind::SharedAccess.on_gpu());

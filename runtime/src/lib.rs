@@ -39,8 +39,8 @@ pub use attach_hint::{read_attach_hint, report_to_attach};
 pub use error::{Error, Result};
 pub use fault::{guard_mapping, Damage, GuardedMapping};
 pub use gpu_probe::{
-    gpu_probe, parse_cuda_section, GpuProbe, GpuProbeKind, GpuSectionError, CUDA_PROGRAM_PREFIX,
-    CUDA_SECTION_PREFIX, GPU_ACCESS_CONFIG_BIT, GPU_LAUNCH_CONFIG_BIT,
+    gpu_probe, parse_cuda_section, GpuAttachPoint, GpuProbeKind, GpuSectionError,
+    CUDA_PROGRAM_PREFIX, CUDA_SECTION_PREFIX, GPU_ACCESS_CONFIG_BIT, GPU_LAUNCH_CONFIG_BIT,
     GPU_SHARED_ACCESS_CONFIG_BIT, MEMCAPTURE,
 };
 

@@ -3,7 +3,7 @@
 
 use crate::layout::{ObjectHeader, ObjectKind};
 use crate::store::{new_object_header, Store};
-use crate::{Error, Result};
+use crate::{Error, GpuProbeKind, Result};
 use bpftime_isa::Insn;
 use std::path::PathBuf;
 
@@ -209,11 +209,11 @@ impl PerfEventKind {
         Some(match self {
             PerfEventKind::Uprobe => LinkKind::Uprobe,
             PerfEventKind::Uretprobe => LinkKind::Uretprobe,
-            PerfEventKind::Kprobe => LinkKind::GpuEntry,
-            PerfEventKind::Kretprobe => LinkKind::GpuExit,
-            PerfEventKind::GpuLaunch => LinkKind::GpuLaunch,
-            PerfEventKind::GpuAccess => LinkKind::GpuAccess,
-            PerfEventKind::GpuSharedAccess => LinkKind::GpuSharedAccess,
+            PerfEventKind::Kprobe => LinkKind::Gpu(GpuProbeKind::Entry),
+            PerfEventKind::Kretprobe => LinkKind::Gpu(GpuProbeKind::Exit),
+            PerfEventKind::GpuLaunch => LinkKind::Gpu(GpuProbeKind::Launch),
+            PerfEventKind::GpuAccess => LinkKind::Gpu(GpuProbeKind::Access),
+            PerfEventKind::GpuSharedAccess => LinkKind::Gpu(GpuProbeKind::SharedAccess),
             PerfEventKind::Tracepoint => LinkKind::Tracepoint,
             PerfEventKind::BpfOutput => return None,
         })
@@ -288,18 +288,11 @@ impl PerfEventRecord {
 pub enum LinkKind {
     Uprobe,
     Uretprobe,
-    /// At the entry of a CUDA kernel, on the GPU; `path` is the kernel name
-    /// pattern (mangled, demangled, or a glob such as `*gemm*`), `offset` 0.
-    GpuEntry,
-    /// At the exit of a CUDA kernel, on the GPU; `path` as for `GpuEntry`.
-    GpuExit,
-    /// At each launch of a CUDA kernel, on the CPU; `path` as for `GpuEntry`.
-    GpuLaunch,
-    /// At every global load, store, atomic and reduction of a CUDA kernel, on the GPU;
-    /// `path` as for `GpuEntry`.
-    GpuAccess,
-    /// At those and every shared-memory access of a CUDA kernel; `path` as for `GpuEntry`.
-    GpuSharedAccess,
+    /// In a CUDA kernel's life, where the kind says (the type a section name is read
+    /// into, so that a program's place travels unchanged from its section to the agent);
+    /// `path` is the kernel name pattern (mangled, demangled, or a glob such as
+    /// `*gemm*`), `offset` 0.
+    Gpu(GpuProbeKind),
     /// A tracepoint program at a tracepoint; `path` is its `GROUP/NAME`
     /// (`syscalls/sys_enter_openat`), `offset` its id.
     Tracepoint,
@@ -313,11 +306,11 @@ impl LinkKind {
         match self {
             LinkKind::Uprobe => 1,
             LinkKind::Uretprobe => 2,
-            LinkKind::GpuEntry => 3,
-            LinkKind::GpuExit => 4,
-            LinkKind::GpuLaunch => 5,
-            LinkKind::GpuAccess => 6,
-            LinkKind::GpuSharedAccess => 7,
+            LinkKind::Gpu(GpuProbeKind::Entry) => 3,
+            LinkKind::Gpu(GpuProbeKind::Exit) => 4,
+            LinkKind::Gpu(GpuProbeKind::Launch) => 5,
+            LinkKind::Gpu(GpuProbeKind::Access) => 6,
+            LinkKind::Gpu(GpuProbeKind::SharedAccess) => 7,
             LinkKind::Tracepoint => 8,
             LinkKind::RawTracepoint => 9,
         }
@@ -327,11 +320,11 @@ impl LinkKind {
         Some(match v {
             1 => LinkKind::Uprobe,
             2 => LinkKind::Uretprobe,
-            3 => LinkKind::GpuEntry,
-            4 => LinkKind::GpuExit,
-            5 => LinkKind::GpuLaunch,
-            6 => LinkKind::GpuAccess,
-            7 => LinkKind::GpuSharedAccess,
+            3 => LinkKind::Gpu(GpuProbeKind::Entry),
+            4 => LinkKind::Gpu(GpuProbeKind::Exit),
+            5 => LinkKind::Gpu(GpuProbeKind::Launch),
+            6 => LinkKind::Gpu(GpuProbeKind::Access),
+            7 => LinkKind::Gpu(GpuProbeKind::SharedAccess),
             8 => LinkKind::Tracepoint,
             9 => LinkKind::RawTracepoint,
             _ => return None,
@@ -343,11 +336,7 @@ impl LinkKind {
         match self {
             LinkKind::Uprobe => "uprobe",
             LinkKind::Uretprobe => "uretprobe",
-            LinkKind::GpuEntry => "gpu-entry",
-            LinkKind::GpuExit => "gpu-exit",
-            LinkKind::GpuLaunch => "gpu-launch",
-            LinkKind::GpuAccess => "gpu-ldst",
-            LinkKind::GpuSharedAccess => "gpu-ldst.shared",
+            LinkKind::Gpu(kind) => kind.label(),
             LinkKind::Tracepoint => "tracepoint",
             LinkKind::RawTracepoint => "raw-tracepoint",
         }
@@ -355,14 +344,7 @@ impl LinkKind {
 
     /// Whether the link names a CUDA kernel rather than a place in a binary.
     pub fn is_gpu(self) -> bool {
-        matches!(
-            self,
-            LinkKind::GpuEntry
-                | LinkKind::GpuExit
-                | LinkKind::GpuLaunch
-                | LinkKind::GpuAccess
-                | LinkKind::GpuSharedAccess
-        )
+        matches!(self, LinkKind::Gpu(_))
     }
 }
 
@@ -483,11 +465,11 @@ mod tests {
         let links = [
             (LinkKind::Uprobe, 1),
             (LinkKind::Uretprobe, 2),
-            (LinkKind::GpuEntry, 3),
-            (LinkKind::GpuExit, 4),
-            (LinkKind::GpuLaunch, 5),
-            (LinkKind::GpuAccess, 6),
-            (LinkKind::GpuSharedAccess, 7),
+            (LinkKind::Gpu(GpuProbeKind::Entry), 3),
+            (LinkKind::Gpu(GpuProbeKind::Exit), 4),
+            (LinkKind::Gpu(GpuProbeKind::Launch), 5),
+            (LinkKind::Gpu(GpuProbeKind::Access), 6),
+            (LinkKind::Gpu(GpuProbeKind::SharedAccess), 7),
             (LinkKind::Tracepoint, 8),
             (LinkKind::RawTracepoint, 9),
         ];
@@ -519,11 +501,11 @@ mod tests {
         let t = TempStore::new("gpu");
         let store = t.0.as_ref().unwrap();
         for (i, kind) in [
-            LinkKind::GpuEntry,
-            LinkKind::GpuExit,
-            LinkKind::GpuLaunch,
-            LinkKind::GpuAccess,
-            LinkKind::GpuSharedAccess,
+            LinkKind::Gpu(GpuProbeKind::Entry),
+            LinkKind::Gpu(GpuProbeKind::Exit),
+            LinkKind::Gpu(GpuProbeKind::Launch),
+            LinkKind::Gpu(GpuProbeKind::Access),
+            LinkKind::Gpu(GpuProbeKind::SharedAccess),
         ]
         .into_iter()
         .enumerate()

@@ -32,7 +32,7 @@
 //! sections then fail to load as before; `cuda__*` kprobe programs still work.
 
 use crate::preload::with_shim;
-use bpftime_runtime::{parse_cuda_section, GpuProbe, GpuProbeKind};
+use bpftime_runtime::{parse_cuda_section, GpuAttachPoint, GpuProbeKind};
 use std::ffi::{c_char, c_int, c_long, c_void, CStr, CString};
 use std::sync::OnceLock;
 
@@ -292,7 +292,7 @@ fn load_bias() -> usize {
 unsafe fn probe_of(
     l: &Libbpf,
     prog: *const c_void,
-) -> Option<Result<GpuProbe, bpftime_runtime::GpuSectionError>> {
+) -> Option<Result<GpuAttachPoint, bpftime_runtime::GpuSectionError>> {
     // SAFETY: caller obligation; libbpf returns the program's own string.
     let section = unsafe { (l.section_name)(prog) };
     if section.is_null() {

@@ -2,7 +2,7 @@ use crate::attr::{self, write_back_u32, Attr};
 use crate::perf::{KprobePmu, UprobePmu};
 use bpftime_isa::uapi::cmd;
 use bpftime_runtime::{
-    LinkKind, LinkRecord, Map, ObjectKind, PerfEventRecord, ProgramRecord, Store,
+    GpuProbeKind, LinkKind, LinkRecord, Map, ObjectKind, PerfEventRecord, ProgramRecord, Store,
 };
 use std::collections::{HashMap, HashSet};
 use std::os::fd::{IntoRawFd, RawFd};
@@ -747,7 +747,7 @@ impl Shim {
                 return Err(libc::EINVAL);
             }
             // A launch program runs on the CPU, under the rules it was loaded with.
-            if kind != LinkKind::GpuLaunch {
+            if kind != LinkKind::Gpu(GpuProbeKind::Launch) {
                 self.check_for_gpu(prog, &ev.path)?;
             }
         }

@@ -689,7 +689,7 @@ impl Shim {
 mod tests {
     use super::*;
     use bpftime_isa::uapi::{attach_type, cmd, prog_type};
-    use bpftime_runtime::{LinkKind, LinkRecord, ObjectKind};
+    use bpftime_runtime::{GpuProbeKind, LinkKind, LinkRecord, ObjectKind};
 
     use crate::test_support::TempShim;
 
@@ -796,16 +796,16 @@ mod tests {
         assert_eq!(
             got,
             vec![
-                (LinkKind::GpuEntry, "vectorAdd".into(), 0),
-                (LinkKind::GpuExit, "ns::kern".into(), 0),
-                (LinkKind::GpuLaunch, "*gemm*".into(), 0),
+                (LinkKind::Gpu(GpuProbeKind::Entry), "vectorAdd".into(), 0),
+                (LinkKind::Gpu(GpuProbeKind::Exit), "ns::kern".into(), 0),
+                (LinkKind::Gpu(GpuProbeKind::Launch), "*gemm*".into(), 0),
             ]
         );
         // Closing detaches, as for uprobes.
         assert!(t.close(exit_link as RawFd));
         assert!(t.close(entry));
         let left: Vec<LinkKind> = t.links().into_iter().map(|l| l.kind).collect();
-        assert_eq!(left, vec![LinkKind::GpuLaunch]);
+        assert_eq!(left, vec![LinkKind::Gpu(GpuProbeKind::Launch)]);
     }
 
     #[test]
@@ -865,7 +865,10 @@ mod tests {
         t.link_create(ok, exit).unwrap();
         let kinds: Vec<LinkKind> = t.links().into_iter().map(|l| l.kind).collect();
         assert_eq!(kinds.len(), 2, "{kinds:?}");
-        assert!(kinds.contains(&LinkKind::GpuLaunch) && kinds.contains(&LinkKind::GpuExit));
+        assert!(
+            kinds.contains(&LinkKind::Gpu(GpuProbeKind::Launch))
+                && kinds.contains(&LinkKind::Gpu(GpuProbeKind::Exit))
+        );
     }
 
     #[test]

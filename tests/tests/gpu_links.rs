@@ -5,7 +5,9 @@
 //! `kretprobe:`. Nothing here runs on a GPU: the links are what the agent
 //! reads, and `bpftime list` shows them.
 
-use bpftime_runtime::{LinkKind, LinkRecord, ObjectKind, PerfEventKind, PerfEventRecord, Store};
+use bpftime_runtime::{
+    GpuProbeKind, LinkKind, LinkRecord, ObjectKind, PerfEventKind, PerfEventRecord, Store,
+};
 use bpftime_tests::{examples, require_bpftrace, run_with_timeout, Session, Tool};
 use std::time::Duration;
 
@@ -57,10 +59,18 @@ fn link(kind: LinkKind, kernel: &str, prog: &str) -> (LinkKind, String, String) 
 /// 15 bytes at most).
 fn gpu_probes_links(exit: &str, mangled: &str, launch: &str) -> Vec<(LinkKind, String, String)> {
     let mut v = vec![
-        link(LinkKind::GpuEntry, "vectorAdd", "cuda__vector_ad"),
-        link(LinkKind::GpuEntry, mangled, "mangled_entry"),
-        link(LinkKind::GpuExit, exit, "vector_add_exit"),
-        link(LinkKind::GpuLaunch, launch, "vector_add_laun"),
+        link(
+            LinkKind::Gpu(GpuProbeKind::Entry),
+            "vectorAdd",
+            "cuda__vector_ad",
+        ),
+        link(LinkKind::Gpu(GpuProbeKind::Entry), mangled, "mangled_entry"),
+        link(LinkKind::Gpu(GpuProbeKind::Exit), exit, "vector_add_exit"),
+        link(
+            LinkKind::Gpu(GpuProbeKind::Launch),
+            launch,
+            "vector_add_laun",
+        ),
     ];
     sort_links(&mut v);
     v
@@ -166,7 +176,11 @@ fn a_cuda_section_the_gpu_rules_reject_fails_to_load_with_the_log() {
     let tool = s.load(&[examples::GPU_PROBES, "--obj", launch.to_str().unwrap()]);
     assert_eq!(
         links(&s),
-        vec![link(LinkKind::GpuLaunch, "vectorAdd", "comm_at_launch")]
+        vec![link(
+            LinkKind::Gpu(GpuProbeKind::Launch),
+            "vectorAdd",
+            "comm_at_launch"
+        )]
     );
     assert_eq!(tool.stop().0, 0);
 }
@@ -213,8 +227,8 @@ fn bpftrace_kprobe_and_kretprobe_become_gpu_links() {
     assert_eq!(
         got,
         vec![
-            (LinkKind::GpuEntry, "vectorAdd".to_string()),
-            (LinkKind::GpuExit, "vectorAdd".to_string()),
+            (LinkKind::Gpu(GpuProbeKind::Entry), "vectorAdd".to_string()),
+            (LinkKind::Gpu(GpuProbeKind::Exit), "vectorAdd".to_string()),
         ]
     );
     let shown = list(&s);
@@ -405,9 +419,17 @@ fn bpftime_run_attaches_shared_memory_access_probes_on_both_paths() {
     let child = c.spawn().expect("bpftime run");
     let expected = {
         let mut v = vec![
-            link(LinkKind::GpuSharedAccess, "ns::kern", "mem_shared"),
-            link(LinkKind::GpuSharedAccess, "matmul", "moved_shared"),
-            link(LinkKind::GpuAccess, "*", "cuda__capture"),
+            link(
+                LinkKind::Gpu(GpuProbeKind::SharedAccess),
+                "ns::kern",
+                "mem_shared",
+            ),
+            link(
+                LinkKind::Gpu(GpuProbeKind::SharedAccess),
+                "matmul",
+                "moved_shared",
+            ),
+            link(LinkKind::Gpu(GpuProbeKind::Access), "*", "cuda__capture"),
         ];
         sort_links(&mut v);
         v
