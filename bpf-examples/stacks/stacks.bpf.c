@@ -65,13 +65,17 @@ struct {
 static __always_inline void count(__u32 what, long ret)
 {
 	struct result_key key = { .what = what, .ret = (__s32)ret };
-	__u64 one = 1, *n;
+	__u64 zero = 0, *n;
 
+	/* Insert 0 then add, so that two CPUs finding the key missing at once both count
+	 * (the loser's insert fails with EEXIST; an insert of 1 would lose its count). */
 	n = bpf_map_lookup_elem(&results, &key);
+	if (!n) {
+		bpf_map_update_elem(&results, &key, &zero, BPF_NOEXIST);
+		n = bpf_map_lookup_elem(&results, &key);
+	}
 	if (n)
 		__sync_fetch_and_add(n, 1);
-	else
-		bpf_map_update_elem(&results, &key, &one, BPF_NOEXIST);
 }
 
 static __always_inline void copy_stack(void *ctx, struct stack_event *e)

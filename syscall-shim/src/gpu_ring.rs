@@ -219,7 +219,6 @@ mod tests {
     use super::*;
     use crate::test_support::TempShim;
     use bpftime_isa::uapi::cmd;
-    use bpftime_runtime::RecordOffer;
 
     fn create(t: &mut TempShim, map_type: u32, key: u32, value: u32, max: u32, extra: u64) -> i64 {
         let mut a = [0u8; 128];

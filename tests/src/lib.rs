@@ -119,9 +119,13 @@ impl Session {
     /// A private copy of the `calls` target: uprobes are per file, so tests
     /// running at once must not share one.
     pub fn target_copy(&self, src: &str) -> PathBuf {
-        let dst = self
-            .tmp
-            .join(Path::new(src).file_name().expect("file name"));
+        self.target_copy_named(src, Path::new(src).file_name().expect("file name"))
+    }
+
+    /// [`target_copy`](Self::target_copy) under another file name: its command name
+    /// (`comm`) is then this run's own, for filters that pick its events.
+    pub fn target_copy_named(&self, src: &str, name: impl AsRef<Path>) -> PathBuf {
+        let dst = self.tmp.join(name);
         copy_executable(src, &dst);
         dst
     }

@@ -251,17 +251,19 @@ fn openat_arguments_and_counts_by_number_match_the_kernel() {
         );
         (opens, counts)
     };
-    let ours = s.target_copy(examples::SYSCALLS);
-    let ours_named = s.tmp.join(format!("stb{}", std::process::id() % 100_000));
-    std::fs::rename(&ours, &ours_named).unwrap();
+    let ours_named = s.target_copy_named(
+        examples::SYSCALLS,
+        format!("stb{}", std::process::id() % 100_000),
+    );
     let lines = workload(&s, ours_named.to_str().unwrap(), false, &files);
     check("bpftime", &lines);
     match kernel_unavailable() {
         Some(why) => eprintln!("kernel comparison skipped: {why}"),
         None => {
-            let k = s.target_copy(examples::SYSCALLS);
-            let k_named = s.tmp.join(format!("stk{}", std::process::id() % 100_000));
-            std::fs::rename(&k, &k_named).unwrap();
+            let k_named = s.target_copy_named(
+                examples::SYSCALLS,
+                format!("stk{}", std::process::id() % 100_000),
+            );
             let lines = workload(&s, k_named.to_str().unwrap(), true, &files);
             check("kernel", &lines);
         }
@@ -276,9 +278,10 @@ fn a_static_target_runs_untraced_with_a_notice_and_the_kernel_traces_it() {
     let s = Session::new("systp-static");
     let file = s.tmp.join("one");
     std::fs::write(&file, "1").unwrap();
-    let target = s.target_copy(examples::SYSCALLS_STATIC);
-    let named = s.tmp.join(format!("sts{}", std::process::id() % 100_000));
-    std::fs::rename(&target, &named).unwrap();
+    let named = s.target_copy_named(
+        examples::SYSCALLS_STATIC,
+        format!("sts{}", std::process::id() % 100_000),
+    );
     let files = vec![file.to_str().unwrap().to_string()];
     let mut c = s.bpftime();
     c.arg("start").arg(&named).args(["1", "1"]).args(&files);
@@ -401,10 +404,8 @@ fn a_bpftrace_one_liner_on_sys_enter_openat_counts_as_on_the_kernel() {
         .collect();
     std::fs::write(&files[0], "1").unwrap();
     let run = |kernel: bool| -> BTreeMap<String, u64> {
-        let target = s.target_copy(examples::SYSCALLS);
         let comm = format!("sbt{}{}", u8::from(kernel), std::process::id() % 100_000);
-        let named = s.tmp.join(&comm);
-        std::fs::rename(&target, &named).unwrap();
+        let named = s.target_copy_named(examples::SYSCALLS, &comm);
         let script = format!(
             "tracepoint:syscalls:sys_enter_openat /comm == \"{comm}\"/ {{ @[str(args->filename)] = count(); }}"
         );
@@ -506,10 +507,8 @@ fn opensnoop_reports_every_open_as_on_the_kernel() {
         .collect();
     std::fs::write(&files[0], "1").unwrap();
     let run = |kernel: bool| -> BTreeMap<String, u64> {
-        let target = s.target_copy(examples::SYSCALLS);
         let comm = format!("sos{}{}", u8::from(kernel), std::process::id() % 100_000);
-        let named = s.tmp.join(&comm);
-        std::fs::rename(&target, &named).unwrap();
+        let named = s.target_copy_named(examples::SYSCALLS, &comm);
         // Tools print to a pipe in blocks; stdbuf -oL makes their lines arrive as printed.
         let args = ["-oL", OPENSNOOP, "-n", comm.as_str()];
         let header = "PID    COMM              FD ERR PATH";
@@ -653,10 +652,8 @@ fn tools_attach_and_detach_while_threads_make_system_calls() {
         .map(|n| s.tmp.join(n).to_str().unwrap().to_string())
         .collect();
     std::fs::write(&files[0], "1").unwrap();
-    let target = s.target_copy(examples::SYSCALLS);
     let comm = format!("sst{}", std::process::id() % 100_000);
-    let named = s.tmp.join(&comm);
-    std::fs::rename(&target, &named).unwrap();
+    let named = s.target_copy_named(examples::SYSCALLS, &comm);
     let mut app = s.bpftime();
     app.arg("start")
         .arg(&named)
@@ -704,10 +701,8 @@ fn an_attached_process_gets_its_system_calls_traced() {
         .map(|n| s.tmp.join(n).to_str().unwrap().to_string())
         .collect();
     std::fs::write(&files[0], "1").unwrap();
-    let target = s.target_copy(examples::SYSCALLS);
     let comm = format!("sat{}", std::process::id() % 100_000);
-    let named = s.tmp.join(&comm);
-    std::fs::rename(&target, &named).unwrap();
+    let named = s.target_copy_named(examples::SYSCALLS, &comm);
     let mut child = Command::new(&named)
         .args([ROUNDS.to_string(), THREADS.to_string()])
         .args(&files)
@@ -756,10 +751,8 @@ fn a_target_under_seccomp_gets_a_notice_and_runs_unaffected() {
     let s = Session::new("systp-seccomp");
     let file = s.tmp.join("one");
     std::fs::write(&file, "1").unwrap();
-    let target = s.target_copy(examples::SYSCALLS);
     let comm = format!("ssc{}", std::process::id() % 100_000);
-    let named = s.tmp.join(&comm);
-    std::fs::rename(&target, &named).unwrap();
+    let named = s.target_copy_named(examples::SYSCALLS, &comm);
     let mut app = s.bpftime();
     app.arg("start")
         .arg(&named)
@@ -815,10 +808,8 @@ fn sigsnoop_reports_every_signal_sent_as_on_the_kernel() {
     let s = Session::new("systp-sig");
     const N: u64 = 5;
     let run = |kernel: bool| -> BTreeMap<String, u64> {
-        let target = s.target_copy(examples::SIGNALS);
         let comm = format!("ssg{}{}", u8::from(kernel), std::process::id() % 100_000);
-        let named = s.tmp.join(&comm);
-        std::fs::rename(&target, &named).unwrap();
+        let named = s.target_copy_named(examples::SIGNALS, &comm);
         let args = ["-oL", SIGSNOOP, "-k"];
         let header = "TIME     PID     COMM             SIG       TPID    RESULT";
         let tool = if kernel {
@@ -877,9 +868,7 @@ fn bundled_bpftrace_tool(
     comm: &str,
     workload: &[String],
 ) -> Vec<String> {
-    let target = s.target_copy(examples::SYSCALLS);
-    let named = s.tmp.join(comm);
-    std::fs::rename(&target, &named).unwrap();
+    let named = s.target_copy_named(examples::SYSCALLS, comm);
     let script = tool;
     let tool = if kernel {
         Tool::spawn_until(with_tracefs("bpftrace", &[script]), banner)
@@ -1087,10 +1076,8 @@ fn process_making_calls_return_in_the_child_as_on_the_kernel() {
     const N: u32 = 10;
     let s = Session::new("systp-forks");
     let run = |kernel: bool| -> (BTreeMap<String, u64>, Vec<String>) {
-        let target = s.target_copy(examples::FORKS);
         let comm = format!("fk{}{}", u8::from(kernel), std::process::id() % 100_000);
-        let named = s.tmp.join(&comm);
-        std::fs::rename(&target, &named).unwrap();
+        let named = s.target_copy_named(examples::FORKS, &comm);
         let filter = format!(
             "comm == \"{comm}\" && (args->id == 56 || args->id == 57 || args->id == 58 || args->id == 435)"
         );
