@@ -97,21 +97,42 @@ macro_rules! entry_point {
     };
 }
 
+/// After a call that wrote a handle into `out`: hands it to `note`, with the session,
+/// when the call succeeded and there is a session. The driver's result goes back to the
+/// caller as it is.
+///
+/// # Safety
+/// `out` must be what the call just wrote through.
+unsafe fn noted(
+    r: CuResult,
+    out: *const Handle,
+    note: impl FnOnce(&'static crate::GpuAttach, Handle),
+) -> CuResult {
+    if r == CUDA_SUCCESS && !out.is_null() {
+        if let Some(s) = session() {
+            // SAFETY: the driver wrote the handle (the caller's contract).
+            note(s, unsafe { *out });
+        }
+    }
+    r
+}
+
 /// After a load that wrote a module or library handle into `out`: notes the image the
 /// driver took. The driver's result goes back to the caller as it is.
 ///
 /// # Safety
 /// `image` must be what the call just gave the driver, and `out` what it wrote through.
 unsafe fn loaded(r: CuResult, out: *mut Handle, owner: Owner, image: *const c_void) -> CuResult {
-    if r != CUDA_SUCCESS || out.is_null() || image.is_null() {
+    if image.is_null() {
         return r;
     }
-    if let Some(s) = session() {
-        // SAFETY: the driver accepted it, so it is a well-formed image; it wrote `out`.
-        let (handle, ptx) = unsafe { (*out, ModulePtx::from_image_ptr(image.cast())) };
-        s.note_image(handle, owner, ptx);
+    // SAFETY: `out` is what the call wrote through; the driver accepted the image, so it
+    // is a well-formed one.
+    unsafe {
+        noted(r, out, |s, handle| {
+            s.note_image(handle, owner, ModulePtx::from_image_ptr(image.cast()))
+        })
     }
-    r
 }
 
 /// As [`loaded`], for an image the driver read from the file at `path`.
@@ -147,13 +168,16 @@ unsafe fn loaded_file(
 /// # Safety
 /// `name` must be the NUL-terminated name the call just gave the driver.
 unsafe fn found(r: CuResult, out: *mut Handle, owner: Handle, name: *const c_char) -> CuResult {
-    if r == CUDA_SUCCESS && !out.is_null() && !name.is_null() {
-        if let Some(s) = session() {
-            // SAFETY: the driver wrote the handle and found the name.
-            s.note_function(unsafe { *out }, owner, unsafe { CStr::from_ptr(name) });
-        }
+    if name.is_null() {
+        return r;
     }
-    r
+    // SAFETY: `out` is what the call wrote through; the driver found the name, which is
+    // NUL-terminated (the caller's contract).
+    unsafe {
+        noted(r, out, |s, handle| {
+            s.note_function(handle, owner, CStr::from_ptr(name))
+        })
+    }
 }
 
 entry_point!(
@@ -292,15 +316,12 @@ entry_point!(
     &["cuKernelGetFunction"],
     fn(function: *mut Handle, kernel: Handle),
     |original, _per_thread| {
-        // SAFETY: the caller's arguments, passed as given.
-        let r = unsafe { original(function, kernel) };
-        if r == CUDA_SUCCESS && !function.is_null() {
-            if let Some(s) = session() {
-                // SAFETY: the driver wrote the handle.
-                s.note_alias(unsafe { *function }, kernel);
-            }
+        // SAFETY: the caller's arguments, passed as given; the driver writes `function`.
+        unsafe {
+            noted(original(function, kernel), function, |s, f| {
+                s.note_alias(f, kernel)
+            })
         }
-        r
     }
 );
 
@@ -309,15 +330,12 @@ entry_point!(
     &["cuLibraryGetModule"],
     fn(module: *mut Handle, library: Handle),
     |original, _per_thread| {
-        // SAFETY: the caller's arguments, passed as given.
-        let r = unsafe { original(module, library) };
-        if r == CUDA_SUCCESS && !module.is_null() {
-            if let Some(s) = session() {
-                // SAFETY: the driver wrote the handle.
-                s.note_owner_alias(unsafe { *module }, library);
-            }
+        // SAFETY: the caller's arguments, passed as given; the driver writes `module`.
+        unsafe {
+            noted(original(module, library), module, |s, m| {
+                s.note_owner_alias(m, library)
+            })
         }
-        r
     }
 );
 
