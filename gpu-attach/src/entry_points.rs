@@ -14,7 +14,7 @@
 use std::ffi::{c_char, c_int, c_uint, c_void, CStr};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
-use bpftime_attach::{detour, Detour};
+use bpftime_attach::detour;
 
 use crate::launch::Geometry;
 use crate::session::{session, Owner};
@@ -776,13 +776,16 @@ macro_rules! table {
 const ABI_VERSIONS: &[i32] = &[11000, 12000, 12040, 12080, 13000];
 const PROC_FLAGS: &[(u64, bool)] = &[(0, false), (2, true)];
 
-/// Detours every entry point at every address the driver hands out for it. Entry
-/// points the driver lacks are skipped (older drivers); a detour that fails is logged and
-/// the rest go on, since each alone is enough for what it intercepts.
+/// Detours every entry point at every address the driver hands out for it, then puts
+/// the originals of those GPU attach calls itself into `api`, so that its own calls never
+/// come back through the replacements. Entry points the driver lacks are skipped (older
+/// drivers); a detour that fails is logged and the rest go on, since each alone is
+/// enough for what it intercepts. Returns how many detours went in; they stay for the
+/// process's life.
 ///
 /// # Safety
 /// `lib` is the loaded driver's handle and `api` resolved from it.
-pub(crate) unsafe fn install(lib: *mut c_void, api: &Api) -> Vec<Detour> {
+pub(crate) unsafe fn install(lib: *mut c_void, api: &mut Api) -> usize {
     let tables = table!(
         module_load_data,
         module_load_data_ex,
@@ -866,7 +869,22 @@ pub(crate) unsafe fn install(lib: *mut c_void, api: &Api) -> Vec<Detour> {
             }
         }
     }
-    installed
+    if let Some(f) = module_load_data::original() {
+        api.module_load_data = f;
+    }
+    if let Some(f) = module_get_function::original() {
+        api.module_get_function = f;
+    }
+    if let Some(f) = launch_kernel::original() {
+        api.launch_kernel = f;
+    }
+    if let Some(f) = library_get_kernel::original() {
+        api.library_get_kernel = f;
+    }
+    if let Some(f) = module_unload::original() {
+        api.module_unload = f;
+    }
+    installed.len()
 }
 
 #[cfg(test)]

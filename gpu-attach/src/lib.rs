@@ -16,6 +16,7 @@
 //! - The conformance suite's stand-alone GPU runner is `bpftime-conformance`'s.
 
 mod entry_points;
+mod install;
 pub mod launch;
 pub mod observer;
 pub mod probe;
@@ -24,8 +25,9 @@ mod session;
 mod tensor_maps;
 
 pub use bpftime_gpu_ptx::ProbePoint;
+pub use install::install;
 pub use launch::{LaunchContext, LaunchProbe, PHASE_COMPLETED, PHASE_LAUNCHED};
 pub use probe::probe_point;
 pub use session::{
-    after_exit_flush, cuda_loaded, install, installed, GpuAttach, GpuDevice, GpuProbe, InstallError,
+    after_exit_flush, cuda_loaded, installed, GpuAttach, GpuDevice, GpuProbe, InstallError,
 };

@@ -480,35 +480,13 @@ pub fn cuda_loaded() -> bool {
     cuda::loaded_libcuda().is_some()
 }
 
-/// Starts GPU attach in this process: resolves the loaded driver and intercepts it. Call
-/// once libcuda is loaded (never loads it); later calls return the same session.
-pub fn install() -> Result<&'static GpuAttach, InstallError> {
-    static INSTALL: Mutex<()> = Mutex::new(());
-    let _once = INSTALL.lock().unwrap_or_else(|e| e.into_inner());
+/// Starts the session over the driver's entry points `api` (the detoured ones already
+/// replaced by their originals, so that our own calls never come back through our
+/// replacements), with its worker and clock threads. Called once, by
+/// [`install`](crate::install), which holds its lock.
+pub(crate) fn start(api: Api, driver_version: i32) -> Result<&'static GpuAttach, InstallError> {
     if let Some(s) = SESSION.get() {
         return Ok(s);
-    }
-    let lib = cuda::loaded_libcuda().ok_or(InstallError::NotLoaded(cuda::LIBCUDA))?;
-    let mut api = cuda::api_from(lib).map_err(InstallError::Driver)?;
-    let driver_version = api.driver_version().unwrap_or(0);
-    // The replacements pass calls straight through until the session is in place, so
-    // the detours go in first and our own calls then use the originals they leave.
-    // SAFETY: the driver's handle and the entry points resolved from it.
-    let detours = unsafe { crate::entry_points::install(lib.handle(), &api) };
-    if let Some(f) = crate::entry_points::module_load_data::original() {
-        api.module_load_data = f;
-    }
-    if let Some(f) = crate::entry_points::module_get_function::original() {
-        api.module_get_function = f;
-    }
-    if let Some(f) = crate::entry_points::launch_kernel::original() {
-        api.launch_kernel = f;
-    }
-    if let Some(f) = crate::entry_points::library_get_kernel::original() {
-        api.library_get_kernel = f;
-    }
-    if let Some(f) = crate::entry_points::module_unload::original() {
-        api.module_unload = f;
     }
     // SAFETY: getpid has no preconditions.
     let pid = unsafe { libc::getpid() } as u64;
@@ -560,11 +538,6 @@ pub fn install() -> Result<&'static GpuAttach, InstallError> {
             s.clock_keeper()
         })
         .map_err(|e| InstallError::Driver(format!("cannot start the GPU clock thread: {e}")))?;
-    tracing::info!(
-        entry_points = detours.len(),
-        driver = driver_version,
-        "GPU attach: CUDA driver intercepted"
-    );
     Ok(s)
 }
 
