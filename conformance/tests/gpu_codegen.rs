@@ -52,7 +52,7 @@ fn ptxas() -> Option<PathBuf> {
 /// Runs ptxas on `file` for sm_90; `relocatable` (`-c`) when the PTX calls device
 /// functions that the runtime links later. Returns ptxas's complaint on failure.
 fn run_ptxas(ptxas: &Path, file: &Path, relocatable: bool) -> Result<(), String> {
-    bpftime_gpu_ptx::toolchain::run_ptxas(ptxas, file, 90, relocatable)
+    bpftime_gpu_ptx::toolchain::run_ptxas(ptxas, file, 90, relocatable).map_err(|e| e.to_string())
 }
 
 #[test]

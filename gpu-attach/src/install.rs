@@ -18,7 +18,7 @@ pub fn install() -> Result<&'static GpuAttach, InstallError> {
         return Ok(s);
     }
     let lib = cuda::loaded_libcuda().ok_or(InstallError::NotLoaded(cuda::LIBCUDA))?;
-    let mut api = cuda::api_from(lib).map_err(InstallError::Driver)?;
+    let mut api = cuda::api_from(lib).map_err(|e| InstallError::Driver(e.to_string()))?;
     let driver_version = api.driver_version().unwrap_or(0);
     // The replacements pass calls straight through until the session is in place, so
     // the detours go in first and our own calls then use the originals they leave.

@@ -102,13 +102,13 @@ macro_rules! api {
             ///
             /// # Safety
             /// `lib` must be a live handle of the CUDA driver library.
-            unsafe fn resolve(lib: *mut c_void) -> Result<Api, String> {
+            unsafe fn resolve(lib: *mut c_void) -> Result<Api, MissingEntryPoint> {
                 Ok(Api {
                     $( $field: {
                         // SAFETY: the driver exports this symbol with this signature
                         // (cuda.h of CUDA 12 and 13).
                         let p = unsafe { symbol(lib, $symbol) }
-                            .ok_or_else(|| format!("the CUDA driver has no {}", $symbol))?;
+                            .ok_or(MissingEntryPoint($symbol))?;
                         // SAFETY: as above.
                         unsafe { std::mem::transmute::<*mut c_void, unsafe extern "C" fn($($arg),*) -> CuResult>(p) }
                     }, )*
@@ -335,6 +335,11 @@ unsafe fn symbol(lib: *mut c_void, name: &str) -> Option<*mut c_void> {
     (!p.is_null()).then_some(p)
 }
 
+/// An entry point GPU attach needs that the loaded CUDA driver lacks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error("the CUDA driver has no {0}")]
+pub struct MissingEntryPoint(pub &'static str);
+
 /// The handle of the driver library this process loaded, which is never closed: made
 /// only by [`loaded_libcuda`], so that [`api_from`] resolves from a real one.
 #[derive(Debug, Clone, Copy)]
@@ -362,7 +367,7 @@ pub fn loaded_libcuda() -> Option<LoadedDriver> {
 
 /// Resolves the entry points from the loaded driver; an error names an entry point the
 /// driver lacks.
-pub fn api_from(lib: LoadedDriver) -> Result<Api, String> {
+pub fn api_from(lib: LoadedDriver) -> Result<Api, MissingEntryPoint> {
     // SAFETY: `lib` is the loaded driver's handle (a `LoadedDriver` is made from nothing
     // else), which is never closed.
     unsafe { Api::resolve(lib.0) }

@@ -46,9 +46,22 @@ pub fn find_ptxas() -> Option<PathBuf> {
     find("ptxas", "PTXAS")
 }
 
+/// Why `ptxas` did not accept a file.
+#[derive(Debug, thiserror::Error)]
+pub enum PtxasError {
+    #[error("{ptxas} does not run: {source}")]
+    NotRun {
+        ptxas: String,
+        source: std::io::Error,
+    },
+    /// ptxas ran and refused the PTX; its own words.
+    #[error("{0}")]
+    Refused(String),
+}
+
 /// Runs `ptxas` on `file` for `sm_XY`; `relocatable` (`-c`) when the PTX calls device
 /// functions that are linked later. Returns ptxas's complaint on failure.
-pub fn run_ptxas(ptxas: &Path, file: &Path, sm: u32, relocatable: bool) -> Result<(), String> {
+pub fn run_ptxas(ptxas: &Path, file: &Path, sm: u32, relocatable: bool) -> Result<(), PtxasError> {
     let mut cmd = Command::new(ptxas);
     cmd.arg(format!("-arch=sm_{sm}"));
     if relocatable {
@@ -59,11 +72,16 @@ pub fn run_ptxas(ptxas: &Path, file: &Path, sm: u32, relocatable: bool) -> Resul
         .arg("-o")
         .arg(file.with_extension("cubin"))
         .output()
-        .map_err(|e| format!("{} does not run: {e}", ptxas.display()))?;
+        .map_err(|source| PtxasError::NotRun {
+            ptxas: ptxas.display().to_string(),
+            source,
+        })?;
     if out.status.success() {
         Ok(())
     } else {
-        Err(String::from_utf8_lossy(&out.stderr).trim().to_string())
+        Err(PtxasError::Refused(
+            String::from_utf8_lossy(&out.stderr).trim().to_string(),
+        ))
     }
 }
 

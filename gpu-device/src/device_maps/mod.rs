@@ -200,10 +200,26 @@ pub enum DeviceKind {
     PerfEventArray,
 }
 
+/// Why a map cannot have a device replica (or one of the layout it has).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum NoReplica {
+    #[error(
+        "map type {0} has no GPU replica (GPU probes use array, hash, LRU hash, per-CPU \
+         array, hash and LRU hash, ringbuf and perf_event_array maps, and bpftime's GPU maps)"
+    )]
+    MapType(u32),
+    #[error("{entries} entries do not fit {slots} slots")]
+    TableFull { entries: usize, slots: usize },
+    #[error("a per-CPU hash map's keys on the GPU are at most {most} bytes; use a hash map")]
+    PerCpuHashKey { most: usize },
+    #[error("the store keeps no values for this array")]
+    NoStoreValues,
+}
+
 /// The device kind of a map type, or why it has none. bpftime's GPU arrays (1503, 1504,
 /// 1513) and hash map (1501) are arrays and hash tables exactly as the standard ones are
 /// (`map_type::served_as`): the same replica, sync and fast paths.
-pub fn device_kind(map_type: u32) -> Result<DeviceKind, String> {
+pub fn device_kind(map_type: u32) -> Result<DeviceKind, NoReplica> {
     Ok(match map_type::served_as(map_type) {
         map_type::ARRAY | map_type::PERCPU_ARRAY => DeviceKind::Array,
         map_type::GPU_PER_THREAD_ARRAY => DeviceKind::ThreadArray,
@@ -212,13 +228,7 @@ pub fn device_kind(map_type: u32) -> Result<DeviceKind, String> {
         }
         map_type::RINGBUF | map_type::GPU_RINGBUF => DeviceKind::Ringbuf,
         map_type::PERF_EVENT_ARRAY => DeviceKind::PerfEventArray,
-        other => {
-            return Err(format!(
-                "map type {other} has no GPU replica (GPU probes use array, hash, LRU hash, \
-                 per-CPU array, hash and LRU hash, ringbuf and perf_event_array maps, and \
-                 bpftime's GPU maps)"
-            ))
-        }
+        other => return Err(NoReplica::MapType(other)),
     })
 }
 
@@ -318,7 +328,7 @@ impl HashShape {
     /// A table holding `entries` (key, the value's copies one after the other, each
     /// `value_size` bytes), placed as the device would place them. Fails if they do
     /// not fit (more entries than slots).
-    pub fn build(&self, entries: &[(Vec<u8>, Vec<u8>)]) -> Result<HashImage, String> {
+    pub fn build(&self, entries: &[(Vec<u8>, Vec<u8>)]) -> Result<HashImage, NoReplica> {
         let cap = self.capacity as usize;
         let mut image = HashImage {
             states: vec![SLOT_EMPTY; cap],
@@ -326,7 +336,10 @@ impl HashShape {
             values: vec![0; cap * self.slot_values()],
         };
         if entries.len() > cap {
-            return Err(format!("{} entries do not fit {cap} slots", entries.len()));
+            return Err(NoReplica::TableFull {
+                entries: entries.len(),
+                slots: cap,
+            });
         }
         for (key, value) in entries {
             let mut at = hash_key(key) as usize & (cap - 1);

@@ -17,8 +17,8 @@ use crate::cuda::{Api, CudaError, DevicePtr, Handle};
 use crate::device_maps::{
     add_deltas, compact_image, device_kind, device_map_type, drain_ring, encode_hash_ops,
     hash_capacity, is_per_cpu, lru_extra_bytes, needs_rebuild, ring_shards, round8, value_deltas,
-    DeviceKind, DeviceRing, GpuMapDesc, HashImage, HashShape, PerCpuHashSync, RingRecord,
-    ShardEntry, StoreChange, WordDelta, HASH_OPS_BYTES, HASH_OP_HEADER, RING_TAIL,
+    DeviceKind, DeviceRing, GpuMapDesc, HashImage, HashShape, NoReplica, PerCpuHashSync,
+    RingRecord, ShardEntry, StoreChange, WordDelta, HASH_OPS_BYTES, HASH_OP_HEADER, RING_TAIL,
     SHARDED_ARRAY_MAX, SHARD_WINDOW_SPAN, SLOT_FULL,
 };
 
@@ -37,7 +37,7 @@ pub enum ReplicaError {
     Unsupported {
         id: u32,
         name: String,
-        reason: String,
+        reason: NoReplica,
     },
     #[error(transparent)]
     Cuda(#[from] CudaError),
@@ -275,7 +275,7 @@ impl Replica {
         sm_count: u32,
         window: &ShardWindow,
     ) -> Result<Replica, ReplicaError> {
-        let unsupported = |reason: String| ReplicaError::Unsupported {
+        let unsupported = |reason: NoReplica| ReplicaError::Unsupported {
             id: map.id(),
             name: map.name(),
             reason,
@@ -288,10 +288,9 @@ impl Replica {
             && kind == DeviceKind::Hash
             && HASH_OP_HEADER + round8(map.key_size()) as usize > HASH_OPS_BYTES
         {
-            return Err(unsupported(format!(
-                "a per-CPU hash map's keys on the GPU are at most {} bytes; use a hash map",
-                HASH_OPS_BYTES - HASH_OP_HEADER
-            )));
+            return Err(unsupported(NoReplica::PerCpuHashKey {
+                most: HASH_OPS_BYTES - HASH_OP_HEADER,
+            }));
         }
         let mut desc = GpuMapDesc {
             map_type: device_map_type(map.map_type()),
@@ -307,9 +306,8 @@ impl Replica {
         let state = match kind {
             DeviceKind::Array if per_cpu => {
                 desc.copies = sm_count.max(1);
-                let host = HostArray::of(&map, &desc).ok_or_else(|| {
-                    unsupported("the store keeps no values for this array".into())
-                })?;
+                let host = HostArray::of(&map, &desc)
+                    .ok_or_else(|| unsupported(NoReplica::NoStoreValues))?;
                 let (copies, cpus) = (desc.copies as usize, host.cpus);
                 let stride = desc.value_stride as usize;
                 let size = host.value_size;
