@@ -226,13 +226,7 @@ impl Map {
         }
         // What the map leads programs to: a perf event array's rings, a map of maps'
         // inner maps. Their damage is the map's, for what uses it.
-        let rings: Vec<_> = self
-            .perf_rings
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .values()
-            .cloned()
-            .collect();
+        let rings: Vec<_> = self.perf_rings_now().values().cloned().collect();
         let inner: Vec<_> = self
             .inner_maps
             .read()

@@ -334,6 +334,9 @@ pub enum RecordOffer {
     Refused(i64),
 }
 
+/// A perf event array's opened rings, by event id (see `Map::perf_rings`).
+type PerfRings = std::sync::Arc<std::collections::HashMap<u32, std::sync::Arc<crate::PerfRing>>>;
+
 /// A process-local handle on a map in the store.
 pub struct Map {
     id: u32,
@@ -344,8 +347,12 @@ pub struct Map {
     fifo: Option<File>,
     /// The store's directory, where inner maps and perf rings are opened.
     dir: StoreDir,
-    /// Rings of the perf events a perf_event_array points at, opened on first output.
-    perf_rings: std::sync::Mutex<std::collections::HashMap<u32, std::sync::Arc<crate::PerfRing>>>,
+    /// Rings of the perf events a perf_event_array points at, opened on first output,
+    /// by event id. Copied on write and swapped, so that nothing allocates or frees while
+    /// the lock is held: a thread inside `fork()`, which holds every `malloc` lock, may
+    /// take it from a system call hook, and must not wait for a holder that waits for
+    /// `malloc`.
+    perf_rings: std::sync::Mutex<PerfRings>,
     /// Maps of maps: this process's handles on the inner maps programs looked up, by id.
     /// A handle lives as long as the outer one, so the address a program got stays valid
     /// while the program (which holds the outer map) runs.

@@ -1267,3 +1267,65 @@ fn garbage_positions_in_queues_and_rings_are_errors() {
     assert!(perf.check_damage().is_some());
     assert!(ring.check_damage().is_some());
 }
+
+/// Threads outputting to a perf event array's events for the first time at once each
+/// open a ring, and one table of rings results: every thread gets the one ring the map
+/// keeps for an event, none is lost to a race between the swaps, and the records all
+/// land in the rings a consumer maps. Repeated on fresh handles to catch a rare
+/// interleaving.
+#[test]
+fn first_outputs_racing_on_threads_share_one_ring_per_event() {
+    const EVENTS: u32 = 8;
+    const THREADS: usize = 4;
+    const ROUNDS: usize = 200;
+    let s = TempStore::new("perf-first-race");
+    let perf = Map::create(&s, &spec(mt::PERF_EVENT_ARRAY, 4, 4, EVENTS)).unwrap();
+    let rings: Vec<crate::PerfRing> = (0..EVENTS)
+        .map(|i| {
+            let event = 100 + i;
+            crate::PerfRing::create(&s, event, 2 * PAGE_SIZE).unwrap();
+            perf.set_id(&i.to_ne_bytes(), event, uf::ANY).unwrap();
+            crate::PerfRing::open(&s, event).unwrap()
+        })
+        .collect();
+    for round in 0..ROUNDS {
+        let fresh = Map::open(&s, perf.id()).unwrap();
+        let start = std::sync::Barrier::new(THREADS);
+        let got: Vec<Vec<usize>> = std::thread::scope(|scope| {
+            let handles: Vec<_> = (0..THREADS)
+                .map(|t| {
+                    let (fresh, start) = (&fresh, &start);
+                    scope.spawn(move || {
+                        let mut mine = vec![0usize; EVENTS as usize];
+                        start.wait();
+                        for k in 0..EVENTS {
+                            // Each thread walks the events from its own start.
+                            let i = (k + t as u32 * 3) % EVENTS;
+                            let ring = fresh.perf_event_ring(u64::from(i)).unwrap();
+                            mine[i as usize] = std::sync::Arc::as_ptr(&ring) as usize;
+                            assert_eq!(fresh.perf_event_output(u64::from(i), &[t as u8; 8]), 0);
+                        }
+                        mine
+                    })
+                })
+                .collect();
+            handles.into_iter().map(|h| h.join().unwrap()).collect()
+        });
+        let table = fresh.perf_rings_now();
+        assert_eq!(table.len(), EVENTS as usize, "round {round}");
+        for i in 0..EVENTS {
+            let kept = std::sync::Arc::as_ptr(&table[&(100 + i)]) as usize;
+            for (t, mine) in got.iter().enumerate() {
+                assert_eq!(
+                    mine[i as usize], kept,
+                    "round {round}: thread {t}, event {i}"
+                );
+            }
+        }
+        for (i, ring) in rings.iter().enumerate() {
+            let mut records = 0;
+            ring.consume(|_| records += 1, |_| {});
+            assert_eq!(records, THREADS, "round {round}: event {i}");
+        }
+    }
+}
