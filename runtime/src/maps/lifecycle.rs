@@ -226,17 +226,11 @@ impl Map {
         }
         // What the map leads programs to: a perf event array's rings, a map of maps'
         // inner maps. Their damage is the map's, for what uses it.
-        let rings: Vec<_> = self.perf_rings_now().values().cloned().collect();
-        let inner: Vec<_> = self
-            .inner_maps
-            .read()
-            .unwrap_or_else(|p| p.into_inner())
-            .values()
-            .cloned()
-            .collect();
+        let rings = self.perf_rings.now();
+        let inner = self.inner_maps.now();
         self.damage()
-            .or_else(|| rings.iter().find_map(|r| r.check_damage()))
-            .or_else(|| inner.iter().find_map(|m| m.check_damage()))
+            .or_else(|| rings.values().find_map(|r| r.check_damage()))
+            .or_else(|| inner.values().find_map(|m| m.check_damage()))
     }
 
     /// Whether the header's changing fields hold values this map's writers leave.

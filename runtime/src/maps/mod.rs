@@ -6,6 +6,7 @@
 
 mod array;
 mod bloom;
+mod cow_table;
 mod hash;
 mod local_storage;
 mod lock;
@@ -27,6 +28,7 @@ use crate::store::{new_object_header, Store};
 use crate::store_dir::StoreDir;
 use crate::{Error, Result};
 use bpftime_isa::uapi::{map_flags, map_type};
+use cow_table::CowTable;
 use std::fs::File;
 use std::path::PathBuf;
 use std::sync::{Arc, OnceLock};
@@ -334,9 +336,6 @@ pub enum RecordOffer {
     Refused(i64),
 }
 
-/// A perf event array's opened rings, by event id (see `Map::perf_rings`).
-type PerfRings = std::sync::Arc<std::collections::HashMap<u32, std::sync::Arc<crate::PerfRing>>>;
-
 /// A process-local handle on a map in the store.
 pub struct Map {
     id: u32,
@@ -348,15 +347,12 @@ pub struct Map {
     /// The store's directory, where inner maps and perf rings are opened.
     dir: StoreDir,
     /// Rings of the perf events a perf_event_array points at, opened on first output,
-    /// by event id. Copied on write and swapped, so that nothing allocates or frees while
-    /// the lock is held: a thread inside `fork()`, which holds every `malloc` lock, may
-    /// take it from a system call hook, and must not wait for a holder that waits for
-    /// `malloc`.
-    perf_rings: std::sync::Mutex<PerfRings>,
+    /// by event id.
+    perf_rings: CowTable<std::sync::Arc<crate::PerfRing>>,
     /// Maps of maps: this process's handles on the inner maps programs looked up, by id.
     /// A handle lives as long as the outer one, so the address a program got stays valid
     /// while the program (which holds the outer map) runs.
-    inner_maps: std::sync::RwLock<std::collections::HashMap<u32, std::sync::Arc<Map>>>,
+    inner_maps: CowTable<std::sync::Arc<Map>>,
     /// Hash-laid-out maps: their layout in this process, read from the header at open.
     hash_shape: hash::Shape,
     /// The header's fields fixed at creation, copied at open once they were checked to

@@ -26,13 +26,8 @@ impl Map {
 
     /// This process's handle on inner map `id`, opened on first use.
     pub(super) fn inner_handle(&self, id: u32) -> Option<Arc<Map>> {
-        if let Some(m) = self
-            .inner_maps
-            .read()
-            .unwrap_or_else(|p| p.into_inner())
-            .get(&id)
-        {
-            return Some(m.clone());
+        if let Some(m) = self.inner_maps.get(id) {
+            return Some(m);
         }
         let m = match Map::open_in(&self.dir, id) {
             Ok(m) => Arc::new(m),
@@ -41,8 +36,7 @@ impl Map {
                 return None;
             }
         };
-        let mut maps = self.inner_maps.write().unwrap_or_else(|p| p.into_inner());
-        Some(maps.entry(id).or_insert(m).clone())
+        Some(self.inner_maps.get_or_insert(id, m))
     }
 
     // ----- program side -----

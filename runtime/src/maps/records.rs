@@ -96,44 +96,13 @@ impl Map {
         let Some(event) = self.id_at(index) else {
             return Err(-(libc::ENOENT as i64));
         };
-        let table = self.perf_rings_now();
-        if let Some(r) = table.get(&event) {
-            return Ok(r.clone());
+        if let Some(r) = self.perf_rings.get(event) {
+            return Ok(r);
         }
         let opened = std::sync::Arc::new(
             crate::PerfRing::open_in(&self.dir, event).map_err(|_| -(libc::ENOENT as i64))?,
         );
-        let mut seen = table;
-        loop {
-            let mut next = (*seen).clone();
-            next.insert(event, opened.clone());
-            let next = std::sync::Arc::new(next);
-            let mut rings = self.perf_rings.lock().unwrap_or_else(|p| p.into_inner());
-            if std::sync::Arc::ptr_eq(&rings, &seen) {
-                let old = std::mem::replace(&mut *rings, next);
-                drop(rings);
-                drop(old);
-                return Ok(opened);
-            }
-            // Another thread swapped in a table meanwhile: take its ring for this event
-            // if it opened one, else add ours to its table.
-            let newer = rings.clone();
-            drop(rings);
-            // Dropped after the lock is let go: it may be the last reference to a table.
-            seen = newer;
-            if let Some(r) = seen.get(&event) {
-                return Ok(r.clone());
-            }
-        }
-    }
-
-    /// The table of opened perf rings as it is now (the lock is held only to take a
-    /// reference to it).
-    pub(super) fn perf_rings_now(&self) -> PerfRings {
-        self.perf_rings
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .clone()
+        Ok(self.perf_rings.get_or_insert(event, opened))
     }
 
     /// `bpf_perf_event_output` on a GPU ring buffer (bpftime's way to write one): the

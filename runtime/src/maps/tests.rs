@@ -1311,7 +1311,7 @@ fn first_outputs_racing_on_threads_share_one_ring_per_event() {
                 .collect();
             handles.into_iter().map(|h| h.join().unwrap()).collect()
         });
-        let table = fresh.perf_rings_now();
+        let table = fresh.perf_rings.now();
         assert_eq!(table.len(), EVENTS as usize, "round {round}");
         for i in 0..EVENTS {
             let kept = std::sync::Arc::as_ptr(&table[&(100 + i)]) as usize;
