@@ -57,6 +57,38 @@ pub enum PtxasError {
     /// ptxas ran and refused the PTX; its own words.
     #[error("{0}")]
     Refused(String),
+    #[error("cannot write {path} for ptxas: {source}")]
+    Scratch {
+        path: String,
+        source: std::io::Error,
+    },
+}
+
+/// Runs `ptxas` on the PTX `text` for `sm_XY` ([`run_ptxas`]), from a scratch directory
+/// of its own that is removed afterwards: ptxas writes its cubin beside its input, which
+/// must be neither the source tree nor a file another check is writing. `name` names the
+/// file, for ptxas's messages.
+pub fn ptxas_accepts(
+    ptxas: &Path,
+    name: &str,
+    text: &str,
+    sm: u32,
+    relocatable: bool,
+) -> Result<(), PtxasError> {
+    static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let dir = std::env::temp_dir().join(format!("bpftime-ptxas-{}-{n}", std::process::id()));
+    let file = dir.join(format!("{name}.ptx"));
+    let scratch = |source| PtxasError::Scratch {
+        path: file.display().to_string(),
+        source,
+    };
+    std::fs::create_dir_all(&dir).map_err(scratch)?;
+    let r = std::fs::write(&file, text)
+        .map_err(scratch)
+        .and_then(|()| run_ptxas(ptxas, &file, sm, relocatable));
+    let _ = std::fs::remove_dir_all(&dir);
+    r
 }
 
 /// Runs `ptxas` on `file` for `sm_XY`; `relocatable` (`-c`) when the PTX calls device

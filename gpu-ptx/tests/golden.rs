@@ -75,16 +75,10 @@ fn check(name: &str, text: &str) {
     let Some(ptxas) = toolchain::ptxas_for_tests() else {
         return;
     };
-    let scratch =
-        std::env::temp_dir().join(format!("bpftime-golden-{name}-{}", std::process::id()));
-    std::fs::create_dir_all(&scratch).unwrap();
-    let file = scratch.join(format!("{name}.ptx"));
-    std::fs::write(&file, &out).unwrap();
     let sm = module.sm.unwrap_or(70).max(70);
-    if let Err(e) = toolchain::run_ptxas(&ptxas, &file, sm, false) {
+    if let Err(e) = toolchain::ptxas_accepts(&ptxas, name, &out, sm, false) {
         panic!("ptxas refused spliced {name} for sm_{sm}: {e}");
     }
-    let _ = std::fs::remove_dir_all(&scratch);
 }
 
 #[test]

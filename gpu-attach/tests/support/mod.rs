@@ -42,10 +42,7 @@ pub fn assert_ptxas_accepts(tag: &str, ptx: &str) {
 
 pub fn assert_ptxas_accepts_for(tag: &str, ptx: &str, sm: u32) {
     let Some(ptxas) = ptxas() else { return };
-    let dir = scratch(tag);
-    let file = dir.join(format!("{tag}.ptx"));
-    std::fs::write(&file, ptx).expect("writing PTX");
-    if let Err(e) = toolchain::run_ptxas(&ptxas, &file, sm, false) {
+    if let Err(e) = toolchain::ptxas_accepts(&ptxas, tag, ptx, sm, false) {
         panic!("ptxas refused the spliced module {tag} for sm_{sm}: {e}\n{ptx}");
     }
 }

@@ -315,16 +315,11 @@ fn the_hash_ops_kernel_is_ptx_that_ptxas_accepts() {
     let Some(ptxas) = bpftime_gpu_ptx::toolchain::ptxas_for_tests() else {
         return;
     };
-    let dir = std::env::temp_dir().join(format!("bpftime-hashops-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let file = dir.join("hash_ops.ptx");
-    std::fs::write(&file, HASH_OPS_PTX).unwrap();
     // CUDA 13's ptxas starts at sm_75.
     for sm in [75, 90] {
-        bpftime_gpu_ptx::toolchain::run_ptxas(&ptxas, &file, sm, false)
+        bpftime_gpu_ptx::toolchain::ptxas_accepts(&ptxas, "hash_ops", HASH_OPS_PTX, sm, false)
             .unwrap_or_else(|e| panic!("sm_{sm}: {e}"));
     }
-    let _ = std::fs::remove_dir_all(&dir);
     // The parameters fit a launch's 4 KiB.
     assert!(HASH_OPS_PTX.contains(&format!(".b8 __bpftime_hash_ops_param_4[{HASH_OPS_BYTES}]")));
 }
