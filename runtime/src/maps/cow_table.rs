@@ -10,7 +10,8 @@
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
-/// Values by `u32` id, copied on write (see the module's comment).
+/// Values by `u32` id, copied on write (see the module's comment). The values are handles
+/// (`Arc`s): cloning one allocates nothing, so it may happen under the lock.
 pub(crate) struct CowTable<V> {
     now: Mutex<Arc<HashMap<u32, V>>>,
 }
@@ -29,9 +30,15 @@ impl<V: Clone> CowTable<V> {
         self.now.lock().unwrap_or_else(|p| p.into_inner()).clone()
     }
 
-    /// The value kept for `id`, if there is one.
+    /// The value kept for `id`, if there is one. Looked up under the lock (cloning a
+    /// handle allocates nothing), which spares the table's own reference count on a
+    /// program's every output.
     pub(crate) fn get(&self, id: u32) -> Option<V> {
-        self.now().get(&id).cloned()
+        self.now
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(&id)
+            .cloned()
     }
 
     /// The value kept for `id`: the one another thread put there first, or `made` (made
