@@ -16,6 +16,7 @@
 //! - The conformance suite's stand-alone GPU runner is `bpftime-conformance`'s.
 
 mod entry_points;
+mod error;
 mod install;
 pub mod launch;
 pub mod observer;
@@ -23,8 +24,10 @@ pub mod probe;
 pub mod scan;
 mod session;
 mod tensor_maps;
+pub use tensor_maps::TensorMapError;
 
 pub use bpftime_gpu_ptx::ProbePoint;
+pub use error::GpuAttachError;
 pub use install::install;
 pub use launch::{LaunchContext, LaunchProbe, PHASE_COMPLETED, PHASE_LAUNCHED};
 pub use probe::probe_point;

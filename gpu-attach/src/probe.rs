@@ -1,6 +1,7 @@
 //! Compiling a GPU probe: its map references made device addresses, its helpers lowered
 //! for the GPU with the device runtime linked in, as a PTX function to splice.
 
+use crate::GpuAttachError;
 use std::collections::HashMap;
 use std::hash::{Hash, Hasher};
 use std::path::{Path, PathBuf};
@@ -60,7 +61,7 @@ pub fn compile_probe(
     config: &RuntimeConfig,
     sm: u32,
     symbol: &str,
-) -> Result<PtxProgram, String> {
+) -> Result<PtxProgram, GpuAttachError> {
     let relocated = relocate(insns, maps)?;
     compile_relocated(point, &relocated, maps, config, sm, symbol)
 }
@@ -73,7 +74,7 @@ fn compile_relocated(
     config: &RuntimeConfig,
     sm: u32,
     symbol: &str,
-) -> Result<PtxProgram, String> {
+) -> Result<PtxProgram, GpuAttachError> {
     let env = ProbeEnv {
         library: config_ir(config),
         arrays: maps
@@ -89,18 +90,15 @@ fn compile_relocated(
         probe_abi: probe_abi(point),
         ..PtxOptions::default()
     };
-    let program = compile(insns, &env, &opts).map_err(|e| e.to_string())?;
+    let program = compile(insns, &env, &opts)?;
     if !program.externs.is_empty() {
-        return Err(format!(
-            "it calls helpers the GPU runtime lacks: {}",
-            program.externs.join(", ")
-        ));
+        return Err(GpuAttachError::MissingHelpers(program.externs));
     }
     Ok(program)
 }
 
 /// A probe's code, or why it cannot be made: filled once, by whoever asks first.
-type Made = OnceLock<Result<CachedProbe, String>>;
+type Made = OnceLock<Result<CachedProbe, GpuAttachError>>;
 
 /// The name a probe is compiled under before it takes the one its module gives it: the
 /// same code is then the same text whichever module and place it goes to.
@@ -146,7 +144,7 @@ impl ProbeCompiler {
         config: &RuntimeConfig,
         sm: u32,
         symbol: &str,
-    ) -> Result<CachedProbe, String> {
+    ) -> Result<CachedProbe, GpuAttachError> {
         // Keyed by what the code is made of: the instructions with their maps' device
         // addresses in place (not the store's map ids, which differ from run to run).
         let relocated = relocate(insns, maps)?;
@@ -356,18 +354,19 @@ pub fn probe_point(kind: GpuProbeKind) -> Option<ProbePoint> {
 /// Rewrites `lddw` map references (store ids) into device addresses: a map becomes its
 /// replica's descriptor, a map value (global data) the replica's first value plus the
 /// offset.
-fn relocate(insns: &[Insn], maps: &HashMap<u32, DeviceMapRef>) -> Result<Vec<Insn>, String> {
+fn relocate(
+    insns: &[Insn],
+    maps: &HashMap<u32, DeviceMapRef>,
+) -> Result<Vec<Insn>, GpuAttachError> {
     bpftime_prepare::relocate(insns, |r| {
         let id = r.map();
-        let m = maps
-            .get(&id)
-            .ok_or_else(|| format!("map {id} is not among the program's maps"))?;
+        let m = maps.get(&id).ok_or(GpuAttachError::MapNotInProgram(id))?;
         match r {
             MapRef::Map(_) => Ok(m.desc),
             MapRef::Value { offset, .. } => m
                 .values
                 .map(|v| v + u64::from(offset))
-                .ok_or_else(|| format!("map {id} has no values to point into")),
+                .ok_or(GpuAttachError::MapWithoutValues(id)),
         }
     })
 }

@@ -52,30 +52,40 @@ fn element_bytes(data_type: u32) -> Option<u32> {
     }
 }
 
+/// Why a tensor map's copies cannot be probed.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum TensorMapError {
+    #[error("a tensor map of rank {0}")]
+    Rank(usize),
+    #[error("a tensor map of packed sub-byte elements (type {0})")]
+    SubByteElements(u32),
+    #[error("an interleaved tensor map")]
+    Interleaved,
+    #[error("a tensor map with element strides other than 1")]
+    ElementStrides,
+    #[error("more than {MAX_MAPS} tensor maps")]
+    TooMany,
+}
+
 /// The table entry of `map`, made from `t`, or why its copies cannot be probed.
 pub(crate) fn entry(
     map: &[u8; MAP_BYTES],
     t: &Tiled<'_>,
-) -> Result<[u8; TENSOR_MAP_ENTRY], String> {
+) -> Result<[u8; TENSOR_MAP_ENTRY], TensorMapError> {
     let rank = t.dims.len();
     if !(1..=5).contains(&rank)
         || t.strides.len() + 1 != rank
         || t.box_dims.len() != rank
         || t.element_strides.len() != rank
     {
-        return Err(format!("a tensor map of rank {rank}"));
+        return Err(TensorMapError::Rank(rank));
     }
-    let element = element_bytes(t.data_type).ok_or_else(|| {
-        format!(
-            "a tensor map of packed sub-byte elements (type {})",
-            t.data_type
-        )
-    })?;
+    let element = element_bytes(t.data_type).ok_or(TensorMapError::SubByteElements(t.data_type))?;
     if t.interleave != 0 {
-        return Err("an interleaved tensor map".into());
+        return Err(TensorMapError::Interleaved);
     }
     if t.element_strides.iter().any(|&s| s != 1) {
-        return Err("a tensor map with element strides other than 1".into());
+        return Err(TensorMapError::ElementStrides);
     }
     let mut e = [0u8; TENSOR_MAP_ENTRY];
     e[..MAP_BYTES].copy_from_slice(map);
@@ -106,14 +116,14 @@ fn entries() -> std::sync::MutexGuard<'static, Vec<[u8; TENSOR_MAP_ENTRY]>> {
 
 /// Notes map `map`, just made from `t`: in the table unless one with the same bytes is,
 /// or why its copies cannot be probed.
-pub(crate) fn note(map: &[u8; MAP_BYTES], t: &Tiled<'_>) -> Result<(), String> {
+pub(crate) fn note(map: &[u8; MAP_BYTES], t: &Tiled<'_>) -> Result<(), TensorMapError> {
     let e = entry(map, t)?;
     let mut entries = entries();
     if entries.iter().any(|x| x[..MAP_BYTES] == map[..]) {
         return Ok(());
     }
     if entries.len() >= MAX_MAPS {
-        return Err(format!("more than {MAX_MAPS} tensor maps"));
+        return Err(TensorMapError::TooMany);
     }
     entries.push(e);
     GENERATION.fetch_add(1, Ordering::Release);
@@ -201,16 +211,21 @@ mod tests {
     fn maps_the_calls_cannot_follow_are_refused_with_the_reason() {
         let map = [0u8; MAP_BYTES];
         let mut t = tiled(&[64, 64], &[256], &[16, 16], &[2, 1]);
-        assert!(entry(&map, &t).unwrap_err().contains("element strides"));
+        assert_eq!(entry(&map, &t), Err(TensorMapError::ElementStrides));
         t.element_strides = &[1, 1];
         t.interleave = 1;
-        assert!(entry(&map, &t).unwrap_err().contains("interleaved"));
+        assert_eq!(entry(&map, &t), Err(TensorMapError::Interleaved));
         t.interleave = 0;
         t.data_type = 13;
-        assert!(entry(&map, &t).unwrap_err().contains("sub-byte"));
+        assert_eq!(entry(&map, &t), Err(TensorMapError::SubByteElements(13)));
         t.data_type = 7;
         t.strides = &[];
-        assert!(entry(&map, &t).unwrap_err().contains("rank 2"));
+        assert_eq!(entry(&map, &t), Err(TensorMapError::Rank(2)));
+        // The notice names the reason.
+        assert_eq!(
+            TensorMapError::SubByteElements(13).to_string(),
+            "a tensor map of packed sub-byte elements (type 13)"
+        );
     }
 
     /// The table counts its entries, keeps one per distinct map, and follows an address

@@ -7,9 +7,8 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use bpftime_gpu_attach::scan::{
-    mapped_objects, read_container, scan_object, FatbinIndex, MappedObject, Missing, ObjectFatbins,
-};
+use bpftime_gpu_attach::scan::{mapped_objects, FatbinIndex, MappedObject, Missing};
+use bpftime_gpu_ptx::elf_fatbins::{read_container, scan_object, ObjectFatbins};
 
 /// nvcc's name for `vectorAdd(const float *, const float *, float *, int)`.
 const VECTOR_ADD: &str = "_Z9vectorAddPKfS0_Pfi";

@@ -2,12 +2,13 @@
 //! in, plain data out, no CUDA driver needed.
 //!
 //! - [`fatbin`] reads the device code a program hands the driver and picks the PTX that
-//!   fits the device.
+//!   fits the device; [`elf_fatbins`] finds the fatbins nvcc linked into an ELF object.
 //! - [`ptx`] parses a PTX module's kernels and splices probe calls into them, [`inline`]
 //!   puts a probe's body in place of its calls where that pays.
 //! - [`names`] says which kernels a probe's pattern names.
 //! - [`toolchain`] finds NVIDIA's compilers (`ptxas`, `nvcc`) for the checks that use them.
 
+pub mod elf_fatbins;
 pub mod fatbin;
 pub mod inline;
 pub mod names;

@@ -199,7 +199,7 @@ impl GpuAttach {
         let mut definitions = String::new();
         let mut replicas: Vec<Arc<Replica>> = Vec::new();
         let mut clock_globals = Vec::new();
-        let mut failed: Vec<(u32, String)> = Vec::new();
+        let mut failed: Vec<(u32, GpuAttachError)> = Vec::new();
         for (p, compiled) in used
             .iter()
             .zip(self.compile_probes(&context, &used, probe_sm))
@@ -515,22 +515,19 @@ impl GpuAttach {
         &self,
         context: &Context,
         probe: &GpuProbe,
-    ) -> Result<ProbeInputs, String> {
+    ) -> Result<ProbeInputs, GpuAttachError> {
         let mut replicas: HashMap<u32, Arc<Replica>> = HashMap::new();
         for m in &probe.maps {
             let mut all = context.replicas.lock().unwrap_or_else(|e| e.into_inner());
             let r = match all.get(&m.id()) {
                 Some(r) => r.clone(),
                 None => {
-                    let r = Arc::new(
-                        Replica::new(
-                            &self.mover(context),
-                            m.clone(),
-                            context.sm_count,
-                            &context.shard_window,
-                        )
-                        .map_err(|e| e.to_string())?,
-                    );
+                    let r = Arc::new(Replica::new(
+                        &self.mover(context),
+                        m.clone(),
+                        context.sm_count,
+                        &context.shard_window,
+                    )?);
                     all.insert(m.id(), r.clone());
                     r
                 }
@@ -570,9 +567,9 @@ impl GpuAttach {
         context: &Context,
         probes: &[Arc<GpuProbe>],
         sm: u32,
-    ) -> Vec<Result<CompiledProbe, String>> {
+    ) -> Vec<Result<CompiledProbe, GpuAttachError>> {
         let started = Instant::now();
-        let inputs: Vec<Result<ProbeInputs, String>> = probes
+        let inputs: Vec<Result<ProbeInputs, GpuAttachError>> = probes
             .iter()
             .map(|p| self.probe_inputs(context, p))
             .collect();
@@ -581,7 +578,7 @@ impl GpuAttach {
         let compile = |index: usize,
                        probe: &GpuProbe,
                        inputs: ProbeInputs|
-         -> Result<CompiledProbe, String> {
+         -> Result<CompiledProbe, GpuAttachError> {
             let program = self.compiler.compile(
                 probe.point,
                 &probe.insns,
@@ -617,8 +614,8 @@ impl GpuAttach {
                 .map(|r| match r {
                     Ok(Ok(handle)) => handle
                         .join()
-                        .unwrap_or_else(|_| Err("the probe's compilation panicked".into())),
-                    Ok(Err(e)) => Err(format!("no thread to compile it: {e}")),
+                        .unwrap_or(Err(GpuAttachError::CompilePanicked)),
+                    Ok(Err(e)) => Err(GpuAttachError::NoThread(Arc::new(e))),
                     Err(e) => Err(e),
                 })
                 .collect();

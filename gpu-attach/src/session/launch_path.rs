@@ -235,13 +235,13 @@ impl GpuAttach {
         image: &Image,
         module: &PtxModule,
         copy: Handle,
-    ) -> Result<Vec<SharedVariable>, String> {
+    ) -> Result<Vec<SharedVariable>, GpuAttachError> {
         let api = &self.api;
         let (owner, original) = image.owner;
         let mut shared = Vec::new();
         let mut total = 0usize;
         for v in module.variables.iter().filter(|v| v.used) {
-            let name = CString::new(v.name.as_str()).map_err(|e| e.to_string())?;
+            let name = CString::new(v.name.as_str())?;
             let (mut ours, mut ours_bytes) = (0, 0);
             // SAFETY: writes a device pointer and a size.
             let r =
@@ -263,24 +263,21 @@ impl GpuAttach {
                         get(&mut theirs, &mut theirs_bytes, original, name.as_ptr())
                     },
                     None => {
-                        return Err(format!(
-                            "its module's variable {} cannot be found in the application's \
-                             library (this driver has no cuLibraryGetGlobal)",
-                            v.name
-                        ))
+                        return Err(GpuAttachError::NoLibraryGetGlobal {
+                            variable: v.name.clone(),
+                        })
                     }
                 },
             };
             if r != CUDA_SUCCESS || theirs_bytes != ours_bytes {
-                return Err(format!(
-                    "its module's variable {} cannot be paired with the application's ({})",
-                    v.name,
-                    if r != CUDA_SUCCESS {
+                return Err(GpuAttachError::VariableUnpaired {
+                    variable: v.name.clone(),
+                    why: if r != CUDA_SUCCESS {
                         api.error_name(r)
                     } else {
                         format!("{theirs_bytes} bytes there, {ours_bytes} here")
-                    }
-                ));
+                    },
+                });
             }
             total += ours_bytes;
             shared.push(SharedVariable {
@@ -291,10 +288,7 @@ impl GpuAttach {
             });
         }
         if total > SHARED_VARIABLES_MAX {
-            return Err(format!(
-                "its module's variables hold {} MiB, which each launch would copy twice",
-                total >> 20
-            ));
+            return Err(GpuAttachError::VariablesTooLarge { mib: total >> 20 });
         }
         Ok(shared)
     }

@@ -2,10 +2,11 @@
 //! pulls what launches changed and drains rings, and the flush at teardown and exit.
 
 use super::*;
+use bpftime_isa::opcode as op;
 
 impl GpuAttach {
     /// Our state in `ctx` (the current context), made on first use.
-    pub(super) fn context(&self, ctx: Handle) -> Result<Arc<Context>, String> {
+    pub(super) fn context(&self, ctx: Handle) -> Result<Arc<Context>, GpuAttachError> {
         if let Some(c) = self.read().contexts.get(&ctx) {
             return Ok(c.clone());
         }
@@ -18,23 +19,18 @@ impl GpuAttach {
             return Ok(c.clone());
         }
         let api = &self.api;
-        let sm = api.device_sm().map_err(|e| e.to_string())?;
-        let sms = api
-            .device_attribute(ATTR_MULTIPROCESSOR_COUNT)
-            .map_err(|e| e.to_string())?
-            .max(1) as u32;
+        let sm = api.device_sm()?;
+        let sms = api.device_attribute(ATTR_MULTIPROCESSOR_COUNT)?.max(1) as u32;
         let mut stream = 0;
         // SAFETY: writes one stream handle.
         api.check("cuStreamCreate", unsafe {
             (api.stream_create)(&mut stream, STREAM_NON_BLOCKING)
-        })
-        .map_err(|e| e.to_string())?;
+        })?;
         let mut device = 0;
         // SAFETY: writes one int.
         api.check("cuCtxGetDevice", unsafe {
             (api.ctx_get_device)(&mut device)
-        })
-        .map_err(|e| e.to_string())?;
+        })?;
         let arena = Arena::new(api, device)
             .map_err(|e| tracing::debug!("GPU attach's device memory from cuMemAlloc: {e}"))
             .ok();
@@ -43,24 +39,20 @@ impl GpuAttach {
             stream,
             arena: arena.as_ref(),
         };
-        let pid_tgid_at = mover.alloc(8).map_err(|e| e.to_string())?;
-        mover
-            .put(pid_tgid_at, &self.pid_tgid.to_le_bytes())
-            .map_err(|e| e.to_string())?;
-        let trace = RingReader::new(&mover, TRACE_RING_BYTES, 1).map_err(|e| e.to_string())?;
-        let load_kernel = |ptx: &str, name: &CStr| -> Result<Handle, String> {
-            let source = CString::new(ptx).map_err(|e| e.to_string())?;
+        let pid_tgid_at = mover.alloc(8)?;
+        mover.put(pid_tgid_at, &self.pid_tgid.to_le_bytes())?;
+        let trace = RingReader::new(&mover, TRACE_RING_BYTES, 1)?;
+        let load_kernel = |ptx: &str, name: &CStr| -> Result<Handle, GpuAttachError> {
+            let source = CString::new(ptx)?;
             let (mut module, mut f) = (0, 0);
             // SAFETY: NUL-terminated PTX; writes a module handle.
             api.check("cuModuleLoadData", unsafe {
                 (api.module_load_data)(&mut module, source.as_ptr().cast())
-            })
-            .map_err(|e| e.to_string())?;
+            })?;
             // SAFETY: writes a function handle.
             api.check("cuModuleGetFunction", unsafe {
                 (api.module_get_function)(&mut f, module, name.as_ptr())
-            })
-            .map_err(|e| e.to_string())?;
+            })?;
             Ok(f)
         };
         let apply_deltas = load_kernel(APPLY_DELTAS_PTX, c"__bpftime_apply_deltas")?;
@@ -106,11 +98,21 @@ impl GpuAttach {
         &self,
         context: &Context,
         clock: &mut ContextClock,
-    ) -> Result<ClockCalibration, String> {
+    ) -> Result<ClockCalibration, GpuAttachError> {
         let api = &self.api;
         let mover = self.mover(context);
         if clock.timer.is_none() {
-            let prog = bpftime_isa::asm::assemble("call 502\nexit").map_err(|e| e.to_string())?;
+            // `return bpf_get_globaltimer();`
+            let prog = [
+                Insn::new(
+                    op::CALL_INSN,
+                    0,
+                    op::CALL_HELPER,
+                    0,
+                    bpftime_isa::uapi::helper::GPU_GLOBALTIMER as i32,
+                ),
+                Insn::new(op::EXIT_INSN, 0, 0, 0, 0),
+            ];
             let program = compile(
                 &prog,
                 &bpftime_jit_ptx::StandardGpuEnv,
@@ -119,28 +121,24 @@ impl GpuAttach {
                     symbol: "__bpftime_timer".into(),
                     ..PtxOptions::default()
                 },
-            )
-            .map_err(|e| e.to_string())?;
-            let source = CString::new(program.ptx).map_err(|e| e.to_string())?;
+            )?;
+            let source = CString::new(program.ptx)?;
             let mut module = 0;
             // SAFETY: NUL-terminated PTX; writes a module handle.
             api.check("cuModuleLoadData", unsafe {
                 (api.module_load_data)(&mut module, source.as_ptr().cast())
-            })
-            .map_err(|e| e.to_string())?;
-            let name =
-                CString::new(program.kernel.unwrap_or_default()).map_err(|e| e.to_string())?;
+            })?;
+            let name = CString::new(program.kernel.unwrap_or_default())?;
             let mut f = 0;
             // SAFETY: writes a function handle.
             api.check("cuModuleGetFunction", unsafe {
                 (api.module_get_function)(&mut f, module, name.as_ptr())
-            })
-            .map_err(|e| e.to_string())?;
-            let result = mover.alloc(8).map_err(|e| e.to_string())?;
+            })?;
+            let result = mover.alloc(8)?;
             clock.timer = Some((f, result));
         }
         let (f, result) = clock.timer.expect("set above");
-        clock::calibrate(|| -> Result<u64, String> {
+        clock::calibrate(|| -> Result<u64, GpuAttachError> {
             let mut mem: u64 = 0;
             let mut len: u64 = 0;
             let mut out: u64 = result;
@@ -165,16 +163,12 @@ impl GpuAttach {
                     params.as_mut_ptr(),
                     std::ptr::null_mut(),
                 )
-            })
-            .map_err(|e| e.to_string())?;
+            })?;
             let mut v = [0u8; 8];
-            mover.get(result, &mut v).map_err(|e| e.to_string())?;
+            mover.get(result, &mut v)?;
             Ok(u64::from_le_bytes(v))
         })
-        .map_err(|e| match e {
-            clock::CalibrationError::Read(e) => e,
-            clock::CalibrationError::NoSample => "no clock sample was usable".into(),
-        })
+        .map_err(GpuAttachError::from)
     }
 
     /// The clock thread: re-anchors the contexts' clocks every [`REANCHOR_EVERY`], off the

@@ -20,6 +20,7 @@ use bpftime_isa::Insn;
 use bpftime_jit_ptx::{compile, PtxOptions};
 use bpftime_runtime::Map;
 
+use crate::error::GpuAttachError;
 use crate::launch::{
     EventClock, Geometry, LaunchContext, LaunchProbe, PHASE_COMPLETED, PHASE_LAUNCHED,
 };
@@ -97,7 +98,7 @@ const REANCHOR_EVERY: Duration = Duration::from_secs(1);
 const TIMINGS_IN_FLIGHT: usize = 1 << 16;
 
 struct Image {
-    ptx: Result<ModulePtx, String>,
+    ptx: Result<ModulePtx, GpuAttachError>,
     /// The module or library the application loaded it as: where its own variables are.
     owner: (Owner, Handle),
 }
@@ -452,7 +453,7 @@ struct Discovery {
     /// One per device architecture.
     indexes: HashMap<u32, FatbinIndex>,
     /// Kernels looked for and not found (per architecture), and why.
-    missing: HashMap<(u32, Arc<str>), String>,
+    missing: HashMap<(u32, Arc<str>), GpuAttachError>,
 }
 
 static SESSION: OnceLock<GpuAttach> = OnceLock::new();

@@ -38,7 +38,7 @@ impl GpuAttach {
 
     /// A tensor map was made whose copies memory-access probes cannot follow: said once
     /// per reason, where such probes are attached.
-    pub(crate) fn tensor_map_refused(&self, why: &str) {
+    pub(crate) fn tensor_map_refused(&self, why: &crate::TensorMapError) {
         let probing = self
             .read()
             .probes
@@ -69,7 +69,7 @@ impl GpuAttach {
         ptx: Result<ModulePtx, FatbinError>,
     ) {
         let image = Arc::new(Image {
-            ptx: ptx.map_err(|e| e.to_string()),
+            ptx: ptx.map_err(GpuAttachError::from),
             owner: (owner, handle),
         });
         let (id, probed) = {
@@ -248,10 +248,7 @@ impl GpuAttach {
                 }
             },
             (None, None) => {
-                self.unseen_notice(
-                    &name,
-                    "the driver does not say which module it is in (cuFuncGetModule)",
-                );
+                self.unseen_notice(&name, &GpuAttachError::ModuleUnknown);
                 return remember_unseen(name);
             }
         };
@@ -268,7 +265,7 @@ impl GpuAttach {
 
     /// One notice for a probed kernel whose module was loaded before GPU attach started and
     /// whose PTX is not to be had, saying `why`.
-    pub(super) fn unseen_notice(&self, name: &str, why: &str) {
+    pub(super) fn unseen_notice(&self, name: &str, why: &GpuAttachError) {
         for p in self.read().probes.values() {
             if names::matches(&p.pattern, name) {
                 self.lock_matched().insert(p.link_id);
@@ -289,11 +286,11 @@ impl GpuAttach {
         &self,
         name: &Arc<str>,
         owner: Owned,
-    ) -> Result<(ModulePtx, PathBuf), String> {
+    ) -> Result<(ModulePtx, PathBuf), GpuAttachError> {
         let sm = self
             .api
             .device_sm()
-            .map_err(|e| format!("its device is unknown ({e})"))?;
+            .map_err(GpuAttachError::UnknownDevice)?;
         let mut d = self.discovery.lock().unwrap_or_else(|e| e.into_inner());
         if let Some(why) = d.missing.get(&(sm, name.clone())) {
             return Err(why.clone());
@@ -306,7 +303,7 @@ impl GpuAttach {
         let kernels = self.api.kernel_names(owner);
         let found = index
             .ptx_of(name, kernels.as_deref())
-            .map_err(|e| e.to_string());
+            .map_err(GpuAttachError::from);
         tracing::debug!(
             kernel = %name,
             module_kernels = ?kernels,

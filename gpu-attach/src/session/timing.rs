@@ -590,7 +590,7 @@ impl GpuAttach {
     /// The event clock of `context` (current), calibrated on first use and again once it
     /// is [`REANCHOR_EVERY`] old: an event recorded and waited for on our stream, bracketed
     /// by host readings, the tightest of [`clock::CLOCK_SAMPLES`].
-    pub(super) fn event_clock(&self, context: &Context) -> Result<EventClock, String> {
+    pub(super) fn event_clock(&self, context: &Context) -> Result<EventClock, GpuAttachError> {
         let mut slot = context
             .event_clock
             .lock()
@@ -603,25 +603,24 @@ impl GpuAttach {
         let api = &self.api;
         let (Some(base), Some(probe)) = (self.timing_event(context), self.timing_event(context))
         else {
-            return Err("no CUDA event could be made".into());
+            return Err(GpuAttachError::NoEvent);
         };
-        let record_and_wait = |e: Handle| -> Result<(), String> {
+        let record_and_wait = |e: Handle| -> Result<(), GpuAttachError> {
             // SAFETY: an event of this context, on our own stream.
             api.check("cuEventRecord", unsafe {
                 (api.event_record)(e, context.stream)
-            })
-            .map_err(|e| e.to_string())?;
+            })?;
             // SAFETY: as above.
-            api.check("cuEventSynchronize", unsafe { (api.event_synchronize)(e) })
-                .map_err(|e| e.to_string())
+            api.check("cuEventSynchronize", unsafe { (api.event_synchronize)(e) })?;
+            Ok(())
         };
         let calibrated = record_and_wait(base).and_then(|()| {
-            clock::calibrate(|| -> Result<u64, String> {
+            clock::calibrate(|| -> Result<u64, GpuAttachError> {
                 record_and_wait(probe)?;
-                let ms = api.elapsed_ms(base, probe).map_err(|e| e.to_string())?;
+                let ms = api.elapsed_ms(base, probe)?;
                 Ok((ms.max(0.0) as f64 * 1e6).round() as u64)
             })
-            .map_err(|e| e.either("no clock sample was usable".into()))
+            .map_err(GpuAttachError::from)
         });
         self.recycle_timing_events(context, &[probe]);
         let c = match calibrated {
