@@ -39,7 +39,7 @@ pub struct AgentStart {
     pub on_starter_thread: bool,
     /// One byte: the hooks' per-thread flag (see `bpftime_attach::use_static_tls_flag`).
     pub hook_flag_tp_offset: isize,
-    /// The runtime's per-thread ids (see `bpftime_runtime::helpers::use_static_tls_ids`).
+    /// The runtime's per-thread ids (see `bpftime_runtime::thread::use_static_tls_ids`).
     pub ids_tp_offset: isize,
     /// 8 bytes for the hooks' shadow stacks (see `bpftime_attach::use_static_tls_shadow`).
     pub shadow_tp_offset: isize,
@@ -49,7 +49,7 @@ pub struct AgentStart {
     /// `bpftime_runtime::cpu_slots::use_own_rseq_area`).
     pub rseq_tp_offset: isize,
     /// 24 bytes for the system call hooks (see
-    /// `bpftime_attach::use_static_tls_for_syscalls`).
+    /// `bpftime_syscall_hooks::use_static_tls`).
     pub syscall_tp_offset: isize,
 }
 

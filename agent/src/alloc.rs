@@ -1,5 +1,5 @@
 //! The agent's allocator: the C library's `malloc`, except on a thread inside a system call
-//! that makes a process (see `bpftime_attach::in_process_making_call`). The C library's
+//! that makes a process (see `bpftime_syscall_hooks::in_process_making_call`). The C library's
 //! `fork` takes every lock of its `malloc` before that call and lets them go after it, in
 //! the caller and in the child; the programs that watch the call run in between, and the
 //! first time one writes to a perf buffer, or does anything else that allocates, a `malloc`
@@ -104,7 +104,7 @@ unsafe fn defer_free(ptr: *mut u8) {
 // calls, or a disjoint piece of the reserve, which is never given to `System`.
 unsafe impl GlobalAlloc for AgentAllocator {
     unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        if bpftime_attach::in_process_making_call() {
+        if bpftime_syscall_hooks::in_process_making_call() {
             let p = from_reserve(layout);
             if !p.is_null() {
                 return p;
@@ -119,7 +119,7 @@ unsafe impl GlobalAlloc for AgentAllocator {
     unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
         if in_reserve(ptr) {
             back_to_reserve();
-        } else if bpftime_attach::in_process_making_call() {
+        } else if bpftime_syscall_hooks::in_process_making_call() {
             // SAFETY: the caller's block, of `System`'s and no longer used.
             unsafe { defer_free(ptr) };
         } else {
@@ -130,7 +130,7 @@ unsafe impl GlobalAlloc for AgentAllocator {
     }
 
     unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
-        if !in_reserve(ptr) && !bpftime_attach::in_process_making_call() {
+        if !in_reserve(ptr) && !bpftime_syscall_hooks::in_process_making_call() {
             // SAFETY: the caller's block and sizes.
             return unsafe { System.realloc(ptr, layout, new_size) };
         }

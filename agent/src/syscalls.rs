@@ -93,7 +93,7 @@ fn snapshot() -> Option<&'static Snapshot> {
 }
 
 fn header(words: &mut [u64; RECORD / 8], id: u32) {
-    let pid = helpers::current_pid_tgid() as u32;
+    let pid = bpftime_runtime::thread::pid_tgid() as u32;
     words[0] = u64::from(id as u16) | u64::from(pid) << 32;
 }
 
@@ -238,7 +238,7 @@ pub(crate) fn detach(id: u32) {
     publish(map.values());
     tracing::info!(link = id, "detached from system calls");
     if map.is_empty() {
-        if let Err(e) = bpftime_attach::disarm_syscall_hooks() {
+        if let Err(e) = bpftime_syscall_hooks::disarm() {
             tracing::warn!("system call hooks stay armed: {e}");
         }
     }
@@ -280,7 +280,7 @@ fn publish<'a>(links: impl Iterator<Item = &'a Arc<Attached>>) {
     for nr in 0..NR_LIMIT {
         let enter = !s.raw_enter.is_empty() || s.enter[nr] != 0;
         let exit = !s.raw_exit.is_empty() || s.exit[nr] != 0;
-        bpftime_attach::watch_syscall(Some(nr as u32), enter, exit);
+        bpftime_syscall_hooks::watch_syscall(Some(nr as u32), enter, exit);
     }
     // The old snapshot may still be read by a thread inside a system call: never freed.
     CURRENT.store(Box::into_raw(Box::new(s)), Ordering::Release);
@@ -288,9 +288,9 @@ fn publish<'a>(links: impl Iterator<Item = &'a Arc<Attached>>) {
 
 /// Arms the hooks once a first system call program is attached; says what cannot be done.
 fn arm() {
-    bpftime_attach::set_syscall_handlers(on_enter, on_exit);
-    bpftime_attach::set_new_task_handler(bpftime_runtime::helpers::forget_cached_ids);
-    match bpftime_attach::arm_syscall_hooks() {
+    bpftime_syscall_hooks::set_syscall_handlers(on_enter, on_exit);
+    bpftime_syscall_hooks::set_new_task_handler(bpftime_runtime::thread::forget_cached_ids);
+    match bpftime_syscall_hooks::arm() {
         Ok(report) => {
             tracing::info!(
                 armed = report.armed,

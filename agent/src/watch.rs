@@ -137,18 +137,18 @@ pub(crate) fn start(args: &bpftime_abi::AgentStart) {
     if syscall_tp_offset != 0 {
         // SAFETY: the starter's 24 bytes of static TLS, zero in every thread and used by
         // nothing else.
-        unsafe { bpftime_attach::use_static_tls_for_syscalls(syscall_tp_offset) };
+        unsafe { bpftime_syscall_hooks::use_static_tls(syscall_tp_offset) };
     }
     // The starter's thread runs on (frees, exits) once probes are live; the kernel
     // would never see those calls, so neither may the tools.
     if on_starter_thread {
         bpftime_attach::never_run_handlers_on_this_thread();
     }
-    helpers::init_process();
+    bpftime_runtime::thread::init_process();
     if ids_tp_offset != 0 {
         // SAFETY: the starter's 8 bytes of static TLS, zero in every thread and used by
         // nothing else.
-        unsafe { helpers::use_static_tls_ids(ids_tp_offset) };
+        unsafe { bpftime_runtime::thread::use_static_tls_ids(ids_tp_offset) };
     }
     // User stacks read through pending uretprobes, whose trampoline stands in
     // for the caller's return address on the stack, as the kernel's do.
@@ -232,7 +232,7 @@ impl Agent {
         // A tool killed without closing its descriptors drops its references, but
         // no process of its own frees what they held: whoever looks next does, and
         // an agent looks twice a second.
-        self.store().collect_garbage();
+        bpftime_runtime::collect_garbage(self.store());
         let present = self.store().ids(ObjectKind::Link);
         let mut links = self.links.lock().unwrap_or_else(|p| p.into_inner());
         // A link lives while something refers to it (a descriptor, a pin); freed,

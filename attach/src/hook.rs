@@ -778,7 +778,9 @@ pub unsafe fn use_static_tls_flag(tp_offset: isize) -> Result<(), AttachError> {
     Ok(())
 }
 
-pub(crate) fn in_handlers() -> bool {
+/// Whether this thread is inside bpftime's handlers (hooks, system call entries), where
+/// nothing it calls may be hooked again.
+pub fn in_handlers() -> bool {
     let offset = STATIC_TLS_FLAG.load(Ordering::Relaxed);
     if offset == 0 {
         return IN_HANDLERS.get();
@@ -797,7 +799,8 @@ pub(crate) fn in_handlers() -> bool {
     v != 0
 }
 
-pub(crate) fn set_in_handlers(on: bool) {
+/// Marks this thread as inside bpftime's handlers, or out of them (see [`in_handlers`]).
+pub fn set_in_handlers(on: bool) {
     let offset = STATIC_TLS_FLAG.load(Ordering::Relaxed);
     if offset == 0 {
         IN_HANDLERS.set(on);

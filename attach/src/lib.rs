@@ -50,19 +50,19 @@ mod error;
 mod evacuate;
 mod hook;
 mod maps;
-mod patch;
+pub mod patch;
 mod regs;
 mod resolve;
 mod site;
 mod stubs;
-mod syscall;
 
 pub use detour::{detour, remove_detour, Detour};
 pub use error::AttachError;
 pub use hook::{
     attach_uprobe, attach_uprobe_code, attach_uretprobe, attach_uretprobe_code, detach,
-    never_run_handlers_on_this_thread, original_return_address, prime_returns, use_static_tls_flag,
-    use_static_tls_shadow, CodeHandler, Handler, HookAddress, HookId,
+    in_handlers, never_run_handlers_on_this_thread, original_return_address, prime_returns,
+    set_in_handlers, use_static_tls_flag, use_static_tls_shadow, CodeHandler, Handler, HookAddress,
+    HookId,
 };
 pub use maps::{parse as parse_proc_maps, Mapping as ProcMapping};
 pub use regs::PtRegs;
@@ -71,16 +71,10 @@ pub use resolve::{
     Location, Target,
 };
 pub use site::{function_at, plan_site, SitePlan};
-pub use syscall::{
-    arm as arm_syscall_hooks, disarm as disarm_syscall_hooks, in_process_making_call,
-    set_new_task_handler, set_syscall_handlers, syscall_stats,
-    use_static_tls as use_static_tls_for_syscalls, watch_syscall, ArmError, ArmReport,
-    RewriteStats, SyscallHandler, SyscallStats,
-};
 
 /// Defines `$size` zeroed bytes of static TLS, 8-aligned, in the crate that invokes it, and
 /// `fn $name() -> isize` answering their offset from the thread pointer (see
-/// [`static_tls_flag!`]); 24 of them are what [`use_static_tls_for_syscalls`] takes.
+/// [`static_tls_flag!`]); 24 of them are what `bpftime_syscall_hooks::use_static_tls` takes.
 #[macro_export]
 macro_rules! static_tls_area {
     ($vis:vis fn $name:ident, $symbol:literal, $size:literal) => {

@@ -41,7 +41,7 @@ fn mem_file() -> io::Result<File> {
 }
 
 /// Up to `len` bytes of code at `addr`, fewer if the mapping ends first; never faults.
-pub(crate) fn read_code(addr: usize, len: usize) -> io::Result<Vec<u8>> {
+pub fn read_code(addr: usize, len: usize) -> io::Result<Vec<u8>> {
     let mem = mem_file()?;
     let mut buf = vec![0u8; len];
     let mut got = 0;
@@ -57,7 +57,7 @@ pub(crate) fn read_code(addr: usize, len: usize) -> io::Result<Vec<u8>> {
     Ok(buf)
 }
 
-pub(crate) fn write_code(addr: usize, bytes: &[u8]) -> Result<(), AttachError> {
+pub fn write_code(addr: usize, bytes: &[u8]) -> Result<(), AttachError> {
     mem_file()
         .and_then(|f| f.write_all_at(bytes, addr as u64))
         .map_err(|source| AttachError::Memory {
@@ -673,12 +673,12 @@ static APP_SIGTRAP_SET: std::sync::atomic::AtomicBool = std::sync::atomic::Atomi
 
 /// Whether our SIGTRAP handler is installed (so the process's own disposition is kept
 /// apart rather than replacing it).
-pub(crate) fn trap_handler_installed() -> bool {
+pub fn trap_handler_installed() -> bool {
     PREVIOUS.get().is_some()
 }
 
 /// The process's own SIGTRAP disposition: handler and flags.
-pub(crate) fn app_sigtrap() -> (usize, usize) {
+pub fn app_sigtrap() -> (usize, usize) {
     if APP_SIGTRAP_SET.load(Ordering::Acquire) {
         (
             APP_SIGTRAP[0].load(Ordering::Acquire),
@@ -692,7 +692,7 @@ pub(crate) fn app_sigtrap() -> (usize, usize) {
 }
 
 /// Records what the process asked for SIGTRAP, in place of installing it.
-pub(crate) fn set_app_sigtrap(handler: usize, flags: usize) {
+pub fn set_app_sigtrap(handler: usize, flags: usize) {
     APP_SIGTRAP[0].store(handler, Ordering::Release);
     APP_SIGTRAP[1].store(flags, Ordering::Release);
     APP_SIGTRAP_SET.store(true, Ordering::Release);
@@ -701,7 +701,7 @@ pub(crate) fn set_app_sigtrap(handler: usize, flags: usize) {
 /// Tells the SIGTRAP handler that a trap at `addr` means "go to `to`", before any `int3`
 /// is written there. An address registered again (a function detoured anew) keeps its
 /// slot and takes the new target.
-pub(crate) fn register_trap(addr: usize, to: usize) -> Result<(), AttachError> {
+pub fn register_trap(addr: usize, to: usize) -> Result<(), AttachError> {
     // Hooks and detours keep separate registries and may register at once.
     static ONE_WRITER: Mutex<()> = Mutex::new(());
     install_trap_handler()?;
@@ -792,7 +792,7 @@ extern "C" fn on_sigtrap(sig: libc::c_int, info: *mut libc::siginfo_t, ctx: *mut
 ///
 /// # Safety
 /// `info` and `ctx` as the kernel hands them to an SA_SIGINFO handler of `sig`.
-pub(crate) unsafe fn chain(
+pub unsafe fn chain(
     prev: &libc::sigaction,
     sig: libc::c_int,
     info: *mut libc::siginfo_t,

@@ -96,7 +96,7 @@ impl Drop for StoreCleanup {
     fn drop(&mut self) {
         if self.existed {
             if let Ok(store) = Store::open(&self.name) {
-                store.collect_garbage();
+                bpftime_runtime::collect_garbage(&store);
             }
         } else {
             let _ = std::fs::remove_dir_all(Store::dir_for(&self.name));

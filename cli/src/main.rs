@@ -365,7 +365,7 @@ fn list(store: &str, clean: bool) -> Result<()> {
     let store = Store::open(store)?;
     // What nothing refers to any more is gone, as in the kernel; a listing never
     // shows it (`--clean` only says how much there was).
-    let removed = store.collect_garbage();
+    let removed = bpftime_runtime::collect_garbage(&store);
     if clean {
         outln!("removed {} objects without references", removed.len());
     }

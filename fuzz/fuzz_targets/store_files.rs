@@ -328,7 +328,7 @@ fn check(store: &Store, dir: &Path, b: &mut Bytes) {
         }
     }
     let _ = store.pins();
-    store.collect_garbage();
+    bpftime_runtime::collect_garbage(&store);
 }
 
 fuzz_target!(|data: &[u8]| {

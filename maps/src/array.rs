@@ -184,7 +184,7 @@ pub(super) fn slots_with_data(
     let path = map.path();
     let file = std::fs::File::open(path).map_err(|e| crate::Error::io("open", path, e))?;
     let fd = file.as_raw_fd();
-    let start = crate::layout::PAGE_SIZE as u64;
+    let start = bpftime_store::layout::PAGE_SIZE as u64;
     let slot = slot_len as u64;
     let end = start + slot * u64::from(count);
     let seek = |pos: u64, whence: libc::c_int| -> std::io::Result<Option<u64>> {

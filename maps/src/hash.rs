@@ -7,9 +7,9 @@
 //! sees either the old or the new value, never a torn one.
 
 use super::{current_cpu, err, round8, Map};
-use crate::layout::MapHeader;
 use crate::Result;
 use bpftime_isa::uapi::update_flags;
+use bpftime_store::layout::MapHeader;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 
 #[repr(C)]
@@ -718,11 +718,11 @@ pub(super) fn next_key(map: &Map, key: Option<&[u8]>, out: &mut [u8]) -> Result<
 pub(super) mod raw {
     use super::*;
 
-    pub(in crate::maps) fn nbuckets(map: &Map) -> u32 {
+    pub(crate) fn nbuckets(map: &Map) -> u32 {
         map.hash_shape().mask + 1
     }
 
-    pub(in crate::maps) fn bucket(map: &Map, b: u32) -> &AtomicU32 {
+    pub(crate) fn bucket(map: &Map, b: u32) -> &AtomicU32 {
         let s = map.hash_shape();
         // SAFETY: the bucket array holds mask + 1 words.
         unsafe { &*(s.buckets as *const AtomicU32).add((b & s.mask) as usize) }
@@ -735,11 +735,11 @@ pub(super) mod raw {
         unsafe { &*((s.elems + (idx as usize - 1) * s.elem_size) as *const Elem) }
     }
 
-    pub(in crate::maps) fn next(map: &Map, idx: u32) -> &AtomicU32 {
+    pub(crate) fn next(map: &Map, idx: u32) -> &AtomicU32 {
         &elem(map, idx).next
     }
 
-    pub(in crate::maps) fn free_next(map: &Map, idx: u32) -> &AtomicU32 {
+    pub(crate) fn free_next(map: &Map, idx: u32) -> &AtomicU32 {
         &elem(map, idx).free_next
     }
 }

@@ -65,7 +65,7 @@ impl Map {
             Ok(())
         })?;
         if kind == Kind::Ringbuf {
-            let fifo = crate::store::map_fifo_name(id);
+            let fifo = bpftime_store::map_fifo_name(id);
             if let Err(e) = store.handle().mkfifo(&fifo) {
                 let _ = store.remove(ObjectKind::Map, id);
                 return Err(Error::io("mkfifo", store.handle().shown(&fifo), e));
@@ -93,7 +93,7 @@ impl Map {
 
     /// Opens map `id` of the store in directory `dir`.
     pub(super) fn open_in(dir: &StoreDir, id: u32) -> Result<Map> {
-        let (file, path) = crate::store::open_object_in(dir, ObjectKind::Map, id)?;
+        let (file, path) = bpftime_store::open_object_in(dir, ObjectKind::Map, id)?;
         let len = file
             .metadata()
             .map_err(|e| Error::io("stat", &path, e))?
@@ -102,10 +102,10 @@ impl Map {
             return Err(Error::BadMagic { path, magic: 0 });
         }
         let probe = Mapping::map_file(&file, PAGE_SIZE, &path)?;
-        let mut bytes = vec![0u8; std::mem::size_of::<crate::layout::ObjectHeader>()];
+        let mut bytes = vec![0u8; std::mem::size_of::<bpftime_store::layout::ObjectHeader>()];
         // SAFETY: the probe mapping is one page, larger than the header.
         unsafe { std::ptr::copy_nonoverlapping(probe.base(), bytes.as_mut_ptr(), bytes.len()) };
-        crate::store::check_header(&path, &bytes, ObjectKind::Map)?;
+        bpftime_store::check_header(&path, &bytes, ObjectKind::Map)?;
         // SAFETY: header validated above; it lies in the first page.
         let h = unsafe { &*(probe.base() as *const MapHeader) };
         let kind = Kind::of(h.map_type).ok_or_else(|| {
@@ -137,7 +137,7 @@ impl Map {
             Mapping::map_file(&file, file_len, &path)?
         };
         let fifo = if kind == Kind::Ringbuf {
-            let f = crate::store::open_fifo(dir, &crate::store::map_fifo_name(id))?;
+            let f = bpftime_store::open_fifo(dir, &bpftime_store::map_fifo_name(id))?;
             ringbuf::register_waker(mapping.base() as usize, f.as_raw_fd());
             Some(f)
         } else {
@@ -156,7 +156,7 @@ impl Map {
             fixed,
         };
         if let Kind::Hash { .. } | Kind::MapHash | Kind::LocalStorage(_) = kind {
-            let data_len = map.mapping.len().saturating_sub(PAGE_SIZE);
+            let data_len = map.mapping.byte_len().saturating_sub(PAGE_SIZE);
             map.hash_shape = hash::Shape::of(&map.fixed, map.data(), data_len, map.hash_key_size())
                 .ok_or_else(|| {
                     err(
@@ -211,13 +211,13 @@ impl Map {
             return Some(d);
         }
         let h = self.header();
-        let mut object = [0u8; std::mem::size_of::<crate::layout::ObjectHeader>()];
+        let mut object = [0u8; std::mem::size_of::<bpftime_store::layout::ObjectHeader>()];
         // SAFETY: the header lies in the mapping's first page.
         unsafe {
             std::ptr::copy_nonoverlapping(self.mapping.base(), object.as_mut_ptr(), object.len())
         };
         let now = Fixed::of(h);
-        let same = crate::store::check_header(&self.path, &object, ObjectKind::Map).is_ok()
+        let same = bpftime_store::check_header(&self.path, &object, ObjectKind::Map).is_ok()
             && h.object.id == self.id
             && now.same_as(&self.fixed)
             && self.mutable_fields_in_range();

@@ -16,17 +16,17 @@ use bpftime_isa::uapi::{map_flags, map_type, update_flags};
 /// Owners one map holds at most. The kernel has no limit (storage hangs off each
 /// owner); shared memory needs one, and the storage of threads that ended is reclaimed
 /// when it is reached.
-pub(crate) const CAPACITY: u32 = 4096;
+pub const CAPACITY: u32 = 4096;
 
 /// The largest value the kernel (6.18) takes: `U16_MAX` less its element header.
-pub(crate) const MAX_VALUE_SIZE: u32 = 65_407;
+pub const MAX_VALUE_SIZE: u32 = 65_407;
 
 /// The internal key: who owns a value.
-pub(crate) const KEY_SIZE: usize = 16;
+pub const KEY_SIZE: usize = 16;
 
 /// Whose storage a map is.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum Owner {
+pub enum Owner {
     Task,
     Inode,
     Sock,
@@ -46,7 +46,7 @@ impl Owner {
 }
 
 /// The kernel's creation checks for every local storage type.
-pub(crate) fn check_spec(s: &super::MapSpec) -> Result<()> {
+pub fn check_spec(s: &super::MapSpec) -> Result<()> {
     let allowed = map_flags::NO_PREALLOC | map_flags::CLONE;
     if s.map_flags & !allowed != 0
         || s.map_flags & map_flags::NO_PREALLOC == 0
@@ -86,7 +86,7 @@ impl TaskToken {
 }
 
 /// The start time of thread `tid` (field 22 of its `stat`), if it lives.
-pub(crate) fn start_time(tid: u64) -> Option<u64> {
+pub fn start_time(tid: u64) -> Option<u64> {
     let stat = std::fs::read_to_string(format!("/proc/{tid}/stat")).ok()?;
     // The command name may hold spaces and parentheses: fields resume after the last ')'.
     let rest = &stat[stat.rfind(')')? + 1..];
@@ -151,7 +151,7 @@ fn owner_key(owner: Owner, fd: i32) -> std::result::Result<[u8; KEY_SIZE], i32> 
             let ok = fd >= 0 && unsafe { libc::fstatfs(fd, &mut fs) } == 0;
             // f_type is an i64 on x86-64 and narrower on some other architectures.
             #[allow(clippy::unnecessary_cast)]
-            if !ok || fs.f_type as i64 != crate::cgroup::CGROUP2_SUPER_MAGIC {
+            if !ok || fs.f_type as i64 != bpftime_store::cgroup::CGROUP2_SUPER_MAGIC {
                 return Err(libc::EBADF);
             }
             stat_of(fd).map(|st| pair(st.st_dev, st.st_ino))
@@ -169,12 +169,12 @@ fn resolve(owner: Owner, key: &[u8]) -> Result<[u8; KEY_SIZE]> {
     owner_key(owner, fd_of(key)?).map_err(|e| err(e, "no such owner for local storage"))
 }
 
-pub(crate) fn lookup(map: &Map, owner: Owner, key: &[u8], value: &mut [u8]) -> Result<()> {
+pub fn lookup(map: &Map, owner: Owner, key: &[u8], value: &mut [u8]) -> Result<()> {
     let k = resolve(owner, key)?;
     hash::lookup(map, &k, value)
 }
 
-pub(crate) fn update(map: &Map, owner: Owner, key: &[u8], value: &[u8], flags: u64) -> Result<()> {
+pub fn update(map: &Map, owner: Owner, key: &[u8], value: &[u8], flags: u64) -> Result<()> {
     // The kernel refuses BPF_F_LOCK before it looks at the owner (no value here holds
     // a spin lock), and other flags after.
     if flags & update_flags::LOCK != 0 {
@@ -187,7 +187,7 @@ pub(crate) fn update(map: &Map, owner: Owner, key: &[u8], value: &[u8], flags: u
     insert(map, owner, &k, value.as_ptr(), flags)
 }
 
-pub(crate) fn delete(map: &Map, owner: Owner, key: &[u8]) -> Result<()> {
+pub fn delete(map: &Map, owner: Owner, key: &[u8]) -> Result<()> {
     let k = resolve(owner, key)?;
     hash::delete(map, k.as_ptr())
 }
@@ -241,8 +241,8 @@ thread_local! {
 /// The calling thread's task token, at an address that stays valid for the thread's
 /// life: what `bpf_get_current_task{,_btf}` give a program. Its identity is computed
 /// once per thread (and again in a forked child, whose thread id differs).
-pub(crate) fn current_task() -> *const TaskToken {
-    let gen = crate::helpers::fork_generation();
+pub fn current_task() -> *const TaskToken {
+    let gen = bpftime_store::thread::fork_generation();
     TASK.with(|c| {
         let (g, _) = c.get();
         if g != gen {
@@ -265,12 +265,7 @@ pub(crate) fn current_task() -> *const TaskToken {
 /// # Safety
 /// `task` is null or a token from [`current_task`]; `init` is null or points to
 /// `value_size` readable bytes.
-pub(crate) unsafe fn prog_get(
-    map: &Map,
-    task: *const TaskToken,
-    init: *const u8,
-    flags: u64,
-) -> *mut u8 {
+pub unsafe fn prog_get(map: &Map, task: *const TaskToken, init: *const u8, flags: u64) -> *mut u8 {
     const F_CREATE: u64 = 1;
     if task.is_null() || flags & !F_CREATE != 0 {
         return std::ptr::null_mut();
@@ -300,7 +295,7 @@ pub(crate) unsafe fn prog_get(
 ///
 /// # Safety
 /// `task` is null or a token from [`current_task`].
-pub(crate) unsafe fn prog_delete(map: &Map, task: *const TaskToken) -> Result<()> {
+pub unsafe fn prog_delete(map: &Map, task: *const TaskToken) -> Result<()> {
     if task.is_null() {
         return Err(err(libc::EINVAL, "no task"));
     }

@@ -5,12 +5,12 @@
 //! File `perfring-<event id>`: one control page of ours (lock, pending wake-up,
 //! lost count), then exactly what the consumer maps.
 
-use crate::layout::PAGE_SIZE;
-use crate::mapping::Mapping;
-use crate::maps::RecordOffer;
-use crate::store::Store;
-use crate::store_dir::StoreDir;
+use crate::RecordOffer;
 use crate::{Error, Result};
+use bpftime_store::layout::PAGE_SIZE;
+use bpftime_store::mapping::Mapping;
+use bpftime_store::store_dir::StoreDir;
+use bpftime_store::Store;
 use std::os::fd::{AsRawFd, RawFd};
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 
@@ -27,14 +27,6 @@ struct Control {
     wakeup_pending: AtomicU32,
     lost: AtomicU64,
     data_size: u64,
-}
-
-pub(crate) fn ring_name(event_id: u32) -> String {
-    format!("perfring-{event_id}")
-}
-
-pub(crate) fn fifo_name(event_id: u32) -> String {
-    format!("fifo-perf-{event_id}")
 }
 
 /// A perf buffer ring, mapped in this process.
@@ -58,7 +50,7 @@ impl PerfRing {
             ));
         }
         let dir = store.handle();
-        let name = ring_name(event_id);
+        let name = bpftime_store::perf_ring_name(event_id);
         let path = dir.shown(&name);
         let file = dir
             .open(&name, libc::O_RDWR | libc::O_CREAT)
@@ -75,7 +67,7 @@ impl PerfRing {
             std::ptr::write_unaligned(meta.add(DATA_OFFSET).cast::<u64>(), PAGE_SIZE as u64);
             std::ptr::write_unaligned(meta.add(DATA_SIZE).cast::<u64>(), data as u64);
         }
-        let fifo = fifo_name(event_id);
+        let fifo = bpftime_store::perf_fifo_name(event_id);
         dir.mkfifo(&fifo)
             .map_err(|e| Error::io("mkfifo", dir.shown(&fifo), e))?;
         Ok(())
@@ -87,35 +79,29 @@ impl PerfRing {
     }
 
     pub(crate) fn open_in(dir: &StoreDir, event_id: u32) -> Result<PerfRing> {
-        let name = ring_name(event_id);
+        let name = bpftime_store::perf_ring_name(event_id);
         let path = dir.shown(&name);
         let file = dir
             .open(&name, libc::O_RDWR)
             .map_err(|e| Error::io("open", &path, e))?;
         let mapping = Mapping::map_existing(&file, &path)?;
-        let data = mapping.len().saturating_sub(2 * PAGE_SIZE);
+        let data = mapping.byte_len().saturating_sub(2 * PAGE_SIZE);
         if data == 0 || !data.is_power_of_two() || !data.is_multiple_of(PAGE_SIZE) {
             return Err(Error::invalid(
                 libc::EINVAL,
                 format!(
                     "{} is {} bytes, not two pages and a power-of-two number of data pages (the store file is damaged)",
                     path.display(),
-                    mapping.len()
+                    mapping.byte_len()
                 ),
             ));
         }
-        let fifo = crate::store::open_fifo(dir, &fifo_name(event_id))?;
+        let fifo = bpftime_store::open_fifo(dir, &bpftime_store::perf_fifo_name(event_id))?;
         Ok(PerfRing {
             mapping,
             fifo,
             data_size: data as u64,
         })
-    }
-
-    /// Removes a ring's files (when its event is closed).
-    pub(crate) fn remove(dir: &StoreDir, event_id: u32) {
-        let _ = dir.unlink(ring_name(event_id));
-        let _ = dir.unlink(fifo_name(event_id));
     }
 
     fn control(&self) -> &Control {
@@ -142,13 +128,13 @@ impl PerfRing {
     }
 
     /// Why the ring is damaged, if a fault or a write found it so.
-    pub fn damage(&self) -> Option<crate::Damage> {
+    pub fn damage(&self) -> Option<bpftime_store::Damage> {
         self.mapping.damage()
     }
 
     /// [`damage`](Self::damage), after checking what the control block and the
     /// metadata page hold (a watcher's slow check).
-    pub fn check_damage(&self) -> Option<crate::Damage> {
+    pub fn check_damage(&self) -> Option<bpftime_store::Damage> {
         let c = self.control();
         // The tail first: the consumer never moves it past the head, which only grows.
         let tail = self.meta_u64(DATA_TAIL).load(Ordering::Acquire);
@@ -157,9 +143,9 @@ impl PerfRing {
         if c.data_size != self.data_size
             || tail > head
             || head - tail > self.data_size
-            || (lock != 0 && !crate::maps::plausible_tid(lock))
+            || (lock != 0 && !bpftime_store::lock::plausible_tid(lock))
         {
-            self.mapping.mark_damaged(crate::Damage::Garbage);
+            self.mapping.mark_damaged(bpftime_store::Damage::Garbage);
         }
         self.damage()
     }
@@ -180,7 +166,7 @@ impl PerfRing {
         if self.damage().is_some() {
             return RecordOffer::Refused(-(libc::EFAULT as i64));
         }
-        let Some(_g) = crate::maps::lock_word(&c.lock) else {
+        let Some(_g) = bpftime_store::lock::lock_word(&c.lock) else {
             return self.garbage("its lock word names no thread that lets it go");
         };
         let head = self.meta_u64(DATA_HEAD).load(Ordering::Relaxed);
@@ -236,7 +222,7 @@ impl PerfRing {
 
     #[cold]
     fn garbage(&self, what: &str) -> RecordOffer {
-        self.mapping.mark_damaged(crate::Damage::Garbage);
+        self.mapping.mark_damaged(bpftime_store::Damage::Garbage);
         tracing::debug!("perf ring: {what}");
         RecordOffer::Refused(-(libc::EFAULT as i64))
     }

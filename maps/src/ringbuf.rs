@@ -6,8 +6,8 @@
 //! mapping, from which `submit` finds its ring.
 
 use super::Map;
-use crate::layout::{MapHeader, PAGE_SIZE};
 use bpftime_isa::uapi::ringbuf as rb;
+use bpftime_store::layout::{MapHeader, PAGE_SIZE};
 use std::collections::HashMap;
 use std::os::fd::RawFd;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};

@@ -344,7 +344,7 @@ impl Map {
     /// consumers; None for other maps.
     pub fn open_wakeup_fifo(&self) -> Option<Result<File>> {
         (self.kind == Kind::Ringbuf)
-            .then(|| crate::store::open_fifo(&self.dir, &crate::store::map_fifo_name(self.id)))
+            .then(|| bpftime_store::open_fifo(&self.dir, &bpftime_store::map_fifo_name(self.id)))
     }
 
     /// Maps of maps: the shape every inner map must have.

@@ -864,7 +864,7 @@ fn offered_records_from_threads_and_processes_arrive_in_order_and_none_is_lost()
         .map(|c| {
             std::process::Command::new(std::env::current_exe().unwrap())
                 .args([
-                    "maps::tests::offered_records_from_threads_and_processes_arrive_in_order_and_none_is_lost",
+                    "tests::offered_records_from_threads_and_processes_arrive_in_order_and_none_is_lost",
                     "--exact",
                     "--test-threads=1",
                 ])
@@ -882,6 +882,7 @@ fn offered_records_from_threads_and_processes_arrive_in_order_and_none_is_lost()
     let mut next_perf = vec![0u64; helper as usize + 1];
     let (mut helper_lost, mut helper_skipped_rb, mut helper_skipped_perf) = (0u64, 0u64, 0u64);
     let done = std::sync::atomic::AtomicBool::new(false);
+    let mut children = children;
     std::thread::scope(|scope| {
         let producers: Vec<_> = (0..OFFER_THREADS)
             .map(|p| {
@@ -928,7 +929,16 @@ fn offered_records_from_threads_and_processes_arrive_in_order_and_none_is_lost()
                 .iter()
                 .any(|&n| n < OFFER_RECORDS)
         {
+            // A child that ran no producer (a wrong test filter, a crash) would leave this
+            // loop waiting for ever: once every producer is done, what is missing stays so.
+            let children_done = children
+                .iter_mut()
+                .all(|c| !matches!(c.try_wait(), Ok(None)));
+            let threads_done = done.load(std::sync::atomic::Ordering::Acquire);
             consume(&mut next_rb, &mut next_perf);
+            if children_done && threads_done {
+                break;
+            }
         }
         consume(&mut next_rb, &mut next_perf);
         waiter.join().unwrap();

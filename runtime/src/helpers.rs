@@ -4,11 +4,13 @@
 //! A map argument is the address of a process-local [`Map`]: the loader
 //! replaces every map reference in a program by that address before running it.
 
-use crate::maps::{current_cpu, possible_cpus, ringbuf_commit, Map};
 use bpftime_isa::uapi::helper as id;
+use bpftime_maps::{ringbuf_commit, Map};
+use bpftime_store::cpu::{current_cpu, possible_cpus};
+use bpftime_store::thread::pid_tgid;
 use std::cell::Cell;
 use std::io::Write;
-use std::sync::atomic::{AtomicIsize, AtomicU64, Ordering};
+
 use std::sync::OnceLock;
 
 pub use bpftime_isa::HelperFn;
@@ -24,7 +26,6 @@ pub struct ProbeContext {
 
 thread_local! {
     static PROBE: Cell<ProbeContext> = const { Cell::new(ProbeContext { func_ip: 0, cookie: 0 }) };
-    static IDS: Cell<(u64, u64)> = const { Cell::new((u64::MAX, 0)) };
     static RNG: Cell<u64> = const { Cell::new(0) };
 }
 
@@ -68,114 +69,11 @@ pub fn reads_probe_context(insns: &[bpftime_isa::Insn]) -> bool {
     false
 }
 
-static TRACE_OUTPUT: OnceLock<crate::store_dir::StoreDir> = OnceLock::new();
+static TRACE_OUTPUT: OnceLock<bpftime_store::store_dir::StoreDir> = OnceLock::new();
 
 /// Makes `bpf_trace_printk` append its lines to the store's `trace_pipe` file.
 pub fn set_trace_output(store: &crate::Store) {
     let _ = TRACE_OUTPUT.set(store.handle().clone());
-}
-
-/// Bumped in a forked child, so cached process ids are refreshed.
-static FORKS: AtomicU64 = AtomicU64::new(0);
-
-/// Offset from the thread pointer of 8 bytes of static TLS that cache [`pid_tgid`], or 0
-/// while the ids are cached in `IDS` (see [`use_static_tls_ids`]).
-static IDS_TP_OFFSET: AtomicIsize = AtomicIsize::new(0);
-
-extern "C" fn after_fork_in_child() {
-    // The child's only thread is this one: clearing its static slot clears them all.
-    forget_cached_ids();
-}
-
-/// Forgets the ids this thread cached, so that the next read asks the kernel: for a new
-/// process or thread that started with a copy of, or a share in, its maker's memory (a
-/// `fork` or `clone` made without the C library's `fork`, whose handler does this too,
-/// and the maker of a `vfork` child, which wrote its own ids there).
-pub fn forget_cached_ids() {
-    FORKS.fetch_add(1, Ordering::Relaxed);
-    let offset = IDS_TP_OFFSET.load(Ordering::Relaxed);
-    if offset != 0 {
-        // SAFETY: `use_static_tls_ids`'s caller vouched for 8 bytes of static TLS here.
-        unsafe { crate::mapping::write_tls_word(offset, 0) };
-    }
-}
-
-/// Keeps each thread's `tgid << 32 | tid` in 8 bytes of static TLS at `tp_offset` from the
-/// thread pointer, 0 until first read. A thread-local of a `dlopen`ed library (the agent)
-/// costs a `__tls_get_addr` call per access, and the ids are read by every map lock and
-/// `bpf_get_current_pid_tgid`; static TLS is one load.
-///
-/// # Safety
-/// `tp_offset` must be the offset of 8 bytes, 8-aligned, in the static TLS block of a
-/// module that stays loaded (an initial-exec variable, `var@gottpoff`), zero in every
-/// thread that has not read its ids yet, and used by nothing else.
-pub unsafe fn use_static_tls_ids(tp_offset: isize) {
-    init_process();
-    IDS_TP_OFFSET.store(tp_offset, Ordering::Relaxed);
-}
-
-/// The offset [`use_static_tls_ids`] was given, 0 before.
-pub(crate) fn ids_tp_offset() -> isize {
-    IDS_TP_OFFSET.load(Ordering::Relaxed)
-}
-
-fn fresh_pid_tgid() -> u64 {
-    // SAFETY: getpid and gettid have no preconditions.
-    unsafe { ((libc::getpid() as u64) << 32) | libc::gettid() as u64 }
-}
-
-/// Registers what helpers need to stay right across `fork`; call once per process.
-pub fn init_process() {
-    static ONCE: OnceLock<()> = OnceLock::new();
-    ONCE.get_or_init(|| {
-        // SAFETY: registers a handler that only bumps an atomic.
-        unsafe { libc::pthread_atfork(None, None, Some(after_fork_in_child)) };
-    });
-}
-
-/// Counts forks, so that per-thread caches of ids can tell they are stale in a child.
-pub(crate) fn fork_generation() -> u64 {
-    init_process();
-    FORKS.load(Ordering::Relaxed)
-}
-
-/// This thread's `tgid << 32 | tid`, as `bpf_get_current_pid_tgid` gives it (for records
-/// the agent fills in, a tracepoint's `common_pid`).
-pub fn current_pid_tgid() -> u64 {
-    pid_tgid()
-}
-
-/// This thread's `tgid << 32 | tid`, cached per thread (a system call costs more
-/// than most programs) and refreshed in a forked child.
-#[inline]
-pub(crate) fn pid_tgid() -> u64 {
-    let offset = IDS_TP_OFFSET.load(Ordering::Relaxed);
-    if offset != 0 {
-        // SAFETY: `use_static_tls_ids`'s caller vouched for the slot. A forked child's
-        // slot was cleared by the fork handler, registered before the offset was set.
-        unsafe {
-            let v = crate::mapping::read_tls_word(offset);
-            if v != 0 {
-                return v;
-            }
-            let v = fresh_pid_tgid();
-            crate::mapping::write_tls_word(offset, v);
-            return v;
-        }
-    }
-    IDS.with(|c| {
-        let (g, v) = c.get();
-        // No value is cached before the fork handler is registered (below), so a cached
-        // value from before a fork always meets a bumped count in the child; the
-        // registration's check stays off the path every map lock and helper call takes.
-        if g == FORKS.load(Ordering::Relaxed) {
-            return v;
-        }
-        let gen = fork_generation();
-        let v = fresh_pid_tgid();
-        c.set((gen, v));
-        v
-    })
 }
 
 fn clock(id: libc::clockid_t) -> u64 {
@@ -349,7 +247,7 @@ unsafe fn get_current_comm_work(buf: u64, size: u64, _: u64, _: u64, _: u64) -> 
 /// `bpf_get_current_task{,_btf}`: not a kernel `task_struct` (there is none here) but
 /// this thread's task token, which only the task helpers read.
 unsafe fn get_current_task_work(_: u64, _: u64, _: u64, _: u64, _: u64) -> u64 {
-    crate::maps::current_task() as u64
+    bpftime_maps::current_task() as u64
 }
 
 unsafe fn task_storage_get_work(map: u64, task: u64, value: u64, flags: u64, _: u64) -> u64 {
@@ -374,7 +272,7 @@ unsafe fn current_task_under_cgroup_work(map: u64, index: u64, _: u64, _: u64, _
     }
     match m.id_at(index as u32) {
         None => neg(libc::EAGAIN),
-        Some(id) => u64::from(crate::cgroup::current_thread_under(id)),
+        Some(id) => u64::from(bpftime_store::cgroup::current_thread_under(id)),
     }
 }
 
@@ -438,7 +336,7 @@ unsafe fn callchain(ctx: u64, user: bool, max: usize) -> Vec<u64> {
 }
 
 unsafe fn get_stackid_work(ctx: u64, map: u64, flags: u64, _: u64, _: u64) -> u64 {
-    use crate::maps::stack_trace::{
+    use bpftime_maps::stack_trace::{
         FAST_STACK_CMP, MAX_STACK_DEPTH, REUSE_STACKID, SKIP_FIELD_MASK, USER_STACK,
     };
     if flags & !(SKIP_FIELD_MASK | USER_STACK | FAST_STACK_CMP | REUSE_STACKID) != 0 {
@@ -457,7 +355,7 @@ unsafe fn get_stackid_work(ctx: u64, map: u64, flags: u64, _: u64, _: u64) -> u6
 }
 
 unsafe fn get_stack_work(ctx: u64, buf: u64, size: u64, flags: u64, _: u64) -> u64 {
-    use crate::maps::stack_trace::{MAX_STACK_DEPTH, SKIP_FIELD_MASK, USER_BUILD_ID, USER_STACK};
+    use bpftime_maps::stack_trace::{MAX_STACK_DEPTH, SKIP_FIELD_MASK, USER_BUILD_ID, USER_STACK};
     let (buf, size) = (buf as *mut u8, size as usize);
     let fail = |errno: i32| {
         // SAFETY: the verifier checked buf holds `size` writable bytes.
@@ -569,7 +467,7 @@ fn emit_trace_line(text: &str, ts: u64) -> u64 {
     );
     // One write per record: appends from many processes never interleave.
     match dir.open(
-        crate::store::TRACE_PIPE,
+        bpftime_store::TRACE_PIPE,
         libc::O_WRONLY | libc::O_APPEND | libc::O_CREAT,
     ) {
         Ok(mut file) => match file.write_all(line.as_bytes()) {
@@ -827,6 +725,7 @@ fn cpu_function(helper: u32) -> Option<HelperFn> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::sync::atomic::{AtomicU64, Ordering};
 
     /// The ids are cached per thread: a child forked after the parent's thread cached
     /// them must still report its own process and thread.

@@ -22,7 +22,7 @@ fn reported_ids() -> u64 {
 fn threads_and_forked_children_report_their_own_ids_from_static_tls() {
     // SAFETY: this binary's own 8 bytes of static TLS, zero in every thread, used by
     // nothing else.
-    unsafe { helpers::use_static_tls_ids(ids_offset()) };
+    unsafe { bpftime_runtime::thread::use_static_tls_ids(ids_offset()) };
     let main = reported_ids();
     assert_eq!(main, own_ids());
     // The second read is the cached one.

@@ -12,7 +12,7 @@ use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 
 /// `statfs` magic numbers of the cgroup filesystems (v2 and v1).
-pub(crate) const CGROUP2_SUPER_MAGIC: i64 = 0x6367_7270;
+pub const CGROUP2_SUPER_MAGIC: i64 = 0x6367_7270;
 const CGROUP_SUPER_MAGIC: i64 = 0x0027_e0eb;
 
 /// The id a cgroup array stores for the cgroup directory open at `fd`, or the errno

@@ -29,9 +29,10 @@
 use std::sync::atomic::{AtomicIsize, AtomicU32, Ordering};
 use std::sync::OnceLock;
 
+use crate::cpu::possible_cpus;
 use crate::layout::{CpuSlotsHeader, CPU_SLOTS_MAGIC, CPU_SLOT_STRIDE, STORE_VERSION};
+use crate::lock::{current_tid, thread_alive};
 use crate::mapping::{read_tls_word, write_tls_word, Mapping};
-use crate::maps::{current_tid, possible_cpus, thread_alive};
 use crate::store::{check_magic_and_version, Store};
 use crate::store_dir::StoreDir;
 use crate::{Error, Result};
@@ -79,7 +80,7 @@ impl Table {
 
 /// Creates the slot table of the store in `dir` unless it is there, for
 /// `Store::create_or_open`.
-pub(crate) fn create_table(dir: &StoreDir) -> Result<()> {
+pub fn create_table(dir: &StoreDir) -> Result<()> {
     if dir.exists("cpus") {
         return Ok(());
     }
@@ -120,7 +121,7 @@ pub fn install(store: &Store) -> Result<()> {
     if TABLE.get().is_some() {
         return Ok(());
     }
-    let Some(cpu_number) = crate::maps::cpu_number_offset() else {
+    let Some(cpu_number) = crate::cpu::cpu_number_offset() else {
         return Err(Error::invalid(
             libc::ENOTSUP,
             "glibc keeps no rseq area for this process's threads (glibc before 2.35, or GLIBC_TUNABLES=glibc.pthread.rseq=0) and none of ours was offered",
@@ -134,7 +135,7 @@ pub fn install(store: &Store) -> Result<()> {
         .open("cpus", libc::O_RDWR)
         .map_err(|e| Error::io("open", &path, e))?;
     let mapping = Mapping::map_existing(&file, &path)?;
-    if mapping.len() < CPU_SLOT_STRIDE {
+    if mapping.byte_len() < CPU_SLOT_STRIDE {
         return Err(Error::invalid(
             libc::EINVAL,
             format!("{} is shorter than its header", path.display()),
@@ -143,7 +144,7 @@ pub fn install(store: &Store) -> Result<()> {
     // SAFETY: at least a header's bytes, page aligned.
     let h = unsafe { &*mapping.base().cast::<CpuSlotsHeader>() };
     check_magic_and_version(&path, h.magic, CPU_SLOTS_MAGIC, h.version)?;
-    let len = mapping.len();
+    let len = mapping.byte_len();
     let cpus = h.cpus;
     if cpus != possible_cpus() || len < CPU_SLOT_STRIDE * (1 + cpus as usize) {
         return Err(Error::invalid(
@@ -176,7 +177,7 @@ pub unsafe fn use_own_rseq_area(tp_offset: isize) {
 }
 
 /// Our own rseq area's offset from the thread pointer, when one was offered.
-pub(crate) fn own_rseq_offset() -> Option<isize> {
+pub fn own_rseq_offset() -> Option<isize> {
     Some(OWN_RSEQ_TP_OFFSET.load(Ordering::Relaxed)).filter(|&o| o != 0)
 }
 
@@ -287,7 +288,7 @@ pub struct SlotTable {
 pub fn slot_table() -> Option<SlotTable> {
     let table = TABLE.get()?;
     let slot_tp_offset = SLOT_TP_OFFSET.load(Ordering::Relaxed);
-    let ids_tp_offset = crate::helpers::ids_tp_offset();
+    let ids_tp_offset = crate::thread::ids_tp_offset();
     if slot_tp_offset == 0 || ids_tp_offset == 0 {
         return None;
     }
@@ -378,8 +379,8 @@ extern "C" {
 
 /// How long a thread waits for its CPU's slot before taking the table for damaged:
 /// holders keep a slot for one program run, microseconds, but may be preempted; the same
-/// patience as the map locks' (see `maps::lock::PATIENCE` for why 10 s).
-const SLOT_PATIENCE: std::time::Duration = crate::maps::LOCK_PATIENCE;
+/// patience as the map locks' (see `lock::PATIENCE` for why 10 s).
+const SLOT_PATIENCE: std::time::Duration = crate::lock::PATIENCE;
 
 /// Why the slot table is damaged, if a fault or a wait found it so (`None` also while
 /// no table is installed).
@@ -423,7 +424,7 @@ fn claim(table: &Table) -> Option<u32> {
         // table is damaged, and programs run as the CPU they are on.
         rounds = rounds.wrapping_add(1);
         let holder = table.slot(cpu).load(Ordering::Relaxed);
-        if (holder != 0 && !crate::maps::plausible_tid(holder))
+        if (holder != 0 && !crate::lock::plausible_tid(holder))
             || (rounds.is_multiple_of(64) && started.elapsed() > SLOT_PATIENCE)
         {
             table.mapping.mark_damaged(crate::Damage::Garbage);

@@ -41,7 +41,7 @@ pub enum Error {
 }
 
 impl Error {
-    pub(crate) fn io(op: &'static str, path: impl Into<PathBuf>, source: std::io::Error) -> Self {
+    pub fn io(op: &'static str, path: impl Into<PathBuf>, source: std::io::Error) -> Self {
         Error::Io {
             op,
             path: path.into(),
@@ -49,7 +49,7 @@ impl Error {
         }
     }
 
-    pub(crate) fn invalid(errno: i32, what: impl Into<std::borrow::Cow<'static, str>>) -> Self {
+    pub fn invalid(errno: i32, what: impl Into<std::borrow::Cow<'static, str>>) -> Self {
         Error::Invalid {
             what: what.into(),
             errno,

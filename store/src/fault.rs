@@ -75,7 +75,7 @@ static mut PREVIOUS: [std::mem::MaybeUninit<libc::sigaction>; 2] =
 static INSTALL: Once = Once::new();
 
 /// Adds `len` bytes at `start` to the table; the slot, or `None` when the table is full.
-pub(crate) fn register(start: usize, len: usize) -> Option<usize> {
+pub fn register(start: usize, len: usize) -> Option<usize> {
     INSTALL.call_once(install);
     for (i, r) in RANGES.iter().enumerate() {
         if r.start.load(Ordering::Relaxed) == 0
@@ -99,19 +99,19 @@ pub(crate) fn register(start: usize, len: usize) -> Option<usize> {
 }
 
 /// Removes a slot from the table, before its range is unmapped.
-pub(crate) fn unregister(slot: usize) {
+pub fn unregister(slot: usize) {
     let r = &RANGES[slot];
     r.len.store(0, Ordering::Release);
     r.start.store(0, Ordering::Release);
 }
 
 /// The damage marked on a slot, if any.
-pub(crate) fn damage(slot: usize) -> Option<Damage> {
+pub fn damage(slot: usize) -> Option<Damage> {
     Damage::of(RANGES[slot].damage.load(Ordering::Acquire))
 }
 
 /// Marks a slot damaged (the first reason stays).
-pub(crate) fn mark(slot: usize, why: Damage) {
+pub fn mark(slot: usize, why: Damage) {
     let _ =
         RANGES[slot]
             .damage

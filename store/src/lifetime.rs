@@ -22,7 +22,7 @@
 //! between two descriptions in one process, and whether anyone holds one can be
 //! asked without taking it (`F_OFD_GETLK`).
 //!
-//! Collection ([`Store::collect_garbage`]) is a mark and sweep: the roots are the
+//! Collection (`bpftime-maps`' `collect_garbage`) is a mark and sweep: the roots are the
 //! objects whose file some description holds and the pinned ones; everything they
 //! reach lives, the rest is unlinked (processes that still map a freed map keep their
 //! mapping, as a kernel map outlives its fd while a program uses it). It runs after
@@ -40,14 +40,11 @@
 //! can only make an object collectable, and the collection that follows the close sees
 //! it.
 
-use crate::layout::{MapHeader, ObjectKind};
-use crate::objects::{LinkRecord, ProgramRecord};
-use crate::store::{ObjectInfo, Store};
+use crate::layout::ObjectKind;
+use crate::store::Store;
 use crate::{Error, Result};
-use std::collections::{HashMap, HashSet};
 use std::fs::File;
 use std::os::fd::{AsRawFd, RawFd};
-use std::os::unix::fs::FileExt;
 
 fn lock_request(kind: i32) -> libc::flock {
     // SAFETY: flock is plain old data; zero is a valid value of every field.
@@ -107,133 +104,27 @@ impl Store {
     }
 
     /// Holds off collection while the caller makes references (see the module doc).
-    /// Never call [`Store::collect_garbage`] in a thread that holds this.
+    /// Never collect garbage in a thread that holds this.
     pub fn hold_refs(&self) -> Result<StoreLock> {
         self.lock(libc::F_RDLCK)
     }
 
-    /// Frees every object nothing refers to any more, and temporary files left by
-    /// processes that died while creating an object. Returns what was freed.
-    pub fn collect_garbage(&self) -> Vec<ObjectInfo> {
-        let _lock = match self.lock(libc::F_WRLCK) {
-            Ok(l) => l,
-            Err(e) => {
-                tracing::warn!("cannot collect unreferenced objects: {e}");
-                return Vec::new();
-            }
-        };
-        let mut objects = Vec::new();
-        let mut roots = Vec::new();
-        for kind in ObjectKind::ALL {
-            for id in self.ids(kind) {
-                // None when the file cannot be opened (it is gone).
-                let held = crate::store::open_object_in(self.handle(), kind, id)
-                    .ok()
-                    .and_then(|(f, _)| is_held(&f));
-                match held {
-                    Some(true) => roots.push((kind, id)),
-                    Some(false) => {}
-                    None => continue,
-                }
-                objects.push((kind, id));
-            }
-        }
-        roots.extend(self.pins().into_iter().map(|p| (p.kind, p.id)));
-        let links: HashMap<u32, LinkRecord> = self
-            .ids(ObjectKind::Link)
-            .into_iter()
-            .filter_map(|id| LinkRecord::read(self, id).ok().map(|l| (id, l)))
-            .collect();
-        let mut live = HashSet::new();
-        while let Some(o) = roots.pop() {
-            if live.insert(o) {
-                roots.extend(self.references(o, &links));
-            }
-        }
-        let mut freed = Vec::new();
-        for (kind, id) in objects {
-            if live.contains(&(kind, id)) {
-                continue;
-            }
-            let info = self.info(kind, id);
-            match self.remove(kind, id) {
-                Ok(()) => {
-                    tracing::debug!(kind = kind.prefix(), id, "freed: no references left");
-                    freed.extend(info);
-                }
-                Err(e) => tracing::warn!("cannot free {} {id}: {e}", kind.prefix()),
-            }
-        }
-        self.remove_stale_temporaries();
-        freed
+    /// Holds off every other reference maker while the caller collects (see the module
+    /// doc): `bpftime-maps`' `collect_garbage`, which needs the maps' contents.
+    pub fn hold_for_collection(&self) -> Result<StoreLock> {
+        self.lock(libc::F_WRLCK)
     }
 
-    /// The objects `o` holds.
-    fn references(
-        &self,
-        (kind, id): (ObjectKind, u32),
-        links: &HashMap<u32, LinkRecord>,
-    ) -> Vec<(ObjectKind, u32)> {
-        let mut out = Vec::new();
-        match kind {
-            ObjectKind::Link => {
-                if let Some(l) = links.get(&id) {
-                    out.push((ObjectKind::Program, l.prog_id));
-                    if l.perf_event_id != 0 {
-                        out.push((ObjectKind::PerfEvent, l.perf_event_id));
-                    }
-                }
-            }
-            ObjectKind::PerfEvent => out.extend(
-                links
-                    .values()
-                    .filter(|l| l.owned_by_event && l.perf_event_id == id)
-                    .map(|l| (ObjectKind::Link, l.id)),
-            ),
-            ObjectKind::Program => {
-                if let Ok(p) = ProgramRecord::read(self, id) {
-                    out.extend(p.map_ids.iter().map(|&m| (ObjectKind::Map, m)));
-                }
-            }
-            ObjectKind::Map => out.extend(self.map_references(id)),
-            ObjectKind::Btf => {}
-        }
-        out
+    /// Whether some open file description holds object `kind`/`id` (`None` when its file
+    /// is gone).
+    pub fn is_referenced_by_a_descriptor(&self, kind: ObjectKind, id: u32) -> Option<bool> {
+        crate::store::open_object_in(self.handle(), kind, id)
+            .ok()
+            .and_then(|(f, _)| is_held(&f))
     }
 
-    fn map_references(&self, id: u32) -> Vec<(ObjectKind, u32)> {
-        use bpftime_isa::uapi::map_type;
-        let Ok((file, _)) = crate::store::open_object_in(self.handle(), ObjectKind::Map, id) else {
-            return Vec::new();
-        };
-        let mut buf = [0u8; std::mem::size_of::<MapHeader>()];
-        if file.read_exact_at(&mut buf, 0).is_err() {
-            return Vec::new();
-        }
-        let field = |offset: usize| {
-            u32::from_ne_bytes(buf[offset..offset + 4].try_into().unwrap_or_default())
-        };
-        let mut out = Vec::new();
-        let btf = field(std::mem::offset_of!(MapHeader, btf_id));
-        if btf != 0 {
-            out.push((ObjectKind::Btf, btf));
-        }
-        let held = match field(std::mem::offset_of!(MapHeader, map_type)) {
-            map_type::PROG_ARRAY => ObjectKind::Program,
-            map_type::PERF_EVENT_ARRAY => ObjectKind::PerfEvent,
-            _ => return out,
-        };
-        if let Ok(m) = crate::Map::open(self, id) {
-            out.extend(
-                (0..m.max_entries())
-                    .filter_map(|i| m.id_at(i))
-                    .map(|e| (held, e)),
-            );
-        }
-        out
-    }
-
-    fn remove_stale_temporaries(&self) {
+    /// Unlinks temporary files left by processes that died while creating an object.
+    pub fn remove_stale_temporaries(&self) {
         for name in self.entries() {
             if let Some(rest) = name.strip_prefix(".tmp-") {
                 let pid = rest.rsplit('-').next().and_then(|p| p.parse().ok());

@@ -4,8 +4,14 @@
 
 use std::sync::atomic::{AtomicU32, Ordering};
 
-pub(crate) fn current_tid() -> u32 {
-    crate::helpers::pid_tgid() as u32
+pub fn current_tid() -> u32 {
+    crate::thread::pid_tgid() as u32
+}
+
+/// Takes a shared-memory lock word (for structures outside maps); `None` when the word
+/// is no lock any more (see [`lock`]).
+pub fn lock_word(word: &AtomicU32) -> Option<Guard<'_>> {
+    lock(word, || false, || {})
 }
 
 /// The largest thread id Linux hands out (`PID_MAX_LIMIT` on 64-bit kernels).
@@ -13,11 +19,11 @@ const TID_LIMIT: u32 = 1 << 22;
 
 /// Whether `tid` is a thread id at all; a lock or slot word holding anything else was
 /// written by no thread of ours.
-pub(crate) fn plausible_tid(tid: u32) -> bool {
+pub fn plausible_tid(tid: u32) -> bool {
     tid != 0 && tid <= TID_LIMIT
 }
 
-pub(crate) fn thread_alive(tid: u32) -> bool {
+pub fn thread_alive(tid: u32) -> bool {
     // A value out of range would name a process group (negative) or nothing at all.
     if !plausible_tid(tid) {
         return false;
@@ -35,11 +41,11 @@ pub(crate) fn thread_alive(tid: u32) -> bool {
 /// (cargo-fuzz sets `cfg(fuzzing)`) wait 50 ms: there every such word is garbage, and
 /// 10 s per input cut the store_files fuzzer from about 100 inputs a second to 11.
 #[cfg(not(fuzzing))]
-pub(crate) const PATIENCE: std::time::Duration = std::time::Duration::from_secs(10);
+pub const PATIENCE: std::time::Duration = std::time::Duration::from_secs(10);
 #[cfg(fuzzing)]
-pub(crate) const PATIENCE: std::time::Duration = std::time::Duration::from_millis(50);
+pub const PATIENCE: std::time::Duration = std::time::Duration::from_millis(50);
 
-pub(crate) struct Guard<'a> {
+pub struct Guard<'a> {
     word: &'a AtomicU32,
 }
 
@@ -55,7 +61,7 @@ impl Drop for Guard<'_> {
 /// it guards was found damaged (then nobody waits). `repair` runs (with the lock held)
 /// when the previous holder died while holding it.
 #[inline]
-pub(crate) fn lock<'a>(
+pub fn lock<'a>(
     word: &'a AtomicU32,
     damaged: impl Fn() -> bool,
     repair: impl FnOnce(),

@@ -6,7 +6,7 @@ use std::os::fd::AsRawFd;
 use std::path::Path;
 
 /// A `MAP_SHARED` read-write mapping of a whole store file, unmapped on drop.
-pub(crate) struct Mapping {
+pub struct Mapping {
     base: *mut u8,
     len: usize,
     /// Its slot in the fault table (see `fault.rs`); `None` when the table was full.
@@ -21,7 +21,7 @@ unsafe impl Sync for Mapping {}
 
 impl Mapping {
     /// Maps the whole of `file`, opened read-write (`path` names it in messages).
-    pub(crate) fn map_existing(file: &File, path: &Path) -> Result<Self> {
+    pub fn map_existing(file: &File, path: &Path) -> Result<Self> {
         let len = file
             .metadata()
             .map_err(|e| Error::io("stat", path, e))?
@@ -29,7 +29,7 @@ impl Mapping {
         Self::map_file(file, len, path)
     }
 
-    pub(crate) fn map_file(file: &File, len: usize, path: &Path) -> Result<Self> {
+    pub fn map_file(file: &File, len: usize, path: &Path) -> Result<Self> {
         // SAFETY: a fresh mapping chosen by the kernel; the file is at least `len` long
         // (the caller sized it), so every byte of the mapping is backed.
         let base = unsafe {
@@ -59,12 +59,7 @@ impl Mapping {
     /// Maps `head` bytes of the file from offset 0, followed by the `ring` bytes
     /// that start at file offset `head` mapped a second time, so a record that
     /// wraps around the end of a ring buffer is contiguous in memory.
-    pub(crate) fn map_file_ring(
-        file: &File,
-        head: usize,
-        ring: usize,
-        path: &Path,
-    ) -> Result<Self> {
+    pub fn map_file_ring(file: &File, head: usize, ring: usize, path: &Path) -> Result<Self> {
         let len = head + 2 * ring;
         // SAFETY: reserves address space only; nothing reads it before the fixed
         // mappings below replace it.
@@ -106,21 +101,22 @@ impl Mapping {
         Ok(mapping)
     }
 
-    pub(crate) fn base(&self) -> *mut u8 {
+    pub fn base(&self) -> *mut u8 {
         self.base
     }
 
-    pub(crate) fn len(&self) -> usize {
+    /// How many bytes are mapped at [`Mapping::base`] (never 0: a mapping of nothing fails).
+    pub fn byte_len(&self) -> usize {
         self.len
     }
 
     /// Why the mapping is damaged, once a fault or a check found it so.
-    pub(crate) fn damage(&self) -> Option<crate::fault::Damage> {
+    pub fn damage(&self) -> Option<crate::fault::Damage> {
         self.slot.and_then(crate::fault::damage)
     }
 
     /// Marks the mapping damaged: what it holds cannot be trusted any more.
-    pub(crate) fn mark_damaged(&self, why: crate::fault::Damage) {
+    pub fn mark_damaged(&self, why: crate::fault::Damage) {
         if let Some(slot) = self.slot {
             crate::fault::mark(slot, why);
         }
@@ -145,7 +141,7 @@ impl Drop for Mapping {
 /// # Safety
 /// `offset` is that of 8 bytes, 8-aligned, in the static TLS block of a module that stays
 /// loaded (an initial-exec variable, `var@gottpoff`).
-pub(crate) unsafe fn read_tls_word(offset: isize) -> u64 {
+pub unsafe fn read_tls_word(offset: isize) -> u64 {
     let v: u64;
     // SAFETY: caller obligation; the word is this thread's own.
     unsafe {
@@ -163,7 +159,7 @@ pub(crate) unsafe fn read_tls_word(offset: isize) -> u64 {
 ///
 /// # Safety
 /// As [`read_tls_word`].
-pub(crate) unsafe fn write_tls_word(offset: isize, v: u64) {
+pub unsafe fn write_tls_word(offset: isize, v: u64) {
     // SAFETY: caller obligation; the word is this thread's own.
     unsafe {
         std::arch::asm!(

@@ -20,7 +20,7 @@ use std::path::{Component, Path, PathBuf};
 /// Where tools mount bpffs, and the only bpffs the shim serves.
 pub const BPFFS_ROOT: &str = "/sys/fs/bpf";
 /// The pin tree's directory in a store.
-pub(crate) const PINS_DIR: &str = "pins";
+pub const PINS_DIR: &str = "pins";
 
 /// A pinned object.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -243,7 +243,7 @@ impl Store {
         out
     }
 
-    pub(crate) fn is_pinned(&self, kind: ObjectKind, id: u32) -> bool {
+    pub fn is_pinned(&self, kind: ObjectKind, id: u32) -> bool {
         self.pins().iter().any(|p| p.kind == kind && p.id == id)
     }
 }

@@ -49,7 +49,7 @@ pub fn owner_alive(pid: u32, start: u64) -> bool {
     }
 }
 
-pub(crate) fn process_start_time(pid: u32) -> Option<u64> {
+pub fn process_start_time(pid: u32) -> Option<u64> {
     let stat = fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
     // The command name may hold spaces and parentheses; fields resume after the last ')'.
     let rest = &stat[stat.rfind(')')? + 1..];
@@ -61,7 +61,7 @@ pub(crate) fn process_start_time(pid: u32) -> Option<u64> {
     rest.split_whitespace().nth(19)?.parse().ok()
 }
 
-pub(crate) fn self_start_time() -> u64 {
+pub fn self_start_time() -> u64 {
     process_start_time(std::process::id()).unwrap_or(0)
 }
 
@@ -206,7 +206,7 @@ impl Store {
         self.dir.path()
     }
 
-    pub(crate) fn handle(&self) -> &StoreDir {
+    pub fn handle(&self) -> &StoreDir {
         &self.dir
     }
 
@@ -236,7 +236,7 @@ impl Store {
 
     /// Opens the file of a perf event's ring, which its consumer maps.
     pub fn open_perf_ring(&self, event_id: u32) -> Result<File> {
-        let name = crate::perfbuf::ring_name(event_id);
+        let name = perf_ring_name(event_id);
         self.dir
             .open(&name, libc::O_RDWR)
             .map_err(|e| Error::io("open", self.dir.shown(&name), e))
@@ -244,12 +244,12 @@ impl Store {
 
     /// Where the file of a perf event's ring is, for messages.
     pub fn perf_ring_path(&self, event_id: u32) -> PathBuf {
-        self.dir.shown(crate::perfbuf::ring_name(event_id))
+        self.dir.shown(perf_ring_name(event_id))
     }
 
     /// Opens a perf event ring's wake-up FIFO, non-blocking.
     pub fn open_perf_fifo(&self, event_id: u32) -> Result<File> {
-        open_fifo(&self.dir, &crate::perfbuf::fifo_name(event_id))
+        open_fifo(&self.dir, &perf_fifo_name(event_id))
     }
 
     /// Opens the file `bpf_trace_printk` appends to, for reading; None while there is none.
@@ -287,7 +287,7 @@ impl Store {
 
     /// Publishes a new object: `len` bytes initialised by `init`, then renamed into
     /// place so that readers never see a half-written object.
-    pub(crate) fn publish_with(
+    pub fn publish_with(
         &self,
         kind: ObjectKind,
         id: u32,
@@ -305,7 +305,7 @@ impl Store {
                 .map_err(|e| Error::io("resize", &shown, e))?;
             let m = Mapping::map_file(&file, len, &shown)?;
             // SAFETY: the mapping is `len` bytes, private to this process until the rename.
-            let bytes = unsafe { std::slice::from_raw_parts_mut(m.base(), m.len()) };
+            let bytes = unsafe { std::slice::from_raw_parts_mut(m.base(), m.byte_len()) };
             init(bytes)?;
             let name = object_name(kind, id);
             self.dir
@@ -320,14 +320,14 @@ impl Store {
     }
 
     /// Publishes a record object whose bytes are already serialised.
-    pub(crate) fn publish_bytes(&self, kind: ObjectKind, id: u32, bytes: &[u8]) -> Result<PathBuf> {
+    pub fn publish_bytes(&self, kind: ObjectKind, id: u32, bytes: &[u8]) -> Result<PathBuf> {
         self.publish_with(kind, id, bytes.len(), |b| {
             b.copy_from_slice(bytes);
             Ok(())
         })
     }
 
-    pub(crate) fn read_object(&self, kind: ObjectKind, id: u32) -> Result<Vec<u8>> {
+    pub fn read_object(&self, kind: ObjectKind, id: u32) -> Result<Vec<u8>> {
         let (mut file, path) = open_object_in(&self.dir, kind, id)?;
         let mut bytes = Vec::new();
         std::io::Read::read_to_end(&mut file, &mut bytes)
@@ -389,7 +389,9 @@ impl Store {
             let _ = self.dir.unlink(map_fifo_name(id));
         }
         if kind == ObjectKind::PerfEvent {
-            crate::perfbuf::PerfRing::remove(&self.dir, id);
+            // Its ring's files go with the event.
+            let _ = self.dir.unlink(perf_ring_name(id));
+            let _ = self.dir.unlink(perf_fifo_name(id));
         }
         if kind == ObjectKind::Link || kind == ObjectKind::PerfEvent {
             self.bump_generation();
@@ -411,9 +413,9 @@ fn dir_name(name: &str) -> String {
 }
 
 /// The file `bpf_trace_printk` appends to.
-pub(crate) const TRACE_PIPE: &str = "trace_pipe";
+pub const TRACE_PIPE: &str = "trace_pipe";
 
-pub(crate) fn new_object_header(kind: ObjectKind, id: u32) -> ObjectHeader {
+pub fn new_object_header(kind: ObjectKind, id: u32) -> ObjectHeader {
     ObjectHeader {
         magic: OBJECT_MAGIC,
         version: STORE_VERSION,
@@ -425,7 +427,7 @@ pub(crate) fn new_object_header(kind: ObjectKind, id: u32) -> ObjectHeader {
     }
 }
 
-pub(crate) fn check_header(path: &Path, bytes: &[u8], kind: ObjectKind) -> Result<()> {
+pub fn check_header(path: &Path, bytes: &[u8], kind: ObjectKind) -> Result<()> {
     if bytes.len() < std::mem::size_of::<ObjectHeader>() {
         return Err(Error::BadMagic {
             path: path.to_path_buf(),
@@ -445,12 +447,7 @@ pub(crate) fn check_header(path: &Path, bytes: &[u8], kind: ObjectKind) -> Resul
 
 /// Refuses a store file whose header does not start with `want` and this build's
 /// [`STORE_VERSION`].
-pub(crate) fn check_magic_and_version(
-    path: &Path,
-    magic: u32,
-    want: u32,
-    version: u32,
-) -> Result<()> {
+pub fn check_magic_and_version(path: &Path, magic: u32, want: u32, version: u32) -> Result<()> {
     if magic != want {
         return Err(Error::BadMagic {
             path: path.to_path_buf(),
@@ -467,24 +464,34 @@ pub(crate) fn check_magic_and_version(
     Ok(())
 }
 
-pub(crate) fn object_name(kind: ObjectKind, id: u32) -> String {
+pub fn object_name(kind: ObjectKind, id: u32) -> String {
     format!("{}-{id}", kind.prefix())
 }
 
-pub(crate) fn map_fifo_name(map_id: u32) -> String {
+/// The file of a perf event's ring (`bpftime-maps`' `PerfRing`).
+pub fn perf_ring_name(event_id: u32) -> String {
+    format!("perfring-{event_id}")
+}
+
+/// The FIFO a perf event's ring wakes its reader through.
+pub fn perf_fifo_name(event_id: u32) -> String {
+    format!("fifo-perf-{event_id}")
+}
+
+pub fn map_fifo_name(map_id: u32) -> String {
     format!("fifo-{map_id}")
 }
 
 /// Opens a wake-up FIFO of the store, non-blocking (read-write, so the open never waits
 /// for a peer).
-pub(crate) fn open_fifo(dir: &StoreDir, name: &str) -> Result<File> {
+pub fn open_fifo(dir: &StoreDir, name: &str) -> Result<File> {
     dir.open(name, libc::O_RDWR | libc::O_NONBLOCK)
         .map_err(|e| Error::io("open", dir.shown(name), e))
 }
 
 /// Opens object `id` of the store in `dir`, for a holder of one of its objects that
 /// has no [`Store`] at hand (an outer map opening its inner maps).
-pub(crate) fn open_object_in(dir: &StoreDir, kind: ObjectKind, id: u32) -> Result<(File, PathBuf)> {
+pub fn open_object_in(dir: &StoreDir, kind: ObjectKind, id: u32) -> Result<(File, PathBuf)> {
     let name = object_name(kind, id);
     let path = dir.shown(&name);
     let file = dir.open(&name, libc::O_RDWR).map_err(|e| {

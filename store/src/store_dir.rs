@@ -20,7 +20,7 @@ use std::sync::Arc;
 /// An open, checked directory of a store (the store itself or a directory of its pin
 /// tree), shared by everything that opens files in it.
 #[derive(Clone)]
-pub(crate) struct StoreDir {
+pub struct StoreDir {
     fd: Arc<OwnedFd>,
     /// For messages only: nothing is opened by this path.
     path: Arc<PathBuf>,
@@ -42,7 +42,7 @@ fn cvt(rc: libc::c_int) -> io::Result<libc::c_int> {
 }
 
 /// The caller's effective uid, which owns its stores.
-pub(crate) fn euid() -> u32 {
+pub fn euid() -> u32 {
     // SAFETY: no preconditions.
     unsafe { libc::geteuid() }
 }
@@ -149,7 +149,7 @@ impl StoreDir {
     }
 
     /// Opens (and with `create`, makes) the store directory `name` in `root`.
-    pub(crate) fn open_store(root: &Path, name: &str, create: bool) -> Result<Option<StoreDir>> {
+    pub fn open_store(root: &Path, name: &str, create: bool) -> Result<Option<StoreDir>> {
         let path = root.join(name);
         let c = CString::new(root.as_os_str().as_bytes())
             .map_err(|_| Error::invalid(libc::EINVAL, "the store root holds a NUL byte"))?;
@@ -175,7 +175,7 @@ impl StoreDir {
     }
 
     /// Opens (and with `create`, makes) the subdirectory `name`, checked as the store is.
-    pub(crate) fn subdir(&self, name: &OsStr, create: bool) -> Result<Option<StoreDir>> {
+    pub fn subdir(&self, name: &OsStr, create: bool) -> Result<Option<StoreDir>> {
         Self::open_checked(self.raw(), name, self.path.join(name), create)
     }
 
@@ -184,18 +184,18 @@ impl StoreDir {
     }
 
     /// The directory's path, for messages.
-    pub(crate) fn path(&self) -> &Path {
+    pub fn path(&self) -> &Path {
         &self.path
     }
 
     /// The path of `name` in the directory, for messages.
-    pub(crate) fn shown(&self, name: impl AsRef<OsStr>) -> PathBuf {
+    pub fn shown(&self, name: impl AsRef<OsStr>) -> PathBuf {
         self.path.join(name.as_ref())
     }
 
     /// Opens `name` with `flags` (`O_RDWR`, `O_APPEND`, `O_CREAT`...), never following a
     /// link; a file it creates is 0600.
-    pub(crate) fn open(&self, name: impl AsRef<OsStr>, flags: libc::c_int) -> io::Result<File> {
+    pub fn open(&self, name: impl AsRef<OsStr>, flags: libc::c_int) -> io::Result<File> {
         let c = cname(name.as_ref())?;
         // SAFETY: `c` is NUL-terminated; the mode is read only with O_CREAT.
         let fd = cvt(unsafe {
@@ -211,7 +211,7 @@ impl StoreDir {
     }
 
     /// Creates `name`, read-write, mode 0600; fails if anything (a link too) is there.
-    pub(crate) fn create_new(&self, name: impl AsRef<OsStr>) -> io::Result<File> {
+    pub fn create_new(&self, name: impl AsRef<OsStr>) -> io::Result<File> {
         let f = self.open(name, libc::O_RDWR | libc::O_CREAT | libc::O_EXCL)?;
         // The umask may have taken bits off 0600, never added any; this makes it exact.
         // SAFETY: `f` is open.
@@ -220,7 +220,7 @@ impl StoreDir {
     }
 
     /// Creates a temporary `name`: one left by a process that had this pid is removed.
-    pub(crate) fn create_temporary(&self, name: impl AsRef<OsStr>) -> io::Result<File> {
+    pub fn create_temporary(&self, name: impl AsRef<OsStr>) -> io::Result<File> {
         let name = name.as_ref();
         match self.create_new(name) {
             Err(e) if e.raw_os_error() == Some(libc::EEXIST) => {
@@ -232,12 +232,12 @@ impl StoreDir {
     }
 
     /// Links `from` as `to`; fails with EEXIST when `to` is there (a link too).
-    pub(crate) fn link(&self, from: impl AsRef<OsStr>, to: impl AsRef<OsStr>) -> io::Result<()> {
+    pub fn link(&self, from: impl AsRef<OsStr>, to: impl AsRef<OsStr>) -> io::Result<()> {
         self.link_to(from, self, to)
     }
 
     /// Links `from` as `to` in the directory `dest` (of the same store).
-    pub(crate) fn link_to(
+    pub fn link_to(
         &self,
         from: impl AsRef<OsStr>,
         dest: &StoreDir,
@@ -250,7 +250,7 @@ impl StoreDir {
     }
 
     /// Renames `from` to `to`, replacing what `to` names (a link itself, not its target).
-    pub(crate) fn rename(&self, from: impl AsRef<OsStr>, to: impl AsRef<OsStr>) -> io::Result<()> {
+    pub fn rename(&self, from: impl AsRef<OsStr>, to: impl AsRef<OsStr>) -> io::Result<()> {
         let (a, b) = (cname(from.as_ref())?, cname(to.as_ref())?);
         // SAFETY: NUL-terminated names.
         cvt(unsafe { libc::renameat(self.raw(), a.as_ptr(), self.raw(), b.as_ptr()) })?;
@@ -258,7 +258,7 @@ impl StoreDir {
     }
 
     /// Removes the entry `name` (a link itself, not its target).
-    pub(crate) fn unlink(&self, name: impl AsRef<OsStr>) -> io::Result<()> {
+    pub fn unlink(&self, name: impl AsRef<OsStr>) -> io::Result<()> {
         let c = cname(name.as_ref())?;
         // SAFETY: NUL-terminated name.
         cvt(unsafe { libc::unlinkat(self.raw(), c.as_ptr(), 0) })?;
@@ -266,7 +266,7 @@ impl StoreDir {
     }
 
     /// Removes the empty directory `name`.
-    pub(crate) fn rmdir(&self, name: impl AsRef<OsStr>) -> io::Result<()> {
+    pub fn rmdir(&self, name: impl AsRef<OsStr>) -> io::Result<()> {
         let c = cname(name.as_ref())?;
         // SAFETY: NUL-terminated name.
         cvt(unsafe { libc::unlinkat(self.raw(), c.as_ptr(), libc::AT_REMOVEDIR) })?;
@@ -274,7 +274,7 @@ impl StoreDir {
     }
 
     /// Makes the directory `name`, 0700.
-    pub(crate) fn mkdir(&self, name: impl AsRef<OsStr>) -> io::Result<()> {
+    pub fn mkdir(&self, name: impl AsRef<OsStr>) -> io::Result<()> {
         let c = cname(name.as_ref())?;
         // SAFETY: NUL-terminated name.
         cvt(unsafe { libc::mkdirat(self.raw(), c.as_ptr(), 0o700) })?;
@@ -282,7 +282,7 @@ impl StoreDir {
     }
 
     /// Makes the FIFO `name`, 0600; one already there is kept.
-    pub(crate) fn mkfifo(&self, name: impl AsRef<OsStr>) -> io::Result<()> {
+    pub fn mkfifo(&self, name: impl AsRef<OsStr>) -> io::Result<()> {
         let c = cname(name.as_ref())?;
         // SAFETY: NUL-terminated name.
         match cvt(unsafe { libc::mkfifoat(self.raw(), c.as_ptr(), 0o600) }) {
@@ -292,17 +292,17 @@ impl StoreDir {
     }
 
     /// What `name` is, not following a link.
-    pub(crate) fn stat(&self, name: impl AsRef<OsStr>) -> io::Result<libc::stat> {
+    pub fn stat(&self, name: impl AsRef<OsStr>) -> io::Result<libc::stat> {
         lstat_at(self.raw(), &cname(name.as_ref())?)
     }
 
     /// Whether `name` exists (as anything, a link too).
-    pub(crate) fn exists(&self, name: impl AsRef<OsStr>) -> bool {
+    pub fn exists(&self, name: impl AsRef<OsStr>) -> bool {
         self.stat(name).is_ok()
     }
 
     /// The names in the directory, without `.` and `..`.
-    pub(crate) fn entries(&self) -> io::Result<Vec<OsString>> {
+    pub fn entries(&self) -> io::Result<Vec<OsString>> {
         // A descriptor of its own: readdir moves the position of the one it reads.
         // SAFETY: "." names the directory itself.
         let fd = cvt(unsafe {
@@ -339,7 +339,7 @@ impl StoreDir {
     }
 
     /// Watches the directory with the inotify instance `inotify`.
-    pub(crate) fn watch(&self, inotify: RawFd, mask: u32) -> io::Result<i32> {
+    pub fn watch(&self, inotify: RawFd, mask: u32) -> io::Result<i32> {
         // inotify_add_watch takes only a path. This one is the descriptor's own link in
         // /proc, which names the very directory that was checked, whatever was done to
         // its path since; watching opens and changes nothing in it.

@@ -6,16 +6,16 @@ use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU64, AtomicU8, AtomicUsize,
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use super::entry::{self, raw};
-use super::{rewrite, tls_byte, FLAGS, SIGSYS_BIT, SPECIAL, TLS_OFFSET};
-use crate::patch;
+use crate::entry::{self, raw};
+use crate::{rewrite, tls_byte, FLAGS, SIGSYS_BIT, SPECIAL, TLS_OFFSET};
+use bpftime_attach::patch;
 
 /// The signals no mask may block while armed: SIGSYS (the kernel kills a process whose
 /// dispatched call meets it blocked) and SIGTRAP (a thread that meets a site mid-rewrite
 /// takes one, which the kernel turns into a kill when blocked: the C library blocks every
 /// signal while it makes a thread or spawns a process).
 const KEPT: u64 = SIGSYS_BIT | 1 << (libc::SIGTRAP - 1);
-use crate::hook::in_handlers;
+use bpftime_attach::in_handlers;
 
 const SYS_GETTID: u64 = 186;
 const SYS_PRCTL: u64 = 157;
@@ -368,7 +368,7 @@ extern "C" fn on_arm(sig: libc::c_int, info: *mut libc::siginfo_t, ctx: *mut lib
             p.sa_sigaction = prev.handler as usize;
             p.sa_flags = prev.flags as libc::c_int;
             // SAFETY: as the kernel handed them to us, for the handler ours replaced.
-            unsafe { crate::patch::chain(&p, sig, info, ctx) };
+            unsafe { bpftime_attach::patch::chain(&p, sig, info, ctx) };
         }
         return;
     }

@@ -32,7 +32,7 @@
 //! inline assembly on x86. ymm/zmm upper halves and x87 state are not saved around the
 //! programs (see `stubs`).
 
-use super::{
+use crate::{
     dispatch, returned, returned_from_fork, returned_in_child, EXIT, FLAGS, SITES, SITE_SLOTS,
     TLS_OFFSET,
 };
@@ -397,7 +397,7 @@ std::arch::global_asm!(
     site_bits = const SITE_BITS,
     site_slots = const SITE_SLOTS,
     flags = sym FLAGS,
-    flag_count = const super::NR_LIMIT,
+    flag_count = const crate::NR_LIMIT,
     dispatch = sym dispatch,
     returned_from_fork = sym returned_from_fork,
     returned_in_child = sym returned_in_child,

@@ -1,4 +1,6 @@
-//! Hooks on every system call a process makes, for syscall tracepoints.
+//! Hooks on every system call a process makes, for syscall tracepoints. Sites are
+//! rewritten with `bpftime-attach`'s code patching, and a thread inside these hooks is
+//! inside bpftime's handlers for the uprobes too (`bpftime_attach::in_handlers`).
 //!
 //! Complete coverage comes from Syscall User Dispatch (Linux 5.11): each thread of the
 //! process is armed (`PR_SET_SYSCALL_USER_DISPATCH` with a selector byte in its static
@@ -33,8 +35,8 @@ mod rewrite;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicIsize, AtomicU64, AtomicU8, AtomicUsize, Ordering};
 
-use crate::hook::{in_handlers, set_in_handlers};
-use crate::PtRegs;
+use bpftime_attach::PtRegs;
+use bpftime_attach::{in_handlers, set_in_handlers};
 
 pub use arming::{arm, disarm, ArmError, ArmReport};
 pub use rewrite::RewriteStats;

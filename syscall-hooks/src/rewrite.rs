@@ -30,9 +30,9 @@ use std::sync::OnceLock;
 
 use iced_x86::{Decoder, DecoderOptions, OpKind, Register};
 
-use super::entry::{self, raw};
-use super::{SITES, SITE_SLOTS};
-use crate::patch::{read_code, register_trap, write_code};
+use crate::entry::{self, raw};
+use crate::{SITES, SITE_SLOTS};
+use bpftime_attach::patch::{read_code, register_trap, write_code};
 
 /// Whether the page at 0 holds the sled, so that sites can be rewritten.
 static FAST: AtomicBool = AtomicBool::new(false);
@@ -155,7 +155,7 @@ fn sled(entry: usize) -> Vec<u8> {
         out.extend_from_slice(&[0x41, 0xff, 0xe3]);
     };
     let mut out = Vec::with_capacity(PAGE);
-    while out.len() < super::NR_LIMIT {
+    while out.len() < crate::NR_LIMIT {
         out.extend_from_slice(&GROUP);
     }
     jump(&mut out);
@@ -221,7 +221,7 @@ pub(crate) fn start() -> Result<(), String> {
 }
 
 fn rewriter() {
-    crate::never_run_handlers_on_this_thread();
+    bpftime_attach::never_run_handlers_on_this_thread();
     let mut seen_offers = 0;
     loop {
         let now = OFFERS.load(Ordering::Acquire);
@@ -498,9 +498,9 @@ ProtectionKey:         0\n";
                 steps += 1;
                 assert!(steps < 300);
             }
-            if start < super::super::NR_LIMIT {
+            if start < crate::NR_LIMIT {
                 assert!(
-                    steps <= 4 + super::super::NR_LIMIT / GROUP.len() + 1,
+                    steps <= 4 + crate::NR_LIMIT / GROUP.len() + 1,
                     "{steps} from {start}"
                 );
             }

@@ -5,9 +5,9 @@
 //! signal masks keep working; and, where the page at 0 can be mapped, the sites are
 //! rewritten and keep being counted.
 
-use bpftime_attach::{
-    arm_syscall_hooks, set_syscall_handlers, syscall_stats, use_static_tls_for_syscalls,
-    watch_syscall, PtRegs,
+use bpftime_attach::PtRegs;
+use bpftime_syscall_hooks::{
+    arm, set_syscall_handlers, syscall_stats, use_static_tls, watch_syscall,
 };
 use std::process::Command;
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
@@ -70,7 +70,7 @@ fn counted(f: impl FnOnce()) -> (u64, u64) {
 /// The scenario, in the child: panics (a failed exit) on the first wrong count.
 fn scenario() {
     // SAFETY: our own 24 bytes of static TLS, zero in every thread.
-    unsafe { use_static_tls_for_syscalls(syscall_tls()) };
+    unsafe { use_static_tls(syscall_tls()) };
     set_syscall_handlers(on_enter, on_exit);
     // A thread from before arming, which waits for its turn.
     let (go_tx, go_rx) = std::sync::mpsc::channel::<()>();
@@ -85,7 +85,7 @@ fn scenario() {
     });
     watch_syscall(Some(GETPPID as u32), true, true);
     watch_syscall(Some(GETPGID as u32), true, false);
-    let report = arm_syscall_hooks().expect("arm");
+    let report = arm().expect("arm");
     eprintln!("armed: {report:?}");
     assert!(report.armed >= 2, "{report:?}");
     // SAFETY: no preconditions.

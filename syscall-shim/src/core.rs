@@ -123,9 +123,9 @@ impl Shim {
     pub fn new(store: Store) -> Shim {
         // Programs run here too (BPF_PROG_TEST_RUN); their bpf_printk goes
         // where the agents' does.
-        bpftime_runtime::helpers::init_process();
+        bpftime_runtime::thread::init_process();
         bpftime_runtime::helpers::set_trace_output(&store);
-        let removed = store.collect_garbage();
+        let removed = bpftime_runtime::collect_garbage(&store);
         if !removed.is_empty() {
             tracing::info!(
                 count = removed.len(),
@@ -194,7 +194,7 @@ impl Shim {
 
     /// Frees what no descriptor, pin or object refers to any more (after a close).
     pub fn collect(&mut self) {
-        let freed = self.store.collect_garbage();
+        let freed = bpftime_runtime::collect_garbage(&self.store);
         if !freed.is_empty() {
             tracing::debug!(count = freed.len(), "freed objects without references");
         }

@@ -429,7 +429,7 @@ fn racing_opens_by_id_and_collections_never_free_a_held_map() {
         for t in threads {
             t.join().expect("a racing thread failed");
         }
-        store.collect_garbage();
+        bpftime_runtime::collect_garbage(&store);
         assert!(!path.exists(), "map {id} leaked (iteration {iteration})");
     }
     assert!(store.ids(ObjectKind::Map).is_empty());
