@@ -11,6 +11,7 @@
 //! probe names it (`session`). A replacement never fails a call the driver would have
 //! served: whatever goes wrong on our side, the application's call goes through as made.
 
+use bpftime_gpu_device::tensor_maps;
 use std::ffi::{c_char, c_int, c_uint, c_void, CStr};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
@@ -710,7 +711,7 @@ entry_point!(
             // SAFETY: the driver accepted them: `rank` dimensions, box sizes and element
             // strides, `rank - 1` strides, and the 128-byte map it wrote.
             let noted = unsafe {
-                let t = crate::tensor_maps::Tiled {
+                let t = tensor_maps::Tiled {
                     data_type,
                     global_address: global_address as u64,
                     dims: std::slice::from_raw_parts(dims, rank),
@@ -723,7 +724,7 @@ entry_point!(
                     element_strides: std::slice::from_raw_parts(element_strides, rank),
                     interleave,
                 };
-                crate::tensor_maps::note(&*map.cast::<[u8; crate::tensor_maps::MAP_BYTES]>(), &t)
+                tensor_maps::note(&*map.cast::<[u8; tensor_maps::MAP_BYTES]>(), &t)
             };
             if let (Err(why), Some(s)) = (noted, session()) {
                 s.tensor_map_refused(&why);
@@ -738,7 +739,7 @@ entry_point!(
     &["cuTensorMapReplaceAddress"],
     fn(map: *mut c_void, global_address: *mut c_void),
     |original, _per_thread| {
-        type Map = [u8; crate::tensor_maps::MAP_BYTES];
+        type Map = [u8; tensor_maps::MAP_BYTES];
         // SAFETY: the map the caller asks the driver to change: 128 bytes it may read.
         let before: Option<Map> = (!map.is_null()).then(|| unsafe { *map.cast::<Map>() });
         // SAFETY: the caller's arguments, passed as given.
@@ -746,7 +747,7 @@ entry_point!(
         if let (CUDA_SUCCESS, Some(before)) = (r, before) {
             // SAFETY: the map the driver just wrote.
             let after = unsafe { *map.cast::<Map>() };
-            crate::tensor_maps::address_replaced(&before, &after, global_address as u64);
+            tensor_maps::address_replaced(&before, &after, global_address as u64);
         }
         r
     }

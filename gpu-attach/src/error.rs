@@ -8,12 +8,13 @@ use std::sync::Arc;
 
 use bpftime_gpu_device::cuda::CudaError;
 use bpftime_gpu_device::replica::ReplicaError;
+use bpftime_gpu_probe::ProbeError;
 use bpftime_gpu_ptx::fatbin::FatbinError;
 use bpftime_jit_ptx::CompileError;
 use thiserror::Error;
 
 use crate::scan::Missing;
-use crate::tensor_maps::TensorMapError;
+use bpftime_gpu_device::tensor_maps::TensorMapError;
 
 #[derive(Debug, Clone, Error)]
 pub enum GpuAttachError {
@@ -24,14 +25,8 @@ pub enum GpuAttachError {
     UnknownDevice(CudaError),
     #[error(transparent)]
     Replica(Arc<ReplicaError>),
-    #[error("map {0} is not among the program's maps")]
-    MapNotInProgram(u32),
-    #[error("map {0} has no values to point into")]
-    MapWithoutValues(u32),
     #[error(transparent)]
-    Compile(Arc<CompileError>),
-    #[error("it calls helpers the GPU runtime lacks: {}", .0.join(", "))]
-    MissingHelpers(Vec<String>),
+    Probe(#[from] ProbeError),
     #[error("a NUL byte in text for the driver (PTX or a name)")]
     NulInPtx,
     #[error("the probe's compilation panicked")]
@@ -69,7 +64,7 @@ pub enum GpuAttachError {
 
 impl From<CompileError> for GpuAttachError {
     fn from(e: CompileError) -> Self {
-        GpuAttachError::Compile(Arc::new(e))
+        GpuAttachError::Probe(e.into())
     }
 }
 

@@ -4,6 +4,8 @@
 //!   `bpftime-gpu-ptx`'s, the stage before this one.
 //! - The device side (the driver API slice, device memory, the device runtime's map
 //!   layouts, map replicas, the GPU clock) is `bpftime-gpu-device`'s.
+//! - A probe's code (compiled once per process and set of inputs, and cached on disk) is
+//!   `bpftime-gpu-probe`'s.
 //! - The session (`install`, [`GpuAttach`]) intercepts the CUDA driver in a target
 //!   process, builds instrumented modules, keeps map replicas on each device in sync and
 //!   anchors the GPU clock to the host's.
@@ -20,17 +22,14 @@ mod error;
 mod install;
 pub mod launch;
 pub mod observer;
-pub mod probe;
 pub mod scan;
 mod session;
-mod tensor_maps;
-pub use tensor_maps::TensorMapError;
 
+pub use bpftime_gpu_probe::probe_point;
 pub use bpftime_gpu_ptx::ProbePoint;
 pub use error::GpuAttachError;
 pub use install::install;
 pub use launch::{LaunchContext, LaunchProbe, PHASE_COMPLETED, PHASE_LAUNCHED};
-pub use probe::probe_point;
 pub use session::{
     after_exit_flush, cuda_loaded, installed, GpuAttach, GpuDevice, GpuProbe, InstallError,
 };

@@ -8,7 +8,7 @@ mod support;
 
 use support::{clang_program, vector_add_with};
 
-use bpftime_gpu_attach::probe::compile_probe;
+use bpftime_gpu_probe::compile_probe;
 use bpftime_gpu_ptx::ptx::ProbePoint;
 
 const SYMBOL: &str = "__bpftime_probe_12";

@@ -55,7 +55,7 @@ fn splice_of(
         ptx_version: PtxVersion::DEFAULT,
         symbol: symbol.to_string(),
         kernel: false,
-        probe_abi: bpftime_gpu_attach::probe::probe_abi(points[0]),
+        probe_abi: bpftime_gpu_probe::probe_abi(points[0]),
         ..PtxOptions::default()
     };
     let program = compile(&assemble(source).unwrap(), &StandardGpuEnv, &opts).expect("compiles");
@@ -496,8 +496,8 @@ exit
 
 #[test]
 fn a_probe_using_the_whole_device_runtime_compiles_and_splices() {
-    use bpftime_gpu_attach::probe::{compile_probe, DeviceMapRef};
     use bpftime_gpu_device::device_maps::RuntimeConfig;
+    use bpftime_gpu_probe::{compile_probe, DeviceMapRef};
     use bpftime_jit_ptx::ArrayMapLayout;
     let mut insns = assemble(EVERY_HELPER).expect("assembles");
     // The small `lddw` immediates are store map ids, as the shim leaves them.
@@ -596,7 +596,7 @@ fn one_array_map(
     max_entries: u32,
 ) -> (
     bpftime_jit_ptx::ArrayMapLayout,
-    std::collections::HashMap<u32, bpftime_gpu_attach::probe::DeviceMapRef>,
+    std::collections::HashMap<u32, bpftime_gpu_probe::DeviceMapRef>,
 ) {
     let desc = 0x7f00_0000_2000u64;
     let array = bpftime_jit_ptx::ArrayMapLayout {
@@ -606,7 +606,7 @@ fn one_array_map(
         update_size: 8,
         per_cpu: None,
     };
-    let map = bpftime_gpu_attach::probe::DeviceMapRef {
+    let map = bpftime_gpu_probe::DeviceMapRef {
         desc,
         values: Some(array.values),
         array: Some(array),
@@ -616,8 +616,8 @@ fn one_array_map(
 
 #[test]
 fn a_counter_on_every_thread_adds_once_per_warp() {
-    use bpftime_gpu_attach::probe::compile_probe;
     use bpftime_gpu_device::device_maps::RuntimeConfig;
+    use bpftime_gpu_probe::compile_probe;
     // A non-fetching add on an array value, then one on the stack (which must stay
     // plain: the GPU has no atomics on local memory).
     let mut insns = assemble(
@@ -710,8 +710,8 @@ fn splice_into_vector_add(ptx: &str, symbol: &str, inline: bool) -> String {
 /// that differs by thread keeps its shuffles.
 #[test]
 fn a_constant_counter_needs_no_warp_shuffles() {
-    use bpftime_gpu_attach::probe::compile_probe;
     use bpftime_gpu_device::device_maps::RuntimeConfig;
+    use bpftime_gpu_probe::compile_probe;
     let (_, maps) = one_array_map(2);
     let compile = |add: &str| {
         let mut insns = assemble(&format!(
@@ -759,8 +759,8 @@ fn a_constant_counter_needs_no_warp_shuffles() {
 /// array.
 #[test]
 fn a_histogram_add_at_a_computed_index_goes_straight_to_its_sms_copy() {
-    use bpftime_gpu_attach::probe::{compile_probe, DeviceMapRef};
     use bpftime_gpu_device::device_maps::{RuntimeConfig, ShardEntry, SHARD_WINDOW_SPAN};
+    use bpftime_gpu_probe::{compile_probe, DeviceMapRef};
     let mut insns = assemble(
         "ldxdw %r2, [%r1+112]\nmov %r3, %r2\nand %r2, 63\nstxw [%r10-4], %r2\n\
          mov %r2, %r10\nadd %r2, -4\njset %r3, 64, +4\nlddw %r1, 2\ncall 1\nja +3\n\
@@ -1166,8 +1166,8 @@ fn probes_put_in_place_of_their_calls_pass_ptxas_everywhere_a_call_goes() {
 /// run time, so the probe reads `%smid`; inserts claim slots with a compare-and-swap.
 #[test]
 fn a_probe_on_a_per_cpu_hash_compiles_splices_and_passes_ptxas() {
-    use bpftime_gpu_attach::probe::{compile_probe, DeviceMapRef};
     use bpftime_gpu_device::device_maps::RuntimeConfig;
+    use bpftime_gpu_probe::{compile_probe, DeviceMapRef};
     let mut insns = assemble(
         "stw [%r10-4], 7\nstdw [%r10-16], 0\nlddw %r1, 3\nmov %r2, %r10\nadd %r2, -4\ncall 1\n\
          jne %r0, 0, +12\nlddw %r1, 3\nmov %r2, %r10\nadd %r2, -4\nmov %r3, %r10\nadd %r3, -16\n\

@@ -10,6 +10,8 @@
 //!   pushed before launches and pulled after.
 //! - [`sync_kernels`] are the kernels of ours that apply the CPU's changes to arrays
 //!   and fold sharded arrays, in the application's streams.
+//! - [`tensor_maps`] keeps the tensor maps the process encoded, as the table the device
+//!   runtime finds a tensor copy's global memory in.
 //! - [`clock`] anchors the GPU's clock to the host's.
 //! - [`exiting`] says whether the process is past the point where logging works.
 
@@ -20,3 +22,4 @@ pub mod device_maps;
 pub mod exiting;
 pub mod replica;
 pub mod sync_kernels;
+pub mod tensor_maps;

@@ -24,7 +24,6 @@ use crate::error::GpuAttachError;
 use crate::launch::{
     EventClock, Geometry, LaunchContext, LaunchProbe, PHASE_COMPLETED, PHASE_LAUNCHED,
 };
-use crate::probe::{DeviceMapRef, ProbeCache, ProbeCompiler};
 use crate::scan::FatbinIndex;
 use bpftime_gpu_device::arena::Arena;
 use bpftime_gpu_device::clock::{self, ClockCalibration};
@@ -40,6 +39,7 @@ use bpftime_gpu_device::replica::{
 use bpftime_gpu_device::sync_kernels::{
     APPLY_DELTAS_PTX, DELTAS_PER_LAUNCH, FOLD_ENTRIES, FOLD_SHARDS_PTX, FOLD_THREADS,
 };
+use bpftime_gpu_probe::{DeviceMapRef, ProbeCache, ProbeCompiler};
 use bpftime_gpu_ptx::fatbin::{FatbinError, ModulePtx};
 use bpftime_gpu_ptx::inline::InlineBody;
 use bpftime_gpu_ptx::names;

@@ -2,6 +2,7 @@
 //! functions and kernels, with the PTX each came with), found again by name or handle.
 
 use super::*;
+use bpftime_gpu_device::tensor_maps;
 
 impl GpuAttach {
     /// The device address of module `handle`'s global `name`, if it has one.
@@ -23,14 +24,14 @@ impl GpuAttach {
             .tensor_maps
             .lock()
             .unwrap_or_else(|e| e.into_inner());
-        if table.generation == Some(crate::tensor_maps::generation()) {
+        if table.generation == Some(tensor_maps::generation()) {
             return Ok(table.at);
         }
         let mover = self.mover(context);
         if table.at == 0 {
-            table.at = mover.alloc(crate::tensor_maps::TABLE_BYTES)?;
+            table.at = mover.alloc(tensor_maps::TABLE_BYTES)?;
         }
-        let (generation, bytes) = crate::tensor_maps::table();
+        let (generation, bytes) = tensor_maps::table();
         mover.put(table.at, &bytes)?;
         table.generation = Some(generation);
         Ok(table.at)
@@ -38,7 +39,7 @@ impl GpuAttach {
 
     /// A tensor map was made whose copies memory-access probes cannot follow: said once
     /// per reason, where such probes are attached.
-    pub(crate) fn tensor_map_refused(&self, why: &crate::TensorMapError) {
+    pub(crate) fn tensor_map_refused(&self, why: &tensor_maps::TensorMapError) {
         let probing = self
             .read()
             .probes

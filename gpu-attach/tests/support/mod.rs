@@ -7,8 +7,8 @@
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
-use bpftime_gpu_attach::probe::DeviceMapRef;
 use bpftime_gpu_device::device_maps::{RuntimeConfig, ShardEntry, SHARD_WINDOW_SPAN};
+use bpftime_gpu_probe::DeviceMapRef;
 use bpftime_gpu_ptx::fatbin::Image;
 use bpftime_gpu_ptx::ptx::{Kernel, ProbeCall, ProbePoint, PtxModule, Splice, Version};
 use bpftime_gpu_ptx::toolchain;

@@ -10,9 +10,9 @@ mod counter_probe;
 
 use counter_probe::{counter, maps};
 
-use bpftime_gpu_attach::probe::compile_probe;
-use bpftime_gpu_attach::ProbePoint;
 use bpftime_gpu_device::device_maps::RuntimeConfig;
+use bpftime_gpu_probe::compile_probe;
+use bpftime_gpu_ptx::ProbePoint;
 use bpftime_isa::asm::assemble;
 use criterion::{criterion_group, criterion_main, Criterion};
 

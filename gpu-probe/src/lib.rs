@@ -1,7 +1,8 @@
 //! Compiling a GPU probe: its map references made device addresses, its helpers lowered
-//! for the GPU with the device runtime linked in, as a PTX function to splice.
+//! for the GPU with the device runtime linked in, as a PTX function to splice; made once
+//! per process and set of inputs ([`ProbeCompiler`]), and kept on disk between runs
+//! ([`ProbeCache`]). GPU attach splices what this gives into the kernels.
 
-use crate::GpuAttachError;
 use std::collections::HashMap;
 use std::hash::{Hash, Hasher};
 use std::path::{Path, PathBuf};
@@ -10,7 +11,7 @@ use std::sync::{Arc, Mutex, OnceLock};
 
 use bpftime_isa::Insn;
 use bpftime_jit_ptx::{
-    compile, ArrayMapLayout, GpuEnv, ProbeAbi, PtxOptions, PtxProgram, PtxVersion,
+    compile, ArrayMapLayout, CompileError, GpuEnv, ProbeAbi, PtxOptions, PtxProgram, PtxVersion,
 };
 use bpftime_prepare::MapRef;
 use bpftime_runtime::GpuProbeKind;
@@ -61,7 +62,7 @@ pub fn compile_probe(
     config: &RuntimeConfig,
     sm: u32,
     symbol: &str,
-) -> Result<PtxProgram, GpuAttachError> {
+) -> Result<PtxProgram, ProbeError> {
     let relocated = relocate(insns, maps)?;
     compile_relocated(point, &relocated, maps, config, sm, symbol)
 }
@@ -74,7 +75,7 @@ fn compile_relocated(
     config: &RuntimeConfig,
     sm: u32,
     symbol: &str,
-) -> Result<PtxProgram, GpuAttachError> {
+) -> Result<PtxProgram, ProbeError> {
     let env = ProbeEnv {
         library: config_ir(config),
         arrays: maps
@@ -92,13 +93,13 @@ fn compile_relocated(
     };
     let program = compile(insns, &env, &opts)?;
     if !program.externs.is_empty() {
-        return Err(GpuAttachError::MissingHelpers(program.externs));
+        return Err(ProbeError::MissingHelpers(program.externs));
     }
     Ok(program)
 }
 
 /// A probe's code, or why it cannot be made: filled once, by whoever asks first.
-type Made = OnceLock<Result<CachedProbe, GpuAttachError>>;
+type Made = OnceLock<Result<CachedProbe, ProbeError>>;
 
 /// The name a probe is compiled under before it takes the one its module gives it: the
 /// same code is then the same text whichever module and place it goes to.
@@ -144,7 +145,7 @@ impl ProbeCompiler {
         config: &RuntimeConfig,
         sm: u32,
         symbol: &str,
-    ) -> Result<CachedProbe, GpuAttachError> {
+    ) -> Result<CachedProbe, ProbeError> {
         // Keyed by what the code is made of: the instructions with their maps' device
         // addresses in place (not the store's map ids, which differ from run to run).
         let relocated = relocate(insns, maps)?;
@@ -339,8 +340,28 @@ fn this_build() -> Option<String> {
         .clone()
 }
 
+/// Why a probe's code cannot be made. `Clone`: the answer is kept for everyone who asks
+/// for the same code.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum ProbeError {
+    #[error("map {0} is not among the program's maps")]
+    MapNotInProgram(u32),
+    #[error("map {0} has no values to point into")]
+    MapWithoutValues(u32),
+    #[error(transparent)]
+    Compile(Arc<CompileError>),
+    #[error("it calls helpers the GPU runtime lacks: {}", .0.join(", "))]
+    MissingHelpers(Vec<String>),
+}
+
+impl From<CompileError> for ProbeError {
+    fn from(e: CompileError) -> Self {
+        ProbeError::Compile(Arc::new(e))
+    }
+}
+
 /// Where in a kernel a program of `kind` is spliced; `None` for a launch program, which
-/// runs on the CPU at each launch ([`crate::launch`]).
+/// runs on the CPU at each launch (GPU attach's `launch`).
 pub fn probe_point(kind: GpuProbeKind) -> Option<ProbePoint> {
     match kind {
         GpuProbeKind::Entry => Some(ProbePoint::Entry),
@@ -354,19 +375,16 @@ pub fn probe_point(kind: GpuProbeKind) -> Option<ProbePoint> {
 /// Rewrites `lddw` map references (store ids) into device addresses: a map becomes its
 /// replica's descriptor, a map value (global data) the replica's first value plus the
 /// offset.
-fn relocate(
-    insns: &[Insn],
-    maps: &HashMap<u32, DeviceMapRef>,
-) -> Result<Vec<Insn>, GpuAttachError> {
+fn relocate(insns: &[Insn], maps: &HashMap<u32, DeviceMapRef>) -> Result<Vec<Insn>, ProbeError> {
     bpftime_prepare::relocate(insns, |r| {
         let id = r.map();
-        let m = maps.get(&id).ok_or(GpuAttachError::MapNotInProgram(id))?;
+        let m = maps.get(&id).ok_or(ProbeError::MapNotInProgram(id))?;
         match r {
             MapRef::Map(_) => Ok(m.desc),
             MapRef::Value { offset, .. } => m
                 .values
                 .map(|v| v + u64::from(offset))
-                .ok_or(GpuAttachError::MapWithoutValues(id)),
+                .ok_or(ProbeError::MapWithoutValues(id)),
         }
     })
 }

@@ -14,15 +14,15 @@ use std::sync::Mutex;
 use bpftime_gpu_ptx::ptx::{TENSOR_MAPS_HEAD, TENSOR_MAP_ENTRY};
 
 /// Bytes of a `CUtensorMap`.
-pub(crate) const MAP_BYTES: usize = 128;
+pub const MAP_BYTES: usize = 128;
 /// Maps a table holds; later ones' copies are not probed (said once).
-pub(crate) const MAX_MAPS: usize = 255;
+pub const MAX_MAPS: usize = 255;
 /// Bytes of a device's table.
-pub(crate) const TABLE_BYTES: usize = TENSOR_MAPS_HEAD + MAX_MAPS * TENSOR_MAP_ENTRY;
+pub const TABLE_BYTES: usize = TENSOR_MAPS_HEAD + MAX_MAPS * TENSOR_MAP_ENTRY;
 
 /// What `cuTensorMapEncodeTiled` was given, besides the map it wrote.
 #[derive(Debug, Clone, Copy)]
-pub(crate) struct Tiled<'a> {
+pub struct Tiled<'a> {
     /// `CUtensorMapDataType`.
     pub data_type: u32,
     pub global_address: u64,
@@ -68,7 +68,7 @@ pub enum TensorMapError {
 }
 
 /// The table entry of `map`, made from `t`, or why its copies cannot be probed.
-pub(crate) fn entry(
+pub fn entry(
     map: &[u8; MAP_BYTES],
     t: &Tiled<'_>,
 ) -> Result<[u8; TENSOR_MAP_ENTRY], TensorMapError> {
@@ -116,7 +116,7 @@ fn entries() -> std::sync::MutexGuard<'static, Vec<[u8; TENSOR_MAP_ENTRY]>> {
 
 /// Notes map `map`, just made from `t`: in the table unless one with the same bytes is,
 /// or why its copies cannot be probed.
-pub(crate) fn note(map: &[u8; MAP_BYTES], t: &Tiled<'_>) -> Result<(), TensorMapError> {
+pub fn note(map: &[u8; MAP_BYTES], t: &Tiled<'_>) -> Result<(), TensorMapError> {
     let e = entry(map, t)?;
     let mut entries = entries();
     if entries.iter().any(|x| x[..MAP_BYTES] == map[..]) {
@@ -132,11 +132,7 @@ pub(crate) fn note(map: &[u8; MAP_BYTES], t: &Tiled<'_>) -> Result<(), TensorMap
 
 /// After `cuTensorMapReplaceAddress` made `before` into `after`, pointing at
 /// `global_address`: the entry follows (when `before` had one).
-pub(crate) fn address_replaced(
-    before: &[u8; MAP_BYTES],
-    after: &[u8; MAP_BYTES],
-    global_address: u64,
-) {
+pub fn address_replaced(before: &[u8; MAP_BYTES], after: &[u8; MAP_BYTES], global_address: u64) {
     let mut entries = entries();
     let Some(i) = entries.iter().position(|x| x[..MAP_BYTES] == before[..]) else {
         return;
@@ -153,12 +149,12 @@ pub(crate) fn address_replaced(
 }
 
 /// The table's current generation, cheap to compare with a device copy's.
-pub(crate) fn generation() -> u64 {
+pub fn generation() -> u64 {
     GENERATION.load(Ordering::Acquire)
 }
 
 /// The table as a device holds it, with its generation: the count, then the entries.
-pub(crate) fn table() -> (u64, Vec<u8>) {
+pub fn table() -> (u64, Vec<u8>) {
     let entries = entries();
     let generation = GENERATION.load(Ordering::Acquire);
     let mut bytes = vec![0u8; TENSOR_MAPS_HEAD + entries.len() * TENSOR_MAP_ENTRY];

@@ -3,7 +3,7 @@
 
 use std::collections::HashMap;
 
-use bpftime_gpu_attach::probe::DeviceMapRef;
+use bpftime_gpu_probe::DeviceMapRef;
 use bpftime_isa::asm::assemble;
 use bpftime_isa::Insn;
 use bpftime_jit_ptx::ArrayMapLayout;

@@ -9,9 +9,9 @@ mod counter_probe;
 
 use counter_probe::{counter, maps};
 
-use bpftime_gpu_attach::probe::{CachedProbe, DeviceMapRef, ProbeCache, ProbeCompiler};
-use bpftime_gpu_attach::ProbePoint;
 use bpftime_gpu_device::device_maps::RuntimeConfig;
+use bpftime_gpu_probe::{CachedProbe, DeviceMapRef, ProbeCache, ProbeCompiler};
+use bpftime_gpu_ptx::ProbePoint;
 use bpftime_isa::asm::assemble;
 
 /// A compiler of its own each time, as a later run has: what it answers comes from the
