@@ -808,17 +808,38 @@ pub unsafe fn chain(
                 libc::raise(sig);
             }
         }
-        f if prev.sa_flags & libc::SA_SIGINFO != 0 => {
-            // SAFETY: the previous owner installed `f` as an SA_SIGINFO handler.
-            let f: extern "C" fn(libc::c_int, *mut libc::siginfo_t, *mut libc::c_void) =
-                unsafe { std::mem::transmute(f) };
-            f(sig, info, ctx);
-        }
-        f => {
-            // SAFETY: the previous owner installed `f` as a plain handler.
-            let f: extern "C" fn(libc::c_int) = unsafe { std::mem::transmute(f) };
-            f(sig);
-        }
+        // SAFETY: the previous owner installed `f`, with these flags; the rest is the
+        // caller's obligation.
+        f => unsafe {
+            call_installed_handler(f, prev.sa_flags & libc::SA_SIGINFO != 0, sig, info, ctx)
+        },
+    }
+}
+
+/// Calls `handler` for `sig` as the kernel would: with the signal's information and
+/// context when it was installed with `SA_SIGINFO` (`siginfo`), with the number alone
+/// otherwise.
+///
+/// # Safety
+/// `handler` is a function the process installed for `sig` (not `SIG_DFL` or `SIG_IGN`),
+/// `siginfo` its `SA_SIGINFO` flag; `info` and `ctx` as the kernel hands them to an
+/// `SA_SIGINFO` handler.
+pub unsafe fn call_installed_handler(
+    handler: usize,
+    siginfo: bool,
+    sig: libc::c_int,
+    info: *mut libc::siginfo_t,
+    ctx: *mut libc::c_void,
+) {
+    if siginfo {
+        // SAFETY: installed as an SA_SIGINFO handler.
+        let f: extern "C" fn(libc::c_int, *mut libc::siginfo_t, *mut libc::c_void) =
+            unsafe { std::mem::transmute(handler) };
+        f(sig, info, ctx);
+    } else {
+        // SAFETY: installed as a plain handler.
+        let f: extern "C" fn(libc::c_int) = unsafe { std::mem::transmute(handler) };
+        f(sig);
     }
 }
 

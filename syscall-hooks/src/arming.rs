@@ -518,17 +518,17 @@ unsafe fn chain_app_sigsys(sig: libc::c_int, info: *mut libc::siginfo_t, ctx: *m
                 );
             }
         }
-        f if app.flags & libc::SA_SIGINFO as u64 != 0 => {
-            // SAFETY: the process installed `f` as an SA_SIGINFO handler.
-            let f: extern "C" fn(libc::c_int, *mut libc::siginfo_t, *mut libc::c_void) =
-                unsafe { std::mem::transmute(f) };
-            f(sig, info, ctx);
-        }
-        f => {
-            // SAFETY: the process installed `f` as a plain handler.
-            let f: extern "C" fn(libc::c_int) = unsafe { std::mem::transmute(f) };
-            f(sig);
-        }
+        // SAFETY: the process installed `f`, with these flags, for SIGSYS; `info` and
+        // `ctx` as the kernel handed them.
+        f => unsafe {
+            patch::call_installed_handler(
+                f,
+                app.flags & libc::SA_SIGINFO as u64 != 0,
+                sig,
+                info,
+                ctx,
+            )
+        },
     }
 }
 

@@ -67,6 +67,28 @@ fn counted(f: impl FnOnce()) -> (u64, u64) {
     )
 }
 
+/// SIGSYS signals the process's own handlers got: plain ones in the low half, SA_SIGINFO
+/// ones that carried the signal's number and a sender's code in the high half.
+static APP_SIGSYS: AtomicU64 = AtomicU64::new(0);
+
+extern "C" fn on_app_sigsys(sig: libc::c_int) {
+    if sig == libc::SIGSYS {
+        APP_SIGSYS.fetch_add(1, Ordering::SeqCst);
+    }
+}
+
+extern "C" fn on_app_sigsys_info(
+    sig: libc::c_int,
+    info: *mut libc::siginfo_t,
+    _ctx: *mut libc::c_void,
+) {
+    // SAFETY: the kernel's siginfo for this signal (an SA_SIGINFO handler).
+    let (signo, code) = unsafe { ((*info).si_signo, (*info).si_code) };
+    if sig == libc::SIGSYS && signo == libc::SIGSYS && code == libc::SI_TKILL {
+        APP_SIGSYS.fetch_add(1 << 32, Ordering::SeqCst);
+    }
+}
+
 /// The scenario, in the child: panics (a failed exit) on the first wrong count.
 fn scenario() {
     // SAFETY: our own 24 bytes of static TLS, zero in every thread.
@@ -157,6 +179,29 @@ fn scenario() {
         libc::pthread_sigmask(libc::SIG_SETMASK, &old, std::ptr::null_mut());
     });
     assert_eq!(e, 1, "a call with every signal blocked");
+    // The process's own SIGSYS handlers (seccomp's SECCOMP_RET_TRAP goes to them) still get
+    // the SIGSYS signals that are not the dispatch's: an SA_SIGINFO one with its
+    // information, then a plain one.
+    for siginfo in [true, false] {
+        // SAFETY: installs one of our handlers for SIGSYS, then raises it.
+        unsafe {
+            let mut sa: libc::sigaction = std::mem::zeroed();
+            if siginfo {
+                sa.sa_sigaction = on_app_sigsys_info as *const () as usize;
+                sa.sa_flags = libc::SA_SIGINFO;
+            } else {
+                sa.sa_sigaction = on_app_sigsys as *const () as usize;
+            }
+            assert_eq!(libc::sigaction(libc::SIGSYS, &sa, std::ptr::null_mut()), 0);
+            let before = APP_SIGSYS.load(Ordering::SeqCst);
+            libc::raise(libc::SIGSYS);
+            assert_eq!(
+                APP_SIGSYS.load(Ordering::SeqCst) - before,
+                if siginfo { 1 << 32 } else { 1 },
+                "the process's own SIGSYS handler (SA_SIGINFO: {siginfo})"
+            );
+        }
+    }
     // fork: the child counts its own calls; vfork and exec through posix_spawn (Command).
     // SAFETY: the child only calls getppid, reads atomics and exits.
     let pid = unsafe { libc::fork() };
