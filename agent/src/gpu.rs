@@ -22,6 +22,8 @@ use crate::program::Runtime;
 
 /// Not a store link: the launch watcher behind `--gpu-flamegraph`.
 const FLAMEGRAPH_LINK: u32 = u32::MAX;
+/// Not a store link either: the launch watcher behind `--trace` (`trace.rs`).
+pub(crate) const TRACE_LINK: u32 = u32::MAX - 1;
 
 /// Records the CPU stack of every kernel launch with the launch's GPU time, and writes the
 /// flame graph (`PATH.folded`, `PATH.svg`) at exit.
@@ -343,7 +345,7 @@ fn report_pending_at_exit() {
         // The flame graph and the trace say for themselves what they have.
         let mut names: Vec<String> = pending
             .iter()
-            .filter(|(&id, _)| id != FLAMEGRAPH_LINK && id != crate::trace::TRACE_LINK)
+            .filter(|(&id, _)| id != FLAMEGRAPH_LINK && id != TRACE_LINK)
             .map(|(_, p)| p.describe())
             .collect();
         if names.is_empty() {

@@ -21,8 +21,7 @@ use bpftime_gpu_profile::timeline::{function_name, symbol_at};
 use bpftime_gpu_profile::{Name, Timeline};
 use bpftime_runtime::{LinkRecord, TRACE_ENV};
 
-/// Not a store link: the launch watcher behind `--trace`.
-pub(crate) const TRACE_LINK: u32 = u32::MAX - 1;
+use crate::gpu::TRACE_LINK;
 
 static TIMELINE: OnceLock<Arc<Timeline>> = OnceLock::new();
 

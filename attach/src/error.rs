@@ -1,7 +1,7 @@
 use std::io;
 use std::path::PathBuf;
 
-use crate::hook::HookId;
+use crate::HookId;
 
 /// Why a target could not be resolved or a hook could not be installed or removed.
 #[derive(Debug, thiserror::Error)]

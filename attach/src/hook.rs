@@ -2,7 +2,6 @@
 
 use std::cell::Cell;
 use std::collections::{hash_map, HashMap};
-use std::fmt;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::ptr;
 use std::sync::atomic::{AtomicBool, AtomicIsize, AtomicPtr, AtomicU8, AtomicUsize, Ordering};
@@ -12,22 +11,13 @@ use crate::error::AttachError;
 use crate::patch::{self, PatchKind, Trampoline};
 use crate::regs::PtRegs;
 use crate::stubs;
+use crate::HookId;
 
 /// What runs at a hook. It gets the registers as the kernel would show them to a program,
 /// on the thread that hit the hook, with hooks off on that thread meanwhile (a hooked
 /// function it calls runs unobserved, as the kernel does not nest BPF programs). A handler
 /// that panics is logged once and never run again; the hooked code goes on either way.
 pub type Handler = Arc<dyn Fn(&mut PtRegs) + Send + Sync>;
-
-/// Names one attached handler, for [`detach`].
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct HookId(u64);
-
-impl fmt::Display for HookId {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "hook #{}", self.0)
-    }
-}
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Kind {

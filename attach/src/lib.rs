@@ -62,7 +62,6 @@ pub use hook::{
     attach_uprobe, attach_uprobe_code, attach_uretprobe, attach_uretprobe_code, detach,
     in_handlers, never_run_handlers_on_this_thread, original_return_address, prime_returns,
     set_in_handlers, use_static_tls_flag, use_static_tls_shadow, CodeHandler, Handler, HookAddress,
-    HookId,
 };
 pub use maps::{parse as parse_proc_maps, Mapping as ProcMapping};
 pub use regs::PtRegs;
@@ -71,6 +70,17 @@ pub use resolve::{
     Location, Target,
 };
 pub use site::{function_at, plan_site, SitePlan};
+
+/// Names one attached handler, for [`detach`]. Here, at the root, as hooks hand it out
+/// and errors name it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct HookId(u64);
+
+impl std::fmt::Display for HookId {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "hook #{}", self.0)
+    }
+}
 
 /// Defines `$size` zeroed bytes of static TLS, 8-aligned, in the crate that invokes it, and
 /// `fn $name() -> isize` answering their offset from the thread pointer (see

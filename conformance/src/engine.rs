@@ -43,15 +43,6 @@ impl FromStr for EngineKind {
     }
 }
 
-/// The engine of this kind.
-pub fn engine(kind: EngineKind) -> Box<dyn Engine> {
-    match kind {
-        EngineKind::Interpreter => Box::new(InterpreterEngine),
-        EngineKind::Gpu => Box::new(crate::gpu::GpuEngine::new()),
-        EngineKind::Jit => Box::new(crate::JitEngine::default()),
-    }
-}
-
 /// The interpreter, with memory checked against the test's buffer and the stack.
 #[derive(Debug, Default, Clone, Copy)]
 pub struct InterpreterEngine;

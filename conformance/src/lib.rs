@@ -16,5 +16,14 @@ pub use data::{
     default_suite_dir, parse_test, suite_files, test_name, Expectation, ParseError, SuiteError,
     TestCase, SUITE_DIR_ENV,
 };
-pub use engine::{check, engine, Engine, EngineKind, InterpreterEngine, Mismatch, UnknownEngine};
+pub use engine::{check, Engine, EngineKind, InterpreterEngine, Mismatch, UnknownEngine};
 pub use jit::JitEngine;
+
+/// The engine of this kind.
+pub fn engine(kind: EngineKind) -> Box<dyn Engine> {
+    match kind {
+        EngineKind::Interpreter => Box::new(InterpreterEngine),
+        EngineKind::Gpu => Box::new(gpu::GpuEngine::new()),
+        EngineKind::Jit => Box::new(JitEngine::default()),
+    }
+}

@@ -13,6 +13,7 @@
 //! the kernel as a leaf frame, weighted by the nanoseconds of GPU time its launches from
 //! that stack took.
 
+use crate::pprof::{self, Total};
 use std::collections::{HashMap, HashSet};
 use std::io::Write as _;
 use std::path::{Path, PathBuf};
@@ -41,13 +42,6 @@ pub enum FlameGraphError {
 
 /// What the graph shows, its title.
 const TITLE: &str = "GPU time by the CPU stack that launched it";
-
-/// GPU time from one stack into one kernel.
-#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
-pub struct Total {
-    pub launches: u64,
-    pub gpu_ns: u64,
-}
 
 /// What [`LaunchStacks::write`] wrote.
 #[derive(Debug, Clone)]
@@ -199,7 +193,7 @@ impl LaunchStacks {
                 source,
             })?;
         let pprof_path = path.with_extension("pb.gz");
-        std::fs::write(&pprof_path, crate::pprof::encode(&lines, TITLE)).map_err(|source| {
+        std::fs::write(&pprof_path, pprof::encode(&lines, TITLE)).map_err(|source| {
             FlameGraphError::Write {
                 path: pprof_path.clone(),
                 source,

@@ -9,8 +9,6 @@
 
 use std::collections::HashMap;
 
-use crate::flamegraph::Total;
-
 /// Protobuf wire types.
 const VARINT: u64 = 0;
 const LEN: u64 = 2;
@@ -84,6 +82,13 @@ fn frame_parts(frame: &str) -> (&str, &str, u64) {
         }
     }
     (frame, "", 0)
+}
+
+/// GPU time from one stack into one kernel: a sample's values (`launches`, `gpu_time`).
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct Total {
+    pub launches: u64,
+    pub gpu_ns: u64,
 }
 
 /// The gzipped profile of `lines` (folded stacks, outermost frame first, and their totals).

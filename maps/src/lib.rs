@@ -29,7 +29,8 @@ mod syscall_side;
 mod thread_array;
 
 use bpftime_isa::uapi::{map_flags, map_type};
-use bpftime_store::cpu::{current_cpu, possible_cpus};
+use bpftime_store::cpu::possible_cpus;
+use bpftime_store::cpu_slots::current_cpu;
 use bpftime_store::layout::{InnerTemplate, MapHeader, ObjectKind, PAGE_SIZE};
 use bpftime_store::lock;
 use bpftime_store::mapping::Mapping;

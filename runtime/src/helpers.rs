@@ -6,7 +6,8 @@
 
 use bpftime_isa::uapi::helper as id;
 use bpftime_maps::{ringbuf_commit, Map};
-use bpftime_store::cpu::{current_cpu, possible_cpus};
+use bpftime_store::cpu::possible_cpus;
+use bpftime_store::cpu_slots::current_cpu;
 use bpftime_store::thread::pid_tgid;
 use std::cell::Cell;
 use std::io::Write;

@@ -30,11 +30,10 @@ use std::sync::atomic::{AtomicIsize, AtomicU32, Ordering};
 use std::sync::OnceLock;
 
 use crate::cpu::possible_cpus;
-use crate::layout::{CpuSlotsHeader, CPU_SLOTS_MAGIC, CPU_SLOT_STRIDE, STORE_VERSION};
+use crate::layout::{CpuSlotsHeader, CPU_SLOTS_MAGIC, CPU_SLOT_STRIDE};
 use crate::lock::{current_tid, thread_alive};
 use crate::mapping::{read_tls_word, write_tls_word, Mapping};
 use crate::store::{check_magic_and_version, Store};
-use crate::store_dir::StoreDir;
 use crate::{Error, Result};
 
 /// The word the thread's state is kept in while static TLS holds it: `1 << 32 | slot`
@@ -78,50 +77,13 @@ impl Table {
     }
 }
 
-/// Creates the slot table of the store in `dir` unless it is there, for
-/// `Store::create_or_open`.
-pub fn create_table(dir: &StoreDir) -> Result<()> {
-    if dir.exists("cpus") {
-        return Ok(());
-    }
-    let cpus = possible_cpus();
-    let tmp = format!(".tmp-cpus-{}", std::process::id());
-    let shown = dir.shown(&tmp);
-    let result = (|| {
-        let file = dir
-            .create_temporary(&tmp)
-            .map_err(|e| Error::io("create", &shown, e))?;
-        let len = CPU_SLOT_STRIDE * (1 + cpus as usize);
-        file.set_len(len as u64)
-            .map_err(|e| Error::io("resize", &shown, e))?;
-        let m = Mapping::map_file(&file, len, &shown)?;
-        // SAFETY: a fresh file of `len` bytes, private to this process until linked.
-        unsafe {
-            m.base().cast::<CpuSlotsHeader>().write(CpuSlotsHeader {
-                magic: CPU_SLOTS_MAGIC,
-                version: STORE_VERSION,
-                cpus,
-                _pad: 0,
-            })
-        };
-        // link() refuses to replace, so racing creators agree on one table.
-        match dir.link(&tmp, "cpus") {
-            Ok(()) => Ok(()),
-            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => Ok(()),
-            Err(e) => Err(Error::io("create", dir.shown("cpus"), e)),
-        }
-    })();
-    let _ = dir.unlink(&tmp);
-    result
-}
-
 /// Maps the slot table of `store` for the programs of this process; the first store
 /// wins (an agent serves one).
 pub fn install(store: &Store) -> Result<()> {
     if TABLE.get().is_some() {
         return Ok(());
     }
-    let Some(cpu_number) = crate::cpu::cpu_number_offset() else {
+    let Some(cpu_number) = cpu_number_offset() else {
         return Err(Error::invalid(
             libc::ENOTSUP,
             "glibc keeps no rseq area for this process's threads (glibc before 2.35, or GLIBC_TUNABLES=glibc.pthread.rseq=0) and none of ours was offered",
@@ -506,5 +468,67 @@ impl Drop for SlotGuard {
         // SAFETY: a slot was taken, so the offset is set.
         unsafe { write_tls_word(SLOT_TP_OFFSET.load(Ordering::Relaxed), 0) };
         table.slot(slot).store(0, Ordering::Release);
+    }
+}
+
+/// Offset from the FS segment base of the `u32` in which the kernel keeps the number of
+/// the CPU the thread runs on: the `cpu_id` field (offset 4) of the rseq area glibc
+/// (2.35 and newer) registers for every thread, else of ours, which a thread registers
+/// when it first takes a CPU slot (`cpu_slots::use_own_rseq_area`; -1 there until then).
+/// `None` where there is neither.
+pub fn cpu_number_offset() -> Option<u64> {
+    static OFFSET: OnceLock<Option<u64>> = OnceLock::new();
+    *OFFSET.get_or_init(|| {
+        // SAFETY: dlsym with NUL-terminated names; both symbols, where glibc has them,
+        // are constants set before any user code runs.
+        unsafe {
+            let offset = libc::dlsym(libc::RTLD_DEFAULT, c"__rseq_offset".as_ptr());
+            let size = libc::dlsym(libc::RTLD_DEFAULT, c"__rseq_size".as_ptr());
+            if offset.is_null() || size.is_null() || *size.cast::<u32>() < 8 {
+                // Ours, which threads register as they take CPU slots.
+                return own_rseq_offset().map(|o| (o as u64).wrapping_add(4));
+            }
+            Some((*offset.cast::<isize>() as u64).wrapping_add(4))
+        }
+    })
+}
+
+/// The CPU a program on this thread runs as, below `ncpus`: the CPU slot it holds (see
+/// `cpu_slots.rs`), else the CPU it runs on.
+#[inline]
+pub fn current_cpu(ncpus: u32) -> usize {
+    match held_slot() {
+        Some(slot) if slot < ncpus => slot as usize,
+        _ => hardware_cpu(ncpus),
+    }
+}
+
+/// The CPU this thread runs on, below `ncpus`: from the rseq area when glibc keeps one,
+/// from `sched_getcpu` otherwise.
+pub fn hardware_cpu(ncpus: u32) -> usize {
+    if let Some(offset) = cpu_number_offset() {
+        let cpu: u32;
+        // SAFETY: the rseq area (glibc's or ours) is at this offset from every thread's
+        // pointer for the thread's whole life; the kernel keeps `cpu_id` current once
+        // the area is registered, and it reads out of range before.
+        unsafe {
+            std::arch::asm!(
+                "mov {cpu:e}, dword ptr fs:[{offset}]",
+                cpu = out(reg) cpu,
+                offset = in(reg) offset,
+                options(nostack, readonly, preserves_flags),
+            )
+        };
+        // A thread whose registration failed reads a negative marker.
+        if cpu < ncpus {
+            return cpu as usize;
+        }
+    }
+    // SAFETY: sched_getcpu has no preconditions.
+    let c = unsafe { libc::sched_getcpu() };
+    if c < 0 {
+        0
+    } else {
+        (c as u32 % ncpus.max(1)) as usize
     }
 }

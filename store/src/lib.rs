@@ -34,7 +34,8 @@ pub mod store_dir;
 pub mod thread;
 
 pub use attach_hint::{read_attach_hint, report_to_attach};
-pub use cpu::{cpu_number_offset, possible_cpus};
+pub use cpu::possible_cpus;
+pub use cpu_slots::cpu_number_offset;
 pub use error::{Error, Result};
 pub use fault::{guard_mapping, Damage, GuardedMapping};
 pub use gpu_probe::{

@@ -10,7 +10,7 @@
 //! path elsewhere is, for the kernel, a path outside any bpffs mount.
 
 use crate::layout::ObjectKind;
-use crate::store::Store;
+use crate::store::{Store, PINS_DIR};
 use crate::store_dir::StoreDir;
 use crate::{Error, Result};
 use std::ffi::{OsStr, OsString};
@@ -19,8 +19,6 @@ use std::path::{Component, Path, PathBuf};
 
 /// Where tools mount bpffs, and the only bpffs the shim serves.
 pub const BPFFS_ROOT: &str = "/sys/fs/bpf";
-/// The pin tree's directory in a store.
-pub const PINS_DIR: &str = "pins";
 
 /// A pinned object.
 #[derive(Debug, Clone, PartialEq, Eq)]

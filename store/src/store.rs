@@ -1,4 +1,8 @@
-use crate::layout::{ObjectHeader, ObjectKind, StoreHeader, OBJECT_MAGIC, STORE_VERSION};
+use crate::cpu::possible_cpus;
+use crate::layout::{
+    CpuSlotsHeader, ObjectHeader, ObjectKind, StoreHeader, CPU_SLOTS_MAGIC, CPU_SLOT_STRIDE,
+    OBJECT_MAGIC, STORE_VERSION,
+};
 use crate::mapping::Mapping;
 use crate::store_dir::StoreDir;
 use crate::{Error, Result};
@@ -128,8 +132,8 @@ impl Store {
                 Err(e) => return Err(e),
             }
         }
-        crate::cpu_slots::create_table(&dir)?;
-        dir.subdir(std::ffi::OsStr::new(crate::pins::PINS_DIR), true)?;
+        create_cpu_table(&dir)?;
+        dir.subdir(std::ffi::OsStr::new(PINS_DIR), true)?;
         Self::open_dir(name, dir)
     }
 
@@ -414,6 +418,8 @@ fn dir_name(name: &str) -> String {
 
 /// The file `bpf_trace_printk` appends to.
 pub const TRACE_PIPE: &str = "trace_pipe";
+/// The directory of the store's pins (`pins.rs`).
+pub const PINS_DIR: &str = "pins";
 
 pub fn new_object_header(kind: ObjectKind, id: u32) -> ObjectHeader {
     ObjectHeader {
@@ -505,6 +511,42 @@ pub fn open_object_in(dir: &StoreDir, kind: ObjectKind, id: u32) -> Result<(File
         }
     })?;
     Ok((file, path))
+}
+
+/// Creates the store's table of CPU slots (`cpu_slots.rs`) in `dir` unless it is there.
+fn create_cpu_table(dir: &StoreDir) -> Result<()> {
+    if dir.exists("cpus") {
+        return Ok(());
+    }
+    let cpus = possible_cpus();
+    let tmp = format!(".tmp-cpus-{}", std::process::id());
+    let shown = dir.shown(&tmp);
+    let result = (|| {
+        let file = dir
+            .create_temporary(&tmp)
+            .map_err(|e| Error::io("create", &shown, e))?;
+        let len = CPU_SLOT_STRIDE * (1 + cpus as usize);
+        file.set_len(len as u64)
+            .map_err(|e| Error::io("resize", &shown, e))?;
+        let m = Mapping::map_file(&file, len, &shown)?;
+        // SAFETY: a fresh file of `len` bytes, private to this process until linked.
+        unsafe {
+            m.base().cast::<CpuSlotsHeader>().write(CpuSlotsHeader {
+                magic: CPU_SLOTS_MAGIC,
+                version: STORE_VERSION,
+                cpus,
+                _pad: 0,
+            })
+        };
+        // link() refuses to replace, so racing creators agree on one table.
+        match dir.link(&tmp, "cpus") {
+            Ok(()) => Ok(()),
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => Ok(()),
+            Err(e) => Err(Error::io("create", dir.shown("cpus"), e)),
+        }
+    })();
+    let _ = dir.unlink(&tmp);
+    result
 }
 
 #[cfg(test)]
