@@ -13,7 +13,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{LazyLock, Mutex};
 
 use crate::error::AttachError;
-use crate::patch;
+use crate::patch::{self, SiteOwner};
 
 /// A detoured function.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -54,16 +54,26 @@ pub unsafe fn detour(
             reason: format!("already detoured (to call {:#x})", d.detour.original),
         });
     }
-    if crate::hook::is_hooked(addr) {
+    if patch::claim_site(addr, SiteOwner::Detour).is_err() {
         return Err(AttachError::Unhookable {
             addr,
             reason: "a uprobe is attached there".into(),
         });
     }
-    let code = patch::build_detour(addr, replacement)?;
-    original.store(code.original_entry, Ordering::Release);
-    patch::register_trap(addr, code.thunk)?;
-    let written = patch::write_jump(addr, code.thunk, &code.interior)?;
+    let written = (|| {
+        let code = patch::build_detour(addr, replacement)?;
+        original.store(code.original_entry, Ordering::Release);
+        patch::register_trap(addr, code.thunk)?;
+        let written = patch::write_jump(addr, code.thunk, &code.interior)?;
+        Ok((code, written))
+    })();
+    let (code, written) = match written {
+        Ok(w) => w,
+        Err(e) => {
+            patch::release_site(addr, SiteOwner::Detour);
+            return Err(e);
+        }
+    };
     let detour = Detour {
         addr,
         original: code.original_entry,
@@ -92,13 +102,7 @@ pub fn remove_detour(detour: Detour) -> Result<(), AttachError> {
             reason: "not detoured".into(),
         });
     };
-    patch::restore(detour.addr, &installed.bytes)
-}
-
-/// Whether `addr` is detoured now.
-pub(crate) fn is_detoured(addr: usize) -> bool {
-    DETOURS
-        .lock()
-        .unwrap_or_else(|e| e.into_inner())
-        .contains_key(&addr)
+    patch::restore(detour.addr, &installed.bytes)?;
+    patch::release_site(detour.addr, SiteOwner::Detour);
+    Ok(())
 }

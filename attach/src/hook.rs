@@ -8,7 +8,7 @@ use std::sync::atomic::{AtomicBool, AtomicIsize, AtomicPtr, AtomicU8, AtomicUsiz
 use std::sync::{Arc, LazyLock, Mutex, MutexGuard};
 
 use crate::error::AttachError;
-use crate::patch::{self, PatchKind, Trampoline};
+use crate::patch::{self, PatchKind, SiteOwner, Trampoline};
 use crate::regs::PtRegs;
 use crate::stubs;
 use crate::HookId;
@@ -431,18 +431,30 @@ fn current(site: &Site) -> List {
 }
 
 /// Whether a hook site exists at `addr` (attached now or before).
-pub(crate) fn is_hooked(addr: usize) -> bool {
+fn is_hooked(addr: usize) -> bool {
     registry().sites.contains_key(&addr)
 }
 
 fn attach(at: HookAddress, kind: Kind, action: Action) -> Result<HookId, AttachError> {
     let addr = at.addr;
-    if crate::detour::is_detoured(addr) {
+    let had_site = is_hooked(addr);
+    if patch::claim_site(addr, SiteOwner::Hook).is_err() {
         return Err(AttachError::Unhookable {
             addr,
             reason: "the function is detoured (replaced by bpftime's GPU attach)".into(),
         });
     }
+    let attached = attach_claimed(at, kind, action);
+    // A site that was never made leaves the address to a detour.
+    if attached.is_err() && !had_site && !is_hooked(addr) {
+        patch::release_site(addr, SiteOwner::Hook);
+    }
+    attached
+}
+
+/// [`attach`] at an address this module holds.
+fn attach_claimed(at: HookAddress, kind: Kind, action: Action) -> Result<HookId, AttachError> {
+    let addr = at.addr;
     let machinery = [
         stubs::entry_stub(),
         stubs::function_entry_stub(),

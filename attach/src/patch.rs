@@ -11,6 +11,7 @@
 //! operand goes in, every other thread found between two of them is moved to the
 //! instruction's copy in the trampoline (see `evacuate`), or the site stays a breakpoint.
 
+use std::collections::BTreeMap;
 use std::fs::File;
 use std::io;
 use std::os::unix::fs::FileExt;
@@ -696,6 +697,35 @@ pub fn set_app_sigtrap(handler: usize, flags: usize) {
     APP_SIGTRAP[0].store(handler, Ordering::Release);
     APP_SIGTRAP[1].store(flags, Ordering::Release);
     APP_SIGTRAP_SET.store(true, Ordering::Release);
+}
+
+/// Which of our patchers owns the code at an address: a uprobe's hook site (for good once
+/// made, as a thread may be inside its trampoline) or a detour (until it is removed). One
+/// owner an address: the other's patch would overwrite its jump.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum SiteOwner {
+    Hook,
+    Detour,
+}
+
+static SITE_OWNERS: Mutex<BTreeMap<usize, SiteOwner>> = Mutex::new(BTreeMap::new());
+
+/// Takes `addr` for `owner` (a second claim by the same owner is kept); the other owner,
+/// when it holds it.
+pub(crate) fn claim_site(addr: usize, owner: SiteOwner) -> Result<(), SiteOwner> {
+    let mut owners = SITE_OWNERS.lock().unwrap_or_else(|e| e.into_inner());
+    match *owners.entry(addr).or_insert(owner) {
+        held if held == owner => Ok(()),
+        other => Err(other),
+    }
+}
+
+/// Gives `addr` back, when `owner` holds it.
+pub(crate) fn release_site(addr: usize, owner: SiteOwner) {
+    let mut owners = SITE_OWNERS.lock().unwrap_or_else(|e| e.into_inner());
+    if owners.get(&addr) == Some(&owner) {
+        owners.remove(&addr);
+    }
 }
 
 /// Tells the SIGTRAP handler that a trap at `addr` means "go to `to`", before any `int3`

@@ -89,3 +89,34 @@ fn replacement_runs_and_calls_the_original_from_many_threads() {
     let original: extern "C" fn(u64, u64) -> u64 = unsafe { std::mem::transmute(d.original) };
     assert_eq!(original(1, 2), expected(1, 2));
 }
+
+#[inline(never)]
+extern "C" fn probed(a: u64) -> u64 {
+    black_box(a).wrapping_mul(3)
+}
+
+/// A function a uprobe watches is not detoured: the detour's jump would go over the
+/// hook's, and its trampoline would never run again.
+#[test]
+fn a_hooked_function_is_not_detoured() {
+    let f = probed as *const () as usize;
+    let hits = Arc::new(AtomicU64::new(0));
+    let h = hits.clone();
+    // SAFETY: `probed` is a whole function of this binary.
+    unsafe {
+        attach_uprobe(
+            f,
+            Arc::new(move |_| {
+                h.fetch_add(1, Ordering::Relaxed);
+            }),
+        )
+    }
+    .unwrap();
+    static UNUSED: AtomicUsize = AtomicUsize::new(0);
+    // SAFETY: refused before anything is written.
+    let refused = unsafe { detour(f, scale_replacement as *const () as usize, &UNUSED) };
+    let err = refused.expect_err("a detour over a uprobe");
+    assert!(err.to_string().contains("uprobe"), "{err}");
+    assert_eq!(black_box(probed as extern "C" fn(u64) -> u64)(5), 15);
+    assert_eq!(hits.load(Ordering::Relaxed), 1, "the hook still runs");
+}

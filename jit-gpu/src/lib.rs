@@ -34,10 +34,12 @@
 #![warn(unreachable_pub)]
 
 mod error;
+pub mod ir;
 pub mod lowering;
 pub mod passes;
 
 pub use error::CompileError;
+pub use ir::{call_int, intrinsic};
 pub use lowering::*;
 pub use passes::*;
 

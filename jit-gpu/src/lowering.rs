@@ -10,13 +10,12 @@ use bpftime_lifter::{lift, ArrayMapLayout, HelperLowering, LoweringTarget};
 use inkwell::attributes::{Attribute, AttributeLoc};
 use inkwell::builder::Builder;
 use inkwell::context::Context;
-use inkwell::intrinsics::Intrinsic;
 use inkwell::memory_buffer::MemoryBuffer;
 use inkwell::module::{Linkage, Module};
-use inkwell::types::BasicTypeEnum;
 use inkwell::values::{FunctionValue, IntValue};
 use inkwell::AddressSpace;
 
+use crate::ir::call_int;
 use crate::passes::{route_atomic_adds, WARP_ADD_U32, WARP_ADD_U64};
 use crate::CompileError;
 
@@ -346,36 +345,6 @@ pub fn is_valid_symbol(s: &str) -> bool {
     let mut chars = s.chars();
     matches!(chars.next(), Some(c) if c.is_ascii_alphabetic() || c == '_')
         && chars.all(|c| c.is_ascii_alphanumeric() || c == '_')
-}
-
-/// Looks up a (non-overloaded unless `overloads` says so) intrinsic.
-pub fn intrinsic<'ctx>(
-    module: &Module<'ctx>,
-    name: &str,
-    overloads: &[BasicTypeEnum<'ctx>],
-) -> Result<FunctionValue<'ctx>, CompileError> {
-    Intrinsic::find(name)
-        .and_then(|i| i.get_declaration(module, overloads))
-        .ok_or_else(|| CompileError::Intrinsic {
-            name: name.to_string(),
-        })
-}
-
-/// Calls `f` with `args` and returns its integer result.
-pub fn call_int<'ctx>(
-    builder: &Builder<'ctx>,
-    f: FunctionValue<'ctx>,
-    args: &[inkwell::values::BasicMetadataValueEnum<'ctx>],
-    name: &str,
-) -> Result<IntValue<'ctx>, CompileError> {
-    builder
-        .build_call(f, args, name)?
-        .try_as_basic_value()
-        .basic()
-        .map(|v| v.into_int_value())
-        .ok_or_else(|| CompileError::InvalidIr {
-            message: format!("{} returns nothing", f.get_name().to_string_lossy()),
-        })
 }
 
 /// The environment's library as one module: its bitcode with its text IR linked in.

@@ -3,7 +3,7 @@
 use bpftime_lifter::ArrayMapLayout;
 use inkwell::module::Module;
 
-use crate::lowering::*;
+use crate::ir::{call_int, intrinsic};
 use crate::CompileError;
 
 /// Where an address can come from, as the IR shows it.
