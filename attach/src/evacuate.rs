@@ -35,7 +35,23 @@ use std::sync::atomic::{fence, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
-use crate::patch::{self, Interior};
+use crate::signals;
+
+/// The instruction boundaries strictly inside the bytes a jump covers, each with the
+/// address of the instruction's relocated copy: where a thread found there is sent before
+/// the jump's operand is written.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub(crate) struct Interior {
+    /// How many bytes from the hooked address the covered instructions span.
+    pub len: usize,
+    /// (offset from the hooked address, address of the copy, or 0 where the encoder
+    /// replaced the instruction by others it does not locate).
+    pub boundaries: Vec<(usize, usize)>,
+    /// A call that is not the last covered instruction: a thread inside its callee when
+    /// the jump goes in would return between the covered bytes, where no look at the
+    /// threads finds it (it is somewhere in the callee); such a site stays a breakpoint.
+    pub returns_inside: bool,
+}
 
 /// How long the patcher waits for the threads it asked, all told: long enough for a thread
 /// that is ready to run to get a CPU on a loaded machine, short enough for an attach.
@@ -407,7 +423,7 @@ extern "C" fn on_request(sig: libc::c_int, info: *mut libc::siginfo_t, ctx: *mut
     }
     if let Some(Some(carrier)) = CARRIER.get() {
         // SAFETY: as above, for the disposition ours replaced.
-        unsafe { patch::chain(&carrier.previous, sig, info, ctx) };
+        unsafe { signals::chain(&carrier.previous, sig, info, ctx) };
     }
 }
 

@@ -53,6 +53,7 @@ mod maps;
 pub mod patch;
 mod regs;
 mod resolve;
+pub mod signals;
 mod site;
 mod stubs;
 

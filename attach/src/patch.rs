@@ -24,8 +24,9 @@ use iced_x86::{
 };
 
 use crate::error::AttachError;
-use crate::evacuate;
+use crate::evacuate::{self, Interior};
 use crate::maps;
+use crate::signals::chain;
 
 /// Length of `jmp rel32`, the patch written over a hooked address.
 pub(crate) const JMP_LEN: usize = 5;
@@ -162,22 +163,6 @@ pub(crate) struct Trampoline {
     /// The bytes the patch replaces: [`JMP_LEN`] for a jump, one for a breakpoint.
     pub original: Vec<u8>,
     pub interior: Interior,
-}
-
-/// The instruction boundaries strictly inside the bytes a jump covers, each with the
-/// address of the instruction's relocated copy: where a thread found there is sent before
-/// the jump's operand is written (see `evacuate`).
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub(crate) struct Interior {
-    /// How many bytes from the hooked address the covered instructions span.
-    pub len: usize,
-    /// (offset from the hooked address, address of the copy, or 0 where the encoder
-    /// replaced the instruction by others it does not locate).
-    pub boundaries: Vec<(usize, usize)>,
-    /// A call that is not the last covered instruction: a thread inside its callee when
-    /// the jump goes in would return between the covered bytes, where no look at the
-    /// threads finds it (it is somewhere in the callee); such a site stays a breakpoint.
-    pub returns_inside: bool,
 }
 
 /// How a hooked address is patched.
@@ -814,62 +799,6 @@ extern "C" fn on_sigtrap(sig: libc::c_int, info: *mut libc::siginfo_t, ctx: *mut
     } else if let Some(prev) = PREVIOUS.get() {
         // SAFETY: as this handler was called, for the handler it replaced.
         unsafe { chain(prev, sig, info, ctx) };
-    }
-}
-
-/// Hands a signal that is not ours to `prev`, the handler ours replaced, as the kernel
-/// would have. Async-signal-safe.
-///
-/// # Safety
-/// `info` and `ctx` as the kernel hands them to an SA_SIGINFO handler of `sig`.
-pub unsafe fn chain(
-    prev: &libc::sigaction,
-    sig: libc::c_int,
-    info: *mut libc::siginfo_t,
-    ctx: *mut libc::c_void,
-) {
-    match prev.sa_sigaction {
-        libc::SIG_IGN => {}
-        libc::SIG_DFL => {
-            // SAFETY: restoring the default and re-raising is async-signal-safe; the signal is
-            // delivered with the default action once this handler returns.
-            unsafe {
-                libc::signal(sig, libc::SIG_DFL);
-                libc::raise(sig);
-            }
-        }
-        // SAFETY: the previous owner installed `f`, with these flags; the rest is the
-        // caller's obligation.
-        f => unsafe {
-            call_installed_handler(f, prev.sa_flags & libc::SA_SIGINFO != 0, sig, info, ctx)
-        },
-    }
-}
-
-/// Calls `handler` for `sig` as the kernel would: with the signal's information and
-/// context when it was installed with `SA_SIGINFO` (`siginfo`), with the number alone
-/// otherwise.
-///
-/// # Safety
-/// `handler` is a function the process installed for `sig` (not `SIG_DFL` or `SIG_IGN`),
-/// `siginfo` its `SA_SIGINFO` flag; `info` and `ctx` as the kernel hands them to an
-/// `SA_SIGINFO` handler.
-pub unsafe fn call_installed_handler(
-    handler: usize,
-    siginfo: bool,
-    sig: libc::c_int,
-    info: *mut libc::siginfo_t,
-    ctx: *mut libc::c_void,
-) {
-    if siginfo {
-        // SAFETY: installed as an SA_SIGINFO handler.
-        let f: extern "C" fn(libc::c_int, *mut libc::siginfo_t, *mut libc::c_void) =
-            unsafe { std::mem::transmute(handler) };
-        f(sig, info, ctx);
-    } else {
-        // SAFETY: installed as a plain handler.
-        let f: extern "C" fn(libc::c_int) = unsafe { std::mem::transmute(handler) };
-        f(sig);
     }
 }
 

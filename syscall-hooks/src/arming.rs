@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use crate::entry::{self, raw};
 use crate::{rewrite, tls_byte, FLAGS, SIGSYS_BIT, SPECIAL, TLS_OFFSET};
-use bpftime_attach::patch;
+use bpftime_attach::{patch, signals};
 
 /// The signals no mask may block while armed: SIGSYS (the kernel kills a process whose
 /// dispatched call meets it blocked) and SIGTRAP (a thread that meets a site mid-rewrite
@@ -368,7 +368,7 @@ extern "C" fn on_arm(sig: libc::c_int, info: *mut libc::siginfo_t, ctx: *mut lib
             p.sa_sigaction = prev.handler as usize;
             p.sa_flags = prev.flags as libc::c_int;
             // SAFETY: as the kernel handed them to us, for the handler ours replaced.
-            unsafe { bpftime_attach::patch::chain(&p, sig, info, ctx) };
+            unsafe { signals::chain(&p, sig, info, ctx) };
         }
         return;
     }
@@ -521,7 +521,7 @@ unsafe fn chain_app_sigsys(sig: libc::c_int, info: *mut libc::siginfo_t, ctx: *m
         // SAFETY: the process installed `f`, with these flags, for SIGSYS; `info` and
         // `ctx` as the kernel handed them.
         f => unsafe {
-            patch::call_installed_handler(
+            signals::call_installed_handler(
                 f,
                 app.flags & libc::SA_SIGINFO as u64 != 0,
                 sig,
