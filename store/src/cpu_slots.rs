@@ -139,7 +139,7 @@ pub unsafe fn use_own_rseq_area(tp_offset: isize) {
 }
 
 /// Our own rseq area's offset from the thread pointer, when one was offered.
-pub fn own_rseq_offset() -> Option<isize> {
+pub(crate) fn own_rseq_offset() -> Option<isize> {
     Some(OWN_RSEQ_TP_OFFSET.load(Ordering::Relaxed)).filter(|&o| o != 0)
 }
 
@@ -505,7 +505,7 @@ pub fn current_cpu(ncpus: u32) -> usize {
 
 /// The CPU this thread runs on, below `ncpus`: from the rseq area when glibc keeps one,
 /// from `sched_getcpu` otherwise.
-pub fn hardware_cpu(ncpus: u32) -> usize {
+pub(crate) fn hardware_cpu(ncpus: u32) -> usize {
     if let Some(offset) = cpu_number_offset() {
         let cpu: u32;
         // SAFETY: the rseq area (glibc's or ours) is at this offset from every thread's

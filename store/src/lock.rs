@@ -4,7 +4,7 @@
 
 use std::sync::atomic::{AtomicU32, Ordering};
 
-pub fn current_tid() -> u32 {
+pub(crate) fn current_tid() -> u32 {
     crate::thread::pid_tgid() as u32
 }
 
@@ -23,7 +23,7 @@ pub fn plausible_tid(tid: u32) -> bool {
     tid != 0 && tid <= TID_LIMIT
 }
 
-pub fn thread_alive(tid: u32) -> bool {
+pub(crate) fn thread_alive(tid: u32) -> bool {
     // A value out of range would name a process group (negative) or nothing at all.
     if !plausible_tid(tid) {
         return false;
